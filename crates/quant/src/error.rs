@@ -16,4 +16,11 @@ pub enum QuantError {
     },
     #[error("{format}: {len} values overflow the address space")]
     TooLarge { format: Format, len: usize },
+    #[error("{format}: {values} values take {expected} bytes, but {got} bytes were given")]
+    ByteLength {
+        format: Format,
+        values: usize,
+        expected: usize,
+        got: usize,
+    },
 }
