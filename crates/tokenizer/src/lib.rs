@@ -21,3 +21,14 @@ pub use chat::{ChatRequest, ChatTemplate};
 pub use error::TokenizerError;
 pub use spec::{TokenType, TokenizerSpec};
 pub use stream::StreamDecoder;
+
+#[cfg(test)]
+mod tests {
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn tokenizer_and_template_can_be_shared_across_threads() {
+        assert_send_sync::<crate::Tokenizer>();
+        assert_send_sync::<crate::ChatTemplate>();
+    }
+}
