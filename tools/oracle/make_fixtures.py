@@ -53,11 +53,14 @@ QUANTS = {
     "tiny-exact-q1.Q1_0": ("tiny-exact-q1", "LLAMA_FTYPE_MOSTLY_Q1_0", 41, 128),
     "tiny-exact-q2g64.Q2_0": ("tiny-exact-q2g64", "LLAMA_FTYPE_MOSTLY_Q2_0", 42, 64),
 }
-# which GGUF files llama.cpp runs, and which transformers model is the exact answer for each
+# GGUF files llama.cpp runs: file stem -> (transformers model that is the exact answer, commit the logits?)
 LLAMA_RUNS = {
-    "tiny-f32": "tiny-f32",
-    "tiny-exact-q1.Q1_0": "tiny-exact-q1",
-    "tiny-exact-q2g64.Q2_0": "tiny-exact-q2g64",
+    "tiny-f32": ("tiny-f32", True),                      # F32 weights
+    "tiny-exact-q1.Q1_0": ("tiny-exact-q1", True),       # Q1_0, lossless
+    "tiny-exact-q2g64.Q2_0": ("tiny-exact-q2g64", True), # Q2_0 g64, lossless
+    "tiny-exact-t128": ("tiny-exact-t128", True),        # F16 weights (exact ternary g128)
+    "tiny-exact-q1": ("tiny-exact-q1", False),           # F16 sources of the two quantized files:
+    "tiny-exact-q2g64": ("tiny-exact-q2g64", False),     #   numbers only, logits stay in work/
 }
 
 # Qwen3.5's pre-tokenizer split regex (as in its tokenizer.json)
@@ -484,6 +487,7 @@ def stage_hf():
     ids = seq_ids(SEQ_LEN, SEQ_SEED)
     (FIX / "tokens-96.json").write_text(json.dumps({"seed": SEQ_SEED, "vocab": VOCAB, "ids": ids}) + "\n")
     x = torch.tensor([ids])
+    checks = {}
     for name in MODELS:
         m = load_hf(name)
         with torch.no_grad():
@@ -497,24 +501,47 @@ def stage_hf():
                 steps.append(out.logits[0, -1].float().numpy())
         steps = np.stack(steps)
         dd = float(np.abs(full - steps).max())
-        print(f"== {name}: logit std {full.std():.3f}, prefill vs token-by-token max|d| = {dd:.3e}")
+        # the same model in float64: how far the f32 reference itself is from exact arithmetic
+        m64 = m.to(torch.float64)
+        with torch.no_grad():
+            full64 = m64(x, use_cache=False).logits[0].numpy()
+        d64 = float(np.abs(full.astype(np.float64) - full64).max())
+        print(f"== {name}: logit std {full.std():.3f}, prefill vs token-by-token max|d| = {dd:.3e}, "
+              f"f32 vs f64 max|d| = {d64:.3e}")
         if dd > 1e-4:
             raise SystemExit(f"{name}: prefill and cached decoding disagree ({dd})")
         np.save(FIX / f"{name}.hf-logits.npy", full.astype(np.float32))
+        checks[name] = {
+            "logit_std": float(full.std()),
+            "prefill_vs_token_by_token_max_abs": dd,
+            "f32_vs_f64_max_abs": d64,
+            "f32_vs_f64": compare(full64, full),
+        }
+    (FIX / "hf-checks.json").write_text(json.dumps(checks, indent=2) + "\n")
+
+
+def gguf_path(stem: str) -> Path:
+    for d in (FIX, WORK):
+        if (d / f"{stem}.gguf").exists():
+            return d / f"{stem}.gguf"
+    raise SystemExit(f"{stem}.gguf not found (run the models and quantize stages)")
+
+
+def llama_logits_path(stem: str) -> Path:
+    return (FIX if LLAMA_RUNS[stem][1] else WORK) / f"{stem}.llamacpp-logits.npy"
 
 
 def stage_llama():
     import llama_cpp
     ids = json.loads((FIX / "tokens-96.json").read_text())["ids"]
-    for fname in LLAMA_RUNS:
-        path = FIX / f"{fname}.gguf"
-        llm = llama_cpp.Llama(model_path=str(path), logits_all=True, n_ctx=256, n_batch=256,
+    for stem in LLAMA_RUNS:
+        llm = llama_cpp.Llama(model_path=str(gguf_path(stem)), logits_all=True, n_ctx=256, n_batch=256,
                               n_threads=2, seed=0, verbose=False)
         assert llm.n_vocab() == VOCAB
         llm.eval(ids)
         scores = np.array(llm.scores[:len(ids)], dtype=np.float32)
-        np.save(FIX / f"{fname}.llamacpp-logits.npy", scores)
-        print(f"== {fname}: llama.cpp logits {scores.shape}")
+        np.save(llama_logits_path(stem), scores)
+        print(f"== {stem}: llama.cpp logits {scores.shape}")
         del llm
 
 
@@ -540,18 +567,27 @@ def compare(ref: np.ndarray, got: np.ndarray) -> dict:
 def stage_summary():
     summary = {
         "note": "reference = transformers f32 logits of the named model; KL(reference || engine) "
-                "per position (softmax in float64), averaged over the positions of tokens-96.json",
+                "per position (softmax in float64); mean/max over the positions of tokens-96.json",
         "runs": {},
+        "llama.cpp quantized vs llama.cpp F16 of the same (lossless) weights": {},
+        "transformers": json.loads((FIX / "hf-checks.json").read_text()),
     }
-    for fname, ref_name in LLAMA_RUNS.items():
+    for stem, (ref_name, saved) in LLAMA_RUNS.items():
         ref = np.load(FIX / f"{ref_name}.hf-logits.npy")
-        got = np.load(FIX / f"{fname}.llamacpp-logits.npy")
+        got = np.load(llama_logits_path(stem))
         r = compare(ref, got)
-        r.update({"gguf": f"{fname}.gguf", "engine": "llama.cpp (llama-cpp-python 0.3.36, CPU)",
-                  "reference": f"{ref_name}.hf-logits.npy", "reference_logit_std": float(ref.std())})
-        summary["runs"][f"{fname}/llama.cpp"] = r
-        print(f"{fname:>24} llama.cpp vs HF: max|d| {r['max_abs_dlogit']:.6g}  mean KL {r['mean_kl']:.6g}  "
+        r.update({"gguf": f"{stem}.gguf" + ("" if gguf_path(stem).parent == FIX else " (not committed)"),
+                  "engine": "llama.cpp (llama-cpp-python 0.3.36, CPU, 2 threads)",
+                  "reference": f"{ref_name}.hf-logits.npy",
+                  "engine_logits": f"{stem}.llamacpp-logits.npy" if saved else None})
+        summary["runs"][f"{stem}/llama.cpp"] = r
+        print(f"{stem:>22} llama.cpp vs HF: max|d| {r['max_abs_dlogit']:.6g}  mean KL {r['mean_kl']:.6g}  "
               f"max KL {r['max_kl']:.6g}  top1 {r['top1_agreement']:.6f}")
+    for q, src in (("tiny-exact-q1.Q1_0", "tiny-exact-q1"), ("tiny-exact-q2g64.Q2_0", "tiny-exact-q2g64")):
+        r = compare(np.load(llama_logits_path(src)), np.load(llama_logits_path(q)))
+        summary["llama.cpp quantized vs llama.cpp F16 of the same (lossless) weights"][q] = r
+        print(f"{q:>22} llama.cpp vs llama.cpp F16: max|d| {r['max_abs_dlogit']:.6g}  mean KL {r['mean_kl']:.6g}  "
+              f"top1 {r['top1_agreement']:.6f}")
     (FIX / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
