@@ -230,9 +230,10 @@ def chat_cases() -> list[dict]:
     ]
     cases = []
 
-    def add(name, messages, tools=None, add_generation_prompt=True, enable_thinking=None):
+    def add(name, messages, tools=None, add_generation_prompt=True, enable_thinking=None, builtin=True):
         cases.append({"name": name, "messages": messages, "tools": tools,
-                      "add_generation_prompt": add_generation_prompt, "enable_thinking": enable_thinking})
+                      "add_generation_prompt": add_generation_prompt, "enable_thinking": enable_thinking,
+                      "builtin": builtin})
 
     add("system_user_gen", system_user)
     add("system_user_no_gen", system_user, add_generation_prompt=False)
@@ -247,6 +248,17 @@ def chat_cases() -> list[dict]:
     add("tools_pending_response", tool_pending, tools=[weather_tool, search_tool])
     add("tools_no_system", tool_pending, tools=[weather_tool], add_generation_prompt=False)
     add("user_only", [{"role": "user", "content": "  padded user text \n\n"}])
+    add("content_parts", [
+        {"role": "system", "content": [{"type": "text", "text": "Be terse. "}, {"type": "text", "text": "Use metric units."}]},
+        {"role": "user", "content": [{"type": "text", "text": "First part,"}, {"type": "text", "text": " second part."}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Noted."}]},
+        {"role": "user", "content": "Plain string again."},
+    ])
+    # Vision parts: only the model's own template renders these (the built-in one is text-only).
+    add("vision_parts", [
+        {"role": "user", "content": [{"type": "image", "image": "cat.png"}, {"type": "text", "text": "What is this?"},
+                                     {"type": "video", "video": "clip.mp4"}]},
+    ], builtin=False)
     return cases
 
 
@@ -330,7 +342,9 @@ def main() -> None:
 
     examples = {}
     for text in ["<|im_start|>user\nHi<|im_end|>", "<think>\nx\n</think>", "<|endoftext|>", "<|im_start", "a<|im_end|>b",
-                 "e\u0301 caf\u00e9", "Ａｂｃ ﬁ", "  \t\n"]:
+                 "e\u0301 caf\u00e9", "Ａｂｃ ﬁ", "  \t\n",
+                 # NFC runs before special tokens are matched: '>' + U+0338 composes to '≯'.
+                 "<think>\u0338", "<|im_end|>\u0338x"]:
         examples[text] = {"ids": ids_special(text), "ids_plain": ids_plain(text), "decoded": ref.decode(ids_special(text))}
 
     encode_json = {

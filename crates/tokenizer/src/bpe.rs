@@ -3,14 +3,15 @@
 use std::collections::HashMap;
 
 use tokenizers::models::bpe::{Vocab, BPE};
-use tokenizers::normalizers::unicode::NFC;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{
-    AddedToken, Model, NormalizedString, Normalizer, OffsetType, PreTokenizedString, PreTokenizer,
+    AddedToken, Model, NormalizedString, OffsetType, PreTokenizedString, PreTokenizer,
     PreTokenizerWrapper, SplitDelimiterBehavior,
 };
+
+use unicode_normalization::{is_nfc_quick, IsNormalized, UnicodeNormalization};
 
 use crate::error::TokenizerError;
 use crate::spec::{TokenType, TokenizerSpec};
@@ -57,6 +58,9 @@ fn byte_to_char() -> [char; 256] {
 /// Byte-level BPE tokenizer for one vocabulary.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// NFC-normalise input (Qwen); done on the whole text before added tokens are matched, as
+    /// the reference does.
+    nfc: bool,
     tokens: Vec<String>,
     types: Vec<TokenType>,
     /// Decoded bytes of token `i` are `bytes[offsets[i]..offsets[i + 1]]`.
@@ -171,9 +175,6 @@ impl Tokenizer {
             PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)),
         ]);
         let mut inner = tokenizers::Tokenizer::new(model);
-        if nfc {
-            inner.with_normalizer(Some(NFC));
-        }
         inner.with_pre_tokenizer(Some(pre_tokenizer));
 
         let mut added = Vec::new();
@@ -217,6 +218,7 @@ impl Tokenizer {
 
         Ok(Tokenizer {
             inner,
+            nfc,
             tokens: spec.tokens.clone(),
             types,
             bytes,
@@ -233,9 +235,17 @@ impl Tokenizer {
 
     /// Token ids for `text`. With `parse_special`, control tokens written in the text (such as
     /// `<|im_start|>`) become their ids; without it they are tokenized as ordinary text.
-    /// User-defined added tokens (`<think>`, `<tool_call>`, ...) are always recognised. No BOS is
-    /// added here; see [`Tokenizer::add_bos`].
+    /// User-defined added tokens (`<think>`, `<tool_call>`, ...) are always recognised. Qwen
+    /// vocabularies NFC-normalise the whole text first, as Qwen's reference tokenizers do (llama.cpp
+    /// does not normalise). No BOS is added here; see [`Tokenizer::add_bos`].
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
+        let normalized: String;
+        let text = if self.nfc && is_nfc_quick(text.chars()) != IsNormalized::Yes {
+            normalized = text.nfc().collect();
+            normalized.as_str()
+        } else {
+            text
+        };
         if parse_special {
             let enc = self
                 .inner
@@ -278,17 +288,13 @@ impl Tokenizer {
         best
     }
 
-    /// Normalizer, pre-tokenizer and BPE model on text with no added tokens recognised.
+    /// Pre-tokenizer and BPE model on (normalised) text with no added tokens recognised.
     fn encode_plain(&self, text: &str, ids: &mut Vec<u32>) -> Result<(), TokenizerError> {
         if text.is_empty() {
             return Ok(());
         }
         let err = |e: tokenizers::Error| TokenizerError::Encode(e.to_string());
-        let mut normalized = NormalizedString::from(text);
-        if let Some(norm) = self.inner.get_normalizer() {
-            norm.normalize(&mut normalized).map_err(err)?;
-        }
-        let mut pre = PreTokenizedString::from(normalized);
+        let mut pre = PreTokenizedString::from(NormalizedString::from(text));
         if let Some(pt) = self.inner.get_pre_tokenizer() {
             pt.pre_tokenize(&mut pre).map_err(err)?;
         }
