@@ -9,8 +9,8 @@ Stages (default: all, in this order):
     quantize  llama.cpp Q1_0 / Q2_0 quantization (pure) + losslessness check
     hf        transformers logits (+ prefill vs. token-by-token check)
     llama     llama.cpp logits via llama-cpp-python
+    long      2048-token sequence through tiny-f32 in transformers (and llama.cpp, kept in work/)
     summary   summary.json (max |dlogit|, KL, top-1)
-    long      2048-token sequence through tiny-f32 in transformers
 
 Everything is seeded; re-running reproduces the same files (given the pinned
 package versions in requirements.txt).
@@ -468,6 +468,32 @@ def stage_quantize():
             if not np.array_equal(w, sv):
                 raise SystemExit(f"{qname}: {name} is not lossless (max diff {np.abs(w - sv).max()})")
         print(f"  lossless OK: {n_q} matrices in type {type_id}, all tensors dequantize to the exact source")
+        # check: llama.cpp's reference row quantizer, applied to the exact values, reproduces the file's bytes
+        ref = ggml_ref_quantizer(type_id)
+        for name, (ttype, ne, data) in qt.items():
+            if is_quantizable(name, ne):
+                src_vals = np.ascontiguousarray(st[name][2].astype(np.float32).reshape(-1))
+                want = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+                if not np.array_equal(ref(src_vals), want):
+                    raise SystemExit(f"{qname}: {name}: reference quantizer bytes differ from the file")
+        print(f"  bytes OK: quantize_row_q{1 if type_id == 41 else 2}_0_ref reproduces every quantized tensor")
+
+
+def ggml_ref_quantizer(type_id: int):
+    """quantize_row_q{1,2}_0_ref from the llama-cpp-python build's libggml-base.so, via ctypes."""
+    import ctypes
+    import llama_cpp
+    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+    fn = lib.quantize_row_q1_0_ref if type_id == 41 else lib.quantize_row_q2_0_ref
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    fn.restype = None
+    qk = 128 if type_id == 41 else 64
+
+    def run(x: np.ndarray) -> np.ndarray:
+        out = np.zeros(x.size // qk * 18, dtype=np.uint8)
+        fn(x.ctypes.data, out.ctypes.data, x.size)
+        return out
+    return run
 
 
 def seq_ids(n: int, seed: int) -> list[int]:
@@ -588,6 +614,24 @@ def stage_summary():
         summary["llama.cpp quantized vs llama.cpp F16 of the same (lossless) weights"][q] = r
         print(f"{q:>22} llama.cpp vs llama.cpp F16: max|d| {r['max_abs_dlogit']:.6g}  mean KL {r['mean_kl']:.6g}  "
               f"top1 {r['top1_agreement']:.6f}")
+    long_json = json.loads((FIX / "tiny-f32.long-2048.json").read_text())
+    pos = long_json["logit_positions"]
+    lc = np.load(WORK / "tiny-f32.long-2048.llamacpp-logits.npy")
+    r = compare(np.load(FIX / "tiny-f32.long-2048.hf-logits.npy"), lc[pos])
+    am = np.array(long_json["argmax"])
+    margin = np.array(long_json["top2_margin"])
+    r["argmax_agreement_all_2048"] = float((lc.argmax(-1) == am).mean())
+    r["argmax_agreement_where_margin_ge_1e-3"] = float((lc.argmax(-1) == am)[margin >= 1e-3].mean())
+    r["max_abs_dlogit_by_position_bucket"] = {
+        f"{lo}-{lo + 511}": float(np.abs(np.load(FIX / "tiny-f32.long-2048.hf-logits.npy")[
+            [i for i, p in enumerate(pos) if lo <= p < lo + 512]] - lc[[p for p in pos if lo <= p < lo + 512]]).max())
+        for lo in range(0, LONG_LEN, 512)}
+    r["note"] = "llama.cpp F32 (tiny-f32.gguf, n_batch 512) vs transformers on tiny-f32.long-2048.json; " \
+                "logit metrics over the 129 saved positions"
+    summary["long-2048/tiny-f32/llama.cpp"] = r
+    print(f"long-2048 tiny-f32 llama.cpp vs HF: max|d| {r['max_abs_dlogit']:.6g} mean KL {r['mean_kl']:.3g} "
+          f"argmax agreement {r['argmax_agreement_all_2048']:.6f} (margin>=1e-3: "
+          f"{r['argmax_agreement_where_margin_ge_1e-3']:.6f}) by bucket {r['max_abs_dlogit_by_position_bucket']}")
     (FIX / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
@@ -597,6 +641,7 @@ def stage_long():
     m = load_hf("tiny-f32")
     with torch.no_grad():
         logits = m(torch.tensor([ids]), use_cache=False).logits[0].float().numpy()
+    top2 = np.sort(logits, axis=-1)[:, -2:]
     positions = list(range(0, LONG_LEN, LONG_STRIDE))
     if positions[-1] != LONG_LEN - 1:
         positions.append(LONG_LEN - 1)
@@ -607,8 +652,17 @@ def stage_long():
         "ids": ids,
         "logit_positions": positions,
         "argmax": [int(a) for a in logits.argmax(-1)],
+        "top2_margin": [round(float(m), 5) for m in top2[:, 1] - top2[:, 0]],
     }) + "\n")
-    print(f"== long: {LONG_LEN} tokens, logits saved at {len(positions)} positions, std {logits.std():.3f}")
+    # llama.cpp on the same sequence (F32 GGUF), kept in work/ for the summary
+    import llama_cpp
+    llm = llama_cpp.Llama(model_path=str(FIX / "tiny-f32.gguf"), logits_all=True, n_ctx=LONG_LEN,
+                          n_batch=512, n_threads=2, seed=0, verbose=False)
+    llm.eval(ids)
+    np.save(WORK / "tiny-f32.long-2048.llamacpp-logits.npy", np.array(llm.scores[:LONG_LEN], dtype=np.float32))
+    del llm
+    print(f"== long: {LONG_LEN} tokens, logits saved at {len(positions)} positions, std {logits.std():.3f}, "
+          f"{int((top2[:, 1] - top2[:, 0] < 1e-3).sum())} positions with top-2 margin < 1e-3")
 
 
 STAGES = {
@@ -616,8 +670,8 @@ STAGES = {
     "quantize": stage_quantize,
     "hf": stage_hf,
     "llama": stage_llama,
-    "summary": stage_summary,
     "long": stage_long,
+    "summary": stage_summary,
 }
 
 
