@@ -58,9 +58,9 @@ LLAMA_RUNS = {
     "tiny-f32": ("tiny-f32", True),                      # F32 weights
     "tiny-exact-q1.Q1_0": ("tiny-exact-q1", True),       # Q1_0, lossless
     "tiny-exact-q2g64.Q2_0": ("tiny-exact-q2g64", True), # Q2_0 g64, lossless
-    "tiny-exact-t128": ("tiny-exact-t128", True),        # F16 weights (exact ternary g128)
-    "tiny-exact-q1": ("tiny-exact-q1", False),           # F16 sources of the two quantized files:
-    "tiny-exact-q2g64": ("tiny-exact-q2g64", False),     #   numbers only, logits stay in work/
+    "tiny-exact-t128": ("tiny-exact-t128", False),       # F16 weights (exact ternary g128)
+    "tiny-exact-q1": ("tiny-exact-q1", False),           # F16 sources of the two quantized files;
+    "tiny-exact-q2g64": ("tiny-exact-q2g64", False),     # (False: numbers only, logits stay in work/)
 }
 
 # Qwen3.5's pre-tokenizer split regex (as in its tokenizer.json)
