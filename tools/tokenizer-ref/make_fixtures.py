@@ -248,6 +248,15 @@ def chat_cases() -> list[dict]:
     add("tools_pending_response", tool_pending, tools=[weather_tool, search_tool])
     add("tools_no_system", tool_pending, tools=[weather_tool], add_generation_prompt=False)
     add("user_only", [{"role": "user", "content": "  padded user text \n\n"}])
+    # A user turn that only wraps a tool response does not count as the query, and a tool call may
+    # come without the {"function": ...} wrapper.
+    add("tool_response_in_user_turn", [
+        {"role": "user", "content": "Look up Bern."},
+        {"role": "assistant", "content": None, "reasoning_content": "Call the tool.",
+         "tool_calls": [{"name": "get_weather", "arguments": {"city": "Bern"}}]},
+        {"role": "user", "content": "<tool_response>\n{\"temperature\": 9}\n</tool_response>"},
+        {"role": "assistant", "content": "<think>\nGot it.\n</think>\n\nIt is 9 °C in Bern."},
+    ], tools=[weather_tool], add_generation_prompt=False)
     add("content_parts", [
         {"role": "system", "content": [{"type": "text", "text": "Be terse. "}, {"type": "text", "text": "Use metric units."}]},
         {"role": "user", "content": [{"type": "text", "text": "First part,"}, {"type": "text", "text": " second part."}]},
