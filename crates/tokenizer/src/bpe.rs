@@ -2,6 +2,8 @@
 
 use std::collections::HashMap;
 
+use aho_corasick::{AhoCorasick, MatchKind};
+
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
@@ -66,8 +68,10 @@ pub struct Tokenizer {
     /// Decoded bytes of token `i` are `bytes[offsets[i]..offsets[i + 1]]`.
     bytes: Vec<u8>,
     offsets: Vec<u32>,
-    /// User-defined tokens (recognised in text even when not parsing special tokens).
-    always_split: Vec<(String, u32)>,
+    /// User-defined tokens (recognised in text even when not parsing special tokens): a
+    /// leftmost-longest matcher over their strings and the id of each pattern.
+    always_split: Option<AhoCorasick>,
+    always_split_ids: Vec<u32>,
     end_of_generation: Vec<u32>,
     bos_id: Option<u32>,
     eos_id: Option<u32>,
@@ -178,7 +182,8 @@ impl Tokenizer {
         inner.with_pre_tokenizer(Some(pre_tokenizer));
 
         let mut added = Vec::new();
-        let mut always_split = Vec::new();
+        let mut always_split_strs = Vec::new();
+        let mut always_split_ids = Vec::new();
         for (id, (tok, ty)) in spec.tokens.iter().zip(&types).enumerate() {
             let special = match ty {
                 TokenType::Control => true,
@@ -195,10 +200,20 @@ impl Tokenizer {
             }
             added.push(AddedToken::from(tok.clone(), special).normalized(false));
             if !special {
-                always_split.push((tok.clone(), id as u32));
+                always_split_strs.push(tok.clone());
+                always_split_ids.push(id as u32);
             }
         }
         inner.add_special_tokens(&added);
+        let always_split = if always_split_strs.is_empty() {
+            None
+        } else {
+            let ac = AhoCorasick::builder()
+                .match_kind(MatchKind::LeftmostLongest)
+                .build(&always_split_strs)
+                .map_err(|e| TokenizerError::InvalidVocab(format!("added tokens: {e}")))?;
+            Some(ac)
+        };
 
         let (bytes, offsets) = decode_table(&spec.tokens, &types)?;
 
@@ -224,6 +239,7 @@ impl Tokenizer {
             bytes,
             offsets,
             always_split,
+            always_split_ids,
             end_of_generation,
             bos_id: spec.bos_id,
             eos_id: spec.eos_id,
@@ -254,38 +270,16 @@ impl Tokenizer {
             return Ok(enc.get_ids().to_vec());
         }
         let mut ids = Vec::new();
-        let mut rest = text;
-        while !rest.is_empty() {
-            match self.find_always_split(rest) {
-                Some((at, len, id)) => {
-                    self.encode_plain(&rest[..at], &mut ids)?;
-                    ids.push(id);
-                    rest = &rest[at + len..];
-                }
-                None => {
-                    self.encode_plain(rest, &mut ids)?;
-                    break;
-                }
+        let mut pos = 0;
+        if let Some(ac) = &self.always_split {
+            for m in ac.find_iter(text) {
+                self.encode_plain(&text[pos..m.start()], &mut ids)?;
+                ids.push(self.always_split_ids[m.pattern().as_usize()]);
+                pos = m.end();
             }
         }
+        self.encode_plain(&text[pos..], &mut ids)?;
         Ok(ids)
-    }
-
-    /// Leftmost (then longest) user-defined token in `text`: (byte offset, length, id).
-    fn find_always_split(&self, text: &str) -> Option<(usize, usize, u32)> {
-        let mut best: Option<(usize, usize, u32)> = None;
-        for (tok, id) in &self.always_split {
-            if let Some(at) = text.find(tok.as_str()) {
-                let better = match best {
-                    None => true,
-                    Some((b_at, b_len, _)) => at < b_at || (at == b_at && tok.len() > b_len),
-                };
-                if better {
-                    best = Some((at, tok.len(), *id));
-                }
-            }
-        }
-        best
     }
 
     /// Pre-tokenizer and BPE model on (normalised) text with no added tokens recognised.

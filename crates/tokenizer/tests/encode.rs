@@ -194,3 +194,20 @@ fn stream_decoder_finish_flushes_an_unfinished_character() {
     assert_eq!(dec.finish(), "\u{FFFD}");
     assert!(dec.push(u32::MAX).is_err());
 }
+
+#[test]
+fn a_megabyte_of_text_with_many_added_tokens_round_trips() {
+    let tok = qwen35();
+    let corpus = std::fs::read_to_string(common::fixture("corpus.txt")).unwrap();
+    let nfc = fixture()["whole"]["nfc"].as_str().unwrap();
+    let text = corpus.repeat(40) + &"<think>".repeat(20_000) + &"!".repeat(100_000);
+    let expect = nfc.repeat(40) + &"<think>".repeat(20_000) + &"!".repeat(100_000);
+    let whole = ids(&fixture()["whole"]["ids_plain"]);
+    for parse_special in [false, true] {
+        let got = tok.encode(&text, parse_special).unwrap();
+        if !parse_special {
+            assert_eq!(got[..whole.len()], whole[..]);
+        }
+        assert_eq!(tok.decode(&got).unwrap(), expect);
+    }
+}
