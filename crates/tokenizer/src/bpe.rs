@@ -204,7 +204,9 @@ impl Tokenizer {
                 always_split_ids.push(id as u32);
             }
         }
-        inner.add_special_tokens(&added);
+        // Control tokens are added as special, user-defined ones as plain added tokens; both are
+        // matched before pre-tokenization when parsing special tokens.
+        inner.add_tokens(&added);
         let always_split = if always_split_strs.is_empty() {
             None
         } else {
