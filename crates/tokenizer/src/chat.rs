@@ -161,27 +161,45 @@ fn normalize_message(msg: &serde_json::Value) -> serde_json::Value {
     serde_json::Value::Object(out)
 }
 
+/// Hugging Face's `tojson`: `json.dumps(x, ensure_ascii=False, indent=None, separators=None,
+/// sort_keys=False)`, with no HTML escaping (unlike jinja2's and minijinja's own filter).
 fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
     let indent: Option<Value> = kwargs.get("indent")?;
+    let separators: Option<Value> = kwargs.get("separators")?;
     let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
-    let _ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
+    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
     kwargs.assert_all_used()?;
+    let bad = |what: &str| Error::new(ErrorKind::InvalidOperation, format!("tojson: {what}"));
     let indent = match indent {
         None => None,
         Some(v) if v.is_none() => None,
         Some(v) => match (v.as_i64(), v.as_str()) {
             (Some(n), _) => Some(" ".repeat(n.max(0) as usize)),
             (None, Some(s)) => Some(s.to_owned()),
-            _ => {
-                return Err(Error::new(
-                    ErrorKind::InvalidOperation,
-                    "tojson: indent must be an integer or a string",
-                ))
-            }
+            _ => return Err(bad("indent must be an integer or a string")),
         },
     };
-    pyfmt::json_dumps(value, indent.as_deref(), sort_keys.unwrap_or(false))
-        .map(Value::from_safe_string)
+    let separators = match separators {
+        None => None,
+        Some(v) if v.is_none() => None,
+        Some(v) => {
+            let parts: Vec<Value> = v.try_iter()?.collect();
+            match parts.as_slice() {
+                [a, b] => match (a.as_str(), b.as_str()) {
+                    (Some(a), Some(b)) => Some((a.to_owned(), b.to_owned())),
+                    _ => return Err(bad("separators must be two strings")),
+                },
+                _ => return Err(bad("separators must be two strings")),
+            }
+        }
+    };
+    let opts = pyfmt::JsonOptions {
+        indent,
+        separators,
+        sort_keys: sort_keys.unwrap_or(false),
+        ensure_ascii: ensure_ascii.unwrap_or(false),
+    };
+    pyfmt::json_dumps(value, &opts).map(Value::from_safe_string)
 }
 
 fn raise_exception(msg: String) -> Result<Value, Error> {
@@ -249,6 +267,19 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out, r#"{"a": "<b>&'c'", "n": [1, 2]}"#);
+    }
+
+    #[test]
+    fn tojson_accepts_json_dumps_keyword_arguments() {
+        let out = render(
+            "{{ x | tojson(indent=2, sort_keys=true) }}|{{ x | tojson(separators=(',', ':')) }}",
+            json!({"x": {"b": 1, "a": [true]}}),
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            "{\n  \"a\": [\n    true\n  ],\n  \"b\": 1\n}|{\"b\":1,\"a\":[true]}"
+        );
     }
 
     #[test]

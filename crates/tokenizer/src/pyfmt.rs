@@ -7,98 +7,135 @@ use std::fmt::Write;
 use minijinja::value::ValueKind;
 use minijinja::{Error, ErrorKind, Value};
 
-/// `json.dumps(value, ensure_ascii=False, indent=indent, sort_keys=sort_keys)`: `", "` and `": "`
-/// separators without indent, `","` with it, keys in insertion order, no HTML escaping.
-pub fn json_dumps(value: &Value, indent: Option<&str>, sort_keys: bool) -> Result<String, Error> {
+/// The keyword arguments of Python's `json.dumps` that chat templates use.
+#[derive(Debug, Clone, Default)]
+pub struct JsonOptions {
+    /// Pretty-print with this indent string per level.
+    pub indent: Option<String>,
+    /// `(item_separator, key_separator)`; Python's default is `(", ", ": ")`, or `(",", ": ")`
+    /// with an indent.
+    pub separators: Option<(String, String)>,
+    pub sort_keys: bool,
+    /// Escape non-ASCII as `\uXXXX` (Hugging Face's `tojson` defaults to false).
+    pub ensure_ascii: bool,
+}
+
+/// `json.dumps(value, **opts)`: keys in insertion order, no HTML escaping.
+pub fn json_dumps(value: &Value, opts: &JsonOptions) -> Result<String, Error> {
+    let (item_sep, key_sep) = match &opts.separators {
+        Some((i, k)) => (i.as_str(), k.as_str()),
+        None if opts.indent.is_some() => (",", ": "),
+        None => (", ", ": "),
+    };
+    let w = JsonWriter {
+        opts,
+        item_sep,
+        key_sep,
+    };
     let mut out = String::new();
-    write_json(&mut out, value, indent, sort_keys, 0)?;
+    w.write(&mut out, value, 0)?;
     Ok(out)
 }
 
-fn newline(out: &mut String, indent: Option<&str>, depth: usize) {
-    if let Some(ind) = indent {
-        out.push('\n');
-        for _ in 0..depth {
-            out.push_str(ind);
-        }
-    }
+struct JsonWriter<'a> {
+    opts: &'a JsonOptions,
+    item_sep: &'a str,
+    key_sep: &'a str,
 }
 
-fn write_json(
-    out: &mut String,
-    value: &Value,
-    indent: Option<&str>,
-    sort_keys: bool,
-    depth: usize,
-) -> Result<(), Error> {
-    let item_sep = if indent.is_some() { "," } else { ", " };
-    match value.kind() {
-        ValueKind::None => out.push_str("null"),
-        ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
-        ValueKind::Number => write_number(out, value, true),
-        ValueKind::String => write_json_str(out, value.as_str().unwrap_or_default()),
-        ValueKind::Seq | ValueKind::Iterable => {
-            let items: Vec<Value> = value.try_iter()?.collect();
-            if items.is_empty() {
-                out.push_str("[]");
-                return Ok(());
+impl JsonWriter<'_> {
+    fn newline(&self, out: &mut String, depth: usize) {
+        if let Some(ind) = &self.opts.indent {
+            out.push('\n');
+            for _ in 0..depth {
+                out.push_str(ind);
             }
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_sep);
-                }
-                newline(out, indent, depth + 1);
-                write_json(out, item, indent, sort_keys, depth + 1)?;
-            }
-            newline(out, indent, depth);
-            out.push(']');
         }
-        ValueKind::Map => {
-            let mut keys: Vec<Value> = value.try_iter()?.collect();
-            if sort_keys {
-                keys.sort();
-            }
-            if keys.is_empty() {
-                out.push_str("{}");
-                return Ok(());
-            }
-            out.push('{');
-            for (i, key) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_sep);
+    }
+
+    fn write(&self, out: &mut String, value: &Value, depth: usize) -> Result<(), Error> {
+        match value.kind() {
+            ValueKind::None => out.push_str("null"),
+            ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
+            ValueKind::Number => write_number(out, value, true),
+            ValueKind::String => self.string(out, value.as_str().unwrap_or_default()),
+            ValueKind::Seq | ValueKind::Iterable => {
+                let items: Vec<Value> = value.try_iter()?.collect();
+                if items.is_empty() {
+                    out.push_str("[]");
+                    return Ok(());
                 }
-                newline(out, indent, depth + 1);
-                // json.dumps turns non-string keys into strings.
-                match key.kind() {
-                    ValueKind::String => write_json_str(out, key.as_str().unwrap_or_default()),
-                    _ => {
-                        let mut k = String::new();
-                        write_json(&mut k, key, None, false, 0)?;
-                        write_json_str(out, k.trim_matches('"'));
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(self.item_sep);
                     }
+                    self.newline(out, depth + 1);
+                    self.write(out, item, depth + 1)?;
                 }
-                out.push_str(": ");
-                write_json(out, &value.get_item(key)?, indent, sort_keys, depth + 1)?;
+                self.newline(out, depth);
+                out.push(']');
             }
-            newline(out, indent, depth);
-            out.push('}');
+            ValueKind::Map => {
+                let mut keys: Vec<Value> = value.try_iter()?.collect();
+                if self.opts.sort_keys {
+                    keys.sort();
+                }
+                if keys.is_empty() {
+                    out.push_str("{}");
+                    return Ok(());
+                }
+                out.push('{');
+                for (i, key) in keys.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(self.item_sep);
+                    }
+                    self.newline(out, depth + 1);
+                    // json.dumps turns non-string keys into strings.
+                    match key.kind() {
+                        ValueKind::String => self.string(out, key.as_str().unwrap_or_default()),
+                        _ => {
+                            let mut k = String::new();
+                            self.write(&mut k, key, depth + 1)?;
+                            self.string(out, k.trim_matches('"'));
+                        }
+                    }
+                    out.push_str(self.key_sep);
+                    self.write(out, &value.get_item(key)?, depth + 1)?;
+                }
+                self.newline(out, depth);
+                out.push('}');
+            }
+            ValueKind::Undefined => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    "tojson: an undefined value is not JSON serializable",
+                ))
+            }
+            _ => self.string(out, &value.to_string()),
         }
-        ValueKind::Undefined => {
-            return Err(Error::new(
-                ErrorKind::InvalidOperation,
-                "tojson: an undefined value is not JSON serializable",
-            ))
-        }
-        _ => write_json_str(out, &value.to_string()),
+        Ok(())
     }
-    Ok(())
-}
 
-fn write_json_str(out: &mut String, s: &str) {
-    // serde_json escapes exactly what Python does with ensure_ascii=False: `"`, `\`, and the
-    // C0 controls (\b \f \n \r \t by name, the rest as \u00XX).
-    out.push_str(&serde_json::Value::from(s).to_string());
+    fn string(&self, out: &mut String, s: &str) {
+        // serde_json escapes exactly what Python does with ensure_ascii=False: `"`, `\`, and the
+        // C0 controls (\b \f \n \r \t by name, the rest as \u00XX).
+        let escaped = serde_json::Value::from(s).to_string();
+        if !self.opts.ensure_ascii {
+            out.push_str(&escaped);
+            return;
+        }
+        for c in escaped.chars() {
+            if c.is_ascii() {
+                out.push(c);
+            } else {
+                let mut units = [0u16; 2];
+                for u in c.encode_utf16(&mut units) {
+                    let _ = write!(out, "\\u{u:04x}");
+                }
+            }
+        }
+    }
 }
 
 /// Python's `repr(float)`: shortest round-trip digits, exponent form outside 1e-4 ≤ |x| < 1e16.
@@ -395,6 +432,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn json_dumps_honours_separators_and_ensure_ascii() {
+        let v = Value::from_serialize(serde_json::json!({"k": ["é", "😀"]}));
+        let opts = JsonOptions {
+            separators: Some((",".into(), ":".into())),
+            ensure_ascii: true,
+            ..JsonOptions::default()
+        };
+        assert_eq!(
+            json_dumps(&v, &opts).unwrap(),
+            r#"{"k":["\u00e9","\ud83d\ude00"]}"#
+        );
+    }
+
+    #[test]
     fn floats_print_like_python_repr() {
         for (f, s) in [
             (0.7, "0.7"),
@@ -416,11 +467,16 @@ mod tests {
             "b": [1, 2.5, true, null], "a": "<tag> & 'q' \"dq\" é\n\u{1}"
         }));
         assert_eq!(
-            json_dumps(&v, None, false).unwrap(),
+            json_dumps(&v, &JsonOptions::default()).unwrap(),
             r#"{"b": [1, 2.5, true, null], "a": "<tag> & 'q' \"dq\" é\n\u0001"}"#
         );
+        let pretty = JsonOptions {
+            indent: Some("  ".into()),
+            sort_keys: true,
+            ..JsonOptions::default()
+        };
         assert_eq!(
-            json_dumps(&v, Some("  "), true).unwrap(),
+            json_dumps(&v, &pretty).unwrap(),
             "{\n  \"a\": \"<tag> & 'q' \\\"dq\\\" é\\n\\u0001\",\n  \"b\": [\n    1,\n    2.5,\n    true,\n    null\n  ]\n}"
         );
     }
