@@ -1,1 +1,19 @@
-//! model
+//! The qwen35 model that Bonsai 27B uses: configuration from GGUF metadata, weights borrowed
+//! from the file mapping, the CPU forward pass, and per-sequence state.
+
+mod attention;
+mod config;
+mod error;
+mod gdn;
+pub mod hadamard;
+mod model;
+pub mod ops;
+pub mod requant;
+mod state;
+pub mod synth;
+pub mod weights;
+
+pub use config::{Config, LayerKind, ARCH};
+pub use error::{ModelError, Result};
+pub use model::{Logits, Model};
+pub use state::State;

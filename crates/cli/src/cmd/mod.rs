@@ -1,0 +1,66 @@
+//! One module per subcommand.
+
+pub mod chat;
+pub mod info;
+pub mod logits;
+pub mod perplexity;
+pub mod quantize;
+pub mod run;
+pub mod synth;
+pub mod tokenize;
+pub mod validate;
+
+use engine::{GenerateParams, SamplerConfig};
+
+/// Sampling and stopping options shared by `run` and `chat`. Defaults follow Qwen's
+/// recommendation for thinking models; a fixed seed keeps runs reproducible.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Sampling {
+    /// Maximum tokens to generate.
+    #[arg(long, short = 'n', default_value_t = 512)]
+    pub max_tokens: usize,
+    /// 0 means greedy.
+    #[arg(long, default_value_t = 0.6)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 20)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Stop when this text appears (not printed); may be repeated.
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+impl Sampling {
+    pub fn params(&self) -> GenerateParams {
+        GenerateParams {
+            max_tokens: self.max_tokens,
+            sampler: SamplerConfig {
+                temperature: self.temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                min_p: self.min_p,
+                repetition_penalty: self.repeat_penalty,
+                presence_penalty: self.presence_penalty,
+                frequency_penalty: self.frequency_penalty,
+                penalty_window: 0,
+                seed: self.seed,
+            },
+            stop_strings: self.stop.clone(),
+            ..GenerateParams::default()
+        }
+    }
+}

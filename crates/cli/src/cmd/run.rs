@@ -1,0 +1,93 @@
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use engine::{FinishReason, Flow, Generation};
+use tokenizer::ChatRequest;
+
+use super::Sampling;
+use crate::load;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The GGUF model to run.
+    #[arg(long, short = 'm', required_unless_present = "demo")]
+    pub model: Option<PathBuf>,
+    /// No weights at hand: synthesize a tiny random Bonsai-shaped model first and run that.
+    #[arg(long, conflicts_with = "model")]
+    pub demo: bool,
+    #[arg(long, short = 'p')]
+    pub prompt: String,
+    /// Wrap the prompt as a user message in the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// With --chat: turn the model's thinking off.
+    #[arg(long)]
+    pub no_think: bool,
+    #[command(flatten)]
+    pub sampling: Sampling,
+}
+
+pub fn main(a: Args) -> Result<ExitCode> {
+    load::init_threads(a.sampling.threads)?;
+    let path = match (&a.model, a.demo) {
+        (Some(p), _) => p.clone(),
+        (None, _) => super::synth::demo_model()?,
+    };
+    let model = load::open_model(&path)?;
+    let tok = load::tokenizer(model.file())?;
+    let prompt_text = if a.chat {
+        let req = ChatRequest {
+            messages: vec![serde_json::json!({"role": "user", "content": a.prompt})],
+            add_generation_prompt: true,
+            enable_thinking: a.no_think.then_some(false),
+            ..ChatRequest::default()
+        };
+        load::chat_template(&tok)?.render(&req)?
+    } else {
+        a.prompt.clone()
+    };
+    let mut ids = tok.encode(&prompt_text, a.chat)?;
+    if tok.add_bos() {
+        if let Some(b) = tok.bos_id() {
+            ids.insert(0, b);
+        }
+    }
+    let mut state = model.new_state();
+    let mut out = std::io::stdout().lock();
+    let g = engine::generate(
+        &model,
+        &tok,
+        &mut state,
+        &ids,
+        &a.sampling.params(),
+        |piece| {
+            let ok = out.write_all(piece.as_bytes()).and_then(|_| out.flush());
+            if ok.is_ok() {
+                Flow::Continue
+            } else {
+                Flow::Stop
+            }
+        },
+    )
+    .context("generating")?;
+    writeln!(out)?;
+    report(&g, model.config.context_length);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Timing and the reason generation ended, on stderr.
+pub fn report(g: &Generation, context: usize) {
+    if g.finish == FinishReason::ContextFull {
+        eprintln!("[context limit of {context} tokens reached: generation stopped, the text above is kept]");
+    }
+    eprintln!(
+        "prompt: {} tokens, {:.2} tok/s | generated: {} tokens, {:.2} tok/s | finish: {:?}",
+        g.prompt_tokens,
+        g.prefill_tok_s(),
+        g.tokens.len(),
+        g.decode_tok_s(),
+        g.finish
+    );
+}

@@ -1,0 +1,15 @@
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Model(#[from] model::ModelError),
+    #[error(transparent)]
+    Tokenizer(#[from] tokenizer::TokenizerError),
+    #[error(transparent)]
+    Sampler(#[from] crate::sampler::SamplerError),
+    #[error("the prompt is empty: at least one token is needed")]
+    EmptyPrompt,
+    #[error("the prompt has {prompt} tokens but the context holds {context}")]
+    PromptTooLong { prompt: usize, context: usize },
+}
+
+pub type Result<T> = std::result::Result<T, EngineError>;

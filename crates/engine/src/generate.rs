@@ -1,0 +1,194 @@
+//! The generation loop: prefill the prompt in chunks, then sample one token at a time, streaming
+//! complete UTF-8 text and stopping at end-of-generation tokens, stop strings, the token budget or
+//! the context limit.
+
+use std::time::{Duration, Instant};
+
+use model::{Logits, Model, State};
+use tokenizer::Tokenizer;
+
+use crate::error::{EngineError, Result};
+use crate::sampler::{Sampler, SamplerConfig};
+use crate::stop::{Scan, StopMatcher};
+
+/// Tokens per prefill chunk by default: large enough that weights are read once for many tokens,
+/// small enough to keep activations in cache-friendly sizes.
+pub const DEFAULT_PREFILL_CHUNK: usize = 256;
+
+#[derive(Clone, Debug)]
+pub struct GenerateParams {
+    pub max_tokens: usize,
+    pub sampler: SamplerConfig,
+    pub stop_strings: Vec<String>,
+    /// Extra token ids that end generation, besides the tokenizer's end-of-generation ids.
+    pub stop_tokens: Vec<u32>,
+    pub prefill_chunk: usize,
+}
+
+impl Default for GenerateParams {
+    fn default() -> Self {
+        GenerateParams {
+            max_tokens: 256,
+            sampler: SamplerConfig::default(),
+            stop_strings: Vec::new(),
+            stop_tokens: Vec::new(),
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-generation token or a stop string.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    /// The context is full; what was generated is kept.
+    ContextFull,
+    /// The caller asked to stop.
+    Cancelled,
+}
+
+#[derive(Clone, Debug)]
+pub struct Generation {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub finish: FinishReason,
+    pub prompt_tokens: usize,
+    pub prefill_time: Duration,
+    pub decode_time: Duration,
+}
+
+impl Generation {
+    pub fn decode_tok_s(&self) -> f64 {
+        let n = self.tokens.len().saturating_sub(1);
+        if n == 0 || self.decode_time.is_zero() {
+            return 0.0;
+        }
+        n as f64 / self.decode_time.as_secs_f64()
+    }
+
+    pub fn prefill_tok_s(&self) -> f64 {
+        if self.prefill_time.is_zero() {
+            return 0.0;
+        }
+        self.prompt_tokens as f64 / self.prefill_time.as_secs_f64()
+    }
+}
+
+/// What the streaming callback wants next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    Stop,
+}
+
+/// Feeds `tokens` to the model in chunks and returns the logits after the last one.
+pub fn prefill(model: &Model, state: &mut State, tokens: &[u32], chunk: usize) -> Result<Vec<f32>> {
+    if tokens.is_empty() {
+        return Err(EngineError::EmptyPrompt);
+    }
+    let limit = model.config.context_length;
+    if state.len() + tokens.len() > limit {
+        return Err(EngineError::PromptTooLong {
+            prompt: state.len() + tokens.len(),
+            context: limit,
+        });
+    }
+    let chunk = chunk.max(1);
+    let mut logits = Vec::new();
+    let n_chunks = tokens.len().div_ceil(chunk);
+    for (i, part) in tokens.chunks(chunk).enumerate() {
+        let want = if i + 1 == n_chunks {
+            Logits::Last
+        } else {
+            Logits::None
+        };
+        logits = model.forward(state, part, want)?;
+    }
+    Ok(logits)
+}
+
+/// Generates a continuation of `prompt` after what `state` already holds. `on_text` receives each
+/// piece of text as soon as it is safe to show.
+pub fn generate(
+    model: &Model,
+    tok: &Tokenizer,
+    state: &mut State,
+    prompt: &[u32],
+    params: &GenerateParams,
+    mut on_text: impl FnMut(&str) -> Flow,
+) -> Result<Generation> {
+    let mut sampler = Sampler::new(params.sampler.clone())?;
+    let t0 = Instant::now();
+    let mut logits = prefill(model, state, prompt, params.prefill_chunk)?;
+    let prefill_time = t0.elapsed();
+
+    let mut end_ids: Vec<u32> = tok.end_of_generation_ids().to_vec();
+    end_ids.extend(&params.stop_tokens);
+    let mut history: Vec<u32> = prompt.to_vec();
+    let mut out_tokens = Vec::new();
+    let mut text = String::new();
+    let mut stops = StopMatcher::new(&params.stop_strings);
+    let mut decoder = tok.stream_decoder();
+    let limit = model.config.context_length;
+    let t1 = Instant::now();
+    let mut emit = |piece: &str, text: &mut String| {
+        text.push_str(piece);
+        if piece.is_empty() {
+            Flow::Continue
+        } else {
+            on_text(piece)
+        }
+    };
+    let mut stopped_by_string = false;
+    let finish = loop {
+        if out_tokens.len() >= params.max_tokens {
+            break FinishReason::Length;
+        }
+        let next = sampler.sample(&mut logits, &history)?;
+        if end_ids.contains(&next) {
+            break FinishReason::Stop;
+        }
+        out_tokens.push(next);
+        history.push(next);
+        let piece = decoder.push(next)?;
+        match stops.push(&piece) {
+            Scan::Stopped(before) => {
+                emit(&before, &mut text);
+                stopped_by_string = true;
+                break FinishReason::Stop;
+            }
+            Scan::Emit(t) => {
+                if emit(&t, &mut text) == Flow::Stop {
+                    break FinishReason::Cancelled;
+                }
+            }
+        }
+        if out_tokens.len() >= params.max_tokens {
+            break FinishReason::Length;
+        }
+        if state.len() >= limit {
+            break FinishReason::ContextFull;
+        }
+        logits = model.forward(state, &[next], Logits::Last)?;
+    };
+    if !stopped_by_string {
+        // Flush what was held back: incomplete UTF-8 at the very end, and text that looked like
+        // the start of a stop string but never became one.
+        let tail = decoder.finish();
+        let tail = match stops.push(&tail) {
+            Scan::Emit(t) => t + &stops.finish(),
+            Scan::Stopped(t) => t,
+        };
+        emit(&tail, &mut text);
+    }
+    Ok(Generation {
+        text,
+        tokens: out_tokens,
+        finish,
+        prompt_tokens: prompt.len(),
+        prefill_time,
+        decode_time: t1.elapsed(),
+    })
+}

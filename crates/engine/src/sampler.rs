@@ -1,0 +1,340 @@
+//! Turning logits into a token: penalties, greedy or seeded random sampling with temperature,
+//! top-k, top-p and min-p.
+
+use std::collections::HashMap;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplerConfig {
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// 0 disables.
+    pub top_k: usize,
+    /// 1 disables.
+    pub top_p: f32,
+    /// 0 disables.
+    pub min_p: f32,
+    /// 1 disables. Divides positive logits and multiplies negative ones of tokens already seen.
+    pub repetition_penalty: f32,
+    /// Subtracted once from the logit of every token already generated.
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence from the logit of every token already generated.
+    pub frequency_penalty: f32,
+    /// How many recent tokens the penalties look at (0: all).
+    pub penalty_window: usize,
+    pub seed: u64,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        SamplerConfig {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalty_window: 0,
+            seed: 0,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum SamplerError {
+    #[error("{name} = {value} is out of range ({range})")]
+    OutOfRange {
+        name: &'static str,
+        value: f32,
+        range: &'static str,
+    },
+    #[error("logits contain no finite value")]
+    NoFiniteLogit,
+}
+
+impl SamplerConfig {
+    pub fn validate(&self) -> Result<(), SamplerError> {
+        let check = |name, value: f32, ok: bool, range| {
+            if ok && value.is_finite() {
+                Ok(())
+            } else {
+                Err(SamplerError::OutOfRange { name, value, range })
+            }
+        };
+        check(
+            "temperature",
+            self.temperature,
+            self.temperature >= 0.0,
+            "≥ 0",
+        )?;
+        check(
+            "top_p",
+            self.top_p,
+            self.top_p > 0.0 && self.top_p <= 1.0,
+            "(0, 1]",
+        )?;
+        check(
+            "min_p",
+            self.min_p,
+            (0.0..=1.0).contains(&self.min_p),
+            "[0, 1]",
+        )?;
+        check(
+            "repetition_penalty",
+            self.repetition_penalty,
+            self.repetition_penalty > 0.0,
+            "> 0",
+        )?;
+        check(
+            "presence_penalty",
+            self.presence_penalty,
+            self.presence_penalty.abs() <= 2.0,
+            "[-2, 2]",
+        )?;
+        check(
+            "frequency_penalty",
+            self.frequency_penalty,
+            self.frequency_penalty.abs() <= 2.0,
+            "[-2, 2]",
+        )?;
+        Ok(())
+    }
+}
+
+/// Index of the largest finite value; ties go to the lowest index, on every path.
+pub fn argmax(logits: &[f32]) -> Option<usize> {
+    let mut best: Option<usize> = None;
+    for (i, &v) in logits.iter().enumerate() {
+        if v.is_nan() {
+            continue;
+        }
+        if best.is_none_or(|b| v > logits[b]) {
+            best = Some(i);
+        }
+    }
+    best
+}
+
+pub struct Sampler {
+    cfg: SamplerConfig,
+    rng: ChaCha8Rng,
+}
+
+impl Sampler {
+    pub fn new(cfg: SamplerConfig) -> Result<Sampler, SamplerError> {
+        cfg.validate()?;
+        let rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+        Ok(Sampler { cfg, rng })
+    }
+
+    pub fn config(&self) -> &SamplerConfig {
+        &self.cfg
+    }
+
+    /// Applies repetition, presence and frequency penalties for the tokens in `history`.
+    pub fn apply_penalties(&self, logits: &mut [f32], history: &[u32]) {
+        let c = &self.cfg;
+        if c.repetition_penalty == 1.0 && c.presence_penalty == 0.0 && c.frequency_penalty == 0.0 {
+            return;
+        }
+        let window = if c.penalty_window == 0 {
+            history.len()
+        } else {
+            c.penalty_window.min(history.len())
+        };
+        let mut counts: HashMap<u32, u32> = HashMap::new();
+        for &t in &history[history.len() - window..] {
+            *counts.entry(t).or_default() += 1;
+        }
+        for (&t, &n) in &counts {
+            let Some(l) = logits.get_mut(t as usize) else {
+                continue;
+            };
+            if c.repetition_penalty != 1.0 {
+                *l = if *l > 0.0 {
+                    *l / c.repetition_penalty
+                } else {
+                    *l * c.repetition_penalty
+                };
+            }
+            *l -= c.presence_penalty + c.frequency_penalty * n as f32;
+        }
+    }
+
+    /// Picks the next token. `logits` is modified in place.
+    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> Result<u32, SamplerError> {
+        self.apply_penalties(logits, history);
+        let best = argmax(logits).ok_or(SamplerError::NoFiniteLogit)?;
+        if self.cfg.temperature == 0.0 || !logits[best].is_finite() {
+            return Ok(best as u32);
+        }
+        let probs = self.distribution(logits);
+        let r: f32 = self.rng.gen();
+        let mut acc = 0f32;
+        for &(id, p) in &probs {
+            acc += p;
+            if r < acc {
+                return Ok(id);
+            }
+        }
+        Ok(probs.last().map_or(best as u32, |&(id, _)| id))
+    }
+
+    /// The candidate tokens and their probabilities after temperature, top-k, top-p and min-p,
+    /// most probable first (ties by lowest id), summing to one.
+    pub fn distribution(&self, logits: &[f32]) -> Vec<(u32, f32)> {
+        let c = &self.cfg;
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.is_finite())
+            .map(|(i, &v)| (i as u32, v / c.temperature.max(f32::MIN_POSITIVE)))
+            .collect();
+        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if c.top_k > 0 && c.top_k < cand.len() {
+            cand.truncate(c.top_k);
+        }
+        let max = cand[0].1;
+        let mut sum = 0f32;
+        for x in cand.iter_mut() {
+            x.1 = (x.1 - max).exp();
+            sum += x.1;
+        }
+        cand.iter_mut().for_each(|x| x.1 /= sum);
+        if c.top_p < 1.0 {
+            let mut acc = 0f32;
+            let keep = cand
+                .iter()
+                .position(|x| {
+                    acc += x.1;
+                    acc >= c.top_p
+                })
+                .map_or(cand.len(), |i| i + 1);
+            cand.truncate(keep);
+        }
+        if c.min_p > 0.0 {
+            let floor = cand[0].1 * c.min_p;
+            cand.retain(|x| x.1 >= floor);
+        }
+        let sum: f32 = cand.iter().map(|x| x.1).sum();
+        cand.iter_mut().for_each(|x| x.1 /= sum);
+        cand
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sampler(f: impl FnOnce(&mut SamplerConfig)) -> Sampler {
+        let mut c = SamplerConfig::default();
+        f(&mut c);
+        Sampler::new(c).unwrap()
+    }
+
+    #[test]
+    fn greedy_ties_go_to_the_lowest_id() {
+        let mut s = sampler(|_| {});
+        assert_eq!(s.sample(&mut [1.0, 3.0, 3.0, 2.0], &[]).unwrap(), 1);
+        assert_eq!(argmax(&[f32::NAN, 0.5, 0.5]), Some(1));
+    }
+
+    #[test]
+    fn same_seed_same_tokens() {
+        let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.7).sin()).collect();
+        let run = |seed| {
+            let mut s = sampler(|c| {
+                c.temperature = 1.0;
+                c.seed = seed;
+            });
+            (0..20)
+                .map(|_| s.sample(&mut logits.clone(), &[]).unwrap())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(7), run(7));
+        assert_ne!(run(7), run(8));
+    }
+
+    #[test]
+    fn top_k_one_is_greedy() {
+        let mut s = sampler(|c| {
+            c.temperature = 5.0;
+            c.top_k = 1;
+        });
+        for _ in 0..20 {
+            assert_eq!(s.sample(&mut [0.1, 0.3, 0.2], &[]).unwrap(), 1);
+        }
+    }
+
+    #[test]
+    fn top_p_keeps_the_smallest_set_reaching_p() {
+        let s = sampler(|c| {
+            c.temperature = 1.0;
+            c.top_p = 0.7;
+        });
+        let logits = [0.5f32.ln(), 0.3f32.ln(), 0.2f32.ln()];
+        let d = s.distribution(&logits);
+        assert_eq!(d.iter().map(|x| x.0).collect::<Vec<_>>(), vec![0, 1]);
+        assert!((d[0].1 - 0.625).abs() < 1e-5);
+    }
+
+    #[test]
+    fn min_p_drops_tokens_below_the_floor() {
+        let s = sampler(|c| {
+            c.temperature = 1.0;
+            c.min_p = 0.5;
+        });
+        let logits = [0.5f32.ln(), 0.3f32.ln(), 0.2f32.ln()];
+        assert_eq!(
+            s.distribution(&logits)
+                .iter()
+                .map(|x| x.0)
+                .collect::<Vec<_>>(),
+            vec![0, 1]
+        );
+    }
+
+    #[test]
+    fn penalties_lower_seen_tokens() {
+        let s = sampler(|c| {
+            c.repetition_penalty = 2.0;
+            c.presence_penalty = 0.5;
+            c.frequency_penalty = 0.25;
+        });
+        let mut l = [2.0, -2.0, 1.0];
+        s.apply_penalties(&mut l, &[0, 1, 1]);
+        assert_eq!(l, [2.0 / 2.0 - 0.5 - 0.25, -2.0 * 2.0 - 0.5 - 0.5, 1.0]);
+    }
+
+    #[test]
+    fn sampling_follows_the_distribution() {
+        let mut s = sampler(|c| {
+            c.temperature = 1.0;
+            c.seed = 3;
+        });
+        let logits = [0.7f32.ln(), 0.3f32.ln()];
+        let n = 4000;
+        let zeros = (0..n)
+            .filter(|_| s.sample(&mut logits.clone(), &[]).unwrap() == 0)
+            .count();
+        let frac = zeros as f32 / n as f32;
+        assert!((frac - 0.7).abs() < 0.03, "{frac}");
+    }
+
+    #[test]
+    fn bad_parameters_are_refused() {
+        let c = SamplerConfig {
+            top_p: 0.0,
+            ..Default::default()
+        };
+        assert!(Sampler::new(c).is_err());
+        let c = SamplerConfig {
+            temperature: -1.0,
+            ..Default::default()
+        };
+        assert!(Sampler::new(c).is_err());
+    }
+}

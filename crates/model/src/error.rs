@@ -1,0 +1,40 @@
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] gguf::GgufError),
+    #[error("architecture {found:?} is not supported: niwaki runs qwen35 (Bonsai 27B) models")]
+    WrongArchitecture { found: String },
+    #[error("hyperparameter {key}: {reason}")]
+    BadConfig { key: String, reason: String },
+    #[error("tensor {0:?} is required by the qwen35 architecture but missing from the file")]
+    MissingTensor(String),
+    #[error("tensor {name:?} has shape {found:?}, expected {expected:?}")]
+    ShapeMismatch {
+        name: String,
+        found: Vec<u64>,
+        expected: Vec<u64>,
+    },
+    #[error("tensor {name:?}: {source}")]
+    Decode {
+        name: String,
+        source: quant::QuantError,
+    },
+    #[error("tensor {name:?} holds a non-finite value at index {index}")]
+    NonFinite { name: String, index: usize },
+    #[error("Hadamard metadata: {0}")]
+    BadHadamard(String),
+    #[error("token id {id} is outside the vocabulary (size {vocab})")]
+    TokenOutOfRange { id: u32, vocab: usize },
+    #[error("empty input: at least one token is needed")]
+    EmptyInput,
+    #[error("context full: {have} tokens in the sequence plus {adding} new exceed the context limit of {limit}")]
+    ContextFull {
+        have: usize,
+        adding: usize,
+        limit: usize,
+    },
+    #[error("sequence state belongs to a different model shape")]
+    StateMismatch,
+}
+
+pub type Result<T> = std::result::Result<T, ModelError>;

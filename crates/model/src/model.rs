@@ -1,0 +1,189 @@
+//! The qwen35 forward pass on the CPU.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use gguf::Gguf;
+
+use crate::config::Config;
+use crate::error::{ModelError, Result};
+use crate::hadamard::{Hadamard, Input};
+use crate::ops::{add_in_place, matmul, rms_norm, silu};
+use crate::state::{LayerState, State};
+use crate::weights::{LayerWeights, Mixer, Weights};
+use crate::{attention, gdn};
+
+/// Which positions of a forward call produce logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    None,
+    Last,
+    All,
+}
+
+pub struct Model {
+    pub config: Config,
+    weights: Weights,
+    hadamard: Option<Hadamard>,
+    file: Arc<Gguf>,
+}
+
+impl Model {
+    pub fn open(path: impl AsRef<Path>) -> Result<Model> {
+        Self::from_gguf(Arc::new(Gguf::open(path)?))
+    }
+
+    pub fn from_gguf(file: Arc<Gguf>) -> Result<Model> {
+        let md = file.metadata();
+        let arch = md.architecture()?;
+        if arch != crate::config::ARCH {
+            return Err(ModelError::WrongArchitecture {
+                found: arch.to_string(),
+            });
+        }
+        let embd = file
+            .tensor("token_embd.weight")
+            .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
+        let vocab = embd.info.rows() as usize;
+        let config = Config::from_metadata(md, vocab)?;
+        let weights = Weights::load(&file, &config)?;
+        let hadamard = Hadamard::from_metadata(md, &config)?;
+        if let Some(hd) = &hadamard {
+            weights.for_each_matrix(|m| hd.check_matrix(m))?;
+        }
+        Ok(Model {
+            config,
+            weights,
+            hadamard,
+            file,
+        })
+    }
+
+    pub fn file(&self) -> &Arc<Gguf> {
+        &self.file
+    }
+
+    pub fn hadamard(&self) -> Option<&Hadamard> {
+        self.hadamard.as_ref()
+    }
+
+    pub fn new_state(&self) -> State {
+        State::new(&self.config)
+    }
+
+    /// Runs `tokens` through the model after what `state` has seen, as one chunk: every weight
+    /// row is read once for the whole chunk. Returns logits as asked (`[n][vocab]`).
+    pub fn forward(&self, state: &mut State, tokens: &[u32], logits: Logits) -> Result<Vec<f32>> {
+        let c = &self.config;
+        if tokens.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= c.vocab) {
+            return Err(ModelError::TokenOutOfRange { id, vocab: c.vocab });
+        }
+        if state.pos + tokens.len() > c.context_length {
+            return Err(ModelError::ContextFull {
+                have: state.pos,
+                adding: tokens.len(),
+                limit: c.context_length,
+            });
+        }
+        if !state.matches(c) {
+            return Err(ModelError::StateMismatch);
+        }
+        let n = tokens.len();
+        let e = c.hidden;
+        let mut x = vec![0f32; n * e];
+        for (t, &id) in tokens.iter().enumerate() {
+            self.embed(id, &mut x[t * e..(t + 1) * e])?;
+        }
+
+        let mut h = vec![0f32; n * e];
+        for (lw, ls) in self.weights.layers.iter().zip(state.layers.iter_mut()) {
+            for t in 0..n {
+                rms_norm(
+                    &x[t * e..(t + 1) * e],
+                    &lw.attn_norm,
+                    c.rms_eps,
+                    &mut h[t * e..(t + 1) * e],
+                );
+            }
+            let mixed = match (&lw.mixer, ls) {
+                (Mixer::Recurrent(w), LayerState::Recurrent { conv, ssm }) => {
+                    gdn::forward(c, w, self.hadamard.as_ref(), conv, ssm, &h, n)
+                }
+                (Mixer::Attention(w), LayerState::Attention(kv)) => {
+                    attention::forward(c, w, self.hadamard.as_ref(), kv, &h, n, state.pos)
+                }
+                _ => return Err(ModelError::StateMismatch),
+            };
+            add_in_place(&mut x, &mixed);
+            for t in 0..n {
+                rms_norm(
+                    &x[t * e..(t + 1) * e],
+                    &lw.post_norm,
+                    c.rms_eps,
+                    &mut h[t * e..(t + 1) * e],
+                );
+            }
+            let ffn_out = self.ffn(lw, &h, n);
+            add_in_place(&mut x, &ffn_out);
+        }
+        state.pos += n;
+
+        let rows: Vec<usize> = match logits {
+            Logits::None => return Ok(Vec::new()),
+            Logits::Last => vec![n - 1],
+            Logits::All => (0..n).collect(),
+        };
+        let mut normed = vec![0f32; rows.len() * e];
+        for (i, &t) in rows.iter().enumerate() {
+            rms_norm(
+                &x[t * e..(t + 1) * e],
+                &self.weights.output_norm,
+                c.rms_eps,
+                &mut normed[i * e..(i + 1) * e],
+            );
+        }
+        let normed = Input::new(&normed, rows.len(), self.hadamard.as_ref());
+        let mut out = vec![0f32; rows.len() * c.vocab];
+        matmul(
+            &self.weights.output,
+            normed.for_matrix(&self.weights.output),
+            rows.len(),
+            &mut out,
+        );
+        Ok(out)
+    }
+
+    fn ffn(&self, lw: &LayerWeights, h: &[f32], n: usize) -> Vec<f32> {
+        let f = self.config.ffn;
+        let hd = self.hadamard.as_ref();
+        let input = Input::new(h, n, hd);
+        let mut gate = vec![0f32; n * f];
+        let mut up = vec![0f32; n * f];
+        matmul(&lw.ffn_gate, input.for_matrix(&lw.ffn_gate), n, &mut gate);
+        matmul(&lw.ffn_up, input.for_matrix(&lw.ffn_up), n, &mut up);
+        for (g, u) in gate.iter_mut().zip(&up) {
+            *g = silu(*g) * u;
+        }
+        let act = Input::new(&gate, n, hd);
+        let mut out = vec![0f32; n * self.config.hidden];
+        matmul(&lw.ffn_down, act.for_matrix(&lw.ffn_down), n, &mut out);
+        out
+    }
+
+    fn embed(&self, id: u32, out: &mut [f32]) -> Result<()> {
+        let m = &self.weights.token_embd;
+        quant::dequantize(m.format, m.row(id as usize), out).map_err(|source| {
+            ModelError::Decode {
+                name: m.name().to_string(),
+                source,
+            }
+        })?;
+        if let Some(hd) = &self.hadamard {
+            hd.unrotate_embedding(out);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,119 @@
+//! Element-wise and reduction operations of the forward pass, in plain f32.
+
+use rayon::prelude::*;
+
+use crate::weights::Matrix;
+
+/// Rows handed to one task: enough work to amortise scheduling, small enough to balance.
+const ROWS_PER_TASK: usize = 64;
+
+/// `out[t][r] = W[r] · x[t]` for `t` tokens. Each (row, token) dot product is computed the same
+/// way whatever the token count or thread count, so prefill and one-token steps agree bit for
+/// bit.
+pub fn matmul(w: &Matrix, x: &[f32], tokens: usize, out: &mut [f32]) {
+    assert_eq!(x.len(), tokens * w.cols, "{}: input length", w.name());
+    assert_eq!(out.len(), tokens * w.rows, "{}: output length", w.name());
+    let data = w.data();
+    let rb = w.row_bytes();
+    if tokens == 1 {
+        out.par_chunks_mut(ROWS_PER_TASK)
+            .enumerate()
+            .for_each(|(ci, chunk)| {
+                for (j, o) in chunk.iter_mut().enumerate() {
+                    let r = ci * ROWS_PER_TASK + j;
+                    *o = quant::dot(w.format, &data[r * rb..(r + 1) * rb], x);
+                }
+            });
+        return;
+    }
+    // Rows outer, tokens inner: each weight row is read once per chunk of tokens.
+    let mut by_row = vec![0f32; w.rows * tokens];
+    by_row
+        .par_chunks_mut(ROWS_PER_TASK * tokens)
+        .enumerate()
+        .for_each(|(ci, chunk)| {
+            for (j, row_out) in chunk.chunks_mut(tokens).enumerate() {
+                let r = ci * ROWS_PER_TASK + j;
+                let row = &data[r * rb..(r + 1) * rb];
+                for (t, o) in row_out.iter_mut().enumerate() {
+                    *o = quant::dot(w.format, row, &x[t * w.cols..(t + 1) * w.cols]);
+                }
+            }
+        });
+    for r in 0..w.rows {
+        for t in 0..tokens {
+            out[t * w.rows + r] = by_row[r * tokens + t];
+        }
+    }
+}
+
+/// `x · rsqrt(mean(x²) + eps) · w`, written to `out`.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ss: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let scale = 1.0 / (ss + eps).sqrt();
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * scale * g;
+    }
+}
+
+/// In-place RMS norm over each `w.len()`-wide head of `x`.
+pub fn rms_norm_heads(x: &mut [f32], w: &[f32], eps: f32) {
+    for head in x.chunks_mut(w.len()) {
+        let ss: f32 = head.iter().map(|v| v * v).sum::<f32>() / head.len() as f32;
+        let scale = 1.0 / (ss + eps).sqrt();
+        for (v, &g) in head.iter_mut().zip(w) {
+            *v = *v * scale * g;
+        }
+    }
+}
+
+/// `x · rsqrt(Σx² + eps)`, as the gated delta net normalises q and k.
+pub fn l2_norm(x: &mut [f32], eps: f32) {
+    let ss: f32 = x.iter().map(|v| v * v).sum();
+    let scale = 1.0 / (ss + eps).sqrt();
+    x.iter_mut().for_each(|v| *v *= scale);
+}
+
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+pub fn silu(x: f32) -> f32 {
+    x * sigmoid(x)
+}
+
+/// `ln(1 + eˣ)`, linear above 20 as torch computes it.
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+/// NEOX rotary embedding on the first `dims` values of one head: pairs `(i, i + dims/2)`.
+pub fn rope_neox(head: &mut [f32], pos: usize, dims: usize, base: f32) {
+    let half = dims / 2;
+    for i in 0..half {
+        let inv_freq = 1.0 / base.powf((2 * i) as f32 / dims as f32);
+        let (sin, cos) = (pos as f32 * inv_freq).sin_cos();
+        let (a, b) = (head[i], head[i + half]);
+        head[i] = a * cos - b * sin;
+        head[i + half] = b * cos + a * sin;
+    }
+}
+
+pub fn add_in_place(x: &mut [f32], y: &[f32]) {
+    x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+}
+
+/// Index of the largest value; ties go to the lowest index.
+pub fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best
+}

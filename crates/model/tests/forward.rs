@@ -1,0 +1,316 @@
+//! The forward pass on synthetic models: prefill against one-token steps, packed against f32,
+//! state snapshots, the Hadamard rotation, and bad input.
+
+use std::sync::Arc;
+
+use gguf::{Gguf, GgufWriter, Value};
+use model::synth::{self, Preset, Role, Shape, TensorSpec};
+use model::{Logits, Model, ModelError};
+use quant::Format;
+
+const VOCAB: usize = 300;
+
+fn open(w: &GgufWriter) -> Model {
+    Model::from_gguf(Arc::new(Gguf::from_bytes(w.to_bytes().unwrap()).unwrap())).unwrap()
+}
+
+fn tiny(format: Format, seed: u64) -> (Shape, Vec<(TensorSpec, Vec<f32>)>) {
+    let shape = Preset::Tiny.shape(VOCAB);
+    let t = synth::random_f32_tensors(&shape, format, seed);
+    (shape, t)
+}
+
+fn tokens(n: usize) -> Vec<u32> {
+    (0..n).map(|i| ((i * 37 + 11) % VOCAB) as u32).collect()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn step_logits(m: &Model, toks: &[u32]) -> Vec<f32> {
+    let mut s = m.new_state();
+    toks.iter()
+        .flat_map(|&t| m.forward(&mut s, &[t], Logits::Last).unwrap())
+        .collect()
+}
+
+#[test]
+fn chunked_prefill_equals_one_token_steps() {
+    for format in [Format::F32, Format::Q1_0, Format::Q2_0, Format::PTQ1_0] {
+        let (shape, t) = tiny(format, 1);
+        let m = open(&synth::writer_from_f32(&shape, &t, format, "t").unwrap());
+        let toks = tokens(40);
+        let mut s = m.new_state();
+        let mut prefill = m.forward(&mut s, &toks[..17], Logits::All).unwrap();
+        prefill.extend(m.forward(&mut s, &toks[17..], Logits::All).unwrap());
+        let steps = step_logits(&m, &toks);
+        assert_eq!(max_abs_diff(&prefill, &steps), 0.0, "{format}");
+    }
+}
+
+#[test]
+fn lossless_packed_models_match_their_f32_weights() {
+    for format in [
+        Format::Q1_0,
+        Format::Q2_0,
+        Format::Q2_0G128,
+        Format::PQ2_0,
+        Format::PTQ1_0,
+    ] {
+        let (shape, t) = tiny(format, 2);
+        let packed = open(&synth::writer_from_f32(&shape, &t, format, "t").unwrap());
+        let exact = open(&synth::writer_from_f32(&shape, &t, Format::F32, "t").unwrap());
+        let toks = tokens(24);
+        let a = packed
+            .forward(&mut packed.new_state(), &toks, Logits::All)
+            .unwrap();
+        let b = exact
+            .forward(&mut exact.new_state(), &toks, Logits::All)
+            .unwrap();
+        let d = max_abs_diff(&a, &b);
+        assert!(d < 1e-4, "{format}: {d}");
+    }
+}
+
+#[test]
+fn restored_state_continues_identically() {
+    let (shape, t) = tiny(Format::Q1_0, 3);
+    let m = open(&synth::writer_from_f32(&shape, &t, Format::Q1_0, "t").unwrap());
+    let toks = tokens(30);
+    let mut s = m.new_state();
+    m.forward(&mut s, &toks[..20], Logits::None).unwrap();
+    let snap = s.clone();
+    let a = m.forward(&mut s, &toks[20..], Logits::All).unwrap();
+    let other = m.forward(&mut s, &toks[..5], Logits::All).unwrap();
+    assert_ne!(a[..VOCAB], other[..VOCAB]);
+    let mut s = snap;
+    let b = m.forward(&mut s, &toks[20..], Logits::All).unwrap();
+    assert_eq!(a, b);
+    assert_eq!(s.len(), 30);
+}
+
+#[test]
+fn bad_tokens_and_lengths_are_errors() {
+    let (shape, t) = tiny(Format::F32, 4);
+    let m = open(&synth::writer_from_f32(&shape, &t, Format::F32, "t").unwrap());
+    let mut s = m.new_state();
+    assert!(matches!(
+        m.forward(&mut s, &[], Logits::Last),
+        Err(ModelError::EmptyInput)
+    ));
+    assert!(matches!(
+        m.forward(&mut s, &[VOCAB as u32], Logits::Last),
+        Err(ModelError::TokenOutOfRange { id, vocab: VOCAB }) if id == VOCAB as u32
+    ));
+    let too_long = vec![1u32; shape.context_length + 1];
+    let err = m.forward(&mut s, &too_long, Logits::Last).unwrap_err();
+    assert!(matches!(err, ModelError::ContextFull { .. }), "{err}");
+    assert!(err.to_string().contains(&shape.context_length.to_string()));
+    assert!(s.is_empty(), "a refused call leaves the state untouched");
+}
+
+fn writer_without(shape: &Shape, t: &[(TensorSpec, Vec<f32>)], skip: &str) -> GgufWriter {
+    let kept: Vec<_> = t.iter().filter(|(s, _)| s.name != skip).cloned().collect();
+    synth::writer_from_f32(shape, &kept, Format::F32, "t").unwrap()
+}
+
+fn load_err(w: &GgufWriter) -> String {
+    match Model::from_gguf(Arc::new(Gguf::from_bytes(w.to_bytes().unwrap()).unwrap())) {
+        Ok(_) => panic!("model loaded"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn missing_tensor_is_named() {
+    let (shape, t) = tiny(Format::F32, 5);
+    let msg = load_err(&writer_without(&shape, &t, "blk.2.ssm_out.weight"));
+    assert!(
+        msg.contains("blk.2.ssm_out.weight") && msg.contains("missing"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn shape_mismatch_is_named() {
+    let (shape, mut t) = tiny(Format::F32, 6);
+    let (spec, v) = t
+        .iter_mut()
+        .find(|(s, _)| s.name == "blk.0.ffn_up.weight")
+        .unwrap();
+    spec.dims[1] -= 1;
+    v.truncate(v.len() - shape.hidden);
+    let msg = load_err(&synth::writer_from_f32(&shape, &t, Format::F32, "t").unwrap());
+    assert!(
+        msg.contains("blk.0.ffn_up.weight") && msg.contains("shape"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn wrong_architecture_is_refused() {
+    let (shape, t) = tiny(Format::F32, 7);
+    let mut w = synth::writer_from_f32(&shape, &t, Format::F32, "t").unwrap();
+    w.set("general.architecture", Value::String("llama".into()));
+    let msg = load_err(&w);
+    assert!(msg.contains("llama") && msg.contains("qwen35"), "{msg}");
+}
+
+#[test]
+fn missing_hyperparameter_is_named() {
+    let (shape, t) = tiny(Format::F32, 8);
+    let w = synth::writer_from_f32(&shape, &t, Format::F32, "t").unwrap();
+    let mut w2 = GgufWriter::new();
+    for (k, v) in w
+        .metadata()
+        .iter()
+        .filter(|(k, _)| *k != "qwen35.ssm.state_size")
+    {
+        w2.set(k, v.clone());
+    }
+    for (spec, v) in &t {
+        w2.add_tensor(
+            &spec.name,
+            &spec.dims,
+            Format::F32,
+            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        )
+        .unwrap();
+    }
+    let msg = load_err(&w2);
+    assert!(msg.contains("qwen35.ssm.state_size"), "{msg}");
+}
+
+// ---- Hadamard rotation -------------------------------------------------------------------
+
+/// R·x per 1024-block: signs, FWHT, 1/32.
+fn rotate(x: &[f32], signs: &[f32]) -> Vec<f32> {
+    let mut v: Vec<f32> = x.iter().zip(signs).map(|(a, s)| a * s).collect();
+    for b in v.chunks_mut(1024) {
+        model::hadamard::fwht(b);
+        b.iter_mut().for_each(|x| *x /= 32.0);
+    }
+    v
+}
+
+/// The spec's tiled→grouped value-head order, written out for this test's shape.
+fn tiled_to_grouped(x: &[f32], key_heads: usize, per_key: usize, d: usize) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    for k in 0..key_heads {
+        for r in 0..per_key {
+            out[(r + per_key * k) * d..(r + per_key * k + 1) * d]
+                .copy_from_slice(&x[(k + key_heads * r) * d..(k + key_heads * r + 1) * d]);
+        }
+    }
+    out
+}
+
+#[test]
+fn folded_hadamard_rotation_leaves_logits_unchanged() {
+    use rand::{Rng, SeedableRng};
+    let shape = Preset::Small.shape(VOCAB);
+    let plain = synth::random_f32_tensors(&shape, Format::F32, 9);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(10);
+    let widths = [shape.hidden, shape.ffn];
+    let signs: Vec<Vec<f32>> = widths
+        .iter()
+        .map(|&w| (0..w).map(|_| if rng.gen() { 1.0 } else { -1.0 }).collect())
+        .collect();
+    let sign_for = |w: usize| &signs[widths.iter().position(|&x| x == w).unwrap()];
+    let folded_suffixes = [
+        "attn_qkv.weight",
+        "attn_gate.weight",
+        "ssm_out.weight",
+        "attn_q.weight",
+        "attn_k.weight",
+        "attn_v.weight",
+        "attn_output.weight",
+        "ffn_gate.weight",
+        "ffn_up.weight",
+        "ffn_down.weight",
+    ];
+    let mut folded_names = vec!["output.weight".to_string()];
+    let rotated: Vec<(TensorSpec, Vec<f32>)> = plain
+        .iter()
+        .map(|(spec, v)| {
+            let cols = spec.dims[0] as usize;
+            let is_folded = spec.name == "output.weight"
+                || folded_suffixes.iter().any(|s| spec.name.ends_with(s));
+            let out = if spec.name == "token_embd.weight" {
+                v.chunks(cols)
+                    .flat_map(|row| rotate(row, sign_for(cols)))
+                    .collect()
+            } else if is_folded && spec.role == Role::Matrix {
+                if spec.name != "output.weight" {
+                    folded_names.push(spec.name.clone());
+                }
+                v.chunks(cols)
+                    .flat_map(|row| {
+                        let row = if spec.name.ends_with("ssm_out.weight") {
+                            tiled_to_grouped(
+                                row,
+                                shape.gdn_key_heads,
+                                shape.gdn_value_heads / shape.gdn_key_heads,
+                                shape.gdn_value_dim,
+                            )
+                        } else {
+                            row.to_vec()
+                        };
+                        rotate(&row, sign_for(cols))
+                    })
+                    .collect()
+            } else {
+                v.clone()
+            };
+            (spec.clone(), out)
+        })
+        .collect();
+
+    let base = open(&synth::writer_from_f32(&shape, &plain, Format::F32, "plain").unwrap());
+    let mut w = synth::writer_from_f32(&shape, &rotated, Format::F32, "rotated").unwrap();
+    let k = |s: &str| format!("prism.hadamard.{s}");
+    w.set(&k("version"), Value::U32(1))
+        .set(&k("block_size"), Value::U32(1024))
+        .set(
+            &k("transform"),
+            Value::String("normalized-sylvester-walsh-hadamard".into()),
+        )
+        .set(&k("sign_mode"), Value::String("explicit".into()))
+        .set(
+            &k("sign_widths"),
+            Value::i32s(widths.iter().map(|&w| w as i32)),
+        )
+        .set(
+            &k("sign_values"),
+            Value::i32s(signs.iter().flatten().map(|&s| s as i32)),
+        )
+        .set(&k("weight_names"), Value::strings(folded_names))
+        .set(
+            &k("inverse_weight_names"),
+            Value::strings(["token_embd.weight"]),
+        )
+        .set(&k("gdn_v_grouped"), Value::Bool(true));
+    let rot = open(&w);
+    assert!(rot.hadamard().is_some());
+
+    let toks = tokens(12);
+    let a = base
+        .forward(&mut base.new_state(), &toks, Logits::All)
+        .unwrap();
+    let b = rot
+        .forward(&mut rot.new_state(), &toks, Logits::All)
+        .unwrap();
+    let d = max_abs_diff(&a, &b);
+    assert!(d <= 2e-3, "max |Δlogit| {d}");
+    // And the rotation matters: the rotated weights without the metadata give other logits.
+    let bare = open(&synth::writer_from_f32(&shape, &rotated, Format::F32, "bare").unwrap());
+    let c = bare
+        .forward(&mut bare.new_state(), &toks, Logits::All)
+        .unwrap();
+    assert!(max_abs_diff(&a, &c) > 0.1);
+}
