@@ -269,7 +269,7 @@ fn lay_out(
         }
         if t.rel_offset > data_len {
             return Err(bad(format!(
-                "offset {} is past the end of the data section ({data_len} bytes)",
+                "offset {} is past the end of the data section ({data_len} bytes): the file is truncated or corrupt",
                 t.rel_offset
             )));
         }
@@ -315,7 +315,7 @@ fn lay_out(
             [] => {
                 let (f, b) = shaped[0];
                 return Err(bad(format!(
-                    "{f} data of {b} bytes at offset {} does not fit: only {room} bytes before the next tensor or the end of the file",
+                    "{f} data of {b} bytes at offset {} does not fit: only {room} bytes before the next tensor or the end of the file (truncated or corrupt)",
                     t.rel_offset
                 )));
             }

@@ -59,6 +59,11 @@ impl Model {
         })
     }
 
+    /// Lowers the context limit below what the model was trained for (never raises it).
+    pub fn limit_context(&mut self, tokens: usize) {
+        self.config.context_length = self.config.context_length.min(tokens.max(1));
+    }
+
     pub fn file(&self) -> &Arc<Gguf> {
         &self.file
     }

@@ -29,7 +29,10 @@ pub struct Args {
 /// reasoning) the prompt is prefilled again from the start.
 pub fn main(a: Args) -> Result<ExitCode> {
     load::init_threads(a.sampling.threads)?;
-    let model = load::open_model(&a.model)?;
+    let mut model = load::open_model(&a.model)?;
+    if let Some(n) = a.sampling.ctx {
+        model.limit_context(n);
+    }
     let tok = load::tokenizer(model.file())?;
     let template = load::chat_template(&tok)?;
     let mut messages = Vec::new();

@@ -39,6 +39,9 @@ pub struct Sampling {
     /// Stop when this text appears (not printed); may be repeated.
     #[arg(long)]
     pub stop: Vec<String>,
+    /// Context limit in tokens (default: the model's).
+    #[arg(long)]
+    pub ctx: Option<usize>,
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,

@@ -35,7 +35,10 @@ pub fn main(a: Args) -> Result<ExitCode> {
         (Some(p), _) => p.clone(),
         (None, _) => super::synth::demo_model()?,
     };
-    let model = load::open_model(&path)?;
+    let mut model = load::open_model(&path)?;
+    if let Some(n) = a.sampling.ctx {
+        model.limit_context(n);
+    }
     let tok = load::tokenizer(model.file())?;
     let prompt_text = if a.chat {
         let req = ChatRequest {

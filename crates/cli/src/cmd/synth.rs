@@ -33,7 +33,10 @@ pub struct Args {
 pub fn demo_model() -> Result<PathBuf> {
     let path = std::env::temp_dir().join("niwaki-demo-tiny-q1_0.gguf");
     if !path.exists() {
-        eprintln!("--demo: synthesizing a tiny random model at {} (its output is random text)", path.display());
+        eprintln!(
+            "--demo: synthesizing a tiny random model at {} (its output is random text)",
+            path.display()
+        );
         let args = Args {
             preset: "tiny".into(),
             format: "Q1_0".into(),
@@ -43,7 +46,8 @@ pub fn demo_model() -> Result<PathBuf> {
         };
         let partial = args.model.clone();
         main(args)?;
-        std::fs::rename(&partial, &path).with_context(|| format!("moving the demo model to {}", path.display()))?;
+        std::fs::rename(&partial, &path)
+            .with_context(|| format!("moving the demo model to {}", path.display()))?;
     }
     Ok(path)
 }

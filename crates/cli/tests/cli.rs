@@ -1,0 +1,319 @@
+//! The `niwaki` binary end to end, on small synthetic models in temp directories.
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+
+fn niwaki() -> Command {
+    Command::cargo_bin("niwaki").unwrap()
+}
+
+fn fixture(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures")
+        .join(rel)
+}
+
+fn synth(dir: &Path, name: &str, format: &str) -> PathBuf {
+    let path = dir.join(name);
+    niwaki()
+        .args([
+            "synth", "--preset", "tiny", "--format", format, "--seed", "3", "--model",
+        ])
+        .arg(&path)
+        .assert()
+        .success();
+    path
+}
+
+fn stdout(cmd: &mut Command) -> String {
+    let out = cmd.assert().success().get_output().stdout.clone();
+    String::from_utf8(out).unwrap()
+}
+
+fn failure(cmd: &mut Command) -> String {
+    let out = cmd.assert().failure().get_output().clone();
+    String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
+}
+
+#[test]
+fn tokenize_works_on_a_vocabulary_only_file() {
+    let out = stdout(
+        niwaki()
+            .args(["tokenize", "--model"])
+            .arg(fixture("tokenizer/qwen35-vocab.gguf"))
+            .arg("<|im_start|>user\nHi<|im_end|>"),
+    );
+    let ids: Vec<u32> = serde_json::from_str(out.trim()).unwrap();
+    // From the tiktoken reference (fixtures/tokenizer/encode.json).
+    assert_eq!(ids, vec![248045, 846, 198, 12675, 248046]);
+}
+
+#[test]
+fn greedy_runs_are_identical_and_respect_max_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), "t.gguf", "Q1_0");
+    let run = || {
+        let out = niwaki()
+            .args([
+                "run",
+                "--temperature",
+                "0",
+                "-n",
+                "24",
+                "--prompt",
+                "Hello there",
+                "--model",
+            ])
+            .arg(&m)
+            .assert()
+            .success()
+            .get_output()
+            .clone();
+        (out.stdout, String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    let (a, err) = run();
+    let (b, _) = run();
+    assert_eq!(a, b);
+    assert!(
+        err.contains("generated: 24 tokens") && err.contains("Length"),
+        "{err}"
+    );
+}
+
+#[test]
+fn seeded_sampling_is_reproducible() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), "t.gguf", "PTQ1_0");
+    let run = |seed: &str| {
+        stdout(
+            niwaki()
+                .args([
+                    "run",
+                    "--temperature",
+                    "1",
+                    "--seed",
+                    seed,
+                    "-n",
+                    "16",
+                    "--prompt",
+                    "abc",
+                    "--model",
+                ])
+                .arg(&m),
+        )
+    };
+    assert_eq!(run("5"), run("5"));
+}
+
+#[test]
+fn reaching_the_context_limit_keeps_the_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), "t.gguf", "Q2_0");
+    let out = niwaki()
+        .args([
+            "run",
+            "--temperature",
+            "0",
+            "--ctx",
+            "16",
+            "-n",
+            "100",
+            "--prompt",
+            "0123456789",
+            "--model",
+        ])
+        .arg(&m)
+        .assert()
+        .success()
+        .get_output()
+        .clone();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("context limit of 16 tokens reached") && err.contains("ContextFull"),
+        "{err}"
+    );
+    assert!(err.contains("generated: 7 tokens"), "{err}");
+    assert!(!out.stdout.is_empty());
+}
+
+#[test]
+fn over_long_and_empty_prompts_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), "t.gguf", "Q1_0");
+    let msg = failure(
+        niwaki()
+            .args(["run", "--ctx", "8", "--prompt", "0123456789", "--model"])
+            .arg(&m),
+    );
+    assert!(
+        msg.contains("10 tokens") && msg.contains("context holds 8"),
+        "{msg}"
+    );
+    let msg = failure(niwaki().args(["run", "--prompt", "", "--model"]).arg(&m));
+    assert!(msg.contains("empty"), "{msg}");
+}
+
+#[test]
+fn out_of_range_token_ids_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), "t.gguf", "Q1_0");
+    let out = dir.path().join("l.npy");
+    let msg = failure(
+        niwaki()
+            .args(["logits", "--tokens", "1,99999", "--out"])
+            .arg(&out)
+            .arg("--model")
+            .arg(&m),
+    );
+    assert!(
+        msg.contains("99999") && msg.contains("outside the vocabulary"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn logits_in_prefill_and_step_mode_agree_and_perplexity_compares_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), "t.gguf", "Q1_0");
+    let a = dir.path().join("a.npy");
+    let b = dir.path().join("b.npy");
+    for (mode, out) in [("prefill", &a), ("step", &b)] {
+        niwaki()
+            .args([
+                "logits",
+                "--tokens",
+                "5,6,7,8,9,10",
+                "--mode",
+                mode,
+                "--out",
+            ])
+            .arg(out)
+            .arg("--model")
+            .arg(&m)
+            .assert()
+            .success();
+    }
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+    let json = stdout(
+        niwaki()
+            .args([
+                "perplexity",
+                "--json",
+                "--tokens",
+                "5,6,7,8,9,10",
+                "--kl-base",
+            ])
+            .arg(&a)
+            .arg("--model")
+            .arg(&m),
+    );
+    let v: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+    assert_eq!(v["mean_kl"].as_f64(), Some(0.0));
+    assert_eq!(v["top1"].as_f64(), Some(1.0));
+    assert!(v["perplexity"].as_f64().unwrap() > 1.0);
+}
+
+#[test]
+fn validate_accepts_a_good_file_and_info_describes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), "t.gguf", "PQ2_0");
+    assert!(stdout(niwaki().args(["validate", "--model"]).arg(&m)).contains("OK"));
+    let info = stdout(niwaki().args(["info", "--model"]).arg(&m));
+    assert!(
+        info.contains("qwen35")
+            && info.contains("PQ2_0")
+            && info.contains("3 gated delta net, 1 gated attention"),
+        "{info}"
+    );
+}
+
+/// Finds a tensor's data in a file written by `synth` (via the library, to corrupt it).
+fn tensor_range(path: &Path, name: &str) -> (usize, usize) {
+    let g = gguf::Gguf::open(path).unwrap();
+    let t = g.tensors().iter().find(|t| t.name == name).unwrap();
+    (t.offset as usize, t.size as usize)
+}
+
+#[test]
+fn validate_reports_code_3_and_non_finite_scales() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), "t.gguf", "Q2_0");
+    let (off, _) = tensor_range(&m, "blk.0.ffn_up.weight");
+    let mut bytes = std::fs::read(&m).unwrap();
+    bytes[off + 2] = 0xff; // four codes of 3 in the first block
+    bytes[off + 18..off + 20].copy_from_slice(&0x7e00u16.to_le_bytes()); // NaN scale of the second block
+    std::fs::write(&m, &bytes).unwrap();
+    let msg = failure(niwaki().args(["validate", "--model"]).arg(&m));
+    assert!(
+        msg.contains("blk.0.ffn_up.weight") && msg.contains("4 codes equal 3"),
+        "{msg}"
+    );
+    assert!(msg.contains("1 non-finite block scales"), "{msg}");
+}
+
+#[test]
+fn truncated_and_foreign_files_are_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), "t.gguf", "Q1_0");
+    let bytes = std::fs::read(&m).unwrap();
+    let cut = dir.path().join("cut.gguf");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let msg = failure(niwaki().args(["validate", "--model"]).arg(&cut));
+    assert!(
+        msg.contains("INVALID") && msg.contains("truncated"),
+        "{msg}"
+    );
+    let msg = failure(niwaki().args(["run", "--prompt", "x", "--model"]).arg(&cut));
+    assert!(msg.contains("cut.gguf"), "{msg}");
+    let junk = dir.path().join("junk.gguf");
+    std::fs::write(&junk, b"PK\x03\x04 definitely not a model").unwrap();
+    let msg = failure(niwaki().args(["info", "--model"]).arg(&junk));
+    assert!(msg.contains("not a GGUF file"), "{msg}");
+}
+
+#[test]
+fn quantize_repacks_and_the_result_still_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), "t.gguf", "Q2_0");
+    let out = dir.path().join("legacy.gguf");
+    niwaki()
+        .args(["quantize", "--format", "Q2_0_g128", "--out"])
+        .arg(&out)
+        .arg("--model")
+        .arg(&m)
+        .assert()
+        .success();
+    let info = stdout(niwaki().args(["info", "--model"]).arg(&out));
+    assert!(info.contains("Q2_0_g128"), "{info}");
+    niwaki()
+        .args([
+            "run",
+            "--temperature",
+            "0",
+            "-n",
+            "4",
+            "--prompt",
+            "hi",
+            "--model",
+        ])
+        .arg(&out)
+        .assert()
+        .success();
+}
+
+#[test]
+fn chat_answers_over_stdin_and_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), "t.gguf", "Q1_0");
+    let out = niwaki()
+        .args(["chat", "--temperature", "0", "-n", "8", "--model"])
+        .arg(&m)
+        .write_stdin("hello\nand again\n/exit\n")
+        .assert()
+        .success()
+        .get_output()
+        .clone();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("generated:").count(), 2, "{err}");
+}
