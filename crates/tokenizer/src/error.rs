@@ -7,6 +7,8 @@ pub enum TokenizerError {
     UnsupportedPreTokenizer(String),
     #[error("the file has no tokenizer.ggml.pre, so the pre-tokenizer split is unknown")]
     MissingPreTokenizer,
+    #[error("tokenizer metadata: {0}")]
+    Metadata(String),
     #[error("invalid vocabulary: {0}")]
     InvalidVocab(String),
     #[error("invalid merge #{index} {merge:?}: {reason}")]

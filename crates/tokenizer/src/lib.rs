@@ -2,7 +2,7 @@
 //! into a prompt.
 //!
 //! * [`Tokenizer`] is byte-level BPE built from GGUF `tokenizer.ggml.*` metadata
-//!   ([`TokenizerSpec`]) on top of the `tokenizers` crate: Unicode NFC, the `qwen35` split regex,
+//!   ([`TokenizerSpec`], read by [`spec_from_metadata`]) on top of the `tokenizers` crate: Unicode NFC, the `qwen35` split regex,
 //!   GPT-2 byte-to-unicode mapping, rank-ordered merges. It matches Qwen's tiktoken reference.
 //! * [`StreamDecoder`] turns ids into text one at a time and only ever yields whole characters.
 //! * [`ChatTemplate`] renders a [`ChatRequest`] with minijinja configured to behave like
@@ -12,6 +12,7 @@
 mod bpe;
 mod chat;
 mod error;
+mod gguf_meta;
 mod pyfmt;
 mod spec;
 mod stream;
@@ -19,6 +20,7 @@ mod stream;
 pub use bpe::Tokenizer;
 pub use chat::{ChatRequest, ChatTemplate};
 pub use error::TokenizerError;
+pub use gguf_meta::spec_from_metadata;
 pub use spec::{TokenType, TokenizerSpec};
 pub use stream::StreamDecoder;
 

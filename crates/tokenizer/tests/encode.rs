@@ -211,3 +211,12 @@ fn a_megabyte_of_text_with_many_added_tokens_round_trips() {
         assert_eq!(tok.decode(&got).unwrap(), expect);
     }
 }
+
+#[test]
+fn a_gguf_without_tokenizer_metadata_is_an_error() {
+    let md = gguf::Metadata::default();
+    assert!(matches!(
+        tokenizer::spec_from_metadata(&md),
+        Err(tokenizer::TokenizerError::Metadata(_))
+    ));
+}
