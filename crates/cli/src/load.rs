@@ -39,38 +39,7 @@ pub fn open_model(path: &Path) -> Result<Model> {
 
 /// The tokenizer described by a file's `tokenizer.*` metadata.
 pub fn tokenizer_spec(file: &Gguf) -> Result<TokenizerSpec> {
-    let md = file.metadata();
-    let id = |k: &str| md.get_u32(k).with_context(|| format!("reading {k}"));
-    Ok(TokenizerSpec {
-        model: md.require_str("tokenizer.ggml.model")?.to_string(),
-        pre: md.get_str("tokenizer.ggml.pre")?.map(str::to_string),
-        tokens: md
-            .get_strings("tokenizer.ggml.tokens")?
-            .context("the file has no tokenizer (tokenizer.ggml.tokens is missing)")?
-            .into_iter()
-            .map(str::to_string)
-            .collect(),
-        token_types: md
-            .get_ints("tokenizer.ggml.token_type")?
-            .unwrap_or_default()
-            .into_iter()
-            .map(|v| i32::try_from(v).unwrap_or(0))
-            .collect(),
-        merges: md
-            .get_strings("tokenizer.ggml.merges")?
-            .unwrap_or_default()
-            .into_iter()
-            .map(str::to_string)
-            .collect(),
-        bos_id: id("tokenizer.ggml.bos_token_id")?,
-        eos_id: id("tokenizer.ggml.eos_token_id")?,
-        eot_id: id("tokenizer.ggml.eot_token_id")?,
-        pad_id: id("tokenizer.ggml.padding_token_id")?,
-        add_bos: md
-            .get_bool("tokenizer.ggml.add_bos_token")?
-            .unwrap_or(false),
-        chat_template: md.get_str("tokenizer.chat_template")?.map(str::to_string),
-    })
+    tokenizer::spec_from_metadata(file.metadata()).context("reading the file's tokenizer metadata")
 }
 
 pub fn tokenizer(file: &Gguf) -> Result<Tokenizer> {
