@@ -12,10 +12,10 @@ use tokenizer::{ChatTemplate, Tokenizer, TokenizerSpec};
 /// Sets the worker-thread count (default: every core).
 pub fn init_threads(threads: Option<usize>) -> Result<()> {
     let n = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(n.max(1))
-        .build_global()
-        .context("starting worker threads")?;
+    if n == 0 {
+        anyhow::bail!("--threads must be at least 1");
+    }
+    model::pool::init(n);
     Ok(())
 }
 

@@ -8,6 +8,7 @@ mod gdn;
 pub mod hadamard;
 mod model;
 pub mod ops;
+pub mod pool;
 pub mod requant;
 mod state;
 pub mod synth;

@@ -1,11 +1,26 @@
 //! Element-wise and reduction operations of the forward pass, in plain f32.
 
-use rayon::prelude::*;
-
+use crate::pool;
 use crate::weights::Matrix;
 
-/// Rows handed to one task: enough work to amortise scheduling, small enough to balance.
-const ROWS_PER_TASK: usize = 64;
+/// Rows handed out per task: enough work to amortise the hand-out, small enough that the last
+/// tasks of a matrix balance across cores.
+const ROWS_PER_TASK: usize = 16;
+
+/// A pointer for tasks that write disjoint parts of one buffer.
+#[derive(Clone, Copy)]
+struct Disjoint(*mut f32);
+// SAFETY: every user writes only indices no other task writes (its own rows).
+unsafe impl Send for Disjoint {}
+unsafe impl Sync for Disjoint {}
+
+impl Disjoint {
+    /// # Safety
+    /// `i` is in bounds of the buffer and written by no other task.
+    unsafe fn write(&self, i: usize, v: f32) {
+        *self.0.add(i) = v;
+    }
+}
 
 /// `out[t][r] = W[r] · x[t]` for `t` tokens. Each (row, token) dot product is computed the same
 /// way whatever the token count or thread count, so prefill and one-token steps agree bit for
@@ -15,36 +30,21 @@ pub fn matmul(w: &Matrix, x: &[f32], tokens: usize, out: &mut [f32]) {
     assert_eq!(out.len(), tokens * w.rows, "{}: output length", w.name());
     let data = w.data();
     let rb = w.row_bytes();
-    if tokens == 1 {
-        out.par_chunks_mut(ROWS_PER_TASK)
-            .enumerate()
-            .for_each(|(ci, chunk)| {
-                for (j, o) in chunk.iter_mut().enumerate() {
-                    let r = ci * ROWS_PER_TASK + j;
-                    *o = quant::dot(w.format, &data[r * rb..(r + 1) * rb], x);
-                }
-            });
-        return;
-    }
-    // Rows outer, tokens inner: each weight row is read once per chunk of tokens.
-    let mut by_row = vec![0f32; w.rows * tokens];
-    by_row
-        .par_chunks_mut(ROWS_PER_TASK * tokens)
-        .enumerate()
-        .for_each(|(ci, chunk)| {
-            for (j, row_out) in chunk.chunks_mut(tokens).enumerate() {
-                let r = ci * ROWS_PER_TASK + j;
-                let row = &data[r * rb..(r + 1) * rb];
-                for (t, o) in row_out.iter_mut().enumerate() {
-                    *o = quant::dot(w.format, row, &x[t * w.cols..(t + 1) * w.cols]);
-                }
+    let rows = w.rows;
+    let dst = Disjoint(out.as_mut_ptr());
+    pool::global().run(rows.div_ceil(ROWS_PER_TASK), |task| {
+        let r0 = task * ROWS_PER_TASK;
+        for r in r0..(r0 + ROWS_PER_TASK).min(rows) {
+            // Rows outer, tokens inner: each weight row is read once per chunk of tokens.
+            let row = &data[r * rb..(r + 1) * rb];
+            for t in 0..tokens {
+                let v = quant::dot(w.format, row, &x[t * w.cols..(t + 1) * w.cols]);
+                // SAFETY: `t * rows + r < out.len()` (asserted above) and row `r` belongs to
+                // this task alone.
+                unsafe { dst.write(t * rows + r, v) };
             }
-        });
-    for r in 0..w.rows {
-        for t in 0..tokens {
-            out[t * w.rows + r] = by_row[r * tokens + t];
         }
-    }
+    });
 }
 
 /// `x · rsqrt(mean(x²) + eps) · w`, written to `out`.

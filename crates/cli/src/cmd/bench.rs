@@ -1,0 +1,230 @@
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use model::{Logits, Model};
+use rand::{Rng, SeedableRng};
+
+use crate::load;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, short = 'm')]
+    pub model: PathBuf,
+    /// Prompt tokens for the prefill test (0 skips it).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Generated tokens for the decode test (0 skips it).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
+    pub reps: usize,
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// Tokens per prefill chunk.
+    #[arg(long, default_value_t = engine::DEFAULT_PREFILL_CHUNK)]
+    pub chunk: usize,
+    /// Bytes read by the memory-bandwidth test.
+    #[arg(long, default_value_t = 4 << 30)]
+    pub bw_bytes: usize,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Stats {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+fn stats(mut v: Vec<f64>) -> Stats {
+    if v.is_empty() {
+        return Stats::default();
+    }
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    let median = if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    };
+    Stats {
+        median,
+        min: v[0],
+        max: v[v.len() - 1],
+    }
+}
+
+/// Peak resident set size of this process, from /proc (0 where unavailable).
+fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// Read bandwidth of this machine with the engine's threads: the best of three passes summing
+/// a buffer far larger than the caches.
+fn read_bandwidth(bytes: usize) -> f64 {
+    let words = bytes / 8;
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let pool = model::pool::global();
+    let tasks = pool.threads() * 16;
+    let per = words.div_ceil(tasks);
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let sink = std::sync::atomic::AtomicU64::new(0);
+        let t = Instant::now();
+        pool.run(tasks, |i| {
+            let part = &buf[(i * per).min(words)..((i + 1) * per).min(words)];
+            let mut acc = [0u64; 8];
+            for c in part.chunks_exact(8) {
+                for k in 0..8 {
+                    acc[k] = acc[k].wrapping_add(c[k]);
+                }
+            }
+            sink.fetch_add(
+                acc.iter().fold(0u64, |a, &b| a.wrapping_add(b)),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        });
+        let gbs = (words * 8) as f64 / t.elapsed().as_secs_f64() / 1e9;
+        std::hint::black_box(sink.into_inner());
+        best = best.max(gbs);
+    }
+    best
+}
+
+/// Bytes one decode step must move: every weight matrix except the embedding table (one row of
+/// it), plus reading and writing the recurrent state.
+fn bytes_per_token(model: &Model) -> u64 {
+    let file = model.file();
+    let weights: u64 = file
+        .tensors()
+        .iter()
+        .map(|t| {
+            if t.name == "token_embd.weight" {
+                t.size / t.rows().max(1)
+            } else {
+                t.size
+            }
+        })
+        .sum();
+    weights + 2 * model.config.recurrent_state_bytes() as u64
+}
+
+pub fn main(a: Args) -> Result<ExitCode> {
+    if a.reps == 0 {
+        bail!("-r must be at least 1");
+    }
+    load::init_threads(a.threads)?;
+    let model = load::open_model(&a.model)?;
+    if a.n_prompt + a.n_gen > model.config.context_length {
+        bail!(
+            "-p {} + -n {} exceed the context of {}",
+            a.n_prompt,
+            a.n_gen,
+            model.config.context_length
+        );
+    }
+    let threads = model::pool::global().threads();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(42);
+    let vocab = model.config.vocab as u32;
+    let prompt: Vec<u32> = (0..a.n_prompt).map(|_| rng.gen_range(0..vocab)).collect();
+
+    let mut pp = Vec::new();
+    for r in 0..a.reps {
+        if a.n_prompt == 0 {
+            break;
+        }
+        let mut state = model.new_state();
+        let t = Instant::now();
+        engine::prefill(&model, &mut state, &prompt, a.chunk)?;
+        let s = a.n_prompt as f64 / t.elapsed().as_secs_f64();
+        eprintln!("pp{} run {}/{}: {s:.2} tok/s", a.n_prompt, r + 1, a.reps);
+        pp.push(s);
+    }
+    let mut tg = Vec::new();
+    for r in 0..a.reps {
+        if a.n_gen == 0 {
+            break;
+        }
+        let mut state = model.new_state();
+        let mut tok = prompt.first().copied().unwrap_or(1);
+        let t = Instant::now();
+        for _ in 0..a.n_gen {
+            let logits = model.forward(&mut state, &[tok], Logits::Last)?;
+            tok = engine::sampler::argmax(&logits).unwrap_or(0) as u32;
+        }
+        let s = a.n_gen as f64 / t.elapsed().as_secs_f64();
+        eprintln!("tg{} run {}/{}: {s:.2} tok/s", a.n_gen, r + 1, a.reps);
+        tg.push(s);
+    }
+    let bw = read_bandwidth(a.bw_bytes);
+    let (pp, tg) = (stats(pp), stats(tg));
+    let bpt = bytes_per_token(&model);
+    let floor = bw * 1e9 / bpt as f64;
+    let fraction = if tg.median > 0.0 {
+        tg.median / floor
+    } else {
+        0.0
+    };
+    let rss = peak_rss_bytes();
+    let file_bytes = model.file().file_len();
+    if a.json {
+        let o = serde_json::json!({
+            "model": a.model.display().to_string(),
+            "threads": threads,
+            "n_prompt": a.n_prompt, "n_gen": a.n_gen, "repetitions": a.reps,
+            "pp_tok_s": pp.median, "pp_min": pp.min, "pp_max": pp.max,
+            "tg_tok_s": tg.median, "tg_min": tg.min, "tg_max": tg.max,
+            "peak_rss_bytes": rss, "file_bytes": file_bytes,
+            "read_bw_gbs": bw, "bytes_per_token": bpt,
+            "floor_tok_s": floor, "floor_fraction": fraction,
+        });
+        println!("{o}");
+    } else {
+        println!("| model | threads | test | tok/s median | min | max |");
+        println!("|---|---|---|---|---|---|");
+        let name = a
+            .model
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
+        if a.n_prompt > 0 {
+            println!(
+                "| {name} | {threads} | pp{} | {:.2} | {:.2} | {:.2} |",
+                a.n_prompt, pp.median, pp.min, pp.max
+            );
+        }
+        if a.n_gen > 0 {
+            println!(
+                "| {name} | {threads} | tg{} | {:.2} | {:.2} | {:.2} |",
+                a.n_gen, tg.median, tg.min, tg.max
+            );
+        }
+        println!();
+        println!(
+            "read bandwidth: {bw:.1} GB/s ({threads} threads); bytes per token: {:.3} GB",
+            bpt as f64 / 1e9
+        );
+        println!(
+            "decode floor: {floor:.2} tok/s; decode reaches {:.1}% of it",
+            100.0 * fraction
+        );
+        println!(
+            "peak RSS: {:.2} GiB (file {:.2} GiB)",
+            rss as f64 / (1u64 << 30) as f64,
+            file_bytes as f64 / (1u64 << 30) as f64
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

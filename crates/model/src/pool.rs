@@ -1,0 +1,270 @@
+//! A persistent worker pool for the per-token path. A parallel section hands out small tasks
+//! from a shared counter, so a thread that finishes early takes more work and no core idles at
+//! the end of a matrix. Idle workers spin briefly (a token's matmuls follow each other within
+//! microseconds) and then park.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// How long an idle worker spins before parking.
+const SPIN: Duration = Duration::from_micros(200);
+
+type Task<'a> = &'a (dyn Fn(usize) + Sync);
+
+struct Job {
+    /// Erased-lifetime pointer to the caller's closure; valid until `pending` reaches zero,
+    /// which the caller waits for before returning.
+    task: *const (dyn Fn(usize) + Sync + 'static),
+    n_tasks: usize,
+}
+
+// SAFETY: the closure behind `task` is `Sync` and outlives every use (see `Pool::run`).
+unsafe impl Send for Job {}
+unsafe impl Sync for Job {}
+
+struct Shared {
+    epoch: AtomicUsize,
+    job: Mutex<Option<Arc<Job>>>,
+    /// Next task index to hand out.
+    next: AtomicUsize,
+    /// Tasks finished (or panicked).
+    done: AtomicUsize,
+    /// Workers currently inside a section's closure.
+    active: AtomicUsize,
+    /// Set once every task is done: late workers must not touch the closure any more.
+    closed: AtomicBool,
+    wake: Condvar,
+    shutdown: AtomicBool,
+    /// Set when a task panicked; the caller re-raises it.
+    panicked: AtomicBool,
+}
+
+pub struct Pool {
+    shared: Arc<Shared>,
+    workers: Vec<thread::JoinHandle<()>>,
+    /// Serialises parallel sections issued from different threads.
+    section: Mutex<()>,
+}
+
+/// Waits for `cond`, spinning first and then yielding, so an oversubscribed machine still lets
+/// the thread being waited for run.
+fn wait_until(cond: impl Fn() -> bool) {
+    let mut spins = 0u32;
+    while !cond() {
+        if spins < 2000 {
+            spins += 1;
+            std::hint::spin_loop();
+        } else {
+            thread::yield_now();
+        }
+    }
+}
+
+impl Pool {
+    /// A pool of `threads` in total: the calling thread plus `threads − 1` workers.
+    pub fn new(threads: usize) -> Pool {
+        let shared = Arc::new(Shared {
+            epoch: AtomicUsize::new(0),
+            job: Mutex::new(None),
+            next: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
+            closed: AtomicBool::new(true),
+            wake: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+            panicked: AtomicBool::new(false),
+        });
+        let workers = (1..threads.max(1))
+            .map(|i| {
+                let s = shared.clone();
+                thread::Builder::new()
+                    .name(format!("niwaki-worker-{i}"))
+                    .spawn(move || worker(&s))
+                    .expect("spawning a worker thread")
+            })
+            .collect();
+        Pool {
+            shared,
+            workers,
+            section: Mutex::new(()),
+        }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.workers.len() + 1
+    }
+
+    /// Calls `task(i)` for every `i < n_tasks`, spread over the pool, and returns when all are
+    /// done. Tasks run in no particular order; each runs exactly once. A panic in any task is
+    /// re-raised here once every task has finished.
+    pub fn run(&self, n_tasks: usize, task: impl Fn(usize) + Sync) {
+        if n_tasks == 0 {
+            return;
+        }
+        if self.workers.is_empty() || n_tasks == 1 {
+            (0..n_tasks).for_each(task);
+            return;
+        }
+        let _section = self.section.lock().unwrap_or_else(|e| e.into_inner());
+        let task_ref: Task<'_> = &task;
+        // SAFETY: workers dereference this pointer only while counted in `active` and only
+        // while `closed` is false; this function sets `closed` and waits for `active` to reach
+        // zero before returning, so the borrow outlives every use.
+        let task_static: *const (dyn Fn(usize) + Sync + 'static) =
+            unsafe { std::mem::transmute(task_ref) };
+        let s = &self.shared;
+        s.panicked.store(false, Ordering::Relaxed);
+        {
+            // Publishing under the lock pairs with a parking worker's check of the epoch, so a
+            // wake-up cannot be lost between its check and its wait.
+            let mut job = s.job.lock().unwrap_or_else(|e| e.into_inner());
+            s.next.store(0, Ordering::SeqCst);
+            s.done.store(0, Ordering::SeqCst);
+            *job = Some(Arc::new(Job {
+                task: task_static,
+                n_tasks,
+            }));
+            s.epoch.fetch_add(1, Ordering::SeqCst);
+            s.closed.store(false, Ordering::SeqCst);
+        }
+        s.wake.notify_all();
+        drain(s, &task, n_tasks);
+        wait_until(|| s.done.load(Ordering::SeqCst) >= n_tasks);
+        s.closed.store(true, Ordering::SeqCst);
+        wait_until(|| s.active.load(Ordering::SeqCst) == 0);
+        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        if s.panicked.load(Ordering::Relaxed) {
+            panic!("a task of a parallel section panicked");
+        }
+    }
+}
+
+/// Runs tasks until none are left; every task taken is counted done, even one that panics.
+fn drain(s: &Shared, task: &(dyn Fn(usize) + Sync), n_tasks: usize) {
+    loop {
+        let i = s.next.fetch_add(1, Ordering::Relaxed);
+        if i >= n_tasks {
+            break;
+        }
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task(i))).is_err() {
+            s.panicked.store(true, Ordering::Relaxed);
+        }
+        s.done.fetch_add(1, Ordering::Release);
+    }
+}
+
+fn worker(s: &Shared) {
+    let mut seen = 0usize;
+    loop {
+        let start = Instant::now();
+        let mut epoch = s.epoch.load(Ordering::Acquire);
+        while epoch == seen && !s.shutdown.load(Ordering::Relaxed) {
+            if start.elapsed() < SPIN {
+                std::hint::spin_loop();
+            } else {
+                let guard = s.job.lock().unwrap_or_else(|e| e.into_inner());
+                if s.epoch.load(Ordering::Acquire) == seen && !s.shutdown.load(Ordering::Relaxed) {
+                    drop(s.wake.wait_timeout(guard, Duration::from_millis(50)));
+                }
+            }
+            epoch = s.epoch.load(Ordering::Acquire);
+        }
+        if s.shutdown.load(Ordering::Relaxed) {
+            return;
+        }
+        seen = epoch;
+        s.active.fetch_add(1, Ordering::SeqCst);
+        if !s.closed.load(Ordering::SeqCst) {
+            let job = s.job.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if let Some(job) = job {
+                // SAFETY: counted in `active` with `closed` false: see `Pool::run`.
+                let task = unsafe { &*job.task };
+                drain(s, task, job.n_tasks);
+            }
+        }
+        s.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Relaxed);
+        self.shared.wake.notify_all();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+static GLOBAL: OnceLock<Pool> = OnceLock::new();
+
+/// Sets the global pool's size; only the first call (or first use) decides.
+pub fn init(threads: usize) -> bool {
+    let mut created = false;
+    GLOBAL.get_or_init(|| {
+        created = true;
+        Pool::new(threads)
+    });
+    created
+}
+
+/// The global pool (all cores unless `init` chose otherwise).
+pub fn global() -> &'static Pool {
+    GLOBAL.get_or_init(|| Pool::new(thread::available_parallelism().map_or(1, |n| n.get())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_task_runs_once() {
+        let pool = Pool::new(3);
+        for n in [0, 1, 2, 7, 1000] {
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(n, |i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                "n = {n}"
+            );
+        }
+    }
+
+    #[test]
+    fn many_sections_back_to_back() {
+        let pool = Pool::new(2);
+        let total = AtomicUsize::new(0);
+        for _ in 0..2000 {
+            pool.run(4, |i| {
+                total.fetch_add(i, Ordering::Relaxed);
+            });
+        }
+        assert_eq!(total.load(Ordering::Relaxed), 2000 * 6);
+    }
+
+    #[test]
+    fn a_panicking_task_reaches_the_caller() {
+        let pool = Pool::new(2);
+        for _ in 0..20 {
+            let ran = AtomicUsize::new(0);
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                pool.run(8, |i| {
+                    ran.fetch_add(1, Ordering::Relaxed);
+                    assert!(i != 5);
+                })
+            }));
+            assert!(r.is_err());
+            assert_eq!(ran.load(Ordering::Relaxed), 8, "the other tasks still ran");
+        }
+        // The pool still works afterwards.
+        let n = AtomicUsize::new(0);
+        pool.run(10, |_| {
+            n.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(n.load(Ordering::Relaxed), 10);
+    }
+}
