@@ -57,6 +57,15 @@ fn written_files_read_back_with_every_value_type() {
 }
 
 #[test]
+fn version_2_files_read_like_version_3() {
+    let mut b = sample_writer().to_bytes().unwrap();
+    b[4] = 2;
+    let g = Gguf::from_bytes(b).unwrap();
+    assert_eq!(g.version(), 2);
+    assert_eq!(g.tensors().len(), 3);
+}
+
+#[test]
 fn tensor_data_is_aligned() {
     let g = Gguf::from_bytes(sample_writer().to_bytes().unwrap()).unwrap();
     for t in g.tensors() {
