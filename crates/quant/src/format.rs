@@ -106,7 +106,7 @@ impl Format {
     /// Bytes needed for `n` values, or an error when `n` is not a whole number of blocks.
     pub fn row_bytes(self, n: usize) -> Result<usize, QuantError> {
         let bl = self.block_len();
-        if n % bl != 0 {
+        if !n.is_multiple_of(bl) {
             return Err(QuantError::PartialBlock {
                 format: self,
                 len: n,
@@ -139,7 +139,7 @@ impl Format {
         };
         for &f in candidates {
             let bl = f.block_len() as u64;
-            if elements % bl == 0
+            if elements.is_multiple_of(bl)
                 && (elements / bl).checked_mul(f.block_bytes() as u64) == Some(bytes)
             {
                 return Ok(f);
@@ -155,7 +155,7 @@ impl Format {
     /// Expected byte size of a tensor of this format with `elements` values.
     pub fn tensor_bytes(self, elements: u64) -> Option<u64> {
         let bl = self.block_len() as u64;
-        if elements % bl != 0 {
+        if !elements.is_multiple_of(bl) {
             return None;
         }
         (elements / bl).checked_mul(self.block_bytes() as u64)

@@ -13,10 +13,12 @@
 //! - [`count_code3`], [`count_non_finite_scales`] and [`count_noncanonical`] are the scans a
 //!   loader's validation runs over packed tensors.
 
+mod acts;
 mod codec;
 mod error;
 mod float;
 mod format;
+mod gemm;
 mod num;
 mod ptq1_0;
 mod q1_0;
@@ -24,9 +26,11 @@ mod q2_0;
 mod q4_1;
 mod q8_0;
 
+pub use acts::{QuantizedActs, ACT_BLOCK};
 use codec::Codec;
 pub use error::QuantError;
 pub use format::Format;
+pub use gemm::{gemm_rows, gemm_rows_scalar, gemm_rows_with, gemv_rows, Isa};
 
 /// Calls `$body` with `C` bound to the codec type of `$format`.
 macro_rules! with_codec {
@@ -182,7 +186,7 @@ pub fn matvec(
 /// Panics unless `src` is whole blocks of `format`.
 fn check_blocks(format: Format, src: &[u8]) {
     assert!(
-        src.len() % format.block_bytes() == 0,
+        src.len().is_multiple_of(format.block_bytes()),
         "{format}: {} bytes are not whole {}-byte blocks",
         src.len(),
         format.block_bytes()

@@ -1,0 +1,201 @@
+//! GEMV throughput of the int8 kernels next to the machine's plain read bandwidth.
+//!
+//! For every format: a stack of 5120-column × 17408-row matrices (the FFN shape of a 27B model),
+//! enough of them to exceed the last-level cache, multiplied by one token with 1 and 2 threads
+//! (rows split in halves). Prints packed-weight GB/s, and the GB/s of an AVX-512 sum over the
+//! same bytes; the ratio is what decode speed depends on.
+//!
+//! `cargo run --release -p quant --example gemv_bandwidth [-- --isa avx2 --formats Q1_0,Q2_0 --tokens N --gib 1]`
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use quant::{Format, Isa, QuantizedActs};
+
+const COLS: usize = 5120;
+const ROWS: usize = 17408;
+
+fn parse_args() -> (Isa, Vec<Format>, usize, f64) {
+    let mut isa = Isa::best();
+    let mut formats = vec![
+        Format::Q1_0,
+        Format::Q2_0,
+        Format::Q2_0G128,
+        Format::PQ2_0,
+        Format::PTQ1_0,
+        Format::Q8_0,
+        Format::Q4_1,
+        Format::BF16,
+    ];
+    let mut tokens = 1;
+    let mut gib = 1.0;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i + 1 < args.len() {
+        match args[i].as_str() {
+            "--isa" => {
+                isa = *Isa::available()
+                    .iter()
+                    .find(|x| x.name() == args[i + 1])
+                    .expect("an available ISA")
+            }
+            "--formats" => {
+                formats = args[i + 1]
+                    .split(',')
+                    .map(|n| Format::from_name(n).expect("a format name"))
+                    .collect()
+            }
+            "--tokens" => tokens = args[i + 1].parse().expect("a token count"),
+            "--gib" => gib = args[i + 1].parse().expect("GiB of weights"),
+            other => panic!("unknown argument {other}"),
+        }
+        i += 2;
+    }
+    (isa, formats, tokens, gib)
+}
+
+/// Random packed bytes with finite scales in ±0.5 (so no block has a NaN scale).
+fn random_weights(format: Format, bytes: usize) -> Vec<u8> {
+    let mut s = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let mut w = vec![0u8; bytes];
+    for c in w.chunks_mut(8) {
+        let v = next().to_le_bytes();
+        c.copy_from_slice(&v[..c.len()]);
+    }
+    let scale_at: &[usize] = match format {
+        Format::Q4_1 => &[0, 2],
+        Format::PTQ1_0 => &[26],
+        Format::F32 | Format::F16 | Format::BF16 => &[],
+        _ => &[0],
+    };
+    if scale_at.is_empty() {
+        // Float formats: overwrite with small finite values.
+        let vals: Vec<f32> = (0..bytes / format.block_bytes())
+            .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+            .collect();
+        return quant::quantize(format, &vals).expect("whole values");
+    }
+    for block in w.chunks_exact_mut(format.block_bytes()) {
+        for &at in scale_at {
+            let d = half::f16::from_f32((next() % 1000) as f32 / 2000.0 - 0.25);
+            block[at..at + 2].copy_from_slice(&d.to_bits().to_le_bytes());
+        }
+    }
+    w
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn read_sum(bytes: &[u8]) -> u64 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm512_setzero_si512(); 4];
+    let chunks = bytes.len() / 256;
+    let p = bytes.as_ptr();
+    for i in 0..chunks {
+        for (k, a) in acc.iter_mut().enumerate() {
+            let v = _mm512_loadu_si512(p.add(256 * i + 64 * k) as *const __m512i);
+            *a = _mm512_add_epi64(*a, v);
+        }
+    }
+    let s = _mm512_add_epi64(
+        _mm512_add_epi64(acc[0], acc[1]),
+        _mm512_add_epi64(acc[2], acc[3]),
+    );
+    _mm512_reduce_add_epi64(s) as u64
+}
+
+fn read_bytes(bytes: &[u8]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F.
+        return unsafe { read_sum(bytes) };
+    }
+    bytes.chunks(8).map(|c| c[0] as u64).sum()
+}
+
+/// Best-of-`reps` seconds of `f` run on `threads` threads, each given its share index.
+fn time<F: Fn(usize, usize) + Sync>(threads: usize, reps: usize, f: F) -> f64 {
+    let mut best = f64::INFINITY;
+    for _ in 0..reps {
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            for k in 1..threads {
+                let f = &f;
+                s.spawn(move || f(k, threads));
+            }
+            f(0, threads);
+        });
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    best
+}
+
+fn main() {
+    let (isa, formats, tokens, gib) = parse_args();
+    println!(
+        "ISA {}, {tokens} token(s), {COLS} columns × {ROWS} rows per matrix",
+        isa.name()
+    );
+    println!(
+        "{:>10} {:>8} | {:>9} {:>9} | {:>9} {:>9} | {:>6} {:>6}",
+        "format", "MiB", "read 1t", "kern 1t", "read 2t", "kern 2t", "1t %", "2t %"
+    );
+    let x: Vec<f32> = (0..COLS)
+        .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+        .collect();
+    let acts: Vec<QuantizedActs> = (0..tokens).map(|_| QuantizedActs::new(&x)).collect();
+    for format in formats {
+        let row_bytes = format.row_bytes(COLS).expect("whole blocks");
+        let matrix = row_bytes * ROWS;
+        let copies = ((gib * (1u64 << 30) as f64) / matrix as f64)
+            .ceil()
+            .max(1.0) as usize;
+        let rows = ROWS * copies;
+        let w = random_weights(format, row_bytes * rows);
+        let mut out = vec![0.0f32; rows * tokens];
+        let mut res = Vec::new();
+        for threads in [1, 2] {
+            let share = |k: usize, n: usize| {
+                let lo = rows * k / n;
+                let hi = rows * (k + 1) / n;
+                (lo, hi)
+            };
+            let read = time(threads, 3, |k, n| {
+                let (lo, hi) = share(k, n);
+                black_box(read_bytes(&w[lo * row_bytes..hi * row_bytes]));
+            });
+            let out_ptr = out.as_mut_ptr() as usize;
+            let kern = time(threads, 3, |k, n| {
+                let (lo, hi) = share(k, n);
+                // SAFETY: each thread writes its own disjoint range of `out`.
+                let o = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        (out_ptr as *mut f32).add(lo * tokens),
+                        (hi - lo) * tokens,
+                    )
+                };
+                quant::gemm_rows_with(isa, format, &w, row_bytes, lo..hi, &acts, o);
+            });
+            black_box(&out);
+            res.push((w.len() as f64 / read / 1e9, w.len() as f64 / kern / 1e9));
+        }
+        println!(
+            "{:>10} {:>8.0} | {:>9.2} {:>9.2} | {:>9.2} {:>9.2} | {:>5.0}% {:>5.0}%",
+            format.name(),
+            w.len() as f64 / (1u64 << 20) as f64,
+            res[0].0,
+            res[0].1,
+            res[1].0,
+            res[1].1,
+            100.0 * res[0].1 / res[0].0,
+            100.0 * res[1].1 / res[1].0,
+        );
+    }
+    println!("(GB/s of packed weights; % = kernel ÷ read of the same bytes)");
+}

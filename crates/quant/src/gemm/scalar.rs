@@ -1,0 +1,110 @@
+//! The scalar twin: integer block sums formed value by value, combined in f32 in block order.
+
+use crate::acts::ACT_BLOCK;
+use crate::codec::{Codec, MAX_BLOCK_LEN};
+use crate::num::read_f16;
+use crate::{float, ptq1_0, Format, QuantizedActs};
+
+/// The integer weights of one block (`w_int`, see the module docs of `gemm`) and its scales
+/// `(d, m)` (`m` is 0 except for Q4_1).
+pub(crate) fn block_ints(format: Format, block: &[u8], w: &mut [i8; MAX_BLOCK_LEN]) -> (f32, f32) {
+    match format {
+        Format::Q1_0 => {
+            for (j, o) in w.iter_mut().enumerate() {
+                *o = if (block[2 + j / 8] >> (j % 8)) & 1 != 0 {
+                    1
+                } else {
+                    -1
+                };
+            }
+            (read_f16(block, 0), 0.0)
+        }
+        Format::Q2_0 | Format::Q2_0G128 | Format::PQ2_0 => {
+            for (j, o) in w[..format.block_len()].iter_mut().enumerate() {
+                *o = ((block[2 + j / 4] >> (2 * (j % 4))) & 3) as i8 - 1;
+            }
+            (read_f16(block, 0), 0.0)
+        }
+        Format::PTQ1_0 => {
+            for (byte, &b) in block[..26].iter().enumerate() {
+                for n in 0..if byte < 24 { 5 } else { 4 } {
+                    w[ptq1_0::element(byte, n)] = ptq1_0::trit(b, n) as i8 - 1;
+                }
+            }
+            (read_f16(block, 26), 0.0)
+        }
+        Format::Q8_0 => {
+            for (o, &q) in w.iter_mut().zip(&block[2..34]) {
+                *o = q as i8;
+            }
+            (read_f16(block, 0), 0.0)
+        }
+        Format::Q4_1 => {
+            for (j, &q) in block[4..20].iter().enumerate() {
+                w[j] = (q & 15) as i8;
+                w[j + 16] = (q >> 4) as i8;
+            }
+            (read_f16(block, 0), read_f16(block, 2))
+        }
+        Format::F32 | Format::F16 | Format::BF16 => unreachable!("float formats have no codes"),
+    }
+}
+
+/// One row against one token: `Σ_blocks d_w · Σ_act-blocks d_a·S` (Q4_1: `Σ d_a·(d·S + m·Σq)`).
+pub(crate) fn dot_row(format: Format, row: &[u8], a: &QuantizedActs) -> f32 {
+    let len = format.block_len();
+    let (q, scales, sums) = (a.codes(), a.scales(), a.block_sums());
+    let mut w = [0i8; MAX_BLOCK_LEN];
+    let mut total = 0.0f32;
+    for (b, block) in row.chunks_exact(format.block_bytes()).enumerate() {
+        let (d, m) = block_ints(format, block, &mut w);
+        let mut f = 0.0f32;
+        for j in 0..len / ACT_BLOCK {
+            let base = b * len + j * ACT_BLOCK;
+            let s: i32 = w[j * ACT_BLOCK..(j + 1) * ACT_BLOCK]
+                .iter()
+                .zip(&q[base..base + ACT_BLOCK])
+                .map(|(&w, &q)| i32::from(w) * i32::from(q))
+                .sum();
+            let da = scales[base / ACT_BLOCK];
+            if format == Format::Q4_1 {
+                f += da * (d * s as f32 + m * sums[base / ACT_BLOCK] as f32);
+            } else {
+                f += da * s as f32;
+            }
+        }
+        if format == Format::Q4_1 {
+            total += f;
+        } else {
+            total += d * f;
+        }
+    }
+    total
+}
+
+/// Row-major `rows × tokens` results for the rows in `weights`.
+pub(crate) fn gemm(
+    format: Format,
+    weights: &[u8],
+    row_bytes: usize,
+    acts: &[QuantizedActs],
+    out: &mut [f32],
+) {
+    if row_bytes == 0 {
+        out.fill(0.0);
+        return;
+    }
+    for (row, o) in weights
+        .chunks_exact(row_bytes)
+        .zip(out.chunks_exact_mut(acts.len()))
+    {
+        for (a, o) in acts.iter().zip(o) {
+            *o = match format {
+                Format::F32 => float::F32::dot_row(row, a.values()),
+                Format::F16 => float::F16::dot_row(row, a.values()),
+                Format::BF16 => float::BF16::dot_row(row, a.values()),
+                _ => dot_row(format, row, a),
+            };
+        }
+    }
+}
