@@ -119,6 +119,24 @@ fn read_bytes(bytes: &[u8]) -> u64 {
     bytes.chunks(8).map(|c| c[0] as u64).sum()
 }
 
+#[repr(C)]
+struct Timespec {
+    sec: i64,
+    nsec: i64,
+}
+
+extern "C" {
+    fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+}
+
+/// CPU seconds this thread has run (immune to other processes sharing the cores).
+fn thread_cpu_seconds() -> f64 {
+    let mut ts = Timespec { sec: 0, nsec: 0 };
+    // SAFETY: `ts` is a valid out-pointer; 3 is CLOCK_THREAD_CPUTIME_ID on Linux.
+    unsafe { clock_gettime(3, &mut ts) };
+    ts.sec as f64 + ts.nsec as f64 * 1e-9
+}
+
 /// Best-of-`reps` seconds of `f` run on `threads` threads, each given its share index.
 fn time<F: Fn(usize, usize) + Sync>(threads: usize, reps: usize, f: F) -> f64 {
     let mut best = f64::INFINITY;
@@ -136,6 +154,25 @@ fn time<F: Fn(usize, usize) + Sync>(threads: usize, reps: usize, f: F) -> f64 {
     best
 }
 
+/// Compute-bound throughput: a ~1 MiB slice of the matrix (L2-resident) run repeatedly on one
+/// thread, in GB per CPU-second of the thread.
+fn hot(isa: Isa, format: Format, w: &[u8], row_bytes: usize, acts: &[QuantizedActs]) -> f64 {
+    let rows = ((1 << 20) / row_bytes).max(1);
+    let mut out = vec![0.0f32; rows * acts.len()];
+    let mut best = 0.0f64;
+    for _ in 0..5 {
+        let start = thread_cpu_seconds();
+        let reps = 50;
+        for _ in 0..reps {
+            quant::gemm_rows_with(isa, format, w, row_bytes, 0..rows, acts, &mut out);
+            black_box(&out);
+        }
+        let s = thread_cpu_seconds() - start;
+        best = best.max((rows * row_bytes * reps) as f64 / s / 1e9);
+    }
+    best
+}
+
 fn main() {
     let (isa, formats, tokens, gib) = parse_args();
     println!(
@@ -143,8 +180,8 @@ fn main() {
         isa.name()
     );
     println!(
-        "{:>10} {:>8} | {:>9} {:>9} | {:>9} {:>9} | {:>6} {:>6}",
-        "format", "MiB", "read 1t", "kern 1t", "read 2t", "kern 2t", "1t %", "2t %"
+        "{:>10} {:>8} | {:>9} {:>9} | {:>9} {:>9} | {:>6} {:>6} | {:>8}",
+        "format", "MiB", "read 1t", "kern 1t", "read 2t", "kern 2t", "1t %", "2t %", "L2 1t"
     );
     let x: Vec<f32> = (0..COLS)
         .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
@@ -186,7 +223,7 @@ fn main() {
             res.push((w.len() as f64 / read / 1e9, w.len() as f64 / kern / 1e9));
         }
         println!(
-            "{:>10} {:>8.0} | {:>9.2} {:>9.2} | {:>9.2} {:>9.2} | {:>5.0}% {:>5.0}%",
+            "{:>10} {:>8.0} | {:>9.2} {:>9.2} | {:>9.2} {:>9.2} | {:>5.0}% {:>5.0}% | {:>8.2}",
             format.name(),
             w.len() as f64 / (1u64 << 20) as f64,
             res[0].0,
@@ -195,7 +232,9 @@ fn main() {
             res[1].1,
             100.0 * res[0].1 / res[0].0,
             100.0 * res[1].1 / res[1].0,
+            hot(isa, format, &w, row_bytes, &acts),
         );
     }
-    println!("(GB/s of packed weights; % = kernel ÷ read of the same bytes)");
+    println!("(GB/s of packed weights; % = kernel ÷ read of the same bytes; L2 1t = GB per");
+    println!(" CPU-second of one thread on an L2-resident slice: the compute ceiling)");
 }

@@ -26,7 +26,7 @@ mod q2_0;
 mod q4_1;
 mod q8_0;
 
-pub use acts::{QuantizedActs, ACT_BLOCK};
+pub use acts::{act_group, QuantizedActs, ACT_GROUP};
 use codec::Codec;
 pub use error::QuantError;
 pub use format::Format;

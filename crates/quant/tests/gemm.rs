@@ -4,7 +4,7 @@
 mod common;
 
 use proptest::prelude::*;
-use quant::{Format, Isa, QuantizedActs, ACT_BLOCK};
+use quant::{act_group, Format, Isa, QuantizedActs};
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -19,6 +19,11 @@ const BLOCK_FORMATS: [Format; 7] = [
 ];
 
 const FLOAT_FORMATS: [Format; 3] = [Format::F32, Format::F16, Format::BF16];
+
+/// Activation groups (scales) of `n` values.
+fn groups(n: usize) -> usize {
+    n.div_ceil(128) * 16
+}
 
 fn simd_isas() -> Vec<Isa> {
     Isa::available()
@@ -63,7 +68,7 @@ fn random_codes(format: Format, bytes: usize, rng: &mut StdRng) -> Vec<u8> {
 /// Activation codes: mostly uniform in −127..=127, some blocks all ±127 or zero.
 fn random_act_codes(n: usize, rng: &mut StdRng) -> Vec<i8> {
     let mut q: Vec<i8> = (0..n).map(|_| rng.gen_range(-127..=127)).collect();
-    for b in q.chunks_mut(ACT_BLOCK) {
+    for b in q.chunks_mut(32) {
         match rng.gen_range(0..8) {
             0 => b.fill(127),
             1 => b.fill(-127),
@@ -96,7 +101,7 @@ fn exact_case(format: Format, blocks: usize, rows: usize, tokens: usize, seed: u
     let acts: Vec<QuantizedActs> = (0..tokens)
         .map(|_| {
             let q = random_act_codes(n, &mut rng);
-            let d: Vec<f32> = (0..n / ACT_BLOCK).map(|_| pick(&mut rng, aset)).collect();
+            let d: Vec<f32> = (0..groups(n)).map(|_| pick(&mut rng, aset)).collect();
             QuantizedActs::from_codes(&q, &d)
         })
         .collect();
@@ -287,9 +292,9 @@ proptest! {
         let mut back = vec![0.0f32; n];
         a.dequantize(&mut back);
         for (i, (&v, &b)) in x.iter().zip(&back).enumerate() {
-            let block = &x[i / ACT_BLOCK * ACT_BLOCK..((i / ACT_BLOCK + 1) * ACT_BLOCK).min(n)];
-            let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let d = a.scales()[i / ACT_BLOCK];
+            let g = act_group(i);
+            let amax = (0..n).filter(|&j| act_group(j) == g).fold(0.0f32, |m, j| m.max(x[j].abs()));
+            let d = a.scales()[g];
             prop_assert_eq!(d, amax / 127.0);
             prop_assert!((f64::from(v) - f64::from(b)).abs() <= 0.5 * f64::from(d) * (1.0 + 1e-5),
                 "value {} came back as {} (step {})", v, b, d);
@@ -335,7 +340,7 @@ fn code_3_is_plus_two_in_every_kernel() {
         let n = format.block_len();
         let mut block = vec![0xffu8; format.block_bytes()];
         set_scales(format, &mut block, &[1.0]);
-        let a = QuantizedActs::from_codes(&vec![1i8; n], &vec![1.0; n / ACT_BLOCK]);
+        let a = QuantizedActs::from_codes(&vec![1i8; n], &vec![1.0; groups(n)]);
         for isa in Isa::available() {
             let out = gemm(isa, format, &block, 1, std::slice::from_ref(&a));
             assert_eq!(out[0], 2.0 * n as f32, "{format} on {isa:?}");

@@ -1,6 +1,6 @@
 //! The scalar twin: integer block sums formed value by value, combined in f32 in block order.
 
-use crate::acts::ACT_BLOCK;
+use crate::acts::act_group;
 use crate::codec::{Codec, MAX_BLOCK_LEN};
 use crate::num::read_f16;
 use crate::{float, ptq1_0, Format, QuantizedActs};
@@ -50,27 +50,34 @@ pub(crate) fn block_ints(format: Format, block: &[u8], w: &mut [i8; MAX_BLOCK_LE
     }
 }
 
-/// One row against one token: `Σ_blocks d_w · Σ_act-blocks d_a·S` (Q4_1: `Σ d_a·(d·S + m·Σq)`).
+/// One row against one token. Per weight block, the exact integer sum `S_g = Σ w_int·q` over the
+/// block's values in each activation group `g` it touches (groups in index order), then
+/// `Σ_blocks d_w · Σ_g d_g·S_g` in f32 (Q4_1: `Σ_blocks Σ_g d_g·(d·S_g + m·Σq)`).
 pub(crate) fn dot_row(format: Format, row: &[u8], a: &QuantizedActs) -> f32 {
     let len = format.block_len();
-    let (q, scales, sums) = (a.codes(), a.scales(), a.block_sums());
+    let (q, scales) = (a.codes(), a.scales());
     let mut w = [0i8; MAX_BLOCK_LEN];
     let mut total = 0.0f32;
     for (b, block) in row.chunks_exact(format.block_bytes()).enumerate() {
         let (d, m) = block_ints(format, block, &mut w);
+        // A block lies inside one 128-value span, so it touches at most the span's 16 groups.
+        let first = act_group(b * len) & !15;
+        let (mut s, mut qsum) = ([0i32; 16], [0i32; 16]);
+        let mut touched = [false; 16];
+        for (j, &wj) in w[..len].iter().enumerate() {
+            let i = b * len + j;
+            let g = act_group(i) - first;
+            s[g] += i32::from(wj) * i32::from(q[i]);
+            qsum[g] += i32::from(q[i]);
+            touched[g] = true;
+        }
         let mut f = 0.0f32;
-        for j in 0..len / ACT_BLOCK {
-            let base = b * len + j * ACT_BLOCK;
-            let s: i32 = w[j * ACT_BLOCK..(j + 1) * ACT_BLOCK]
-                .iter()
-                .zip(&q[base..base + ACT_BLOCK])
-                .map(|(&w, &q)| i32::from(w) * i32::from(q))
-                .sum();
-            let da = scales[base / ACT_BLOCK];
+        for g in (0..16).filter(|&g| touched[g]) {
+            let dg = scales[first + g];
             if format == Format::Q4_1 {
-                f += da * (d * s as f32 + m * sums[base / ACT_BLOCK] as f32);
+                f += dg * (d * s[g] as f32 + m * qsum[g] as f32);
             } else {
-                f += da * s as f32;
+                f += dg * s[g] as f32;
             }
         }
         if format == Format::Q4_1 {

@@ -188,6 +188,8 @@ pub(super) struct Act {
     pub q: *const i8,
     pub ls: *const f32,
     pub nls: *const i32,
+    pub gs: *const f32,
+    pub gneg: *const i32,
     pub x: *const f32,
     pub len: usize,
 }
@@ -198,6 +200,8 @@ impl Act {
             q: a.codes().as_ptr(),
             ls: a.lane_scales().as_ptr(),
             nls: a.neg_lane_sums().as_ptr(),
+            gs: a.scales().as_ptr(),
+            gneg: a.neg_group_sums().as_ptr(),
             x: a.values().as_ptr(),
             len: a.len(),
         }

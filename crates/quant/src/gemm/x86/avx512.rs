@@ -9,6 +9,7 @@
 //!   by `3ⁿ` (mod 256), and two unsigned compares read the trit `(y ≥ 86) + (y ≥ 171)`.
 
 use std::arch::x86_64::*;
+use std::sync::OnceLock;
 
 use super::avx2::{self, ptq_mul, ptq_source, Act, Vnni512};
 use crate::{Format, QuantizedActs};
@@ -99,13 +100,29 @@ impl Dec512 for Ptq {
     }
 }
 
+/// Every fp16 bit pattern as f32: a weight scale becomes a `vbroadcastss` from memory (load
+/// ports only) instead of a broadcast and a conversion on the vector ports.
+fn f16_table() -> &'static [f32] {
+    static TABLE: OnceLock<Vec<f32>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|b| half::f16::from_bits(b).to_f32())
+            .collect()
+    })
+}
+
 #[inline(always)]
-unsafe fn f16_splat(p: *const u8) -> __m512 {
+unsafe fn scale_splat(table: *const f32, p: *const u8) -> __m512 {
     let bits = (p as *const u16).read_unaligned();
-    _mm512_cvtph_ps(_mm256_set1_epi16(bits as i16))
+    _mm512_set1_ps(*table.add(usize::from(bits)))
 }
 
 /// `R` rows × `T` tokens of a `code − 1` format.
+///
+/// Each 32-bit lane `L` of the integer accumulator of a block gathers the same activation group
+/// in both 64-value halves of a 128-value block (see `acts`), so a block costs one conversion,
+/// one multiply by the group scales and one FMA by the weight scale per row and token. A 64-value
+/// block (Q2_0) reads its lanes' scales and sums from the per-lane tables instead.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // the r/t loops index several arrays at once
 unsafe fn tile<D: Dec512, const R: usize, const T: usize>(
@@ -113,32 +130,40 @@ unsafe fn tile<D: Dec512, const R: usize, const T: usize>(
     row_bytes: usize,
     blocks: usize,
     acts: &[Act; T],
+    table: *const f32,
 ) -> [[f32; T]; R] {
+    let chunks = D::LEN / 64;
     let mut tot = [[_mm512_setzero_ps(); T]; R];
     for b in 0..blocks {
-        let mut blk = [[_mm512_setzero_ps(); T]; R];
-        for c in 0..D::LEN / 64 {
-            let v = b * D::LEN + c * 64;
-            let mut q = [_mm512_setzero_si512(); T];
-            let mut ls = [_mm512_setzero_ps(); T];
-            let mut nls = [_mm512_setzero_si512(); T];
-            for t in 0..T {
-                q[t] = _mm512_loadu_si512(acts[t].q.add(v) as *const __m512i);
-                ls[t] = _mm512_loadu_ps(acts[t].ls.add(v / 4));
-                nls[t] = _mm512_loadu_si512(acts[t].nls.add(v / 4) as *const __m512i);
-            }
-            for r in 0..R {
-                let codes = D::codes(w.add(r * row_bytes + b * D::BYTES), c);
-                for t in 0..T {
-                    let s = _mm512_dpbusd_epi32(nls[t], codes, q[t]);
-                    blk[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), ls[t], blk[r][t]);
-                }
+        let mut gs = [_mm512_setzero_ps(); T];
+        let mut neg = [_mm512_setzero_si512(); T];
+        let mut q = [[_mm512_setzero_si512(); T]; 2];
+        for t in 0..T {
+            // 16 entries per block either way: groups of a 128-value block, lanes of a 64-value one.
+            let (s, n) = if chunks == 2 {
+                (acts[t].gs, acts[t].gneg)
+            } else {
+                (acts[t].ls, acts[t].nls)
+            };
+            gs[t] = _mm512_loadu_ps(s.add(16 * b));
+            neg[t] = _mm512_loadu_si512(n.add(16 * b) as *const __m512i);
+            for c in 0..chunks {
+                q[c][t] = _mm512_loadu_si512(acts[t].q.add(b * D::LEN + 64 * c) as *const __m512i);
             }
         }
         for r in 0..R {
-            let d = f16_splat(w.add(r * row_bytes + b * D::BYTES + D::SCALE_AT));
+            let p = w.add(r * row_bytes + b * D::BYTES);
+            let mut acc = neg;
+            for c in 0..chunks {
+                let codes = D::codes(p, c);
+                for t in 0..T {
+                    acc[t] = _mm512_dpbusd_epi32(acc[t], codes, q[c][t]);
+                }
+            }
+            let d = scale_splat(table, p.add(D::SCALE_AT));
             for t in 0..T {
-                tot[r][t] = _mm512_fmadd_ps(blk[r][t], d, tot[r][t]);
+                let f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[t]), gs[t]);
+                tot[r][t] = _mm512_fmadd_ps(f, d, tot[r][t]);
             }
         }
     }
@@ -153,6 +178,7 @@ unsafe fn tile<D: Dec512, const R: usize, const T: usize>(
 
 #[inline(always)]
 unsafe fn run<D: Dec512>(w: &[u8], row_bytes: usize, acts: &[Act], out: &mut [f32]) {
+    let table = f16_table().as_ptr();
     let blocks = row_bytes / D::BYTES;
     let rows = w.len() / row_bytes;
     let nt = acts.len();
@@ -161,7 +187,7 @@ unsafe fn run<D: Dec512>(w: &[u8], row_bytes: usize, acts: &[Act], out: &mut [f3
     if nt == 1 {
         let a = [acts[0]];
         while r + 4 <= rows {
-            let v = tile::<D, 4, 1>(base.add(r * row_bytes), row_bytes, blocks, &a);
+            let v = tile::<D, 4, 1>(base.add(r * row_bytes), row_bytes, blocks, &a, table);
             for k in 0..4 {
                 out[r + k] = v[k][0];
             }
@@ -176,14 +202,14 @@ unsafe fn run<D: Dec512>(w: &[u8], row_bytes: usize, acts: &[Act], out: &mut [f3
             let left = nt - t;
             if left >= 4 {
                 let a = [acts[t], acts[t + 1], acts[t + 2], acts[t + 3]];
-                o[t..t + 4].copy_from_slice(&tile::<D, 1, 4>(p, row_bytes, blocks, &a)[0]);
+                o[t..t + 4].copy_from_slice(&tile::<D, 1, 4>(p, row_bytes, blocks, &a, table)[0]);
                 t += 4;
             } else if left >= 2 {
                 let a = [acts[t], acts[t + 1]];
-                o[t..t + 2].copy_from_slice(&tile::<D, 1, 2>(p, row_bytes, blocks, &a)[0]);
+                o[t..t + 2].copy_from_slice(&tile::<D, 1, 2>(p, row_bytes, blocks, &a, table)[0]);
                 t += 2;
             } else {
-                o[t] = tile::<D, 1, 1>(p, row_bytes, blocks, &[acts[t]])[0][0];
+                o[t] = tile::<D, 1, 1>(p, row_bytes, blocks, &[acts[t]], table)[0][0];
                 t += 1;
             }
         }
