@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use engine::eval::{compare, Comparison};
 use gguf::Gguf;
-use model::{Logits, Model};
+use model::{Kernels, Logits, Model};
 use quant::Format;
 use serde_json::Value;
 
@@ -43,6 +43,12 @@ fn tokens96() -> Vec<u32> {
 
 fn model(name: &str) -> Model {
     Model::open(fixture(name)).unwrap()
+}
+
+fn model_with(name: &str, kernels: Kernels) -> Model {
+    let mut m = model(name);
+    m.set_kernels(kernels);
+    m
 }
 
 /// Logits of every position, fed `chunk` tokens at a time.
@@ -89,14 +95,20 @@ fn f32_model_matches_transformers_in_prefill_and_steps() {
     );
 }
 
-/// On the same quantized file, niwaki's error against the exact answer is no worse than
-/// llama.cpp's.
+/// How much worse than llama.cpp the int8 kernels may be before this test fails. They round
+/// activations to 8 bits as llama.cpp does, so they land near its error, not below it: that is
+/// why they are not the default (see `Kernels`). This bound catches regressions.
+const INT8_KL_SLACK: f64 = 1.5;
+
+/// On the same quantized file, niwaki's default (exact) kernels are at least as accurate as
+/// llama.cpp against the exact answer; the int8 kernels stay near llama.cpp.
 fn at_least_as_good_as_llamacpp(file: &str, hf: &str, run_name: &str) {
-    let m = model(file);
-    let c = compare(&npy(hf), &run(&m, &tokens96(), 32), m.config.vocab);
     let peer = llamacpp(run_name);
-    report(&format!("{file} niwaki"), &c);
     report(&format!("{file} llama.cpp"), &peer);
+    let m = model(file);
+    assert_eq!(m.kernels(), Kernels::Exact, "the default kernels");
+    let c = compare(&npy(hf), &run(&m, &tokens96(), 32), m.config.vocab);
+    report(&format!("{file} niwaki (exact kernels)"), &c);
     assert!(
         c.mean_kl <= peer.mean_kl,
         "KL {} > llama.cpp {}",
@@ -108,6 +120,16 @@ fn at_least_as_good_as_llamacpp(file: &str, hf: &str, run_name: &str) {
         "top-1 {} < llama.cpp {}",
         c.top1,
         peer.top1
+    );
+
+    let m = model_with(file, Kernels::Int8);
+    let c = compare(&npy(hf), &run(&m, &tokens96(), 32), m.config.vocab);
+    report(&format!("{file} niwaki (int8 kernels)"), &c);
+    assert!(
+        c.mean_kl <= INT8_KL_SLACK * peer.mean_kl,
+        "int8 KL {} vs llama.cpp {}",
+        c.mean_kl,
+        peer.mean_kl
     );
 }
 
@@ -140,11 +162,22 @@ fn ternary_g128_formats_match_the_exact_reference() {
             .unwrap();
         let g = Gguf::from_bytes(bytes).unwrap();
         assert!(g.tensors().iter().any(|t| t.format == format), "{format}");
-        let m = Model::from_gguf(Arc::new(g)).unwrap();
+        let mut m = Model::from_gguf(Arc::new(g)).unwrap();
+        m.set_kernels(Kernels::Exact);
         let c = compare(&hf, &run(&m, &tokens96(), 32), m.config.vocab);
-        report(&format!("tiny-exact-t128 as {format}"), &c);
+        report(&format!("tiny-exact-t128 as {format}, exact kernels"), &c);
         // The weights are exact in these formats and activations stay f32.
         assert!(c.mean_kl <= 1e-6 && c.top1 == 1.0, "{format}");
+        m.set_kernels(Kernels::Int8);
+        let c = compare(&hf, &run(&m, &tokens96(), 32), m.config.vocab);
+        report(&format!("tiny-exact-t128 as {format}, int8 kernels"), &c);
+        // llama.cpp's Q2_0 g64 on the same kind of model is the reference for the int8 path.
+        let peer = llamacpp("tiny-exact-q2g64.Q2_0/llama.cpp");
+        assert!(
+            c.mean_kl <= INT8_KL_SLACK * peer.mean_kl,
+            "{format}: int8 KL {}",
+            c.mean_kl
+        );
     }
 }
 

@@ -1,7 +1,7 @@
 //! Gated full attention with QK-norm, partial NEOX RoPE and a growing KV cache.
 
 use crate::config::Config;
-use crate::hadamard::{Hadamard, Input};
+use crate::input::{Ctx, Input};
 use crate::ops::{matmul, rms_norm_heads, rope_neox, sigmoid};
 use crate::state::KvCache;
 use crate::weights::AttnWeights;
@@ -11,7 +11,7 @@ use crate::weights::AttnWeights;
 pub fn forward(
     c: &Config,
     w: &AttnWeights,
-    rot: Option<&Hadamard>,
+    ctx: Ctx<'_>,
     cache: &mut KvCache,
     h: &[f32],
     tokens: usize,
@@ -25,10 +25,10 @@ pub fn forward(
     let mut qg = vec![0f32; tokens * 2 * nh * hd];
     let mut k = vec![0f32; tokens * kvw];
     let mut v = vec![0f32; tokens * kvw];
-    let input = Input::new(h, tokens, rot);
-    matmul(&w.q, input.for_matrix(&w.q), tokens, &mut qg);
-    matmul(&w.k, input.for_matrix(&w.k), tokens, &mut k);
-    matmul(&w.v, input.for_matrix(&w.v), tokens, &mut v);
+    let input = Input::new(h, tokens, ctx);
+    matmul(&w.q, &input, &mut qg);
+    matmul(&w.k, &input, &mut k);
+    matmul(&w.v, &input, &mut v);
 
     // Split each head's [query | gate] and normalise + rotate.
     let mut q = vec![0f32; tokens * nh * hd];
@@ -85,7 +85,7 @@ pub fn forward(
         }
     }
     let mut out = vec![0f32; tokens * c.hidden];
-    let attn = Input::new(&attn, tokens, rot);
-    matmul(&w.out, attn.for_matrix(&w.out), tokens, &mut out);
+    let attn = Input::new(&attn, tokens, ctx);
+    matmul(&w.out, &attn, &mut out);
     out
 }

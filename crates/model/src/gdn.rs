@@ -3,7 +3,7 @@
 use std::sync::Mutex;
 
 use crate::config::Config;
-use crate::hadamard::{Hadamard, Input};
+use crate::input::{Ctx, Input};
 use crate::ops::{l2_norm, matmul, rms_norm_heads, sigmoid, silu, softplus};
 use crate::pool;
 use crate::weights::GdnWeights;
@@ -15,7 +15,7 @@ const L2_EPS: f32 = 1e-6;
 pub fn forward(
     c: &Config,
     w: &GdnWeights,
-    hd: Option<&Hadamard>,
+    ctx: Ctx<'_>,
     conv_state: &mut [f32],
     ssm: &mut [f32],
     h: &[f32],
@@ -33,11 +33,11 @@ pub fn forward(
     let mut z = vec![0f32; tokens * vd];
     let mut alpha = vec![0f32; tokens * hv];
     let mut beta = vec![0f32; tokens * hv];
-    let input = Input::new(h, tokens, hd);
-    matmul(&w.qkv, input.for_matrix(&w.qkv), tokens, &mut qkv);
-    matmul(&w.gate, input.for_matrix(&w.gate), tokens, &mut z);
-    matmul(&w.alpha, input.for_matrix(&w.alpha), tokens, &mut alpha);
-    matmul(&w.beta, input.for_matrix(&w.beta), tokens, &mut beta);
+    let input = Input::new(h, tokens, ctx);
+    matmul(&w.qkv, &input, &mut qkv);
+    matmul(&w.gate, &input, &mut z);
+    matmul(&w.alpha, &input, &mut alpha);
+    matmul(&w.beta, &input, &mut beta);
 
     // Causal depthwise conv over the previous kernel−1 inputs and this one, then SiLU, token by
     // token; then q and k are L2-normalised per head.
@@ -56,7 +56,9 @@ pub fn forward(
         }
         conv_state.copy_within(ch.., 0);
         conv_state[(kern - 2) * ch..].copy_from_slice(x);
-        out[..2 * hk * dk].chunks_mut(dk).for_each(|h| l2_norm(h, L2_EPS));
+        out[..2 * hk * dk]
+            .chunks_mut(dk)
+            .for_each(|h| l2_norm(h, L2_EPS));
     }
 
     // The recurrence is independent per value head: heads run in parallel, tokens in order.
@@ -77,7 +79,18 @@ pub fn forward(
             let vh = &row[2 * hk * dk + head * dv..2 * hk * dk + (head + 1) * dv];
             let g = (w.a[head] * softplus(alpha[t * hv + head] + w.dt_bias[head])).exp();
             let b = sigmoid(beta[t * hv + head]);
-            step(&mut s, kv, vh, qh, g, b, scale, &mut kv_mem, &mut delta, &mut out[t * dv..(t + 1) * dv]);
+            step(
+                &mut s,
+                kv,
+                vh,
+                qh,
+                g,
+                b,
+                scale,
+                &mut kv_mem,
+                &mut delta,
+                &mut out[t * dv..(t + 1) * dv],
+            );
         }
         *per_head[head].lock().unwrap_or_else(|e| e.into_inner()) = out;
     });
@@ -85,7 +98,8 @@ pub fn forward(
     for (head, out) in per_head.into_iter().enumerate() {
         let out = out.into_inner().unwrap_or_else(|e| e.into_inner());
         for t in 0..tokens {
-            o[t * vd + head * dv..t * vd + (head + 1) * dv].copy_from_slice(&out[t * dv..(t + 1) * dv]);
+            o[t * vd + head * dv..t * vd + (head + 1) * dv]
+                .copy_from_slice(&out[t * dv..(t + 1) * dv]);
         }
     }
 
@@ -95,8 +109,8 @@ pub fn forward(
         *ov *= silu(zv);
     }
     let mut out = vec![0f32; tokens * c.hidden];
-    let values = Input::gdn_values(&o, tokens, hd);
-    matmul(&w.out, values.for_matrix(&w.out), tokens, &mut out);
+    let values = Input::gdn_values(&o, tokens, ctx);
+    matmul(&w.out, &values, &mut out);
     out
 }
 
@@ -128,7 +142,11 @@ fn step(
     o.fill(0.0);
     for (i, (&ki, &qi)) in k.iter().zip(q).enumerate() {
         let qi = qi * scale;
-        for ((sv, &dj), oj) in s[i * dv..(i + 1) * dv].iter_mut().zip(delta.iter()).zip(o.iter_mut()) {
+        for ((sv, &dj), oj) in s[i * dv..(i + 1) * dv]
+            .iter_mut()
+            .zip(delta.iter())
+            .zip(o.iter_mut())
+        {
             *sv = g * *sv + ki * dj;
             *oj += *sv * qi;
         }

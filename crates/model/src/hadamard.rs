@@ -2,7 +2,6 @@
 //! `R = H·diag(signs)/√block` applied per block of the input; the engine therefore feeds them
 //! `R·x` instead of `x`. The embedding is stored rotated and is un-rotated on lookup.
 
-use std::cell::OnceCell;
 use std::collections::{HashMap, HashSet};
 
 use gguf::Metadata;
@@ -22,7 +21,7 @@ pub struct Hadamard {
     folded: HashSet<String>,
     embedding_inverse: bool,
     /// ssm_out's input is permuted from tiled to grouped value-head order before rotating.
-    gdn_v_grouped: bool,
+    pub(crate) gdn_v_grouped: bool,
     key_heads: usize,
     heads_per_key: usize,
     value_dim: usize,
@@ -159,7 +158,7 @@ impl Hadamard {
     }
 
     /// Tiled value-head order (head = key + key_heads·r) to grouped (r + heads_per_key·key).
-    fn tiled_to_grouped(&self, x: &[f32]) -> Vec<f32> {
+    pub(crate) fn tiled_to_grouped(&self, x: &[f32]) -> Vec<f32> {
         let d = self.value_dim;
         let mut out = vec![0f32; x.len()];
         for k in 0..self.key_heads {
@@ -173,7 +172,7 @@ impl Hadamard {
     }
 
     /// `R·x` for one vector: signs, then a normalised FWHT per block.
-    fn rotate(&self, x: &mut [f32]) {
+    pub(crate) fn rotate(&self, x: &mut [f32]) {
         let signs = &self.signs[&x.len()];
         x.iter_mut().zip(signs).for_each(|(v, s)| *v *= s);
         let norm = 1.0 / (self.block as f32).sqrt();
@@ -195,56 +194,6 @@ impl Hadamard {
         }
         let signs = &self.signs[&z.len()];
         z.iter_mut().zip(signs).for_each(|(v, s)| *v *= s);
-    }
-}
-
-/// An activation `[tokens][width]` that one or more matrices read. Folded matrices get the
-/// rotated copy, computed at most once.
-pub struct Input<'a> {
-    raw: &'a [f32],
-    tokens: usize,
-    hadamard: Option<&'a Hadamard>,
-    /// The input of ssm_out: permuted to grouped head order first when the file says so.
-    gdn_values: bool,
-    rotated: OnceCell<Vec<f32>>,
-}
-
-impl<'a> Input<'a> {
-    pub fn new(raw: &'a [f32], tokens: usize, hadamard: Option<&'a Hadamard>) -> Self {
-        Input {
-            raw,
-            tokens,
-            hadamard,
-            gdn_values: false,
-            rotated: OnceCell::new(),
-        }
-    }
-
-    pub fn gdn_values(raw: &'a [f32], tokens: usize, hadamard: Option<&'a Hadamard>) -> Self {
-        Input {
-            gdn_values: true,
-            ..Input::new(raw, tokens, hadamard)
-        }
-    }
-
-    pub fn for_matrix(&self, m: &Matrix) -> &[f32] {
-        match self.hadamard {
-            Some(hd) if hd.is_folded(m) => self.rotated.get_or_init(|| {
-                let width = self.raw.len() / self.tokens;
-                let mut out = Vec::with_capacity(self.raw.len());
-                for x in self.raw.chunks(width) {
-                    let mut v = if self.gdn_values && hd.gdn_v_grouped {
-                        hd.tiled_to_grouped(x)
-                    } else {
-                        x.to_vec()
-                    };
-                    hd.rotate(&mut v);
-                    out.extend_from_slice(&v);
-                }
-                out
-            }),
-            _ => self.raw,
-        }
     }
 }
 

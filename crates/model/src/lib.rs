@@ -6,6 +6,7 @@ mod config;
 mod error;
 mod gdn;
 pub mod hadamard;
+mod input;
 mod model;
 pub mod ops;
 pub mod pool;
@@ -16,5 +17,6 @@ pub mod weights;
 
 pub use config::{Config, LayerKind, ARCH};
 pub use error::{ModelError, Result};
+pub use input::Kernels;
 pub use model::{Logits, Model};
 pub use state::State;

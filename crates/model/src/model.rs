@@ -7,7 +7,8 @@ use gguf::Gguf;
 
 use crate::config::Config;
 use crate::error::{ModelError, Result};
-use crate::hadamard::{Hadamard, Input};
+use crate::hadamard::Hadamard;
+use crate::input::{Ctx, Input, Kernels};
 use crate::ops::{add_in_place, matmul, rms_norm, silu};
 use crate::state::{LayerState, State};
 use crate::weights::{LayerWeights, Mixer, Weights};
@@ -25,6 +26,7 @@ pub struct Model {
     pub config: Config,
     weights: Weights,
     hadamard: Option<Hadamard>,
+    kernels: Kernels,
     file: Arc<Gguf>,
 }
 
@@ -55,6 +57,7 @@ impl Model {
             config,
             weights,
             hadamard,
+            kernels: Kernels::default(),
             file,
         })
     }
@@ -62,6 +65,22 @@ impl Model {
     /// Lowers the context limit below what the model was trained for (never raises it).
     pub fn limit_context(&mut self, tokens: usize) {
         self.config.context_length = self.config.context_length.min(tokens.max(1));
+    }
+
+    /// Chooses the dot kernels (int8 activations by default; exact f32 for reference runs).
+    pub fn set_kernels(&mut self, kernels: Kernels) {
+        self.kernels = kernels;
+    }
+
+    pub fn kernels(&self) -> Kernels {
+        self.kernels
+    }
+
+    fn ctx(&self) -> Ctx<'_> {
+        Ctx {
+            hadamard: self.hadamard.as_ref(),
+            kernels: self.kernels,
+        }
     }
 
     pub fn file(&self) -> &Arc<Gguf> {
@@ -115,10 +134,10 @@ impl Model {
             }
             let mixed = match (&lw.mixer, ls) {
                 (Mixer::Recurrent(w), LayerState::Recurrent { conv, ssm }) => {
-                    gdn::forward(c, w, self.hadamard.as_ref(), conv, ssm, &h, n)
+                    gdn::forward(c, w, self.ctx(), conv, ssm, &h, n)
                 }
                 (Mixer::Attention(w), LayerState::Attention(kv)) => {
-                    attention::forward(c, w, self.hadamard.as_ref(), kv, &h, n, state.pos)
+                    attention::forward(c, w, self.ctx(), kv, &h, n, state.pos)
                 }
                 _ => return Err(ModelError::StateMismatch),
             };
@@ -150,31 +169,25 @@ impl Model {
                 &mut normed[i * e..(i + 1) * e],
             );
         }
-        let normed = Input::new(&normed, rows.len(), self.hadamard.as_ref());
+        let normed = Input::new(&normed, rows.len(), self.ctx());
         let mut out = vec![0f32; rows.len() * c.vocab];
-        matmul(
-            &self.weights.output,
-            normed.for_matrix(&self.weights.output),
-            rows.len(),
-            &mut out,
-        );
+        matmul(&self.weights.output, &normed, &mut out);
         Ok(out)
     }
 
     fn ffn(&self, lw: &LayerWeights, h: &[f32], n: usize) -> Vec<f32> {
         let f = self.config.ffn;
-        let hd = self.hadamard.as_ref();
-        let input = Input::new(h, n, hd);
+        let input = Input::new(h, n, self.ctx());
         let mut gate = vec![0f32; n * f];
         let mut up = vec![0f32; n * f];
-        matmul(&lw.ffn_gate, input.for_matrix(&lw.ffn_gate), n, &mut gate);
-        matmul(&lw.ffn_up, input.for_matrix(&lw.ffn_up), n, &mut up);
+        matmul(&lw.ffn_gate, &input, &mut gate);
+        matmul(&lw.ffn_up, &input, &mut up);
         for (g, u) in gate.iter_mut().zip(&up) {
             *g = silu(*g) * u;
         }
-        let act = Input::new(&gate, n, hd);
+        let act = Input::new(&gate, n, self.ctx());
         let mut out = vec![0f32; n * self.config.hidden];
-        matmul(&lw.ffn_down, act.for_matrix(&lw.ffn_down), n, &mut out);
+        matmul(&lw.ffn_down, &act, &mut out);
         out
     }
 

@@ -1,5 +1,8 @@
 //! Element-wise and reduction operations of the forward pass, in plain f32.
 
+use quant::QuantizedActs;
+
+use crate::input::{Input, Kernels};
 use crate::pool;
 use crate::weights::Matrix;
 
@@ -22,12 +25,20 @@ impl Disjoint {
     }
 }
 
-/// `out[t][r] = W[r] · x[t]` for `t` tokens. Each (row, token) dot product is computed the same
-/// way whatever the token count or thread count, so prefill and one-token steps agree bit for
-/// bit.
-pub fn matmul(w: &Matrix, x: &[f32], tokens: usize, out: &mut [f32]) {
-    assert_eq!(x.len(), tokens * w.cols, "{}: input length", w.name());
+/// `out[t][r] = W[r] · x[t]` for every token of `input`. Each (row, token) product is computed
+/// the same way whatever the token count or thread count, so chunked prefill and one-token steps
+/// agree bit for bit.
+pub fn matmul(w: &Matrix, input: &Input, out: &mut [f32]) {
+    let tokens = input.tokens();
     assert_eq!(out.len(), tokens * w.rows, "{}: output length", w.name());
+    match input.kernels() {
+        Kernels::Exact => matmul_exact(w, input.f32_for(w), tokens, out),
+        Kernels::Int8 => matmul_int8(w, input.acts_for(w), out),
+    }
+}
+
+fn matmul_exact(w: &Matrix, x: &[f32], tokens: usize, out: &mut [f32]) {
+    assert_eq!(x.len(), tokens * w.cols, "{}: input length", w.name());
     let data = w.data();
     let rb = w.row_bytes();
     let rows = w.rows;
@@ -46,6 +57,35 @@ pub fn matmul(w: &Matrix, x: &[f32], tokens: usize, out: &mut [f32]) {
         }
     });
 }
+
+fn matmul_int8(w: &Matrix, acts: &[QuantizedActs], out: &mut [f32]) {
+    let tokens = acts.len();
+    let data = w.data();
+    let rb = w.row_bytes();
+    let rows = w.rows;
+    let dst = Disjoint(out.as_mut_ptr());
+    pool::global().run(rows.div_ceil(ROWS_PER_TASK), |task| {
+        let r0 = task * ROWS_PER_TASK;
+        let r1 = (r0 + ROWS_PER_TASK).min(rows);
+        let mut local = [0f32; ROWS_PER_TASK * MAX_LOCAL_TOKENS];
+        for t0 in (0..tokens).step_by(MAX_LOCAL_TOKENS) {
+            let t1 = (t0 + MAX_LOCAL_TOKENS).min(tokens);
+            let nt = t1 - t0;
+            let buf = &mut local[..(r1 - r0) * nt];
+            quant::gemm_rows(w.format, data, rb, r0..r1, &acts[t0..t1], buf);
+            for r in r0..r1 {
+                for t in t0..t1 {
+                    // SAFETY: row `r` belongs to this task alone and `t < tokens`, so the index
+                    // is inside `out` (asserted by the caller) and written by no other task.
+                    unsafe { dst.write(t * rows + r, buf[(r - r0) * nt + (t - t0)]) };
+                }
+            }
+        }
+    });
+}
+
+/// Tokens one task multiplies per pass over its rows (bounded so the scratch stays on the stack).
+const MAX_LOCAL_TOKENS: usize = 64;
 
 /// `x · rsqrt(mean(x²) + eps) · w`, written to `out`.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
