@@ -100,6 +100,12 @@ impl Dec512 for Ptq {
     }
 }
 
+/// Bytes ahead of the current block that each row prefetches (0: none). The kernels are close
+/// to their compute ceiling, so without software prefetch too few cache misses are in flight to
+/// stream from DRAM: measured on a 2-core AVX-512 machine (GB/s per thread-CPU-second, Q1_0 /
+/// PQ2_0), 0 B: 5.1 / 5.1, 2 KiB: 7.2 / 7.7, 4 KiB: 8.3 / 8.4, 8 KiB: 8.3 / 9.2.
+const PREFETCH: usize = 8192;
+
 /// Every fp16 bit pattern as f32: a weight scale becomes a `vbroadcastss` from memory (load
 /// ports only) instead of a broadcast and a conversion on the vector ports.
 fn f16_table() -> &'static [f32] {
@@ -153,6 +159,11 @@ unsafe fn tile<D: Dec512, const R: usize, const T: usize>(
         }
         for r in 0..R {
             let p = w.add(r * row_bytes + b * D::BYTES);
+            if PREFETCH > 0 {
+                // A prefetch never faults; `wrapping_add` keeps the address arithmetic defined past
+                // the end of the weights.
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH) as *const i8);
+            }
             let mut acc = neg;
             for c in 0..chunks {
                 let codes = D::codes(p, c);
