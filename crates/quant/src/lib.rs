@@ -10,6 +10,10 @@
 //!   in f32 and add the block sums to the row total in block order; they differ only in the order
 //!   of additions inside a block (see each format's `dot_block`), so they agree to within
 //!   rounding: `|dot − dot_scalar| ≤ 2·(n + 4)·ε·Σ|w·x|` for a row of n values.
+//! - [`gemm_rows`] is what a model's matrix multiplies run on: rows × tokens against
+//!   [`QuantizedActs`] (int8 activations in 8-value groups with f32 scales), integer dot products
+//!   on AVX-512 VNNI or AVX2 chosen at run time ([`Isa`]), with [`gemm_rows_scalar`] as the plain
+//!   twin the SIMD kernels are tested against. See the `gemm` and `acts` module docs.
 //! - [`count_code3`], [`count_non_finite_scales`] and [`count_noncanonical`] are the scans a
 //!   loader's validation runs over packed tensors.
 
