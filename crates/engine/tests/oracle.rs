@@ -95,13 +95,10 @@ fn f32_model_matches_transformers_in_prefill_and_steps() {
     );
 }
 
-/// How much worse than llama.cpp the int8 kernels may be before this test fails. They round
-/// activations to 8 bits as llama.cpp does, so they land near its error, not below it: that is
-/// why they are not the default (see `Kernels`). This bound catches regressions.
-const INT8_KL_SLACK: f64 = 1.5;
-
 /// On the same quantized file, niwaki's default (exact) kernels are at least as accurate as
-/// llama.cpp against the exact answer; the int8 kernels stay near llama.cpp.
+/// llama.cpp against the exact answer, in KL and top-1. The int8 kernels (8-value activation
+/// groups with f32 scales, against llama.cpp's 32 with f16) beat its KL; their top-1 is
+/// reported, not asserted (see `Kernels` for why they are not the default).
 fn at_least_as_good_as_llamacpp(file: &str, hf: &str, run_name: &str) {
     let peer = llamacpp(run_name);
     report(&format!("{file} llama.cpp"), &peer);
@@ -126,8 +123,8 @@ fn at_least_as_good_as_llamacpp(file: &str, hf: &str, run_name: &str) {
     let c = compare(&npy(hf), &run(&m, &tokens96(), 32), m.config.vocab);
     report(&format!("{file} niwaki (int8 kernels)"), &c);
     assert!(
-        c.mean_kl <= INT8_KL_SLACK * peer.mean_kl,
-        "int8 KL {} vs llama.cpp {}",
+        c.mean_kl <= peer.mean_kl,
+        "int8 KL {} > llama.cpp {}",
         c.mean_kl,
         peer.mean_kl
     );
@@ -173,11 +170,7 @@ fn ternary_g128_formats_match_the_exact_reference() {
         report(&format!("tiny-exact-t128 as {format}, int8 kernels"), &c);
         // llama.cpp's Q2_0 g64 on the same kind of model is the reference for the int8 path.
         let peer = llamacpp("tiny-exact-q2g64.Q2_0/llama.cpp");
-        assert!(
-            c.mean_kl <= INT8_KL_SLACK * peer.mean_kl,
-            "{format}: int8 KL {}",
-            c.mean_kl
-        );
+        assert!(c.mean_kl <= peer.mean_kl, "{format}: int8 KL {}", c.mean_kl);
     }
 }
 
