@@ -66,3 +66,22 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
         })
         .collect()
 }
+
+/// The dot kernels, as chosen on the command line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KernelsArg {
+    /// Packed weights against f32 activations: exact, the default.
+    #[default]
+    Exact,
+    /// int8 activations with SIMD integer dot products: faster, about llama.cpp's accuracy.
+    Int8,
+}
+
+impl From<KernelsArg> for model::Kernels {
+    fn from(k: KernelsArg) -> Self {
+        match k {
+            KernelsArg::Exact => model::Kernels::Exact,
+            KernelsArg::Int8 => model::Kernels::Int8,
+        }
+    }
+}

@@ -35,6 +35,8 @@ enum Command {
     Tokenize(cmd::tokenize::Args),
     /// Save the logits of every position of a token sequence as .npy.
     Logits(cmd::logits::Args),
+    /// Measure prefill and decode speed, memory bandwidth and the fraction of the decode floor.
+    Bench(cmd::bench::Args),
     /// Perplexity over a text, and KL divergence / top-1 agreement against saved logits.
     Perplexity(cmd::perplexity::Args),
 }
@@ -51,6 +53,7 @@ fn main() -> std::process::ExitCode {
         Command::Tokenize(a) => cmd::tokenize::main(a),
         Command::Logits(a) => cmd::logits::main(a),
         Command::Perplexity(a) => cmd::perplexity::main(a),
+        Command::Bench(a) => cmd::bench::main(a),
     };
     match result {
         Ok(code) => code,

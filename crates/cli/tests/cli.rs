@@ -82,6 +82,64 @@ fn greedy_runs_are_identical_and_respect_max_tokens() {
 }
 
 #[test]
+fn thread_count_does_not_change_the_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), "t.gguf", "Q2_0");
+    let run = |threads: &str| {
+        stdout(
+            niwaki()
+                .args([
+                    "run",
+                    "--temperature",
+                    "0",
+                    "-n",
+                    "16",
+                    "--threads",
+                    threads,
+                    "--prompt",
+                    "abc",
+                    "--model",
+                ])
+                .arg(&m),
+        )
+    };
+    assert_eq!(run("1"), run("2"));
+}
+
+#[test]
+fn bench_reports_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), "t.gguf", "Q1_0");
+    let out = stdout(
+        niwaki()
+            .args([
+                "bench",
+                "--json",
+                "-p",
+                "8",
+                "-n",
+                "4",
+                "-r",
+                "2",
+                "--bw-bytes",
+                "16777216",
+                "--model",
+            ])
+            .arg(&m),
+    );
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    for key in [
+        "pp_tok_s",
+        "tg_tok_s",
+        "peak_rss_bytes",
+        "read_bw_gbs",
+        "floor_fraction",
+    ] {
+        assert!(v[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {v}");
+    }
+}
+
+#[test]
 fn seeded_sampling_is_reproducible() {
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), "t.gguf", "PTQ1_0");

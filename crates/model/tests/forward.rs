@@ -101,7 +101,10 @@ fn int8_kernels_stay_close_to_exact_ones() {
         let mean = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).sum::<f32>() / a.len() as f32;
         // Logits have a standard deviation of about 1: int8 activations move them by a few
         // hundredths on average, a few tenths at worst.
-        assert!(d > 0.0 && d < 1.0 && mean < 0.05, "{format}: max {d}, mean {mean}");
+        assert!(
+            d > 0.0 && d < 1.0 && mean < 0.05,
+            "{format}: max {d}, mean {mean}"
+        );
     }
 }
 

@@ -23,6 +23,9 @@ pub struct Args {
     pub reps: usize,
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
+    /// Dot kernels.
+    #[arg(long, value_enum, default_value_t)]
+    pub kernels: load::KernelsArg,
     /// Tokens per prefill chunk.
     #[arg(long, default_value_t = engine::DEFAULT_PREFILL_CHUNK)]
     pub chunk: usize,
@@ -126,7 +129,8 @@ pub fn main(a: Args) -> Result<ExitCode> {
         bail!("-r must be at least 1");
     }
     load::init_threads(a.threads)?;
-    let model = load::open_model(&a.model)?;
+    let mut model = load::open_model(&a.model)?;
+    model.set_kernels(a.kernels.into());
     if a.n_prompt + a.n_gen > model.config.context_length {
         bail!(
             "-p {} + -n {} exceed the context of {}",

@@ -33,6 +33,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
     if let Some(n) = a.sampling.ctx {
         model.limit_context(n);
     }
+    model.set_kernels(a.sampling.kernels.into());
     let tok = load::tokenizer(model.file())?;
     let template = load::chat_template(&tok)?;
     let mut messages = Vec::new();

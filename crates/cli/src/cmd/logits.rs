@@ -35,6 +35,9 @@ pub struct Args {
     pub chunk: usize,
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Dot kernels.
+    #[arg(long, value_enum, default_value_t)]
+    pub kernels: load::KernelsArg,
 }
 
 pub fn read_tokens(tokens: &Option<String>, file: &Option<PathBuf>) -> Result<Vec<u32>> {
@@ -106,7 +109,8 @@ pub fn read_npy(path: &Path) -> Result<(usize, usize, Vec<f32>)> {
 pub fn main(a: Args) -> Result<ExitCode> {
     load::init_threads(a.threads)?;
     let ids = read_tokens(&a.tokens, &a.tokens_file)?;
-    let model = load::open_model(&a.model)?;
+    let mut model = load::open_model(&a.model)?;
+    model.set_kernels(a.kernels.into());
     let logits = all_logits(&model, &ids, a.mode, a.chunk)?;
     write_npy(&a.out, ids.len(), model.config.vocab, &logits)?;
     eprintln!(

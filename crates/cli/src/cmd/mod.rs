@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod bench;
 pub mod chat;
 pub mod info;
 pub mod logits;
@@ -45,6 +46,9 @@ pub struct Sampling {
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Dot kernels.
+    #[arg(long, value_enum, default_value_t)]
+    pub kernels: crate::load::KernelsArg,
 }
 
 impl Sampling {

@@ -32,11 +32,15 @@ pub struct Args {
     pub json: bool,
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Dot kernels.
+    #[arg(long, value_enum, default_value_t)]
+    pub kernels: load::KernelsArg,
 }
 
 pub fn main(a: Args) -> Result<ExitCode> {
     load::init_threads(a.threads)?;
-    let model = load::open_model(&a.model)?;
+    let mut model = load::open_model(&a.model)?;
+    model.set_kernels(a.kernels.into());
     let ids = match &a.text {
         Some(path) => {
             let text = std::fs::read_to_string(path)

@@ -39,6 +39,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
     if let Some(n) = a.sampling.ctx {
         model.limit_context(n);
     }
+    model.set_kernels(a.sampling.kernels.into());
     let tok = load::tokenizer(model.file())?;
     let prompt_text = if a.chat {
         let req = ChatRequest {
