@@ -37,6 +37,8 @@ enum Command {
     Logits(cmd::logits::Args),
     /// Measure prefill and decode speed, memory bandwidth and the fraction of the decode floor.
     Bench(cmd::bench::Args),
+    /// Serve the model over an OpenAI-compatible HTTP API, with a web chat page.
+    Serve(cmd::serve::Args),
     /// Perplexity over a text, and KL divergence / top-1 agreement against saved logits.
     Perplexity(cmd::perplexity::Args),
 }
@@ -54,6 +56,7 @@ fn main() -> std::process::ExitCode {
         Command::Logits(a) => cmd::logits::main(a),
         Command::Perplexity(a) => cmd::perplexity::main(a),
         Command::Bench(a) => cmd::bench::main(a),
+        Command::Serve(a) => cmd::serve::main(a),
     };
     match result {
         Ok(code) => code,

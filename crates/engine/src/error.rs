@@ -8,6 +8,9 @@ pub enum EngineError {
     Sampler(#[from] crate::sampler::SamplerError),
     #[error("the prompt is empty: at least one token is needed")]
     EmptyPrompt,
+    /// A [`crate::Hooks::mask`] could not continue (e.g. a grammar rejected the text so far).
+    #[error("constrained decoding: {0}")]
+    Constraint(String),
     #[error("the prompt has {prompt} tokens but the context holds {context}")]
     PromptTooLong { prompt: usize, context: usize },
 }

@@ -37,6 +37,31 @@ impl Default for GenerateParams {
     }
 }
 
+/// What a caller of [`generate_with`] can plug into the loop. Every method but `on_text` has a
+/// default that changes nothing.
+pub trait Hooks {
+    /// Text that is safe to show (whole characters, never part of a stop string).
+    fn on_text(&mut self, piece: &str) -> Flow;
+
+    /// Restricts the next token: set the logits of tokens that must not come next to −∞.
+    /// Called before penalties and sampling.
+    fn mask(&mut self, _logits: &mut [f32]) -> Result<()> {
+        Ok(())
+    }
+
+    /// The token just sampled (end-of-generation tokens included) and the logits it was drawn
+    /// from, after the mask and the penalties, before temperature. `Flow::Stop` ends generation
+    /// as cancelled, before the token is shown.
+    fn on_token(&mut self, _id: u32, _logits: &[f32]) -> Flow {
+        Flow::Continue
+    }
+
+    /// Checked before every token: true ends generation as cancelled.
+    fn cancelled(&self) -> bool {
+        false
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {
     /// An end-of-generation token or a stop string.
@@ -117,7 +142,30 @@ pub fn generate(
     state: &mut State,
     prompt: &[u32],
     params: &GenerateParams,
-    mut on_text: impl FnMut(&str) -> Flow,
+    on_text: impl FnMut(&str) -> Flow,
+) -> Result<Generation> {
+    generate_with(model, tok, state, prompt, params, &mut TextOnly(on_text))
+}
+
+/// Adapts a text callback to [`Hooks`].
+struct TextOnly<F>(F);
+
+impl<F: FnMut(&str) -> Flow> Hooks for TextOnly<F> {
+    fn on_text(&mut self, piece: &str) -> Flow {
+        (self.0)(piece)
+    }
+}
+
+/// [`generate`] with [`Hooks`]: a mask on the logits before each token is sampled (constrained
+/// decoding), every sampled token with the logits it was drawn from (log-probabilities, timing),
+/// and cancellation checked before every model step.
+pub fn generate_with(
+    model: &Model,
+    tok: &Tokenizer,
+    state: &mut State,
+    prompt: &[u32],
+    params: &GenerateParams,
+    hooks: &mut dyn Hooks,
 ) -> Result<Generation> {
     let mut sampler = Sampler::new(params.sampler.clone())?;
     let t0 = Instant::now();
@@ -133,12 +181,12 @@ pub fn generate(
     let mut decoder = tok.stream_decoder();
     let limit = model.config.context_length;
     let t1 = Instant::now();
-    let mut emit = |piece: &str, text: &mut String| {
+    let emit = |hooks: &mut dyn Hooks, piece: &str, text: &mut String| {
         text.push_str(piece);
         if piece.is_empty() {
             Flow::Continue
         } else {
-            on_text(piece)
+            hooks.on_text(piece)
         }
     };
     let mut stopped_by_string = false;
@@ -146,7 +194,14 @@ pub fn generate(
         if out_tokens.len() >= params.max_tokens {
             break FinishReason::Length;
         }
+        if hooks.cancelled() {
+            break FinishReason::Cancelled;
+        }
+        hooks.mask(&mut logits)?;
         let next = sampler.sample(&mut logits, &history)?;
+        if hooks.on_token(next, &logits) == Flow::Stop {
+            break FinishReason::Cancelled;
+        }
         if end_ids.contains(&next) {
             break FinishReason::Stop;
         }
@@ -155,12 +210,12 @@ pub fn generate(
         let piece = decoder.push(next)?;
         match stops.push(&piece) {
             Scan::Stopped(before) => {
-                emit(&before, &mut text);
+                emit(hooks, &before, &mut text);
                 stopped_by_string = true;
                 break FinishReason::Stop;
             }
             Scan::Emit(t) => {
-                if emit(&t, &mut text) == Flow::Stop {
+                if emit(hooks, &t, &mut text) == Flow::Stop {
                     break FinishReason::Cancelled;
                 }
             }
@@ -181,7 +236,7 @@ pub fn generate(
             Scan::Emit(t) => t + &stops.finish(),
             Scan::Stopped(t) => t,
         };
-        emit(&tail, &mut text);
+        emit(hooks, &tail, &mut text);
     }
     Ok(Generation {
         text,

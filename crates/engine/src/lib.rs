@@ -3,12 +3,14 @@
 mod error;
 pub mod eval;
 mod generate;
+pub mod logprobs;
 pub mod sampler;
 mod stop;
 
 pub use error::{EngineError, Result};
 pub use generate::{
-    generate, prefill, FinishReason, Flow, GenerateParams, Generation, DEFAULT_PREFILL_CHUNK,
+    generate, generate_with, prefill, FinishReason, Flow, GenerateParams, Generation, Hooks,
+    DEFAULT_PREFILL_CHUNK,
 };
 pub use sampler::{Sampler, SamplerConfig};
 pub use stop::{Scan, StopMatcher};

@@ -7,6 +7,7 @@ pub mod logits;
 pub mod perplexity;
 pub mod quantize;
 pub mod run;
+pub mod serve;
 pub mod synth;
 pub mod tokenize;
 pub mod validate;

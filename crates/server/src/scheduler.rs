@@ -1,0 +1,352 @@
+//! Running generations: a fixed number of worker threads (slots), each owning one request at a
+//! time with a fresh sequence state, fed from a bounded queue. Past the bound a request is refused
+//! at once (503) rather than left waiting without end.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use engine::logprobs::{token_logprob, TokenLogprob};
+use engine::{EngineError, FinishReason, Flow, GenerateParams, Hooks};
+use model::Model;
+use tokenizer::Tokenizer;
+use tokio::sync::mpsc;
+
+use crate::constraint::Constraint;
+use crate::metrics::Metrics;
+
+/// What a request asks the engine to do.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub params: GenerateParams,
+    pub constraint: Option<Box<dyn Constraint>>,
+    /// `Some(n)`: report each token's log-probability and its `n` best alternatives.
+    pub logprobs: Option<usize>,
+    pub cancel: Arc<AtomicBool>,
+    pub timeout: Duration,
+    pub events: mpsc::UnboundedSender<Event>,
+}
+
+/// How generation ended, as the API reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    Stop,
+    /// `max_tokens`, the context limit or the request timeout.
+    Length,
+    Cancelled,
+}
+
+#[derive(Debug)]
+pub enum Event {
+    /// Text safe to show, with the log-probabilities of the tokens that produced it.
+    Text(String, Vec<TokenLogprob>),
+    Done {
+        finish: Finish,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+        /// Log-probabilities not yet sent with text (e.g. of held-back stop-string tokens).
+        logprobs: Vec<TokenLogprob>,
+    },
+    Failed(String),
+}
+
+struct Queue {
+    jobs: Mutex<VecDeque<(Job, Instant)>>,
+    ready: Condvar,
+}
+
+pub struct Scheduler {
+    queue: Arc<Queue>,
+    /// Requests accepted and not finished (running or queued).
+    in_system: Arc<AtomicUsize>,
+    capacity: usize,
+    slots: usize,
+    /// Set on shutdown: running generations end, queued ones are refused.
+    closing: Arc<AtomicBool>,
+    /// Bytes of sequence state held by each slot now.
+    state_bytes: Arc<Vec<AtomicUsize>>,
+    metrics: Arc<Metrics>,
+}
+
+/// Refusal reasons for [`Scheduler::submit`].
+#[derive(Debug)]
+pub enum Refused {
+    Full,
+    Closing,
+}
+
+impl Scheduler {
+    pub fn start(
+        model: Arc<Model>,
+        tok: Arc<Tokenizer>,
+        slots: usize,
+        queue: usize,
+        metrics: Arc<Metrics>,
+    ) -> Scheduler {
+        let slots = slots.max(1);
+        let q = Arc::new(Queue {
+            jobs: Mutex::new(VecDeque::new()),
+            ready: Condvar::new(),
+        });
+        let in_system = Arc::new(AtomicUsize::new(0));
+        let closing = Arc::new(AtomicBool::new(false));
+        let state_bytes: Arc<Vec<AtomicUsize>> =
+            Arc::new((0..slots).map(|_| AtomicUsize::new(0)).collect());
+        for slot in 0..slots {
+            let (q, model, tok) = (q.clone(), model.clone(), tok.clone());
+            let (in_system, closing, bytes, metrics) = (
+                in_system.clone(),
+                closing.clone(),
+                state_bytes.clone(),
+                metrics.clone(),
+            );
+            let spawned = std::thread::Builder::new()
+                .name(format!("niwaki-slot-{slot}"))
+                .spawn(move || loop {
+                    let (job, enqueued) = {
+                        let mut jobs = q.jobs.lock().unwrap_or_else(|p| p.into_inner());
+                        loop {
+                            if let Some(j) = jobs.pop_front() {
+                                break j;
+                            }
+                            jobs = q.ready.wait(jobs).unwrap_or_else(|p| p.into_inner());
+                        }
+                    };
+                    metrics.queue_depth.dec();
+                    metrics.queue_wait.observe(enqueued.elapsed().as_secs_f64());
+                    run_job(&model, &tok, job, &closing, &bytes[slot], &metrics);
+                    bytes[slot].store(0, Ordering::Relaxed);
+                    in_system.fetch_sub(1, Ordering::AcqRel);
+                });
+            if let Err(e) = spawned {
+                eprintln!("could not start generation slot {slot}: {e}");
+            }
+        }
+        Scheduler {
+            queue: q,
+            in_system,
+            capacity: slots + queue,
+            slots,
+            closing,
+            state_bytes,
+            metrics,
+        }
+    }
+
+    /// Queues a job, or refuses it when every slot and queue place is taken.
+    pub fn submit(&self, job: Job) -> Result<(), Refused> {
+        if self.closing.load(Ordering::Acquire) {
+            return Err(Refused::Closing);
+        }
+        let admitted = self
+            .in_system
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.capacity).then_some(n + 1)
+            });
+        if admitted.is_err() {
+            return Err(Refused::Full);
+        }
+        self.metrics.queue_depth.inc();
+        let mut jobs = self.queue.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        jobs.push_back((job, Instant::now()));
+        drop(jobs);
+        self.queue.ready.notify_one();
+        Ok(())
+    }
+
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_system.load(Ordering::Acquire)
+    }
+
+    pub fn state_bytes(&self) -> usize {
+        self.state_bytes
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Ends running generations (their clients get what was generated, or an error) and
+    /// refuses queued and new ones.
+    pub fn close(&self) {
+        self.closing.store(true, Ordering::Release);
+        let mut jobs = self.queue.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        for (job, _) in jobs.drain(..) {
+            let _ = job.events.send(Event::Failed(
+                "the server is shutting down; the request was not started".into(),
+            ));
+            self.metrics.queue_depth.dec();
+            self.in_system.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// The per-token side of one generation.
+struct JobHooks<'a> {
+    events: mpsc::UnboundedSender<Event>,
+    constraint: Option<Box<dyn Constraint>>,
+    logprobs: Option<usize>,
+    cancel: Arc<AtomicBool>,
+    deadline: Instant,
+    closing: &'a AtomicBool,
+    pending: Vec<TokenLogprob>,
+    timed_out: bool,
+    constraint_error: Option<String>,
+    state_bytes: &'a AtomicUsize,
+    bytes_per_token: usize,
+    base_bytes: usize,
+    generated: usize,
+    metrics: &'a Metrics,
+    last_token: Instant,
+    first: bool,
+    started: Instant,
+}
+
+impl Hooks for JobHooks<'_> {
+    fn on_text(&mut self, piece: &str) -> Flow {
+        let lp = std::mem::take(&mut self.pending);
+        match self.events.send(Event::Text(piece.to_string(), lp)) {
+            Ok(()) => Flow::Continue,
+            // The client went away.
+            Err(_) => Flow::Stop,
+        }
+    }
+
+    fn mask(&mut self, logits: &mut [f32]) -> engine::Result<()> {
+        match &mut self.constraint {
+            Some(c) => c.mask(logits).map_err(EngineError::Constraint),
+            None => Ok(()),
+        }
+    }
+
+    fn on_token(&mut self, id: u32, logits: &[f32]) -> Flow {
+        let now = Instant::now();
+        if self.first {
+            self.metrics
+                .ttft
+                .observe(now.duration_since(self.started).as_secs_f64());
+            self.first = false;
+        } else {
+            self.metrics
+                .itl
+                .observe(now.duration_since(self.last_token).as_secs_f64());
+        }
+        self.last_token = now;
+        self.generated += 1;
+        self.state_bytes.store(
+            self.base_bytes + self.bytes_per_token * self.generated,
+            Ordering::Relaxed,
+        );
+        if let Some(n) = self.logprobs {
+            self.pending.push(token_logprob(logits, id, n));
+        }
+        if let Some(c) = &mut self.constraint {
+            if let Err(e) = c.commit(id) {
+                self.constraint_error = Some(e);
+                return Flow::Stop;
+            }
+        }
+        Flow::Continue
+    }
+
+    fn cancelled(&self) -> bool {
+        if self.cancel.load(Ordering::Relaxed) || self.closing.load(Ordering::Relaxed) {
+            return true;
+        }
+        Instant::now() >= self.deadline
+    }
+}
+
+fn run_job(
+    model: &Model,
+    tok: &Tokenizer,
+    job: Job,
+    closing: &AtomicBool,
+    state_bytes: &AtomicUsize,
+    metrics: &Metrics,
+) {
+    if job.cancel.load(Ordering::Relaxed) || job.events.is_closed() {
+        return;
+    }
+    let mut state = model.new_state();
+    let started = Instant::now();
+    let c = &model.config;
+    let Job {
+        prompt,
+        params,
+        constraint,
+        logprobs,
+        cancel,
+        timeout,
+        events,
+    } = job;
+    let mut hooks = JobHooks {
+        events: events.clone(),
+        constraint,
+        logprobs,
+        cancel,
+        deadline: started + timeout,
+        closing,
+        pending: Vec::new(),
+        timed_out: false,
+        constraint_error: None,
+        state_bytes,
+        bytes_per_token: c.kv_bytes_per_token(),
+        base_bytes: c.recurrent_state_bytes() + c.kv_bytes_per_token() * prompt.len(),
+        generated: 0,
+        metrics,
+        last_token: started,
+        first: true,
+        started,
+    };
+    state_bytes.store(hooks.base_bytes, Ordering::Relaxed);
+    let result = engine::generate_with(model, tok, &mut state, &prompt, &params, &mut hooks);
+    hooks.timed_out = Instant::now() >= hooks.deadline;
+    let event = match result {
+        Ok(g) => {
+            let finish = match g.finish {
+                FinishReason::Stop => Finish::Stop,
+                FinishReason::Length | FinishReason::ContextFull => Finish::Length,
+                FinishReason::Cancelled if hooks.timed_out => Finish::Length,
+                FinishReason::Cancelled => Finish::Cancelled,
+            };
+            if let Some(e) = hooks.constraint_error.take() {
+                Event::Failed(format!("constrained decoding failed: {e}"))
+            } else if finish == Finish::Cancelled && closing.load(Ordering::Relaxed) {
+                Event::Failed("the server is shutting down; generation was ended".into())
+            } else {
+                Event::Done {
+                    finish,
+                    prompt_tokens: g.prompt_tokens,
+                    completion_tokens: g.tokens.len(),
+                    logprobs: std::mem::take(&mut hooks.pending),
+                }
+            }
+        }
+        Err(e) => Event::Failed(e.to_string()),
+    };
+    metrics.count_finish(match &event {
+        Event::Done {
+            finish: Finish::Stop,
+            ..
+        } => "stop",
+        Event::Done {
+            finish: Finish::Length,
+            ..
+        } => "length",
+        Event::Done {
+            finish: Finish::Cancelled,
+            ..
+        } => "cancelled",
+        _ => "failed",
+    });
+    let _ = events.send(event);
+}
