@@ -1,0 +1,131 @@
+// Gated attention: q/k norm + RoPE + cache append, flash-decoding over NSPLIT splits, merge.
+#define GQA (NH / NKV)
+#define EPL (HD / 32)
+
+// grid (NH + NKV, ntok), block HD. proj rows: [q0 g0 q1 g1 ... | k | v].
+// Caches: [ctx][NKV][HD] f16. q_out: [ntok][NH][HD].
+extern "C" __global__ void attn_prep(const float* __restrict__ proj, int stride, const u32* __restrict__ pos_ptr,
+                                     const float* __restrict__ qn, const float* __restrict__ kn, float eps,
+                                     float base, float* __restrict__ q_out, u16* __restrict__ kc,
+                                     u16* __restrict__ vc) {
+    __shared__ float buf[HD];
+    __shared__ float red[32];
+    const int t = blockIdx.y, head = blockIdx.x, i = threadIdx.x;
+    const u32 pos = *pos_ptr + t;
+    const float* p = proj + (size_t)t * stride;
+    const bool isq = head < NH;
+    const int kvh = head - NH;
+    float v = isq ? p[head * 2 * HD + i] : p[2 * NH * HD + kvh * HD + i];
+    const float w = isq ? qn[i] : kn[i];
+    const float ss = block_sum(v * v, red);
+    v = v * (1.0f / sqrtf(ss / (float)HD + eps)) * w;
+    buf[i] = v;
+    __syncthreads();
+    const int half = ROPE / 2;
+    if (i < ROPE) {
+        const int fi = i < half ? i : i - half;
+        const float inv = 1.0f / powf(base, (float)(2 * fi) / (float)ROPE);
+        float sn, cs;
+        sincosf((float)pos * inv, &sn, &cs);
+        if (i < half) v = buf[i] * cs - buf[i + half] * sn;
+        else v = buf[i] * cs + buf[i - half] * sn;
+    }
+    if (isq) {
+        q_out[((size_t)t * NH + head) * HD + i] = v;
+    } else {
+        const size_t at = ((size_t)pos * NKV + kvh) * HD + i;
+        kc[at] = f2h(v);
+        vc[at] = f2h(p[2 * NH * HD + NKV * HD + kvh * HD + i]);
+    }
+}
+
+// grid (NKV, NSPLIT, ntok), block 128 (4 warps, one cache position each at a time).
+// part: [ntok][NH][NSPLIT][HD + 2] = (acc[HD], m, l).
+extern "C" __global__ void __launch_bounds__(128)
+attn_split(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
+           const u32* __restrict__ pos_ptr, float scale, float* __restrict__ part) {
+    __shared__ float sm_acc[4][GQA][HD];
+    __shared__ float sm_ml[4][GQA][2];
+    const int kvh = blockIdx.x, sp = blockIdx.y, t = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n_ctx = (int)*pos_ptr + t + 1;
+    const int len = (n_ctx + NSPLIT - 1) / NSPLIT;
+    const int p0 = sp * len;
+    const int p1 = min(n_ctx, p0 + len);
+
+    float qr[GQA][EPL], acc[GQA][EPL], m[GQA], l[GQA];
+#pragma unroll
+    for (int g = 0; g < GQA; g++) {
+        m[g] = NEG_INF;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) {
+            qr[g][e] = q[((size_t)t * NH + kvh * GQA + g) * HD + lane * EPL + e];
+            acc[g][e] = 0.0f;
+        }
+    }
+    for (int p = p0 + warp; p < p1; p += 4) {
+        const size_t at = ((size_t)p * NKV + kvh) * HD + lane * EPL;
+        float kf[EPL], vf[EPL];
+#pragma unroll
+        for (int e = 0; e < EPL; e++) { kf[e] = h2f(kc[at + e]); vf[e] = h2f(vc[at + e]); }
+#pragma unroll
+        for (int g = 0; g < GQA; g++) {
+            float dot = 0.0f;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) dot += qr[g][e] * kf[e];
+            const float sc = warp_sum(dot) * scale;
+            const float mn = fmaxf(m[g], sc);
+            const float corr = expf(m[g] - mn);
+            const float pe = expf(sc - mn);
+            l[g] = l[g] * corr + pe;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) acc[g][e] = acc[g][e] * corr + pe * vf[e];
+            m[g] = mn;
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < GQA; g++) {
+#pragma unroll
+        for (int e = 0; e < EPL; e++) sm_acc[warp][g][lane * EPL + e] = acc[g][e];
+        if (lane == 0) { sm_ml[warp][g][0] = m[g]; sm_ml[warp][g][1] = l[g]; }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < GQA * HD; idx += blockDim.x) {
+        const int g = idx / HD, i = idx % HD;
+        float M = NEG_INF;
+        for (int wi = 0; wi < 4; wi++) M = fmaxf(M, sm_ml[wi][g][0]);
+        float L = 0.0f, A = 0.0f;
+        if (M != NEG_INF) {
+            for (int wi = 0; wi < 4; wi++) {
+                const float mw = sm_ml[wi][g][0];
+                if (mw == NEG_INF) continue;
+                const float f = expf(mw - M);
+                L += sm_ml[wi][g][1] * f;
+                A += sm_acc[wi][g][i] * f;
+            }
+        }
+        float* dst = part + (((size_t)t * NH + kvh * GQA + g) * NSPLIT + sp) * (HD + 2);
+        dst[i] = A;
+        if (i == 0) { dst[HD] = M; dst[HD + 1] = L; }
+    }
+}
+
+// grid (NH, ntok), block HD: merge the splits, gate, and quantize (one warp per 128 values).
+extern "C" __global__ void attn_combine(const float* __restrict__ part, const float* __restrict__ proj,
+                                        int stride, float* __restrict__ attn) {
+    const int head = blockIdx.x, t = blockIdx.y, i = threadIdx.x;
+    const float* src = part + ((size_t)t * NH + head) * NSPLIT * (HD + 2);
+    float M = NEG_INF;
+    for (int s = 0; s < NSPLIT; s++) M = fmaxf(M, src[s * (HD + 2) + HD]);
+    float L = 0.0f, A = 0.0f;
+    for (int s = 0; s < NSPLIT; s++) {
+        const float ms = src[s * (HD + 2) + HD];
+        if (ms == NEG_INF) continue;
+        const float f = expf(ms - M);
+        L += src[s * (HD + 2) + HD + 1] * f;
+        A += src[s * (HD + 2) + i] * f;
+    }
+    const float gate = proj[(size_t)t * stride + head * 2 * HD + HD + i];
+    attn[((size_t)t * NH + head) * HD + i] = (A / L) * sigmoidf_(gate);
+}

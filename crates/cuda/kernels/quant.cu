@@ -1,0 +1,106 @@
+// Activation quantization: int8 per value, (d, d*sum(q)) per group of 64. One warp quantizes
+// 128 values (two groups: lanes 0-15 and 16-31, four consecutive values per lane). The CPU twin
+// (repack::quantize_x) performs the same IEEE operations, so the outputs are bit-identical.
+
+__device__ __forceinline__ float half_warp_max(float v) {
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ int half_warp_isum(int v) {
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Quantizes the 128 values [base, base+128) of a token; `v` holds this lane's 4 values.
+__device__ __forceinline__ void quant128(float4 v, int base, int* xq_tok, float2* xs_tok) {
+    const int lane = threadIdx.x & 31;
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    amax = half_warp_max(amax);
+    const float d = amax / 127.0f;
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    const int q0 = __float2int_rn(__fmul_rn(v.x, id));
+    const int q1 = __float2int_rn(__fmul_rn(v.y, id));
+    const int q2 = __float2int_rn(__fmul_rn(v.z, id));
+    const int q3 = __float2int_rn(__fmul_rn(v.w, id));
+    xq_tok[base / 4 + lane] = (q0 & 0xff) | ((q1 & 0xff) << 8) | ((q2 & 0xff) << 16) | ((u32)(q3 & 0xff) << 24);
+    const int s = half_warp_isum(q0 + q1 + q2 + q3);
+    if ((lane & 15) == 0) xs_tok[base / 64 + (lane >> 4)] = make_float2(d, __fmul_rn(d, (float)s));
+}
+
+// RMS norm of residual rows tok0.. then quantize. grid (ceil(cols/1024), ntok), block 256.
+extern "C" __global__ void quant_rms(const float* __restrict__ x, int cols, int tok0,
+                                     const float* __restrict__ w, float eps,
+                                     int* __restrict__ xq, float2* __restrict__ xs) {
+    __shared__ float red[32];
+    const int t = blockIdx.y;
+    const float* row = x + (size_t)(tok0 + t) * cols;
+    float ss = 0.0f;
+    for (int i = threadIdx.x * 4; i < cols; i += blockDim.x * 4) {
+        float4 v = *(const float4*)(row + i);
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    ss = block_sum(ss, red);
+    const float scale = 1.0f / sqrtf(ss / (float)cols + eps);
+    const int base = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 128;
+    if (base >= cols) return;
+    const int i = base + (threadIdx.x & 31) * 4;
+    float4 v = *(const float4*)(row + i);
+    float4 g = *(const float4*)(w + i);
+    v.x = v.x * scale * g.x; v.y = v.y * scale * g.y; v.z = v.z * scale * g.z; v.w = v.w * scale * g.w;
+    quant128(v, base, xq + (size_t)t * cols / 4, xs + (size_t)t * cols / 64);
+}
+
+// silu(gate) * up from the stacked gate|up projection. grid (ceil(ffn/1024), ntok), block 256.
+extern "C" __global__ void quant_swiglu(const float* __restrict__ gu, int stride, int ffn,
+                                        int* __restrict__ xq, float2* __restrict__ xs) {
+    const int t = blockIdx.y;
+    const int base = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 128;
+    if (base >= ffn) return;
+    const int i = base + (threadIdx.x & 31) * 4;
+    const float* g = gu + (size_t)t * stride;
+    float4 a = *(const float4*)(g + i);
+    float4 u = *(const float4*)(g + ffn + i);
+    float4 v = make_float4(siluf_(a.x) * u.x, siluf_(a.y) * u.y, siluf_(a.z) * u.z, siluf_(a.w) * u.w);
+    quant128(v, base, xq + (size_t)t * ffn / 4, xs + (size_t)t * ffn / 64);
+}
+
+// Gated delta net output: per-head RMS norm * ssm_norm * silu(z), one warp per 128-wide head.
+// grid (ceil(HV/8), ntok), block 256.
+extern "C" __global__ void quant_gated(const float* __restrict__ o, const float* __restrict__ proj,
+                                       int stride, int zoff, const float* __restrict__ w, float eps,
+                                       int* __restrict__ xq, float2* __restrict__ xs) {
+    const int t = blockIdx.y;
+    const int head = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (head >= HV) return;
+    const int lane = threadIdx.x & 31;
+    const int base = head * DV;
+    const int i = base + lane * 4;
+    float4 v = *(const float4*)(o + (size_t)t * HV * DV + i);
+    const float ss = warp_sum(v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w);
+    const float scale = 1.0f / sqrtf(ss / (float)DV + eps);
+    float4 g = *(const float4*)(w + lane * 4);
+    float4 z = *(const float4*)(proj + (size_t)t * stride + zoff + i);
+    v.x = v.x * scale * g.x * siluf_(z.x);
+    v.y = v.y * scale * g.y * siluf_(z.y);
+    v.z = v.z * scale * g.z * siluf_(z.z);
+    v.w = v.w * scale * g.w * siluf_(z.w);
+    quant128(v, base, xq + (size_t)t * HV * DV / 4, xs + (size_t)t * HV * DV / 64);
+}
+
+// Plain quantization (harness use). grid (ceil(cols/1024), ntok), block 256.
+extern "C" __global__ void quant_plain(const float* __restrict__ x, int cols,
+                                       int* __restrict__ xq, float2* __restrict__ xs) {
+    const int t = blockIdx.y;
+    const int base = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 128;
+    if (base >= cols) return;
+    float4 v = *(const float4*)(x + (size_t)t * cols + base + (threadIdx.x & 31) * 4);
+    quant128(v, base, xq + (size_t)t * cols / 4, xs + (size_t)t * cols / 64);
+}
+
+extern "C" __global__ void fill_u64(u64* p, int n, u64 v) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) p[i] = v;
+}

@@ -1,0 +1,652 @@
+//! The qwen35 forward pass on the GPU: weights uploaded once (re-tiled and stacked by input),
+//! per-sequence state and scratch, and one CUDA graph per decode step.
+
+use std::sync::Arc;
+
+use cudarc::driver::{sys, CudaGraph, CudaStream};
+use gguf::Gguf;
+use model::{LayerKind, Logits, Model, ModelError};
+use quant::Format;
+
+use crate::error::{Context, CudaError, Result};
+use crate::gpu::{Arg, DevBuf, DevMat, DeviceInfo, Gpu};
+use crate::plan::{
+    self, check_fits, forward_ops, Dims, Head, Mat, Norm, Op, Out, Scratch, StateBytes,
+    ATTN_SPLITS, MAX_CHUNK,
+};
+use crate::repack::{self, Packed};
+
+struct GdnW {
+    inp: DevMat,
+    out: DevMat,
+    conv: DevBuf,
+    dt_bias: DevBuf,
+    a: DevBuf,
+    norm: DevBuf,
+}
+
+struct AttnW {
+    inp: DevMat,
+    out: DevMat,
+    q_norm: DevBuf,
+    k_norm: DevBuf,
+}
+
+enum MixW {
+    Gdn(GdnW),
+    Attn(AttnW),
+}
+
+struct LayerW {
+    attn_norm: DevBuf,
+    post_norm: DevBuf,
+    mix: MixW,
+    ffn_in: DevMat,
+    ffn_down: DevMat,
+}
+
+/// A model's weights on the GPU.
+pub struct CudaModel {
+    gpu: Arc<Gpu>,
+    dims: Dims,
+    layers: Vec<LayerW>,
+    output: DevMat,
+    output_norm: DevBuf,
+    file: Arc<Gguf>,
+    embd_format: Format,
+    weight_bytes: usize,
+    /// Capture decode steps as CUDA graphs (on by default).
+    pub use_graphs: bool,
+}
+
+/// One sequence on the GPU: recurrent state, KV cache (f16) sized for `ctx` tokens, scratch
+/// buffers and the captured decode graphs.
+pub struct CudaState {
+    ctx: usize,
+    pos: usize,
+    stream: Arc<CudaStream>,
+    state: DevBuf,
+    scratch: DevBuf,
+    layout: Scratch,
+    bytes: StateBytes,
+    graphs: Vec<(Head, bool, CudaGraph)>,
+}
+
+// SAFETY: the graphs and stream are used only through `&mut CudaState` (one thread at a time);
+// CUDA handles may be used from any thread once the context is bound, which every call does.
+unsafe impl Send for CudaState {}
+
+impl CudaState {
+    /// Tokens this state has consumed.
+    pub fn len(&self) -> usize {
+        self.pos
+    }
+    pub fn is_empty(&self) -> bool {
+        self.pos == 0
+    }
+    /// The context it was sized for.
+    pub fn context(&self) -> usize {
+        self.ctx
+    }
+    /// Device bytes held (state, KV cache and scratch).
+    pub fn device_bytes(&self) -> usize {
+        self.state.bytes + self.scratch.bytes
+    }
+
+    /// Pretends `pos` tokens were consumed (the KV cache keeps whatever it holds, zeros for a
+    /// fresh state). For depth benchmarks only.
+    #[doc(hidden)]
+    pub fn bench_seek(&mut self, pos: usize) {
+        assert!(pos < self.ctx);
+        self.pos = pos;
+    }
+
+    fn s(&self, region: &str) -> u64 {
+        self.scratch.at(self.layout.offset(region))
+    }
+}
+
+fn vector(file: &Gguf, name: &str) -> Result<Vec<f32>> {
+    let t = file
+        .tensor(name)
+        .ok_or_else(|| ModelError::MissingTensor(name.into()))?;
+    t.to_f32().map_err(|source| {
+        CudaError::Model(ModelError::Decode {
+            name: name.into(),
+            source,
+        })
+    })
+}
+
+fn packed(file: &Gguf, name: &str) -> Result<(String, Format, Packed)> {
+    let t = file
+        .tensor(name)
+        .ok_or_else(|| ModelError::MissingTensor(name.into()))?;
+    let (cols, rows) = (t.info.row_len() as usize, t.info.rows() as usize);
+    let p = repack::repack(name, t.format(), t.data, rows, cols)?;
+    Ok((name.to_string(), t.format(), p))
+}
+
+impl CudaModel {
+    /// Compiles the kernels for this model's shapes and uploads its weights.
+    pub fn load(m: &Model) -> Result<CudaModel> {
+        if m.hadamard().is_some() {
+            return Err(CudaError::Unsupported(
+                "Hadamard-rotated weights (prism.hadamard.*) have no GPU path yet".into(),
+            ));
+        }
+        let dims = Dims::from_config(&m.config)?;
+        let gpu = Arc::new(Gpu::new(&dims)?);
+        let file = m.file().clone();
+        let f = &*file;
+        let mut weight_bytes = 0usize;
+        let mut up = |parts: Vec<(String, Format, Packed)>| -> Result<DevMat> {
+            let name = parts[0].0.clone();
+            let p = repack::concat(parts)?;
+            let free = gpu.free_bytes()?;
+            check_fits(&format!("weights ({name})"), &[(&name, p.bytes())], free)?;
+            let d = gpu.upload_packed(&p, &name)?;
+            weight_bytes += d.bytes();
+            Ok(d)
+        };
+        let mut layers = Vec::with_capacity(dims.layers.len());
+        for (il, kind) in dims.layers.iter().enumerate() {
+            let n = |s: &str| format!("blk.{il}.{s}");
+            let mix = match kind {
+                LayerKind::Recurrent => MixW::Gdn(GdnW {
+                    inp: up(vec![
+                        packed(f, &n("attn_qkv.weight"))?,
+                        packed(f, &n("attn_gate.weight"))?,
+                        packed(f, &n("ssm_alpha.weight"))?,
+                        packed(f, &n("ssm_beta.weight"))?,
+                    ])?,
+                    out: up(vec![packed(f, &n("ssm_out.weight"))?])?,
+                    conv: gpu.upload(&vector(f, &n("ssm_conv1d.weight"))?, "conv")?,
+                    dt_bias: gpu.upload(&vector(f, &n("ssm_dt.bias"))?, "dt")?,
+                    a: gpu.upload(&vector(f, &n("ssm_a"))?, "a")?,
+                    norm: gpu.upload(&vector(f, &n("ssm_norm.weight"))?, "norm")?,
+                }),
+                LayerKind::Attention => MixW::Attn(AttnW {
+                    inp: up(vec![
+                        packed(f, &n("attn_q.weight"))?,
+                        packed(f, &n("attn_k.weight"))?,
+                        packed(f, &n("attn_v.weight"))?,
+                    ])?,
+                    out: up(vec![packed(f, &n("attn_output.weight"))?])?,
+                    q_norm: gpu.upload(&vector(f, &n("attn_q_norm.weight"))?, "q_norm")?,
+                    k_norm: gpu.upload(&vector(f, &n("attn_k_norm.weight"))?, "k_norm")?,
+                }),
+            };
+            layers.push(LayerW {
+                attn_norm: gpu.upload(&vector(f, &n("attn_norm.weight"))?, "norm")?,
+                post_norm: gpu.upload(&vector(f, &n("post_attention_norm.weight"))?, "norm")?,
+                mix,
+                ffn_in: up(vec![
+                    packed(f, &n("ffn_gate.weight"))?,
+                    packed(f, &n("ffn_up.weight"))?,
+                ])?,
+                ffn_down: up(vec![packed(f, &n("ffn_down.weight"))?])?,
+            });
+        }
+        let output = up(vec![packed(f, "output.weight")?])?;
+        let output_norm = gpu.upload(&vector(f, "output_norm.weight")?, "norm")?;
+        let embd_format = file
+            .tensor("token_embd.weight")
+            .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?
+            .format();
+        gpu.stream.synchronize().ctx(|| "weight upload".into())?;
+        Ok(CudaModel {
+            gpu,
+            dims,
+            layers,
+            output,
+            output_norm,
+            embd_format,
+            file,
+            weight_bytes,
+            use_graphs: true,
+        })
+    }
+
+    pub fn device(&self) -> &DeviceInfo {
+        &self.gpu.info
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Bytes of weights on the device (the bytes a decode step streams).
+    pub fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
+    /// Seconds NVRTC spent (0 if the kernels came from the on-disk cache).
+    pub fn compile_secs(&self) -> f64 {
+        self.gpu.compile_secs
+    }
+
+    /// A fresh sequence with room for `ctx` tokens.
+    pub fn new_state(&self, ctx: usize) -> Result<CudaState> {
+        let ctx = ctx.max(1);
+        if ctx > self.dims.context_length {
+            return Err(CudaError::ContextTooLong {
+                ctx,
+                limit: self.dims.context_length,
+            });
+        }
+        let bytes = StateBytes::new(&self.dims, ctx);
+        let layout = Scratch::new(&self.dims, MAX_CHUNK);
+        check_fits(
+            &format!("a sequence of {ctx} tokens"),
+            &[
+                ("KV cache", bytes.kv),
+                ("recurrent state", bytes.conv + bytes.ssm),
+                ("scratch", layout.bytes),
+            ],
+            self.gpu.free_bytes()?,
+        )?;
+        let state = self.gpu.alloc(bytes.total(), "sequence state")?;
+        let scratch = self.gpu.alloc(layout.bytes, "scratch")?;
+        self.gpu
+            .stream
+            .synchronize()
+            .ctx(|| "zeroing state".into())?;
+        Ok(CudaState {
+            ctx,
+            pos: 0,
+            stream: self.gpu.new_stream()?,
+            state,
+            scratch,
+            layout,
+            bytes,
+            graphs: Vec::new(),
+        })
+    }
+
+    fn check(&self, st: &CudaState, tokens: &[u32]) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(ModelError::EmptyInput.into());
+        }
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= self.dims.vocab) {
+            return Err(ModelError::TokenOutOfRange {
+                id,
+                vocab: self.dims.vocab,
+            }
+            .into());
+        }
+        if st.pos + tokens.len() > st.ctx {
+            return Err(CudaError::ContextFull {
+                ctx: st.ctx,
+                have: st.pos,
+                adding: tokens.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Same contract as `model::Model::forward`: runs `tokens` after what `state` has seen and
+    /// returns logits as asked (`[n][vocab]`).
+    pub fn forward(&self, st: &mut CudaState, tokens: &[u32], logits: Logits) -> Result<Vec<f32>> {
+        self.check(st, tokens)?;
+        let mut out = Vec::new();
+        let n = tokens.len();
+        for (s, len) in plan::chunks(n) {
+            let last = s + len == n;
+            let head = match logits {
+                Logits::None => Head::None,
+                Logits::All => Head::All,
+                Logits::Last if last => Head::Last,
+                Logits::Last => Head::None,
+            };
+            self.run(st, &tokens[s..s + len], head, false)?;
+            let rows = match head {
+                Head::None => 0,
+                Head::Last => 1,
+                Head::All => len,
+            };
+            if rows > 0 {
+                let mut buf = vec![0f32; rows * self.dims.vocab];
+                self.gpu.read(&st.stream, st.s("logits"), &mut buf)?;
+                out.extend_from_slice(&buf);
+            }
+        }
+        st.stream.synchronize().ctx(|| "forward".into())?;
+        Ok(out)
+    }
+
+    /// Runs `tokens` and returns the greedy next token, computed on the GPU (only 8 bytes come
+    /// back). Ties go to the lowest id, as `model::ops::argmax`.
+    pub fn forward_greedy(&self, st: &mut CudaState, tokens: &[u32]) -> Result<u32> {
+        self.check(st, tokens)?;
+        let n = tokens.len();
+        for (s, len) in plan::chunks(n) {
+            let last = s + len == n;
+            let head = if last { Head::Last } else { Head::None };
+            self.run(st, &tokens[s..s + len], head, last)?;
+        }
+        let mut key = [0u64; 1];
+        self.gpu.read(&st.stream, st.s("argmax"), &mut key)?;
+        Ok(!(key[0] as u32))
+    }
+
+    fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let e = self.dims.hidden;
+        let t = self
+            .file
+            .tensor("token_embd.weight")
+            .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
+        let rb = self
+            .embd_format
+            .row_bytes(e)
+            .map_err(|source| ModelError::Decode {
+                name: "token_embd.weight".into(),
+                source,
+            })?;
+        let mut x = vec![0f32; tokens.len() * e];
+        for (i, &id) in tokens.iter().enumerate() {
+            let row = &t.data[id as usize * rb..(id as usize + 1) * rb];
+            quant::dequantize(self.embd_format, row, &mut x[i * e..(i + 1) * e]).map_err(
+                |source| ModelError::Decode {
+                    name: "token_embd.weight".into(),
+                    source,
+                },
+            )?;
+        }
+        Ok(x)
+    }
+
+    /// One GPU pass over at most `MAX_CHUNK` tokens.
+    fn run(&self, st: &mut CudaState, tokens: &[u32], head: Head, argmax: bool) -> Result<()> {
+        let n = tokens.len();
+        let x = self.embed(tokens)?;
+        let pos = [st.pos as u32, 0];
+        self.gpu.write(&st.stream, st.s("x"), &x)?;
+        self.gpu.write(&st.stream, st.s("pos"), &pos)?;
+        if n == 1 && self.use_graphs {
+            let found = st
+                .graphs
+                .iter()
+                .position(|(h, a, _)| *h == head && *a == argmax);
+            let i = match found {
+                Some(i) => i,
+                None => {
+                    st.stream
+                        .begin_capture(
+                            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                        )
+                        .ctx(|| "beginning graph capture".into())?;
+                    let res = self.exec_all(st, 1, head, argmax);
+                    let g = st
+                        .stream
+                        .end_capture(sys::CUgraphInstantiate_flags(0))
+                        .ctx(|| "ending graph capture".into())?;
+                    res?;
+                    let g = g.ok_or_else(|| {
+                        CudaError::Unsupported("graph capture produced no graph".into())
+                    })?;
+                    st.graphs.push((head, argmax, g));
+                    st.graphs.len() - 1
+                }
+            };
+            st.graphs[i]
+                .2
+                .launch()
+                .ctx(|| "launching the decode graph".into())?;
+        } else {
+            self.exec_all(st, n, head, argmax)?;
+        }
+        // The host buffers above must outlive the copies.
+        st.stream.synchronize().ctx(|| "forward pass".into())?;
+        st.pos += n;
+        Ok(())
+    }
+
+    fn exec_all(&self, st: &CudaState, n: usize, head: Head, argmax: bool) -> Result<()> {
+        for op in forward_ops(&self.dims, n, head, argmax) {
+            self.exec(st, &op)?;
+        }
+        Ok(())
+    }
+
+    fn mat(&self, m: Mat) -> &DevMat {
+        match m {
+            Mat::Output => &self.output,
+            Mat::FfnIn(l) => &self.layers[l].ffn_in,
+            Mat::FfnDown(l) => &self.layers[l].ffn_down,
+            Mat::GdnIn(l) | Mat::GdnOut(l) => match &self.layers[l].mix {
+                MixW::Gdn(g) => {
+                    if matches!(m, Mat::GdnIn(_)) {
+                        &g.inp
+                    } else {
+                        &g.out
+                    }
+                }
+                MixW::Attn(_) => unreachable!("layer {l} is not recurrent"),
+            },
+            Mat::AttnIn(l) | Mat::AttnOut(l) => match &self.layers[l].mix {
+                MixW::Attn(a) => {
+                    if matches!(m, Mat::AttnIn(_)) {
+                        &a.inp
+                    } else {
+                        &a.out
+                    }
+                }
+                MixW::Gdn(_) => unreachable!("layer {l} is not attention"),
+            },
+        }
+    }
+
+    fn gdn(&self, l: usize) -> &GdnW {
+        match &self.layers[l].mix {
+            MixW::Gdn(g) => g,
+            MixW::Attn(_) => unreachable!("layer {l} is not recurrent"),
+        }
+    }
+
+    fn attn(&self, l: usize) -> &AttnW {
+        match &self.layers[l].mix {
+            MixW::Attn(a) => a,
+            MixW::Gdn(_) => unreachable!("layer {l} is not attention"),
+        }
+    }
+
+    /// Device address of a recurrent layer's conv / ssm state and an attention layer's K / V.
+    fn conv_state(&self, st: &CudaState, l: usize) -> u64 {
+        let d = &self.dims;
+        let per = 4 * (d.conv_kernel - 1) * d.conv_channels();
+        st.state.at(d.kind_index(l) * per)
+    }
+    fn ssm_state(&self, st: &CudaState, l: usize) -> u64 {
+        let d = &self.dims;
+        let per = 4 * d.value_heads * d.key_dim * d.value_dim;
+        st.state.at(st.bytes.conv + d.kind_index(l) * per)
+    }
+    fn kv(&self, st: &CudaState, l: usize) -> (u64, u64) {
+        let d = &self.dims;
+        let per = 2 * st.ctx * d.n_head_kv * d.head_dim;
+        let base = st.bytes.conv + st.bytes.ssm;
+        let i = d.kind_index(l);
+        (
+            st.state.at(base + i * per),
+            st.state.at(base + (d.n_attention() + i) * per),
+        )
+    }
+
+    fn exec(&self, st: &CudaState, op: &Op) -> Result<()> {
+        let g = &*self.gpu;
+        let s = &*st.stream;
+        let d = &self.dims;
+        let e = d.hidden;
+        let (xq, xs) = (st.s("xq"), st.s("xs"));
+        let (proj, pos) = (st.s("proj"), st.s("pos"));
+        match *op {
+            Op::NormQuant { norm, tok0, ntok } => {
+                let w = match norm {
+                    Norm::Attn(l) => &self.layers[l].attn_norm,
+                    Norm::Post(l) => &self.layers[l].post_norm,
+                    Norm::Output => &self.output_norm,
+                };
+                g.launch(
+                    s,
+                    "quant_rms",
+                    (e.div_ceil(1024) as u32, ntok as u32, 1),
+                    (256, 1, 1),
+                    &[
+                        Arg::Ptr(st.s("x")),
+                        Arg::I32(e as i32),
+                        Arg::I32(tok0 as i32),
+                        Arg::Ptr(w.ptr),
+                        Arg::F32(d.rms_eps),
+                        Arg::Ptr(xq),
+                        Arg::Ptr(xs),
+                    ],
+                )
+            }
+            Op::Gemv { mat, ntok, out } => {
+                let m = self.mat(mat);
+                let (dst, stride, acc, amax) = match out {
+                    Out::Proj => (proj, m.rows, false, None),
+                    Out::Residual => (st.s("x"), e, true, None),
+                    Out::Logits { argmax } => (
+                        st.s("logits"),
+                        d.vocab,
+                        false,
+                        argmax.then(|| st.s("argmax")),
+                    ),
+                };
+                g.gemv(s, m, xq, xs, ntok, dst, stride, acc, amax)
+            }
+            Op::Conv { layer, ntok } => {
+                let ch = d.conv_channels();
+                g.launch(
+                    s,
+                    "gdn_conv",
+                    (ch.div_ceil(256) as u32, 1, 1),
+                    (256, 1, 1),
+                    &[
+                        Arg::Ptr(proj),
+                        Arg::I32(d.gdn_in_rows() as i32),
+                        Arg::I32(ntok as i32),
+                        Arg::Ptr(self.conv_state(st, layer)),
+                        Arg::Ptr(self.gdn(layer).conv.ptr),
+                        Arg::Ptr(st.s("conv")),
+                    ],
+                )
+            }
+            Op::GdnStep { layer, ntok } => {
+                let w = self.gdn(layer);
+                let ch = d.conv_channels();
+                let vd = d.gdn_inner();
+                g.launch(
+                    s,
+                    "gdn_step",
+                    (d.value_heads as u32, (d.value_dim / 32) as u32, 1),
+                    (32, 4, 1),
+                    &[
+                        Arg::Ptr(st.s("conv")),
+                        Arg::Ptr(proj),
+                        Arg::I32(d.gdn_in_rows() as i32),
+                        Arg::I32((ch + vd) as i32),
+                        Arg::I32((ch + vd + d.value_heads) as i32),
+                        Arg::I32(ntok as i32),
+                        Arg::Ptr(w.a.ptr),
+                        Arg::Ptr(w.dt_bias.ptr),
+                        Arg::Ptr(self.ssm_state(st, layer)),
+                        Arg::Ptr(st.s("gdn")),
+                    ],
+                )
+            }
+            Op::GatedQuant { layer, ntok } => g.launch(
+                s,
+                "quant_gated",
+                (d.value_heads.div_ceil(8) as u32, ntok as u32, 1),
+                (256, 1, 1),
+                &[
+                    Arg::Ptr(st.s("gdn")),
+                    Arg::Ptr(proj),
+                    Arg::I32(d.gdn_in_rows() as i32),
+                    Arg::I32(d.conv_channels() as i32),
+                    Arg::Ptr(self.gdn(layer).norm.ptr),
+                    Arg::F32(d.rms_eps),
+                    Arg::Ptr(xq),
+                    Arg::Ptr(xs),
+                ],
+            ),
+            Op::AttnPrep { layer, ntok } => {
+                let w = self.attn(layer);
+                let (kc, vc) = self.kv(st, layer);
+                g.launch(
+                    s,
+                    "attn_prep",
+                    ((d.n_head + d.n_head_kv) as u32, ntok as u32, 1),
+                    (d.head_dim as u32, 1, 1),
+                    &[
+                        Arg::Ptr(proj),
+                        Arg::I32(d.attn_in_rows() as i32),
+                        Arg::Ptr(pos),
+                        Arg::Ptr(w.q_norm.ptr),
+                        Arg::Ptr(w.k_norm.ptr),
+                        Arg::F32(d.rms_eps),
+                        Arg::F32(d.rope_base),
+                        Arg::Ptr(st.s("q")),
+                        Arg::Ptr(kc),
+                        Arg::Ptr(vc),
+                    ],
+                )
+            }
+            Op::AttnSplit { layer, ntok } => {
+                let (kc, vc) = self.kv(st, layer);
+                g.launch(
+                    s,
+                    "attn_split",
+                    (d.n_head_kv as u32, ATTN_SPLITS as u32, ntok as u32),
+                    (128, 1, 1),
+                    &[
+                        Arg::Ptr(st.s("q")),
+                        Arg::Ptr(kc),
+                        Arg::Ptr(vc),
+                        Arg::Ptr(pos),
+                        Arg::F32(1.0 / (d.head_dim as f32).sqrt()),
+                        Arg::Ptr(st.s("part")),
+                    ],
+                )
+            }
+            Op::AttnCombine { ntok, .. } => g.launch(
+                s,
+                "attn_combine",
+                (d.n_head as u32, ntok as u32, 1),
+                (d.head_dim as u32, 1, 1),
+                &[
+                    Arg::Ptr(st.s("part")),
+                    Arg::Ptr(proj),
+                    Arg::I32(d.attn_in_rows() as i32),
+                    Arg::Ptr(st.s("attn")),
+                ],
+            ),
+            Op::PlainQuant { ntok } => {
+                g.quantize(s, st.s("attn"), d.n_head * d.head_dim, ntok, xq, xs)
+            }
+            Op::SwigluQuant { ntok } => g.launch(
+                s,
+                "quant_swiglu",
+                (d.ffn.div_ceil(1024) as u32, ntok as u32, 1),
+                (256, 1, 1),
+                &[
+                    Arg::Ptr(proj),
+                    Arg::I32(d.ffn_in_rows() as i32),
+                    Arg::I32(d.ffn as i32),
+                    Arg::Ptr(xq),
+                    Arg::Ptr(xs),
+                ],
+            ),
+            Op::ResetArgmax { ntok } => g.launch(
+                s,
+                "fill_u64",
+                (1, 1, 1),
+                (64, 1, 1),
+                &[Arg::Ptr(st.s("argmax")), Arg::I32(ntok as i32), Arg::U64(0)],
+            ),
+        }
+    }
+}

@@ -1,0 +1,626 @@
+//! The CPU side of the backend: shape checks, memory sizing and the list of kernel launches for
+//! a forward call. Nothing here touches the GPU, so all of it is tested without one.
+
+use model::{Config, LayerKind};
+
+use crate::error::{CudaError, Result};
+
+/// Partitions of the KV range in flash-decoding (one block per kv head and split).
+pub const ATTN_SPLITS: usize = 128;
+/// Tokens one GPU pass of a prefill handles (scratch buffers are sized for it).
+pub const MAX_CHUNK: usize = 64;
+/// Tokens one GEMV launch multiplies against each weight row it reads.
+pub const GEMV_TOKENS: usize = 8;
+/// Rows of a matrix one GEMV warp computes at a time (sharing each activation load).
+pub const GEMV_ROWS: usize = 4;
+
+/// The model's shapes as the kernels need them, checked against what the kernels support.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dims {
+    pub hidden: usize,
+    pub ffn: usize,
+    pub vocab: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub rope_dims: usize,
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_dim: usize,
+    pub value_dim: usize,
+    pub conv_kernel: usize,
+    pub layers: Vec<LayerKind>,
+    pub rms_eps: f32,
+    pub rope_base: f32,
+    pub context_length: usize,
+}
+
+impl Dims {
+    pub fn from_config(c: &Config) -> Result<Dims> {
+        let d = Dims {
+            hidden: c.hidden,
+            ffn: c.ffn,
+            vocab: c.vocab,
+            n_head: c.n_head,
+            n_head_kv: c.n_head_kv,
+            head_dim: c.head_dim,
+            rope_dims: c.rope_dims,
+            key_heads: c.gdn_key_heads,
+            value_heads: c.gdn_value_heads,
+            key_dim: c.gdn_key_dim,
+            value_dim: c.gdn_value_dim,
+            conv_kernel: c.conv_kernel,
+            layers: c.layers.clone(),
+            rms_eps: c.rms_eps,
+            rope_base: c.rope_base,
+            context_length: c.context_length,
+        };
+        d.check()?;
+        Ok(d)
+    }
+
+    fn check(&self) -> Result<()> {
+        let bad = |s: String| Err(CudaError::Unsupported(s));
+        if self.key_dim != 128 || self.value_dim != 128 {
+            return bad(format!(
+                "gated delta net head dims {}×{} (the kernels need 128×128)",
+                self.key_dim, self.value_dim
+            ));
+        }
+        if self.head_dim % 32 != 0 || self.head_dim > 256 {
+            return bad(format!(
+                "attention head dim {} (needs a multiple of 32, at most 256)",
+                self.head_dim
+            ));
+        }
+        let group = self.n_head / self.n_head_kv;
+        if group > 8 {
+            return bad(format!("{group} query heads per kv head (at most 8)"));
+        }
+        for (what, n) in [
+            ("hidden", self.hidden),
+            ("ffn", self.ffn),
+            ("gdn inner", self.gdn_inner()),
+            ("attention width", self.n_head * self.head_dim),
+        ] {
+            if n % 128 != 0 {
+                return bad(format!("{what} width {n} is not a multiple of 128"));
+            }
+        }
+        if self.conv_kernel < 2 || self.conv_kernel > 8 {
+            return bad(format!("conv kernel {} (2..=8)", self.conv_kernel));
+        }
+        Ok(())
+    }
+
+    pub fn gdn_inner(&self) -> usize {
+        self.value_heads * self.value_dim
+    }
+    pub fn conv_channels(&self) -> usize {
+        2 * self.key_heads * self.key_dim + self.gdn_inner()
+    }
+    /// Rows of the stacked qkv | z | alpha | beta projection.
+    pub fn gdn_in_rows(&self) -> usize {
+        self.conv_channels() + self.gdn_inner() + 2 * self.value_heads
+    }
+    /// Rows of the stacked q+gate | k | v projection.
+    pub fn attn_in_rows(&self) -> usize {
+        2 * self.n_head * self.head_dim + 2 * self.n_head_kv * self.head_dim
+    }
+    pub fn ffn_in_rows(&self) -> usize {
+        2 * self.ffn
+    }
+    pub fn proj_rows(&self) -> usize {
+        self.gdn_in_rows()
+            .max(self.attn_in_rows())
+            .max(self.ffn_in_rows())
+    }
+    pub fn max_cols(&self) -> usize {
+        self.hidden
+            .max(self.ffn)
+            .max(self.gdn_inner())
+            .max(self.n_head * self.head_dim)
+    }
+    pub fn n_attention(&self) -> usize {
+        self.layers
+            .iter()
+            .filter(|&&k| k == LayerKind::Attention)
+            .count()
+    }
+    pub fn n_recurrent(&self) -> usize {
+        self.layers.len() - self.n_attention()
+    }
+    /// Index of layer `il` among the layers of its kind.
+    pub fn kind_index(&self, il: usize) -> usize {
+        let kind = self.layers[il];
+        self.layers[..il].iter().filter(|&&k| k == kind).count()
+    }
+
+    /// The `#define`s the kernels are compiled with.
+    pub fn defines(&self) -> Vec<String> {
+        [
+            ("HD", self.head_dim),
+            ("NH", self.n_head),
+            ("NKV", self.n_head_kv),
+            ("ROPE", self.rope_dims),
+            ("HK", self.key_heads),
+            ("HV", self.value_heads),
+            ("DK", self.key_dim),
+            ("DV", self.value_dim),
+            ("KERN", self.conv_kernel),
+            ("NSPLIT", ATTN_SPLITS),
+        ]
+        .iter()
+        .map(|(k, v)| format!("-D{k}={v}"))
+        .collect()
+    }
+}
+
+/// Bytes of the per-sequence state for a context of `ctx` tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateBytes {
+    /// Conv state: `[recurrent layers][kernel − 1][channels]` f32.
+    pub conv: usize,
+    /// Recurrent state: `[recurrent layers][value heads][key dim][value dim]` f32.
+    pub ssm: usize,
+    /// K and V caches: `[attention layers][ctx][kv heads][head dim]` f16, each.
+    pub kv: usize,
+}
+
+impl StateBytes {
+    pub fn new(d: &Dims, ctx: usize) -> StateBytes {
+        let g = d.n_recurrent();
+        StateBytes {
+            conv: 4 * g * (d.conv_kernel - 1) * d.conv_channels(),
+            ssm: 4 * g * d.value_heads * d.key_dim * d.value_dim,
+            kv: 2 * 2 * d.n_attention() * ctx * d.n_head_kv * d.head_dim,
+        }
+    }
+    pub fn total(&self) -> usize {
+        self.conv + self.ssm + self.kv
+    }
+}
+
+/// Named regions of one state's scratch memory, 256-byte aligned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scratch {
+    pub regions: Vec<(&'static str, usize, usize)>,
+    pub bytes: usize,
+}
+
+impl Scratch {
+    pub fn new(d: &Dims, tokens: usize) -> Scratch {
+        let t = tokens;
+        let sizes = [
+            ("x", 4 * t * d.hidden),
+            ("xq", t * d.max_cols()),
+            ("xs", 8 * t * d.max_cols() / 64),
+            ("proj", 4 * t * d.proj_rows()),
+            ("conv", 4 * t * d.conv_channels()),
+            ("gdn", 4 * t * d.gdn_inner()),
+            ("q", 4 * t * d.n_head * d.head_dim),
+            ("attn", 4 * t * d.n_head * d.head_dim),
+            ("part", 4 * t * d.n_head * ATTN_SPLITS * (d.head_dim + 2)),
+            ("logits", 4 * t * d.vocab),
+            ("argmax", 8 * t),
+            ("pos", 8),
+        ];
+        let mut regions = Vec::new();
+        let mut at = 0;
+        for (name, n) in sizes {
+            regions.push((name, at, n));
+            at += n.div_ceil(256) * 256;
+        }
+        Scratch { regions, bytes: at }
+    }
+
+    /// Byte offset of a region.
+    pub fn offset(&self, name: &str) -> usize {
+        self.regions
+            .iter()
+            .find(|r| r.0 == name)
+            .unwrap_or_else(|| panic!("no scratch region {name}"))
+            .1
+    }
+}
+
+/// Fails with the numbers when `need` bytes do not fit in `free`.
+pub fn check_fits(what: &str, parts: &[(&str, usize)], free: usize) -> Result<()> {
+    let need: usize = parts.iter().map(|p| p.1).sum();
+    if need <= free {
+        return Ok(());
+    }
+    let mib = |b: usize| (b as u64).div_ceil(1 << 20);
+    let breakdown = parts
+        .iter()
+        .map(|(n, b)| format!("{n} {} MiB", mib(*b)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Err(CudaError::OutOfMemory {
+        what: what.into(),
+        need_mib: mib(need),
+        free_mib: mib(free),
+        breakdown,
+    })
+}
+
+/// A packed matrix of the model, by role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mat {
+    /// qkv | z | alpha | beta of a recurrent layer.
+    GdnIn(usize),
+    GdnOut(usize),
+    /// q+gate | k | v of an attention layer.
+    AttnIn(usize),
+    AttnOut(usize),
+    /// gate | up.
+    FfnIn(usize),
+    FfnDown(usize),
+    Output,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Norm {
+    Attn(usize),
+    Post(usize),
+    Output,
+}
+
+/// Where a GEMV writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Out {
+    /// The projection buffer (overwritten).
+    Proj,
+    /// Added into the residual stream.
+    Residual,
+    /// The logits buffer (overwritten), with the per-token argmax when asked.
+    Logits { argmax: bool },
+}
+
+/// One step of a forward call over `ntok` tokens (layer indices are model layer indices).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// RMS-norm tokens `tok0..tok0+ntok` of the residual and quantize them to int8.
+    NormQuant {
+        norm: Norm,
+        tok0: usize,
+        ntok: usize,
+    },
+    Gemv {
+        mat: Mat,
+        ntok: usize,
+        out: Out,
+    },
+    Conv {
+        layer: usize,
+        ntok: usize,
+    },
+    GdnStep {
+        layer: usize,
+        ntok: usize,
+    },
+    /// Per-head RMS norm · ssm_norm · silu(z), quantized.
+    GatedQuant {
+        layer: usize,
+        ntok: usize,
+    },
+    /// q/k norms, RoPE, appending k and v to the cache.
+    AttnPrep {
+        layer: usize,
+        ntok: usize,
+    },
+    AttnSplit {
+        layer: usize,
+        ntok: usize,
+    },
+    /// Merges the splits and applies the output gate.
+    AttnCombine {
+        layer: usize,
+        ntok: usize,
+    },
+    /// Quantizes the attention output for its projection.
+    PlainQuant {
+        ntok: usize,
+    },
+    /// silu(gate) · up, quantized.
+    SwigluQuant {
+        ntok: usize,
+    },
+    ResetArgmax {
+        ntok: usize,
+    },
+}
+
+/// Which tokens of a call produce logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Head {
+    None,
+    Last,
+    All,
+}
+
+/// The launches of one forward pass over `ntok` tokens (at most [`MAX_CHUNK`]).
+pub fn forward_ops(d: &Dims, ntok: usize, head: Head, argmax: bool) -> Vec<Op> {
+    assert!((1..=MAX_CHUNK).contains(&ntok));
+    let mut ops = Vec::new();
+    for (il, kind) in d.layers.iter().enumerate() {
+        ops.push(Op::NormQuant {
+            norm: Norm::Attn(il),
+            tok0: 0,
+            ntok,
+        });
+        match kind {
+            LayerKind::Recurrent => {
+                ops.push(Op::Gemv {
+                    mat: Mat::GdnIn(il),
+                    ntok,
+                    out: Out::Proj,
+                });
+                ops.push(Op::Conv { layer: il, ntok });
+                ops.push(Op::GdnStep { layer: il, ntok });
+                ops.push(Op::GatedQuant { layer: il, ntok });
+                ops.push(Op::Gemv {
+                    mat: Mat::GdnOut(il),
+                    ntok,
+                    out: Out::Residual,
+                });
+            }
+            LayerKind::Attention => {
+                ops.push(Op::Gemv {
+                    mat: Mat::AttnIn(il),
+                    ntok,
+                    out: Out::Proj,
+                });
+                ops.push(Op::AttnPrep { layer: il, ntok });
+                ops.push(Op::AttnSplit { layer: il, ntok });
+                ops.push(Op::AttnCombine { layer: il, ntok });
+                ops.push(Op::PlainQuant { ntok });
+                ops.push(Op::Gemv {
+                    mat: Mat::AttnOut(il),
+                    ntok,
+                    out: Out::Residual,
+                });
+            }
+        }
+        ops.push(Op::NormQuant {
+            norm: Norm::Post(il),
+            tok0: 0,
+            ntok,
+        });
+        ops.push(Op::Gemv {
+            mat: Mat::FfnIn(il),
+            ntok,
+            out: Out::Proj,
+        });
+        ops.push(Op::SwigluQuant { ntok });
+        ops.push(Op::Gemv {
+            mat: Mat::FfnDown(il),
+            ntok,
+            out: Out::Residual,
+        });
+    }
+    let (tok0, n) = match head {
+        Head::None => return ops,
+        Head::Last => (ntok - 1, 1),
+        Head::All => (0, ntok),
+    };
+    if argmax {
+        ops.push(Op::ResetArgmax { ntok: n });
+    }
+    ops.push(Op::NormQuant {
+        norm: Norm::Output,
+        tok0,
+        ntok: n,
+    });
+    ops.push(Op::Gemv {
+        mat: Mat::Output,
+        ntok: n,
+        out: Out::Logits { argmax },
+    });
+    ops
+}
+
+/// Kernel launches an op list makes (a GEMV over more than [`GEMV_TOKENS`] tokens is several).
+pub fn launches(ops: &[Op]) -> usize {
+    ops.iter()
+        .map(|op| match op {
+            Op::Gemv { ntok, .. } => ntok.div_ceil(GEMV_TOKENS),
+            _ => 1,
+        })
+        .sum()
+}
+
+/// Splits a call of `n` tokens into GPU passes of at most [`MAX_CHUNK`].
+pub fn chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..n)
+        .step_by(MAX_CHUNK)
+        .map(move |s| (s, MAX_CHUNK.min(n - s)))
+}
+
+/// Blocks of the flash-decoding kernel for a context of `n_ctx` positions.
+pub fn split_len(n_ctx: usize) -> usize {
+    n_ctx.div_ceil(ATTN_SPLITS)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use model::synth::Preset;
+
+    pub(crate) fn dims(p: Preset) -> Dims {
+        let s = p.shape(248_320);
+        let layers = (0..s.n_layers)
+            .map(|il| {
+                if (il + 1) % s.full_attention_interval == 0 {
+                    LayerKind::Attention
+                } else {
+                    LayerKind::Recurrent
+                }
+            })
+            .collect();
+        Dims::from_config(&Config {
+            n_layers: s.n_layers,
+            hidden: s.hidden,
+            ffn: s.ffn,
+            vocab: s.vocab,
+            context_length: s.context_length,
+            rms_eps: 1e-6,
+            n_head: s.n_head,
+            n_head_kv: s.n_head_kv,
+            head_dim: s.head_dim,
+            rope_base: 1e7,
+            rope_dims: s.rope_dims,
+            conv_kernel: s.conv_kernel,
+            gdn_key_heads: s.gdn_key_heads,
+            gdn_key_dim: s.gdn_key_dim,
+            gdn_value_heads: s.gdn_value_heads,
+            gdn_value_dim: s.gdn_value_dim,
+            layers,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn the_27b_shapes_are_supported_and_stack_as_expected() {
+        let d = dims(Preset::B27);
+        assert_eq!((d.n_recurrent(), d.n_attention()), (48, 16));
+        assert_eq!(d.conv_channels(), 10240);
+        assert_eq!(d.gdn_in_rows(), 10240 + 6144 + 96);
+        assert_eq!(d.attn_in_rows(), 2 * 24 * 256 + 2 * 4 * 256);
+        assert_eq!(d.proj_rows(), 2 * 17408);
+        assert_eq!(d.kind_index(3), 0);
+        assert_eq!(d.kind_index(4), 3);
+        assert_eq!(d.kind_index(63), 15);
+    }
+
+    #[test]
+    fn a_full_262k_context_fits_beside_the_27b_weights_on_an_h200() {
+        let d = dims(Preset::B27);
+        let s = StateBytes::new(&d, 262_144);
+        // 16 layers × 262144 × 4 kv heads × 256 × 2 (K, V) × 2 bytes = 16 GiB.
+        assert_eq!(s.kv, 16 << 30);
+        assert_eq!(s.ssm, 48 * 48 * 128 * 128 * 4);
+        let scratch = Scratch::new(&d, MAX_CHUNK).bytes;
+        let weights = 7_600_000_000usize;
+        let h200_free = 139usize << 30;
+        check_fits(
+            "27B",
+            &[
+                ("weights", weights),
+                ("state", s.total()),
+                ("scratch", scratch),
+            ],
+            h200_free,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn an_allocation_that_does_not_fit_is_an_error_with_numbers() {
+        let err = check_fits("state", &[("kv", 3 << 30), ("ssm", 1 << 20)], 2 << 30).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("3073 MiB") && msg.contains("2048 MiB free"),
+            "{msg}"
+        );
+        assert!(msg.contains("kv 3072 MiB"), "{msg}");
+    }
+
+    #[test]
+    fn unsupported_shapes_are_refused_by_name() {
+        let mut d = dims(Preset::Tiny);
+        d.value_dim = 64;
+        assert!(d.check().unwrap_err().to_string().contains("128×128") || d.check().is_err());
+        let mut d = dims(Preset::Tiny);
+        d.head_dim = 48;
+        assert!(d.check().unwrap_err().to_string().contains("head dim 48"));
+    }
+
+    #[test]
+    fn a_decode_token_is_a_few_hundred_launches() {
+        let d = dims(Preset::B27);
+        let ops = forward_ops(&d, 1, Head::Last, true);
+        // 10 per recurrent layer, 11 per attention layer, then reset + norm + LM head.
+        assert_eq!(ops.len(), 48 * 10 + 16 * 11 + 3);
+        assert_eq!(launches(&ops), ops.len());
+        assert!(matches!(
+            ops.last(),
+            Some(Op::Gemv {
+                mat: Mat::Output,
+                ntok: 1,
+                out: Out::Logits { argmax: true }
+            })
+        ));
+    }
+
+    #[test]
+    fn prefill_norms_only_the_tokens_that_need_logits() {
+        let d = dims(Preset::Small);
+        let ops = forward_ops(&d, 20, Head::Last, false);
+        assert!(ops.contains(&Op::NormQuant {
+            norm: Norm::Output,
+            tok0: 19,
+            ntok: 1
+        }));
+        assert!(!ops.iter().any(|o| matches!(o, Op::ResetArgmax { .. })));
+        let none = forward_ops(&d, 20, Head::None, false);
+        assert!(!none.iter().any(|o| matches!(
+            o,
+            Op::Gemv {
+                mat: Mat::Output,
+                ..
+            }
+        )));
+        // A 20-token GEMV is three launches of up to 8 tokens.
+        assert_eq!(
+            launches(&[Op::Gemv {
+                mat: Mat::Output,
+                ntok: 20,
+                out: Out::Proj
+            }]),
+            3
+        );
+    }
+
+    #[test]
+    fn every_layer_reads_what_an_earlier_op_wrote() {
+        let d = dims(Preset::Tiny);
+        let ops = forward_ops(&d, 3, Head::All, false);
+        let mut proj_writer = None;
+        for op in &ops {
+            match *op {
+                Op::Gemv {
+                    mat,
+                    out: Out::Proj,
+                    ..
+                } => proj_writer = Some(mat),
+                Op::Conv { layer, .. } => assert_eq!(proj_writer, Some(Mat::GdnIn(layer))),
+                Op::AttnPrep { layer, .. } => assert_eq!(proj_writer, Some(Mat::AttnIn(layer))),
+                Op::SwigluQuant { .. } => assert!(matches!(proj_writer, Some(Mat::FfnIn(_)))),
+                _ => {}
+            }
+        }
+    }
+
+    #[test]
+    fn scratch_regions_are_aligned_and_disjoint() {
+        let d = dims(Preset::B27);
+        let s = Scratch::new(&d, MAX_CHUNK);
+        let mut end = 0;
+        for &(name, at, n) in &s.regions {
+            assert_eq!(at % 256, 0, "{name}");
+            assert!(at >= end, "{name} overlaps");
+            end = at + n;
+        }
+        assert!(s.bytes >= end);
+        assert_eq!(s.offset("x"), 0);
+    }
+
+    #[test]
+    fn calls_are_cut_into_chunks() {
+        let c: Vec<_> = chunks(150).collect();
+        assert_eq!(c, vec![(0, 64), (64, 64), (128, 22)]);
+        assert_eq!(split_len(1), 1);
+        assert_eq!(split_len(ATTN_SPLITS + 1), 2);
+    }
+}
