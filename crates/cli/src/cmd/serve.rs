@@ -25,6 +25,9 @@ pub struct Args {
     /// Worker threads for the model (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Dot kernels.
+    #[arg(long, value_enum, default_value_t)]
+    pub kernels: load::KernelsArg,
     /// The model name clients use (default: the file name without .gguf).
     #[arg(long)]
     pub model_name: Option<String>,
@@ -63,6 +66,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
     if let Some(n) = a.ctx {
         model.limit_context(n);
     }
+    model.set_kernels(a.kernels.into());
     let tok = load::tokenizer(model.file())?;
     let template = load::chat_template(&tok)?;
     let script: Vec<ScriptedReply> = match &a.script_responses {
