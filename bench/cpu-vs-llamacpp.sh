@@ -5,7 +5,8 @@
 # usage: bench/cpu-vs-llamacpp.sh [OUT.md]
 # env:   THREADS (default: all cores)  PP (512)  TG (128)  REPS (3)
 #        FORMATS ("Q1_0 Q2_0 Q2_0_g128 PQ2_0 PTQ1_0")  WORK (bench/work: files and peer build)
-#        PEER_SRC (a folder made by the llama-peer prepare.sh; default: .peer)
+#        PEER (where bench/llama-peer.sh builds llama-bench; default: bench/work/peer)
+#        LLAMA_BENCH (use this llama-bench binary instead of building one)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -14,26 +15,21 @@ threads=${THREADS:-$(nproc)}
 pp=${PP:-512}; tg=${TG:-128}; reps=${REPS:-3}
 formats=${FORMATS:-"Q1_0 Q2_0 Q2_0_g128 PQ2_0 PTQ1_0"}
 work=${WORK:-bench/work}
-peer=${PEER_SRC:-.peer}
+peer=${PEER:-$work/peer}
 mkdir -p "$work" "$(dirname "$out")"
 
 cargo build --release -p niwaki >/dev/null
 nw=target/release/niwaki
 
-# llama.cpp's llama-bench, built from the pinned source the llama-peer scripts prepare.
-lb="$peer/build-cpu/bin/llama-bench"
-if [ ! -x "$lb" ]; then
-  [ -f "$peer/llama.cpp.tgz" ] || { echo "no $peer/llama.cpp.tgz: run the llama-peer prepare.sh into $peer first" >&2; exit 1; }
-  python3 -m pip install -q cmake ninja
-  bash "$peer/build.sh" "$peer" cpu
-fi
+# llama.cpp's llama-bench, built from pinned source (bench/llama-peer.sh).
+lb=${LLAMA_BENCH:-$(bash bench/llama-peer.sh "$peer" cpu | tail -1)}
 
 row() { printf '| %s | %s | %s | %s | %s | %s |\n' "$@"; }
 {
   echo "# niwaki vs llama.cpp, CPU, synthetic Bonsai-27B files"
   echo
   echo "- date: $(date -u +%Y-%m-%dT%H:%MZ); machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; threads: $threads"
-  echo "- niwaki $(git rev-parse --short HEAD); llama.cpp from $(basename "$(readlink -f "$peer")")/llama.cpp.tgz (llama-cpp-python pinned by prepare.sh)"
+  echo "- niwaki $(git rev-parse --short HEAD); llama.cpp: $lb (built by bench/llama-peer.sh)"
   echo "- command: bench/cpu-vs-llamacpp.sh (PP=$pp TG=$tg REPS=$reps)"
   echo
   echo "| file | test | llama.cpp tok/s | niwaki tok/s | ratio | niwaki decode / bandwidth floor |"
