@@ -85,3 +85,29 @@ impl From<KernelsArg> for model::Kernels {
         }
     }
 }
+
+/// Where the model runs.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DeviceArg {
+    #[default]
+    Cpu,
+    /// The CUDA backend (binaries built with `--features cuda`).
+    Cuda,
+}
+
+/// Uploads the model to the GPU, or says why it cannot.
+#[cfg(feature = "cuda")]
+pub fn cuda_model(model: &Model) -> Result<niwaki_cuda::CudaModel> {
+    let info = niwaki_cuda::available().context("no usable CUDA device")?;
+    eprintln!("device: {info:?}");
+    let t = std::time::Instant::now();
+    let gpu = niwaki_cuda::CudaModel::load(model).context("loading the model onto the GPU")?;
+    eprintln!("uploaded to the GPU in {:.2} s", t.elapsed().as_secs_f64());
+    Ok(gpu)
+}
+
+/// The error for `--device cuda` in a binary built without the backend.
+#[cfg(not(feature = "cuda"))]
+pub fn no_cuda() -> anyhow::Error {
+    anyhow::anyhow!("this niwaki was built without the cuda feature: rebuild with `cargo build --release --features cuda`, or use --device cpu")
+}

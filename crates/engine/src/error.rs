@@ -6,6 +6,8 @@ pub enum EngineError {
     Tokenizer(#[from] tokenizer::TokenizerError),
     #[error(transparent)]
     Sampler(#[from] crate::sampler::SamplerError),
+    #[error("device backend: {0}")]
+    Backend(String),
     #[error("the prompt is empty: at least one token is needed")]
     EmptyPrompt,
     /// A [`crate::Hooks::mask`] could not continue (e.g. a grammar rejected the text so far).

@@ -4,9 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use model::{Logits, Model, State};
+use model::Logits;
 use tokenizer::Tokenizer;
 
+use crate::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::stop::{Scan, StopMatcher};
@@ -109,14 +110,20 @@ pub enum Flow {
 }
 
 /// Feeds `tokens` to the model in chunks and returns the logits after the last one.
-pub fn prefill(model: &Model, state: &mut State, tokens: &[u32], chunk: usize) -> Result<Vec<f32>> {
+pub fn prefill<B: Backend>(
+    model: &B,
+    state: &mut B::State,
+    tokens: &[u32],
+    chunk: usize,
+) -> Result<Vec<f32>> {
     if tokens.is_empty() {
         return Err(EngineError::EmptyPrompt);
     }
-    let limit = model.config.context_length;
-    if state.len() + tokens.len() > limit {
+    let limit = model.context_length(state);
+    let have = model.state_len(state);
+    if have + tokens.len() > limit {
         return Err(EngineError::PromptTooLong {
-            prompt: state.len() + tokens.len(),
+            prompt: have + tokens.len(),
             context: limit,
         });
     }
@@ -136,10 +143,10 @@ pub fn prefill(model: &Model, state: &mut State, tokens: &[u32], chunk: usize) -
 
 /// Generates a continuation of `prompt` after what `state` already holds. `on_text` receives each
 /// piece of text as soon as it is safe to show.
-pub fn generate(
-    model: &Model,
+pub fn generate<B: Backend>(
+    model: &B,
     tok: &Tokenizer,
-    state: &mut State,
+    state: &mut B::State,
     prompt: &[u32],
     params: &GenerateParams,
     on_text: impl FnMut(&str) -> Flow,
@@ -159,10 +166,10 @@ impl<F: FnMut(&str) -> Flow> Hooks for TextOnly<F> {
 /// [`generate`] with [`Hooks`]: a mask on the logits before each token is sampled (constrained
 /// decoding), every sampled token with the logits it was drawn from (log-probabilities, timing),
 /// and cancellation checked before every model step.
-pub fn generate_with(
-    model: &Model,
+pub fn generate_with<B: Backend>(
+    model: &B,
     tok: &Tokenizer,
-    state: &mut State,
+    state: &mut B::State,
     prompt: &[u32],
     params: &GenerateParams,
     hooks: &mut dyn Hooks,
@@ -179,7 +186,7 @@ pub fn generate_with(
     let mut text = String::new();
     let mut stops = StopMatcher::new(&params.stop_strings);
     let mut decoder = tok.stream_decoder();
-    let limit = model.config.context_length;
+    let limit = model.context_length(state);
     let t1 = Instant::now();
     let emit = |hooks: &mut dyn Hooks, piece: &str, text: &mut String| {
         text.push_str(piece);
@@ -223,7 +230,7 @@ pub fn generate_with(
         if out_tokens.len() >= params.max_tokens {
             break FinishReason::Length;
         }
-        if state.len() >= limit {
+        if model.state_len(state) >= limit {
             break FinishReason::ContextFull;
         }
         logits = model.forward(state, &[next], Logits::Last)?;

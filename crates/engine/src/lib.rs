@@ -1,5 +1,6 @@
 //! Generation on top of the model: sampling, stop conditions and streamed text.
 
+pub mod backend;
 mod error;
 pub mod eval;
 mod generate;
@@ -7,6 +8,7 @@ pub mod logprobs;
 pub mod sampler;
 mod stop;
 
+pub use backend::Backend;
 pub use error::{EngineError, Result};
 pub use generate::{
     generate, generate_with, prefill, FinishReason, Flow, GenerateParams, Generation, Hooks,

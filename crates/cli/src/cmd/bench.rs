@@ -26,6 +26,9 @@ pub struct Args {
     /// Dot kernels.
     #[arg(long, value_enum, default_value_t)]
     pub kernels: load::KernelsArg,
+    /// Where to run (cuda needs a binary built with `--features cuda`).
+    #[arg(long, value_enum, default_value_t)]
+    pub device: load::DeviceArg,
     /// Tokens per prefill chunk.
     #[arg(long, default_value_t = engine::DEFAULT_PREFILL_CHUNK)]
     pub chunk: usize,
@@ -124,6 +127,44 @@ fn bytes_per_token(model: &Model) -> u64 {
     weights + 2 * model.config.recurrent_state_bytes() as u64
 }
 
+/// Prefill and decode tok/s of every repetition, on any backend.
+fn measure<B: engine::Backend>(
+    model: &B,
+    new_state: impl Fn() -> Result<B::State>,
+    prompt: &[u32],
+    a: &Args,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let mut pp = Vec::new();
+    for r in 0..a.reps {
+        if a.n_prompt == 0 {
+            break;
+        }
+        let mut state = new_state()?;
+        let t = Instant::now();
+        engine::prefill(model, &mut state, prompt, a.chunk)?;
+        let s = a.n_prompt as f64 / t.elapsed().as_secs_f64();
+        eprintln!("pp{} run {}/{}: {s:.2} tok/s", a.n_prompt, r + 1, a.reps);
+        pp.push(s);
+    }
+    let mut tg = Vec::new();
+    for r in 0..a.reps {
+        if a.n_gen == 0 {
+            break;
+        }
+        let mut state = new_state()?;
+        let mut tok = prompt.first().copied().unwrap_or(1);
+        let t = Instant::now();
+        for _ in 0..a.n_gen {
+            let logits = model.forward(&mut state, &[tok], Logits::Last)?;
+            tok = engine::sampler::argmax(&logits).unwrap_or(0) as u32;
+        }
+        let s = a.n_gen as f64 / t.elapsed().as_secs_f64();
+        eprintln!("tg{} run {}/{}: {s:.2} tok/s", a.n_gen, r + 1, a.reps);
+        tg.push(s);
+    }
+    Ok((pp, tg))
+}
+
 pub fn main(a: Args) -> Result<ExitCode> {
     if a.reps == 0 {
         bail!("-r must be at least 1");
@@ -144,36 +185,24 @@ pub fn main(a: Args) -> Result<ExitCode> {
     let vocab = model.config.vocab as u32;
     let prompt: Vec<u32> = (0..a.n_prompt).map(|_| rng.gen_range(0..vocab)).collect();
 
-    let mut pp = Vec::new();
-    for r in 0..a.reps {
-        if a.n_prompt == 0 {
-            break;
+    let (pp, tg) = match a.device {
+        load::DeviceArg::Cpu => measure(&model, || Ok(model.new_state()), &prompt, &a)?,
+        #[cfg(feature = "cuda")]
+        load::DeviceArg::Cuda => {
+            let gpu = load::cuda_model(&model)?;
+            let ctx = a.n_prompt + a.n_gen;
+            measure(&gpu, || Ok(gpu.new_state(ctx)?), &prompt, &a)?
         }
-        let mut state = model.new_state();
-        let t = Instant::now();
-        engine::prefill(&model, &mut state, &prompt, a.chunk)?;
-        let s = a.n_prompt as f64 / t.elapsed().as_secs_f64();
-        eprintln!("pp{} run {}/{}: {s:.2} tok/s", a.n_prompt, r + 1, a.reps);
-        pp.push(s);
-    }
-    let mut tg = Vec::new();
-    for r in 0..a.reps {
-        if a.n_gen == 0 {
-            break;
-        }
-        let mut state = model.new_state();
-        let mut tok = prompt.first().copied().unwrap_or(1);
-        let t = Instant::now();
-        for _ in 0..a.n_gen {
-            let logits = model.forward(&mut state, &[tok], Logits::Last)?;
-            tok = engine::sampler::argmax(&logits).unwrap_or(0) as u32;
-        }
-        let s = a.n_gen as f64 / t.elapsed().as_secs_f64();
-        eprintln!("tg{} run {}/{}: {s:.2} tok/s", a.n_gen, r + 1, a.reps);
-        tg.push(s);
-    }
+        #[cfg(not(feature = "cuda"))]
+        load::DeviceArg::Cuda => return Err(load::no_cuda()),
+    };
     let bw = read_bandwidth(a.bw_bytes);
     let (pp, tg) = (stats(pp), stats(tg));
+    if a.device == load::DeviceArg::Cuda {
+        eprintln!(
+            "note: the bandwidth and floor below are the CPU's; see bench/results for the GPU's"
+        );
+    }
     let bpt = bytes_per_token(&model);
     let floor = bw * 1e9 / bpt as f64;
     let fraction = if tg.median > 0.0 {

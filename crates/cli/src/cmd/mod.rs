@@ -50,6 +50,9 @@ pub struct Sampling {
     /// Dot kernels.
     #[arg(long, value_enum, default_value_t)]
     pub kernels: crate::load::KernelsArg,
+    /// Where to run (cuda needs a binary built with `--features cuda`).
+    #[arg(long, value_enum, default_value_t)]
+    pub device: crate::load::DeviceArg,
 }
 
 impl Sampling {

@@ -58,27 +58,42 @@ pub fn main(a: Args) -> Result<ExitCode> {
             ids.insert(0, b);
         }
     }
-    let mut state = model.new_state();
-    let mut out = std::io::stdout().lock();
-    let g = engine::generate(
-        &model,
-        &tok,
-        &mut state,
-        &ids,
-        &a.sampling.params(),
-        |piece| {
-            let ok = out.write_all(piece.as_bytes()).and_then(|_| out.flush());
-            if ok.is_ok() {
-                Flow::Continue
-            } else {
-                Flow::Stop
-            }
-        },
-    )
-    .context("generating")?;
-    writeln!(out)?;
+    let params = a.sampling.params();
+    let g = match a.sampling.device {
+        load::DeviceArg::Cpu => stream(&model, &tok, &mut model.new_state(), &ids, &params)?,
+        #[cfg(feature = "cuda")]
+        load::DeviceArg::Cuda => {
+            let gpu = load::cuda_model(&model)?;
+            let mut state = gpu.new_state(model.config.context_length)?;
+            stream(&gpu, &tok, &mut state, &ids, &params)?
+        }
+        #[cfg(not(feature = "cuda"))]
+        load::DeviceArg::Cuda => return Err(load::no_cuda()),
+    };
     report(&g, model.config.context_length);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Generates on any backend, streaming text to stdout.
+fn stream<B: engine::Backend>(
+    model: &B,
+    tok: &tokenizer::Tokenizer,
+    state: &mut B::State,
+    ids: &[u32],
+    params: &engine::GenerateParams,
+) -> Result<Generation> {
+    let mut out = std::io::stdout().lock();
+    let g = engine::generate(model, tok, state, ids, params, |piece| {
+        let ok = out.write_all(piece.as_bytes()).and_then(|_| out.flush());
+        if ok.is_ok() {
+            Flow::Continue
+        } else {
+            Flow::Stop
+        }
+    })
+    .context("generating")?;
+    writeln!(out)?;
+    Ok(g)
 }
 
 /// Timing and the reason generation ended, on stderr.
