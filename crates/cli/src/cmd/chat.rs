@@ -35,12 +35,33 @@ pub fn main(a: Args) -> Result<ExitCode> {
     }
     model.set_kernels(a.sampling.kernels.into());
     let tok = load::tokenizer(model.file())?;
-    let template = load::chat_template(&tok)?;
+    let context = model.config.context_length;
+    match a.sampling.device {
+        load::DeviceArg::Cpu => converse(&model, || Ok(model.new_state()), &tok, &a, context),
+        #[cfg(feature = "cuda")]
+        load::DeviceArg::Cuda => {
+            let gpu = load::cuda_model(&model)?;
+            converse(&gpu, || Ok(gpu.new_state(context)?), &tok, &a, context)
+        }
+        #[cfg(not(feature = "cuda"))]
+        load::DeviceArg::Cuda => Err(load::no_cuda()),
+    }
+}
+
+/// The conversation loop, on any backend.
+fn converse<B: engine::Backend>(
+    model: &B,
+    new_state: impl Fn() -> Result<B::State>,
+    tok: &tokenizer::Tokenizer,
+    a: &Args,
+    context: usize,
+) -> Result<ExitCode> {
+    let template = load::chat_template(tok)?;
     let mut messages = Vec::new();
     if let Some(s) = &a.system {
         messages.push(json!({"role": "system", "content": s}));
     }
-    let mut state = model.new_state();
+    let mut state = new_state()?;
     let mut seen: Vec<u32> = Vec::new();
     eprintln!("chat: type a message; /reset clears the conversation, /exit or Ctrl-D quits");
     let stdin = std::io::stdin();
@@ -57,7 +78,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
             "/exit" | "/quit" => break,
             "/reset" => {
                 messages.retain(|m| m["role"] == "system");
-                state = model.new_state();
+                state = new_state()?;
                 seen.clear();
                 continue;
             }
@@ -74,30 +95,30 @@ pub fn main(a: Args) -> Result<ExitCode> {
         let new = if ids.len() > seen.len() && ids.starts_with(&seen) {
             &ids[seen.len()..]
         } else {
-            state = model.new_state();
+            state = new_state()?;
             seen.clear();
             &ids[..]
         };
         let new = new.to_vec();
         let mut out = std::io::stdout().lock();
-        let g = engine::generate(&model, &tok, &mut state, &new, &a.sampling.params(), |p| {
+        let g = engine::generate(model, tok, &mut state, &new, &a.sampling.params(), |p| {
             let _ = out.write_all(p.as_bytes()).and_then(|_| out.flush());
             Flow::Continue
         });
         writeln!(out)?;
         match g {
             Ok(g) => {
-                super::run::report(&g, model.config.context_length);
+                super::run::report(&g, context);
                 // Exactly what the state consumed: the last sampled token may not have been fed.
                 seen.extend_from_slice(&new);
                 seen.extend_from_slice(&g.tokens);
-                seen.truncate(state.len());
+                seen.truncate(model.state_len(&state));
                 messages.push(json!({"role": "assistant", "content": g.text}));
             }
             Err(e) => {
                 eprintln!("error: {e}");
                 messages.pop();
-                state = model.new_state();
+                state = new_state()?;
                 seen.clear();
             }
         }
