@@ -41,6 +41,8 @@ enum Command {
     Serve(cmd::serve::Args),
     /// Perplexity over a text, and KL divergence / top-1 agreement against saved logits.
     Perplexity(cmd::perplexity::Args),
+    /// Download a GGUF from the Hugging Face Hub (resumable); prints the path for --model.
+    Pull(cmd::pull::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -57,6 +59,7 @@ fn main() -> std::process::ExitCode {
         Command::Perplexity(a) => cmd::perplexity::main(a),
         Command::Bench(a) => cmd::bench::main(a),
         Command::Serve(a) => cmd::serve::main(a),
+        Command::Pull(a) => cmd::pull::main(a),
     };
     match result {
         Ok(code) => code,

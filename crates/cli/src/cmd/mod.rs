@@ -5,6 +5,7 @@ pub mod chat;
 pub mod info;
 pub mod logits;
 pub mod perplexity;
+pub mod pull;
 pub mod quantize;
 pub mod run;
 pub mod serve;
