@@ -5,6 +5,7 @@
 # usage: bench/cpu-vs-llamacpp.sh [OUT.md]
 # env:   THREADS (default: all cores)  PP (512)  TG (128)  REPS (3)
 #        FORMATS ("Q1_0 Q2_0 Q2_0_g128 PQ2_0 PTQ1_0")  WORK (bench/work: files and peer build)
+#        KERNELS (niwaki's --kernels: int8 (default) or exact)
 #        PEER (where bench/llama-peer.sh builds llama-bench; default: bench/work/peer)
 #        LLAMA_BENCH (use this llama-bench binary instead of building one)
 set -euo pipefail
@@ -12,7 +13,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 out=${1:-bench/results/cpu-$(date +%Y-%m-%d).md}
 threads=${THREADS:-$(nproc)}
-pp=${PP:-512}; tg=${TG:-128}; reps=${REPS:-3}
+pp=${PP:-512}; tg=${TG:-128}; reps=${REPS:-3}; kernels=${KERNELS:-int8}
 formats=${FORMATS:-"Q1_0 Q2_0 Q2_0_g128 PQ2_0 PTQ1_0"}
 work=${WORK:-bench/work}
 peer=${PEER:-$work/peer}
@@ -30,7 +31,7 @@ row() { printf '| %s | %s | %s | %s | %s | %s |\n' "$@"; }
   echo
   echo "- date: $(date -u +%Y-%m-%dT%H:%MZ); machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; threads: $threads"
   echo "- niwaki $(git rev-parse --short HEAD); llama.cpp: $lb (built by bench/llama-peer.sh)"
-  echo "- command: bench/cpu-vs-llamacpp.sh (PP=$pp TG=$tg REPS=$reps)"
+  echo "- command: PP=$pp TG=$tg REPS=$reps KERNELS=$kernels FORMATS=\"$formats\" bench/cpu-vs-llamacpp.sh"
   echo
   echo "| file | test | llama.cpp tok/s | niwaki tok/s | ratio | niwaki decode / bandwidth floor |"
   echo "|---|---|---|---|---|---|"
@@ -44,7 +45,7 @@ for f in $formats; do
   case $f in Q1_0|Q2_0)
     lj=$("$lb" -m "$file" -t "$threads" -p "$pp" -n "$tg" -r "$reps" -o json 2>/dev/null || true) ;;
   esac
-  nj=$("$nw" bench --model "$file" -t "$threads" -p "$pp" -n "$tg" -r "$reps" --json)
+  nj=$("$nw" bench --model "$file" -t "$threads" -p "$pp" -n "$tg" -r "$reps" --kernels "$kernels" --json)
   python3 - "$f" "$pp" "$tg" "$lj" "$nj" >> "$out" <<'PY'
 import json, sys
 f, pp, tg, lj, nj = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
