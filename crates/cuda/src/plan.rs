@@ -67,7 +67,7 @@ impl Dims {
                 self.key_dim, self.value_dim
             ));
         }
-        if self.head_dim % 32 != 0 || self.head_dim > 256 {
+        if !self.head_dim.is_multiple_of(32) || self.head_dim > 256 {
             return bad(format!(
                 "attention head dim {} (needs a multiple of 32, at most 256)",
                 self.head_dim

@@ -67,7 +67,7 @@ impl GpuFormat {
 
     /// Whether a row of `cols` values can be re-tiled (whole scale blocks).
     pub fn fits(self, cols: usize) -> bool {
-        cols > 0 && cols % self.scale_values() == 0 && cols % X_GROUP == 0
+        cols > 0 && cols.is_multiple_of(self.scale_values()) && cols.is_multiple_of(X_GROUP)
     }
 }
 
@@ -225,7 +225,7 @@ pub fn repack(
         name: name.into(),
         format,
     })?;
-    if !gf.fits(cols) || cols % format.block_len() != 0 {
+    if !gf.fits(cols) || !cols.is_multiple_of(format.block_len()) {
         return Err(RepackError::Shape {
             name: name.into(),
             format,
@@ -303,7 +303,7 @@ pub struct QuantizedX {
 /// operations in the same order).
 pub fn quantize_x(x: &[f32]) -> QuantizedX {
     assert!(
-        x.len() % X_GROUP == 0,
+        x.len().is_multiple_of(X_GROUP),
         "activations must be whole groups of 64"
     );
     let mut q = vec![0i8; x.len()];

@@ -112,7 +112,7 @@ impl GgufWriter {
                 "shape {dims:?} is not 1..={MAX_DIMS} non-zero dimensions"
             )));
         }
-        if dims[0] % format.block_len() as u64 != 0 {
+        if !dims[0].is_multiple_of(format.block_len() as u64) {
             return Err(bad(format!(
                 "row length {} is not a multiple of the {format} block",
                 dims[0]

@@ -88,7 +88,10 @@ impl Hadamard {
             .get_ints(&key("sign_values"))?
             .ok_or_else(|| bad("sign_values missing"))?;
         let total: i64 = widths.iter().sum();
-        if widths.iter().any(|&w| w <= 0 || w as usize % block != 0) || total != values.len() as i64
+        if widths
+            .iter()
+            .any(|&w| w <= 0 || !(w as usize).is_multiple_of(block))
+            || total != values.len() as i64
         {
             return Err(bad(format!(
                 "sign_widths {widths:?} must be positive multiples of {block} adding up to the {} sign values",
