@@ -274,17 +274,12 @@ fn lay_out(
             )));
         }
         let room = room_end(t.rel_offset) - t.rel_offset;
-        let candidates: Vec<Format> = Format::ALL
-            .into_iter()
-            .filter(|f| f.ggml_id() == t.type_id)
-            .collect();
-        if candidates.is_empty() {
-            return Err(GgufError::UnsupportedType {
+        let candidates =
+            Format::candidates(t.type_id).map_err(|source| GgufError::UnsupportedType {
                 name: t.name.clone(),
                 id: t.type_id,
-                source: quant::QuantError::UnknownType { id: t.type_id },
-            });
-        }
+                source,
+            })?;
         let row = t.dims[0];
         let shaped: Vec<(Format, u64)> = candidates
             .iter()

@@ -121,11 +121,10 @@ impl Format {
             })
     }
 
-    /// Picks the format for a ggml type id, given the tensor's element count and its byte size as
-    /// found in the file. Id 42 is ambiguous (g64 vs legacy g128) and is resolved by byte size; for
-    /// every other id the byte size must be exactly what the format implies.
-    pub fn resolve(id: u32, elements: u64, bytes: u64) -> Result<Format, QuantError> {
-        let candidates: &[Format] = match id {
+    /// The formats a ggml type id can mean: one for every id but 42, which is both the g64 and the
+    /// legacy g128 layout.
+    pub fn candidates(id: u32) -> Result<&'static [Format], QuantError> {
+        Ok(match id {
             0 => &[Format::F32],
             1 => &[Format::F16],
             3 => &[Format::Q4_1],
@@ -136,12 +135,15 @@ impl Format {
             142 => &[Format::PQ2_0],
             143 => &[Format::PTQ1_0],
             _ => return Err(QuantError::UnknownType { id }),
-        };
-        for &f in candidates {
-            let bl = f.block_len() as u64;
-            if elements.is_multiple_of(bl)
-                && (elements / bl).checked_mul(f.block_bytes() as u64) == Some(bytes)
-            {
+        })
+    }
+
+    /// Picks the format for a ggml type id, given the tensor's element count and its byte size as
+    /// found in the file. Id 42 is ambiguous (g64 vs legacy g128) and is resolved by byte size; for
+    /// every other id the byte size must be exactly what the format implies.
+    pub fn resolve(id: u32, elements: u64, bytes: u64) -> Result<Format, QuantError> {
+        for &f in Format::candidates(id)? {
+            if f.tensor_bytes(elements) == Some(bytes) {
                 return Ok(f);
             }
         }
@@ -185,6 +187,13 @@ mod tests {
             Format::resolve(2, 32, 18),
             Err(QuantError::UnknownType { id: 2 })
         ));
+    }
+
+    #[test]
+    fn every_format_is_a_candidate_for_its_own_id() {
+        for f in Format::ALL {
+            assert!(Format::candidates(f.ggml_id()).unwrap().contains(&f), "{f}");
+        }
     }
 
     #[test]
