@@ -104,19 +104,8 @@ impl SamplerConfig {
     }
 }
 
-/// Index of the largest finite value; ties go to the lowest index, on every path.
-pub fn argmax(logits: &[f32]) -> Option<usize> {
-    let mut best: Option<usize> = None;
-    for (i, &v) in logits.iter().enumerate() {
-        if v.is_nan() {
-            continue;
-        }
-        if best.is_none_or(|b| v > logits[b]) {
-            best = Some(i);
-        }
-    }
-    best
-}
+/// Index of the largest value ignoring NaN; ties go to the lowest index, on every path.
+pub use model::ops::argmax;
 
 pub struct Sampler {
     cfg: SamplerConfig,

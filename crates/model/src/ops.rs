@@ -147,12 +147,16 @@ pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
 }
 
-/// Index of the largest value; ties go to the lowest index.
-pub fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
+/// Index of the largest value ignoring NaN (`None` when there is none); ties go to the lowest
+/// index, so every path that picks greedily picks the same token.
+pub fn argmax(x: &[f32]) -> Option<usize> {
+    let mut best: Option<usize> = None;
     for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
+        if v.is_nan() {
+            continue;
+        }
+        if best.is_none_or(|b| v > x[b]) {
+            best = Some(i);
         }
     }
     best
