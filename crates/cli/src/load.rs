@@ -25,15 +25,21 @@ pub fn open_gguf(path: &Path) -> Result<Arc<Gguf>> {
     ))
 }
 
-pub fn open_model(path: &Path) -> Result<Model> {
+/// Opens a model for generation: the context limited to `ctx` tokens when given (never above
+/// what it was trained for) and the chosen dot kernels.
+pub fn open_model(path: &Path, ctx: Option<usize>, kernels: KernelsArg) -> Result<Model> {
     let t = Instant::now();
     let file = open_gguf(path)?;
-    let m = Model::from_gguf(file).with_context(|| format!("loading {}", path.display()))?;
+    let mut m = Model::from_gguf(file).with_context(|| format!("loading {}", path.display()))?;
     eprintln!(
         "loaded {} in {:.2} s",
         path.display(),
         t.elapsed().as_secs_f64()
     );
+    if let Some(n) = ctx {
+        m.limit_context(n);
+    }
+    m.set_kernels(kernels.into());
     Ok(m)
 }
 

@@ -202,8 +202,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
         bail!("-r must be at least 1");
     }
     load::init_threads(a.threads)?;
-    let mut model = load::open_model(&a.model)?;
-    model.set_kernels(a.kernels.into());
+    let model = load::open_model(&a.model, None, a.kernels)?;
     if a.n_prompt + a.n_gen > model.config.context_length {
         bail!(
             "-p {} + -n {} exceed the context of {}",

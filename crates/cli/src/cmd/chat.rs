@@ -29,11 +29,7 @@ pub struct Args {
 /// reasoning) the prompt is prefilled again from the start.
 pub fn main(a: Args) -> Result<ExitCode> {
     load::init_threads(a.sampling.threads)?;
-    let mut model = load::open_model(&a.model)?;
-    if let Some(n) = a.sampling.ctx {
-        model.limit_context(n);
-    }
-    model.set_kernels(a.sampling.kernels.into());
+    let model = load::open_model(&a.model, a.sampling.ctx, a.sampling.kernels)?;
     let tok = load::tokenizer(model.file())?;
     let context = model.config.context_length;
     match a.sampling.device {

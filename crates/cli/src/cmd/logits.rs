@@ -109,8 +109,7 @@ pub fn read_npy(path: &Path) -> Result<(usize, usize, Vec<f32>)> {
 pub fn main(a: Args) -> Result<ExitCode> {
     load::init_threads(a.threads)?;
     let ids = read_tokens(&a.tokens, &a.tokens_file)?;
-    let mut model = load::open_model(&a.model)?;
-    model.set_kernels(a.kernels.into());
+    let model = load::open_model(&a.model, None, a.kernels)?;
     let logits = all_logits(&model, &ids, a.mode, a.chunk)?;
     write_npy(&a.out, ids.len(), model.config.vocab, &logits)?;
     eprintln!(

@@ -39,8 +39,7 @@ pub struct Args {
 
 pub fn main(a: Args) -> Result<ExitCode> {
     load::init_threads(a.threads)?;
-    let mut model = load::open_model(&a.model)?;
-    model.set_kernels(a.kernels.into());
+    let model = load::open_model(&a.model, None, a.kernels)?;
     let ids = match &a.text {
         Some(path) => {
             let text = std::fs::read_to_string(path)

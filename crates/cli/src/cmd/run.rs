@@ -35,11 +35,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
         (Some(p), _) => p.clone(),
         (None, _) => super::synth::demo_model()?,
     };
-    let mut model = load::open_model(&path)?;
-    if let Some(n) = a.sampling.ctx {
-        model.limit_context(n);
-    }
-    model.set_kernels(a.sampling.kernels.into());
+    let model = load::open_model(&path, a.sampling.ctx, a.sampling.kernels)?;
     let tok = load::tokenizer(model.file())?;
     let prompt_text = if a.chat {
         let req = ChatRequest {

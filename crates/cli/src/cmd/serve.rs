@@ -61,12 +61,11 @@ pub fn main(a: Args) -> Result<ExitCode> {
     let threads = a
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let mut model = load::open_model(&a.model)?;
+    let mut model = load::open_model(&a.model, None, a.kernels)?;
     let trained = model.config.context_length;
     if let Some(n) = a.ctx {
         model.limit_context(n);
     }
-    model.set_kernels(a.kernels.into());
     let tok = load::tokenizer(model.file())?;
     let template = load::chat_template(&tok)?;
     let script: Vec<ScriptedReply> = match &a.script_responses {
