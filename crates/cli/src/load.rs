@@ -39,7 +39,19 @@ pub fn open_model(path: &Path, ctx: Option<usize>, kernels: KernelsArg) -> Resul
     if let Some(n) = ctx {
         m.limit_context(n);
     }
-    m.set_kernels(kernels.into());
+    let t = Instant::now();
+    let mut shown = 0;
+    m.set_kernels_with_progress(kernels.into(), &mut |done, total| {
+        // Whole tens of percent, on one line: re-tiling a 27B file takes seconds.
+        let pct = done * 100 / total.max(1);
+        if pct / 10 > shown / 10 || done == total {
+            eprint!("\rre-tiling weights for the int8 kernels: {pct:3}%");
+            shown = pct;
+        }
+    });
+    if shown > 0 {
+        eprintln!(" ({:.2} s)", t.elapsed().as_secs_f64());
+    }
     Ok(m)
 }
 

@@ -192,6 +192,30 @@ impl Gguf {
         Some(self.view(info))
     }
 
+    /// Drops the whole pages of a tensor's data from this process's resident memory, for a caller
+    /// that has copied the tensor elsewhere: a later read of the data maps them back from the
+    /// file, so this changes memory use, never contents. A no-op for in-memory files.
+    pub fn release(&self, info: &TensorInfo) {
+        #[cfg(unix)]
+        if let Storage::Mapped(map) = &self.storage {
+            const PAGE: u64 = 4096;
+            let start = info.offset.div_ceil(PAGE) * PAGE;
+            let end = (info.offset + info.size) / PAGE * PAGE;
+            if end > start {
+                // SAFETY: the range lies inside the mapping (offsets were checked in `lay_out`).
+                // The mapping is read-only, so MADV_DONTNEED discards nothing that cannot be read
+                // back from the file: no reference into it is invalidated, only re-faulted.
+                let _ = unsafe {
+                    map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        start as usize,
+                        (end - start) as usize,
+                    )
+                };
+            }
+        }
+    }
+
     pub fn view<'a>(&'a self, info: &'a TensorInfo) -> TensorView<'a> {
         // Offsets and sizes were checked against the file length in `lay_out`.
         let data = &self.storage.bytes()[info.offset as usize..(info.offset + info.size) as usize];

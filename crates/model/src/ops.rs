@@ -1,6 +1,6 @@
 //! Element-wise and reduction operations of the forward pass, in plain f32.
 
-use quant::QuantizedActs;
+use quant::{QuantizedActs, TiledMatrix, PANEL};
 
 use crate::input::{Input, Kernels};
 use crate::pool;
@@ -58,7 +58,38 @@ fn matmul_exact(w: &Matrix, x: &[f32], tokens: usize, out: &mut [f32]) {
     });
 }
 
+/// Panels handed out per task on tiled weights (the decode kernel runs two at a time).
+const PANELS_PER_TASK: usize = 2;
+
+fn matmul_tiled(m: &TiledMatrix, acts: &[QuantizedActs], out: &mut [f32]) {
+    let tokens = acts.len();
+    let (rows, panels) = (m.rows(), m.panels());
+    let dst = Disjoint(out.as_mut_ptr());
+    pool::global().run(panels.div_ceil(PANELS_PER_TASK), |task| {
+        let p0 = task * PANELS_PER_TASK;
+        let p1 = (p0 + PANELS_PER_TASK).min(panels);
+        let (r0, r1) = (p0 * PANEL, (p1 * PANEL).min(rows));
+        let mut local = [0f32; PANELS_PER_TASK * PANEL * MAX_LOCAL_TOKENS];
+        for t0 in (0..tokens).step_by(MAX_LOCAL_TOKENS) {
+            let t1 = (t0 + MAX_LOCAL_TOKENS).min(tokens);
+            let nt = t1 - t0;
+            let buf = &mut local[..(r1 - r0) * nt];
+            quant::gemm_tiled(m, p0..p1, &acts[t0..t1], buf);
+            for r in r0..r1 {
+                for t in t0..t1 {
+                    // SAFETY: rows r0..r1 belong to this task alone and `t < tokens`, so the
+                    // index is inside `out` (asserted by the caller) and written by no other task.
+                    unsafe { dst.write(t * rows + r, buf[(r - r0) * nt + (t - t0)]) };
+                }
+            }
+        }
+    });
+}
+
 fn matmul_int8(w: &Matrix, acts: &[QuantizedActs], out: &mut [f32]) {
+    if let Some(m) = w.tiled() {
+        return matmul_tiled(m, acts, out);
+    }
     let tokens = acts.len();
     let data = w.data();
     let rb = w.row_bytes();

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use gguf::Gguf;
-use quant::Format;
+use quant::{Format, TiledMatrix};
 
 use crate::config::{Config, LayerKind};
 use crate::error::ModelError;
@@ -20,6 +20,8 @@ pub struct Matrix {
     pub rows: usize,
     pub cols: usize,
     row_bytes: usize,
+    /// The rows re-tiled for the AVX-512 kernels, when [`Weights::tile`] made them.
+    tiled: Option<Arc<TiledMatrix>>,
 }
 
 impl std::fmt::Debug for Matrix {
@@ -44,6 +46,24 @@ impl Matrix {
 
     pub fn row_bytes(&self) -> usize {
         self.row_bytes
+    }
+
+    pub fn tiled(&self) -> Option<&TiledMatrix> {
+        self.tiled.as_deref()
+    }
+
+    /// Re-tiles this matrix when the format has a panel layout, then drops the file pages the
+    /// copy replaces from resident memory (the file mapping stays valid for the exact kernels).
+    fn tile(&mut self) {
+        if self.tiled.is_some() || !TiledMatrix::supports(self.format) {
+            return;
+        }
+        // Shapes were validated at load, so this only fails for formats without a layout; the
+        // native rows then stay in use, with identical results.
+        if let Ok(t) = TiledMatrix::new(self.format, self.data(), self.rows, self.cols) {
+            self.tiled = Some(Arc::new(t));
+            self.file.release(&self.file.tensors()[self.index]);
+        }
     }
 }
 
@@ -143,6 +163,7 @@ impl Loader<'_> {
             rows,
             cols,
             row_bytes,
+            tiled: None,
         })
     }
 
@@ -188,6 +209,47 @@ impl Weights {
                 .try_for_each(&mut f)?;
         }
         Ok(())
+    }
+
+    /// Every matrix the forward pass multiplies (all but the embedding table, which is only
+    /// looked up by row).
+    fn multiplied_mut(&mut self) -> Vec<&mut Matrix> {
+        let mut v = vec![&mut self.output];
+        for l in &mut self.layers {
+            match &mut l.mixer {
+                Mixer::Recurrent(g) => v.extend([
+                    &mut g.qkv,
+                    &mut g.gate,
+                    &mut g.alpha,
+                    &mut g.beta,
+                    &mut g.out,
+                ]),
+                Mixer::Attention(a) => v.extend([&mut a.q, &mut a.k, &mut a.v, &mut a.out]),
+            }
+            v.extend([&mut l.ffn_gate, &mut l.ffn_up, &mut l.ffn_down]);
+        }
+        v
+    }
+
+    /// Re-tiles every multiplied matrix that has a panel layout (see `quant::TiledMatrix`),
+    /// calling `progress(done, total)` in packed bytes after each.
+    pub(crate) fn tile(&mut self, progress: &mut dyn FnMut(u64, u64)) {
+        let mut todo = self.multiplied_mut();
+        todo.retain(|m| m.tiled.is_none() && TiledMatrix::supports(m.format));
+        let total: u64 = todo.iter().map(|m| m.data().len() as u64).sum();
+        let mut done = 0;
+        for m in todo {
+            m.tile();
+            done += m.data().len() as u64;
+            progress(done, total);
+        }
+    }
+
+    /// Drops the tiled copies (the exact kernels read the file's rows).
+    pub(crate) fn untile(&mut self) {
+        for m in self.multiplied_mut() {
+            m.tiled = None;
+        }
     }
 
     pub(crate) fn load(file: &Arc<Gguf>, c: &Config) -> Result<Weights> {

@@ -5,17 +5,28 @@
 //! (rows split in halves). Prints packed-weight GB/s, and the GB/s of an AVX-512 sum over the
 //! same bytes; the ratio is what decode speed depends on.
 //!
-//! `cargo run --release -p quant --example gemv_bandwidth [-- --isa avx2 --formats Q1_0,Q2_0 --tokens N --gib 1]`
+//! With `--tiled 1` the Bonsai formats are re-tiled into 16-row panels first and run on the tiled
+//! kernels (`gemm_tiled`).
+//!
+//! `cargo run --release -p quant --example gemv_bandwidth [-- --isa avx2 --formats Q1_0,Q2_0 --tokens N --gib 1 --tiled 1]`
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use quant::{Format, Isa, QuantizedActs};
+use quant::{Format, Isa, QuantizedActs, TiledMatrix, PANEL};
 
 const COLS: usize = 5120;
 const ROWS: usize = 17408;
 
-fn parse_args() -> (Isa, Vec<Format>, usize, f64) {
+struct Args {
+    isa: Isa,
+    formats: Vec<Format>,
+    tokens: usize,
+    gib: f64,
+    tiled: bool,
+}
+
+fn parse_args() -> Args {
     let mut isa = Isa::best();
     let mut formats = vec![
         Format::Q1_0,
@@ -29,6 +40,7 @@ fn parse_args() -> (Isa, Vec<Format>, usize, f64) {
     ];
     let mut tokens = 1;
     let mut gib = 1.0;
+    let mut tiled = false;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i + 1 < args.len() {
@@ -47,11 +59,46 @@ fn parse_args() -> (Isa, Vec<Format>, usize, f64) {
             }
             "--tokens" => tokens = args[i + 1].parse().expect("a token count"),
             "--gib" => gib = args[i + 1].parse().expect("GiB of weights"),
+            "--tiled" => tiled = args[i + 1] == "1",
             other => panic!("unknown argument {other}"),
         }
         i += 2;
     }
-    (isa, formats, tokens, gib)
+    Args {
+        isa,
+        formats,
+        tokens,
+        gib,
+        tiled,
+    }
+}
+
+/// One benchmarked matrix: native rows, and the tiled copy when `--tiled 1`.
+struct Mat<'a> {
+    isa: Isa,
+    format: Format,
+    w: &'a [u8],
+    tiled: Option<&'a TiledMatrix>,
+    row_bytes: usize,
+}
+
+impl Mat<'_> {
+    /// Rows `lo..hi` times `acts` into `out`: the native kernels, or the tiled ones on whole
+    /// panels (`lo`, `hi` multiples of the panel height or the end).
+    fn multiply(&self, (lo, hi): (usize, usize), acts: &[QuantizedActs], out: &mut [f32]) {
+        match self.tiled {
+            Some(m) => quant::gemm_tiled(m, lo / PANEL..hi.div_ceil(PANEL), acts, out),
+            None => quant::gemm_rows_with(
+                self.isa,
+                self.format,
+                self.w,
+                self.row_bytes,
+                lo..hi,
+                acts,
+                out,
+            ),
+        }
+    }
 }
 
 /// Random packed bytes with finite scales in ±0.5 (so no block has a NaN scale).
@@ -164,15 +211,16 @@ fn time<F: Fn(usize, usize) + Sync>(threads: usize, reps: usize, f: F) -> (f64, 
 
 /// Compute-bound throughput: a ~1 MiB slice of the matrix (L2-resident) run repeatedly on one
 /// thread, in GB per CPU-second of the thread.
-fn hot(isa: Isa, format: Format, w: &[u8], row_bytes: usize, acts: &[QuantizedActs]) -> f64 {
-    let rows = ((1 << 20) / row_bytes).max(1);
+fn hot(m: &Mat, acts: &[QuantizedActs]) -> f64 {
+    let row_bytes = m.row_bytes;
+    let rows = ((1 << 20) / row_bytes).max(1) / PANEL * PANEL;
     let mut out = vec![0.0f32; rows * acts.len()];
     let mut best = 0.0f64;
     for _ in 0..5 {
         let start = thread_cpu_seconds();
         let reps = 50;
         for _ in 0..reps {
-            quant::gemm_rows_with(isa, format, w, row_bytes, 0..rows, acts, &mut out);
+            m.multiply((0, rows), acts, &mut out);
             black_box(&out);
         }
         let s = thread_cpu_seconds() - start;
@@ -182,7 +230,13 @@ fn hot(isa: Isa, format: Format, w: &[u8], row_bytes: usize, acts: &[QuantizedAc
 }
 
 fn main() {
-    let (isa, formats, tokens, gib) = parse_args();
+    let Args {
+        isa,
+        formats,
+        tokens,
+        gib,
+        tiled,
+    } = parse_args();
     println!(
         "ISA {}, {tokens} token(s), {COLS} columns × {ROWS} rows per matrix",
         isa.name()
@@ -204,12 +258,26 @@ fn main() {
             .max(1.0) as usize;
         let rows = ROWS * copies;
         let w = random_weights(format, row_bytes * rows);
+        let t0 = Instant::now();
+        let tiled = (tiled && TiledMatrix::supports(format))
+            .then(|| TiledMatrix::new(format, &w, rows, COLS).expect("a tileable matrix"));
+        if tiled.is_some() {
+            eprintln!("{format}: tiled in {:.2} s", t0.elapsed().as_secs_f64());
+        }
+        let mat = Mat {
+            isa,
+            format,
+            w: &w,
+            tiled: tiled.as_ref(),
+            row_bytes,
+        };
         let mut out = vec![0.0f32; rows * tokens];
         let mut res = Vec::new();
         for threads in [1, 2] {
             let share = |k: usize, n: usize| {
-                let lo = rows * k / n;
-                let hi = rows * (k + 1) / n;
+                let panels = rows.div_ceil(PANEL);
+                let lo = (panels * k / n * PANEL).min(rows);
+                let hi = (panels * (k + 1) / n * PANEL).min(rows);
                 (lo, hi)
             };
             let read = time(threads, 3, |k, n| {
@@ -226,7 +294,7 @@ fn main() {
                         (hi - lo) * tokens,
                     )
                 };
-                quant::gemm_rows_with(isa, format, &w, row_bytes, lo..hi, &acts, o);
+                mat.multiply((lo, hi), &acts, o);
             });
             black_box(&out);
             let gbs = |s: f64| w.len() as f64 / s / 1e9;
@@ -249,7 +317,7 @@ fn main() {
             res[1].3,
             pct(res[1].1, res[1].0),
             pct(res[1].3, res[1].2),
-            hot(isa, format, &w, row_bytes, &acts),
+            hot(&mat, &acts),
         );
     }
     println!("GB/s of packed weights over 1 and 2 threads: read = AVX-512 sum of the same bytes,");

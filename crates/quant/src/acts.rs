@@ -3,11 +3,12 @@
 //! # The choice
 //! Groups of [`ACT_GROUP`] = 8 values, each with an **f32** scale `d = amax / 127` and codes
 //! `q = round(x / d)` (half away from zero) in −127..=127. A group is not 8 consecutive values
-//! but two runs of four, 64 apart: within each 128-value span `s`, group `16s + L` (L < 16) holds
-//! values `128s + 4L + {0..3}` and `128s + 64 + 4L + {0..3}`. That is exactly what 32-bit lane
-//! `L` of a 512-bit `vpdpbusd` sees over the two 64-value halves of a 128-value weight block, so
-//! the AVX-512 kernels sum both halves in one integer accumulator and spend one int→float
-//! conversion and one scale multiply per 128 values, not per 32.
+//! but two runs of four, 32 apart: within each 64-value half `h`, group `8h + k` (k < 8) holds
+//! values `64h + 4k + {0..3}` and `64h + 32 + 4k + {0..3}`. Every weight block (64 or 128 values)
+//! holds whole groups, so a kernel sums a group's two runs in one integer accumulator and spends
+//! one int→float conversion and one scale multiply per 8 values and 16 rows (the tiled AVX-512
+//! kernels, see `tiled`); a 256-bit register of 32 values holds lane `k` of group `8h + k`, so
+//! the two registers of a 64-value half pair up lane by lane.
 //!
 //! Against llama.cpp's Q8_0 (32 consecutive values, the same `amax/127` codes, fp16 scale) this
 //! is more accurate twice over: a group of 8 has a smaller maximum than a block of 32, so a finer
@@ -18,7 +19,7 @@
 //! # The tables kernels read
 //! Besides the codes and per-group scales and negated code sums (group order), every four
 //! consecutive values (one 32-bit lane) carry their group's scale (`lane_scale`) and the negated
-//! sum of their four codes (`neg_lane_sum`), for kernels that handle 32 or 64 values at a time.
+//! sum of their four codes (`neg_lane_sum`), for kernels that handle 32 values at a time.
 //! Kernels start an integer accumulator at `neg·k` to turn unsigned weight codes `c` into the
 //! signed weight `c − k`. Codes are zero-padded to a multiple of 128 values (a whole span).
 
@@ -30,7 +31,7 @@ const SPAN: usize = 128;
 
 /// The group (index into [`QuantizedActs::scales`]) of value `i`.
 pub const fn act_group(i: usize) -> usize {
-    16 * (i / SPAN) + (i % 64) / 4
+    8 * (i / 64) + (i % 32) / 4
 }
 
 /// One activation vector: the f32 values (for the float weight formats) and their int8
@@ -62,10 +63,10 @@ fn quantize_group(x: &[f32; ACT_GROUP], q: &mut [i8; ACT_GROUP]) -> f32 {
 
 /// Value indices of group `g`, in order.
 fn members(g: usize) -> impl Iterator<Item = usize> {
-    let base = SPAN * (g / 16) + 4 * (g % 16);
+    let base = 64 * (g / 8) + 4 * (g % 8);
     (0..4)
         .map(move |i| base + i)
-        .chain((0..4).map(move |i| base + 64 + i))
+        .chain((0..4).map(move |i| base + 32 + i))
 }
 
 impl QuantizedActs {
@@ -193,7 +194,8 @@ mod tests {
             }
         }
         assert!(seen.iter().all(|&s| s));
-        assert_eq!(act_group(128 + 64 + 5), 16 + 1);
+        assert_eq!(act_group(128 + 64 + 5), 16 + 8 + 1);
+        assert_eq!(act_group(32 + 4), 1);
     }
 
     #[test]
@@ -227,9 +229,9 @@ mod tests {
     #[test]
     fn the_group_maximum_maps_to_127() {
         let mut x = vec![0.5f32; 128];
-        x[66] = -4.0; // group 0 holds values 0..4 and 64..68
+        x[34] = -4.0; // group 0 holds values 0..4 and 32..36
         let a = QuantizedActs::new(&x);
-        assert_eq!(a.codes()[66], -127);
+        assert_eq!(a.codes()[34], -127);
         assert_eq!(a.scales()[0], 4.0 / 127.0);
         assert_eq!(a.codes()[0], 16); // 0.5·127/4 = 15.875
         assert_eq!(a.codes()[4], 127); // group 1 is all 0.5

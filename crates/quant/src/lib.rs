@@ -14,6 +14,8 @@
 //!   [`QuantizedActs`] (int8 activations in 8-value groups with f32 scales), integer dot products
 //!   on AVX-512 VNNI or AVX2 chosen at run time ([`Isa`]), with [`gemm_rows_scalar`] as the plain
 //!   twin the SIMD kernels are tested against. See the `gemm` and `acts` module docs.
+//! - [`TiledMatrix`] re-tiles a Bonsai-format matrix into 16-row panels for the AVX-512 kernels
+//!   of [`gemm_tiled`] (bit-identical to [`gemm_rows_scalar`]); see the `tiled` module docs.
 //! - [`count_code3`], [`count_non_finite_scales`] and [`count_noncanonical`] are the scans a
 //!   loader's validation runs over packed tensors.
 
@@ -29,12 +31,14 @@ mod q1_0;
 mod q2_0;
 mod q4_1;
 mod q8_0;
+mod tiled;
 
 pub use acts::{act_group, QuantizedActs, ACT_GROUP};
 use codec::Codec;
 pub use error::QuantError;
 pub use format::Format;
 pub use gemm::{gemm_rows, gemm_rows_scalar, gemm_rows_with, gemv_rows, Isa};
+pub use tiled::{gemm_tiled, gemm_tiled_scalar, TileError, TiledMatrix, PANEL};
 
 /// Calls `$body` with `C` bound to the codec type of `$format`.
 macro_rules! with_codec {

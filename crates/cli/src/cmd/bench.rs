@@ -240,6 +240,8 @@ pub fn main(a: Args) -> Result<ExitCode> {
         println!("{o}");
         return Ok(ExitCode::SUCCESS);
     }
+    // Before the bandwidth test, whose buffer is not the engine's memory.
+    let rss = peak_rss_bytes();
     let bw = read_bandwidth(a.bw_bytes);
     let (pp, tg) = (stats(pp), stats(tg));
     if a.device == load::DeviceArg::Cuda {
@@ -254,7 +256,6 @@ pub fn main(a: Args) -> Result<ExitCode> {
     } else {
         0.0
     };
-    let rss = peak_rss_bytes();
     let file_bytes = model.file().file_len();
     if a.json {
         let o = serde_json::json!({

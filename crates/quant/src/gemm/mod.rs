@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::{Format, QuantizedActs};
 
-mod scalar;
+pub(crate) mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

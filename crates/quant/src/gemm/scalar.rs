@@ -52,7 +52,8 @@ pub(crate) fn block_ints(format: Format, block: &[u8], w: &mut [i8; MAX_BLOCK_LE
 
 /// One row against one token. Per weight block, the exact integer sum `S_g = Σ w_int·q` over the
 /// block's values in each activation group `g` it touches (groups in index order), then
-/// `Σ_blocks d_w · Σ_g d_g·S_g` in f32 (Q4_1: `Σ_blocks Σ_g d_g·(d·S_g + m·Σq)`).
+/// `Σ_blocks d_w · Σ_g d_g·S_g` in f32 with fused multiply-adds in block and group order
+/// (Q4_1: `Σ_blocks Σ_g d_g·(d·S_g + m·Σq)`, unfused).
 pub(crate) fn dot_row(format: Format, row: &[u8], a: &QuantizedActs) -> f32 {
     let len = format.block_len();
     let (q, scales) = (a.codes(), a.scales());
@@ -77,13 +78,14 @@ pub(crate) fn dot_row(format: Format, row: &[u8], a: &QuantizedActs) -> f32 {
             if format == Format::Q4_1 {
                 f += dg * (d * s[g] as f32 + m * qsum[g] as f32);
             } else {
-                f += dg * s[g] as f32;
+                // Fused, in this order: what the tiled kernels compute lane by lane.
+                f = (s[g] as f32).mul_add(dg, f);
             }
         }
         if format == Format::Q4_1 {
             total += f;
         } else {
-            total += d * f;
+            total = f.mul_add(d, total);
         }
     }
     total

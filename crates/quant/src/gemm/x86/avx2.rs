@@ -1,5 +1,5 @@
-//! 256-bit kernels: the AVX2 path (with or without AVX-VNNI), and the Q8_0 / Q4_1 / float
-//! kernels the AVX-512 path shares (through [`Vnni512`]).
+//! 256-bit kernels: the AVX2 path (with or without AVX-VNNI), and the native-layout kernels of
+//! the AVX-512 path (through [`Vnni512`]).
 //!
 //! Block formats decode 32 values at a time into unsigned byte codes and dot them with the int8
 //! activations four per 32-bit lane (`Dot256`); lane sums are scaled by the activation scale of
@@ -16,9 +16,9 @@ pub(super) trait Dot256 {
 }
 
 /// `vpmaddubsw` + `vpmaddwd`: plain AVX2.
-pub(super) struct Maddubs;
+struct Maddubs;
 /// AVX-VNNI `vpdpbusd ymm`.
-pub(super) struct AvxVnni;
+struct AvxVnni;
 /// AVX-512 VNNI `vpdpbusd ymm` (EVEX, needs AVX512VL).
 pub(super) struct Vnni512;
 
@@ -101,7 +101,7 @@ impl<const QK: usize> Dec256 for Q2<QK> {
 }
 
 /// For value `e` of a PTQ1_0 block: the packed byte holding it and its trit position.
-pub(super) const fn ptq_source(e: usize) -> (usize, usize) {
+const fn ptq_source(e: usize) -> (usize, usize) {
     if e < 80 {
         (e % 16, e / 16)
     } else if e < 120 {
@@ -113,7 +113,7 @@ pub(super) const fn ptq_source(e: usize) -> (usize, usize) {
 
 /// `3ⁿ mod 256` of value `e`'s trit position: multiplying the packed byte by it moves the trit to
 /// the top, where `(y·3) >> 8` reads it.
-pub(super) const fn ptq_mul(e: usize) -> u16 {
+const fn ptq_mul(e: usize) -> u16 {
     [1, 3, 9, 27, 81][ptq_source(e).1]
 }
 
@@ -184,24 +184,20 @@ impl Dec256 for Ptq {
 
 /// Raw pointers into one token's activation tables.
 #[derive(Clone, Copy)]
-pub(super) struct Act {
-    pub q: *const i8,
-    pub ls: *const f32,
-    pub nls: *const i32,
-    pub gs: *const f32,
-    pub gneg: *const i32,
-    pub x: *const f32,
-    pub len: usize,
+struct Act {
+    q: *const i8,
+    ls: *const f32,
+    nls: *const i32,
+    x: *const f32,
+    len: usize,
 }
 
 impl Act {
-    pub fn new(a: &QuantizedActs) -> Act {
+    fn new(a: &QuantizedActs) -> Act {
         Act {
             q: a.codes().as_ptr(),
             ls: a.lane_scales().as_ptr(),
             nls: a.neg_lane_sums().as_ptr(),
-            gs: a.scales().as_ptr(),
-            gneg: a.neg_group_sums().as_ptr(),
             x: a.values().as_ptr(),
             len: a.len(),
         }
@@ -209,13 +205,13 @@ impl Act {
 }
 
 #[inline(always)]
-pub(super) unsafe fn f16_to_f32(p: *const u8) -> f32 {
+unsafe fn f16_to_f32(p: *const u8) -> f32 {
     let bits = (p as *const u16).read_unaligned();
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
 }
 
 #[inline(always)]
-pub(super) unsafe fn hsum(v: __m256) -> f32 {
+unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -272,7 +268,7 @@ unsafe fn tile<D: Dec256, K: Dot256, const R: usize, const T: usize>(
 
 /// Q8_0 row · token: `Σ d_w·d_a·Σ|w|·sign(q, w)` per block.
 #[inline(always)]
-pub(super) unsafe fn q8_0<K: Dot256>(row: *const u8, blocks: usize, a: &Act) -> f32 {
+unsafe fn q8_0<K: Dot256>(row: *const u8, blocks: usize, a: &Act) -> f32 {
     let mut tot = _mm256_setzero_ps();
     for b in 0..blocks {
         let p = row.add(b * 34);
@@ -291,7 +287,7 @@ pub(super) unsafe fn q8_0<K: Dot256>(row: *const u8, blocks: usize, a: &Act) -> 
 
 /// Q4_1 row · token: `Σ d_a·(d·Σ nibble·q + m·Σq)` per block.
 #[inline(always)]
-pub(super) unsafe fn q4_1<K: Dot256>(row: *const u8, blocks: usize, a: &Act) -> f32 {
+unsafe fn q4_1<K: Dot256>(row: *const u8, blocks: usize, a: &Act) -> f32 {
     let mut tot = _mm256_setzero_ps();
     let low = _mm_set1_epi8(15);
     for b in 0..blocks {
@@ -315,7 +311,7 @@ pub(super) unsafe fn q4_1<K: Dot256>(row: *const u8, blocks: usize, a: &Act) -> 
 
 /// Float row · f32 activations: 8 lanes × 4 accumulators, scalar tail.
 #[inline(always)]
-pub(super) unsafe fn float_row(format: Format, row: *const u8, a: &Act) -> f32 {
+unsafe fn float_row(format: Format, row: *const u8, a: &Act) -> f32 {
     #[inline(always)]
     unsafe fn load(format: Format, row: *const u8, i: usize) -> __m256 {
         match format {
@@ -406,7 +402,7 @@ unsafe fn run<D: Dec256, K: Dot256>(w: &[u8], row_bytes: usize, acts: &[Act], ou
 /// Q8_0, Q4_1 and the float formats: one row at a time, each token in turn (the row stays in
 /// L1 after the first token).
 #[inline(always)]
-pub(super) unsafe fn run_simple<K: Dot256>(
+unsafe fn run_simple<K: Dot256>(
     format: Format,
     w: &[u8],
     row_bytes: usize,
@@ -427,7 +423,7 @@ pub(super) unsafe fn run_simple<K: Dot256>(
 }
 
 #[inline(always)]
-unsafe fn body<K: Dot256>(
+pub(super) unsafe fn body<K: Dot256>(
     format: Format,
     w: &[u8],
     row_bytes: usize,

@@ -1,0 +1,239 @@
+//! Weights re-tiled at load for the AVX-512 kernels: 16 rows interleaved per panel, so one
+//! 32-bit lane of a 512-bit register is one row.
+//!
+//! Why: with rows side by side, a `vpdpbusd` multiplies 4 values of 16 rows against the same 4
+//! activation codes (a broadcast from memory), the int→float conversion and activation scale are
+//! paid once per 8 values and 16 rows instead of once per 8 values and row, and no horizontal
+//! sum is needed at the end of a row. The native-layout kernels (`gemm`) spend most of their
+//! instructions on exactly those steps. See [`layout`](self::layout) for the bytes.
+//!
+//! # The arithmetic
+//! Per row, block and activation group `g` (in order), the exact integer sum `S_g = Σ (c − 1)·q`,
+//! then `blk = fma(S_g, d_g, blk)` from zero and `total = fma(blk, d_w, total)` per block: the
+//! scalar twin of the native layout ([`gemm_rows_scalar`](crate::gemm_rows_scalar)) computes the
+//! same steps in the same order, so every path — native twin, tiled twin, AVX-512 — returns the
+//! same bits.
+
+mod layout;
+mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::ops::Range;
+
+pub use layout::PANEL;
+
+use crate::{Format, QuantError, QuantizedActs};
+
+/// A weight matrix in the panel layout (see the module docs). Built from the native rows with
+/// [`TiledMatrix::new`]; [`TiledMatrix::to_native`] gives them back.
+#[derive(Clone, Debug)]
+pub struct TiledMatrix {
+    format: Format,
+    rows: usize,
+    cols: usize,
+    data: Vec<u8>,
+}
+
+/// The reasons a matrix cannot be tiled.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TileError {
+    #[error("{0} has no tiled layout (Q1_0, Q2_0, Q2_0_g128, PQ2_0 and PTQ1_0 do)")]
+    Unsupported(Format),
+    #[error(transparent)]
+    Shape(#[from] QuantError),
+}
+
+impl TiledMatrix {
+    /// Whether `format` has a panel layout.
+    pub const fn supports(format: Format) -> bool {
+        layout::supports(format)
+    }
+
+    /// Whether this CPU runs the tiled kernels natively (AVX-512 with VNNI and VBMI). On other
+    /// CPUs [`gemm_tiled`] runs the scalar twin, so callers keep the native layout there.
+    pub fn fast() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return x86::available();
+        #[cfg(not(target_arch = "x86_64"))]
+        return false;
+    }
+
+    /// Re-tiles `rows` native rows of `cols` values each.
+    pub fn new(
+        format: Format,
+        native: &[u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<TiledMatrix, TileError> {
+        if !Self::supports(format) {
+            return Err(TileError::Unsupported(format));
+        }
+        let row_bytes = format.row_bytes(cols)?;
+        let need = row_bytes
+            .checked_mul(rows)
+            .ok_or(QuantError::TooLarge { format, len: cols })?;
+        if native.len() != need {
+            return Err(QuantError::ByteLength {
+                format,
+                values: rows * cols,
+                expected: need,
+                got: native.len(),
+            }
+            .into());
+        }
+        let blocks = cols / format.block_len();
+        let pbb = layout::panel_block_bytes(format);
+        let panels = rows.div_ceil(PANEL);
+        let mut data = vec![0u8; panels * blocks * pbb];
+        let bb = format.block_bytes();
+        let tile_panels = |first: usize, out: &mut [u8]| {
+            for (k, panel) in out.chunks_exact_mut(blocks * pbb).enumerate() {
+                let p = first + k;
+                for (b, out) in panel.chunks_exact_mut(pbb).enumerate() {
+                    let mut src = [None; PANEL];
+                    for (l, s) in src.iter_mut().enumerate() {
+                        let r = p * PANEL + l;
+                        if r < rows {
+                            let at = r * row_bytes + b * bb;
+                            *s = Some(&native[at..at + bb]);
+                        }
+                    }
+                    layout::tile_block(format, &src, out);
+                }
+            }
+        };
+        // Re-tiling a 27B model is seconds of work: spread the panels over the cores.
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let per = panels.div_ceil(threads).max(1);
+        if blocks > 0 {
+            std::thread::scope(|s| {
+                for (i, part) in data.chunks_mut(per * blocks * pbb).enumerate() {
+                    let tile_panels = &tile_panels;
+                    s.spawn(move || tile_panels(i * per, part));
+                }
+            });
+        }
+        Ok(TiledMatrix {
+            format,
+            rows,
+            cols,
+            data,
+        })
+    }
+
+    /// The native rows this was built from (PTQ1_0 bytes come back canonical).
+    pub fn to_native(&self) -> Vec<u8> {
+        let f = self.format;
+        let (bb, blocks) = (f.block_bytes(), self.blocks());
+        let mut out = vec![0u8; self.rows * blocks * bb];
+        let mut codes = [0u8; 128];
+        for r in 0..self.rows {
+            for b in 0..blocks {
+                let scale = self.row_codes(r, b, &mut codes);
+                let at = (r * blocks + b) * bb;
+                layout::native_block(f, &codes[..f.block_len()], scale, &mut out[at..at + bb]);
+            }
+        }
+        out
+    }
+
+    /// Codes and scale bits of row `r`, block `b`.
+    fn row_codes(&self, r: usize, b: usize, codes: &mut [u8; 128]) -> u16 {
+        let pb = self.panel_block(r / PANEL, b);
+        let l = r % PANEL;
+        let mut half = [[0u8; layout::HALF]; PANEL];
+        let hb = layout::half_bytes(self.format);
+        for h in 0..layout::halves(self.format) {
+            let at = layout::SCALES + h * hb;
+            layout::decode_half(self.format, &pb[at..at + hb], &mut half);
+            codes[layout::HALF * h..layout::HALF * (h + 1)].copy_from_slice(&half[l]);
+        }
+        u16::from_le_bytes([pb[2 * l], pb[2 * l + 1]])
+    }
+
+    fn panel_block(&self, p: usize, b: usize) -> &[u8] {
+        let pbb = layout::panel_block_bytes(self.format);
+        let at = (p * self.blocks() + b) * pbb;
+        &self.data[at..at + pbb]
+    }
+
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Panels (groups of [`PANEL`] rows, the last possibly partial).
+    pub fn panels(&self) -> usize {
+        self.rows.div_ceil(PANEL)
+    }
+
+    /// Heap bytes held.
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    fn blocks(&self) -> usize {
+        self.cols / self.format.block_len()
+    }
+
+    /// Rows of `panels` that exist (the last panel may be partial).
+    fn row_range(&self, panels: &Range<usize>) -> Range<usize> {
+        (panels.start * PANEL).min(self.rows)..(panels.end * PANEL).min(self.rows)
+    }
+
+    /// Panics unless the shapes agree.
+    fn check(&self, panels: &Range<usize>, acts: &[QuantizedActs], out: &[f32]) {
+        assert!(
+            panels.start <= panels.end && panels.end <= self.panels(),
+            "gemm_tiled: panels {panels:?} of {}",
+            self.panels()
+        );
+        for a in acts {
+            assert_eq!(a.len(), self.cols, "gemm_tiled: activation length");
+        }
+        assert_eq!(
+            out.len(),
+            self.row_range(panels).len() * acts.len(),
+            "gemm_tiled: output length is not rows × tokens"
+        );
+    }
+}
+
+/// `out[(r − r0)·T + t] = row r · acts[t]` for the rows `r0..` of `panels` (rows past the
+/// matrix's end are not written), on AVX-512 when [`TiledMatrix::fast`], else the scalar twin.
+///
+/// # Panics
+/// When the panels are out of range, an activation vector's length is not the column count, or
+/// `out.len()` is not rows × tokens.
+pub fn gemm_tiled(m: &TiledMatrix, panels: Range<usize>, acts: &[QuantizedActs], out: &mut [f32]) {
+    m.check(&panels, acts, out);
+    #[cfg(target_arch = "x86_64")]
+    if x86::available() {
+        // SAFETY: `available` confirmed the CPU features; shapes were checked above.
+        unsafe { x86::gemm(m, panels, acts, out) };
+        return;
+    }
+    scalar::gemm(m, panels, acts, out)
+}
+
+/// The scalar twin of [`gemm_tiled`] (the oracle its kernels are tested against).
+///
+/// # Panics
+/// As [`gemm_tiled`].
+pub fn gemm_tiled_scalar(
+    m: &TiledMatrix,
+    panels: Range<usize>,
+    acts: &[QuantizedActs],
+    out: &mut [f32],
+) {
+    m.check(&panels, acts, out);
+    scalar::gemm(m, panels, acts, out)
+}

@@ -1,0 +1,266 @@
+//! The AVX-512 tiled kernels (F/BW/VNNI/VBMI): one 512-bit register is one panel, 16 rows.
+//!
+//! Per chunk of 4 values × 16 rows: decode 64 unsigned codes (Q1_0: a mask load and a masked
+//! move; 2-bit: `vpmultishiftqb` + `and`; PTQ1_0: two `vpermt2b` table lookups by the low 7 bits
+//! of each base-3 byte, blended by its top bit) and one `vpdpbusd` against the chunk's 4
+//! activation codes broadcast from memory. Per activation group (two chunks, 32 values apart),
+//! the accumulator starts at the group's `−Σq`, and one conversion and one FMA by the group
+//! scale add it to the block sum; per block, one FMA by the 16 rows' weight scales.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::layout::{self, PANEL};
+use super::TiledMatrix;
+use crate::{Format, QuantizedActs};
+
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vnni")
+        && is_x86_feature_detected!("avx512vbmi")
+        && is_x86_feature_detected!("f16c")
+        && is_x86_feature_detected!("fma")
+}
+
+trait Chunks {
+    const FORMAT: Format;
+    /// Codes of chunk `c` of the half at `h`.
+    unsafe fn codes(h: *const u8, c: usize) -> __m512i;
+}
+
+struct Q1;
+struct Q2<const G128: bool>;
+struct Ptq;
+
+impl Chunks for Q1 {
+    const FORMAT: Format = Format::Q1_0;
+    #[inline(always)]
+    unsafe fn codes(h: *const u8, c: usize) -> __m512i {
+        let bits = (h.add(8 * c) as *const u64).read_unaligned();
+        _mm512_maskz_mov_epi8(bits, _mm512_set1_epi8(2))
+    }
+}
+
+/// `vpmultishiftqb` control: register byte `j` takes the 8 bits at `8·(j mod 8) + 2·(j / 16)` of
+/// its quadword, where the 16-byte broadcast put source byte `j mod 16`.
+const TWO_BIT_SHIFTS: [u8; 64] = {
+    let mut t = [0u8; 64];
+    let mut j = 0;
+    while j < 64 {
+        t[j] = (8 * (j % 8) + 2 * (j / 16)) as u8;
+        j += 1;
+    }
+    t
+};
+
+#[inline(always)]
+unsafe fn two_bit(src: *const u8) -> __m512i {
+    let x = _mm512_broadcast_i32x4(_mm_loadu_si128(src as *const __m128i));
+    let ctl = _mm512_loadu_si512(TWO_BIT_SHIFTS.as_ptr() as *const __m512i);
+    _mm512_and_si512(_mm512_multishift_epi64_epi8(ctl, x), _mm512_set1_epi8(3))
+}
+
+impl<const G128: bool> Chunks for Q2<G128> {
+    const FORMAT: Format = if G128 { Format::Q2_0G128 } else { Format::Q2_0 };
+    #[inline(always)]
+    unsafe fn codes(h: *const u8, c: usize) -> __m512i {
+        two_bit(h.add(16 * c))
+    }
+}
+
+/// `DIGITS[n][v]`: trit `n` of the base-3 byte `v` (entries past 242 are never stored).
+#[repr(align(64))]
+struct Digits([[u8; 256]; 5]);
+
+static DIGITS: Digits = {
+    let mut t = [[0u8; 256]; 5];
+    let mut n = 0;
+    while n < 5 {
+        let mut v = 0;
+        while v < 256 {
+            let mut x = v;
+            let mut k = 0;
+            while k < n {
+                x /= 3;
+                k += 1;
+            }
+            t[n][v] = (x % 3) as u8;
+            v += 1;
+        }
+        n += 1;
+    }
+    Digits(t)
+};
+
+impl Chunks for Ptq {
+    const FORMAT: Format = Format::PTQ1_0;
+    #[inline(always)]
+    unsafe fn codes(h: *const u8, c: usize) -> __m512i {
+        if c == 15 {
+            return two_bit(h.add(192));
+        }
+        let v = _mm512_loadu_si512(h.add(64 * (c / 5)) as *const __m512i);
+        let t = DIGITS.0[c % 5].as_ptr();
+        let tab = |i: usize| _mm512_load_si512(t.add(64 * i) as *const __m512i);
+        let low = _mm512_permutex2var_epi8(tab(0), v, tab(1));
+        let high = _mm512_permutex2var_epi8(tab(2), v, tab(3));
+        _mm512_mask_blend_epi8(_mm512_movepi8_mask(v), low, high)
+    }
+}
+
+/// Raw pointers into one token's activation tables.
+#[derive(Clone, Copy)]
+struct Act {
+    /// Codes as 32-bit chunks of 4 (not necessarily 4-byte aligned).
+    q: *const i32,
+    scale: *const f32,
+    neg: *const i32,
+}
+
+/// Bytes ahead of the current panel block each panel prefetches.
+const PREFETCH: usize = 4096;
+
+/// `R` panels × `T` tokens starting at panel pointer `p` (panels `stride` bytes apart).
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // the r/t loops index several arrays at once
+unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
+    p: *const u8,
+    stride: usize,
+    blocks: usize,
+    acts: &[Act; T],
+) -> [[__m512; T]; R] {
+    let pbb = layout::panel_block_bytes(C::FORMAT);
+    let (halves, hb) = (layout::halves(C::FORMAT), layout::half_bytes(C::FORMAT));
+    let mut tot = [[_mm512_setzero_ps(); T]; R];
+    for b in 0..blocks {
+        let mut blk = [[_mm512_setzero_ps(); T]; R];
+        for r in 0..R {
+            let next = p.wrapping_add(r * stride + b * pbb + PREFETCH);
+            let mut off = 0;
+            while off < pbb {
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(off) as *const i8);
+                off += 64;
+            }
+        }
+        for h in 0..halves {
+            let half = b * halves + h;
+            for k in 0..8 {
+                let g = 8 * half + k;
+                let mut acc = [[_mm512_setzero_si512(); T]; R];
+                for t in 0..T {
+                    let neg = _mm512_set1_epi32(*acts[t].neg.add(g));
+                    for r in 0..R {
+                        acc[r][t] = neg;
+                    }
+                }
+                for c in [k, k + 8] {
+                    for r in 0..R {
+                        let codes =
+                            C::codes(p.add(r * stride + b * pbb + layout::SCALES + h * hb), c);
+                        for t in 0..T {
+                            let q =
+                                _mm512_set1_epi32(acts[t].q.add(16 * half + c).read_unaligned());
+                            acc[r][t] = _mm512_dpbusd_epi32(acc[r][t], codes, q);
+                        }
+                    }
+                }
+                for t in 0..T {
+                    let s = _mm512_set1_ps(*acts[t].scale.add(g));
+                    for r in 0..R {
+                        blk[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][t]), s, blk[r][t]);
+                    }
+                }
+            }
+        }
+        for r in 0..R {
+            let bits = _mm256_loadu_si256(p.add(r * stride + b * pbb) as *const __m256i);
+            let d = _mm512_cvtph_ps(bits);
+            for t in 0..T {
+                tot[r][t] = _mm512_fmadd_ps(blk[r][t], d, tot[r][t]);
+            }
+        }
+    }
+    tot
+}
+
+/// Writes lane `l` of `v` for the rows of panel `p` that lie in `rows`, token `t` of `nt`.
+#[inline(always)]
+unsafe fn store(v: __m512, p: usize, t: usize, nt: usize, rows: &Range<usize>, out: &mut [f32]) {
+    let mut lanes = [0f32; PANEL];
+    _mm512_storeu_ps(lanes.as_mut_ptr(), v);
+    for (l, &x) in lanes.iter().enumerate() {
+        let r = p * PANEL + l;
+        if rows.contains(&r) {
+            out[(r - rows.start) * nt + t] = x;
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn run<C: Chunks>(m: &TiledMatrix, panels: Range<usize>, acts: &[Act], out: &mut [f32]) {
+    let rows = m.row_range(&panels);
+    let blocks = m.blocks();
+    let stride = blocks * layout::panel_block_bytes(C::FORMAT);
+    let base = m.data.as_ptr();
+    let nt = acts.len();
+    let mut p = panels.start;
+    if nt == 1 {
+        // Two panels per pass: two independent FMA chains hide the latency of the block sums.
+        while p + 2 <= panels.end {
+            let v = tile::<C, 2, 1>(base.add(p * stride), stride, blocks, &[acts[0]]);
+            store(v[0][0], p, 0, 1, &rows, out);
+            store(v[1][0], p + 1, 0, 1, &rows, out);
+            p += 2;
+        }
+    }
+    while p < panels.end {
+        let pp = base.add(p * stride);
+        let mut t = 0;
+        while t < nt {
+            if nt - t >= 4 {
+                let a = [acts[t], acts[t + 1], acts[t + 2], acts[t + 3]];
+                let v = tile::<C, 1, 4>(pp, stride, blocks, &a);
+                for (k, &v) in v[0].iter().enumerate() {
+                    store(v, p, t + k, nt, &rows, out);
+                }
+                t += 4;
+            } else {
+                let v = tile::<C, 1, 1>(pp, stride, blocks, &[acts[t]]);
+                store(v[0][0], p, t, nt, &rows, out);
+                t += 1;
+            }
+        }
+        p += 1;
+    }
+}
+
+/// # Safety
+/// The CPU has the features [`available`] checks; shapes were checked by the caller.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c,fma")]
+pub(super) unsafe fn gemm(
+    m: &TiledMatrix,
+    panels: Range<usize>,
+    acts: &[QuantizedActs],
+    out: &mut [f32],
+) {
+    if m.cols == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let acts: Vec<Act> = acts
+        .iter()
+        .map(|a| Act {
+            q: a.codes().as_ptr() as *const i32,
+            scale: a.scales().as_ptr(),
+            neg: a.neg_group_sums().as_ptr(),
+        })
+        .collect();
+    match m.format {
+        Format::Q1_0 => run::<Q1>(m, panels, &acts, out),
+        Format::Q2_0 => run::<Q2<false>>(m, panels, &acts, out),
+        Format::Q2_0G128 | Format::PQ2_0 => run::<Q2<true>>(m, panels, &acts, out),
+        Format::PTQ1_0 => run::<Ptq>(m, panels, &acts, out),
+        other => unreachable!("{other} has no tiled layout"),
+    }
+}
