@@ -88,10 +88,11 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
 /// The dot kernels, as chosen on the command line.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum KernelsArg {
-    /// Packed weights against f32 activations: exact, the default.
-    #[default]
+    /// Packed weights against f32 activations: the exact answer for lossless files, slow.
     Exact,
-    /// int8 activations with SIMD integer dot products: faster, about llama.cpp's accuracy.
+    /// int8 activations (groups of 8, f32 scales) with SIMD integer dot products: the default,
+    /// several times faster, and closer to the exact answer than llama.cpp in KL and top-1.
+    #[default]
     Int8,
 }
 

@@ -174,6 +174,39 @@ fn ternary_g128_formats_match_the_exact_reference() {
     }
 }
 
+/// The int8 kernels against the exact kernels (pinned to transformers by the tests above) over all
+/// 2048 positions of the long sequence, next to llama.cpp's figures on the same files and
+/// positions (`tools/oracle/long_accuracy.py`): 96 positions are too few to rank engines by
+/// top-1, where one position is a whole percent.
+#[test]
+fn int8_kernels_beat_llamacpp_in_kl_and_top1_over_2048_positions() {
+    let toks = ids(&json("tiny-f32.long-2048.json"));
+    let peers = json("long-2048-llamacpp.json");
+    for name in ["tiny-exact-q1.Q1_0.gguf", "tiny-exact-q2g64.Q2_0.gguf"] {
+        let exact = run(&model_with(name, Kernels::Exact), &toks, 256);
+        let m = model_with(name, Kernels::Int8);
+        let c = compare(&exact, &run(&m, &toks, 256), m.config.vocab);
+        let peer = &peers["runs"][name]["llama.cpp"];
+        let (peer_kl, peer_top1) = (
+            peer["mean_kl"].as_f64().unwrap(),
+            peer["top1"].as_f64().unwrap(),
+        );
+        report(&format!("{name} int8 kernels, 2048 positions"), &c);
+        println!("{name} llama.cpp, 2048 positions: mean KL {peer_kl:.3e}, top-1 {peer_top1:.4}");
+        assert_eq!(c.positions, 2048);
+        assert!(
+            c.mean_kl <= peer_kl,
+            "{name}: KL {} > llama.cpp {peer_kl}",
+            c.mean_kl
+        );
+        assert!(
+            c.top1 >= peer_top1,
+            "{name}: top-1 {} < llama.cpp {peer_top1}",
+            c.top1
+        );
+    }
+}
+
 #[test]
 fn niwaki_quantizes_lossless_weights_to_llamacpps_exact_bytes() {
     // Decoding llama.cpp's packed file and re-packing it must give the same bytes back.

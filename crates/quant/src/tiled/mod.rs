@@ -14,6 +14,7 @@
 //! same steps in the same order, so every path — native twin, tiled twin, AVX-512 — returns the
 //! same bits.
 
+mod buffer;
 mod layout;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
@@ -32,7 +33,7 @@ pub struct TiledMatrix {
     format: Format,
     rows: usize,
     cols: usize,
-    data: Vec<u8>,
+    data: buffer::Buffer,
 }
 
 /// The reasons a matrix cannot be tiled.
@@ -42,6 +43,8 @@ pub enum TileError {
     Unsupported(Format),
     #[error(transparent)]
     Shape(#[from] QuantError),
+    #[error("allocating {0} bytes for the tiled copy: {1}")]
+    Alloc(usize, String),
 }
 
 impl TiledMatrix {
@@ -85,7 +88,9 @@ impl TiledMatrix {
         let blocks = cols / format.block_len();
         let pbb = layout::panel_block_bytes(format);
         let panels = rows.div_ceil(PANEL);
-        let mut data = vec![0u8; panels * blocks * pbb];
+        let bytes = panels * blocks * pbb;
+        let mut data =
+            buffer::Buffer::zeroed(bytes).map_err(|e| TileError::Alloc(bytes, e.to_string()))?;
         let bb = format.block_bytes();
         let tile_panels = |first: usize, out: &mut [u8]| {
             for (k, panel) in out.chunks_exact_mut(blocks * pbb).enumerate() {
