@@ -90,7 +90,7 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
 pub enum KernelsArg {
     /// Packed weights against f32 activations: the exact answer for lossless files, slow.
     Exact,
-    /// int8 activations (groups of 8, f32 scales) with SIMD integer dot products: the default,
+    /// int8 activations (groups of 16, f32 scales) with SIMD integer dot products: the default,
     /// several times faster, and closer to the exact answer than llama.cpp in KL and top-1.
     #[default]
     Int8,

@@ -20,7 +20,7 @@ pub enum Kernels {
     /// Packed weights against f32 activations: exact for lossless files.
     #[default]
     Exact,
-    /// Activations quantized to int8 in groups of 8 with f32 scales, SIMD integer dot
+    /// Activations quantized to int8 in groups of 16 with f32 scales, SIMD integer dot
     /// products: the fast path.
     Int8,
 }

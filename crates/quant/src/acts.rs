@@ -1,20 +1,20 @@
 //! Activations quantized to int8 for the integer dot kernels.
 //!
 //! # The choice
-//! Groups of [`ACT_GROUP`] = 8 values, each with an **f32** scale `d = amax / 127` and codes
-//! `q = round(x / d)` (half away from zero) in −127..=127. A group is not 8 consecutive values
-//! but two runs of four, 32 apart: within each 64-value half `h`, group `8h + k` (k < 8) holds
-//! values `64h + 4k + {0..3}` and `64h + 32 + 4k + {0..3}`. Every weight block (64 or 128 values)
-//! holds whole groups, so a kernel sums a group's two runs in one integer accumulator and spends
-//! one int→float conversion and one scale multiply per 8 values and 16 rows (the tiled AVX-512
-//! kernels, see `tiled`); a 256-bit register of 32 values holds lane `k` of group `8h + k`, so
-//! the two registers of a 64-value half pair up lane by lane.
+//! Groups of [`ACT_GROUP`] = 16 values, each with an **f32** scale `d = amax / 127` and codes
+//! `q = round(x / d)` (half away from zero) in −127..=127. A group is not 16 consecutive values
+//! but four runs of four, 16 apart: within each 64-value half `h`, group `4h + k` (k < 4) holds
+//! values `64h + 4k + 16r + {0..3}` for r < 4. Every weight block (64 or 128 values) holds whole
+//! groups, so a kernel sums a group's runs in one integer accumulator and spends one int→float
+//! conversion and one scale multiply per 16 values and 16 rows (the tiled AVX-512 kernels, see
+//! `tiled`); 256-bit kernels read per-lane copies of the scales.
 //!
-//! Against llama.cpp's Q8_0 (32 consecutive values, the same `amax/127` codes, fp16 scale) this
-//! is more accurate twice over: a group of 8 has a smaller maximum than a block of 32, so a finer
-//! step (about 30% less rounding error on Gaussian data), and the scale is not rounded to fp16.
-//! The `act_quant_accuracy_is_at_least_q8_0s` test measures both on the same data. The cost is
-//! memory the kernels read from cache (a scale and a sum per 8 values), not weight bandwidth.
+//! Why 16: against llama.cpp's Q8_0 (32 consecutive values, the same `amax/127` codes, fp16
+//! scale) a group of 16 has a smaller maximum than a block of 32, so a finer step, and the scale
+//! is not rounded to fp16 (the `act_quant_accuracy_is_at_least_q8_0s` test measures both on the
+//! same data); over the 2048-position oracle sequence the model's KL to the exact answer is 0.6×
+//! llama.cpp's with a higher top-1 agreement. Groups of 8 were about 35% more accurate again, but
+//! their conversions cost the 1-bit kernel 12% of its throughput, which is compute-bound.
 //!
 //! # The tables kernels read
 //! Besides the codes and per-group scales and negated code sums (group order), every four
@@ -24,14 +24,17 @@
 //! signed weight `c − k`. Codes are zero-padded to a multiple of 128 values (a whole span).
 
 /// Values per activation group (one f32 scale each).
-pub const ACT_GROUP: usize = 8;
+pub const ACT_GROUP: usize = 16;
+
+/// Groups in each 64-value half; a group's runs of four are this many runs apart.
+pub(crate) const GROUPS_PER_HALF: usize = 64 / ACT_GROUP;
 
 /// Codes are padded to a whole number of spans of this many values.
 const SPAN: usize = 128;
 
 /// The group (index into [`QuantizedActs::scales`]) of value `i`.
 pub const fn act_group(i: usize) -> usize {
-    8 * (i / 64) + (i % 32) / 4
+    GROUPS_PER_HALF * (i / 64) + (i / 4) % GROUPS_PER_HALF
 }
 
 /// One activation vector: the f32 values (for the float weight formats) and their int8
@@ -63,10 +66,8 @@ fn quantize_group(x: &[f32; ACT_GROUP], q: &mut [i8; ACT_GROUP]) -> f32 {
 
 /// Value indices of group `g`, in order.
 fn members(g: usize) -> impl Iterator<Item = usize> {
-    let base = 64 * (g / 8) + 4 * (g % 8);
-    (0..4)
-        .map(move |i| base + i)
-        .chain((0..4).map(move |i| base + 32 + i))
+    let base = 64 * (g / GROUPS_PER_HALF) + 4 * (g % GROUPS_PER_HALF);
+    (0..ACT_GROUP).map(move |i| base + 4 * GROUPS_PER_HALF * (i / 4) + i % 4)
 }
 
 impl QuantizedActs {
@@ -92,7 +93,7 @@ impl QuantizedActs {
     }
 
     /// Builds activations from codes and per-group scales directly: `codes.len()` values and
-    /// `codes.len().div_ceil(128)·16` scales in group order (see [`act_group`]). The f32 values
+    /// `codes.len().div_ceil(128)·128 / ACT_GROUP` scales in group order (see [`act_group`]). The f32 values
     /// are set to the dequantized codes. Meant for tests that need exact scales (e.g. powers of
     /// two) and for callers that quantize elsewhere.
     ///
@@ -186,7 +187,7 @@ mod tests {
     #[test]
     fn groups_partition_each_span() {
         let mut seen = [false; SPAN];
-        for g in 0..16 {
+        for g in 0..2 * GROUPS_PER_HALF {
             for i in members(g) {
                 assert!(!seen[i]);
                 seen[i] = true;
@@ -194,8 +195,8 @@ mod tests {
             }
         }
         assert!(seen.iter().all(|&s| s));
-        assert_eq!(act_group(128 + 64 + 5), 16 + 8 + 1);
-        assert_eq!(act_group(32 + 4), 1);
+        assert_eq!(act_group(128 + 64 + 5), 3 * GROUPS_PER_HALF + 1);
+        assert_eq!(act_group(4 * GROUPS_PER_HALF + 4), 1);
     }
 
     #[test]
@@ -203,7 +204,7 @@ mod tests {
         let x: Vec<f32> = (0..200).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
         let a = QuantizedActs::new(&x);
         assert_eq!(a.codes().len(), 256);
-        assert_eq!(a.scales().len(), 32);
+        assert_eq!(a.scales().len(), 256 / ACT_GROUP);
         for l in 0..64 {
             assert_eq!(a.lane_scales()[l], a.scales()[act_group(4 * l)]);
             let s: i32 = a.codes()[4 * l..4 * l + 4]
@@ -212,7 +213,7 @@ mod tests {
                 .sum();
             assert_eq!(a.neg_lane_sums()[l], -s);
         }
-        for g in 0..32 {
+        for g in 0..256 / ACT_GROUP {
             let s: i32 = members(g).map(|i| i32::from(a.codes()[i])).sum();
             assert_eq!(a.neg_group_sums()[g], -s);
         }

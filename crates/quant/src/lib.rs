@@ -11,7 +11,7 @@
 //!   of additions inside a block (see each format's `dot_block`), so they agree to within
 //!   rounding: `|dot − dot_scalar| ≤ 2·(n + 4)·ε·Σ|w·x|` for a row of n values.
 //! - [`gemm_rows`] is what a model's matrix multiplies run on: rows × tokens against
-//!   [`QuantizedActs`] (int8 activations in 8-value groups with f32 scales), integer dot products
+//!   [`QuantizedActs`] (int8 activations in 16-value groups with f32 scales), integer dot products
 //!   on AVX-512 VNNI or AVX2 chosen at run time ([`Isa`]), with [`gemm_rows_scalar`] as the plain
 //!   twin the SIMD kernels are tested against. See the `gemm` and `acts` module docs.
 //! - [`TiledMatrix`] re-tiles a Bonsai-format matrix into 16-row panels for the AVX-512 kernels

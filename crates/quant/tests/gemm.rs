@@ -22,7 +22,7 @@ const FLOAT_FORMATS: [Format; 3] = [Format::F32, Format::F16, Format::BF16];
 
 /// Activation groups (scales) of `n` values.
 fn groups(n: usize) -> usize {
-    n.div_ceil(128) * 16
+    n.div_ceil(128) * 128 / quant::ACT_GROUP
 }
 
 fn simd_isas() -> Vec<Isa> {

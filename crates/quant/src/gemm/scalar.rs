@@ -1,6 +1,6 @@
 //! The scalar twin: integer block sums formed value by value, combined in f32 in block order.
 
-use crate::acts::act_group;
+use crate::acts::{act_group, GROUPS_PER_HALF};
 use crate::codec::{Codec, MAX_BLOCK_LEN};
 use crate::num::read_f16;
 use crate::{float, ptq1_0, Format, QuantizedActs};
@@ -61,8 +61,9 @@ pub(crate) fn dot_row(format: Format, row: &[u8], a: &QuantizedActs) -> f32 {
     let mut total = 0.0f32;
     for (b, block) in row.chunks_exact(format.block_bytes()).enumerate() {
         let (d, m) = block_ints(format, block, &mut w);
-        // A block lies inside one 128-value span, so it touches at most the span's 16 groups.
-        let first = act_group(b * len) & !15;
+        // A block lies inside one 128-value span, so it touches at most the span's groups.
+        let per_span = 2 * GROUPS_PER_HALF;
+        let first = act_group(b * len) / per_span * per_span;
         let (mut s, mut qsum) = ([0i32; 16], [0i32; 16]);
         let mut touched = [false; 16];
         for (j, &wj) in w[..len].iter().enumerate() {
@@ -73,7 +74,7 @@ pub(crate) fn dot_row(format: Format, row: &[u8], a: &QuantizedActs) -> f32 {
             touched[g] = true;
         }
         let mut f = 0.0f32;
-        for g in (0..16).filter(|&g| touched[g]) {
+        for g in (0..per_span).filter(|&g| touched[g]) {
             let dg = scales[first + g];
             if format == Format::Q4_1 {
                 f += dg * (d * s[g] as f32 + m * qsum[g] as f32);

@@ -3,7 +3,7 @@
 //!
 //! Why: with rows side by side, a `vpdpbusd` multiplies 4 values of 16 rows against the same 4
 //! activation codes (a broadcast from memory), the int→float conversion and activation scale are
-//! paid once per 8 values and 16 rows instead of once per 8 values and row, and no horizontal
+//! paid once per activation group and 16 rows instead of once per group and row, and no horizontal
 //! sum is needed at the end of a row. The native-layout kernels (`gemm`) spend most of their
 //! instructions on exactly those steps. See [`layout`](self::layout) for the bytes.
 //!

@@ -5,6 +5,7 @@ use std::ops::Range;
 
 use super::layout::{self, HALF, PANEL};
 use super::TiledMatrix;
+use crate::acts::GROUPS_PER_HALF;
 use crate::{act_group, QuantizedActs};
 
 pub(super) fn gemm(m: &TiledMatrix, panels: Range<usize>, acts: &[QuantizedActs], out: &mut [f32]) {
@@ -24,11 +25,11 @@ pub(super) fn gemm(m: &TiledMatrix, panels: Range<usize>, acts: &[QuantizedActs]
                 let base = b * f.block_len() + h * HALF;
                 for (t, a) in acts.iter().enumerate() {
                     let q = a.codes();
-                    for k in 0..8 {
+                    for k in 0..GROUPS_PER_HALF {
                         let g = act_group(base + 4 * k);
                         for (l, row) in codes.iter().enumerate() {
-                            let s: i32 = (0..4)
-                                .flat_map(|i| [4 * k + i, 32 + 4 * k + i])
+                            let s: i32 = (0..HALF)
+                                .filter(|v| (v / 4) % GROUPS_PER_HALF == k)
                                 .map(|v| (i32::from(row[v]) - 1) * i32::from(q[base + v]))
                                 .sum();
                             blk[t][l] = (s as f32).mul_add(a.scales()[g], blk[t][l]);

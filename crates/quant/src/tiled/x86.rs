@@ -12,6 +12,7 @@ use std::ops::Range;
 
 use super::layout::{self, PANEL};
 use super::TiledMatrix;
+use crate::acts::GROUPS_PER_HALF;
 use crate::{Format, QuantizedActs};
 
 pub(super) fn available() -> bool {
@@ -145,8 +146,8 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
         }
         for h in 0..halves {
             let half = b * halves + h;
-            for k in 0..8 {
-                let g = 8 * half + k;
+            for k in 0..GROUPS_PER_HALF {
+                let g = GROUPS_PER_HALF * half + k;
                 let mut acc = [[_mm512_setzero_si512(); T]; R];
                 for t in 0..T {
                     let neg = _mm512_set1_epi32(*acts[t].neg.add(g));
@@ -154,7 +155,7 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
                         acc[r][t] = neg;
                     }
                 }
-                for c in [k, k + 8] {
+                for c in (k..layout::CHUNKS).step_by(GROUPS_PER_HALF) {
                     for r in 0..R {
                         let codes =
                             C::codes(p.add(r * stride + b * pbb + layout::SCALES + h * hb), c);
