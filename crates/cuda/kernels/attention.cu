@@ -8,6 +8,7 @@ extern "C" __global__ void attn_prep(const float* __restrict__ proj, int stride,
                                      const float* __restrict__ qn, const float* __restrict__ kn, float eps,
                                      float base, float* __restrict__ q_out, u16* __restrict__ kc,
                                      u16* __restrict__ vc) {
+    PDL_ENTRY();
     __shared__ float buf[HD];
     __shared__ float red[32];
     const int t = blockIdx.y, head = blockIdx.x, i = threadIdx.x;
@@ -39,11 +40,31 @@ extern "C" __global__ void attn_prep(const float* __restrict__ proj, int stride,
     }
 }
 
+// EPL consecutive f16 values of a cache row: 16-byte loads where the width allows.
+__device__ __forceinline__ void load_halves(const u16* __restrict__ p, float* f) {
+    if (EPL % 8 == 0) {
+#pragma unroll
+        for (int i = 0; i < EPL / 8; i++) {
+            const uint4 v = __ldg((const uint4*)p + i);
+            const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                f[8 * i + 2 * j] = h2f((u16)(w[j] & 0xffffu));
+                f[8 * i + 2 * j + 1] = h2f((u16)(w[j] >> 16));
+            }
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < EPL; e++) f[e] = h2f(p[e]);
+    }
+}
+
 // grid (NKV, NSPLIT, ntok), block 128 (4 warps, one cache position each at a time).
 // part: [ntok][NH][NSPLIT][HD + 2] = (acc[HD], m, l).
 extern "C" __global__ void __launch_bounds__(128)
 attn_split(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
            const u32* __restrict__ pos_ptr, float scale, float* __restrict__ part) {
+    PDL_ENTRY();
     __shared__ float sm_acc[4][GQA][HD];
     __shared__ float sm_ml[4][GQA][2];
     const int kvh = blockIdx.x, sp = blockIdx.y, t = blockIdx.z;
@@ -64,24 +85,41 @@ attn_split(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
             acc[g][e] = 0.0f;
         }
     }
-    for (int p = p0 + warp; p < p1; p += 4) {
-        const size_t at = ((size_t)p * NKV + kvh) * HD + lane * EPL;
-        float kf[EPL], vf[EPL];
+    // Two cache positions per iteration (p and p + 4, the order of the one-at-a-time loop, so the
+    // arithmetic is unchanged): their loads and dot-product reductions overlap.
+    for (int p = p0 + warp; p < p1; p += 8) {
+        const bool two = p + 4 < p1;
+        float kf[2][EPL], vf[2][EPL];
 #pragma unroll
-        for (int e = 0; e < EPL; e++) { kf[e] = h2f(kc[at + e]); vf[e] = h2f(vc[at + e]); }
+        for (int u = 0; u < 2; u++) {
+            const int pu = u == 0 || two ? p + 4 * u : p;
+            const size_t at = ((size_t)pu * NKV + kvh) * HD + lane * EPL;
+            load_halves(kc + at, kf[u]);
+            load_halves(vc + at, vf[u]);
+        }
+        float sc[2][GQA];
 #pragma unroll
-        for (int g = 0; g < GQA; g++) {
-            float dot = 0.0f;
+        for (int u = 0; u < 2; u++)
 #pragma unroll
-            for (int e = 0; e < EPL; e++) dot += qr[g][e] * kf[e];
-            const float sc = warp_sum(dot) * scale;
-            const float mn = fmaxf(m[g], sc);
-            const float corr = expf(m[g] - mn);
-            const float pe = expf(sc - mn);
-            l[g] = l[g] * corr + pe;
+            for (int g = 0; g < GQA; g++) {
+                float dot = 0.0f;
 #pragma unroll
-            for (int e = 0; e < EPL; e++) acc[g][e] = acc[g][e] * corr + pe * vf[e];
-            m[g] = mn;
+                for (int e = 0; e < EPL; e++) dot += qr[g][e] * kf[u][e];
+                sc[u][g] = warp_sum(dot) * scale;
+            }
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            if (u == 1 && !two) break;
+#pragma unroll
+            for (int g = 0; g < GQA; g++) {
+                const float mn = fmaxf(m[g], sc[u][g]);
+                const float corr = expf(m[g] - mn);
+                const float pe = expf(sc[u][g] - mn);
+                l[g] = l[g] * corr + pe;
+#pragma unroll
+                for (int e = 0; e < EPL; e++) acc[g][e] = acc[g][e] * corr + pe * vf[u][e];
+                m[g] = mn;
+            }
         }
     }
 #pragma unroll
@@ -111,20 +149,36 @@ attn_split(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
     }
 }
 
-// grid (NH, ntok), block HD: merge the splits, gate, and quantize (one warp per 128 values).
+// grid (NH, ntok), block HD: merge the splits and gate. The split weights exp(m_s - M) are
+// computed once per split into shared memory (not by every thread in a serial chain); each
+// thread then sums in split order exactly as before, so the result has the same bits.
 extern "C" __global__ void attn_combine(const float* __restrict__ part, const float* __restrict__ proj,
                                         int stride, float* __restrict__ attn) {
+    PDL_ENTRY();
+    __shared__ float f[NSPLIT], ls[NSPLIT], red[32];
     const int head = blockIdx.x, t = blockIdx.y, i = threadIdx.x;
     const float* src = part + ((size_t)t * NH + head) * NSPLIT * (HD + 2);
+    float mloc = NEG_INF;
+    for (int s = i; s < NSPLIT; s += blockDim.x) mloc = fmaxf(mloc, src[s * (HD + 2) + HD]);
+    // fmaxf is exact and order-free: any reduction order gives the serial loop's M.
+    mloc = warp_max(mloc);
+    if ((i & 31) == 0) red[i >> 5] = mloc;
+    __syncthreads();
     float M = NEG_INF;
-    for (int s = 0; s < NSPLIT; s++) M = fmaxf(M, src[s * (HD + 2) + HD]);
-    float L = 0.0f, A = 0.0f;
-    for (int s = 0; s < NSPLIT; s++) {
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) M = fmaxf(M, red[w]);
+    for (int s = i; s < NSPLIT; s += blockDim.x) {
         const float ms = src[s * (HD + 2) + HD];
-        if (ms == NEG_INF) continue;
-        const float f = expf(ms - M);
-        L += src[s * (HD + 2) + HD + 1] * f;
-        A += src[s * (HD + 2) + i] * f;
+        f[s] = ms == NEG_INF ? 0.0f : expf(ms - M);
+        ls[s] = ms == NEG_INF ? 0.0f : src[s * (HD + 2) + HD + 1];
+    }
+    __syncthreads();
+    float L = 0.0f, A = 0.0f;
+    // Deep unrolling keeps many of the independent partial-sum loads in flight at once.
+#pragma unroll 32
+    for (int s = 0; s < NSPLIT; s++) {
+        // Empty splits were skipped before; adding exact zeros keeps every sum unchanged.
+        L += ls[s] * f[s];
+        A += src[s * (HD + 2) + i] * f[s];
     }
     const float gate = proj[(size_t)t * stride + head * 2 * HD + HD + i];
     attn[((size_t)t * NH + head) * HD + i] = (A / L) * sigmoidf_(gate);

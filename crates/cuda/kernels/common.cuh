@@ -62,3 +62,68 @@ __device__ __forceinline__ u64 argmax_key(float v, u32 row) {
     b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
     return ((u64)b << 32) | (u64)(~row);
 }
+
+// Programmatic dependent launch (sm_90): kernels are launched so that each may start while its
+// predecessor is still running. Every kernel calls pdl_wait() before it reads or writes any
+// buffer that earlier kernels touch; only reads of constant data (weights) may come before it.
+// pdl_launch() comes first: the next kernel may then be scheduled as soon as all of this one's
+// blocks are resident, so launch latency and the next GEMV's first weight copies overlap with
+// this kernel. That is safe transitively: kernel k+1 waits for k to complete, and k cannot
+// complete before its own wait for k-1 returned. (A waiting block holds its resources, but
+// dependents launch only once every block of their predecessor is resident, so they can never
+// starve it.) Without the launch attribute (or before sm_90) both are no-ops.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+#define PDL_ENTRY()  \
+    do {             \
+        pdl_launch(); \
+        pdl_wait();  \
+    } while (0)
+
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 r;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+// One arrival that also announces `bytes` of bulk-copy traffic the phase must wait for.
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }" ::"r"(bar),
+                 "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    u32 done = 0;
+    while (!done) {
+        asm volatile(
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    }
+}
+
+// Global → shared copy by the bulk-copy engine (16-byte aligned, a multiple of 16 bytes),
+// completing on `bar`.
+__device__ __forceinline__ void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+#endif

@@ -5,6 +5,7 @@
 extern "C" __global__ void gdn_conv(const float* __restrict__ proj, int stride, int ntok,
                                     float* __restrict__ state, const float* __restrict__ taps,
                                     float* __restrict__ out) {
+    PDL_ENTRY();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= CH) return;
     float s[KERN - 1], w[KERN];
@@ -34,6 +35,7 @@ extern "C" __global__ void __launch_bounds__(128)
 gdn_step(const float* __restrict__ conv, const float* __restrict__ proj, int stride, int aoff,
          int boff, int ntok, const float* __restrict__ a_neg, const float* __restrict__ dt_bias,
          float* __restrict__ S, float* __restrict__ o) {
+    PDL_ENTRY();
     __shared__ float qs[DK], ks[DK], red[4][32], red2[4][32], red3[8], gb[2];
     const int h = blockIdx.x, kh = h % HK;
     const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * 32 + tx;

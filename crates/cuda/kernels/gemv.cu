@@ -34,58 +34,53 @@ __device__ __forceinline__ void load_rows(const uint4* __restrict__ codes, const
     }
 }
 
+// One row's chunk against the activations of that chunk: the packed codes `w`, the weight
+// scale `d`, the activation words `xw` and the (d, d*sum q) pairs of the chunk's 64-value groups.
+template <int FMT>
+__device__ __forceinline__ float row_dot(const uint4& w, float d, const int* xw, float2 s0, float2 s1) {
+    if (FMT == FMT_Q1) {
+        int a0 = 0, a1 = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            a0 = __dp4a((int)((w.x >> k) & 0x01010101u), xw[k], a0);
+            a0 = __dp4a((int)((w.y >> k) & 0x01010101u), xw[8 + k], a0);
+            a1 = __dp4a((int)((w.z >> k) & 0x01010101u), xw[16 + k], a1);
+            a1 = __dp4a((int)((w.w >> k) & 0x01010101u), xw[24 + k], a1);
+        }
+        return d * (2.0f * (s0.x * (float)a0 + s1.x * (float)a1) - (s0.y + s1.y));
+    } else {
+        // Code field k masked in place is 4^k times the code: one accumulator per k.
+        int b[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const u32 wj = word_of(w, j);
+#pragma unroll
+            for (int k = 0; k < 4; k++) b[k] = dp4a_us(wj & (0x03030303u << (2 * k)), xw[4 * j + k], b[k]);
+        }
+        const int a = b[0] + (b[1] >> 2) + (b[2] >> 4) + (b[3] >> 6);
+        return d * (s0.x * (float)a - s0.y);
+    }
+}
+
 template <int FMT, int NT>
 __device__ __forceinline__ void dot_chunk(const uint4* w, const float* d, int c, const int* __restrict__ xq,
                                           const float2* __restrict__ xs, int xwords, int groups, int ntok,
                                           float (*acc)[NT]) {
+    constexpr int P = FMT == FMT_Q1 ? 8 : 4;
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         if (t < ntok) {
             const int4* xp = (const int4*)(xq + (size_t)t * xwords);
-            if (FMT == FMT_Q1) {
-                int xw[32];
+            int xw[4 * P];
 #pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    int4 v = __ldg(xp + c * 8 + i);
-                    xw[4 * i] = v.x; xw[4 * i + 1] = v.y; xw[4 * i + 2] = v.z; xw[4 * i + 3] = v.w;
-                }
-                const float2 s0 = __ldg(xs + (size_t)t * groups + 2 * c);
-                const float2 s1 = __ldg(xs + (size_t)t * groups + 2 * c + 1);
-#pragma unroll
-                for (int r = 0; r < GEMV_R; r++) {
-                    int a0 = 0, a1 = 0;
-#pragma unroll
-                    for (int k = 0; k < 8; k++) {
-                        a0 = __dp4a((int)((w[r].x >> k) & 0x01010101u), xw[k], a0);
-                        a0 = __dp4a((int)((w[r].y >> k) & 0x01010101u), xw[8 + k], a0);
-                        a1 = __dp4a((int)((w[r].z >> k) & 0x01010101u), xw[16 + k], a1);
-                        a1 = __dp4a((int)((w[r].w >> k) & 0x01010101u), xw[24 + k], a1);
-                    }
-                    acc[r][t] += d[r] * (2.0f * (s0.x * (float)a0 + s1.x * (float)a1) - (s0.y + s1.y));
-                }
-            } else {
-                int xw[16];
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    int4 v = __ldg(xp + c * 4 + i);
-                    xw[4 * i] = v.x; xw[4 * i + 1] = v.y; xw[4 * i + 2] = v.z; xw[4 * i + 3] = v.w;
-                }
-                const float2 s = __ldg(xs + (size_t)t * groups + c);
-#pragma unroll
-                for (int r = 0; r < GEMV_R; r++) {
-                    // Code field k masked in place is 4^k times the code: one accumulator per k.
-                    int b[4] = {0, 0, 0, 0};
-#pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        const u32 wj = word_of(w[r], j);
-#pragma unroll
-                        for (int k = 0; k < 4; k++)
-                            b[k] = dp4a_us(wj & (0x03030303u << (2 * k)), xw[4 * j + k], b[k]);
-                    }
-                    const int a = b[0] + (b[1] >> 2) + (b[2] >> 4) + (b[3] >> 6);
-                    acc[r][t] += d[r] * (s.x * (float)a - s.y);
-                }
+            for (int i = 0; i < P; i++) {
+                int4 v = __ldg(xp + c * P + i);
+                xw[4 * i] = v.x; xw[4 * i + 1] = v.y; xw[4 * i + 2] = v.z; xw[4 * i + 3] = v.w;
             }
+            const float2 s0 = __ldg(xs + (size_t)t * groups + (FMT == FMT_Q1 ? 2 * c : c));
+            const float2 s1 = FMT == FMT_Q1 ? __ldg(xs + (size_t)t * groups + 2 * c + 1) : s0;
+#pragma unroll
+            for (int r = 0; r < GEMV_R; r++) acc[r][t] += row_dot<FMT>(w[r], d[r], xw, s0, s1);
         }
     }
 }
@@ -99,6 +94,7 @@ __device__ __forceinline__ void gemv_body(const uint4* __restrict__ codes,
                                           const int* __restrict__ xq, const float2* __restrict__ xs,
                                           int ntok, float* __restrict__ out, int out_stride,
                                           int accumulate, u64* __restrict__ amax) {
+    PDL_ENTRY();
     const int lane = threadIdx.x & 31;
     const int wpb = blockDim.x >> 5;
     const int cv = FMT == FMT_Q1 ? 128 : 64;
@@ -106,6 +102,7 @@ __device__ __forceinline__ void gemv_body(const uint4* __restrict__ codes,
     const int groups = cols / 64;
     const int xwords = cols / 4;
     const int nrg = (rows + GEMV_R - 1) / GEMV_R;
+    u64 best = 0;
     for (int rg = blockIdx.x * wpb + (threadIdx.x >> 5); rg < nrg; rg += gridDim.x * wpb) {
         const int r0 = rg * GEMV_R;
         float acc[GEMV_R][NT];
@@ -137,10 +134,15 @@ __device__ __forceinline__ void gemv_body(const uint4* __restrict__ codes,
                     float* o = out + (size_t)t * out_stride + row;
                     const float v = accumulate ? v0 + *o : v0;
                     *o = v;
-                    if (amax) atomicMax(amax + t, argmax_key(v, (u32)row));
+                    // One token (decode): one atomic per warp at the end, since per-row atomics
+                    // on one address serialize. Several tokens (never with an argmax in
+                    // practice): per row, to keep the registers the prefill kernels need.
+                    if (NT == 1) best = max(best, argmax_key(v, (u32)row));
+                    else if (amax) atomicMax(amax + t, argmax_key(v, (u32)row));
                 }
             }
     }
+    if (NT == 1 && amax && lane == 0 && best) atomicMax(amax, best);
 }
 
 #define GEMV_KERNEL(name, FMT, NT)                                                              \
@@ -158,3 +160,176 @@ GEMV_KERNEL(gemv_q2g64_t1, FMT_Q2G64, 1)
 GEMV_KERNEL(gemv_q2g64_t8, FMT_Q2G64, 8)
 GEMV_KERNEL(gemv_q2g128_t1, FMT_Q2G128, 1)
 GEMV_KERNEL(gemv_q2g128_t8, FMT_Q2G128, 8)
+
+// Decode GEMV (one token), sm_90. The t1 kernel above keeps only one 16-byte load per row in
+// flight per lane, too few bytes to cover memory latency on the 12-50 MB matrices of a decode
+// step; its issue loop also stalls on every load. Here the bulk-copy engine streams whole tiles
+// of TR = 8·RW consecutive rows (their codes and scales are contiguous in the re-tiled layout)
+// into a ring of `stages` shared-memory buffers, so several tiles are in flight while the warps
+// multiply the current one. The first tiles are requested before pdl_wait(): weights do not
+// depend on the previous kernel, so their latency hides behind it. Warp w owns rows
+// w·RW..w·RW+RW-1 of each tile; lanes stride over chunks and reuse each activation load for the
+// RW rows. Each row is reduced by one warp in a fixed order: results are deterministic.
+//
+// Shared memory: activations (int8, stored piece-major so that lanes reading consecutive chunks
+// hit consecutive 16-byte words), their (d, d*sum q) pairs, then the stages. Matrices are
+// uploaded padded to whole tiles, so every copy is a full tile.
+//
+// With `xres` set, the block RMS-normalizes row `tok0` of the residual stream and quantizes it
+// itself (the same operations in the same order as quant_rms, so the same bits) while its first
+// tiles are in flight: a decode step then needs no separate norm kernel before this GEMV. The
+// quantized row goes through `lin` (cols bytes, before the stages) on its way to piece-major.
+#define GEMV1_MAX_STAGES 8
+
+#if __CUDA_ARCH__ >= 900
+template <int FMT, int RW>
+__device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ codes,
+                                           const unsigned char* __restrict__ scales, int rows,
+                                           int cols, const uint4* __restrict__ xq,
+                                           const float2* __restrict__ xs, float* __restrict__ out,
+                                           int accumulate, u64* __restrict__ amax, int stages,
+                                           const float* __restrict__ xres, int tok0,
+                                           const float* __restrict__ nw, float eps) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ __align__(8) u64 bars[GEMV1_MAX_STAGES];
+    __shared__ float red[32];
+    constexpr int CV = FMT == FMT_Q1 ? 128 : 64;
+    constexpr int SV = FMT == FMT_Q2G64 ? 64 : 128;
+    constexpr int P = CV / 16;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tr = (blockDim.x >> 5) * RW;
+    const int chunks = cols / CV, spr = cols / SV, groups = cols / 64;
+    const u32 code_bytes = (u32)tr * chunks * 16, scale_bytes = (u32)tr * spr * 2;
+    const u32 stage_bytes = (code_bytes + scale_bytes + 127) & ~127u;
+    const int ntiles = (rows + tr - 1) / tr;
+    const int mine = (int)blockIdx.x < ntiles ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    uint4* xsm = (uint4*)smem;
+    float2* ssm = (float2*)(smem + cols);
+    int* lin = (int*)(smem + ((cols + 8 * groups + 127) & ~127));
+    unsigned char* stage0 = (unsigned char*)lin + (xres ? cols : 0);
+
+    auto issue = [&](int i) {
+        const int s = i % stages;
+        const size_t tile = (size_t)blockIdx.x + (size_t)i * gridDim.x;
+        const u32 bar = smem_addr(&bars[s]);
+        const u32 dst = smem_addr(stage0 + (size_t)s * stage_bytes);
+        mbar_expect_tx(bar, code_bytes + scale_bytes);
+        bulk_g2s(dst, codes + tile * code_bytes, code_bytes, bar);
+        bulk_g2s(dst + code_bytes, scales + tile * scale_bytes, scale_bytes, bar);
+    };
+
+    if (tid == 0) {
+        for (int s = 0; s < stages; s++) mbar_init(smem_addr(&bars[s]), 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (tid == 0)
+        for (int i = 0; i < min(stages, mine); i++) issue(i);
+    PDL_ENTRY();
+    if (xres) {
+        const float* row = xres + (size_t)tok0 * cols;
+        float ss = 0.0f;
+        for (int i = tid * 4; i < cols; i += blockDim.x * 4) {
+            const float4 v = *(const float4*)(row + i);
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        ss = block_sum(ss, red);
+        const float scale = 1.0f / sqrtf(ss / (float)cols + eps);
+        for (int base = warp * 128; base < cols; base += (blockDim.x >> 5) * 128) {
+            const int i = base + lane * 4;
+            float4 v = *(const float4*)(row + i);
+            const float4 g = *(const float4*)(nw + i);
+            v.x = v.x * scale * g.x; v.y = v.y * scale * g.y; v.z = v.z * scale * g.z; v.w = v.w * scale * g.w;
+            quant128(v, base, lin, ssm);
+        }
+        __syncthreads();
+        for (int idx = tid; idx < chunks * P; idx += blockDim.x) {
+            const int c = idx / P, i = idx - c * P;
+            xsm[i * chunks + c] = ((const uint4*)lin)[idx];
+        }
+    } else {
+        for (int idx = tid; idx < chunks * P; idx += blockDim.x) {
+            const int c = idx / P, i = idx - c * P;
+            xsm[i * chunks + c] = xq[idx];
+        }
+        for (int g = tid; g < groups; g += blockDim.x) ssm[g] = xs[g];
+    }
+    __syncthreads();
+
+    u64 best = 0;
+    for (int i = 0; i < mine; i++) {
+        const int s = i % stages;
+        const unsigned char* st = stage0 + (size_t)s * stage_bytes;
+        mbar_wait(smem_addr(&bars[s]), (u32)(i / stages) & 1u);
+        const uint4* wc = (const uint4*)st;
+        const u16* ws = (const u16*)(st + code_bytes);
+        const int r0 = warp * RW;
+        float acc[RW];
+#pragma unroll
+        for (int r = 0; r < RW; r++) acc[r] = 0.0f;
+        for (int c = lane; c < chunks; c += 32) {
+            int xw[4 * P];
+#pragma unroll
+            for (int p = 0; p < P; p++) {
+                const uint4 v = xsm[p * chunks + c];
+                xw[4 * p] = (int)v.x; xw[4 * p + 1] = (int)v.y; xw[4 * p + 2] = (int)v.z; xw[4 * p + 3] = (int)v.w;
+            }
+            float2 s0, s1;
+            if (FMT == FMT_Q1) {
+                const float4 v = ((const float4*)ssm)[c];
+                s0 = make_float2(v.x, v.y);
+                s1 = make_float2(v.z, v.w);
+            } else {
+                s0 = ssm[c];
+                s1 = s0;
+            }
+#pragma unroll
+            for (int r = 0; r < RW; r++) {
+                const uint4 w = wc[(size_t)(r0 + r) * chunks + c];
+                const float d = h2f(ws[(r0 + r) * spr + (FMT == FMT_Q2G128 ? c >> 1 : c)]);
+                acc[r] += row_dot<FMT>(w, d, xw, s0, s1);
+            }
+        }
+        const int row0 = (int)(blockIdx.x + (size_t)i * gridDim.x) * tr + r0;
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            const float v0 = warp_sum(acc[r]);
+            const int row = row0 + r;
+            if (lane == 0 && row < rows) {
+                const float v = accumulate ? v0 + out[row] : v0;
+                out[row] = v;
+                best = max(best, argmax_key(v, (u32)row));
+            }
+        }
+        // Every warp is done with stage s before it is refilled.
+        __syncthreads();
+        if (tid == 0 && i + stages < mine) issue(i + stages);
+    }
+    // One atomic per warp: a vocabulary of rows each hitting one address serializes (measured
+    // at ~190 µs for the 248k-row LM head).
+    if (amax && lane == 0 && best) atomicMax(amax, best);
+}
+#endif
+
+#if __CUDA_ARCH__ >= 900
+#define GEMV1_CALL(FMT, RW) \
+    gemv1_body<FMT, RW>(codes, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps)
+#else
+#define GEMV1_CALL(FMT, RW) __trap()
+#endif
+
+#define GEMV1_KERNEL(name, FMT, RW)                                                              \
+    extern "C" __global__ void __launch_bounds__(256, 2)                                          \
+        name(const unsigned char* __restrict__ codes, const unsigned char* __restrict__ scales,   \
+             int rows, int cols, const uint4* __restrict__ xq, const float2* __restrict__ xs,     \
+             float* __restrict__ out, int accumulate, u64* __restrict__ amax, int stages,         \
+             const float* __restrict__ xres, int tok0, const float* __restrict__ nw, float eps) { \
+        GEMV1_CALL(FMT, RW);                                                                     \
+    }
+
+GEMV1_KERNEL(gemv1_q1_r1, FMT_Q1, 1)
+GEMV1_KERNEL(gemv1_q1_r2, FMT_Q1, 2)
+GEMV1_KERNEL(gemv1_q2g64_r1, FMT_Q2G64, 1)
+GEMV1_KERNEL(gemv1_q2g64_r2, FMT_Q2G64, 2)
+GEMV1_KERNEL(gemv1_q2g128_r1, FMT_Q2G128, 1)
+GEMV1_KERNEL(gemv1_q2g128_r2, FMT_Q2G128, 2)

@@ -34,6 +34,7 @@ __device__ __forceinline__ void quant128(float4 v, int base, int* xq_tok, float2
 extern "C" __global__ void quant_rms(const float* __restrict__ x, int cols, int tok0,
                                      const float* __restrict__ w, float eps,
                                      int* __restrict__ xq, float2* __restrict__ xs) {
+    PDL_ENTRY();
     __shared__ float red[32];
     const int t = blockIdx.y;
     const float* row = x + (size_t)(tok0 + t) * cols;
@@ -56,6 +57,7 @@ extern "C" __global__ void quant_rms(const float* __restrict__ x, int cols, int 
 // silu(gate) * up from the stacked gate|up projection. grid (ceil(ffn/1024), ntok), block 256.
 extern "C" __global__ void quant_swiglu(const float* __restrict__ gu, int stride, int ffn,
                                         int* __restrict__ xq, float2* __restrict__ xs) {
+    PDL_ENTRY();
     const int t = blockIdx.y;
     const int base = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 128;
     if (base >= ffn) return;
@@ -72,6 +74,7 @@ extern "C" __global__ void quant_swiglu(const float* __restrict__ gu, int stride
 extern "C" __global__ void quant_gated(const float* __restrict__ o, const float* __restrict__ proj,
                                        int stride, int zoff, const float* __restrict__ w, float eps,
                                        int* __restrict__ xq, float2* __restrict__ xs) {
+    PDL_ENTRY();
     const int t = blockIdx.y;
     const int head = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (head >= HV) return;
@@ -93,6 +96,7 @@ extern "C" __global__ void quant_gated(const float* __restrict__ o, const float*
 // Plain quantization (harness use). grid (ceil(cols/1024), ntok), block 256.
 extern "C" __global__ void quant_plain(const float* __restrict__ x, int cols,
                                        int* __restrict__ xq, float2* __restrict__ xs) {
+    PDL_ENTRY();
     const int t = blockIdx.y;
     const int base = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 128;
     if (base >= cols) return;
@@ -101,6 +105,7 @@ extern "C" __global__ void quant_plain(const float* __restrict__ x, int cols,
 }
 
 extern "C" __global__ void fill_u64(u64* p, int n, u64 v) {
+    PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) p[i] = v;
 }

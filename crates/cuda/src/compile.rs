@@ -15,7 +15,7 @@ pub const SOURCES: [(&str, &str); 5] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 16] = [
+pub const KERNELS: [&str; 22] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -27,6 +27,12 @@ pub const KERNELS: [&str; 16] = [
     "gemv_q2g64_t8",
     "gemv_q2g128_t1",
     "gemv_q2g128_t8",
+    "gemv1_q1_r1",
+    "gemv1_q1_r2",
+    "gemv1_q2g64_r1",
+    "gemv1_q2g64_r2",
+    "gemv1_q2g128_r1",
+    "gemv1_q2g128_r2",
     "gdn_conv",
     "gdn_step",
     "attn_prep",
@@ -147,7 +153,7 @@ mod tests {
         let src = source();
         for k in KERNELS {
             assert!(
-                src.contains(&format!("{k}(")) || src.contains(&format!("GEMV_KERNEL({k},")),
+                src.contains(&format!("{k}(")) || src.contains(&format!("KERNEL({k},")),
                 "{k}"
             );
         }

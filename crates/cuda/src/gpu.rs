@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::{
@@ -11,7 +12,7 @@ use cudarc::driver::{
 
 use crate::compile;
 use crate::error::{Context, CudaError, Result};
-use crate::plan::{Dims, GEMV_ROWS, GEMV_TOKENS};
+use crate::plan::{self, Dims, Gemv1Tuning, GEMV_ROWS, GEMV_TOKENS, TILE_PAD_ROWS};
 use crate::repack::{GpuFormat, Packed, X_GROUP};
 
 /// What `available()` reports about the first GPU.
@@ -124,9 +125,51 @@ pub struct DevMat {
 }
 
 impl DevMat {
+    /// Bytes of the matrix proper (the upload's padding rows are not counted).
     pub fn bytes(&self) -> usize {
-        self.codes.bytes + self.scales.bytes
+        let f = self.format;
+        self.rows * (self.cols / f.chunk_values() * 16 + self.cols / f.scale_values() * 2)
     }
+}
+
+/// What a GEMV reads and writes: int8 activations `xq` with their group scales `xs` for
+/// `ntok` tokens, and `out[t][row]` at `out + 4·(t·out_stride + row)`, added to when
+/// `accumulate`; `argmax`, when set, receives each token's argmax key.
+#[derive(Clone, Copy, Debug)]
+pub struct GemvIo {
+    pub xq: u64,
+    pub xs: u64,
+    pub ntok: usize,
+    pub out: u64,
+    pub out_stride: usize,
+    pub accumulate: bool,
+    pub argmax: Option<u64>,
+}
+
+impl GemvIo {
+    /// One token into `out` (overwritten), no argmax.
+    pub fn one(xq: u64, xs: u64, out: u64) -> GemvIo {
+        GemvIo {
+            xq,
+            xs,
+            ntok: 1,
+            out,
+            out_stride: 0,
+            accumulate: false,
+            argmax: None,
+        }
+    }
+}
+
+/// The residual row a fused decode GEMV RMS-norms and quantizes itself.
+#[derive(Clone, Copy, Debug)]
+pub struct NormIn {
+    /// The residual stream, `[tokens][cols]` f32.
+    pub x: u64,
+    pub tok0: usize,
+    /// The norm's weight, `cols` f32.
+    pub weight: u64,
+    pub eps: f32,
 }
 
 /// A kernel argument.
@@ -148,6 +191,39 @@ pub struct Gpu {
     /// Seconds NVRTC took (0 when the PTX came from the cache).
     pub compile_secs: f64,
     pub from_cache: bool,
+    /// Launch kernels with programmatic stream serialization (sm_90 and later; the kernels wait
+    /// for their predecessor with `griddepcontrol.wait`). `NIWAKI_CUDA_PDL=0` turns it off.
+    pdl: AtomicBool,
+    /// Use the bulk-copy decode GEMV (sm_90 and later). `NIWAKI_CUDA_GEMV1=0` turns it off.
+    gemv1: AtomicBool,
+    /// Fold the RMS norms into the decode GEMVs (`NIWAKI_CUDA_FUSE_NORM=1`; off by default:
+    /// measured 1-8% slower decode on the H200, the per-block norm delaying each GEMV's start
+    /// by more than the separate kernel costs).
+    fuse_norm: AtomicBool,
+    /// Decode-GEMV blocks per multiprocessor and shared-memory budget (0: the defaults of
+    /// [`Gemv1Tuning::for_shape`]).
+    blocks_per_sm: AtomicUsize,
+    smem_budget: AtomicUsize,
+    /// Shared memory a block may opt in to.
+    pub smem_limit: usize,
+}
+
+thread_local! {
+    static SERIAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with this thread's launches plainly stream-ordered (no programmatic dependent
+/// launch). Prefill passes use it: there, dependents resident early beside long kernels
+/// (the 64-token recurrent step) measured 17% slower pp512, while one-token passes gain.
+pub fn serial_launches<T>(f: impl FnOnce() -> T) -> T {
+    let before = SERIAL.with(|c| c.replace(true));
+    let out = f();
+    SERIAL.with(|c| c.set(before));
+    out
+}
+
+fn env_on(name: &str) -> bool {
+    std::env::var(name).map_or(true, |v| v != "0")
 }
 
 impl Gpu {
@@ -171,6 +247,27 @@ impl Gpu {
             );
         }
         let stream = ctx.new_stream().ctx(|| "creating a stream".into())?;
+        let hopper = info.compute_capability.0 >= 9;
+        let smem_limit = ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .ctx(|| "shared memory limit".into())?
+            .max(0) as usize;
+        if hopper {
+            for k in compile::KERNELS.iter().filter(|k| k.starts_with("gemv1_")) {
+                // SAFETY: a function handle of this context and a documented attribute.
+                unsafe {
+                    sys::cuFuncSetAttribute(
+                        funcs[*k].cu_function(),
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        smem_limit.saturating_sub(256) as i32,
+                    )
+                }
+                .result()
+                .ctx(|| format!("raising the shared memory limit of {k}"))?;
+            }
+        }
         Ok(Gpu {
             ctx,
             stream,
@@ -179,7 +276,62 @@ impl Gpu {
             info,
             compile_secs,
             from_cache,
+            pdl: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_PDL")),
+            gemv1: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_GEMV1")),
+            fuse_norm: AtomicBool::new(
+                std::env::var("NIWAKI_CUDA_FUSE_NORM").is_ok_and(|v| v == "1"),
+            ),
+            blocks_per_sm: AtomicUsize::new(0),
+            smem_budget: AtomicUsize::new(0),
+            smem_limit,
         })
+    }
+
+    /// Whether kernels are launched with programmatic dependent launch.
+    pub fn pdl(&self) -> bool {
+        self.pdl.load(Ordering::Relaxed)
+    }
+
+    /// Whether one-token GEMVs use the bulk-copy kernel.
+    pub fn gemv1(&self) -> bool {
+        self.gemv1.load(Ordering::Relaxed)
+    }
+
+    /// Whether one-token passes fold each norm into the GEMV that reads it.
+    pub fn fuse_norm(&self) -> bool {
+        self.gemv1() && self.fuse_norm.load(Ordering::Relaxed)
+    }
+
+    /// The decode-GEMV tuning for a matrix: the defaults, or the knobs set by
+    /// [`Gpu::set_gemv1_knobs`].
+    pub fn gemv1_tuning(&self, format: GpuFormat, cols: usize) -> Gemv1Tuning {
+        let mut t = Gemv1Tuning::for_shape(format, cols);
+        match self.blocks_per_sm.load(Ordering::Relaxed) {
+            0 => {}
+            n => t.blocks_per_sm = n,
+        }
+        match self.smem_budget.load(Ordering::Relaxed) {
+            0 => {}
+            n => t.smem_budget = n,
+        }
+        t
+    }
+
+    /// Sets norm fusion and the decode GEMV's blocks per multiprocessor and shared-memory
+    /// budget (0: default), for measuring them; captured graphs keep what they were built with.
+    pub fn set_gemv1_knobs(&self, fuse_norm: bool, blocks_per_sm: usize, smem_budget: usize) {
+        self.fuse_norm.store(fuse_norm, Ordering::Relaxed);
+        self.blocks_per_sm.store(blocks_per_sm, Ordering::Relaxed);
+        self.smem_budget.store(smem_budget, Ordering::Relaxed);
+    }
+
+    /// Turns the sm_90 launch paths off or back on (for measuring what each brings; a state's
+    /// captured graphs keep the setting they were captured with). Never turns on what the
+    /// device lacks.
+    pub fn set_fast_paths(&self, pdl: bool, gemv1: bool) {
+        let hopper = self.info.compute_capability.0 >= 9;
+        self.pdl.store(pdl && hopper, Ordering::Relaxed);
+        self.gemv1.store(gemv1 && hopper, Ordering::Relaxed);
     }
 
     pub fn free_bytes(&self) -> Result<usize> {
@@ -243,13 +395,22 @@ impl Gpu {
         stream.synchronize().ctx(|| "synchronising".into())
     }
 
+    /// Uploads a re-tiled matrix with its rows padded (zeros) to a multiple of
+    /// [`TILE_PAD_ROWS`], so that the decode GEMV copies whole tiles only.
     pub fn upload_packed(&self, p: &Packed, name: &str) -> Result<DevMat> {
+        let padded = p.rows.div_ceil(TILE_PAD_ROWS) * TILE_PAD_ROWS;
+        let put = |data: &[u8]| -> Result<DevBuf> {
+            let buf = self.alloc(data.len() / p.rows.max(1) * padded, name)?;
+            self.write(&self.stream, buf.ptr, data)?;
+            Ok(buf)
+        };
+        let scale_bytes: Vec<u8> = p.scales.iter().flat_map(|s| s.to_le_bytes()).collect();
         Ok(DevMat {
             format: p.format,
             rows: p.rows,
             cols: p.cols,
-            codes: self.upload(&p.codes, name)?,
-            scales: self.upload(&p.scales, name)?,
+            codes: put(&p.codes)?,
+            scales: put(&scale_bytes)?,
         })
     }
 
@@ -260,6 +421,19 @@ impl Gpu {
         name: &str,
         grid: (u32, u32, u32),
         block: (u32, u32, u32),
+        args: &[Arg],
+    ) -> Result<()> {
+        self.launch_smem(stream, name, grid, block, 0, args)
+    }
+
+    /// Launches `name` with `smem` bytes of dynamic shared memory.
+    pub fn launch_smem(
+        &self,
+        stream: &CudaStream,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
         args: &[Arg],
     ) -> Result<()> {
         let f = self
@@ -286,20 +460,40 @@ impl Gpu {
             .iter_mut()
             .map(|v| v.as_mut_ptr() as *mut c_void)
             .collect();
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue {
+                programmaticStreamSerializationAllowed: 1,
+            },
+        };
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block.0,
+            blockDimY: block.1,
+            blockDimZ: block.2,
+            sharedMemBytes: smem,
+            hStream: stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: u32::from(self.pdl() && !SERIAL.with(|c| c.get())),
+        };
         // SAFETY: each parameter points at a value of the size and type of the kernel's
         // parameter at that position (the call sites mirror the kernel signatures in
-        // kernels/*.cu); `vals` outlives the call, which copies the parameters.
+        // kernels/*.cu); `vals`, `attr` and `config` outlive the call, which copies them. Every
+        // kernel starts with `griddepcontrol.wait` before touching its predecessors' buffers,
+        // which is what the programmatic-serialization attribute requires.
         unsafe {
-            result::launch_kernel(
+            sys::cuLaunchKernelEx(
+                &config,
                 f.cu_function(),
-                grid,
-                block,
-                0,
-                stream.cu_stream(),
-                &mut params,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
             )
         }
-        .ctx(|| format!("launching {name} grid {grid:?} block {block:?}"))
+        .result()
+        .ctx(|| format!("launching {name} grid {grid:?} block {block:?} smem {smem}"))
     }
 
     /// `ntok` rows of activations (`cols` wide, f32 at `x`) quantized to `xq`, `xs`.
@@ -326,20 +520,28 @@ impl Gpu {
         )
     }
 
-    /// `out[t][r] (+)= W[r] · x[t]` for `ntok` tokens (several launches past 8 tokens).
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemv(
-        &self,
-        stream: &CudaStream,
-        m: &DevMat,
-        xq: u64,
-        xs: u64,
-        ntok: usize,
-        out: u64,
-        out_stride: usize,
-        accumulate: bool,
-        argmax: Option<u64>,
-    ) -> Result<()> {
+    /// `out[t][r] (+)= W[r] · x[t]` for `io.ntok` tokens (several launches past 8 tokens).
+    pub fn gemv(&self, stream: &CudaStream, m: &DevMat, io: &GemvIo) -> Result<()> {
+        if io.ntok == 1 && self.gemv1() {
+            let t = self.gemv1_tuning(m.format, m.cols);
+            if self.gemv1_tuned(stream, m, io, t, None)? {
+                return Ok(());
+            }
+        }
+        self.gemv_plain(stream, m, io)
+    }
+
+    /// The register-streaming GEMV (`gemv_<format>_t1` / `_t8`), for any device.
+    pub fn gemv_plain(&self, stream: &CudaStream, m: &DevMat, io: &GemvIo) -> Result<()> {
+        let GemvIo {
+            xq,
+            xs,
+            ntok,
+            out,
+            out_stride,
+            accumulate,
+            argmax,
+        } = *io;
         let width = if ntok == 1 { 1 } else { GEMV_TOKENS };
         let name = format!("gemv_{}_t{width}", m.format.kernel_name());
         let name = compile::KERNELS
@@ -376,6 +578,53 @@ impl Gpu {
             t0 += n;
         }
         Ok(())
+    }
+
+    /// One-token GEMV through the bulk-copy kernel with explicit tuning; `false` (nothing
+    /// launched) when the plan does not fit or the device lacks the kernel. With `pre`, the
+    /// kernel norms and quantizes its input row itself and `xq`, `xs` are not read.
+    pub fn gemv1_tuned(
+        &self,
+        stream: &CudaStream,
+        m: &DevMat,
+        io: &GemvIo,
+        t: Gemv1Tuning,
+        pre: Option<NormIn>,
+    ) -> Result<bool> {
+        if self.info.compute_capability.0 < 9 || io.ntok != 1 {
+            return Ok(false);
+        }
+        let sms = self.info.multiprocessors.max(1) as usize;
+        let fused = pre.is_some();
+        let Some(l) = plan::gemv1_launch(m.format, m.rows, m.cols, t, sms, self.smem_limit, fused)
+        else {
+            return Ok(false);
+        };
+        let name = format!("gemv1_{}_r{}", m.format.kernel_name(), l.rows_per_warp);
+        self.launch_smem(
+            stream,
+            &name,
+            (l.grid as u32, 1, 1),
+            (32 * plan::GEMV1_WARPS as u32, 1, 1),
+            l.smem_bytes as u32,
+            &[
+                Arg::Ptr(m.codes.ptr),
+                Arg::Ptr(m.scales.ptr),
+                Arg::I32(m.rows as i32),
+                Arg::I32(m.cols as i32),
+                Arg::Ptr(io.xq),
+                Arg::Ptr(io.xs),
+                Arg::Ptr(io.out),
+                Arg::I32(i32::from(io.accumulate)),
+                Arg::Ptr(io.argmax.unwrap_or(0)),
+                Arg::I32(l.stages as i32),
+                Arg::Ptr(pre.map_or(0, |p| p.x)),
+                Arg::I32(pre.map_or(0, |p| p.tok0 as i32)),
+                Arg::Ptr(pre.map_or(0, |p| p.weight)),
+                Arg::F32(pre.map_or(0.0, |p| p.eps)),
+            ],
+        )?;
+        Ok(true)
     }
 
     /// Median seconds per call of `f` over `iters` calls timed with events on `stream`.

@@ -9,7 +9,7 @@ use model::{LayerKind, Logits, Model, ModelError};
 use quant::Format;
 
 use crate::error::{Context, CudaError, Result};
-use crate::gpu::{Arg, DevBuf, DevMat, DeviceInfo, Gpu};
+use crate::gpu::{Arg, DevBuf, DevMat, DeviceInfo, GemvIo, Gpu, NormIn};
 use crate::plan::{
     self, check_fits, forward_ops, Dims, Head, Mat, Norm, Op, Out, Scratch, StateBytes,
     ATTN_SPLITS, MAX_CHUNK,
@@ -402,11 +402,65 @@ impl CudaModel {
         Ok(())
     }
 
-    fn exec_all(&self, st: &CudaState, n: usize, head: Head, argmax: bool) -> Result<()> {
-        for op in forward_ops(&self.dims, n, head, argmax) {
-            self.exec(st, &op)?;
+    /// Where a decode step's time goes: for each kind of op of a one-token pass, the seconds one
+    /// launch takes inside a CUDA graph of `reps` launches (cycling through the layers' ops of
+    /// that kind, so that a matrix is not served from L2 by its own previous launch; median of
+    /// 5 replays), with how often the op occurs per token. The ops run on `st` as they are
+    /// (its contents are meaningless afterwards).
+    #[doc(hidden)]
+    pub fn profile_decode(
+        &self,
+        st: &mut CudaState,
+        reps: usize,
+    ) -> Result<Vec<(String, usize, f64)>> {
+        let mut kinds: Vec<(String, Vec<Op>)> = Vec::new();
+        for op in forward_ops(&self.dims, 1, Head::Last, true, self.gpu.fuse_norm()) {
+            let name = match op {
+                Op::Gemv { mat, .. } => format!("Gemv {mat:?}"),
+                Op::NormGemv { mat, .. } => format!("NormGemv {mat:?}"),
+                other => format!("{other:?}"),
+            };
+            let key: String = name
+                .split(['(', '{'])
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_string();
+            match kinds.iter_mut().find(|k| k.0 == key) {
+                Some(k) => k.1.push(op),
+                None => kinds.push((key, vec![op])),
+            }
         }
-        Ok(())
+        let mut out = Vec::new();
+        for (key, ops) in kinds {
+            st.stream
+                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .ctx(|| "beginning graph capture".into())?;
+            let res = (0..reps).try_for_each(|i| self.exec(st, &ops[i % ops.len()]));
+            let g = st
+                .stream
+                .end_capture(sys::CUgraphInstantiate_flags(0))
+                .ctx(|| "ending graph capture".into())?;
+            res?;
+            let g = g.ok_or_else(|| CudaError::Unsupported("empty graph".into()))?;
+            g.launch().ctx(|| "graph warm-up".into())?;
+            let secs = self
+                .gpu
+                .time(&st.stream, 5, || g.launch().ctx(|| "graph launch".into()))?;
+            out.push((key, ops.len(), secs / reps as f64));
+        }
+        st.stream.synchronize().ctx(|| "profile".into())?;
+        Ok(out)
+    }
+
+    fn exec_all(&self, st: &CudaState, n: usize, head: Head, argmax: bool) -> Result<()> {
+        let ops = forward_ops(&self.dims, n, head, argmax, self.gpu.fuse_norm());
+        let all = || ops.iter().try_for_each(|op| self.exec(st, op));
+        if n == 1 {
+            all()
+        } else {
+            crate::gpu::serial_launches(all)
+        }
     }
 
     fn mat(&self, m: Mat) -> &DevMat {
@@ -434,6 +488,37 @@ impl CudaModel {
                 }
                 MixW::Gdn(_) => unreachable!("layer {l} is not attention"),
             },
+        }
+    }
+
+    fn norm_weight(&self, norm: Norm) -> &DevBuf {
+        match norm {
+            Norm::Attn(l) => &self.layers[l].attn_norm,
+            Norm::Post(l) => &self.layers[l].post_norm,
+            Norm::Output => &self.output_norm,
+        }
+    }
+
+    /// A GEMV of `ntok` tokens from the scratch activations to `out`.
+    fn gemv_io(&self, st: &CudaState, m: &DevMat, ntok: usize, out: Out) -> GemvIo {
+        let (out, out_stride, accumulate, argmax) = match out {
+            Out::Proj => (st.s("proj"), m.rows, false, None),
+            Out::Residual => (st.s("x"), self.dims.hidden, true, None),
+            Out::Logits { argmax } => (
+                st.s("logits"),
+                self.dims.vocab,
+                false,
+                argmax.then(|| st.s("argmax")),
+            ),
+        };
+        GemvIo {
+            xq: st.s("xq"),
+            xs: st.s("xs"),
+            ntok,
+            out,
+            out_stride,
+            accumulate,
+            argmax,
         }
     }
 
@@ -482,11 +567,7 @@ impl CudaModel {
         let (proj, pos) = (st.s("proj"), st.s("pos"));
         match *op {
             Op::NormQuant { norm, tok0, ntok } => {
-                let w = match norm {
-                    Norm::Attn(l) => &self.layers[l].attn_norm,
-                    Norm::Post(l) => &self.layers[l].post_norm,
-                    Norm::Output => &self.output_norm,
-                };
+                let w = self.norm_weight(norm);
                 g.launch(
                     s,
                     "quant_rms",
@@ -505,17 +586,36 @@ impl CudaModel {
             }
             Op::Gemv { mat, ntok, out } => {
                 let m = self.mat(mat);
-                let (dst, stride, acc, amax) = match out {
-                    Out::Proj => (proj, m.rows, false, None),
-                    Out::Residual => (st.s("x"), e, true, None),
-                    Out::Logits { argmax } => (
-                        st.s("logits"),
-                        d.vocab,
-                        false,
-                        argmax.then(|| st.s("argmax")),
-                    ),
+                g.gemv(s, m, &self.gemv_io(st, m, ntok, out))
+            }
+            Op::NormGemv {
+                norm,
+                tok0,
+                mat,
+                out,
+            } => {
+                let m = self.mat(mat);
+                let io = self.gemv_io(st, m, 1, out);
+                let pre = NormIn {
+                    x: st.s("x"),
+                    tok0,
+                    weight: self.norm_weight(norm).ptr,
+                    eps: d.rms_eps,
                 };
-                g.gemv(s, m, xq, xs, ntok, dst, stride, acc, amax)
+                // A GEMV that adds into the residual must not also read it.
+                let t = g.gemv1_tuning(m.format, m.cols);
+                if out != Out::Residual && g.gemv1() && g.gemv1_tuned(s, m, &io, t, Some(pre))? {
+                    return Ok(());
+                }
+                self.exec(
+                    st,
+                    &Op::NormQuant {
+                        norm,
+                        tok0,
+                        ntok: 1,
+                    },
+                )?;
+                self.exec(st, &Op::Gemv { mat, ntok: 1, out })
             }
             Op::Conv { layer, ntok } => {
                 let ch = d.conv_channels();

@@ -4,6 +4,7 @@
 use model::{Config, LayerKind};
 
 use crate::error::{CudaError, Result};
+use crate::repack::{GpuFormat, X_GROUP};
 
 /// Partitions of the KV range in flash-decoding (one block per kv head and split).
 pub const ATTN_SPLITS: usize = 128;
@@ -13,6 +14,90 @@ pub const MAX_CHUNK: usize = 64;
 pub const GEMV_TOKENS: usize = 8;
 /// Rows of a matrix one GEMV warp computes at a time (sharing each activation load).
 pub const GEMV_ROWS: usize = 4;
+
+/// Matrices are uploaded with their rows padded to a multiple of this, so that the decode GEMV
+/// (`gemv1_*`) only ever copies whole tiles of 8 or 16 rows.
+pub const TILE_PAD_ROWS: usize = 16;
+/// Warps of a decode-GEMV block; a tile is `GEMV1_WARPS × rows_per_warp` rows.
+pub const GEMV1_WARPS: usize = 8;
+/// Shared-memory stages of the decode GEMV's copy ring (the kernel's barrier array).
+pub const GEMV1_MAX_STAGES: usize = 8;
+
+/// The knobs of the decode GEMV: rows per warp (1 or 2), the shared memory a block may use for
+/// activations and its ring of tiles, and blocks per multiprocessor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gemv1Tuning {
+    pub rows_per_warp: usize,
+    pub smem_budget: usize,
+    pub blocks_per_sm: usize,
+}
+
+impl Gemv1Tuning {
+    /// Default for a matrix: two rows per warp while a tile of 16 rows stays small (≤ ~26 KB),
+    /// two blocks per multiprocessor of up to 100 KiB each. Measured on the H200 over whole
+    /// 27B decode steps: one block per SM (so that the next GEMV's block could fit beside it)
+    /// was 17-27% slower, 64 or 160 KiB with one block slower still.
+    pub fn for_shape(format: GpuFormat, cols: usize) -> Gemv1Tuning {
+        let row_bytes = cols / format.chunk_values() * 16;
+        Gemv1Tuning {
+            rows_per_warp: if row_bytes <= 1600 { 2 } else { 1 },
+            smem_budget: 100 << 10,
+            blocks_per_sm: 2,
+        }
+    }
+}
+
+/// A decode-GEMV launch: kernel variant, stages, grid and dynamic shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gemv1Launch {
+    pub rows_per_warp: usize,
+    pub stages: usize,
+    pub grid: usize,
+    pub smem_bytes: usize,
+    pub stage_bytes: usize,
+}
+
+fn round128(n: usize) -> usize {
+    n.div_ceil(128) * 128
+}
+
+/// Plans a decode GEMV, or `None` when not even two stages fit (the caller then uses the plain
+/// kernel). `smem_limit` is the per-block opt-in maximum of the device.
+/// `fused_norm`: the block norms and quantizes its input itself (one more row of int8 staging).
+pub fn gemv1_launch(
+    format: GpuFormat,
+    rows: usize,
+    cols: usize,
+    t: Gemv1Tuning,
+    sms: usize,
+    smem_limit: usize,
+    fused_norm: bool,
+) -> Option<Gemv1Launch> {
+    if rows == 0 || !format.fits(cols) || !(1..=2).contains(&t.rows_per_warp) {
+        return None;
+    }
+    let tr = GEMV1_WARPS * t.rows_per_warp;
+    let chunks = cols / format.chunk_values();
+    let scales = cols / format.scale_values();
+    let stage_bytes = round128(tr * chunks * 16 + tr * scales * 2);
+    let x_bytes = round128(cols + 8 * cols / X_GROUP) + if fused_norm { cols } else { 0 };
+    // The kernel's static barriers come out of the same limit.
+    let budget = t.smem_budget.min(smem_limit.saturating_sub(256));
+    let tiles = rows.div_ceil(tr);
+    let stages = (budget.saturating_sub(x_bytes) / stage_bytes)
+        .min(GEMV1_MAX_STAGES)
+        .min(tiles.max(2));
+    if stages < 2 {
+        return None;
+    }
+    Some(Gemv1Launch {
+        rows_per_warp: t.rows_per_warp,
+        stages,
+        grid: tiles.min(sms.max(1) * t.blocks_per_sm.max(1)),
+        smem_bytes: x_bytes + stages * stage_bytes,
+        stage_bytes,
+    })
+}
 
 /// The model's shapes as the kernels need them, checked against what the kernels support.
 #[derive(Clone, Debug, PartialEq)]
@@ -291,6 +376,14 @@ pub enum Op {
         ntok: usize,
         out: Out,
     },
+    /// One token: RMS norm + quantize inside the GEMV's own blocks (NormQuant then Gemv when
+    /// the device has no fused kernel for the matrix).
+    NormGemv {
+        norm: Norm,
+        tok0: usize,
+        mat: Mat,
+        out: Out,
+    },
     Conv {
         layer: usize,
         ntok: usize,
@@ -339,10 +432,12 @@ pub enum Head {
     All,
 }
 
-/// The launches of one forward pass over `ntok` tokens (at most [`MAX_CHUNK`]).
-pub fn forward_ops(d: &Dims, ntok: usize, head: Head, argmax: bool) -> Vec<Op> {
+/// The launches of one forward pass over `ntok` tokens (at most [`MAX_CHUNK`]). With
+/// `fuse_norm`, a one-token pass folds each norm into the GEMV that reads it.
+pub fn forward_ops(d: &Dims, ntok: usize, head: Head, argmax: bool, fuse_norm: bool) -> Vec<Op> {
     assert!((1..=MAX_CHUNK).contains(&ntok));
     let mut ops = Vec::new();
+    let fuse = fuse_norm && ntok == 1;
     for (il, kind) in d.layers.iter().enumerate() {
         ops.push(Op::NormQuant {
             norm: Norm::Attn(il),
@@ -417,7 +512,45 @@ pub fn forward_ops(d: &Dims, ntok: usize, head: Head, argmax: bool) -> Vec<Op> {
         ntok: n,
         out: Out::Logits { argmax },
     });
+    if fuse {
+        fuse_norms(&mut ops);
+    }
     ops
+}
+
+/// Replaces each one-token NormQuant directly followed by a GEMV with a NormGemv.
+fn fuse_norms(ops: &mut Vec<Op>) {
+    let mut out = Vec::with_capacity(ops.len());
+    let mut i = 0;
+    while i < ops.len() {
+        match (ops[i], ops.get(i + 1)) {
+            (
+                Op::NormQuant {
+                    norm,
+                    tok0,
+                    ntok: 1,
+                },
+                Some(&Op::Gemv {
+                    mat,
+                    ntok: 1,
+                    out: o,
+                }),
+            ) => {
+                out.push(Op::NormGemv {
+                    norm,
+                    tok0,
+                    mat,
+                    out: o,
+                });
+                i += 2;
+            }
+            (op, _) => {
+                out.push(op);
+                i += 1;
+            }
+        }
+    }
+    *ops = out;
 }
 
 /// Kernel launches an op list makes (a GEMV over more than [`GEMV_TOKENS`] tokens is several).
@@ -539,7 +672,7 @@ pub(crate) mod tests {
     #[test]
     fn a_decode_token_is_a_few_hundred_launches() {
         let d = dims(Preset::B27);
-        let ops = forward_ops(&d, 1, Head::Last, true);
+        let ops = forward_ops(&d, 1, Head::Last, true, false);
         // 10 per recurrent layer, 11 per attention layer, then reset + norm + LM head.
         assert_eq!(ops.len(), 48 * 10 + 16 * 11 + 3);
         assert_eq!(launches(&ops), ops.len());
@@ -554,16 +687,49 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn fusing_the_norms_removes_one_launch_per_norm_and_keeps_the_order() {
+        let d = dims(Preset::B27);
+        let plain = forward_ops(&d, 1, Head::Last, true, false);
+        let fused = forward_ops(&d, 1, Head::Last, true, true);
+        // Two norms per layer and the output norm.
+        assert_eq!(plain.len() - fused.len(), 2 * 64 + 1);
+        assert!(!fused.iter().any(|o| matches!(o, Op::NormQuant { .. })));
+        let unfused: Vec<Op> = fused
+            .iter()
+            .flat_map(|op| match *op {
+                Op::NormGemv {
+                    norm,
+                    tok0,
+                    mat,
+                    out,
+                } => vec![
+                    Op::NormQuant {
+                        norm,
+                        tok0,
+                        ntok: 1,
+                    },
+                    Op::Gemv { mat, ntok: 1, out },
+                ],
+                op => vec![op],
+            })
+            .collect();
+        assert_eq!(unfused, plain);
+        // Prefill passes keep their separate norms.
+        let prefill = forward_ops(&d, 8, Head::Last, false, true);
+        assert!(!prefill.iter().any(|o| matches!(o, Op::NormGemv { .. })));
+    }
+
+    #[test]
     fn prefill_norms_only_the_tokens_that_need_logits() {
         let d = dims(Preset::Small);
-        let ops = forward_ops(&d, 20, Head::Last, false);
+        let ops = forward_ops(&d, 20, Head::Last, false, true);
         assert!(ops.contains(&Op::NormQuant {
             norm: Norm::Output,
             tok0: 19,
             ntok: 1
         }));
         assert!(!ops.iter().any(|o| matches!(o, Op::ResetArgmax { .. })));
-        let none = forward_ops(&d, 20, Head::None, false);
+        let none = forward_ops(&d, 20, Head::None, false, true);
         assert!(!none.iter().any(|o| matches!(
             o,
             Op::Gemv {
@@ -585,7 +751,7 @@ pub(crate) mod tests {
     #[test]
     fn every_layer_reads_what_an_earlier_op_wrote() {
         let d = dims(Preset::Tiny);
-        let ops = forward_ops(&d, 3, Head::All, false);
+        let ops = forward_ops(&d, 3, Head::All, false, true);
         let mut proj_writer = None;
         for op in &ops {
             match *op {
@@ -614,6 +780,61 @@ pub(crate) mod tests {
         }
         assert!(s.bytes >= end);
         assert_eq!(s.offset("x"), 0);
+    }
+
+    #[test]
+    fn decode_gemv_plans_fit_the_shared_memory_limit_for_every_27b_matrix() {
+        let d = dims(Preset::B27);
+        let shapes = [
+            (d.gdn_in_rows(), d.hidden),
+            (d.hidden, d.gdn_inner()),
+            (d.attn_in_rows(), d.hidden),
+            (d.ffn_in_rows(), d.hidden),
+            (d.hidden, d.ffn),
+            (d.vocab, d.hidden),
+        ];
+        for f in [GpuFormat::Q1, GpuFormat::Q2G64, GpuFormat::Q2G128] {
+            for (rows, cols) in shapes {
+                let t = Gemv1Tuning::for_shape(f, cols);
+                // Only the GEMVs behind a norm (never ffn_down, behind SwiGLU) fold it in.
+                let fused = cols != d.ffn;
+                let l = gemv1_launch(f, rows, cols, t, 132, 227 << 10, fused).unwrap();
+                assert!(l.smem_bytes <= t.smem_budget, "{f:?} {rows}×{cols}: {l:?}");
+                assert!((2..=GEMV1_MAX_STAGES).contains(&l.stages), "{l:?}");
+                assert!(l.grid <= 264 && l.grid >= 1);
+                assert_eq!(l.stage_bytes % 128, 0);
+            }
+        }
+    }
+
+    #[test]
+    fn decode_gemv_tiles_copy_whole_16_byte_units() {
+        // Bulk copies need 16-byte multiples: the scales of a tile (8·rw rows × scales per row
+        // × 2 bytes) are, for any row width the GPU layouts accept.
+        for f in [GpuFormat::Q1, GpuFormat::Q2G64, GpuFormat::Q2G128] {
+            for cols in [64, 128, 256, 384, 5120, 17408] {
+                if !f.fits(cols) {
+                    continue;
+                }
+                for rw in [1, 2] {
+                    let tr = GEMV1_WARPS * rw;
+                    assert_eq!(tr * (cols / f.scale_values()) * 2 % 16, 0);
+                    assert_eq!(TILE_PAD_ROWS % tr, 0);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_too_wide_for_two_stages_falls_back_to_the_plain_kernel() {
+        let t = Gemv1Tuning {
+            rows_per_warp: 2,
+            smem_budget: 48 << 10,
+            blocks_per_sm: 1,
+        };
+        assert!(gemv1_launch(GpuFormat::Q2G64, 5120, 17408, t, 132, 227 << 10, false).is_none());
+        let small = gemv1_launch(GpuFormat::Q2G64, 3, 64, t, 132, 227 << 10, false).unwrap();
+        assert_eq!((small.grid, small.stages), (1, 2));
     }
 
     #[test]

@@ -17,6 +17,15 @@
 use quant::Format;
 use rayon::prelude::*;
 
+/// Every file format that has a GPU layout.
+pub const FORMATS: [Format; 5] = [
+    Format::Q1_0,
+    Format::Q2_0,
+    Format::Q2_0G128,
+    Format::PQ2_0,
+    Format::PTQ1_0,
+];
+
 /// Values per activation quantization group (one f32 scale each).
 pub const X_GROUP: usize = 64;
 
@@ -370,14 +379,6 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
-
-    const FORMATS: [Format; 5] = [
-        Format::Q1_0,
-        Format::Q2_0,
-        Format::Q2_0G128,
-        Format::PQ2_0,
-        Format::PTQ1_0,
-    ];
 
     fn random_rows(format: Format, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
