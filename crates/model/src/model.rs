@@ -150,6 +150,10 @@ impl Model {
             }
             let mixed = match (&lw.mixer, ls) {
                 (Mixer::Recurrent(w), LayerState::Recurrent { conv, ssm }) => {
+                    let ssm = state
+                        .ssm
+                        .get_mut(ssm.clone())
+                        .ok_or(ModelError::StateMismatch)?;
                     gdn::forward(c, w, self.ctx(), conv, ssm, &h, n)
                 }
                 (Mixer::Attention(w), LayerState::Attention(kv)) => {
