@@ -142,7 +142,10 @@ impl Pool {
 }
 
 /// Runs tasks until none are left; every task taken is counted done, even one that panics.
+/// Done tasks are counted once per call, not per task: the counter is shared between cores,
+/// and a decode token hands out some 10⁵ tasks.
 fn drain(s: &Shared, task: &(dyn Fn(usize) + Sync), n_tasks: usize) {
+    let mut ran = 0;
     loop {
         let i = s.next.fetch_add(1, Ordering::Relaxed);
         if i >= n_tasks {
@@ -151,7 +154,10 @@ fn drain(s: &Shared, task: &(dyn Fn(usize) + Sync), n_tasks: usize) {
         if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task(i))).is_err() {
             s.panicked.store(true, Ordering::Relaxed);
         }
-        s.done.fetch_add(1, Ordering::Release);
+        ran += 1;
+    }
+    if ran > 0 {
+        s.done.fetch_add(ran, Ordering::Release);
     }
 }
 
