@@ -6,7 +6,9 @@
 //!   `POST /tokenize`, `POST /detokenize`, and a web chat page at `/`.
 //!
 //! Generation runs on dedicated worker threads ([`scheduler`]), one sequence state per request,
-//! behind a bounded queue: past it a request gets 503 with `Retry-After`.
+//! behind a bounded queue: past it a request gets 503 with `Retry-After`. The workers are generic
+//! over the engine's [`engine::Backend`], so the same server runs on the CPU model or on a GPU
+//! backend; a [`Runner`] says how to start a sequence on it and where it runs ([`Device`]).
 
 pub mod api;
 pub mod constraint;
@@ -20,7 +22,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use model::Model;
+use engine::Backend;
+use model::{Config, Model};
 use tokenizer::{ChatTemplate, Tokenizer};
 
 pub use error::ApiError;
@@ -59,10 +62,102 @@ pub struct ServerConfig {
     pub model_path: PathBuf,
 }
 
+/// The kind of device generation runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    Cpu,
+    Cuda,
+}
+
+impl DeviceKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Cuda => "cuda",
+        }
+    }
+}
+
+/// Where generation runs, as `/v1/policy` and the memory metric report it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Device {
+    pub kind: DeviceKind,
+    /// The accelerator (name, architecture, memory, driver), when there is one.
+    pub name: Option<String>,
+    /// Why generation runs here.
+    pub rule: String,
+    /// Bytes a sequence holds from its start, whatever its length.
+    pub state_fixed_bytes: usize,
+    /// Bytes a sequence adds per token it holds.
+    pub state_bytes_per_token: usize,
+    /// How the two figures above come about.
+    pub state_rule: String,
+}
+
+impl Device {
+    /// The CPU: a sequence holds its recurrent state and an f32 KV cache that grows per token.
+    pub fn cpu(config: &Config) -> Device {
+        Device {
+            kind: DeviceKind::Cpu,
+            name: None,
+            rule: "--device cpu (the default)".into(),
+            state_fixed_bytes: config.recurrent_state_bytes(),
+            state_bytes_per_token: config.kv_bytes_per_token(),
+            state_rule: "recurrent state + KV cache for a full context (f32)".into(),
+        }
+    }
+
+    /// A CUDA GPU: a sequence allocates its recurrent state, its f16 KV cache for the whole
+    /// context and its scratch on the device when it starts (`state_bytes` in all).
+    pub fn cuda(name: String, state_bytes: usize) -> Device {
+        Device {
+            kind: DeviceKind::Cuda,
+            name: Some(name),
+            rule: "--device cuda".into(),
+            state_fixed_bytes: state_bytes,
+            state_bytes_per_token: 0,
+            state_rule: "recurrent state + f16 KV cache for the whole context + scratch, allocated on the GPU when a request starts".into(),
+        }
+    }
+
+    /// Bytes of a sequence holding `tokens` tokens.
+    pub fn state_bytes(&self, tokens: usize) -> usize {
+        self.state_fixed_bytes + self.state_bytes_per_token * tokens
+    }
+}
+
+/// Makes a fresh sequence state on a backend.
+pub type NewState<B> = Box<dyn Fn(&B) -> engine::Result<<B as Backend>::State> + Send + Sync>;
+
+/// What generates the replies: a backend, how a request's sequence state is made on it, and
+/// what the API reports about it.
+pub struct Runner<B: Backend> {
+    pub backend: B,
+    /// A fresh sequence with room for the served context.
+    pub new_state: NewState<B>,
+    /// The model's configuration, its context limited to what is served.
+    pub config: Config,
+    pub device: Device,
+}
+
+impl Runner<Model> {
+    /// The CPU model, one heap-allocated state per request.
+    pub fn cpu(model: Model) -> Runner<Model> {
+        Runner {
+            config: model.config.clone(),
+            device: Device::cpu(&model.config),
+            new_state: Box::new(|m: &Model| Ok(m.new_state())),
+            backend: model,
+        }
+    }
+}
+
 /// Everything the handlers share.
 pub struct AppState {
     pub config: ServerConfig,
-    pub model: Arc<Model>,
+    /// The served model's configuration (context limited to what is served).
+    pub model_config: Config,
+    pub device: Device,
     pub tok: Arc<Tokenizer>,
     pub template: ChatTemplate,
     pub scheduler: scheduler::Scheduler,
@@ -72,22 +167,38 @@ pub struct AppState {
     pub started: Instant,
     /// Measured at start-up: one decode step of one sequence, seconds.
     pub decode_step_s: f64,
+    /// Measured at start-up: making a fresh sequence state, seconds.
+    pub new_state_s: f64,
     pub ready: std::sync::atomic::AtomicBool,
 }
 
 impl AppState {
+    /// Serves `model` on the CPU.
     pub fn new(
         config: ServerConfig,
         model: Model,
         tok: Tokenizer,
         template: ChatTemplate,
     ) -> Arc<AppState> {
-        let model = Arc::new(model);
+        AppState::with_runner(config, Runner::cpu(model), tok, template)
+    }
+
+    /// Serves on any backend.
+    pub fn with_runner<B>(
+        config: ServerConfig,
+        runner: Runner<B>,
+        tok: Tokenizer,
+        template: ChatTemplate,
+    ) -> Arc<AppState>
+    where
+        B: Backend + Send + Sync + 'static,
+    {
+        let runner = Arc::new(runner);
         let tok = Arc::new(tok);
         let metrics = Arc::new(metrics::Metrics::new());
-        let decode_step_s = measure_decode_step(&model);
+        let (new_state_s, decode_step_s) = measure_decode_step(&runner);
         let scheduler = scheduler::Scheduler::start(
-            model.clone(),
+            runner.clone(),
             tok.clone(),
             config.slots,
             config.queue,
@@ -98,7 +209,8 @@ impl AppState {
             .map_or(0, |d| d.as_secs());
         Arc::new(AppState {
             config,
-            model,
+            model_config: runner.config.clone(),
+            device: runner.device.clone(),
             tok,
             template,
             scheduler,
@@ -107,6 +219,7 @@ impl AppState {
             created,
             started: Instant::now(),
             decode_step_s,
+            new_state_s,
             ready: std::sync::atomic::AtomicBool::new(true),
         })
     }
@@ -129,16 +242,27 @@ impl AppState {
     }
 }
 
-/// Times one single-token step on a fresh state (the figure behind the slot policy).
-fn measure_decode_step(model: &Model) -> f64 {
-    let mut state = model.new_state();
+/// Times making a fresh state and one single-token step on it (the figures behind the slot
+/// policy); NaN for what failed.
+fn measure_decode_step<B: Backend>(runner: &Runner<B>) -> (f64, f64) {
     let t = Instant::now();
-    let ok = model.forward(&mut state, &[0], model::Logits::Last).is_ok();
-    if ok {
-        t.elapsed().as_secs_f64()
-    } else {
-        f64::NAN
-    }
+    let Ok(mut state) = (runner.new_state)(&runner.backend) else {
+        return (f64::NAN, f64::NAN);
+    };
+    let new_state_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let ok = runner
+        .backend
+        .forward(&mut state, &[0], model::Logits::Last)
+        .is_ok();
+    (
+        new_state_s,
+        if ok {
+            t.elapsed().as_secs_f64()
+        } else {
+            f64::NAN
+        },
+    )
 }
 
 /// Serves until `shutdown` resolves; then stops accepting connections, lets running requests

@@ -23,7 +23,7 @@ use crate::constraint::{Constraint, Forced};
 use crate::error::ApiError;
 use crate::output::{Delta, OutputParser};
 use crate::scheduler::{Event, Finish, Job, Refused};
-use crate::AppState;
+use crate::{AppState, DeviceKind};
 
 type St = State<Arc<AppState>>;
 
@@ -97,7 +97,7 @@ fn model_card(st: &AppState) -> Value {
         "object": "model",
         "created": st.created,
         "owned_by": "niwaki",
-        "max_model_len": st.model.config.context_length,
+        "max_model_len": st.model_config.context_length,
     })
 }
 
@@ -116,23 +116,40 @@ async fn model_by_id(
 }
 
 async fn policy(State(st): St) -> Json<Value> {
-    let c = &st.model.config;
-    let per_seq = c.recurrent_state_bytes() + c.kv_bytes_per_token() * c.context_length;
-    Json(json!({
-        "backend": {"value": "cpu", "rule": "the CPU backend is the one built into this binary; no accelerator backend is compiled in"},
+    Json(policy_json(&st))
+}
+
+/// Every runtime decision and the rule behind it.
+fn policy_json(st: &AppState) -> Value {
+    let c = &st.model_config;
+    let d = &st.device;
+    let slots_rule = match d.kind {
+        DeviceKind::Cpu => "requests generating at once (--parallel); each has its own sequence state",
+        DeviceKind::Cuda => "one request generates on the GPU at a time, with a fresh device state; the others wait in the queue in arrival order",
+    };
+    json!({
+        "device": {"value": d.kind.as_str(), "name": d.name, "rule": d.rule},
+        "backend": {"value": d.kind.as_str(), "rule": backend_rule(d.kind)},
         "threads": {"value": st.config.threads, "rule": st.config.threads_rule},
         "context": {"value": c.context_length, "rule": st.config.context_rule},
-        "slots": {"value": st.scheduler.slots(), "rule": "requests generating at once (--parallel); each has its own sequence state",
-                  "measured_decode_step_s": st.decode_step_s},
+        "slots": {"value": st.scheduler.slots(), "rule": slots_rule,
+                  "measured_decode_step_s": st.decode_step_s, "measured_new_state_s": st.new_state_s},
         "queue": {"value": st.scheduler.capacity() - st.scheduler.slots(), "rule": "requests that may wait for a slot (--queue); past it, 503 with Retry-After"},
         "speculation": {"value": "off", "rule": "the engine has no speculative decoding yet"},
         "prefill_chunk": {"value": engine::DEFAULT_PREFILL_CHUNK, "rule": "engine default: weights are read once per chunk of prompt tokens"},
-        "sequence_state_bytes_max": {"value": per_seq, "rule": "recurrent state + KV cache for a full context (f32)"},
+        "sequence_state_bytes_max": {"value": d.state_bytes(c.context_length), "rule": d.state_rule},
         "request_timeout_s": {"value": st.config.request_timeout.as_secs_f64(), "rule": "--request-timeout: a generation running longer ends with finish_reason length"},
         "max_body_bytes": {"value": st.config.max_body_bytes, "rule": "larger request bodies get 413"},
         "thinking_with_json_output": {"value": "off", "rule": "response_format json_object/json_schema turns thinking off so the whole reply follows the grammar"},
         "default_sampling": {"value": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}, "rule": "OpenAI's defaults; requests set their own"},
-    }))
+    })
+}
+
+fn backend_rule(kind: DeviceKind) -> &'static str {
+    match kind {
+        DeviceKind::Cpu => "the CPU backend, always built in; --device cuda picks the GPU in binaries built with the cuda feature",
+        DeviceKind::Cuda => "the CUDA backend (weights on the GPU, kernels compiled at first use with NVRTC)",
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -178,7 +195,7 @@ fn budget(
     prompt: usize,
     param: &str,
 ) -> Result<usize, ApiError> {
-    let ctx = st.model.config.context_length;
+    let ctx = st.model_config.context_length;
     if prompt == 0 {
         return Err(ApiError::bad_param("prompt", "the prompt is empty"));
     }
@@ -1024,7 +1041,7 @@ async fn tokenize(
     Ok(Json(json!({
         "tokens": ids,
         "count": ids.len(),
-        "max_model_len": st.model.config.context_length,
+        "max_model_len": st.model_config.context_length,
     })))
 }
 

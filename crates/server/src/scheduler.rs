@@ -1,6 +1,7 @@
 //! Running generations: a fixed number of worker threads (slots), each owning one request at a
 //! time with a fresh sequence state, fed from a bounded queue. Past the bound a request is refused
-//! at once (503) rather than left waiting without end.
+//! at once (503) rather than left waiting without end. The workers share one backend; with one
+//! slot (what `serve --device cuda` uses) requests run one after another in arrival order.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -8,13 +9,13 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use engine::logprobs::{token_logprob, TokenLogprob};
-use engine::{EngineError, FinishReason, Flow, GenerateParams, Hooks};
-use model::Model;
+use engine::{Backend, EngineError, FinishReason, Flow, GenerateParams, Hooks};
 use tokenizer::Tokenizer;
 use tokio::sync::mpsc;
 
 use crate::constraint::Constraint;
 use crate::metrics::Metrics;
+use crate::{Device, Runner};
 
 /// What a request asks the engine to do.
 pub struct Job {
@@ -77,13 +78,16 @@ pub enum Refused {
 }
 
 impl Scheduler {
-    pub fn start(
-        model: Arc<Model>,
+    pub fn start<B>(
+        runner: Arc<Runner<B>>,
         tok: Arc<Tokenizer>,
         slots: usize,
         queue: usize,
         metrics: Arc<Metrics>,
-    ) -> Scheduler {
+    ) -> Scheduler
+    where
+        B: Backend + Send + Sync + 'static,
+    {
         let slots = slots.max(1);
         let q = Arc::new(Queue {
             jobs: Mutex::new(VecDeque::new()),
@@ -94,7 +98,7 @@ impl Scheduler {
         let state_bytes: Arc<Vec<AtomicUsize>> =
             Arc::new((0..slots).map(|_| AtomicUsize::new(0)).collect());
         for slot in 0..slots {
-            let (q, model, tok) = (q.clone(), model.clone(), tok.clone());
+            let (q, runner, tok) = (q.clone(), runner.clone(), tok.clone());
             let (in_system, closing, bytes, metrics) = (
                 in_system.clone(),
                 closing.clone(),
@@ -115,7 +119,7 @@ impl Scheduler {
                     };
                     metrics.queue_depth.dec();
                     metrics.queue_wait.observe(enqueued.elapsed().as_secs_f64());
-                    run_job(&model, &tok, job, &closing, &bytes[slot], &metrics);
+                    run_job(&runner, &tok, job, &closing, &bytes[slot], &metrics);
                     bytes[slot].store(0, Ordering::Relaxed);
                     in_system.fetch_sub(1, Ordering::AcqRel);
                 });
@@ -201,8 +205,8 @@ struct JobHooks<'a> {
     timed_out: bool,
     constraint_error: Option<String>,
     state_bytes: &'a AtomicUsize,
-    bytes_per_token: usize,
-    base_bytes: usize,
+    device: &'a Device,
+    prompt_tokens: usize,
     generated: usize,
     metrics: &'a Metrics,
     last_token: Instant,
@@ -242,7 +246,7 @@ impl Hooks for JobHooks<'_> {
         self.last_token = now;
         self.generated += 1;
         self.state_bytes.store(
-            self.base_bytes + self.bytes_per_token * self.generated,
+            self.device.state_bytes(self.prompt_tokens + self.generated),
             Ordering::Relaxed,
         );
         if let Some(n) = self.logprobs {
@@ -265,8 +269,8 @@ impl Hooks for JobHooks<'_> {
     }
 }
 
-fn run_job(
-    model: &Model,
+fn run_job<B: Backend>(
+    runner: &Runner<B>,
     tok: &Tokenizer,
     job: Job,
     closing: &AtomicBool,
@@ -276,9 +280,7 @@ fn run_job(
     if job.cancel.load(Ordering::Relaxed) || job.events.is_closed() {
         return;
     }
-    let mut state = model.new_state();
     let started = Instant::now();
-    let c = &model.config;
     let Job {
         prompt,
         params,
@@ -299,16 +301,25 @@ fn run_job(
         timed_out: false,
         constraint_error: None,
         state_bytes,
-        bytes_per_token: c.kv_bytes_per_token(),
-        base_bytes: c.recurrent_state_bytes() + c.kv_bytes_per_token() * prompt.len(),
+        device: &runner.device,
+        prompt_tokens: prompt.len(),
         generated: 0,
         metrics,
         last_token: started,
         first: true,
         started,
     };
-    state_bytes.store(hooks.base_bytes, Ordering::Relaxed);
-    let result = engine::generate_with(model, tok, &mut state, &prompt, &params, &mut hooks);
+    state_bytes.store(runner.device.state_bytes(prompt.len()), Ordering::Relaxed);
+    let result = (runner.new_state)(&runner.backend).and_then(|mut state| {
+        engine::generate_with(
+            &runner.backend,
+            tok,
+            &mut state,
+            &prompt,
+            &params,
+            &mut hooks,
+        )
+    });
     hooks.timed_out = Instant::now() >= hooks.deadline;
     let event = match result {
         Ok(g) => {

@@ -1,11 +1,16 @@
-//! `niwaki serve`: the OpenAI-compatible HTTP server.
+//! `niwaki serve`: the OpenAI-compatible HTTP server, on the CPU or (`--device cuda`) the GPU.
+//!
+//! On the GPU one request generates at a time: each sequence state holds an f16 KV cache for the
+//! whole served context on the device, and the backend is driven from one thread. Further
+//! requests wait in the queue (`--queue`) in arrival order; past it they get 503 with
+//! `Retry-After`, as on the CPU.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use server::{AppState, ScriptedReply, ServerConfig};
+use server::{AppState, Runner, ScriptedReply, ServerConfig};
 
 use crate::load;
 
@@ -25,15 +30,19 @@ pub struct Args {
     /// Worker threads for the model (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Dot kernels.
+    /// Dot kernels (CPU only: the GPU has its own).
     #[arg(long, value_enum, default_value_t)]
     pub kernels: load::KernelsArg,
+    /// Where the model runs.
+    #[arg(long, value_enum, default_value_t)]
+    pub device: load::DeviceArg,
     /// The model name clients use (default: the file name without .gguf).
     #[arg(long)]
     pub model_name: Option<String>,
-    /// Requests generating at once, each with its own sequence state.
-    #[arg(long, default_value_t = 4)]
-    pub parallel: usize,
+    /// Requests generating at once, each with its own sequence state [default: 4 on the CPU;
+    /// the GPU serves one at a time].
+    #[arg(long)]
+    pub parallel: Option<usize>,
     /// Requests that may wait for a free slot; beyond that, 503 with Retry-After.
     #[arg(long, default_value_t = 16)]
     pub queue: usize,
@@ -53,15 +62,41 @@ pub struct Args {
     pub script_responses: Option<PathBuf>,
 }
 
+/// Requests generating at once on the CPU unless `--parallel` says otherwise.
+const CPU_SLOTS: usize = 4;
+
+/// Generation slots for `device`: `--parallel` on the CPU; exactly one on the GPU, where a
+/// larger figure is refused rather than quietly lowered.
+fn slots(device: load::DeviceArg, parallel: Option<usize>) -> Result<usize> {
+    match (device, parallel) {
+        (_, Some(0)) => bail!("--parallel must be at least 1"),
+        (load::DeviceArg::Cpu, n) => Ok(n.unwrap_or(CPU_SLOTS)),
+        (load::DeviceArg::Cuda, None | Some(1)) => Ok(1),
+        (load::DeviceArg::Cuda, Some(n)) => bail!(
+            "--parallel {n} with --device cuda: the GPU serves one request at a time (the others \
+             wait in the queue, --queue); leave --parallel out or set it to 1"
+        ),
+    }
+}
+
 pub fn main(a: Args) -> Result<ExitCode> {
-    if a.parallel == 0 {
-        bail!("--parallel must be at least 1");
+    let slots = slots(a.device, a.parallel)?;
+    // Before the model is loaded: a binary without the GPU backend says so at once.
+    #[cfg(not(feature = "cuda"))]
+    if a.device == load::DeviceArg::Cuda {
+        return Err(load::no_cuda());
     }
     load::init_threads(a.threads)?;
     let threads = a
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let mut model = load::open_model(&a.model, None, a.kernels)?;
+    // The GPU uploads its weights from the file: re-tiling a CPU copy would only cost time and
+    // memory.
+    let kernels = match a.device {
+        load::DeviceArg::Cpu => a.kernels,
+        load::DeviceArg::Cuda => load::KernelsArg::Exact,
+    };
+    let mut model = load::open_model(&a.model, None, kernels)?;
     let trained = model.config.context_length;
     if let Some(n) = a.ctx {
         model.limit_context(n);
@@ -90,7 +125,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
     let ctx = model.config.context_length;
     let config = ServerConfig {
         model_id: model_id.clone(),
-        slots: a.parallel,
+        slots,
         queue: a.queue,
         request_timeout: Duration::from_secs(a.request_timeout),
         max_body_bytes: a.max_body,
@@ -106,6 +141,13 @@ pub fn main(a: Args) -> Result<ExitCode> {
         script,
         model_path: a.model.clone(),
     };
+    let state = match a.device {
+        load::DeviceArg::Cpu => AppState::with_runner(config, Runner::cpu(model), tok, template),
+        #[cfg(feature = "cuda")]
+        load::DeviceArg::Cuda => AppState::with_runner(config, cuda_runner(model)?, tok, template),
+        #[cfg(not(feature = "cuda"))]
+        load::DeviceArg::Cuda => return Err(load::no_cuda()),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -116,10 +158,10 @@ pub fn main(a: Args) -> Result<ExitCode> {
             .await
             .with_context(|| format!("listening on {}:{}", a.host, a.port))?;
         let addr = listener.local_addr()?;
-        let state = AppState::new(config, model, tok, template);
         eprintln!(
-            "serving {model_id} (context {ctx}, {} slots, queue {}) on http://{addr}",
-            a.parallel, a.queue
+            "serving {model_id} ({}, context {ctx}, {slots} slots, queue {}) on http://{addr}",
+            state.device.kind.as_str(),
+            a.queue
         );
         server::serve(
             state,
@@ -133,6 +175,28 @@ pub fn main(a: Args) -> Result<ExitCode> {
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Uploads the model to the GPU and sizes one sequence there (the figure `/v1/policy` and the
+/// memory metric report); every request then gets a fresh state of that size.
+#[cfg(feature = "cuda")]
+fn cuda_runner(model: model::Model) -> Result<Runner<niwaki_cuda::CudaModel>> {
+    let gpu = load::cuda_model(&model)?;
+    let ctx = model.config.context_length;
+    let probe = gpu
+        .new_state(ctx)
+        .with_context(|| format!("allocating a sequence of {ctx} tokens on the GPU"))?;
+    let device = server::Device::cuda(gpu.device().to_string(), probe.device_bytes());
+    drop(probe);
+    Ok(Runner {
+        config: model.config.clone(),
+        device,
+        new_state: Box::new(move |g: &niwaki_cuda::CudaModel| {
+            g.new_state(ctx)
+                .map_err(|e| engine::EngineError::Backend(e.to_string()))
+        }),
+        backend: gpu,
+    })
 }
 
 async fn shutdown_signal() {
@@ -155,4 +219,52 @@ async fn shutdown_signal() {
         _ = term => {}
     }
     eprintln!("shutting down: finishing running requests");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use load::DeviceArg::{Cpu, Cuda};
+
+    #[test]
+    fn the_cpu_runs_as_many_slots_as_asked_four_by_default() {
+        assert_eq!(slots(Cpu, None).unwrap(), CPU_SLOTS);
+        assert_eq!(slots(Cpu, Some(7)).unwrap(), 7);
+    }
+
+    #[test]
+    fn the_gpu_serves_one_request_at_a_time_and_refuses_more() {
+        assert_eq!(slots(Cuda, None).unwrap(), 1);
+        assert_eq!(slots(Cuda, Some(1)).unwrap(), 1);
+        let e = slots(Cuda, Some(4)).unwrap_err().to_string();
+        assert!(e.contains("one request at a time"), "{e}");
+    }
+
+    #[test]
+    fn zero_slots_are_refused_on_either_device() {
+        assert!(slots(Cpu, Some(0)).is_err());
+        assert!(slots(Cuda, Some(0)).is_err());
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn without_the_cuda_feature_device_cuda_is_refused_before_loading() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        use clap::Parser;
+        // The model does not exist: the refusal must come first, naming the missing feature.
+        let cli = Cli::try_parse_from([
+            "serve",
+            "--model",
+            "/nonexistent/model.gguf",
+            "--device",
+            "cuda",
+        ])
+        .unwrap();
+        let e = main(cli.args).unwrap_err().to_string();
+        assert!(e.contains("without the cuda feature"), "{e}");
+    }
 }

@@ -1,0 +1,144 @@
+//! What the server reports about the device it generates on, checked through the router on the
+//! tiny oracle model (CPU). The GPU case swaps in a CUDA device description: what `/v1/policy` and
+//! the memory metric say depends only on that description, so no GPU is needed to check it.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use model::Model;
+use serde_json::{json, Value};
+use server::{AppState, Device, DeviceKind, Runner, ServerConfig};
+use tokenizer::{ChatTemplate, Tokenizer};
+use tower::ServiceExt;
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/oracle/tiny-exact-q1.Q1_0.gguf")
+}
+
+fn config(slots: usize) -> ServerConfig {
+    ServerConfig {
+        model_id: "tiny".into(),
+        slots,
+        queue: 2,
+        request_timeout: Duration::from_secs(30),
+        max_body_bytes: 1 << 20,
+        threads: 1,
+        threads_rule: "test".into(),
+        context_rule: "test".into(),
+        script: Vec::new(),
+        model_path: fixture(),
+    }
+}
+
+fn model() -> (Model, Tokenizer) {
+    let model = Model::open(fixture()).unwrap();
+    let spec = tokenizer::spec_from_metadata(model.file().metadata()).unwrap();
+    (model, Tokenizer::new(&spec).unwrap())
+}
+
+/// The CPU model served as if it ran on a GPU called `name` whose sequences take `bytes`.
+fn gpu_like(name: &str, bytes: usize) -> Arc<AppState> {
+    let (model, tok) = model();
+    let mut runner = Runner::cpu(model);
+    runner.device = Device::cuda(name.into(), bytes);
+    AppState::with_runner(config(1), runner, tok, ChatTemplate::builtin_qwen35())
+}
+
+async fn get(st: &Arc<AppState>, path: &str) -> (StatusCode, String) {
+    let resp = server::router(st.clone())
+        .oneshot(Request::get(path).body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8(body.to_vec()).unwrap())
+}
+
+async fn policy(st: &Arc<AppState>) -> Value {
+    let (status, body) = get(st, "/v1/policy").await;
+    assert_eq!(status, StatusCode::OK);
+    serde_json::from_str(&body).unwrap()
+}
+
+#[tokio::test]
+async fn policy_reports_the_cpu_by_default() {
+    let (model, tok) = model();
+    let c = model.config.clone();
+    let st = AppState::new(config(2), model, tok, ChatTemplate::builtin_qwen35());
+    let p = policy(&st).await;
+    assert_eq!(p["device"]["value"], "cpu");
+    assert_eq!(p["device"]["name"], Value::Null);
+    assert_eq!(p["backend"]["value"], "cpu");
+    assert_eq!(p["slots"]["value"], 2);
+    assert!(p["slots"]["measured_decode_step_s"].as_f64().unwrap() > 0.0);
+    assert!(p["slots"]["measured_new_state_s"].as_f64().unwrap() >= 0.0);
+    // Unchanged from before devices were reported: recurrent state + f32 KV for the context.
+    assert_eq!(
+        p["sequence_state_bytes_max"]["value"],
+        json!(c.recurrent_state_bytes() + c.kv_bytes_per_token() * c.context_length)
+    );
+}
+
+#[tokio::test]
+async fn policy_reports_a_gpu_with_its_name_and_one_slot() {
+    let st = gpu_like("NVIDIA H200 (sm_90)", 12345);
+    let p = policy(&st).await;
+    assert_eq!(p["device"]["value"], "cuda");
+    assert_eq!(p["device"]["name"], "NVIDIA H200 (sm_90)");
+    assert_eq!(p["backend"]["value"], "cuda");
+    assert_eq!(p["slots"]["value"], 1);
+    assert!(p["slots"]["rule"].as_str().unwrap().contains("one request"));
+    // The GPU allocates a whole context up front: the figure does not grow with tokens.
+    assert_eq!(p["sequence_state_bytes_max"]["value"], 12345);
+}
+
+#[test]
+fn a_gpu_sequence_holds_the_same_bytes_at_any_length() {
+    let d = Device::cuda("gpu".into(), 1000);
+    assert_eq!(d.kind, DeviceKind::Cuda);
+    assert_eq!(d.state_bytes(0), 1000);
+    assert_eq!(d.state_bytes(4096), 1000);
+}
+
+#[test]
+fn a_cpu_sequence_grows_by_its_kv_cache_per_token() {
+    let (model, _) = model();
+    let c = &model.config;
+    let d = Device::cpu(c);
+    assert_eq!(d.kind, DeviceKind::Cpu);
+    assert_eq!(d.state_bytes(0), c.recurrent_state_bytes());
+    assert_eq!(d.state_bytes(10) - d.state_bytes(9), c.kv_bytes_per_token());
+}
+
+#[tokio::test]
+async fn a_request_runs_through_the_runner_and_releases_its_state() {
+    // One generation through the whole path (scheduler, the runner's state maker, backend, JSON
+    // reply); afterwards the memory metric is back to zero.
+    let st = gpu_like("gpu", 777);
+    let body = json!({"model": "tiny", "prompt": "hello", "max_tokens": 3, "temperature": 0});
+    let resp = server::router(st.clone())
+        .oneshot(
+            Request::post("/v1/completions")
+                .header("content-type", "application/json")
+                .body(Body::from(body.to_string()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    let n = v["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!((1..=3).contains(&n), "{v}");
+    for _ in 0..100 {
+        if st.scheduler.in_flight() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(st.scheduler.state_bytes(), 0);
+}
