@@ -88,6 +88,69 @@ fn round_half_away(v: f32) -> i32 {
     }
 }
 
+/// [`quantize_halves`] compiled for AVX-512: the same arithmetic on 16-lane vectors.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn quantize_halves_avx512(x: &[f32], q: &mut [i8], scale: &mut [f32], neg_sum: &mut [i32]) {
+    quantize_halves(x, q, scale, neg_sum)
+}
+
+/// Codes, scales and negated group sums, 64 values at a time. Written so each step is a loop
+/// over 16 independent lanes (value `16r + l` of a half is in group `l / 4`), which the compiler
+/// turns into vector code; `max` ignores NaN like the group-by-group definition's comparison.
+#[inline(always)]
+fn quantize_halves(x: &[f32], q: &mut [i8], scale: &mut [f32], neg_sum: &mut [i32]) {
+    const _: () = assert!(
+        ACT_GROUP == 16,
+        "the lane layout below is that of 16-value groups"
+    );
+    const RUNS: usize = 64 / 16;
+    let n = x.len();
+    let mut xs = [0.0f32; 64];
+    for (h, ((qh, sh), nh)) in q
+        .chunks_exact_mut(64)
+        .zip(scale.chunks_exact_mut(GROUPS_PER_HALF))
+        .zip(neg_sum.chunks_exact_mut(GROUPS_PER_HALF))
+        .enumerate()
+    {
+        let src = &x[(64 * h).min(n)..(64 * h + 64).min(n)];
+        xs[..src.len()].copy_from_slice(src);
+        xs[src.len()..].fill(0.0);
+        let mut lane_max = [0.0f32; 16];
+        for r in 0..RUNS {
+            for (m, v) in lane_max.iter_mut().zip(&xs[16 * r..16 * r + 16]) {
+                *m = m.max(v.abs());
+            }
+        }
+        let mut inv = [0.0f32; 16];
+        for (k, d) in sh.iter_mut().enumerate() {
+            let amax = lane_max[4 * k..4 * k + 4]
+                .iter()
+                .fold(0.0f32, |a, &b| a.max(b));
+            *d = amax / 127.0;
+            let id = if *d != 0.0 { 1.0 / *d } else { 0.0 };
+            inv[4 * k..4 * k + 4].fill(id);
+        }
+        let mut lane_sum = [0i32; 16];
+        for r in 0..RUNS {
+            let codes = &mut qh[16 * r..16 * r + 16];
+            for (((o, &v), &id), sum) in codes
+                .iter_mut()
+                .zip(&xs[16 * r..16 * r + 16])
+                .zip(&inv)
+                .zip(&mut lane_sum)
+            {
+                let c = round_half_away(v * id).clamp(-127, 127);
+                *o = c as i8;
+                *sum -= c;
+            }
+        }
+        for (k, ns) in nh.iter_mut().enumerate() {
+            *ns = lane_sum[4 * k..4 * k + 4].iter().sum();
+        }
+    }
+}
+
 impl QuantizedActs {
     /// Quantizes `x` (any length; values past the end count as zero). Runs once per token per
     /// matrix input, so it works a 64-value half at a time instead of gathering each group;
@@ -97,34 +160,15 @@ impl QuantizedActs {
         let padded = n.div_ceil(SPAN) * SPAN;
         let mut q = vec![0i8; padded];
         let mut scale = vec![0.0f32; padded / ACT_GROUP];
-        let mut xs = [0.0f32; 64];
-        for (h, (qh, sh)) in q
-            .chunks_exact_mut(64)
-            .zip(scale.chunks_exact_mut(GROUPS_PER_HALF))
-            .enumerate()
-        {
-            let src = &x[(64 * h).min(n)..(64 * h + 64).min(n)];
-            xs[..src.len()].copy_from_slice(src);
-            xs[src.len()..].fill(0.0);
-            let mut amax = [0.0f32; GROUPS_PER_HALF];
-            for (j, v) in xs.iter().enumerate() {
-                let m = &mut amax[(j / 4) % GROUPS_PER_HALF];
-                // NaN never compares greater, as in `quantize_group`.
-                if v.abs() > *m {
-                    *m = v.abs();
-                }
-            }
-            let mut inv = [0.0f32; GROUPS_PER_HALF];
-            for ((d, id), &a) in sh.iter_mut().zip(&mut inv).zip(&amax) {
-                *d = a / 127.0;
-                *id = if *d != 0.0 { 1.0 / *d } else { 0.0 };
-            }
-            for (j, (o, &v)) in qh.iter_mut().zip(&xs).enumerate() {
-                let r = round_half_away(v * inv[(j / 4) % GROUPS_PER_HALF]);
-                *o = r.clamp(-127, 127) as i8;
-            }
+        let mut neg_sum = vec![0i32; padded / ACT_GROUP];
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
+            // SAFETY: the CPU has the features the function is compiled with.
+            unsafe { quantize_halves_avx512(x, &mut q, &mut scale, &mut neg_sum) };
+            return Self::with_group_sums(x.to_vec(), q, scale, neg_sum);
         }
-        Self::with_codes(x.to_vec(), q, scale)
+        quantize_halves(x, &mut q, &mut scale, &mut neg_sum);
+        Self::with_group_sums(x.to_vec(), q, scale, neg_sum)
     }
 
     /// The definition [`QuantizedActs::new`] is tested against: each group gathered and
@@ -178,6 +222,15 @@ impl QuantizedActs {
         for (i, &v) in q.iter().enumerate() {
             neg_sum[act_group(i)] -= i32::from(v);
         }
+        Self::with_group_sums(x, q, scale, neg_sum)
+    }
+
+    fn with_group_sums(
+        x: Vec<f32>,
+        q: Vec<i8>,
+        scale: Vec<f32>,
+        neg_sum: Vec<i32>,
+    ) -> QuantizedActs {
         let lane_scale = (0..q.len() / 4).map(|l| scale[act_group(4 * l)]).collect();
         let neg_lane_sum = q
             .chunks_exact(4)
