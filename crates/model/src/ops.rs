@@ -69,6 +69,15 @@ fn matmul_tiled(m: &TiledMatrix, acts: &[QuantizedActs], out: &mut [f32]) {
         let p0 = task * PANELS_PER_TASK;
         let p1 = (p0 + PANELS_PER_TASK).min(panels);
         let (r0, r1) = (p0 * PANEL, (p1 * PANEL).min(rows));
+        if tokens == 1 {
+            // One token: the task's rows are contiguous in `out`, so the kernel writes there
+            // (no scratch to clear: a decode token runs ~10⁵ of these tasks).
+            // SAFETY: rows r0..r1 belong to this task alone and lie inside `out` (asserted by
+            // the caller: `out.len() == rows`).
+            let rows_out = unsafe { std::slice::from_raw_parts_mut(dst.0.add(r0), r1 - r0) };
+            quant::gemm_tiled(m, p0..p1, acts, rows_out);
+            return;
+        }
         let mut local = [0f32; PANELS_PER_TASK * PANEL * MAX_LOCAL_TOKENS];
         for t0 in (0..tokens).step_by(MAX_LOCAL_TOKENS) {
             let t1 = (t0 + MAX_LOCAL_TOKENS).min(tokens);
