@@ -1,6 +1,8 @@
 //! Element-wise and reduction operations of the forward pass, in plain f32.
 
-use quant::{QuantizedActs, TiledMatrix, PANEL};
+use std::ops::Range;
+
+use quant::{QuantizedActs, PANEL};
 
 use crate::input::{Input, Kernels};
 use crate::pool;
@@ -61,58 +63,42 @@ fn matmul_exact(w: &Matrix, x: &[f32], tokens: usize, out: &mut [f32]) {
 /// Panels handed out per task on tiled weights (the decode kernel runs two at a time).
 const PANELS_PER_TASK: usize = 2;
 
-fn matmul_tiled(m: &TiledMatrix, acts: &[QuantizedActs], out: &mut [f32]) {
-    let tokens = acts.len();
-    let (rows, panels) = (m.rows(), m.panels());
+/// The most rows a task of [`int8_row_tasks`] takes.
+const MAX_TASK_ROWS: usize = if ROWS_PER_TASK > PANELS_PER_TASK * PANEL {
+    ROWS_PER_TASK
+} else {
+    PANELS_PER_TASK * PANEL
+};
+
+/// Splits `rows` into tasks of `rows_per_task` rows over the pool; each task calls
+/// `gemm(r0..r1, t0..t1, buf)` for chunks of its tokens, with `buf[(r − r0)·T + (t − t0)]` laid out
+/// as `quant::gemm_rows` writes it, and the results land in `out[t·rows + r]`.
+fn int8_row_tasks(
+    rows: usize,
+    tokens: usize,
+    rows_per_task: usize,
+    out: &mut [f32],
+    gemm: impl Fn(Range<usize>, Range<usize>, &mut [f32]) + Sync,
+) {
+    assert!(rows_per_task <= MAX_TASK_ROWS);
     let dst = Disjoint(out.as_mut_ptr());
-    pool::global().run(panels.div_ceil(PANELS_PER_TASK), |task| {
-        let p0 = task * PANELS_PER_TASK;
-        let p1 = (p0 + PANELS_PER_TASK).min(panels);
-        let (r0, r1) = (p0 * PANEL, (p1 * PANEL).min(rows));
+    pool::global().run(rows.div_ceil(rows_per_task), |task| {
+        let r0 = task * rows_per_task;
+        let r1 = (r0 + rows_per_task).min(rows);
         if tokens == 1 {
             // One token: the task's rows are contiguous in `out`, so the kernel writes there
             // (no scratch to clear: a decode token runs ~10⁵ of these tasks).
             // SAFETY: rows r0..r1 belong to this task alone and lie inside `out` (asserted by
             // the caller: `out.len() == rows`).
             let rows_out = unsafe { std::slice::from_raw_parts_mut(dst.0.add(r0), r1 - r0) };
-            quant::gemm_tiled(m, p0..p1, acts, rows_out);
-            return;
+            return gemm(r0..r1, 0..1, rows_out);
         }
-        let mut local = [0f32; PANELS_PER_TASK * PANEL * MAX_LOCAL_TOKENS];
+        let mut local = [0f32; MAX_TASK_ROWS * MAX_LOCAL_TOKENS];
         for t0 in (0..tokens).step_by(MAX_LOCAL_TOKENS) {
             let t1 = (t0 + MAX_LOCAL_TOKENS).min(tokens);
             let nt = t1 - t0;
             let buf = &mut local[..(r1 - r0) * nt];
-            quant::gemm_tiled(m, p0..p1, &acts[t0..t1], buf);
-            for r in r0..r1 {
-                for t in t0..t1 {
-                    // SAFETY: rows r0..r1 belong to this task alone and `t < tokens`, so the
-                    // index is inside `out` (asserted by the caller) and written by no other task.
-                    unsafe { dst.write(t * rows + r, buf[(r - r0) * nt + (t - t0)]) };
-                }
-            }
-        }
-    });
-}
-
-fn matmul_int8(w: &Matrix, acts: &[QuantizedActs], out: &mut [f32]) {
-    if let Some(m) = w.tiled() {
-        return matmul_tiled(m, acts, out);
-    }
-    let tokens = acts.len();
-    let data = w.data();
-    let rb = w.row_bytes();
-    let rows = w.rows;
-    let dst = Disjoint(out.as_mut_ptr());
-    pool::global().run(rows.div_ceil(ROWS_PER_TASK), |task| {
-        let r0 = task * ROWS_PER_TASK;
-        let r1 = (r0 + ROWS_PER_TASK).min(rows);
-        let mut local = [0f32; ROWS_PER_TASK * MAX_LOCAL_TOKENS];
-        for t0 in (0..tokens).step_by(MAX_LOCAL_TOKENS) {
-            let t1 = (t0 + MAX_LOCAL_TOKENS).min(tokens);
-            let nt = t1 - t0;
-            let buf = &mut local[..(r1 - r0) * nt];
-            quant::gemm_rows(w.format, data, rb, r0..r1, &acts[t0..t1], buf);
+            gemm(r0..r1, t0..t1, buf);
             for r in r0..r1 {
                 for t in t0..t1 {
                     // SAFETY: row `r` belongs to this task alone and `t < tokens`, so the index
@@ -122,6 +108,26 @@ fn matmul_int8(w: &Matrix, acts: &[QuantizedActs], out: &mut [f32]) {
             }
         }
     });
+}
+
+fn matmul_int8(w: &Matrix, acts: &[QuantizedActs], out: &mut [f32]) {
+    let tokens = acts.len();
+    match w.tiled() {
+        // Tasks start on panel boundaries, so each covers whole panels.
+        Some(m) => int8_row_tasks(
+            m.rows(),
+            tokens,
+            PANELS_PER_TASK * PANEL,
+            out,
+            |r, t, buf| quant::gemm_tiled(m, r.start / PANEL..r.end.div_ceil(PANEL), &acts[t], buf),
+        ),
+        None => {
+            let (data, rb) = (w.data(), w.row_bytes());
+            int8_row_tasks(w.rows, tokens, ROWS_PER_TASK, out, |r, t, buf| {
+                quant::gemm_rows(w.format, data, rb, r, &acts[t], buf)
+            })
+        }
+    }
 }
 
 /// Tokens one task multiplies per pass over its rows (bounded so the scratch stays on the stack).
