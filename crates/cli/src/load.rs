@@ -40,17 +40,17 @@ pub fn open_model(path: &Path, ctx: Option<usize>, kernels: KernelsArg) -> Resul
         m.limit_context(n);
     }
     let t = Instant::now();
-    let mut shown = 0;
+    let mut bar = None;
     m.set_kernels_with_progress(kernels.into(), &mut |done, total| {
-        // Whole tens of percent, on one line: re-tiling a 27B file takes seconds.
-        let pct = done * 100 / total.max(1);
-        if pct / 10 > shown / 10 || done == total {
-            eprint!("\rre-tiling weights for the int8 kernels: {pct:3}%");
-            shown = pct;
-        }
+        bar.get_or_insert_with(|| crate::progress::bytes(total, "re-tiling weights"))
+            .set_position(done);
     });
-    if shown > 0 {
-        eprintln!(" ({:.2} s)", t.elapsed().as_secs_f64());
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+        eprintln!(
+            "re-tiled the weights for the int8 kernels in {:.2} s",
+            t.elapsed().as_secs_f64()
+        );
     }
     Ok(m)
 }
