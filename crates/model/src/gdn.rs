@@ -4,7 +4,7 @@ use std::sync::Mutex;
 
 use crate::config::Config;
 use crate::input::{Ctx, Input};
-use crate::ops::{l2_norm, matmul, rms_norm_heads, sigmoid, silu, softplus};
+use crate::ops::{l2_norm, matmul, rms_norm_heads, sigmoid, silu, softplus, Disjoint};
 use crate::pool;
 use crate::weights::GdnWeights;
 
@@ -39,23 +39,9 @@ pub fn forward(
     matmul(&w.alpha, &input, &mut alpha);
     matmul(&w.beta, &input, &mut beta);
 
-    // Causal depthwise conv over the previous kernel−1 inputs and this one, then SiLU, token by
-    // token; then q and k are L2-normalised per head.
-    let mut conv_out = vec![0f32; tokens * ch];
-    for t in 0..tokens {
-        let x = &qkv[t * ch..(t + 1) * ch];
-        let out = &mut conv_out[t * ch..(t + 1) * ch];
-        for (cc, o) in out.iter_mut().enumerate() {
-            let taps = &w.conv[cc * kern..(cc + 1) * kern];
-            let mut acc = 0f32;
-            for (j, &tap) in taps[..kern - 1].iter().enumerate() {
-                acc += tap * conv_state[j * ch + cc];
-            }
-            acc += taps[kern - 1] * x[cc];
-            *o = silu(acc);
-        }
-        conv_state.copy_within(ch.., 0);
-        conv_state[(kern - 2) * ch..].copy_from_slice(x);
+    let mut conv_out = conv(&w.conv, kern, conv_state, &qkv, ch, tokens);
+    // q and k are L2-normalised per head.
+    for out in conv_out.chunks_exact_mut(ch) {
         out[..2 * hk * dk]
             .chunks_mut(dk)
             .for_each(|h| l2_norm(h, L2_EPS));
@@ -63,7 +49,8 @@ pub fn forward(
 
     // The recurrence is independent per value head: heads run in parallel, tokens in order.
     let heads: Vec<Mutex<&mut [f32]>> = ssm.chunks_mut(dk * dv).map(Mutex::new).collect();
-    let per_head: Vec<Mutex<Vec<f32>>> = (0..hv).map(|_| Mutex::new(Vec::new())).collect();
+    let mut o = vec![0f32; tokens * vd];
+    let dst = Disjoint(o.as_mut_ptr());
     let scale = 1.0 / (dk as f32).sqrt();
     pool::global().run(hv, |head| {
         let mut s = heads[head].lock().unwrap_or_else(|e| e.into_inner());
@@ -92,25 +79,71 @@ pub fn forward(
                 &mut out[t * dv..(t + 1) * dv],
             );
         }
-        *per_head[head].lock().unwrap_or_else(|e| e.into_inner()) = out;
-    });
-    let mut o = vec![0f32; tokens * vd];
-    for (head, out) in per_head.into_iter().enumerate() {
-        let out = out.into_inner().unwrap_or_else(|e| e.into_inner());
-        for t in 0..tokens {
-            o[t * vd + head * dv..t * vd + (head + 1) * dv]
-                .copy_from_slice(&out[t * dv..(t + 1) * dv]);
+        // Gated per-head norm, here while the head is in cache.
+        for (t, ot) in out.chunks_exact_mut(dv).enumerate() {
+            rms_norm_heads(ot, &w.norm, c.rms_eps);
+            let zt = &z[t * vd + head * dv..t * vd + (head + 1) * dv];
+            for (j, (&v, &zv)) in ot.iter().zip(zt).enumerate() {
+                // SAFETY: value head `head` of each token belongs to this task alone, and
+                // `t * vd + head * dv + j < tokens * vd`.
+                unsafe { dst.write(t * vd + head * dv + j, v * silu(zv)) };
+            }
         }
-    }
+    });
 
-    // Gated per-head norm, then the output projection.
-    rms_norm_heads(&mut o, &w.norm, c.rms_eps);
-    for (ov, &zv) in o.iter_mut().zip(&z) {
-        *ov *= silu(zv);
-    }
+    // The output projection.
     let mut out = vec![0f32; tokens * c.hidden];
     let values = Input::gdn_values(&o, tokens, ctx);
     matmul(&w.out, &values, &mut out);
+    out
+}
+
+/// Channels per task of [`conv`].
+const CONV_CHUNK: usize = 512;
+
+/// Causal depthwise conv of `x` (`[tokens][ch]`) over the previous kernel−1 inputs (`state`,
+/// `[kern − 1][ch]`, oldest first) and each token's own, then SiLU; `state` moves on by `tokens`.
+/// Channels are independent, so they run in parallel, each over its tokens in order.
+fn conv(
+    taps: &[f32],
+    kern: usize,
+    state: &mut [f32],
+    x: &[f32],
+    ch: usize,
+    tokens: usize,
+) -> Vec<f32> {
+    assert_eq!(taps.len(), ch * kern);
+    assert_eq!(state.len(), (kern - 1) * ch);
+    assert_eq!(x.len(), tokens * ch);
+    let mut out = vec![0f32; tokens * ch];
+    let (dst, st) = (Disjoint(out.as_mut_ptr()), Disjoint(state.as_mut_ptr()));
+    pool::global().run(ch.div_ceil(CONV_CHUNK), |task| {
+        let mut hist = vec![0f32; kern - 1];
+        for cc in task * CONV_CHUNK..((task + 1) * CONV_CHUNK).min(ch) {
+            let taps = &taps[cc * kern..(cc + 1) * kern];
+            for (j, h) in hist.iter_mut().enumerate() {
+                // SAFETY: channel `cc` of every state row belongs to this task alone, and
+                // `j * ch + cc` lies inside `state` (asserted).
+                *h = unsafe { *st.0.add(j * ch + cc) };
+            }
+            for t in 0..tokens {
+                let xv = x[t * ch + cc];
+                let mut acc = 0f32;
+                for (&tap, &h) in taps.iter().zip(&hist) {
+                    acc += tap * h;
+                }
+                acc += taps[kern - 1] * xv;
+                hist.rotate_left(1);
+                hist[kern - 2] = xv;
+                // SAFETY: channel `cc` belongs to this task alone and `t < tokens`.
+                unsafe { dst.write(t * ch + cc, silu(acc)) };
+            }
+            for (j, &h) in hist.iter().enumerate() {
+                // SAFETY: as above; `j < kern − 1`, inside `state` (asserted).
+                unsafe { st.write(j * ch + cc, h) };
+            }
+        }
+    });
     out
 }
 
@@ -149,6 +182,65 @@ fn step(
         {
             *sv = g * *sv + ki * dj;
             *oj += *sv * qi;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    /// The conv as the reference writes it: token by token over a sliding window of the whole
+    /// channel vector.
+    fn conv_by_tokens(
+        taps: &[f32],
+        kern: usize,
+        state: &mut [f32],
+        x: &[f32],
+        ch: usize,
+    ) -> Vec<f32> {
+        let mut out = vec![0f32; x.len()];
+        for (xt, ot) in x.chunks_exact(ch).zip(out.chunks_exact_mut(ch)) {
+            for (cc, o) in ot.iter_mut().enumerate() {
+                let mut acc = 0f32;
+                for j in 0..kern - 1 {
+                    acc += taps[cc * kern + j] * state[j * ch + cc];
+                }
+                acc += taps[cc * kern + kern - 1] * xt[cc];
+                *o = silu(acc);
+            }
+            state.copy_within(ch.., 0);
+            state[(kern - 2) * ch..].copy_from_slice(xt);
+        }
+        out
+    }
+
+    #[test]
+    fn parallel_conv_equals_the_token_by_token_reference() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        for (ch, kern, tokens) in [
+            (1037, 4, 1),
+            (1037, 4, 5),
+            (3, 2, 7),
+            (2 * CONV_CHUNK, 3, 2),
+        ] {
+            let taps: Vec<f32> = (0..ch * kern).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let state0: Vec<f32> = (0..(kern - 1) * ch)
+                .map(|_| rng.gen_range(-1.0..1.0))
+                .collect();
+            let x: Vec<f32> = (0..tokens * ch).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let (mut want_state, mut got_state) = (state0.clone(), state0.clone());
+            let want = conv_by_tokens(&taps, kern, &mut want_state, &x, ch);
+            let got = conv(&taps, kern, &mut got_state, &x, ch, tokens);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "outputs, {ch} channels, {tokens} tokens"
+            );
+            assert_eq!(bits(&got_state), bits(&want_state), "state, {ch} channels");
         }
     }
 }

@@ -9,7 +9,7 @@ use crate::config::Config;
 use crate::error::{ModelError, Result};
 use crate::hadamard::Hadamard;
 use crate::input::{Ctx, Input, Kernels};
-use crate::ops::{add_in_place, matmul, rms_norm, silu};
+use crate::ops::{add_in_place, matmul, rms_norm, silu, zip_in_place};
 use crate::state::{LayerState, State};
 use crate::weights::{LayerWeights, Mixer, Weights};
 use crate::{attention, gdn};
@@ -202,9 +202,7 @@ impl Model {
         let mut up = vec![0f32; n * f];
         matmul(&lw.ffn_gate, &input, &mut gate);
         matmul(&lw.ffn_up, &input, &mut up);
-        for (g, u) in gate.iter_mut().zip(&up) {
-            *g = silu(*g) * u;
-        }
+        zip_in_place(&mut gate, &up, |g, u| silu(g) * u);
         let act = Input::new(&gate, n, self.ctx());
         let mut out = vec![0f32; n * self.config.hidden];
         matmul(&lw.ffn_down, &act, &mut out);
