@@ -39,13 +39,22 @@ __device__ __forceinline__ void load_rows(const uint4* __restrict__ codes, const
 template <int FMT>
 __device__ __forceinline__ float row_dot(const uint4& w, float d, const int* xw, float2 s0, float2 s1) {
     if (FMT == FMT_Q1) {
+        // Bit k of each byte masked in place is 2^k times the bit: one accumulator per k, each a
+        // multiple of 2^k, shifted back exactly once per chunk (no shift per dp4a).
+        int b0[8], b1[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const u32 m = 0x01010101u << k;
+            b0[k] = dp4a_us(w.x & m, xw[k], 0);
+            b0[k] = dp4a_us(w.y & m, xw[8 + k], b0[k]);
+            b1[k] = dp4a_us(w.z & m, xw[16 + k], 0);
+            b1[k] = dp4a_us(w.w & m, xw[24 + k], b1[k]);
+        }
         int a0 = 0, a1 = 0;
 #pragma unroll
         for (int k = 0; k < 8; k++) {
-            a0 = __dp4a((int)((w.x >> k) & 0x01010101u), xw[k], a0);
-            a0 = __dp4a((int)((w.y >> k) & 0x01010101u), xw[8 + k], a0);
-            a1 = __dp4a((int)((w.z >> k) & 0x01010101u), xw[16 + k], a1);
-            a1 = __dp4a((int)((w.w >> k) & 0x01010101u), xw[24 + k], a1);
+            a0 += b0[k] >> k;
+            a1 += b1[k] >> k;
         }
         return d * (2.0f * (s0.x * (float)a0 + s1.x * (float)a1) - (s0.y + s1.y));
     } else {
@@ -167,9 +176,14 @@ GEMV_KERNEL(gemv_q2g128_t8, FMT_Q2G128, 8)
 // of TR = 8·RW consecutive rows (their codes and scales are contiguous in the re-tiled layout)
 // into a ring of `stages` shared-memory buffers, so several tiles are in flight while the warps
 // multiply the current one. The first tiles are requested before pdl_wait(): weights do not
-// depend on the previous kernel, so their latency hides behind it. Warp w owns rows
-// w·RW..w·RW+RW-1 of each tile; lanes stride over chunks and reuse each activation load for the
-// RW rows. Each row is reduced by one warp in a fixed order: results are deterministic.
+// depend on the previous kernel, so their latency hides behind it.
+//
+// Eight consumer warps and one producer warp: consumer warp w owns rows w·RW..w·RW+RW-1 of each
+// tile, 32/RW lanes to a row striding over its chunks (a 5120-wide Q2_0 row is 80 chunks: five
+// for each of 16 lanes, none idle), reduced over those lanes in a fixed order: results are
+// deterministic. A warp done with a stage arrives on that stage's `empty` barrier; the producer
+// refills a stage once all eight have, so no warp waits for the others at a block barrier (an
+// earlier version synchronised the block after every tile: a third of its stall cycles).
 //
 // Shared memory: activations (int8, stored piece-major so that lanes reading consecutive chunks
 // hit consecutive 16-byte words), their (d, d*sum q) pairs, then the stages. Matrices are
@@ -180,6 +194,7 @@ GEMV_KERNEL(gemv_q2g128_t8, FMT_Q2G128, 8)
 // tiles are in flight: a decode step then needs no separate norm kernel before this GEMV. The
 // quantized row goes through `lin` (cols bytes, before the stages) on its way to piece-major.
 #define GEMV1_MAX_STAGES 8
+#define GEMV1_WARPS 8
 
 #if __CUDA_ARCH__ >= 900
 template <int FMT, int RW>
@@ -192,12 +207,15 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
                                            const float* __restrict__ nw, float eps) {
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ __align__(8) u64 bars[GEMV1_MAX_STAGES];
+    __shared__ __align__(8) u64 empty[GEMV1_MAX_STAGES];
     __shared__ float red[32];
     constexpr int CV = FMT == FMT_Q1 ? 128 : 64;
     constexpr int SV = FMT == FMT_Q2G64 ? 64 : 128;
     constexpr int P = CV / 16;
+    constexpr int L = 32 / RW;
+    constexpr int CT = GEMV1_WARPS * 32;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int tr = (blockDim.x >> 5) * RW;
+    const int tr = GEMV1_WARPS * RW;
     const int chunks = cols / CV, spr = cols / SV, groups = cols / 64;
     const u32 code_bytes = (u32)tr * chunks * 16, scale_bytes = (u32)tr * spr * 2;
     const u32 stage_bytes = (code_bytes + scale_bytes + 127) & ~127u;
@@ -219,7 +237,10 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
     };
 
     if (tid == 0) {
-        for (int s = 0; s < stages; s++) mbar_init(smem_addr(&bars[s]), 1);
+        for (int s = 0; s < stages; s++) {
+            mbar_init(smem_addr(&bars[s]), 1);
+            mbar_init(smem_addr(&empty[s]), GEMV1_WARPS);
+        }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -228,8 +249,9 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
     PDL_ENTRY();
     if (xres) {
         const float* row = xres + (size_t)tok0 * cols;
+        // The consumer threads sum as quant_rms's 256 do; the producer warp adds a zero last.
         float ss = 0.0f;
-        for (int i = tid * 4; i < cols; i += blockDim.x * 4) {
+        for (int i = tid * 4; tid < CT && i < cols; i += CT * 4) {
             const float4 v = *(const float4*)(row + i);
             ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
         }
@@ -256,6 +278,17 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
     }
     __syncthreads();
 
+    if (warp == GEMV1_WARPS) {
+        // The producer: refill each stage once every consumer warp is done with it.
+        if (lane == 0)
+            for (int i = stages; i < mine; i++) {
+                const int s = i % stages;
+                mbar_wait(smem_addr(&empty[s]), (u32)(i / stages - 1) & 1u);
+                issue(i);
+            }
+        return;
+    }
+    const int rt = warp * RW + lane / L, sub = lane % L;
     u64 best = 0;
     for (int i = 0; i < mine; i++) {
         const int s = i % stages;
@@ -263,11 +296,8 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
         mbar_wait(smem_addr(&bars[s]), (u32)(i / stages) & 1u);
         const uint4* wc = (const uint4*)st;
         const u16* ws = (const u16*)(st + code_bytes);
-        const int r0 = warp * RW;
-        float acc[RW];
-#pragma unroll
-        for (int r = 0; r < RW; r++) acc[r] = 0.0f;
-        for (int c = lane; c < chunks; c += 32) {
+        float acc = 0.0f;
+        for (int c = sub; c < chunks; c += L) {
             int xw[4 * P];
 #pragma unroll
             for (int p = 0; p < P; p++) {
@@ -283,31 +313,25 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
                 s0 = ssm[c];
                 s1 = s0;
             }
-#pragma unroll
-            for (int r = 0; r < RW; r++) {
-                const uint4 w = wc[(size_t)(r0 + r) * chunks + c];
-                const float d = h2f(ws[(r0 + r) * spr + (FMT == FMT_Q2G128 ? c >> 1 : c)]);
-                acc[r] += row_dot<FMT>(w, d, xw, s0, s1);
-            }
+            const uint4 w = wc[(size_t)rt * chunks + c];
+            const float d = h2f(ws[rt * spr + (FMT == FMT_Q2G128 ? c >> 1 : c)]);
+            acc += row_dot<FMT>(w, d, xw, s0, s1);
         }
-        const int row0 = (int)(blockIdx.x + (size_t)i * gridDim.x) * tr + r0;
+        // Every lane of this warp is done reading stage s.
+        __syncwarp();
+        if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
 #pragma unroll
-        for (int r = 0; r < RW; r++) {
-            const float v0 = warp_sum(acc[r]);
-            const int row = row0 + r;
-            if (lane == 0 && row < rows) {
-                const float v = accumulate ? v0 + out[row] : v0;
-                out[row] = v;
-                best = max(best, argmax_key(v, (u32)row));
-            }
+        for (int o = L / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        const int row = (int)(blockIdx.x + (size_t)i * gridDim.x) * tr + rt;
+        if (sub == 0 && row < rows) {
+            const float v = accumulate ? acc + out[row] : acc;
+            out[row] = v;
+            best = max(best, argmax_key(v, (u32)row));
         }
-        // Every warp is done with stage s before it is refilled.
-        __syncthreads();
-        if (tid == 0 && i + stages < mine) issue(i + stages);
     }
-    // One atomic per warp: a vocabulary of rows each hitting one address serializes (measured
-    // at ~190 µs for the 248k-row LM head).
-    if (amax && lane == 0 && best) atomicMax(amax, best);
+    // One atomic per row group: a vocabulary of rows each hitting one address serializes
+    // (measured at ~190 µs for the 248k-row LM head).
+    if (amax && sub == 0 && best) atomicMax(amax, best);
 }
 #endif
 
@@ -319,7 +343,7 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
 #endif
 
 #define GEMV1_KERNEL(name, FMT, RW)                                                              \
-    extern "C" __global__ void __launch_bounds__(256, 2)                                          \
+    extern "C" __global__ void __launch_bounds__(32 * (GEMV1_WARPS + 1), 2)                      \
         name(const unsigned char* __restrict__ codes, const unsigned char* __restrict__ scales,   \
              int rows, int cols, const uint4* __restrict__ xq, const float2* __restrict__ xs,     \
              float* __restrict__ out, int accumulate, u64* __restrict__ amax, int stages,         \

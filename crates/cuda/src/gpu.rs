@@ -605,7 +605,7 @@ impl Gpu {
             stream,
             &name,
             (l.grid as u32, 1, 1),
-            (32 * plan::GEMV1_WARPS as u32, 1, 1),
+            (32 * (plan::GEMV1_WARPS as u32 + 1), 1, 1),
             l.smem_bytes as u32,
             &[
                 Arg::Ptr(m.codes.ptr),
