@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{sys, CudaGraph, CudaStream};
+use cudarc::driver::{result, sys, CudaGraph, CudaStream, PinnedHostSlice};
 use gguf::Gguf;
 use model::{LayerKind, Logits, Model, ModelError};
 use quant::Format;
@@ -70,6 +70,9 @@ pub struct CudaState {
     layout: Scratch,
     bytes: StateBytes,
     graphs: Vec<(Head, bool, CudaGraph)>,
+    /// Page-locked landing place for one row of logits: a decode step's copy to the host then
+    /// runs at bus speed instead of through the driver's pageable staging.
+    host_row: PinnedHostSlice<f32>,
 }
 
 // SAFETY: the graphs and stream are used only through `&mut CudaState` (one thread at a time);
@@ -261,6 +264,9 @@ impl CudaModel {
             layout,
             bytes,
             graphs: Vec::new(),
+            // SAFETY: every element is written by a device copy before it is read.
+            host_row: unsafe { self.gpu.ctx.alloc_pinned_with_flags(self.dims.vocab, 0) }
+                .ctx(|| format!("{} bytes of page-locked host memory", 4 * self.dims.vocab))?,
         })
     }
 
@@ -305,10 +311,19 @@ impl CudaModel {
                 Head::Last => 1,
                 Head::All => len,
             };
-            if rows > 0 {
-                let mut buf = vec![0f32; rows * self.dims.vocab];
-                self.gpu.read(&st.stream, st.s("logits"), &mut buf)?;
-                out.extend_from_slice(&buf);
+            if rows == 1 {
+                let src = st.s("logits");
+                let row = st.host_row.as_mut_slice().ctx(|| "host logits".into())?;
+                // SAFETY: the logits buffer holds at least one row; the stream is synchronised
+                // before the row is read.
+                unsafe { result::memcpy_dtoh_async(row, src, st.stream.cu_stream()) }
+                    .ctx(|| "device to host copy".into())?;
+                st.stream.synchronize().ctx(|| "synchronising".into())?;
+                out.extend_from_slice(st.host_row.as_slice().ctx(|| "host logits".into())?);
+            } else if rows > 1 {
+                let at = out.len();
+                out.resize(at + rows * self.dims.vocab, 0.0);
+                self.gpu.read(&st.stream, st.s("logits"), &mut out[at..])?;
             }
         }
         st.stream.synchronize().ctx(|| "forward".into())?;
