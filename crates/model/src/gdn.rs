@@ -124,7 +124,7 @@ fn conv(
             for (j, h) in hist.iter_mut().enumerate() {
                 // SAFETY: channel `cc` of every state row belongs to this task alone, and
                 // `j * ch + cc` lies inside `state` (asserted).
-                *h = unsafe { *st.0.add(j * ch + cc) };
+                *h = unsafe { st.read(j * ch + cc) };
             }
             for t in 0..tokens {
                 let xv = x[t * ch + cc];

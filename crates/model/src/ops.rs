@@ -26,6 +26,12 @@ impl Disjoint {
     pub(crate) unsafe fn write(&self, i: usize, v: f32) {
         *self.0.add(i) = v;
     }
+
+    /// # Safety
+    /// `i` is in bounds of the buffer and written by no other task.
+    pub(crate) unsafe fn read(&self, i: usize) -> f32 {
+        *self.0.add(i)
+    }
 }
 
 /// `out[t][r] = W[r] · x[t]` for every token of `input`. Each (row, token) product is computed
