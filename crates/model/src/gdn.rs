@@ -3,8 +3,9 @@
 use std::sync::Mutex;
 
 use crate::config::Config;
+use crate::disjoint::Disjoint;
 use crate::input::{Ctx, Input};
-use crate::ops::{l2_norm, matmul, rms_norm_heads, sigmoid, silu, softplus, Disjoint};
+use crate::ops::{l2_norm, matmul, rms_norm_heads, sigmoid, silu, softplus};
 use crate::pool;
 use crate::weights::GdnWeights;
 
@@ -50,7 +51,7 @@ pub fn forward(
     // The recurrence is independent per value head: heads run in parallel, tokens in order.
     let heads: Vec<Mutex<&mut [f32]>> = ssm.chunks_mut(dk * dv).map(Mutex::new).collect();
     let mut o = vec![0f32; tokens * vd];
-    let dst = Disjoint(o.as_mut_ptr());
+    let dst = Disjoint::new(&mut o);
     let scale = 1.0 / (dk as f32).sqrt();
     pool::global().run(hv, |head| {
         let mut s = heads[head].lock().unwrap_or_else(|e| e.into_inner());
@@ -116,7 +117,7 @@ fn conv(
     assert_eq!(state.len(), (kern - 1) * ch);
     assert_eq!(x.len(), tokens * ch);
     let mut out = vec![0f32; tokens * ch];
-    let (dst, st) = (Disjoint(out.as_mut_ptr()), Disjoint(state.as_mut_ptr()));
+    let (dst, st) = (Disjoint::new(&mut out), Disjoint::new(state));
     pool::global().run(ch.div_ceil(CONV_CHUNK), |task| {
         let mut hist = vec![0f32; kern - 1];
         for cc in task * CONV_CHUNK..((task + 1) * CONV_CHUNK).min(ch) {

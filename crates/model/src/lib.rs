@@ -3,6 +3,7 @@
 
 mod attention;
 mod config;
+mod disjoint;
 mod error;
 mod gdn;
 pub mod hadamard;

@@ -5,6 +5,7 @@ use std::sync::Mutex;
 
 use quant::{QuantizedActs, PANEL};
 
+use crate::disjoint::Disjoint;
 use crate::input::{Input, Kernels};
 use crate::pool;
 use crate::weights::Matrix;
@@ -12,27 +13,6 @@ use crate::weights::Matrix;
 /// Rows handed out per task: enough work to amortise the hand-out, small enough that the last
 /// tasks of a matrix balance across cores.
 const ROWS_PER_TASK: usize = 16;
-
-/// A pointer for tasks that write disjoint parts of one buffer.
-#[derive(Clone, Copy)]
-pub(crate) struct Disjoint(pub(crate) *mut f32);
-// SAFETY: every user writes only indices no other task writes (its own rows).
-unsafe impl Send for Disjoint {}
-unsafe impl Sync for Disjoint {}
-
-impl Disjoint {
-    /// # Safety
-    /// `i` is in bounds of the buffer and written by no other task.
-    pub(crate) unsafe fn write(&self, i: usize, v: f32) {
-        *self.0.add(i) = v;
-    }
-
-    /// # Safety
-    /// `i` is in bounds of the buffer and written by no other task.
-    pub(crate) unsafe fn read(&self, i: usize) -> f32 {
-        *self.0.add(i)
-    }
-}
 
 /// `out[t][r] = W[r] · x[t]` for every token of `input`. Each (row, token) product is computed
 /// the same way whatever the token count or thread count, so chunked prefill and one-token steps
@@ -51,7 +31,7 @@ fn matmul_exact(w: &Matrix, x: &[f32], tokens: usize, out: &mut [f32]) {
     let data = w.data();
     let rb = w.row_bytes();
     let rows = w.rows;
-    let dst = Disjoint(out.as_mut_ptr());
+    let dst = Disjoint::new(out);
     pool::global().run(rows.div_ceil(ROWS_PER_TASK), |task| {
         let r0 = task * ROWS_PER_TASK;
         for r in r0..(r0 + ROWS_PER_TASK).min(rows) {
@@ -88,7 +68,7 @@ fn int8_row_tasks(
     gemm: impl Fn(Range<usize>, Range<usize>, &mut [f32]) + Sync,
 ) {
     assert!(rows_per_task <= MAX_TASK_ROWS);
-    let dst = Disjoint(out.as_mut_ptr());
+    let dst = Disjoint::new(out);
     pool::global().run(rows.div_ceil(rows_per_task), |task| {
         let r0 = task * rows_per_task;
         let r1 = (r0 + rows_per_task).min(rows);
@@ -97,7 +77,7 @@ fn int8_row_tasks(
             // (no scratch to clear: a decode token runs ~10⁵ of these tasks).
             // SAFETY: rows r0..r1 belong to this task alone and lie inside `out` (asserted by
             // the caller: `out.len() == rows`).
-            let rows_out = unsafe { std::slice::from_raw_parts_mut(dst.0.add(r0), r1 - r0) };
+            let rows_out = unsafe { dst.slice_mut(r0..r1) };
             return gemm(r0..r1, 0..1, rows_out);
         }
         let mut local = [0f32; MAX_TASK_ROWS * MAX_LOCAL_TOKENS];

@@ -1,8 +1,8 @@
 //! A persistent worker pool for the per-token path. A parallel section hands out small tasks
 //! from a shared counter, so a thread that finishes early takes more work and no core idles at
 //! the end of a matrix. Tasks are claimed in shrinking runs (a share of what is left), so the
-//! counter is touched a few dozen times per section rather than once per task. Idle workers spin briefly (a token's matmuls follow each other within
-//! microseconds) and then park.
+//! counter is touched a few dozen times per section rather than once per task. Idle workers
+//! spin briefly (a token's matmuls follow each other within microseconds) and then park.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
