@@ -301,6 +301,7 @@ fn gemv1_checks(rep: &mut Report, gpu: &Gpu, xq: u64, xs: u64, rng: &mut ChaCha8
         let mut runs = 0;
         let mut argmax_ok = true;
         let (mut fused_diff, mut fused_runs) = (0usize, 0usize);
+        let (mut order_diff, mut order_runs) = (0usize, 0usize);
         for (rows, cols) in [(1001usize, 5120usize), (77, 17408), (20000, 256)] {
             let pool = BlockPool::new(format, cols, 11)?;
             let data = pool.fill(format.row_bytes(cols)? * rows, 5);
@@ -315,6 +316,25 @@ fn gemv1_checks(rep: &mut Report, gpu: &Gpu, xq: u64, xs: u64, rng: &mut ChaCha8
             let mag: Vec<f32> = (0..rows)
                 .map(|r| (0..cols).map(|c| (p.value(r, c) * x[c]).abs()).sum::<f32>())
                 .collect();
+            // Same bits as the register-streaming kernel the multi-token passes use, so that
+            // decode and chunked prefill agree.
+            let plain = gpu.alloc(4 * rows, "out")?;
+            gpu.gemv_plain(s, &m, &GemvIo::one(xq, xs, plain.ptr))?;
+            let mut want = vec![0u32; rows];
+            gpu.read(s, plain.ptr, &mut want)?;
+            for rows_per_warp in [1, 2] {
+                let t = Gemv1Tuning {
+                    rows_per_warp,
+                    ..Gemv1Tuning::for_shape(GpuFormat::for_format(format).unwrap(), cols)
+                };
+                let o = gpu.alloc(4 * rows, "out")?;
+                if gpu.gemv1_tuned(s, &m, &GemvIo::one(xq, xs, o.ptr), t, None)? {
+                    let mut got = vec![0u32; rows];
+                    gpu.read(s, o.ptr, &mut got)?;
+                    order_diff += got.iter().zip(&want).filter(|(a, b)| a != b).count();
+                    order_runs += 1;
+                }
+            }
             for rows_per_warp in [1, 2] {
                 for kib in [48, 100] {
                     let t = Gemv1Tuning {
@@ -386,9 +406,15 @@ fn gemv1_checks(rep: &mut Report, gpu: &Gpu, xq: u64, xs: u64, rng: &mut ChaCha8
                 fused_runs += 1;
             }
         }
-        let ok = worst < 1e-5 && argmax_ok && runs >= 8 && fused_diff == 0 && fused_runs >= 2;
+        let ok = worst < 1e-5
+            && argmax_ok
+            && runs >= 8
+            && fused_diff == 0
+            && fused_runs >= 2
+            && order_diff == 0
+            && order_runs >= 4;
         rep.line(format!(
-            "| gemv1 {format} (bulk-copy, 1 token, += prior, argmax; norm fused) | 1001×5120, 77×17408, 20000×256; 1–2 rows/warp; 48/100 KiB | {} | vs integer twin {worst:.1e} (tol 1e-5) as a fraction of Σ|w·x|; argmax {}; {runs} launches; fused norm vs quant_rms + GEMV: {fused_diff} differing outputs in {fused_runs} shapes (must be 0) |",
+            "| gemv1 {format} (bulk-copy, 1 token, += prior, argmax; norm fused) | 1001×5120, 77×17408, 20000×256; 1–2 rows/warp; 48/100 KiB | {} | vs integer twin {worst:.1e} (tol 1e-5) as a fraction of Σ|w·x|; argmax {}; {runs} launches; fused norm vs quant_rms + GEMV: {fused_diff} differing outputs in {fused_runs} shapes (must be 0); vs the multi-token kernel (gemv_t1): {order_diff} differing outputs in {order_runs} launches (must be 0) |",
             if ok { "PASS" } else { "FAIL" },
             if argmax_ok { "matches" } else { "WRONG" }
         ));
@@ -586,8 +612,8 @@ fn bench_27b(
             if fuse { "fused" } else { "separate" }
         );
     }
-    // The defaults (PDL, gemv1, separate norms, 2 blocks/SM, 100 KiB) last: every figure below
-    // uses them.
+    // The defaults (PDL, gemv1, separate norms, blocks per SM and shared memory by format as
+    // plan.rs chooses) last: every figure below uses them.
     let (tg, toks) = decode(true, true, (false, 0, 0))?;
     variants.push_str(&format!("; defaults: {tg:.1}"));
     decode_variants.push(format!("{format}: {variants}"));

@@ -193,8 +193,11 @@ GEMV_KERNEL(gemv_q2g128_t8, FMT_Q2G128, 8)
 // itself (the same operations in the same order as quant_rms, so the same bits) while its first
 // tiles are in flight: a decode step then needs no separate norm kernel before this GEMV. The
 // quantized row goes through `lin` (cols bytes, before the stages) on its way to piece-major.
-#define GEMV1_MAX_STAGES 8
-#define GEMV1_WARPS 8
+// GEMV1_MAX_STAGES and GEMV1_WARPS come from the host's plan (plan.rs), which sizes the
+// launches with them.
+#if !defined(GEMV1_MAX_STAGES) || !defined(GEMV1_WARPS)
+#error "GEMV1_MAX_STAGES and GEMV1_WARPS must be defined by the host"
+#endif
 
 #if __CUDA_ARCH__ >= 900
 template <int FMT, int RW>
@@ -296,8 +299,8 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
         mbar_wait(smem_addr(&bars[s]), (u32)(i / stages) & 1u);
         const uint4* wc = (const uint4*)st;
         const u16* ws = (const u16*)(st + code_bytes);
-        float acc = 0.0f;
-        for (int c = sub; c < chunks; c += L) {
+        // Chunk c of this warp's row against the activations.
+        auto chunk_dot = [&](int c) {
             int xw[4 * P];
 #pragma unroll
             for (int p = 0; p < P; p++) {
@@ -315,11 +318,25 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
             }
             const uint4 w = wc[(size_t)rt * chunks + c];
             const float d = h2f(ws[rt * spr + (FMT == FMT_Q2G128 ? c >> 1 : c)]);
-            acc += row_dot<FMT>(w, d, xw, s0, s1);
+            return row_dot<FMT>(w, d, xw, s0, s1);
+        };
+        // With 16 lanes to a row, lane `sub` sums the chunks that lanes `sub` and `sub + 16` of
+        // the one-warp-per-row order (gemv_body's) sum, each in its own accumulator, and the
+        // reduction below adds them as warp_sum does: decode and multi-token GEMVs give the
+        // same bits.
+        float acc = 0.0f, acc_hi = 0.0f;
+        if (L == 16) {
+            for (int c = sub; c < chunks; c += 32) {
+                acc += chunk_dot(c);
+                if (c + 16 < chunks) acc_hi += chunk_dot(c + 16);
+            }
+        } else {
+            for (int c = sub; c < chunks; c += L) acc += chunk_dot(c);
         }
         // Every lane of this warp is done reading stage s.
         __syncwarp();
         if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
+        if (L == 16) acc += acc_hi;
 #pragma unroll
         for (int o = L / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
         const int row = (int)(blockIdx.x + (size_t)i * gridDim.x) * tr + rt;
@@ -342,8 +359,9 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
 #define GEMV1_CALL(FMT, RW) __trap()
 #endif
 
-#define GEMV1_KERNEL(name, FMT, RW)                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * (GEMV1_WARPS + 1), 2)                      \
+// MINB: blocks per SM the register budget must allow (plan.rs runs three for 1-bit weights).
+#define GEMV1_KERNEL(name, FMT, RW, MINB)                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * (GEMV1_WARPS + 1), MINB)                   \
         name(const unsigned char* __restrict__ codes, const unsigned char* __restrict__ scales,   \
              int rows, int cols, const uint4* __restrict__ xq, const float2* __restrict__ xs,     \
              float* __restrict__ out, int accumulate, u64* __restrict__ amax, int stages,         \
@@ -351,9 +369,9 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
         GEMV1_CALL(FMT, RW);                                                                     \
     }
 
-GEMV1_KERNEL(gemv1_q1_r1, FMT_Q1, 1)
-GEMV1_KERNEL(gemv1_q1_r2, FMT_Q1, 2)
-GEMV1_KERNEL(gemv1_q2g64_r1, FMT_Q2G64, 1)
-GEMV1_KERNEL(gemv1_q2g64_r2, FMT_Q2G64, 2)
-GEMV1_KERNEL(gemv1_q2g128_r1, FMT_Q2G128, 1)
-GEMV1_KERNEL(gemv1_q2g128_r2, FMT_Q2G128, 2)
+GEMV1_KERNEL(gemv1_q1_r1, FMT_Q1, 1, 3)
+GEMV1_KERNEL(gemv1_q1_r2, FMT_Q1, 2, 3)
+GEMV1_KERNEL(gemv1_q2g64_r1, FMT_Q2G64, 1, 2)
+GEMV1_KERNEL(gemv1_q2g64_r2, FMT_Q2G64, 2, 2)
+GEMV1_KERNEL(gemv1_q2g128_r1, FMT_Q2G128, 1, 2)
+GEMV1_KERNEL(gemv1_q2g128_r2, FMT_Q2G128, 2, 2)

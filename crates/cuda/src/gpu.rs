@@ -261,7 +261,7 @@ impl Gpu {
                     sys::cuFuncSetAttribute(
                         funcs[*k].cu_function(),
                         sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        smem_limit.saturating_sub(256) as i32,
+                        smem_limit.saturating_sub(plan::GEMV1_STATIC_SMEM) as i32,
                     )
                 }
                 .result()
