@@ -244,11 +244,6 @@ pub fn main(a: Args) -> Result<ExitCode> {
     let rss = peak_rss_bytes();
     let bw = read_bandwidth(a.bw_bytes);
     let (pp, tg) = (stats(pp), stats(tg));
-    if a.device == load::DeviceArg::Cuda {
-        eprintln!(
-            "note: the bandwidth and floor below are the CPU's; see bench/results for the GPU's"
-        );
-    }
     let bpt = bytes_per_token(&model);
     let floor = bw * 1e9 / bpt as f64;
     let fraction = if tg.median > 0.0 {
@@ -257,6 +252,15 @@ pub fn main(a: Args) -> Result<ExitCode> {
         0.0
     };
     let file_bytes = model.file().file_len();
+    if fraction > 1.0 {
+        // Decode cannot outrun the memory: the bandwidth test ran while something else loaded
+        // the machine, and the fraction means nothing.
+        eprintln!(
+            "warning: decode ran above the measured bandwidth floor ({:.0}%): the bandwidth test \
+             ({bw:.1} GB/s) was disturbed; rerun on a quieter machine",
+            100.0 * fraction
+        );
+    }
     if a.json {
         let o = serde_json::json!({
             "model": a.model.display().to_string(),
