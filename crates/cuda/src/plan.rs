@@ -41,9 +41,9 @@ impl Gemv1Tuning {
     /// two blocks per multiprocessor of up to 100 KiB each, three of 72 KiB for 1-bit weights.
     /// Measured on the H200 over whole 27B decode steps: one block per SM (so that the next
     /// GEMV's block could fit beside it) was 17-27% slower, 64 or 160 KiB with one block slower
-    /// still; three blocks of 72 KiB were 2.3% faster than two of 100 KiB on Q1_0 (on par with two of
-    /// 112 KiB; its GEMV is bound by its
-    /// instructions, so more warps help) and 10% slower on Q2_0 (fewer bytes in flight).
+    /// still; three blocks of 72 KiB were 2.3% faster than two of 100 KiB on Q1_0 (on par with
+    /// two of 112 KiB; its GEMV is bound by its instructions, so more warps help) and 10% slower
+    /// on Q2_0 (fewer bytes in flight).
     pub fn for_shape(format: GpuFormat, cols: usize) -> Gemv1Tuning {
         let row_bytes = cols / format.chunk_values() * 16;
         let one_bit = format == GpuFormat::Q1;
