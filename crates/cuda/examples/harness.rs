@@ -166,6 +166,7 @@ fn kernel_checks(rep: &mut Report, gpu: &Gpu, bw: f64) -> R<()> {
     }
 
     gemv1_checks(rep, gpu, xq.ptr, xs.ptr, &mut rng)?;
+    gemm_checks(rep, gpu, &mut rng)?;
     // GEMV throughput on 27B shapes, rotating over copies so that L2 (60 MB) does not serve it:
     // the register-streaming kernel, the bulk-copy kernel with its default tuning, and the best
     // of a sweep over its knobs.
@@ -281,6 +282,148 @@ fn kernel_checks(rep: &mut Report, gpu: &Gpu, bw: f64) -> R<()> {
                     secs * 1e6,
                     frac(secs)
                 ))
+            ));
+        }
+    }
+    gemm_speed(rep, gpu)?;
+    Ok(())
+}
+
+/// The tensor-core GEMM against the CPU twin: every format, partial row and token tiles, a
+/// 1-bit row of an odd number of chunks, accumulation into existing values.
+fn gemm_checks(rep: &mut Report, gpu: &Gpu, rng: &mut ChaCha8Rng) -> R<()> {
+    use rayon::prelude::*;
+    let s = &gpu.stream;
+    if !gpu.mma() {
+        rep.line("| gemm (tensor cores) | — | SKIP | needs sm_80 |");
+        return Ok(());
+    }
+    for format in FORMATS {
+        let mut worst = 0f64;
+        let mut vs_dp4a = 0f64;
+        let mut launches = 0;
+        for (rows, cols, ntoks) in [
+            (1001usize, 5120usize, &[17usize, 256][..]),
+            (77, 17408, &[100][..]),
+            (300, 384, &[16, 64][..]),
+        ] {
+            let pool = BlockPool::new(format, cols, 13)?;
+            let data = pool.fill(format.row_bytes(cols)? * rows, 9);
+            let p = repack::repack("m", format, &data, rows, cols)?;
+            let m = gpu.upload_packed(&p, "m")?;
+            let w: Vec<f32> = (0..rows * cols)
+                .into_par_iter()
+                .map(|i| p.value(i / cols, i % cols))
+                .collect();
+            for &ntok in ntoks {
+                let x: Vec<f32> = (0..ntok * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                let xd = gpu.upload(&x, "x")?;
+                let xq = gpu.alloc(ntok * cols, "xq")?;
+                let xs = gpu.alloc(8 * ntok * cols / 64, "xs")?;
+                gpu.quantize(s, xd.ptr, cols, ntok, xq.ptr, xs.ptr)?;
+                let prior: Vec<f32> = (0..rows * ntok).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                let out = gpu.upload(&prior, "out")?;
+                let io = GemvIo {
+                    ntok,
+                    out_stride: rows,
+                    accumulate: true,
+                    ..GemvIo::one(xq.ptr, xs.ptr, out.ptr)
+                };
+                gpu.gemm(s, &m, &io)?;
+                launches += 1;
+                let mut got = vec![0f32; rows * ntok];
+                gpu.read(s, out.ptr, &mut got)?;
+                let dp4a = gpu.upload(&prior, "out")?;
+                gpu.gemv_plain(
+                    s,
+                    &m,
+                    &GemvIo {
+                        out: dp4a.ptr,
+                        ..io
+                    },
+                )?;
+                let mut other = vec![0f32; rows * ntok];
+                gpu.read(s, dp4a.ptr, &mut other)?;
+                let errs: Vec<(f64, f64)> = (0..ntok)
+                    .into_par_iter()
+                    .flat_map_iter(|t| {
+                        let xt = &x[t * cols..(t + 1) * cols];
+                        let qx = repack::quantize_x(xt);
+                        let (w, p, got, other, prior) = (&w, &p, &got, &other, &prior);
+                        (0..rows).map(move |r| {
+                            let twin = repack::dot_row(p, r, &qx);
+                            let mag: f32 = w[r * cols..(r + 1) * cols]
+                                .iter()
+                                .zip(xt)
+                                .map(|(a, b)| (a * b).abs())
+                                .sum();
+                            let i = t * rows + r;
+                            let v = got[i];
+                            let e = if v.is_nan() {
+                                f64::INFINITY
+                            } else {
+                                ((v - (prior[i] + twin)).abs() / mag.max(1e-30)) as f64
+                            };
+                            (e, ((v - other[i]).abs() / mag.max(1e-30)) as f64)
+                        })
+                    })
+                    .collect();
+                for (e, d) in errs {
+                    worst = worst.max(e);
+                    vs_dp4a = vs_dp4a.max(d);
+                }
+            }
+        }
+        let ok = worst < 1e-5 && launches == 5;
+        rep.line(format!(
+            "| gemm {format} (tensor cores, += prior) | 1001×5120 17/256 tokens, 77×17408 100, 300×384 16/64 | {} | vs integer twin {worst:.1e} (tol 1e-5), vs the dp4a kernel {vs_dp4a:.1e}, as a fraction of Σ|w·x| |",
+            if ok { "PASS" } else { "FAIL" }
+        ));
+        rep.check(ok, format!("gemm {format}"));
+    }
+    Ok(())
+}
+
+/// Multi-token GEMM throughput on the 27B shapes at one prefill pass (`MAX_CHUNK` tokens):
+/// the tensor-core kernel against the dp4a kernels.
+fn gemm_speed(rep: &mut Report, gpu: &Gpu) -> R<()> {
+    let s = &gpu.stream;
+    let ntok = niwaki_cuda::plan::MAX_CHUNK;
+    rep.line("");
+    rep.line(format!("| GEMM ({ntok} tokens) | shape | dp4a kernels µs | tensor cores µs | tensor cores T int8-MAC/s | speed-up |"));
+    rep.line("|---|---|---|---|---|---|");
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    for format in [Format::Q2_0, Format::Q1_0, Format::PQ2_0] {
+        for (rows, cols) in [
+            (34816usize, 5120usize),
+            (16480, 5120),
+            (5120, 6144),
+            (5120, 17408),
+        ] {
+            let pool = BlockPool::new(format, cols, 1)?;
+            let data = pool.fill(format.row_bytes(cols)? * rows, 2);
+            let p = repack::repack("m", format, &data, rows, cols)?;
+            let m = gpu.upload_packed(&p, "bench")?;
+            let x: Vec<f32> = (0..ntok * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let xd = gpu.upload(&x, "x")?;
+            let xq = gpu.alloc(ntok * cols, "xq")?;
+            let xs = gpu.alloc(8 * ntok * cols / 64, "xs")?;
+            gpu.quantize(s, xd.ptr, cols, ntok, xq.ptr, xs.ptr)?;
+            let out = gpu.alloc(4 * rows * ntok, "out")?;
+            let io = GemvIo {
+                ntok,
+                out_stride: rows,
+                ..GemvIo::one(xq.ptr, xs.ptr, out.ptr)
+            };
+            let dp4a = gpu.time(s, 5, || gpu.gemv_plain(s, &m, &io))?;
+            let mma = gpu.time(s, 20, || gpu.gemm(s, &m, &io))?;
+            let macs = (rows * cols * ntok) as f64;
+            rep.line(format!(
+                "| {format} | {rows}×{cols} | {:.0} | {:.0} | {:.0} | {:.1}× |",
+                dp4a * 1e6,
+                mma * 1e6,
+                macs / mma / 1e12,
+                dp4a / mma
             ));
         }
     }
@@ -554,6 +697,24 @@ fn determinism(rep: &mut Report) -> R<()> {
     Ok(())
 }
 
+/// A markdown table of per-op times (`Model::profile`), under `title`.
+fn op_table(title: &str, per: &str, prof: &[(String, usize, f64)]) -> String {
+    let total: f64 = prof.iter().map(|p| p.1 as f64 * p.2).sum();
+    let mut t = format!(
+        "\n{title}\n\n| op | per {per} | µs each | µs per {per} | share |\n|---|---|---|---|---|\n"
+    );
+    for (name, n, secs) in prof {
+        let _ = writeln!(
+            t,
+            "| {name} | {n} | {:.2} | {:.0} | {:.0}% |",
+            secs * 1e6,
+            *n as f64 * secs * 1e6,
+            100.0 * *n as f64 * secs / total
+        );
+    }
+    t
+}
+
 fn bench_27b(
     rep: &mut Report,
     format: Format,
@@ -626,24 +787,18 @@ fn bench_27b(
     // Where the decode step's time goes (ops timed inside graphs).
     let mut pst = g.new_state(4096)?;
     g.forward_greedy(&mut pst, &[1, 2, 3, 4])?;
-    let prof = g.profile_decode(&mut pst, 20)?;
+    let prof = g.profile(&mut pst, 1, 20)?;
     drop(pst);
     let total: f64 = prof.iter().map(|p| p.1 as f64 * p.2).sum();
-    let mut ptab = format!(
-        "\n{format} decode step by op (each timed inside a graph of 20 launches cycling over the layers' ops of that kind): sum {:.2} ms/token against {:.2} ms measured\n\n| op | per token | µs each | µs per token | share |\n|---|---|---|---|---|\n",
-        total * 1e3,
-        1e3 / tg
-    );
-    for (name, n, secs) in &prof {
-        let _ = writeln!(
-            ptab,
-            "| {name} | {n} | {:.2} | {:.0} | {:.0}% |",
-            secs * 1e6,
-            *n as f64 * secs * 1e6,
-            100.0 * *n as f64 * secs / total
-        );
-    }
-    profiles.push(ptab);
+    profiles.push(op_table(
+        &format!(
+            "{format} decode step by op (each timed inside a graph of 20 launches cycling over the layers' ops of that kind): sum {:.2} ms/token against {:.2} ms measured",
+            total * 1e3,
+            1e3 / tg
+        ),
+        "token",
+        &prof,
+    ));
     let mut st = g.new_state(4096)?;
     g.forward_greedy(&mut st, &[1, 2, 3, 4])?;
     // Decode returning the full logits to the host (the `forward` API).
@@ -671,10 +826,32 @@ fn bench_27b(
     let mut warm = g.new_state(1024)?;
     g.forward(&mut warm, &prompt[..128], Logits::Last)?;
     drop(warm);
-    let mut pst = g.new_state(1024)?;
-    let t = Instant::now();
-    g.forward(&mut pst, &prompt, Logits::Last)?;
-    let pp = 512.0 / t.elapsed().as_secs_f64();
+    let pp512 = |mma: bool| -> R<f64> {
+        g.gpu().set_mma(mma);
+        let mut pst = g.new_state(1024)?;
+        let t = Instant::now();
+        g.forward(&mut pst, &prompt, Logits::Last)?;
+        Ok(512.0 / t.elapsed().as_secs_f64())
+    };
+    let pp_dp4a = pp512(false)?;
+    let pp = pp512(true)?;
+    let pp_again = pp512(true)?;
+    // Where a prefill pass's time goes (a full chunk, ops timed inside graphs).
+    let mut pst = g.new_state(4096)?;
+    g.forward(&mut pst, &prompt[..64], Logits::Last)?;
+    let chunk = niwaki_cuda::plan::MAX_CHUNK;
+    let prof = g.profile(&mut pst, chunk, 4)?;
+    drop(pst);
+    let total: f64 = prof.iter().map(|p| p.1 as f64 * p.2).sum();
+    profiles.push(op_table(
+        &format!(
+            "{format} prefill pass of {chunk} tokens by op (each timed inside a graph of 4 launches cycling over the layers' ops of that kind): sum {:.1} ms = {:.0} tok/s; pp512 measured {pp:.0} and {pp_again:.0} tok/s (dp4a kernels only: {pp_dp4a:.0})",
+            total * 1e3,
+            chunk as f64 / total
+        ),
+        "pass",
+        &prof,
+    ));
 
     let state_rw = 2.0 * (48.0 * 48.0 * 128.0 * 128.0 * 4.0);
     let floor = bw / (wb + state_rw);

@@ -90,12 +90,13 @@ __device__ __forceinline__ void pdl_launch() {
         pdl_wait();  \
     } while (0)
 
-#if __CUDA_ARCH__ >= 900
 __device__ __forceinline__ u32 smem_addr(const void* p) {
     u32 r;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
     return r;
 }
+
+#if __CUDA_ARCH__ >= 900
 
 __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");

@@ -6,16 +6,17 @@ use std::path::{Path, PathBuf};
 use crate::error::{CudaError, Result};
 
 /// The kernel sources in the order they are concatenated.
-pub const SOURCES: [(&str, &str); 5] = [
+pub const SOURCES: [(&str, &str); 6] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("quant.cu", include_str!("../kernels/quant.cu")),
     ("gemv.cu", include_str!("../kernels/gemv.cu")),
+    ("gemm.cu", include_str!("../kernels/gemm.cu")),
     ("gdn.cu", include_str!("../kernels/gdn.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 22] = [
+pub const KERNELS: [&str; 25] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -33,6 +34,9 @@ pub const KERNELS: [&str; 22] = [
     "gemv1_q2g64_r2",
     "gemv1_q2g128_r1",
     "gemv1_q2g128_r2",
+    "gemm_q1",
+    "gemm_q2g64",
+    "gemm_q2g128",
     "gdn_conv",
     "gdn_step",
     "attn_prep",

@@ -125,6 +125,16 @@ pub struct DevMat {
 }
 
 impl DevMat {
+    /// The leading kernel arguments of every GEMV and GEMM: codes, scales, rows, columns.
+    fn args(&self) -> [Arg; 4] {
+        [
+            Arg::Ptr(self.codes.ptr),
+            Arg::Ptr(self.scales.ptr),
+            Arg::I32(self.rows as i32),
+            Arg::I32(self.cols as i32),
+        ]
+    }
+
     /// Bytes of the matrix proper (the upload's padding rows are not counted).
     pub fn bytes(&self) -> usize {
         let f = self.format;
@@ -196,6 +206,9 @@ pub struct Gpu {
     pdl: AtomicBool,
     /// Use the bulk-copy decode GEMV (sm_90 and later). `NIWAKI_CUDA_GEMV1=0` turns it off.
     gemv1: AtomicBool,
+    /// Multiply passes of [`plan::GEMM_MIN_TOKENS`] tokens or more on the tensor cores (sm_80
+    /// and later). `NIWAKI_CUDA_MMA=0` turns it off.
+    mma: AtomicBool,
     /// Fold the RMS norms into the decode GEMVs (`NIWAKI_CUDA_FUSE_NORM=1`; off by default:
     /// measured 1-8% slower decode on the H200, the per-block norm delaying each GEMV's start
     /// by more than the separate kernel costs).
@@ -254,6 +267,25 @@ impl Gpu {
             )
             .ctx(|| "shared memory limit".into())?
             .max(0) as usize;
+        let ampere = info.compute_capability.0 >= 8;
+        if ampere {
+            for k in compile::KERNELS.iter().filter(|k| k.starts_with("gemm_")) {
+                let f = GpuFormat::ALL
+                    .into_iter()
+                    .find(|f| k.ends_with(f.kernel_name()))
+                    .expect("a gemm kernel per layout");
+                // SAFETY: a function handle of this context and a documented attribute.
+                unsafe {
+                    sys::cuFuncSetAttribute(
+                        funcs[*k].cu_function(),
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        plan::gemm_smem_bytes(f) as i32,
+                    )
+                }
+                .result()
+                .ctx(|| format!("raising the shared memory limit of {k}"))?;
+            }
+        }
         if hopper {
             for k in compile::KERNELS.iter().filter(|k| k.starts_with("gemv1_")) {
                 // SAFETY: a function handle of this context and a documented attribute.
@@ -278,6 +310,7 @@ impl Gpu {
             from_cache,
             pdl: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_PDL")),
             gemv1: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_GEMV1")),
+            mma: AtomicBool::new(ampere && env_on("NIWAKI_CUDA_MMA")),
             fuse_norm: AtomicBool::new(
                 std::env::var("NIWAKI_CUDA_FUSE_NORM").is_ok_and(|v| v == "1"),
             ),
@@ -295,6 +328,17 @@ impl Gpu {
     /// Whether one-token GEMVs use the bulk-copy kernel.
     pub fn gemv1(&self) -> bool {
         self.gemv1.load(Ordering::Relaxed)
+    }
+
+    /// Whether multi-token passes multiply on the tensor cores.
+    pub fn mma(&self) -> bool {
+        self.mma.load(Ordering::Relaxed)
+    }
+
+    /// Turns the tensor-core GEMM off or back on (never on for a device without it).
+    pub fn set_mma(&self, on: bool) {
+        self.mma
+            .store(on && self.info.compute_capability.0 >= 8, Ordering::Relaxed);
     }
 
     /// Whether one-token passes fold each norm into the GEMV that reads it.
@@ -520,7 +564,9 @@ impl Gpu {
         )
     }
 
-    /// `out[t][r] (+)= W[r] · x[t]` for `io.ntok` tokens (several launches past 8 tokens).
+    /// `out[t][r] (+)= W[r] · x[t]` for `io.ntok` tokens: the decode GEMV for one token, the
+    /// tensor-core GEMM from [`plan::GEMM_MIN_TOKENS`] tokens on (the argmax is only in the
+    /// dp4a kernels), else the dp4a kernels (several launches past 8 tokens).
     pub fn gemv(&self, stream: &CudaStream, m: &DevMat, io: &GemvIo) -> Result<()> {
         if io.ntok == 1 && self.gemv1() {
             let t = self.gemv1_tuning(m.format, m.cols);
@@ -528,7 +574,39 @@ impl Gpu {
                 return Ok(());
             }
         }
+        if io.ntok >= plan::GEMM_MIN_TOKENS && io.argmax.is_none() && self.mma() {
+            return self.gemm(stream, m, io);
+        }
         self.gemv_plain(stream, m, io)
+    }
+
+    /// The tensor-core GEMM (`gemm_<format>`) for any number of tokens; no argmax.
+    pub fn gemm(&self, stream: &CudaStream, m: &DevMat, io: &GemvIo) -> Result<()> {
+        if io.argmax.is_some() || io.ntok == 0 {
+            return Err(CudaError::Unsupported(
+                "the tensor-core GEMM takes at least one token and keeps no argmax".into(),
+            ));
+        }
+        let (gx, gy) = plan::gemm_grid(m.rows, io.ntok);
+        self.launch_smem(
+            stream,
+            &format!("gemm_{}", m.format.kernel_name()),
+            (gx as u32, gy as u32, 1),
+            (256, 1, 1),
+            plan::gemm_smem_bytes(m.format) as u32,
+            &[
+                &m.args()[..],
+                &[
+                    Arg::Ptr(io.xq),
+                    Arg::Ptr(io.xs),
+                    Arg::I32(io.ntok as i32),
+                    Arg::Ptr(io.out),
+                    Arg::I32(io.out_stride as i32),
+                    Arg::I32(i32::from(io.accumulate)),
+                ],
+            ]
+            .concat(),
+        )
     }
 
     /// The register-streaming GEMV (`gemv_<format>_t1` / `_t8`), for any device.
@@ -562,18 +640,18 @@ impl Gpu {
                 grid,
                 (256, 1, 1),
                 &[
-                    Arg::Ptr(m.codes.ptr),
-                    Arg::Ptr(m.scales.ptr),
-                    Arg::I32(m.rows as i32),
-                    Arg::I32(m.cols as i32),
-                    Arg::Ptr(xq + (t0 * m.cols) as u64),
-                    Arg::Ptr(xs + (8 * t0 * m.cols / X_GROUP) as u64),
-                    Arg::I32(n as i32),
-                    Arg::Ptr(out + (4 * t0 * out_stride) as u64),
-                    Arg::I32(out_stride as i32),
-                    Arg::I32(i32::from(accumulate)),
-                    Arg::Ptr(argmax.map_or(0, |a| a + 8 * t0 as u64)),
-                ],
+                    &m.args()[..],
+                    &[
+                        Arg::Ptr(xq + (t0 * m.cols) as u64),
+                        Arg::Ptr(xs + (8 * t0 * m.cols / X_GROUP) as u64),
+                        Arg::I32(n as i32),
+                        Arg::Ptr(out + (4 * t0 * out_stride) as u64),
+                        Arg::I32(out_stride as i32),
+                        Arg::I32(i32::from(accumulate)),
+                        Arg::Ptr(argmax.map_or(0, |a| a + 8 * t0 as u64)),
+                    ],
+                ]
+                .concat(),
             )?;
             t0 += n;
         }
@@ -608,21 +686,21 @@ impl Gpu {
             (32 * (plan::GEMV1_WARPS as u32 + 1), 1, 1),
             l.smem_bytes as u32,
             &[
-                Arg::Ptr(m.codes.ptr),
-                Arg::Ptr(m.scales.ptr),
-                Arg::I32(m.rows as i32),
-                Arg::I32(m.cols as i32),
-                Arg::Ptr(io.xq),
-                Arg::Ptr(io.xs),
-                Arg::Ptr(io.out),
-                Arg::I32(i32::from(io.accumulate)),
-                Arg::Ptr(io.argmax.unwrap_or(0)),
-                Arg::I32(l.stages as i32),
-                Arg::Ptr(pre.map_or(0, |p| p.x)),
-                Arg::I32(pre.map_or(0, |p| p.tok0 as i32)),
-                Arg::Ptr(pre.map_or(0, |p| p.weight)),
-                Arg::F32(pre.map_or(0.0, |p| p.eps)),
-            ],
+                &m.args()[..],
+                &[
+                    Arg::Ptr(io.xq),
+                    Arg::Ptr(io.xs),
+                    Arg::Ptr(io.out),
+                    Arg::I32(i32::from(io.accumulate)),
+                    Arg::Ptr(io.argmax.unwrap_or(0)),
+                    Arg::I32(l.stages as i32),
+                    Arg::Ptr(pre.map_or(0, |p| p.x)),
+                    Arg::I32(pre.map_or(0, |p| p.tok0 as i32)),
+                    Arg::Ptr(pre.map_or(0, |p| p.weight)),
+                    Arg::F32(pre.map_or(0.0, |p| p.eps)),
+                ],
+            ]
+            .concat(),
         )?;
         Ok(true)
     }

@@ -417,19 +417,22 @@ impl CudaModel {
         Ok(())
     }
 
-    /// Where a decode step's time goes: for each kind of op of a one-token pass, the seconds one
+    /// Where a pass of `ntok` tokens spends its time: for each kind of op, the seconds one
     /// launch takes inside a CUDA graph of `reps` launches (cycling through the layers' ops of
     /// that kind, so that a matrix is not served from L2 by its own previous launch; median of
-    /// 5 replays), with how often the op occurs per token. The ops run on `st` as they are
-    /// (its contents are meaningless afterwards).
+    /// 5 replays), with how often the op occurs per pass. Launched as `forward` would (PDL for
+    /// one token only). The ops run on `st` as they are (its contents are meaningless
+    /// afterwards).
     #[doc(hidden)]
-    pub fn profile_decode(
+    pub fn profile(
         &self,
         st: &mut CudaState,
+        ntok: usize,
         reps: usize,
     ) -> Result<Vec<(String, usize, f64)>> {
         let mut kinds: Vec<(String, Vec<Op>)> = Vec::new();
-        for op in forward_ops(&self.dims, 1, Head::Last, true, self.gpu.fuse_norm()) {
+        let argmax = ntok == 1;
+        for op in forward_ops(&self.dims, ntok, Head::Last, argmax, self.gpu.fuse_norm()) {
             let name = match op {
                 Op::Gemv { mat, .. } => format!("Gemv {mat:?}"),
                 Op::NormGemv { mat, .. } => format!("NormGemv {mat:?}"),
@@ -451,7 +454,12 @@ impl CudaModel {
             st.stream
                 .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .ctx(|| "beginning graph capture".into())?;
-            let res = (0..reps).try_for_each(|i| self.exec(st, &ops[i % ops.len()]));
+            let run = || (0..reps).try_for_each(|i| self.exec(st, &ops[i % ops.len()]));
+            let res = if ntok == 1 {
+                run()
+            } else {
+                crate::gpu::serial_launches(run)
+            };
             let g = st
                 .stream
                 .end_capture(sys::CUgraphInstantiate_flags(0))

@@ -8,10 +8,39 @@ use crate::repack::{GpuFormat, X_GROUP};
 
 /// Partitions of the KV range in flash-decoding (one block per kv head and split).
 pub const ATTN_SPLITS: usize = 128;
-/// Tokens one GPU pass of a prefill handles (scratch buffers are sized for it).
-pub const MAX_CHUNK: usize = 64;
+/// Tokens one GPU pass of a prefill handles (scratch buffers are sized for it): four of the
+/// GEMM's token tiles, so that a 5120-row matrix still gives 80 blocks.
+pub const MAX_CHUNK: usize = 256;
 /// Tokens one GEMV launch multiplies against each weight row it reads.
 pub const GEMV_TOKENS: usize = 8;
+
+/// The tensor-core GEMM of multi-token passes (`gemm_*`, kernels/gemm.cu): rows and tokens of a
+/// block's output tile (8 warps of two 16-row mma tiles), chunks of every row per pipeline stage,
+/// stages, and the shared-memory bytes of one weight row in a stage (16 more than its chunks:
+/// the eight rows of a fragment load then fall in distinct banks).
+pub const GEMM_ROWS: usize = 256;
+pub const GEMM_TOKENS: usize = 64;
+pub const GEMM_CHUNKS_PER_STAGE: usize = 2;
+pub const GEMM_STAGES: usize = 3;
+pub const GEMM_ROW_STRIDE: usize = 48;
+const _: () = assert!(GEMM_ROW_STRIDE >= 16 * GEMM_CHUNKS_PER_STAGE);
+/// Passes of fewer tokens use the dp4a kernels: a GEMM tile of 64 tokens would mostly idle.
+pub const GEMM_MIN_TOKENS: usize = 16;
+
+/// Dynamic shared memory of a GEMM block for a weight layout: per stage the weight chunks of
+/// the tile's rows, the int8 activations of its tokens (rows padded by 16 bytes) and their
+/// (d, d·Σq) pairs.
+pub fn gemm_smem_bytes(format: GpuFormat) -> usize {
+    let kc = GEMM_CHUNKS_PER_STAGE * format.chunk_values();
+    let stage =
+        GEMM_ROWS * GEMM_ROW_STRIDE + GEMM_TOKENS * (kc + 16) + kc / X_GROUP * GEMM_TOKENS * 8;
+    GEMM_STAGES * stage
+}
+
+/// Grid of a GEMM launch: token tiles (x) by row tiles (y).
+pub fn gemm_grid(rows: usize, ntok: usize) -> (usize, usize) {
+    (ntok.div_ceil(GEMM_TOKENS), rows.div_ceil(GEMM_ROWS))
+}
 /// Rows of a matrix one GEMV warp computes at a time (sharing each activation load).
 pub const GEMV_ROWS: usize = 4;
 
@@ -246,6 +275,11 @@ impl Dims {
             ("NSPLIT", ATTN_SPLITS),
             ("GEMV1_WARPS", GEMV1_WARPS),
             ("GEMV1_MAX_STAGES", GEMV1_MAX_STAGES),
+            ("MM_BM", GEMM_ROWS),
+            ("MM_BN", GEMM_TOKENS),
+            ("MM_CPS", GEMM_CHUNKS_PER_STAGE),
+            ("MM_STAGES", GEMM_STAGES),
+            ("MM_WSTRIDE", GEMM_ROW_STRIDE),
         ]
         .iter()
         .map(|(k, v)| format!("-D{k}={v}"))
@@ -838,6 +872,28 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn gemm_stages_fit_and_fragment_loads_are_conflict_free() {
+        for f in [GpuFormat::Q1, GpuFormat::Q2G64, GpuFormat::Q2G128] {
+            let smem = gemm_smem_bytes(f);
+            // Every sm_80+ part allows 163 KiB per block (the H200 227 KiB).
+            assert!(smem <= 163 << 10, "{f:?}: {smem}");
+            // cp.async targets and ldmatrix rows are 16-byte aligned in every stage.
+            assert_eq!(smem % (16 * GEMM_STAGES), 0);
+            let kc = GEMM_CHUNKS_PER_STAGE * f.chunk_values();
+            assert_eq!((kc + 16) % 16, 0);
+            // The 8 rows of a 16-byte ldmatrix phase land in 8 distinct groups of 4 banks.
+            let banks: std::collections::HashSet<_> =
+                (0..8).map(|r| r * (kc + 16) / 16 % 8).collect();
+            assert_eq!(banks.len(), 8);
+        }
+        let banks: std::collections::HashSet<_> =
+            (0..8).map(|r| r * GEMM_ROW_STRIDE / 16 % 8).collect();
+        assert_eq!(banks.len(), 8);
+        assert_eq!(gemm_grid(5120, MAX_CHUNK), (4, 20));
+        assert_eq!(gemm_grid(1001, 17), (1, 4));
+    }
+
+    #[test]
     fn a_row_too_wide_for_two_stages_falls_back_to_the_plain_kernel() {
         let t = Gemv1Tuning {
             rows_per_warp: 2,
@@ -851,8 +907,11 @@ pub(crate) mod tests {
 
     #[test]
     fn calls_are_cut_into_chunks() {
-        let c: Vec<_> = chunks(150).collect();
-        assert_eq!(c, vec![(0, 64), (64, 64), (128, 22)]);
+        let c: Vec<_> = chunks(2 * MAX_CHUNK + 22).collect();
+        assert_eq!(
+            c,
+            vec![(0, MAX_CHUNK), (MAX_CHUNK, MAX_CHUNK), (2 * MAX_CHUNK, 22)]
+        );
         assert_eq!(split_len(1), 1);
         assert_eq!(split_len(ATTN_SPLITS + 1), 2);
     }

@@ -41,6 +41,8 @@ pub enum GpuFormat {
 }
 
 impl GpuFormat {
+    pub const ALL: [GpuFormat; 3] = [GpuFormat::Q1, GpuFormat::Q2G64, GpuFormat::Q2G128];
+
     /// The layout a file format is re-tiled into, or `None` when the GPU has no kernel for it.
     pub fn for_format(f: Format) -> Option<GpuFormat> {
         match f {

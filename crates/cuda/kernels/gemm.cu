@@ -1,0 +1,264 @@
+// Multi-token GEMM on int8 tensor cores (mma.sync m16n8k32, sm_80+), for prefill.
+//
+// out[t][r] (+)= W[r] · x[t] for a tile of MM_BM rows and MM_BN tokens per block. The dp4a
+// kernels of gemv.cu spend two to three instructions per four weights for every token; here one
+// mma multiplies a 16×32 weight tile by 32×8 activations. The weights stay packed on their way
+// through shared memory: a thread turns the 16-byte chunk of a row into its A fragments with one
+// shift and one mask per four values, since the layouts of gemv.cu put four consecutive values
+// into the four bytes of a word, which is exactly what a fragment register holds (codes 0..3, or
+// bits 0/1, are valid s8 operands). Activations (int8) are copied as they lie and reach the B
+// fragments through ldmatrix.
+//
+// The integer dot of each 64-value group is exact; the thread that owns an output scales it and
+// adds it in float, in group order: results are deterministic (though not the bits of the
+// dp4a kernels, which add in another order).
+//
+// 8 warps; warp w owns rows 32w..32w+31 of the tile (two 16-row mma tiles) for all MM_BN tokens.
+// K advances MM_CPS chunks of every row per stage, through a ring of MM_STAGES stages filled by
+// cp.async. Per stage (shared memory): the weight chunks (MM_WSTRIDE bytes per row: the 8 rows a
+// quad-broadcast load touches fall in distinct banks), the activations (token-major, padded so
+// that an 8×16-byte ldmatrix is conflict-free), their (d, d·Σq) pairs (group-major, so that a
+// thread's two tokens are one 16-byte load). The tile and ring sizes come from the host's plan
+// (plan.rs), which sizes the launches with them.
+#if !defined(MM_BM) || !defined(MM_BN) || !defined(MM_STAGES) || !defined(MM_CPS) || !defined(MM_WSTRIDE)
+#error "MM_BM, MM_BN, MM_STAGES, MM_CPS and MM_WSTRIDE must be defined by the host"
+#endif
+#define MM_WARPS 8
+#define MM_MI 2
+#define MM_NT (MM_BN / 8)
+static_assert(MM_BM == MM_WARPS * 16 * MM_MI, "a warp owns two 16-row mma tiles");
+static_assert(MM_BN % 8 == 0 && MM_STAGES >= 2, "tile shape");
+
+#if __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(u32* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+// c += A (16×32, s8, row-major) · B (32×8, s8, column-major).
+__device__ __forceinline__ void mma_s8(int* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The A fragments of one 64-value group for the two mmas that cover it (k 0-31, 32-63): lo and
+// hi are the chunks of rows g and g+8. Register order: (row g, k 4t..), (row g+8, k 4t..),
+// (row g, k 16+4t..), (row g+8, k 16+4t..), with t the lane's index in its quad.
+template <int FMT>
+__device__ __forceinline__ void a_frags(const uint4& lo, const uint4& hi, int gi, int tig, u32 (*a)[4]) {
+    if (FMT == FMT_Q1) {
+        // Word w holds values 32w+4k+b at bit 8b+k: group gi is words 2gi (k 0-31), 2gi+1.
+        const u32 m = 0x01010101u;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const u32 wl = word_of(lo, 2 * gi + j), wh = word_of(hi, 2 * gi + j);
+            a[j][0] = (wl >> tig) & m;
+            a[j][1] = (wh >> tig) & m;
+            a[j][2] = (wl >> (tig + 4)) & m;
+            a[j][3] = (wh >> (tig + 4)) & m;
+        }
+    } else {
+        // Word w holds the code of value 16w+4k+b at bits 8b+2k: the chunk is the group.
+        const u32 m = 0x03030303u;
+        const int sh = 2 * tig;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            a[j][0] = (word_of(lo, 2 * j) >> sh) & m;
+            a[j][1] = (word_of(hi, 2 * j) >> sh) & m;
+            a[j][2] = (word_of(lo, 2 * j + 1) >> sh) & m;
+            a[j][3] = (word_of(hi, 2 * j + 1) >> sh) & m;
+        }
+    }
+}
+
+template <int FMT>
+__device__ __forceinline__ void gemm_body(const uint4* __restrict__ codes, const u16* __restrict__ scales,
+                                          int rows, int cols, const unsigned char* __restrict__ xq,
+                                          const float2* __restrict__ xs, int ntok,
+                                          float* __restrict__ out, int out_stride, int accumulate) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    constexpr int CV = FMT == FMT_Q1 ? 128 : 64;      // values per chunk
+    constexpr int GPC = CV / 64;                       // 64-groups per chunk
+    constexpr int KC = MM_CPS * CV;                    // values per stage
+    constexpr int GPS = KC / 64;                       // groups per stage
+    constexpr int XSTRIDE = KC + 16;
+    constexpr int W_BYTES = MM_BM * MM_WSTRIDE;
+    constexpr int X_BYTES = MM_BN * XSTRIDE;
+    constexpr int STAGE = W_BYTES + X_BYTES + GPS * MM_BN * 8;
+    constexpr int SPS = FMT == FMT_Q2G128 ? 1 : MM_CPS; // weight scales per row per stage
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, tig = lane & 3;
+    const int tok0 = blockIdx.x * MM_BN, row0 = blockIdx.y * MM_BM;
+    const int chunks = cols / CV, groups = cols / 64, spr = FMT == FMT_Q2G128 ? cols / 128 : chunks;
+    const int nst = (chunks + MM_CPS - 1) / MM_CPS;
+    const int nt = min(MM_NT, (ntok - tok0 + 7) / 8);
+    PDL_ENTRY();
+
+    auto load_stage = [&](int s) {
+        unsigned char* st = smem + (s % MM_STAGES) * STAGE;
+        for (int e = tid; e < MM_BM * MM_CPS; e += MM_WARPS * 32) {
+            const int r = e / MM_CPS, cc = e % MM_CPS, c = s * MM_CPS + cc;
+            const int row = min(row0 + r, rows - 1);
+            if (c < chunks) cp_async16(st + r * MM_WSTRIDE + cc * 16, codes + (size_t)row * chunks + c);
+        }
+        unsigned char* xsm = st + W_BYTES;
+        for (int e = tid; e < MM_BN * (KC / 16); e += MM_WARPS * 32) {
+            const int t = e / (KC / 16), p = e % (KC / 16), k = s * KC + p * 16;
+            const int tok = min(tok0 + t, ntok - 1);
+            if (k < cols) cp_async16(xsm + t * XSTRIDE + p * 16, xq + (size_t)tok * cols + k);
+        }
+        unsigned char* ssm = xsm + X_BYTES;
+        for (int e = tid; e < GPS * MM_BN; e += MM_WARPS * 32) {
+            const int gg = e / MM_BN, t = e % MM_BN, gr = s * GPS + gg;
+            const int tok = min(tok0 + t, ntok - 1);
+            if (gr < groups) cp_async8(ssm + (gg * MM_BN + t) * 8, xs + (size_t)tok * groups + gr);
+        }
+    };
+    // This thread's weight scales for stage s: rows (mi, g / g+8), SPS per row.
+    auto load_scales = [&](int s, float (*d)[2][SPS]) {
+#pragma unroll
+        for (int mi = 0; mi < MM_MI; mi++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int row = min(row0 + warp * 32 + mi * 16 + h * 8 + g, rows - 1);
+#pragma unroll
+                for (int j = 0; j < SPS; j++) {
+                    const int si = FMT == FMT_Q2G128 ? s : s * MM_CPS + j;
+                    d[mi][h][j] = si < spr ? h2f(__ldg(scales + (size_t)row * spr + si)) : 0.0f;
+                }
+            }
+    };
+
+    float acc[MM_MI][MM_NT][4];
+#pragma unroll
+    for (int mi = 0; mi < MM_MI; mi++)
+#pragma unroll
+        for (int ni = 0; ni < MM_NT; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < MM_STAGES - 1; s++) {
+        if (s < nst) load_stage(s);
+        cp_async_commit();
+    }
+    float dw[MM_MI][2][SPS];
+    load_scales(0, dw);
+    for (int s = 0; s < nst; s++) {
+        cp_async_wait<MM_STAGES - 2>();
+        // Stage s has landed for every thread, and every warp is done with stage s-1, whose
+        // buffer the next load reuses.
+        __syncthreads();
+        if (s + MM_STAGES - 1 < nst) load_stage(s + MM_STAGES - 1);
+        cp_async_commit();
+        float dn[MM_MI][2][SPS];
+        if (s + 1 < nst) load_scales(s + 1, dn);
+        const unsigned char* st = smem + (s % MM_STAGES) * STAGE;
+        const unsigned char* xsm = st + W_BYTES;
+        const float2* ssm = (const float2*)(xsm + X_BYTES);
+#pragma unroll
+        for (int cc = 0; cc < MM_CPS; cc++) {
+            if (s * MM_CPS + cc >= chunks) break;
+            uint4 lo[MM_MI], hi[MM_MI];
+#pragma unroll
+            for (int mi = 0; mi < MM_MI; mi++) {
+                const unsigned char* wr = st + (warp * 32 + mi * 16 + g) * MM_WSTRIDE + cc * 16;
+                lo[mi] = *(const uint4*)wr;
+                hi[mi] = *(const uint4*)(wr + 8 * MM_WSTRIDE);
+            }
+#pragma unroll
+            for (int gi = 0; gi < GPC; gi++) {
+                const int gs = cc * GPC + gi; // group within the stage
+                u32 a[MM_MI][2][4];
+#pragma unroll
+                for (int mi = 0; mi < MM_MI; mi++) a_frags<FMT>(lo[mi], hi[mi], gi, tig, a[mi]);
+#pragma unroll
+                for (int ni = 0; ni < MM_NT; ni++) {
+                    if (ni < nt) {
+                        u32 b[4];
+                        ldmatrix_x4(b, xsm + (ni * 8 + (lane & 7)) * XSTRIDE + gs * 64 + 16 * (lane >> 3));
+                        const float4 sx = *(const float4*)(ssm + gs * MM_BN + ni * 8 + 2 * tig);
+#pragma unroll
+                        for (int mi = 0; mi < MM_MI; mi++) {
+                            int c[4] = {0, 0, 0, 0};
+                            mma_s8(c, a[mi][0], b[0], b[1]);
+                            mma_s8(c, a[mi][1], b[2], b[3]);
+                            // 1-bit: value = (2·bit − 1)·d, so Σ = 2·Σ bit·q − Σ q.
+                            const int k2 = FMT == FMT_Q1 ? 1 : 0;
+                            const float d0 = dw[mi][0][FMT == FMT_Q2G128 ? 0 : cc];
+                            const float d1 = dw[mi][1][FMT == FMT_Q2G128 ? 0 : cc];
+                            acc[mi][ni][0] += d0 * (sx.x * (float)(c[0] << k2) - sx.y);
+                            acc[mi][ni][1] += d0 * (sx.z * (float)(c[1] << k2) - sx.w);
+                            acc[mi][ni][2] += d1 * (sx.x * (float)(c[2] << k2) - sx.y);
+                            acc[mi][ni][3] += d1 * (sx.z * (float)(c[3] << k2) - sx.w);
+                        }
+                    }
+                }
+            }
+        }
+        if (s + 1 < nst) {
+#pragma unroll
+            for (int mi = 0; mi < MM_MI; mi++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int j = 0; j < SPS; j++) dw[mi][h][j] = dn[mi][h][j];
+        }
+    }
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int mi = 0; mi < MM_MI; mi++)
+#pragma unroll
+        for (int ni = 0; ni < MM_NT; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int row = row0 + warp * 32 + mi * 16 + g + (e >> 1) * 8;
+                const int tok = tok0 + ni * 8 + 2 * tig + (e & 1);
+                if (row < rows && tok < ntok) {
+                    float* o = out + (size_t)tok * out_stride + row;
+                    *o = accumulate ? acc[mi][ni][e] + *o : acc[mi][ni][e];
+                }
+            }
+}
+#endif
+
+#if __CUDA_ARCH__ >= 800
+#define GEMM_CALL(FMT) \
+    gemm_body<FMT>(codes, scales, rows, cols, xq, xs, ntok, out, out_stride, accumulate)
+#else
+#define GEMM_CALL(FMT) __trap()
+#endif
+
+// grid (ceil(ntok / MM_BN), ceil(rows / MM_BM)), block 256, dynamic shared memory
+// MM_STAGES stages (plan.rs: gemm_smem_bytes).
+#define GEMM_KERNEL(name, FMT)                                                                 \
+    extern "C" __global__ void __launch_bounds__(MM_WARPS * 32, 1)                              \
+        name(const uint4* __restrict__ codes, const u16* __restrict__ scales, int rows, int cols, \
+             const unsigned char* __restrict__ xq, const float2* __restrict__ xs, int ntok,     \
+             float* __restrict__ out, int out_stride, int accumulate) {                         \
+        GEMM_CALL(FMT);                                                                         \
+    }
+
+GEMM_KERNEL(gemm_q1, FMT_Q1)
+GEMM_KERNEL(gemm_q2g64, FMT_Q2G64)
+GEMM_KERNEL(gemm_q2g128, FMT_Q2G128)
