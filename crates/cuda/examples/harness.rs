@@ -9,7 +9,8 @@
 //! 4. 27B synthetic models: decode tg128, prefill pp512, decode at 32k depth.
 //!
 //! Writes `cuda-results.md` to the folder given as the first argument (default `.`).
-//! `NIWAKI_HARNESS_27B=Q2_0,Q1_0` picks the 27B formats (empty: skip).
+//! `NIWAKI_HARNESS_27B=Q2_0,Q1_0` picks the 27B formats (empty: skip);
+//! `NIWAKI_HARNESS_ONLY=gemm` times the prefill GEMMs and nothing else (for a profiler).
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -932,6 +933,10 @@ fn run(rep: &mut Report) -> R<()> {
         },
         gpu.compile_secs
     ));
+    if std::env::var("NIWAKI_HARNESS_ONLY").is_ok_and(|v| v == "gemm") {
+        // For a profiler: the GEMM timings alone.
+        return gemm_speed(rep, &gpu);
+    }
     let bw = gpu.copy_bandwidth(2 << 30)?;
     rep.line(format!(
         "Device-to-device copy: {:.0} GB/s (read + write)",

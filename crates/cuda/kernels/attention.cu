@@ -59,18 +59,19 @@ __device__ __forceinline__ void load_halves(const u16* __restrict__ p, float* f)
     }
 }
 
-// grid (NKV, NSPLIT, ntok), block 128 (4 warps, one cache position each at a time).
-// part: [ntok][NH][NSPLIT][HD + 2] = (acc[HD], m, l).
+// grid (NKV, nsplit, ntok), block 128 (4 warps, one cache position each at a time); nsplit ≤
+// NSPLIT (fewer for the short contexts of a prefill pass: plan.rs, attn_splits).
+// part: [ntok][NH][nsplit][HD + 2] = (acc[HD], m, l).
 extern "C" __global__ void __launch_bounds__(128)
 attn_split(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
-           const u32* __restrict__ pos_ptr, float scale, float* __restrict__ part) {
+           const u32* __restrict__ pos_ptr, float scale, int nsplit, float* __restrict__ part) {
     PDL_ENTRY();
     __shared__ float sm_acc[4][GQA][HD];
     __shared__ float sm_ml[4][GQA][2];
     const int kvh = blockIdx.x, sp = blockIdx.y, t = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n_ctx = (int)*pos_ptr + t + 1;
-    const int len = (n_ctx + NSPLIT - 1) / NSPLIT;
+    const int len = (n_ctx + nsplit - 1) / nsplit;
     const int p0 = sp * len;
     const int p1 = min(n_ctx, p0 + len);
 
@@ -143,7 +144,7 @@ attn_split(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
                 A += sm_acc[wi][g][i] * f;
             }
         }
-        float* dst = part + (((size_t)t * NH + kvh * GQA + g) * NSPLIT + sp) * (HD + 2);
+        float* dst = part + (((size_t)t * NH + kvh * GQA + g) * nsplit + sp) * (HD + 2);
         dst[i] = A;
         if (i == 0) { dst[HD] = M; dst[HD + 1] = L; }
     }
@@ -152,21 +153,22 @@ attn_split(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
 // grid (NH, ntok), block HD: merge the splits and gate. The split weights exp(m_s - M) are
 // computed once per split into shared memory (not by every thread in a serial chain); each
 // thread then sums in split order exactly as before, so the result has the same bits.
-extern "C" __global__ void attn_combine(const float* __restrict__ part, const float* __restrict__ proj,
-                                        int stride, float* __restrict__ attn) {
+extern "C" __global__ void attn_combine(const float* __restrict__ part, int nsplit,
+                                        const float* __restrict__ proj, int stride,
+                                        float* __restrict__ attn) {
     PDL_ENTRY();
     __shared__ float f[NSPLIT], ls[NSPLIT], red[32];
     const int head = blockIdx.x, t = blockIdx.y, i = threadIdx.x;
-    const float* src = part + ((size_t)t * NH + head) * NSPLIT * (HD + 2);
+    const float* src = part + ((size_t)t * NH + head) * nsplit * (HD + 2);
     float mloc = NEG_INF;
-    for (int s = i; s < NSPLIT; s += blockDim.x) mloc = fmaxf(mloc, src[s * (HD + 2) + HD]);
+    for (int s = i; s < nsplit; s += blockDim.x) mloc = fmaxf(mloc, src[s * (HD + 2) + HD]);
     // fmaxf is exact and order-free: any reduction order gives the serial loop's M.
     mloc = warp_max(mloc);
     if ((i & 31) == 0) red[i >> 5] = mloc;
     __syncthreads();
     float M = NEG_INF;
     for (int w = 0; w < (int)(blockDim.x >> 5); w++) M = fmaxf(M, red[w]);
-    for (int s = i; s < NSPLIT; s += blockDim.x) {
+    for (int s = i; s < nsplit; s += blockDim.x) {
         const float ms = src[s * (HD + 2) + HD];
         f[s] = ms == NEG_INF ? 0.0f : expf(ms - M);
         ls[s] = ms == NEG_INF ? 0.0f : src[s * (HD + 2) + HD + 1];
@@ -175,7 +177,7 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part, const fl
     float L = 0.0f, A = 0.0f;
     // Deep unrolling keeps many of the independent partial-sum loads in flight at once.
 #pragma unroll 32
-    for (int s = 0; s < NSPLIT; s++) {
+    for (int s = 0; s < nsplit; s++) {
         // Empty splits were skipped before; adding exact zeros keeps every sum unchanged.
         L += ls[s] * f[s];
         A += src[s * (HD + 2) + i] * f[s];

@@ -1,91 +1,126 @@
 // Gated delta net: the causal depthwise conv and the recurrent step.
 #define CH (2 * HK * DK + HV * DV)
 
-// One thread per conv channel, over the tokens in order. state: [KERN-1][CH], taps: [CH][KERN].
-extern "C" __global__ void gdn_conv(const float* __restrict__ proj, int stride, int ntok,
-                                    float* __restrict__ state, const float* __restrict__ taps,
-                                    float* __restrict__ out) {
+// block (32, 8), grid ceil(CH / 32): thread (x, y) computes channel 32·bx + x for tokens y,
+// y + 8, ... (each output reads its KERN inputs directly: the earliest come from the state),
+// then one thread per channel shifts the state, after every read of the old one.
+// state: [KERN-1][CH], taps: [CH][KERN].
+extern "C" __global__ void __launch_bounds__(256) gdn_conv(const float* __restrict__ proj, int stride, int ntok,
+                                                           float* __restrict__ state,
+                                                           const float* __restrict__ taps,
+                                                           float* __restrict__ out) {
     PDL_ENTRY();
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= CH) return;
+    const int c = blockIdx.x * 32 + threadIdx.x;
+    const bool live = c < CH;
     float s[KERN - 1], w[KERN];
 #pragma unroll
-    for (int j = 0; j < KERN - 1; j++) s[j] = state[j * CH + c];
+    for (int j = 0; j < KERN - 1; j++) s[j] = live ? state[j * CH + c] : 0.0f;
 #pragma unroll
-    for (int j = 0; j < KERN; j++) w[j] = taps[c * KERN + j];
-    for (int t = 0; t < ntok; t++) {
-        const float x = proj[(size_t)t * stride + c];
+    for (int j = 0; j < KERN; j++) w[j] = live ? taps[c * KERN + j] : 0.0f;
+    for (int t = threadIdx.y; live && t < ntok; t += blockDim.y) {
         float acc = 0.0f;
 #pragma unroll
-        for (int j = 0; j < KERN - 1; j++) acc += w[j] * s[j];
-        acc += w[KERN - 1] * x;
+        for (int j = 0; j < KERN - 1; j++) {
+            const int u = t - (KERN - 1) + j;
+            acc += w[j] * (u < 0 ? s[u + KERN - 1] : proj[(size_t)u * stride + c]);
+        }
+        acc += w[KERN - 1] * proj[(size_t)t * stride + c];
         out[(size_t)t * CH + c] = siluf_(acc);
-#pragma unroll
-        for (int j = 0; j < KERN - 2; j++) s[j] = s[j + 1];
-        s[KERN - 2] = x;
     }
+    __syncthreads();
+    if (live && threadIdx.y == 0) {
 #pragma unroll
-    for (int j = 0; j < KERN - 1; j++) state[j * CH + c] = s[j];
+        for (int j = 0; j < KERN - 1; j++) {
+            const int u = ntok - (KERN - 1) + j;
+            state[j * CH + c] = u < 0 ? s[u + KERN - 1] : proj[(size_t)u * stride + c];
+        }
+    }
 }
 
-// The recurrent step. grid (HV, DV/32), block (32, 4): thread (x, y) owns column j = 32*by + x
-// of the value head's state for key rows 32y..32y+31, kept in registers across the tokens.
+// The recurrent step. grid (HV, DV/32), block (32, 4): warp w of block (h, by) owns value columns
+// 32·by + 8w .. +7 of head h; lane (r, c) = (lane / 8, lane % 8) keeps the state of column
+// 32·by + 8w + c for key rows 32r..32r+31 in registers across the tokens. Every reduction over
+// the key rows stays inside a warp (two shuffles), and each warp normalizes q and k itself, so a
+// token needs no block barrier: the tokens of a prefill pass are a chain, and barriers were most
+// of each link. The next token's inputs are loaded while the current one is processed.
 // S: [HV][DK][DV]; o: [ntok][HV*DV].
+static_assert(DK == 128 && DV % 32 == 0, "gdn_step: 4 groups of 32 key rows, 32-column blocks");
 extern "C" __global__ void __launch_bounds__(128)
 gdn_step(const float* __restrict__ conv, const float* __restrict__ proj, int stride, int aoff,
          int boff, int ntok, const float* __restrict__ a_neg, const float* __restrict__ dt_bias,
          float* __restrict__ S, float* __restrict__ o) {
     PDL_ENTRY();
-    __shared__ float qs[DK], ks[DK], red[4][32], red2[4][32], red3[8], gb[2];
+    // Per warp: normalized q and k, key row 32m + i at 33m + i (the four row groups a warp's
+    // lanes read at once fall in distinct banks).
+    __shared__ float qk[4][2][4 * 33];
     const int h = blockIdx.x, kh = h % HK;
-    const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * 32 + tx;
-    const int j = blockIdx.y * 32 + tx;
+    const int lane = threadIdx.x, w = threadIdx.y;
+    const int r = lane >> 3;
+    const int j = blockIdx.y * 32 + w * 8 + (lane & 7);
+    float* qs = qk[w][0];
+    float* ks = qk[w][1];
     float* Sh = S + (size_t)h * DK * DV;
     float s[32];
 #pragma unroll
-    for (int i = 0; i < 32; i++) s[i] = Sh[(size_t)(ty * 32 + i) * DV + j];
+    for (int i = 0; i < 32; i++) s[i] = Sh[(size_t)(r * 32 + i) * DV + j];
     const float scale = 1.0f / sqrtf((float)DK);
-    for (int t = 0; t < ntok; t++) {
+    const float an = a_neg[h], dtb = dt_bias[h];
+    // q and k elements lane + 32m, the value of column j, the gate inputs.
+    auto load = [&](int t, float* in) {
         const float* x = conv + (size_t)t * CH;
-        const float qv = x[kh * DK + tid];
-        const float kv = x[HK * DK + kh * DK + tid];
-        float sq = warp_sum(qv * qv), sk = warp_sum(kv * kv);
-        if (tx == 0) { red3[ty] = sq; red3[4 + ty] = sk; }
-        if (tid == 0) {
-            const float a = proj[(size_t)t * stride + aoff + h];
-            const float b = proj[(size_t)t * stride + boff + h];
-            gb[0] = expf(a_neg[h] * softplusf_(a + dt_bias[h]));
-            gb[1] = sigmoidf_(b);
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            in[m] = x[kh * DK + 32 * m + lane];
+            in[4 + m] = x[HK * DK + kh * DK + 32 * m + lane];
         }
-        __syncthreads();
-        sq = red3[0] + red3[1] + red3[2] + red3[3];
-        sk = red3[4] + red3[5] + red3[6] + red3[7];
-        qs[tid] = qv * (1.0f / sqrtf(sq + 1e-6f));
-        ks[tid] = kv * (1.0f / sqrtf(sk + 1e-6f));
-        __syncthreads();
-        const float g = gb[0], beta = gb[1];
+        in[8] = x[2 * HK * DK + h * DV + j];
+        in[9] = proj[(size_t)t * stride + aoff + h];
+        in[10] = proj[(size_t)t * stride + boff + h];
+    };
+    float next[11];
+    if (ntok > 0) load(0, next);
+    for (int t = 0; t < ntok; t++) {
+        float cur[11];
+#pragma unroll
+        for (int e = 0; e < 11; e++) cur[e] = next[e];
+        if (t + 1 < ntok) load(t + 1, next);
+        float sq = 0.0f, sk = 0.0f;
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            sq += cur[m] * cur[m];
+            sk += cur[4 + m] * cur[4 + m];
+        }
+        sq = warp_sum(sq);
+        sk = warp_sum(sk);
+        const float rq = 1.0f / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
+        // The previous token's reads of qs and ks are done.
+        __syncwarp();
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            qs[33 * m + lane] = cur[m] * rq;
+            ks[33 * m + lane] = cur[4 + m] * rk;
+        }
+        __syncwarp();
+        const float g = expf(an * softplusf_(cur[9] + dtb)), beta = sigmoidf_(cur[10]);
         float km = 0.0f;
 #pragma unroll
         for (int i = 0; i < 32; i++) {
             s[i] *= g;
-            km += s[i] * ks[ty * 32 + i];
+            km += s[i] * ks[33 * r + i];
         }
-        red[ty][tx] = km;
-        __syncthreads();
-        const float kvm = red[0][tx] + red[1][tx] + red[2][tx] + red[3][tx];
-        const float v = x[2 * HK * DK + h * DV + j];
-        const float delta = (v - kvm) * beta;
+        km += __shfl_xor_sync(0xffffffffu, km, 8);
+        km += __shfl_xor_sync(0xffffffffu, km, 16);
+        const float delta = (cur[8] - km) * beta;
         float oo = 0.0f;
 #pragma unroll
         for (int i = 0; i < 32; i++) {
-            s[i] += ks[ty * 32 + i] * delta;
-            oo += s[i] * (qs[ty * 32 + i] * scale);
+            s[i] += ks[33 * r + i] * delta;
+            oo += s[i] * (qs[33 * r + i] * scale);
         }
-        red2[ty][tx] = oo;
-        __syncthreads();
-        if (ty == 0) o[(size_t)t * HV * DV + h * DV + j] = red2[0][tx] + red2[1][tx] + red2[2][tx] + red2[3][tx];
-        __syncthreads();
+        oo += __shfl_xor_sync(0xffffffffu, oo, 8);
+        oo += __shfl_xor_sync(0xffffffffu, oo, 16);
+        if (r == 0) o[(size_t)t * HV * DV + h * DV + j] = oo;
     }
 #pragma unroll
-    for (int i = 0; i < 32; i++) Sh[(size_t)(ty * 32 + i) * DV + j] = s[i];
+    for (int i = 0; i < 32; i++) Sh[(size_t)(r * 32 + i) * DV + j] = s[i];
 }

@@ -11,8 +11,8 @@ use quant::Format;
 use crate::error::{Context, CudaError, Result};
 use crate::gpu::{Arg, DevBuf, DevMat, DeviceInfo, GemvIo, Gpu, NormIn};
 use crate::plan::{
-    self, check_fits, forward_ops, Dims, Head, Mat, Norm, Op, Out, Scratch, StateBytes,
-    ATTN_SPLITS, MAX_CHUNK,
+    self, attn_splits, check_fits, forward_ops, Dims, Head, Mat, Norm, Op, Out, Scratch,
+    StateBytes, MAX_CHUNK,
 };
 use crate::repack::{self, Packed};
 
@@ -645,8 +645,8 @@ impl CudaModel {
                 g.launch(
                     s,
                     "gdn_conv",
-                    (ch.div_ceil(256) as u32, 1, 1),
-                    (256, 1, 1),
+                    (ch.div_ceil(32) as u32, 1, 1),
+                    (32, 8, 1),
                     &[
                         Arg::Ptr(proj),
                         Arg::I32(d.gdn_in_rows() as i32),
@@ -720,10 +720,11 @@ impl CudaModel {
             }
             Op::AttnSplit { layer, ntok } => {
                 let (kc, vc) = self.kv(st, layer);
+                let nsplit = attn_splits(st.pos + ntok, ntok);
                 g.launch(
                     s,
                     "attn_split",
-                    (d.n_head_kv as u32, ATTN_SPLITS as u32, ntok as u32),
+                    (d.n_head_kv as u32, nsplit as u32, ntok as u32),
                     (128, 1, 1),
                     &[
                         Arg::Ptr(st.s("q")),
@@ -731,6 +732,7 @@ impl CudaModel {
                         Arg::Ptr(vc),
                         Arg::Ptr(pos),
                         Arg::F32(1.0 / (d.head_dim as f32).sqrt()),
+                        Arg::I32(nsplit as i32),
                         Arg::Ptr(st.s("part")),
                     ],
                 )
@@ -742,6 +744,7 @@ impl CudaModel {
                 (d.head_dim as u32, 1, 1),
                 &[
                     Arg::Ptr(st.s("part")),
+                    Arg::I32(attn_splits(st.pos + ntok, ntok) as i32),
                     Arg::Ptr(proj),
                     Arg::I32(d.attn_in_rows() as i32),
                     Arg::Ptr(st.s("attn")),
