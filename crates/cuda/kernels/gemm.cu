@@ -14,20 +14,20 @@
 // dp4a kernels, which add in another order).
 //
 // 8 warps; warp w owns rows 32w..32w+31 of the tile (two 16-row mma tiles) for all MM_BN tokens.
-// K advances MM_CPS chunks of every row per stage, through a ring of MM_STAGES stages filled by
+// K advances MM_KC values (whole chunks) of every row per stage, through a ring of MM_STAGES stages filled by
 // cp.async. Per stage (shared memory): the weight chunks (MM_WSTRIDE bytes per row: the 8 rows a
 // quad-broadcast load touches fall in distinct banks), the activations (token-major, padded so
 // that an 8×16-byte ldmatrix is conflict-free), their (d, d·Σq) pairs (group-major, so that a
 // thread's two tokens are one 16-byte load). The tile and ring sizes come from the host's plan
 // (plan.rs), which sizes the launches with them.
-#if !defined(MM_BM) || !defined(MM_BN) || !defined(MM_STAGES) || !defined(MM_CPS) || !defined(MM_WSTRIDE)
-#error "MM_BM, MM_BN, MM_STAGES, MM_CPS and MM_WSTRIDE must be defined by the host"
+#if !defined(MM_BM) || !defined(MM_BN) || !defined(MM_STAGES) || !defined(MM_KC) || !defined(MM_WSTRIDE)
+#error "MM_BM, MM_BN, MM_STAGES, MM_KC and MM_WSTRIDE must be defined by the host"
 #endif
 #define MM_WARPS 8
 #define MM_MI 2
 #define MM_NT (MM_BN / 8)
 static_assert(MM_BM == MM_WARPS * 16 * MM_MI, "a warp owns two 16-row mma tiles");
-static_assert(MM_BN % 8 == 0 && MM_STAGES >= 2, "tile shape");
+static_assert(MM_BN % 8 == 0 && MM_STAGES >= 2 && MM_KC % 128 == 0, "tile shape");
 
 // 1.5·2^23 and its bits: every integer n with |n| < 2^22 added to it is exact in a float.
 #define MM_MAGIC 12582912.0f
@@ -50,10 +50,10 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-__device__ __forceinline__ void ldmatrix_x4(u32* r, const void* p) {
+__device__ __forceinline__ void ldmatrix_x4(u32* r, u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
+                 : "r"(addr));
 }
 
 // c += A (16×32, s8, row-major) · B (32×8, s8, column-major).
@@ -103,39 +103,53 @@ __device__ __forceinline__ void gemm_body(const uint4* __restrict__ codes, const
     extern __shared__ __align__(128) unsigned char smem[];
     constexpr int CV = FMT == FMT_Q1 ? 128 : 64;      // values per chunk
     constexpr int GPC = CV / 64;                       // 64-groups per chunk
-    constexpr int KC = MM_CPS * CV;                    // values per stage
+    constexpr int KC = MM_KC;                          // values per stage
+    constexpr int CPS = KC / CV;                       // chunks per row per stage
+    static_assert(CPS * 16 <= MM_WSTRIDE, "a stage's chunks fit the row stride");
     constexpr int GPS = KC / 64;                       // groups per stage
     constexpr int XSTRIDE = KC + 16;
     constexpr int W_BYTES = MM_BM * MM_WSTRIDE;
     constexpr int X_BYTES = MM_BN * XSTRIDE;
     constexpr int STAGE = W_BYTES + X_BYTES + GPS * MM_BN * 8;
-    constexpr int SPS = FMT == FMT_Q2G128 ? 1 : MM_CPS; // weight scales per row per stage
+    constexpr int SPS = FMT == FMT_Q2G128 ? KC / 128 : CPS; // weight scales per row per stage
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tig = lane & 3;
     const int tok0 = blockIdx.x * MM_BN, row0 = blockIdx.y * MM_BM;
     const int chunks = cols / CV, groups = cols / 64, spr = FMT == FMT_Q2G128 ? cols / 128 : chunks;
-    const int nst = (chunks + MM_CPS - 1) / MM_CPS;
-    const int nt = min(MM_NT, (ntok - tok0 + 7) / 8);
+    const int nst = (chunks + CPS - 1) / CPS;
     PDL_ENTRY();
 
+    // Fixed trip counts (the compiler turned `e += blockDim` loops into generic ones with
+    // remainder branches around every copy).
+    constexpr int NTH = MM_WARPS * 32;
+    constexpr int W_COPIES = MM_BM * CPS, X_COPIES = MM_BN * (KC / 16), S_COPIES = GPS * MM_BN;
     auto load_stage = [&](int s) {
         unsigned char* st = smem + (s % MM_STAGES) * STAGE;
-        for (int e = tid; e < MM_BM * MM_CPS; e += MM_WARPS * 32) {
-            const int r = e / MM_CPS, cc = e % MM_CPS, c = s * MM_CPS + cc;
+#pragma unroll
+        for (int i = 0; i < (W_COPIES + NTH - 1) / NTH; i++) {
+            const int e = tid + i * NTH;
+            const int r = e / CPS, cc = e % CPS, c = s * CPS + cc;
             const int row = min(row0 + r, rows - 1);
-            if (c < chunks) cp_async16(st + r * MM_WSTRIDE + cc * 16, codes + (size_t)row * chunks + c);
+            if ((W_COPIES % NTH == 0 || e < W_COPIES) && c < chunks)
+                cp_async16(st + r * MM_WSTRIDE + cc * 16, codes + (size_t)row * chunks + c);
         }
         unsigned char* xsm = st + W_BYTES;
-        for (int e = tid; e < MM_BN * (KC / 16); e += MM_WARPS * 32) {
+#pragma unroll
+        for (int i = 0; i < (X_COPIES + NTH - 1) / NTH; i++) {
+            const int e = tid + i * NTH;
             const int t = e / (KC / 16), p = e % (KC / 16), k = s * KC + p * 16;
             const int tok = min(tok0 + t, ntok - 1);
-            if (k < cols) cp_async16(xsm + t * XSTRIDE + p * 16, xq + (size_t)tok * cols + k);
+            if ((X_COPIES % NTH == 0 || e < X_COPIES) && k < cols)
+                cp_async16(xsm + t * XSTRIDE + p * 16, xq + (size_t)tok * cols + k);
         }
         unsigned char* ssm = xsm + X_BYTES;
-        for (int e = tid; e < GPS * MM_BN; e += MM_WARPS * 32) {
+#pragma unroll
+        for (int i = 0; i < (S_COPIES + NTH - 1) / NTH; i++) {
+            const int e = tid + i * NTH;
             const int gg = e / MM_BN, t = e % MM_BN, gr = s * GPS + gg;
             const int tok = min(tok0 + t, ntok - 1);
-            if (gr < groups) cp_async8(ssm + (gg * MM_BN + t) * 8, xs + (size_t)tok * groups + gr);
+            if ((S_COPIES % NTH == 0 || e < S_COPIES) && gr < groups)
+                cp_async8(ssm + (gg * MM_BN + t) * 8, xs + (size_t)tok * groups + gr);
         }
     };
     // This thread's weight scales for stage s: rows (mi, g / g+8), SPS per row.
@@ -147,7 +161,7 @@ __device__ __forceinline__ void gemm_body(const uint4* __restrict__ codes, const
                 const int row = min(row0 + warp * 32 + mi * 16 + h * 8 + g, rows - 1);
 #pragma unroll
                 for (int j = 0; j < SPS; j++) {
-                    const int si = FMT == FMT_Q2G128 ? s : s * MM_CPS + j;
+                    const int si = s * SPS + j;
                     d[mi][h][j] = si < spr ? h2f(__ldg(scales + (size_t)row * spr + si)) : 0.0f;
                 }
             }
@@ -180,9 +194,11 @@ __device__ __forceinline__ void gemm_body(const uint4* __restrict__ codes, const
         const unsigned char* st = smem + (s % MM_STAGES) * STAGE;
         const unsigned char* xsm = st + W_BYTES;
         const float2* ssm = (const float2*)(xsm + X_BYTES);
+        // This lane's ldmatrix row: token lane % 8 of a tile, 16 bytes at (lane / 8)·16.
+        const u32 xrow = smem_addr(xsm) + (lane & 7) * XSTRIDE + 16 * (lane >> 3);
 #pragma unroll
-        for (int cc = 0; cc < MM_CPS; cc++) {
-            if (s * MM_CPS + cc >= chunks) break;
+        for (int cc = 0; cc < CPS; cc++) {
+            if (s * CPS + cc >= chunks) break;
             uint4 lo[MM_MI], hi[MM_MI];
 #pragma unroll
             for (int mi = 0; mi < MM_MI; mi++) {
@@ -196,11 +212,14 @@ __device__ __forceinline__ void gemm_body(const uint4* __restrict__ codes, const
                 u32 a[MM_MI][2][4];
 #pragma unroll
                 for (int mi = 0; mi < MM_MI; mi++) a_frags<FMT>(lo[mi], hi[mi], gi, tig, a[mi]);
+                // Tokens past ntok in the last tile are computed too (their loads repeat the last
+                // token) and not written: a branch per tile made the compiler redo the A
+                // fragments inside every branch.
 #pragma unroll
                 for (int ni = 0; ni < MM_NT; ni++) {
-                    if (ni < nt) {
+                    {
                         u32 b[4];
-                        ldmatrix_x4(b, xsm + (ni * 8 + (lane & 7)) * XSTRIDE + gs * 64 + 16 * (lane >> 3));
+                        ldmatrix_x4(b, xrow + ni * 8 * XSTRIDE + gs * 64);
                         const float4 sx = *(const float4*)(ssm + gs * MM_BN + ni * 8 + 2 * tig);
 #pragma unroll
                         for (int mi = 0; mi < MM_MI; mi++) {
@@ -213,8 +232,8 @@ __device__ __forceinline__ void gemm_body(const uint4* __restrict__ codes, const
                             mma_s8(c, a[mi][1], b[2], b[3]);
                             // 1-bit: value = (2·bit − 1)·d, so Σ = 2·Σ bit·q − Σ q.
                             const float k = FMT == FMT_Q1 ? 2.0f : 1.0f;
-                            const float d0 = dw[mi][0][FMT == FMT_Q2G128 ? 0 : cc];
-                            const float d1 = dw[mi][1][FMT == FMT_Q2G128 ? 0 : cc];
+                            const float d0 = dw[mi][0][FMT == FMT_Q2G128 ? cc / 2 : cc];
+                            const float d1 = dw[mi][1][FMT == FMT_Q2G128 ? cc / 2 : cc];
                             const float f0 = fmaf(__int_as_float(c[0]), k, -k * MM_MAGIC);
                             const float f1 = fmaf(__int_as_float(c[1]), k, -k * MM_MAGIC);
                             const float f2 = fmaf(__int_as_float(c[2]), k, -k * MM_MAGIC);

@@ -15,15 +15,16 @@ pub const MAX_CHUNK: usize = 256;
 pub const GEMV_TOKENS: usize = 8;
 
 /// The tensor-core GEMM of multi-token passes (`gemm_*`, kernels/gemm.cu): rows and tokens of a
-/// block's output tile (8 warps of two 16-row mma tiles), chunks of every row per pipeline stage,
-/// stages, and the shared-memory bytes of one weight row in a stage (16 more than its chunks:
-/// the eight rows of a fragment load then fall in distinct banks).
+/// block's output tile (8 warps of two 16-row mma tiles), values of every row per pipeline stage
+/// (one 1-bit chunk, two 2-bit chunks), stages, and the shared-memory bytes of one weight row in
+/// a stage (16 more than its two 2-bit chunks: the eight rows of a fragment load then fall in
+/// distinct banks).
 pub const GEMM_ROWS: usize = 256;
 pub const GEMM_TOKENS: usize = 64;
-pub const GEMM_CHUNKS_PER_STAGE: usize = 2;
+pub const GEMM_STAGE_VALUES: usize = 128;
 pub const GEMM_STAGES: usize = 4;
 pub const GEMM_ROW_STRIDE: usize = 48;
-const _: () = assert!(GEMM_ROW_STRIDE >= 16 * GEMM_CHUNKS_PER_STAGE);
+const _: () = assert!(GEMM_ROW_STRIDE >= 16 * GEMM_STAGE_VALUES / 64);
 /// Passes of fewer tokens use the dp4a kernels: a GEMM tile of 64 tokens would mostly idle.
 pub const GEMM_MIN_TOKENS: usize = 16;
 
@@ -31,7 +32,8 @@ pub const GEMM_MIN_TOKENS: usize = 16;
 /// the tile's rows, the int8 activations of its tokens (rows padded by 16 bytes) and their
 /// (d, d·Σq) pairs.
 pub fn gemm_smem_bytes(format: GpuFormat) -> usize {
-    let kc = GEMM_CHUNKS_PER_STAGE * format.chunk_values();
+    let kc = GEMM_STAGE_VALUES;
+    debug_assert!(kc.is_multiple_of(format.chunk_values()));
     let stage =
         GEMM_ROWS * GEMM_ROW_STRIDE + GEMM_TOKENS * (kc + 16) + kc / X_GROUP * GEMM_TOKENS * 8;
     GEMM_STAGES * stage
@@ -277,7 +279,7 @@ impl Dims {
             ("GEMV1_MAX_STAGES", GEMV1_MAX_STAGES),
             ("MM_BM", GEMM_ROWS),
             ("MM_BN", GEMM_TOKENS),
-            ("MM_CPS", GEMM_CHUNKS_PER_STAGE),
+            ("MM_KC", GEMM_STAGE_VALUES),
             ("MM_STAGES", GEMM_STAGES),
             ("MM_WSTRIDE", GEMM_ROW_STRIDE),
         ]
@@ -894,7 +896,7 @@ pub(crate) mod tests {
             assert!(smem <= 163 << 10, "{f:?}: {smem}");
             // cp.async targets and ldmatrix rows are 16-byte aligned in every stage.
             assert_eq!(smem % (16 * GEMM_STAGES), 0);
-            let kc = GEMM_CHUNKS_PER_STAGE * f.chunk_values();
+            let kc = GEMM_STAGE_VALUES;
             assert_eq!((kc + 16) % 16, 0);
             // The 8 rows of a 16-byte ldmatrix phase land in 8 distinct groups of 4 banks.
             let banks: std::collections::HashSet<_> =
