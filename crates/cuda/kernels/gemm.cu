@@ -1,6 +1,6 @@
 // Multi-token GEMM on int8 tensor cores (mma.sync m16n8k32, sm_80+), for prefill.
 //
-// out[t][r] (+)= W[r] · x[t] for a tile of MM_BM rows and MM_BN tokens per block. The dp4a
+// out[t][r] (+)= W[r] · x[t] for a tile of 128·MI rows and MM_BN tokens per block. The dp4a
 // kernels of gemv.cu spend two to three instructions per four weights for every token; here one
 // mma multiplies a 16×32 weight tile by 32×8 activations. The weights stay packed on their way
 // through shared memory: a thread turns the 16-byte chunk of a row into its A fragments with one
@@ -13,20 +13,19 @@
 // adds it in float, in group order: results are deterministic (though not the bits of the
 // dp4a kernels, which add in another order).
 //
-// 8 warps; warp w owns rows 32w..32w+31 of the tile (two 16-row mma tiles) for all MM_BN tokens.
+// 8 warps; warp w owns rows 16·MI·w .. +16·MI−1 of the tile (MI 16-row mma tiles) for all MM_BN
+// tokens. MI = 2 shares each activation fragment between two row tiles; MI = 1 needs about half
+// the registers, so two blocks fit on a multiprocessor.
 // K advances MM_KC values (whole chunks) of every row per stage, through a ring of MM_STAGES stages filled by
 // cp.async. Per stage (shared memory): the weight chunks (MM_WSTRIDE bytes per row: the 8 rows a
 // quad-broadcast load touches fall in distinct banks), the activations (token-major, padded so
 // that an 8×16-byte ldmatrix is conflict-free), their (d, d·Σq) pairs (group-major, so that a
 // thread's two tokens are one 16-byte load). The tile and ring sizes come from the host's plan
 // (plan.rs), which sizes the launches with them.
-#if !defined(MM_BM) || !defined(MM_BN) || !defined(MM_STAGES) || !defined(MM_KC) || !defined(MM_WSTRIDE)
-#error "MM_BM, MM_BN, MM_STAGES, MM_KC and MM_WSTRIDE must be defined by the host"
+#if !defined(MM_WARPS) || !defined(MM_BN) || !defined(MM_STAGES) || !defined(MM_KC) || !defined(MM_WSTRIDE)
+#error "MM_WARPS, MM_BN, MM_STAGES, MM_KC and MM_WSTRIDE must be defined by the host"
 #endif
-#define MM_WARPS 8
-#define MM_MI 2
 #define MM_NT (MM_BN / 8)
-static_assert(MM_BM == MM_WARPS * 16 * MM_MI, "a warp owns two 16-row mma tiles");
 static_assert(MM_BN % 8 == 0 && MM_STAGES >= 2 && MM_KC % 128 == 0, "tile shape");
 
 // 1.5·2^23 and its bits: every integer n with |n| < 2^22 added to it is exact in a float.
@@ -95,7 +94,7 @@ __device__ __forceinline__ void a_frags(const uint4& lo, const uint4& hi, int gi
     }
 }
 
-template <int FMT>
+template <int FMT, int MM_MI>
 __device__ __forceinline__ void gemm_body(const uint4* __restrict__ codes, const u16* __restrict__ scales,
                                           int rows, int cols, const unsigned char* __restrict__ xq,
                                           const float2* __restrict__ xs, int ntok,
@@ -108,6 +107,7 @@ __device__ __forceinline__ void gemm_body(const uint4* __restrict__ codes, const
     static_assert(CPS * 16 <= MM_WSTRIDE, "a stage's chunks fit the row stride");
     constexpr int GPS = KC / 64;                       // groups per stage
     constexpr int XSTRIDE = KC + 16;
+    constexpr int MM_BM = MM_WARPS * 16 * MM_MI;
     constexpr int W_BYTES = MM_BM * MM_WSTRIDE;
     constexpr int X_BYTES = MM_BN * XSTRIDE;
     constexpr int STAGE = W_BYTES + X_BYTES + GPS * MM_BN * 8;
@@ -158,7 +158,7 @@ __device__ __forceinline__ void gemm_body(const uint4* __restrict__ codes, const
         for (int mi = 0; mi < MM_MI; mi++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int row = min(row0 + warp * 32 + mi * 16 + h * 8 + g, rows - 1);
+                const int row = min(row0 + warp * 16 * MM_MI + mi * 16 + h * 8 + g, rows - 1);
 #pragma unroll
                 for (int j = 0; j < SPS; j++) {
                     const int si = s * SPS + j;
@@ -202,7 +202,7 @@ __device__ __forceinline__ void gemm_body(const uint4* __restrict__ codes, const
             uint4 lo[MM_MI], hi[MM_MI];
 #pragma unroll
             for (int mi = 0; mi < MM_MI; mi++) {
-                const unsigned char* wr = st + (warp * 32 + mi * 16 + g) * MM_WSTRIDE + cc * 16;
+                const unsigned char* wr = st + (warp * 16 * MM_MI + mi * 16 + g) * MM_WSTRIDE + cc * 16;
                 lo[mi] = *(const uint4*)wr;
                 hi[mi] = *(const uint4*)(wr + 8 * MM_WSTRIDE);
             }
@@ -264,7 +264,7 @@ __device__ __forceinline__ void gemm_body(const uint4* __restrict__ codes, const
         for (int ni = 0; ni < MM_NT; ni++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int row = row0 + warp * 32 + mi * 16 + g + (e >> 1) * 8;
+                const int row = row0 + warp * 16 * MM_MI + mi * 16 + g + (e >> 1) * 8;
                 const int tok = tok0 + ni * 8 + 2 * tig + (e & 1);
                 if (row < rows && tok < ntok) {
                     float* o = out + (size_t)tok * out_stride + row;
@@ -275,22 +275,25 @@ __device__ __forceinline__ void gemm_body(const uint4* __restrict__ codes, const
 #endif
 
 #if __CUDA_ARCH__ >= 800
-#define GEMM_CALL(FMT) \
-    gemm_body<FMT>(codes, scales, rows, cols, xq, xs, ntok, out, out_stride, accumulate)
+#define GEMM_CALL(FMT, MI) \
+    gemm_body<FMT, MI>(codes, scales, rows, cols, xq, xs, ntok, out, out_stride, accumulate)
 #else
-#define GEMM_CALL(FMT) __trap()
+#define GEMM_CALL(FMT, MI) __trap()
 #endif
 
-// grid (ceil(ntok / MM_BN), ceil(rows / MM_BM)), block 256, dynamic shared memory
-// MM_STAGES stages (plan.rs: gemm_smem_bytes).
-#define GEMM_KERNEL(name, FMT)                                                                 \
-    extern "C" __global__ void __launch_bounds__(MM_WARPS * 32, 1)                              \
+// grid (ceil(ntok / MM_BN), ceil(rows / (128·MI))), block 256, dynamic shared memory
+// MM_STAGES stages (plan.rs: gemm_smem_bytes); 3 − MI blocks per multiprocessor.
+#define GEMM_KERNEL(name, FMT, MI)                                                             \
+    extern "C" __global__ void __launch_bounds__(MM_WARPS * 32, 3 - MI)                         \
         name(const uint4* __restrict__ codes, const u16* __restrict__ scales, int rows, int cols, \
              const unsigned char* __restrict__ xq, const float2* __restrict__ xs, int ntok,     \
              float* __restrict__ out, int out_stride, int accumulate) {                         \
-        GEMM_CALL(FMT);                                                                         \
+        GEMM_CALL(FMT, MI);                                                                     \
     }
 
-GEMM_KERNEL(gemm_q1, FMT_Q1)
-GEMM_KERNEL(gemm_q2g64, FMT_Q2G64)
-GEMM_KERNEL(gemm_q2g128, FMT_Q2G128)
+GEMM_KERNEL(gemm_q1_m1, FMT_Q1, 1)
+GEMM_KERNEL(gemm_q1_m2, FMT_Q1, 2)
+GEMM_KERNEL(gemm_q2g64_m1, FMT_Q2G64, 1)
+GEMM_KERNEL(gemm_q2g64_m2, FMT_Q2G64, 2)
+GEMM_KERNEL(gemm_q2g128_m1, FMT_Q2G128, 1)
+GEMM_KERNEL(gemm_q2g128_m2, FMT_Q2G128, 2)

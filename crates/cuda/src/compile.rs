@@ -16,7 +16,7 @@ pub const SOURCES: [(&str, &str); 6] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 25] = [
+pub const KERNELS: [&str; 28] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -34,9 +34,12 @@ pub const KERNELS: [&str; 25] = [
     "gemv1_q2g64_r2",
     "gemv1_q2g128_r1",
     "gemv1_q2g128_r2",
-    "gemm_q1",
-    "gemm_q2g64",
-    "gemm_q2g128",
+    "gemm_q1_m1",
+    "gemm_q1_m2",
+    "gemm_q2g64_m1",
+    "gemm_q2g64_m2",
+    "gemm_q2g128_m1",
+    "gemm_q2g128_m2",
     "gdn_conv",
     "gdn_step",
     "attn_prep",

@@ -209,6 +209,8 @@ pub struct Gpu {
     /// Multiply passes of [`plan::GEMM_MIN_TOKENS`] tokens or more on the tensor cores (sm_80
     /// and later). `NIWAKI_CUDA_MMA=0` turns it off.
     mma: AtomicBool,
+    /// The GEMM variant ([`plan::GEMM_DEFAULT_MI`] unless set by [`Gpu::set_gemm_mi`]).
+    gemm_mi: AtomicUsize,
     /// Fold the RMS norms into the decode GEMVs (`NIWAKI_CUDA_FUSE_NORM=1`; off by default:
     /// measured 1-8% slower decode on the H200, the per-block norm delaying each GEMV's start
     /// by more than the separate kernel costs).
@@ -270,16 +272,16 @@ impl Gpu {
         let ampere = info.compute_capability.0 >= 8;
         if ampere {
             for k in compile::KERNELS.iter().filter(|k| k.starts_with("gemm_")) {
-                let f = GpuFormat::ALL
+                let mi = plan::GEMM_MI
                     .into_iter()
-                    .find(|f| k.ends_with(f.kernel_name()))
-                    .expect("a gemm kernel per layout");
+                    .find(|mi| k.ends_with(&format!("_m{mi}")))
+                    .expect("a gemm kernel per variant");
                 // SAFETY: a function handle of this context and a documented attribute.
                 unsafe {
                     sys::cuFuncSetAttribute(
                         funcs[*k].cu_function(),
                         sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        plan::gemm_smem_bytes(f) as i32,
+                        plan::gemm_smem_bytes(mi) as i32,
                     )
                 }
                 .result()
@@ -311,6 +313,7 @@ impl Gpu {
             pdl: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_PDL")),
             gemv1: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_GEMV1")),
             mma: AtomicBool::new(ampere && env_on("NIWAKI_CUDA_MMA")),
+            gemm_mi: AtomicUsize::new(plan::GEMM_DEFAULT_MI),
             fuse_norm: AtomicBool::new(
                 std::env::var("NIWAKI_CUDA_FUSE_NORM").is_ok_and(|v| v == "1"),
             ),
@@ -580,20 +583,36 @@ impl Gpu {
         self.gemv_plain(stream, m, io)
     }
 
-    /// The tensor-core GEMM (`gemm_<format>`) for any number of tokens; no argmax.
+    /// The tensor-core GEMM for any number of tokens (no argmax), in the variant set by
+    /// [`Gpu::set_gemm_mi`].
     pub fn gemm(&self, stream: &CudaStream, m: &DevMat, io: &GemvIo) -> Result<()> {
+        self.gemm_with(stream, m, io, self.gemm_mi.load(Ordering::Relaxed))
+    }
+
+    /// Chooses the GEMM variant (16-row mma tiles per warp, one of [`plan::GEMM_MI`]), for
+    /// measuring them.
+    pub fn set_gemm_mi(&self, mi: usize) {
+        assert!(
+            plan::GEMM_MI.contains(&mi),
+            "no GEMM variant with {mi} tiles per warp"
+        );
+        self.gemm_mi.store(mi, Ordering::Relaxed);
+    }
+
+    /// The tensor-core GEMM `gemm_<format>_m<mi>`.
+    pub fn gemm_with(&self, stream: &CudaStream, m: &DevMat, io: &GemvIo, mi: usize) -> Result<()> {
         if io.argmax.is_some() || io.ntok == 0 {
             return Err(CudaError::Unsupported(
                 "the tensor-core GEMM takes at least one token and keeps no argmax".into(),
             ));
         }
-        let (gx, gy) = plan::gemm_grid(m.rows, io.ntok);
+        let (gx, gy) = plan::gemm_grid(m.rows, io.ntok, mi);
         self.launch_smem(
             stream,
-            &format!("gemm_{}", m.format.kernel_name()),
+            &format!("gemm_{}_m{mi}", m.format.kernel_name()),
             (gx as u32, gy as u32, 1),
             (256, 1, 1),
-            plan::gemm_smem_bytes(m.format) as u32,
+            plan::gemm_smem_bytes(mi) as u32,
             &[
                 &m.args()[..],
                 &[

@@ -14,12 +14,12 @@ pub const MAX_CHUNK: usize = 256;
 /// Tokens one GEMV launch multiplies against each weight row it reads.
 pub const GEMV_TOKENS: usize = 8;
 
-/// The tensor-core GEMM of multi-token passes (`gemm_*`, kernels/gemm.cu): rows and tokens of a
-/// block's output tile (8 warps of two 16-row mma tiles), values of every row per pipeline stage
-/// (one 1-bit chunk, two 2-bit chunks), stages, and the shared-memory bytes of one weight row in
-/// a stage (16 more than its two 2-bit chunks: the eight rows of a fragment load then fall in
-/// distinct banks).
-pub const GEMM_ROWS: usize = 256;
+/// The tensor-core GEMM of multi-token passes (`gemm_*_m<mi>`, kernels/gemm.cu): warps of a
+/// block (each owns `mi` 16-row mma tiles for all the block's tokens), tokens of a block's
+/// output tile, values of every row per pipeline stage (one 1-bit chunk, two 2-bit chunks),
+/// stages, and the shared-memory bytes of one weight row in a stage (16 more than its two 2-bit
+/// chunks: the eight rows of a fragment load then fall in distinct banks).
+pub const GEMM_WARPS: usize = 8;
 pub const GEMM_TOKENS: usize = 64;
 pub const GEMM_STAGE_VALUES: usize = 128;
 pub const GEMM_STAGES: usize = 4;
@@ -28,20 +28,28 @@ const _: () = assert!(GEMM_ROW_STRIDE >= 16 * GEMM_STAGE_VALUES / 64);
 /// Passes of fewer tokens use the dp4a kernels: a GEMM tile of 64 tokens would mostly idle.
 pub const GEMM_MIN_TOKENS: usize = 16;
 
-/// Dynamic shared memory of a GEMM block for a weight layout: per stage the weight chunks of
-/// the tile's rows, the int8 activations of its tokens (rows padded by 16 bytes) and their
-/// (d, d·Σq) pairs.
-pub fn gemm_smem_bytes(format: GpuFormat) -> usize {
+/// The GEMM kernel variants: 16-row mma tiles per warp.
+pub const GEMM_MI: [usize; 2] = [1, 2];
+/// The variant multi-token passes use.
+pub const GEMM_DEFAULT_MI: usize = 2;
+
+/// Rows of a GEMM block's output tile.
+pub const fn gemm_rows(mi: usize) -> usize {
+    GEMM_WARPS * 16 * mi
+}
+
+/// Dynamic shared memory of a GEMM block: per stage the weight chunks of the tile's rows, the
+/// int8 activations of its tokens (rows padded by 16 bytes) and their (d, d·Σq) pairs.
+pub fn gemm_smem_bytes(mi: usize) -> usize {
     let kc = GEMM_STAGE_VALUES;
-    debug_assert!(kc.is_multiple_of(format.chunk_values()));
     let stage =
-        GEMM_ROWS * GEMM_ROW_STRIDE + GEMM_TOKENS * (kc + 16) + kc / X_GROUP * GEMM_TOKENS * 8;
+        gemm_rows(mi) * GEMM_ROW_STRIDE + GEMM_TOKENS * (kc + 16) + kc / X_GROUP * GEMM_TOKENS * 8;
     GEMM_STAGES * stage
 }
 
 /// Grid of a GEMM launch: token tiles (x) by row tiles (y).
-pub fn gemm_grid(rows: usize, ntok: usize) -> (usize, usize) {
-    (ntok.div_ceil(GEMM_TOKENS), rows.div_ceil(GEMM_ROWS))
+pub fn gemm_grid(rows: usize, ntok: usize, mi: usize) -> (usize, usize) {
+    (ntok.div_ceil(GEMM_TOKENS), rows.div_ceil(gemm_rows(mi)))
 }
 /// Rows of a matrix one GEMV warp computes at a time (sharing each activation load).
 pub const GEMV_ROWS: usize = 4;
@@ -277,7 +285,7 @@ impl Dims {
             ("NSPLIT", ATTN_SPLITS),
             ("GEMV1_WARPS", GEMV1_WARPS),
             ("GEMV1_MAX_STAGES", GEMV1_MAX_STAGES),
-            ("MM_BM", GEMM_ROWS),
+            ("MM_WARPS", GEMM_WARPS),
             ("MM_BN", GEMM_TOKENS),
             ("MM_KC", GEMM_STAGE_VALUES),
             ("MM_STAGES", GEMM_STAGES),
@@ -890,10 +898,14 @@ pub(crate) mod tests {
 
     #[test]
     fn gemm_stages_fit_and_fragment_loads_are_conflict_free() {
-        for f in [GpuFormat::Q1, GpuFormat::Q2G64, GpuFormat::Q2G128] {
-            let smem = gemm_smem_bytes(f);
-            // Every sm_80+ part allows 163 KiB per block (the H200 227 KiB).
-            assert!(smem <= 163 << 10, "{f:?}: {smem}");
+        for f in GpuFormat::ALL {
+            assert!(GEMM_STAGE_VALUES.is_multiple_of(f.chunk_values()));
+        }
+        for mi in GEMM_MI {
+            let smem = gemm_smem_bytes(mi);
+            // Every sm_80+ part allows 163 KiB per block, and the H200 fits 3 − mi blocks.
+            assert!(smem <= 163 << 10, "{mi}: {smem}");
+            assert!((3 - mi) * (smem + 1024) <= 228 << 10, "{mi}: {smem}");
             // cp.async targets and ldmatrix rows are 16-byte aligned in every stage.
             assert_eq!(smem % (16 * GEMM_STAGES), 0);
             let kc = GEMM_STAGE_VALUES;
@@ -906,8 +918,9 @@ pub(crate) mod tests {
         let banks: std::collections::HashSet<_> =
             (0..8).map(|r| r * GEMM_ROW_STRIDE / 16 % 8).collect();
         assert_eq!(banks.len(), 8);
-        assert_eq!(gemm_grid(5120, MAX_CHUNK), (4, 20));
-        assert_eq!(gemm_grid(1001, 17), (1, 4));
+        assert_eq!(gemm_grid(5120, MAX_CHUNK, 2), (4, 20));
+        assert_eq!(gemm_grid(1001, 17, 2), (1, 4));
+        assert_eq!(gemm_grid(1001, 17, 1), (1, 8));
     }
 
     #[test]
