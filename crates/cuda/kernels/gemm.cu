@@ -98,7 +98,8 @@ template <int FMT, int MM_MI>
 __device__ __forceinline__ void gemm_body(const uint4* __restrict__ codes, const u16* __restrict__ scales,
                                           int rows, int cols, const unsigned char* __restrict__ xq,
                                           const float2* __restrict__ xs, int ntok,
-                                          float* __restrict__ out, int out_stride, int accumulate) {
+                                          float* __restrict__ out, int out_stride, int accumulate,
+                                          long long zstride) {
     extern __shared__ __align__(128) unsigned char smem[];
     constexpr int CV = FMT == FMT_Q1 ? 128 : 64;      // values per chunk
     constexpr int GPC = CV / 64;                       // 64-groups per chunk
@@ -116,7 +117,12 @@ __device__ __forceinline__ void gemm_body(const uint4* __restrict__ codes, const
     const int g = lane >> 2, tig = lane & 3;
     const int tok0 = blockIdx.x * MM_BN, row0 = blockIdx.y * MM_BM;
     const int chunks = cols / CV, groups = cols / 64, spr = FMT == FMT_Q2G128 ? cols / 128 : chunks;
+    // Split K: block z of gridDim.z takes its share of the stages and writes its partial sums
+    // zstride floats further on (gemm_reduce adds them up in order).
     const int nst = (chunks + CPS - 1) / CPS;
+    const int st0 = (int)((long long)nst * blockIdx.z / gridDim.z);
+    const int st1 = (int)((long long)nst * (blockIdx.z + 1) / gridDim.z);
+    out += blockIdx.z * zstride;
     PDL_ENTRY();
 
     // Fixed trip counts (the compiler turned `e += blockDim` loops into generic ones with
@@ -177,20 +183,20 @@ __device__ __forceinline__ void gemm_body(const uint4* __restrict__ codes, const
 
 #pragma unroll
     for (int s = 0; s < MM_STAGES - 1; s++) {
-        if (s < nst) load_stage(s);
+        if (st0 + s < st1) load_stage(st0 + s);
         cp_async_commit();
     }
     float dw[MM_MI][2][SPS];
-    load_scales(0, dw);
-    for (int s = 0; s < nst; s++) {
+    load_scales(st0, dw);
+    for (int s = st0; s < st1; s++) {
         cp_async_wait<MM_STAGES - 2>();
         // Stage s has landed for every thread, and every warp is done with stage s-1, whose
         // buffer the next load reuses.
         __syncthreads();
-        if (s + MM_STAGES - 1 < nst) load_stage(s + MM_STAGES - 1);
+        if (s + MM_STAGES - 1 < st1) load_stage(s + MM_STAGES - 1);
         cp_async_commit();
         float dn[MM_MI][2][SPS];
-        if (s + 1 < nst) load_scales(s + 1, dn);
+        if (s + 1 < st1) load_scales(s + 1, dn);
         const unsigned char* st = smem + (s % MM_STAGES) * STAGE;
         const unsigned char* xsm = st + W_BYTES;
         const float2* ssm = (const float2*)(xsm + X_BYTES);
@@ -247,7 +253,7 @@ __device__ __forceinline__ void gemm_body(const uint4* __restrict__ codes, const
                 }
             }
         }
-        if (s + 1 < nst) {
+        if (s + 1 < st1) {
 #pragma unroll
             for (int mi = 0; mi < MM_MI; mi++)
 #pragma unroll
@@ -276,18 +282,18 @@ __device__ __forceinline__ void gemm_body(const uint4* __restrict__ codes, const
 
 #if __CUDA_ARCH__ >= 800
 #define GEMM_CALL(FMT, MI) \
-    gemm_body<FMT, MI>(codes, scales, rows, cols, xq, xs, ntok, out, out_stride, accumulate)
+    gemm_body<FMT, MI>(codes, scales, rows, cols, xq, xs, ntok, out, out_stride, accumulate, zstride)
 #else
 #define GEMM_CALL(FMT, MI) __trap()
 #endif
 
-// grid (ceil(ntok / MM_BN), ceil(rows / (128·MI))), block 256, dynamic shared memory
+// grid (ceil(ntok / MM_BN), ceil(rows / (128·MI)), K splits), block 256, dynamic shared memory
 // MM_STAGES stages (plan.rs: gemm_smem_bytes); 3 − MI blocks per multiprocessor.
 #define GEMM_KERNEL(name, FMT, MI)                                                             \
     extern "C" __global__ void __launch_bounds__(MM_WARPS * 32, 3 - MI)                         \
         name(const uint4* __restrict__ codes, const u16* __restrict__ scales, int rows, int cols, \
              const unsigned char* __restrict__ xq, const float2* __restrict__ xs, int ntok,     \
-             float* __restrict__ out, int out_stride, int accumulate) {                         \
+             float* __restrict__ out, int out_stride, int accumulate, long long zstride) {      \
         GEMM_CALL(FMT, MI);                                                                     \
     }
 
@@ -297,3 +303,18 @@ GEMM_KERNEL(gemm_q2g64_m1, FMT_Q2G64, 1)
 GEMM_KERNEL(gemm_q2g64_m2, FMT_Q2G64, 2)
 GEMM_KERNEL(gemm_q2g128_m1, FMT_Q2G128, 1)
 GEMM_KERNEL(gemm_q2g128_m2, FMT_Q2G128, 2)
+
+// out[t][r] (+)= Σ_z part[z][t][r], z in order: the partial sums of a split-K GEMM (each
+// [ntok][rows], zstride floats apart). grid (ceil(rows / 256), ntok), block 256.
+extern "C" __global__ void gemm_reduce(const float* __restrict__ part, int nsplit, long long zstride,
+                                       int rows, float* __restrict__ out, int out_stride,
+                                       int accumulate) {
+    PDL_ENTRY();
+    const int r = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
+    if (r >= rows) return;
+    const float* p = part + (size_t)t * rows + r;
+    float v = p[0];
+    for (int z = 1; z < nsplit; z++) v += p[z * zstride];
+    float* o = out + (size_t)t * out_stride + r;
+    *o = accumulate ? v + *o : v;
+}

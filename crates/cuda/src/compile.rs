@@ -16,7 +16,7 @@ pub const SOURCES: [(&str, &str); 6] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 28] = [
+pub const KERNELS: [&str; 29] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -40,6 +40,7 @@ pub const KERNELS: [&str; 28] = [
     "gemm_q2g64_m2",
     "gemm_q2g128_m1",
     "gemm_q2g128_m2",
+    "gemm_reduce",
     "gdn_conv",
     "gdn_step",
     "attn_prep",

@@ -154,6 +154,9 @@ pub struct GemvIo {
     pub out_stride: usize,
     pub accumulate: bool,
     pub argmax: Option<u64>,
+    /// Scratch for the partial sums of a split-K GEMM: address and capacity in floats (`None`:
+    /// never split).
+    pub split_scratch: Option<(u64, usize)>,
 }
 
 impl GemvIo {
@@ -167,6 +170,7 @@ impl GemvIo {
             out_stride: 0,
             accumulate: false,
             argmax: None,
+            split_scratch: None,
         }
     }
 }
@@ -607,10 +611,20 @@ impl Gpu {
             ));
         }
         let (gx, gy) = plan::gemm_grid(m.rows, io.ntok, mi);
+        let sms = self.info.multiprocessors.max(1) as usize;
+        let splits = io.split_scratch.map_or(1, |(_, cap)| {
+            plan::gemm_splits(m.rows, m.cols, io.ntok, mi, sms, cap)
+        });
+        // Split: partial sums [split][token][row] into the scratch, then added up in order.
+        let zstride = (io.ntok * m.rows) as u64;
+        let (out, out_stride, accumulate) = match io.split_scratch {
+            Some((part, _)) if splits > 1 => (part, m.rows, false),
+            _ => (io.out, io.out_stride, io.accumulate),
+        };
         self.launch_smem(
             stream,
             &format!("gemm_{}_m{mi}", m.format.kernel_name()),
-            (gx as u32, gy as u32, 1),
+            (gx as u32, gy as u32, splits as u32),
             (256, 1, 1),
             plan::gemm_smem_bytes(mi) as u32,
             &[
@@ -619,12 +633,31 @@ impl Gpu {
                     Arg::Ptr(io.xq),
                     Arg::Ptr(io.xs),
                     Arg::I32(io.ntok as i32),
-                    Arg::Ptr(io.out),
-                    Arg::I32(io.out_stride as i32),
-                    Arg::I32(i32::from(io.accumulate)),
+                    Arg::Ptr(out),
+                    Arg::I32(out_stride as i32),
+                    Arg::I32(i32::from(accumulate)),
+                    Arg::U64(zstride),
                 ],
             ]
             .concat(),
+        )?;
+        if splits == 1 {
+            return Ok(());
+        }
+        self.launch(
+            stream,
+            "gemm_reduce",
+            (m.rows.div_ceil(256) as u32, io.ntok as u32, 1),
+            (256, 1, 1),
+            &[
+                Arg::Ptr(out),
+                Arg::I32(splits as i32),
+                Arg::U64(zstride),
+                Arg::I32(m.rows as i32),
+                Arg::Ptr(io.out),
+                Arg::I32(io.out_stride as i32),
+                Arg::I32(i32::from(io.accumulate)),
+            ],
         )
     }
 
@@ -638,6 +671,7 @@ impl Gpu {
             out_stride,
             accumulate,
             argmax,
+            ..
         } = *io;
         let width = if ntok == 1 { 1 } else { GEMV_TOKENS };
         let name = format!("gemv_{}_t{width}", m.format.kernel_name());

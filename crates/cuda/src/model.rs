@@ -542,6 +542,7 @@ impl CudaModel {
             out_stride,
             accumulate,
             argmax,
+            split_scratch: Some((st.s("gemm_part"), st.layout.size("gemm_part") / 4)),
         }
     }
 

@@ -47,6 +47,46 @@ pub fn gemm_smem_bytes(mi: usize) -> usize {
     GEMM_STAGES * stage
 }
 
+/// Most K splits of a GEMM: each split writes its partial sums to scratch, and `gemm_reduce`
+/// adds them up in a fixed order (deterministic, unlike atomics).
+pub const GEMM_MAX_SPLITS: usize = 4;
+
+/// K splits for a GEMM of `rows × cols` over `ntok` tokens on `sms` multiprocessors, with room
+/// for `cap` partial floats. One, unless its tiles fill less than 90% of the block slots the
+/// waves they take offer (5120 output rows at 256 tokens are 80 blocks for 132 slots, 61%:
+/// three splits make it 240 of 264); then the fewest splits that reach 90%, or the best fill.
+/// Every split keeps at least two pipeline stages.
+pub fn gemm_splits(
+    rows: usize,
+    cols: usize,
+    ntok: usize,
+    mi: usize,
+    sms: usize,
+    cap: usize,
+) -> usize {
+    let (gx, gy) = gemm_grid(rows, ntok, mi);
+    let blocks = gx * gy;
+    let slots = (sms * (3 - mi)).max(1);
+    let fill = |s: usize| {
+        let b = blocks * s;
+        b as f64 / (b.div_ceil(slots) * slots) as f64
+    };
+    if blocks >= slots || fill(1) >= 0.9 {
+        return 1;
+    }
+    let stages = cols.div_ceil(GEMM_STAGE_VALUES);
+    let fits = |s: &usize| s * ntok * rows <= cap && 2 * s <= stages;
+    (2..=GEMM_MAX_SPLITS)
+        .filter(fits)
+        .find(|&s| fill(s) >= 0.9)
+        .or_else(|| {
+            (1..=GEMM_MAX_SPLITS)
+                .filter(fits)
+                .max_by(|a, b| fill(*a).total_cmp(&fill(*b)))
+        })
+        .unwrap_or(1)
+}
+
 /// Grid of a GEMM launch: token tiles (x) by row tiles (y).
 pub fn gemm_grid(rows: usize, ntok: usize, mi: usize) -> (usize, usize) {
     (ntok.div_ceil(GEMM_TOKENS), rows.div_ceil(gemm_rows(mi)))
@@ -344,6 +384,7 @@ impl Scratch {
             ("part", 4 * t * d.n_head * ATTN_SPLITS * (d.head_dim + 2)),
             ("logits", 4 * t * d.vocab),
             ("argmax", 8 * t),
+            ("gemm_part", 4 * GEMM_MAX_SPLITS * t * d.hidden),
             ("pos", 8),
         ];
         let mut regions = Vec::new();
@@ -355,13 +396,21 @@ impl Scratch {
         Scratch { regions, bytes: at }
     }
 
-    /// Byte offset of a region.
-    pub fn offset(&self, name: &str) -> usize {
+    fn region(&self, name: &str) -> &(&'static str, usize, usize) {
         self.regions
             .iter()
             .find(|r| r.0 == name)
             .unwrap_or_else(|| panic!("no scratch region {name}"))
-            .1
+    }
+
+    /// Bytes of a region.
+    pub fn size(&self, name: &str) -> usize {
+        self.region(name).2
+    }
+
+    /// Byte offset of a region.
+    pub fn offset(&self, name: &str) -> usize {
+        self.region(name).1
     }
 }
 
@@ -921,6 +970,13 @@ pub(crate) mod tests {
         assert_eq!(gemm_grid(5120, MAX_CHUNK, 2), (4, 20));
         assert_eq!(gemm_grid(1001, 17, 2), (1, 4));
         assert_eq!(gemm_grid(1001, 17, 1), (1, 8));
+        let cap = GEMM_MAX_SPLITS * MAX_CHUNK * 5120;
+        assert_eq!(gemm_splits(5120, 17408, MAX_CHUNK, 2, 132, cap), 3);
+        assert_eq!(gemm_splits(5120, 6144, MAX_CHUNK, 1, 132, cap), 3);
+        assert_eq!(gemm_splits(34816, 5120, MAX_CHUNK, 2, 132, cap), 1);
+        // No room for the partial sums, or too few stages to share: no split.
+        assert_eq!(gemm_splits(5120, 17408, MAX_CHUNK, 2, 132, cap / 4), 1);
+        assert_eq!(gemm_splits(5120, 256, MAX_CHUNK, 2, 132, cap), 1);
     }
 
     #[test]
