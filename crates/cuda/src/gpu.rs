@@ -275,11 +275,10 @@ impl Gpu {
             .max(0) as usize;
         let ampere = info.compute_capability.0 >= 8;
         if ampere {
-            for k in compile::KERNELS.iter().filter(|k| k.starts_with("gemm_")) {
-                let mi = plan::GEMM_MI
-                    .into_iter()
-                    .find(|mi| k.ends_with(&format!("_m{mi}")))
-                    .expect("a gemm kernel per variant");
+            for (k, mi) in compile::KERNELS
+                .iter()
+                .filter_map(|k| plan::gemm_variant(k).map(|mi| (k, mi)))
+            {
                 // SAFETY: a function handle of this context and a documented attribute.
                 unsafe {
                     sys::cuFuncSetAttribute(

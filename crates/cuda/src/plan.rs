@@ -33,6 +33,19 @@ pub const GEMM_MI: [usize; 2] = [1, 2];
 /// The variant multi-token passes use.
 pub const GEMM_DEFAULT_MI: usize = 2;
 
+/// The variant (tiles per warp) of a GEMM kernel's name, `None` for any other kernel.
+pub fn gemm_variant(kernel: &str) -> Option<usize> {
+    let rest = kernel.strip_prefix("gemm_")?;
+    GpuFormat::ALL.iter().find_map(|f| {
+        let mi: usize = rest
+            .strip_prefix(f.kernel_name())?
+            .strip_prefix("_m")?
+            .parse()
+            .ok()?;
+        GEMM_MI.contains(&mi).then_some(mi)
+    })
+}
+
 /// Rows of a GEMM block's output tile.
 pub const fn gemm_rows(mi: usize) -> usize {
     GEMM_WARPS * 16 * mi
@@ -943,6 +956,24 @@ pub(crate) mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn every_gemm_variant_is_a_kernel_and_named_as_such() {
+        for f in GpuFormat::ALL {
+            for mi in GEMM_MI {
+                let name = format!("gemm_{}_m{mi}", f.kernel_name());
+                assert!(crate::compile::KERNELS.contains(&name.as_str()), "{name}");
+                assert_eq!(gemm_variant(&name), Some(mi));
+            }
+        }
+        let variants = crate::compile::KERNELS
+            .iter()
+            .filter(|k| gemm_variant(k).is_some())
+            .count();
+        assert_eq!(variants, GpuFormat::ALL.len() * GEMM_MI.len());
+        assert_eq!(gemm_variant("gemm_reduce"), None);
+        assert_eq!(gemm_variant("gemv_q1_t8"), None);
     }
 
     #[test]
