@@ -1,8 +1,8 @@
 // Gated delta net: the causal depthwise conv and the recurrent step.
 #define CH (2 * HK * DK + HV * DV)
 
-// block (32, 8), grid ceil(CH / 32): thread (x, y) computes channel 32·bx + x for tokens y,
-// y + 8, ... (each output reads its KERN inputs directly: the earliest come from the state),
+// block (32, Y ≤ 8), grid ceil(CH / 32): thread (x, y) computes channel 32·bx + x for tokens y,
+// y + Y, ... (each output reads its KERN inputs directly: the earliest come from the state),
 // then one thread per channel shifts the state, after every read of the old one.
 // state: [KERN-1][CH], taps: [CH][KERN].
 extern "C" __global__ void __launch_bounds__(256) gdn_conv(const float* __restrict__ proj, int stride, int ntok,
@@ -50,9 +50,9 @@ gdn_step(const float* __restrict__ conv, const float* __restrict__ proj, int str
          int boff, int ntok, const float* __restrict__ a_neg, const float* __restrict__ dt_bias,
          float* __restrict__ S, float* __restrict__ o) {
     PDL_ENTRY();
-    // Per warp: normalized q and k, key row 32m + i at 33m + i (the four row groups a warp's
-    // lanes read at once fall in distinct banks).
-    __shared__ float qk[4][2][4 * 33];
+    // Per warp: normalized q and k. The eight lanes of a quarter-warp share a row group, so the
+    // 16-byte loads below are one broadcast address per phase: no bank conflicts.
+    __shared__ __align__(16) float qk[4][2][DK];
     const int h = blockIdx.x, kh = h % HK;
     const int lane = threadIdx.x, w = threadIdx.y;
     const int r = lane >> 3;
@@ -97,17 +97,25 @@ gdn_step(const float* __restrict__ conv, const float* __restrict__ proj, int str
         __syncwarp();
 #pragma unroll
         for (int m = 0; m < 4; m++) {
-            qs[33 * m + lane] = cur[m] * rq;
-            ks[33 * m + lane] = cur[4 + m] * rk;
+            qs[32 * m + lane] = cur[m] * rq;
+            ks[32 * m + lane] = cur[4 + m] * rk;
         }
         __syncwarp();
         const float g = expf(an * softplusf_(cur[9] + dtb)), beta = sigmoidf_(cur[10]);
         // Four partial sums: a chain of 32 dependent FMAs per token was the step's latency.
+        const float4* k4 = (const float4*)(ks + 32 * r);
+        const float4* q4 = (const float4*)(qs + 32 * r);
+        float kr[32];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float4 v = k4[i];
+            kr[4 * i] = v.x; kr[4 * i + 1] = v.y; kr[4 * i + 2] = v.z; kr[4 * i + 3] = v.w;
+        }
         float kp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int i = 0; i < 32; i++) {
             s[i] *= g;
-            kp[i & 3] += s[i] * ks[33 * r + i];
+            kp[i & 3] += s[i] * kr[i];
         }
         float km = (kp[0] + kp[1]) + (kp[2] + kp[3]);
         km += __shfl_xor_sync(0xffffffffu, km, 8);
@@ -115,9 +123,14 @@ gdn_step(const float* __restrict__ conv, const float* __restrict__ proj, int str
         const float delta = (cur[8] - km) * beta;
         float op[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int i = 0; i < 32; i++) {
-            s[i] += ks[33 * r + i] * delta;
-            op[i & 3] += s[i] * (qs[33 * r + i] * scale);
+        for (int i = 0; i < 8; i++) {
+            const float4 q = q4[i];
+            const float qv[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                s[4 * i + u] += kr[4 * i + u] * delta;
+                op[u] += s[4 * i + u] * (qv[u] * scale);
+            }
         }
         float oo = (op[0] + op[1]) + (op[2] + op[3]);
         oo += __shfl_xor_sync(0xffffffffu, oo, 8);

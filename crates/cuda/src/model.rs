@@ -647,7 +647,8 @@ impl CudaModel {
                     s,
                     "gdn_conv",
                     (ch.div_ceil(32) as u32, 1, 1),
-                    (32, 8, 1),
+                    // Up to 8 tokens at once per channel; a decode step's one token needs one row.
+                    (32, ntok.min(8) as u32, 1),
                     &[
                         Arg::Ptr(proj),
                         Arg::I32(d.gdn_in_rows() as i32),
