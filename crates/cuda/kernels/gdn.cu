@@ -37,45 +37,98 @@ extern "C" __global__ void __launch_bounds__(256) gdn_conv(const float* __restri
     }
 }
 
+// The decay and the update strength of value head h for one token.
+__device__ __forceinline__ float2 gdn_gates(float a, float b, float an, float dtb) {
+    return make_float2(expf(an * softplusf_(a + dtb)), sigmoidf_(b));
+}
+
+// Sum of squares of a q or k vector held as lane + 32m (m < 4), reduced over the warp: the
+// order gdn_step uses, so both places produce the same bits.
+__device__ __forceinline__ float gdn_rnorm(const float* v) {
+    float s = 0.0f;
+#pragma unroll
+    for (int m = 0; m < 4; m++) s += v[m] * v[m];
+    return 1.0f / sqrtf(warp_sum(s) + 1e-6f);
+}
+
+// The parts of a multi-token pass's recurrence that do not depend on the state, for all its
+// tokens at once: q and k L2-normalized per key head, and the gates of each value head.
+// grid (HK, ntok), block (32, 2): warp 0 normalizes q, warp 1 k; lanes of warp 0 compute the
+// gates of value heads kh, kh + HK, ... qk: [ntok][2][HK][DK]; gb: [ntok][HV] (g, beta).
+extern "C" __global__ void __launch_bounds__(64)
+gdn_prep(const float* __restrict__ conv, const float* __restrict__ proj, int stride, int aoff,
+         int boff, const float* __restrict__ a_neg, const float* __restrict__ dt_bias,
+         float* __restrict__ qk, float2* __restrict__ gb) {
+    PDL_ENTRY();
+    static_assert(DK == 128, "gdn_prep: four values per lane");
+    const int kh = blockIdx.x, t = blockIdx.y, lane = threadIdx.x, w = threadIdx.y;
+    const float* x = conv + (size_t)t * CH + w * HK * DK + kh * DK;
+    float v[4];
+#pragma unroll
+    for (int m = 0; m < 4; m++) v[m] = x[32 * m + lane];
+    const float rn = gdn_rnorm(v);
+    float* o = qk + (((size_t)t * 2 + w) * HK + kh) * DK;
+#pragma unroll
+    for (int m = 0; m < 4; m++) o[32 * m + lane] = v[m] * rn;
+    for (int h = kh + HK * lane; w == 0 && h < HV; h += 32 * HK) {
+        const float a = proj[(size_t)t * stride + aoff + h];
+        const float b = proj[(size_t)t * stride + boff + h];
+        gb[(size_t)t * HV + h] = gdn_gates(a, b, a_neg[h], dt_bias[h]);
+    }
+}
+
 // The recurrent step. grid (HV, DV/32), block (32, 4): warp w of block (h, by) owns value columns
 // 32·by + 8w .. +7 of head h; lane (r, c) = (lane / 8, lane % 8) keeps the state of column
 // 32·by + 8w + c for key rows 32r..32r+31 in registers across the tokens. Every reduction over
 // the key rows stays inside a warp (two shuffles), and each warp normalizes q and k itself, so a
 // token needs no block barrier: the tokens of a prefill pass are a chain, and barriers were most
-// of each link. The next token's inputs are loaded while the current one is processed.
+// of each link. The next token's inputs are loaded while the current one is processed. With
+// `qk` and `gb` (from gdn_prep, multi-token passes) the normalized q, k and the gates are read
+// rather than computed, which takes the norms' reductions and the gates' exponentials out of
+// the chain from token to token (same values, same bits).
 // S: [HV][DK][DV]; o: [ntok][HV*DV].
 static_assert(DK == 128 && DV % 32 == 0, "gdn_step: 4 groups of 32 key rows, 32-column blocks");
 extern "C" __global__ void __launch_bounds__(128)
 gdn_step(const float* __restrict__ conv, const float* __restrict__ proj, int stride, int aoff,
          int boff, int ntok, const float* __restrict__ a_neg, const float* __restrict__ dt_bias,
-         float* __restrict__ S, float* __restrict__ o) {
+         const float* __restrict__ qk, const float2* __restrict__ gb, float* __restrict__ S,
+         float* __restrict__ o) {
     PDL_ENTRY();
     // Per warp: normalized q and k. The eight lanes of a quarter-warp share a row group, so the
     // 16-byte loads below are one broadcast address per phase: no bank conflicts.
-    __shared__ __align__(16) float qk[4][2][DK];
+    __shared__ __align__(16) float qks[4][2][DK];
     const int h = blockIdx.x, kh = h % HK;
     const int lane = threadIdx.x, w = threadIdx.y;
     const int r = lane >> 3;
     const int j = blockIdx.y * 32 + w * 8 + (lane & 7);
-    float* qs = qk[w][0];
-    float* ks = qk[w][1];
+    float* qs = qks[w][0];
+    float* ks = qks[w][1];
     float* Sh = S + (size_t)h * DK * DV;
     float s[32];
 #pragma unroll
     for (int i = 0; i < 32; i++) s[i] = Sh[(size_t)(r * 32 + i) * DV + j];
     const float scale = 1.0f / sqrtf((float)DK);
     const float an = a_neg[h], dtb = dt_bias[h];
-    // q and k elements lane + 32m, the value of column j, the gate inputs.
+    // q and k elements lane + 32m (normalized when prepared), the value of column j, the gate
+    // inputs (or the gates).
+    const bool prepped = qk != nullptr;
     auto load = [&](int t, float* in) {
         const float* x = conv + (size_t)t * CH;
+        const float* src = prepped ? qk + (size_t)t * 2 * HK * DK : x;
 #pragma unroll
         for (int m = 0; m < 4; m++) {
-            in[m] = x[kh * DK + 32 * m + lane];
-            in[4 + m] = x[HK * DK + kh * DK + 32 * m + lane];
+            in[m] = src[kh * DK + 32 * m + lane];
+            in[4 + m] = src[HK * DK + kh * DK + 32 * m + lane];
         }
         in[8] = x[2 * HK * DK + h * DV + j];
-        in[9] = proj[(size_t)t * stride + aoff + h];
-        in[10] = proj[(size_t)t * stride + boff + h];
+        if (prepped) {
+            const float2 e = gb[(size_t)t * HV + h];
+            in[9] = e.x;
+            in[10] = e.y;
+        } else {
+            in[9] = proj[(size_t)t * stride + aoff + h];
+            in[10] = proj[(size_t)t * stride + boff + h];
+        }
     };
     float next[11];
     if (ntok > 0) load(0, next);
@@ -84,24 +137,29 @@ gdn_step(const float* __restrict__ conv, const float* __restrict__ proj, int str
 #pragma unroll
         for (int e = 0; e < 11; e++) cur[e] = next[e];
         if (t + 1 < ntok) load(t + 1, next);
-        float sq = 0.0f, sk = 0.0f;
-#pragma unroll
-        for (int m = 0; m < 4; m++) {
-            sq += cur[m] * cur[m];
-            sk += cur[4 + m] * cur[4 + m];
-        }
-        sq = warp_sum(sq);
-        sk = warp_sum(sk);
-        const float rq = 1.0f / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
+        float g, beta;
         // The previous token's reads of qs and ks are done.
         __syncwarp();
+        if (prepped) {
 #pragma unroll
-        for (int m = 0; m < 4; m++) {
-            qs[32 * m + lane] = cur[m] * rq;
-            ks[32 * m + lane] = cur[4 + m] * rk;
+            for (int m = 0; m < 4; m++) {
+                qs[32 * m + lane] = cur[m];
+                ks[32 * m + lane] = cur[4 + m];
+            }
+            g = cur[9];
+            beta = cur[10];
+        } else {
+            const float rq = gdn_rnorm(cur), rk = gdn_rnorm(cur + 4);
+#pragma unroll
+            for (int m = 0; m < 4; m++) {
+                qs[32 * m + lane] = cur[m] * rq;
+                ks[32 * m + lane] = cur[4 + m] * rk;
+            }
+            const float2 e = gdn_gates(cur[9], cur[10], an, dtb);
+            g = e.x;
+            beta = e.y;
         }
         __syncwarp();
-        const float g = expf(an * softplusf_(cur[9] + dtb)), beta = sigmoidf_(cur[10]);
         // Four partial sums: a chain of 32 dependent FMAs per token was the step's latency.
         const float4* k4 = (const float4*)(ks + 32 * r);
         const float4* q4 = (const float4*)(qs + 32 * r);

@@ -16,7 +16,7 @@ pub const SOURCES: [(&str, &str); 6] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 29] = [
+pub const KERNELS: [&str; 30] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -42,6 +42,7 @@ pub const KERNELS: [&str; 29] = [
     "gemm_q2g128_m2",
     "gemm_reduce",
     "gdn_conv",
+    "gdn_prep",
     "gdn_step",
     "attn_prep",
     "attn_split",

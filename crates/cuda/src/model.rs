@@ -659,10 +659,32 @@ impl CudaModel {
                     ],
                 )
             }
+            Op::GdnPrep { layer, ntok } => {
+                let w = self.gdn(layer);
+                let (ch, vd) = (d.conv_channels(), d.gdn_inner());
+                g.launch(
+                    s,
+                    "gdn_prep",
+                    (d.key_heads as u32, ntok as u32, 1),
+                    (32, 2, 1),
+                    &[
+                        Arg::Ptr(st.s("conv")),
+                        Arg::Ptr(proj),
+                        Arg::I32(d.gdn_in_rows() as i32),
+                        Arg::I32((ch + vd) as i32),
+                        Arg::I32((ch + vd + d.value_heads) as i32),
+                        Arg::Ptr(w.a.ptr),
+                        Arg::Ptr(w.dt_bias.ptr),
+                        Arg::Ptr(st.s("gdn_qk")),
+                        Arg::Ptr(st.s("gdn_gb")),
+                    ],
+                )
+            }
             Op::GdnStep { layer, ntok } => {
                 let w = self.gdn(layer);
                 let ch = d.conv_channels();
                 let vd = d.gdn_inner();
+                let prepped = crate::plan::gdn_prepped(ntok);
                 g.launch(
                     s,
                     "gdn_step",
@@ -677,6 +699,8 @@ impl CudaModel {
                         Arg::I32(ntok as i32),
                         Arg::Ptr(w.a.ptr),
                         Arg::Ptr(w.dt_bias.ptr),
+                        Arg::Ptr(if prepped { st.s("gdn_qk") } else { 0 }),
+                        Arg::Ptr(if prepped { st.s("gdn_gb") } else { 0 }),
                         Arg::Ptr(self.ssm_state(st, layer)),
                         Arg::Ptr(st.s("gdn")),
                     ],

@@ -392,6 +392,8 @@ impl Scratch {
             ("proj", 4 * t * d.proj_rows()),
             ("conv", 4 * t * d.conv_channels()),
             ("gdn", 4 * t * d.gdn_inner()),
+            ("gdn_qk", 4 * t * 2 * d.key_heads * d.key_dim),
+            ("gdn_gb", 8 * t * d.value_heads),
             ("q", 4 * t * d.n_head * d.head_dim),
             ("attn", 4 * t * d.n_head * d.head_dim),
             ("part", 4 * t * d.n_head * ATTN_SPLITS * (d.head_dim + 2)),
@@ -506,6 +508,11 @@ pub enum Op {
         layer: usize,
         ntok: usize,
     },
+    /// Normalized q, k and the gates of every token of a multi-token pass, ahead of the step.
+    GdnPrep {
+        layer: usize,
+        ntok: usize,
+    },
     GdnStep {
         layer: usize,
         ntok: usize,
@@ -570,6 +577,9 @@ pub fn forward_ops(d: &Dims, ntok: usize, head: Head, argmax: bool, fuse_norm: b
                     out: Out::Proj,
                 });
                 ops.push(Op::Conv { layer: il, ntok });
+                if gdn_prepped(ntok) {
+                    ops.push(Op::GdnPrep { layer: il, ntok });
+                }
                 ops.push(Op::GdnStep { layer: il, ntok });
                 ops.push(Op::GatedQuant { layer: il, ntok });
                 ops.push(Op::Gemv {
@@ -679,6 +689,12 @@ pub fn launches(ops: &[Op]) -> usize {
             _ => 1,
         })
         .sum()
+}
+
+/// Whether a pass of `ntok` tokens prepares the recurrence's state-independent parts in a
+/// kernel of their own (a one-token step computes them inline: one launch fewer).
+pub const fn gdn_prepped(ntok: usize) -> bool {
+    ntok > 1
 }
 
 /// Splits a call of `n` tokens into GPU passes of at most [`MAX_CHUNK`].
@@ -894,6 +910,7 @@ pub(crate) mod tests {
                     ..
                 } => proj_writer = Some(mat),
                 Op::Conv { layer, .. } => assert_eq!(proj_writer, Some(Mat::GdnIn(layer))),
+                Op::GdnPrep { layer, .. } => assert_eq!(proj_writer, Some(Mat::GdnIn(layer))),
                 Op::AttnPrep { layer, .. } => assert_eq!(proj_writer, Some(Mat::AttnIn(layer))),
                 Op::SwigluQuant { .. } => assert!(matches!(proj_writer, Some(Mat::FfnIn(_)))),
                 _ => {}
