@@ -23,7 +23,7 @@ use niwaki_cuda::gpu::{Arg, DevMat, GemvIo, Gpu, NormIn};
 use niwaki_cuda::plan::{Dims, Gemv1Tuning};
 use niwaki_cuda::repack::{self, GpuFormat, FORMATS};
 use niwaki_cuda::twin::Twin;
-use niwaki_cuda::{available, CudaModel};
+use niwaki_cuda::{available, CudaModel, KvCache};
 use quant::Format;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -693,6 +693,60 @@ fn whole_model(rep: &mut Report, preset: Preset, vocab: usize) -> R<()> {
     Ok(())
 }
 
+/// The q8_0 KV cache against the f16 one and the CPU engine: a 20-token prefill (all logits) and
+/// 12 teacher-forced decode steps, then 16 free-running greedy tokens against the f16 cache.
+fn kv_q8_checks(rep: &mut Report) -> R<()> {
+    for (preset, vocab) in [(Preset::Tiny, 1000usize), (Preset::Small, 4096)] {
+        for format in [Format::Q2_0, Format::Q1_0] {
+            let shape = preset.shape(vocab);
+            let t = synth::random_f32_tensors(&shape, format, 5);
+            let m = open(&synth::writer_from_f32(&shape, &t, format, "h")?)?;
+            let mut g = CudaModel::load(&m)?;
+            let mut rng = ChaCha8Rng::seed_from_u64(9);
+            let prompt: Vec<u32> = (0..20).map(|_| rng.gen_range(0..vocab as u32)).collect();
+            let mut cs = m.new_state();
+            let mut want = m.forward(&mut cs, &prompt, Logits::All)?;
+            let mut steps = Vec::new();
+            let mut tok = top2(&want[want.len() - vocab..]).0 as u32;
+            for _ in 0..12 {
+                steps.push(tok);
+                let l = m.forward(&mut cs, &[tok], Logits::Last)?;
+                tok = top2(&l).0 as u32;
+                want.extend(l);
+            }
+            let mut run = |kv: KvCache| -> R<(Vec<f32>, Vec<u32>)> {
+                g.kv_cache = kv;
+                let mut gs = g.new_state(256)?;
+                let mut out = g.forward(&mut gs, &prompt, Logits::All)?;
+                for &s in &steps {
+                    out.extend(g.forward(&mut gs, &[s], Logits::Last)?);
+                }
+                let mut gs = g.new_state(256)?;
+                let mut toks = vec![g.forward_greedy(&mut gs, &prompt)?];
+                for _ in 0..15 {
+                    toks.push(g.forward_greedy(&mut gs, &[*toks.last().unwrap()])?);
+                }
+                Ok((out, toks))
+            };
+            let (f16, f16_toks) = run(KvCache::F16)?;
+            let (q8, q8_toks) = run(KvCache::Q8_0)?;
+            let (e_f16, e_q8, e_rel) = (rel_l2(&f16, &want), rel_l2(&q8, &want), rel_l2(&q8, &f16));
+            let same = f16_toks
+                .iter()
+                .zip(&q8_toks)
+                .take_while(|(a, b)| a == b)
+                .count();
+            let ok = e_q8 < 0.2 && q8.iter().all(|v| v.is_finite());
+            rep.line(format!(
+                "| {preset:?} | {format} | {} | {e_f16:.2e} | {e_q8:.2e} | {e_rel:.2e} | {same}/16 |",
+                if ok { "PASS" } else { "FAIL" }
+            ));
+            rep.check(ok, format!("q8_0 KV cache {preset:?} {format}"));
+        }
+    }
+    Ok(())
+}
+
 fn determinism(rep: &mut Report) -> R<()> {
     let vocab = 4096;
     let shape = Preset::Small.shape(vocab);
@@ -758,7 +812,7 @@ fn bench_27b(
     drop(w);
     let t_gen = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
-    let g = CudaModel::load(&m)?;
+    let mut g = CudaModel::load(&m)?;
     let t_load = t1.elapsed().as_secs_f64();
     let wb = g.weight_bytes() as f64;
 
@@ -837,18 +891,23 @@ fn bench_27b(
     }
     let tg_logits = 32.0 / t.elapsed().as_secs_f64();
     // Decode at 32k depth (cache contents are zeros; the reads are what matters).
-    let mut deep = g.new_state(32768 + 256)?;
-    deep.bench_seek(32768);
-    let mut dt = g.forward_greedy(&mut deep, &[tok])?;
-    for _ in 0..4 {
-        dt = g.forward_greedy(&mut deep, &[dt])?;
-    }
-    let t = Instant::now();
-    for _ in 0..64 {
-        dt = g.forward_greedy(&mut deep, &[dt])?;
-    }
-    let tg32k = 64.0 / t.elapsed().as_secs_f64();
-    drop(deep);
+    let mut at_depth = |kv: KvCache| -> R<f64> {
+        g.kv_cache = kv;
+        let mut deep = g.new_state(32768 + 256)?;
+        deep.bench_seek(32768);
+        let mut dt = g.forward_greedy(&mut deep, &[tok])?;
+        for _ in 0..4 {
+            dt = g.forward_greedy(&mut deep, &[dt])?;
+        }
+        let t = Instant::now();
+        for _ in 0..64 {
+            dt = g.forward_greedy(&mut deep, &[dt])?;
+        }
+        Ok(64.0 / t.elapsed().as_secs_f64())
+    };
+    let tg32k = at_depth(KvCache::F16)?;
+    let tg32k_q8 = at_depth(KvCache::Q8_0)?;
+    g.kv_cache = KvCache::F16;
     // Prefill pp512 (after a warm-up).
     let prompt: Vec<u32> = (0..512).map(|i| (i * 7919 % vocab) as u32).collect();
     let mut warm = g.new_state(1024)?;
@@ -893,10 +952,11 @@ fn bench_27b(
         _ => "not supported",
     };
     rep.line(format!(
-        "| {format} | {:.2} GB | {tg:.1} | {:.0}% | {tg_gemv1:.1} | {tg_plain:.1} | {tg_logits:.1} | {pp:.0} | {tg32k:.1} ({:.2}) | {:.0} | {peer} |",
+        "| {format} | {:.2} GB | {tg:.1} | {:.0}% | {tg_gemv1:.1} | {tg_plain:.1} | {tg_logits:.1} | {pp:.0} | {tg32k:.1} ({:.2}) | {tg32k_q8:.1} ({:.2}) | {:.0} | {peer} |",
         wb / 1e9,
         100.0 * tg / floor,
         tg32k / tg,
+        tg32k_q8 / tg,
         floor
     ));
     println!(
@@ -990,6 +1050,12 @@ fn run(rep: &mut Report) -> R<()> {
     whole_model(rep, Preset::Tiny, 1000)?;
     whole_model(rep, Preset::Small, 4096)?;
     rep.line("");
+    rep.line("q8_0 KV cache (llama.cpp's block format) against the f16 cache: relative L2 of the logits over a 20-token prefill and 12 teacher-forced steps, each against the CPU engine (f32) and q8_0 against f16; greedy tokens equal to the f16 cache's over 16 free-running steps.");
+    rep.line("");
+    rep.line("| preset | format | result | f16 KV vs CPU | q8_0 KV vs CPU | q8_0 vs f16 | greedy as f16 |");
+    rep.line("|---|---|---|---|---|---|---|");
+    kv_q8_checks(rep)?;
+    rep.line("");
     determinism(rep)?;
 
     let formats = std::env::var("NIWAKI_HARNESS_27B").unwrap_or_else(|_| "Q2_0,Q1_0".into());
@@ -1004,8 +1070,8 @@ fn run(rep: &mut Report) -> R<()> {
         rep.line("");
         rep.line("tg128: 128 greedy decode steps after a 4-token prompt, argmax on the GPU; floor = copy bandwidth / (weight bytes + recurrent state read and written).");
         rep.line("");
-        rep.line("| format | weights on GPU | tg128 tok/s | of floor | tg128 gemv1 without PDL (separate norms) | tg128 previous kernels (no PDL, no gemv1) | decode with host logits tok/s | pp512 tok/s | decode at 32k depth tok/s (ratio) | floor tok/s | llama.cpp tg128 / pp512 |");
-        rep.line("|---|---|---|---|---|---|---|---|---|---|---|");
+        rep.line("| format | weights on GPU | tg128 tok/s | of floor | tg128 gemv1 without PDL (separate norms) | tg128 previous kernels (no PDL, no gemv1) | decode with host logits tok/s | pp512 tok/s | decode at 32k depth tok/s (ratio) | same, q8_0 KV cache | floor tok/s | llama.cpp tg128 / pp512 |");
+        rep.line("|---|---|---|---|---|---|---|---|---|---|---|---|");
         let (mut profiles, mut variants) = (Vec::new(), Vec::new());
         for f in formats {
             bench_27b(rep, f, bw, &mut profiles, &mut variants)?;

@@ -2,12 +2,32 @@
 #define GQA (NH / NKV)
 #define EPL (HD / 32)
 
-// grid (NH + NKV, ntok), block HD. proj rows: [q0 g0 q1 g1 ... | k | v].
-// Caches: [ctx][NKV][HD] f16. q_out: [ntok][NH][HD].
-extern "C" __global__ void attn_prep(const float* __restrict__ proj, int stride, const u32* __restrict__ pos_ptr,
-                                     const float* __restrict__ qn, const float* __restrict__ kn, float eps,
-                                     float base, float* __restrict__ q_out, u16* __restrict__ kc,
-                                     u16* __restrict__ vc) {
+// KV caches: [ctx][NKV][HD] f16, or (Q8 = true) q8_0: int8 values [ctx][NKV][HD] and one f16
+// scale per 32 values [ctx][NKV][HD/32], quantized as llama.cpp's q8_0 (d = max|x| / 127,
+// q = round(x / d)): half the bytes a decode step reads per cached position.
+#define QB 32
+
+// One cache row's value i (a thread per value; the 32 of a warp are one q8_0 block).
+template <bool Q8>
+__device__ __forceinline__ void kv_store(void* cache, u16* scales, size_t at, float v) {
+    if (Q8) {
+        const float d = warp_max(fabsf(v)) / 127.0f;
+        const float id = d > 0.0f ? 1.0f / d : 0.0f;
+        ((i8*)cache)[at] = (i8)__float2int_rn(v * id);
+        if ((threadIdx.x & 31) == 0) scales[at / QB] = f2h(d);
+    } else {
+        ((u16*)cache)[at] = f2h(v);
+    }
+}
+
+// grid (NH + NKV, ntok), block HD. proj rows: [q0 g0 q1 g1 ... | k | v]. q_out: [ntok][NH][HD].
+template <bool Q8>
+__device__ __forceinline__ void attn_prep_body(const float* __restrict__ proj, int stride,
+                                               const u32* __restrict__ pos_ptr, const float* __restrict__ qn,
+                                               const float* __restrict__ kn, float eps, float base,
+                                               float* __restrict__ q_out, void* __restrict__ kc,
+                                               void* __restrict__ vc, u16* __restrict__ ks,
+                                               u16* __restrict__ vs) {
     PDL_ENTRY();
     __shared__ float buf[HD];
     __shared__ float red[32];
@@ -35,10 +55,20 @@ extern "C" __global__ void attn_prep(const float* __restrict__ proj, int stride,
         q_out[((size_t)t * NH + head) * HD + i] = v;
     } else {
         const size_t at = ((size_t)pos * NKV + kvh) * HD + i;
-        kc[at] = f2h(v);
-        vc[at] = f2h(p[2 * NH * HD + NKV * HD + kvh * HD + i]);
+        kv_store<Q8>(kc, ks, at, v);
+        kv_store<Q8>(vc, vs, at, p[2 * NH * HD + NKV * HD + kvh * HD + i]);
     }
 }
+
+#define ATTN_PREP_KERNEL(name, Q8)                                                                        \
+    extern "C" __global__ void name(const float* __restrict__ proj, int stride, const u32* __restrict__ pos_ptr, \
+                                    const float* __restrict__ qn, const float* __restrict__ kn, float eps,   \
+                                    float base, float* __restrict__ q_out, void* __restrict__ kc,          \
+                                    void* __restrict__ vc, u16* __restrict__ ks, u16* __restrict__ vs) {   \
+        attn_prep_body<Q8>(proj, stride, pos_ptr, qn, kn, eps, base, q_out, kc, vc, ks, vs);              \
+    }
+ATTN_PREP_KERNEL(attn_prep, false)
+ATTN_PREP_KERNEL(attn_prep_q8, true)
 
 // EPL consecutive f16 values of a cache row: 16-byte loads where the width allows.
 __device__ __forceinline__ void load_halves(const u16* __restrict__ p, float* f) {
@@ -59,12 +89,34 @@ __device__ __forceinline__ void load_halves(const u16* __restrict__ p, float* f)
     }
 }
 
+// EPL consecutive values of a q8_0 cache row starting at element `at` (a multiple of EPL).
+__device__ __forceinline__ void load_q8(const i8* __restrict__ c, const u16* __restrict__ sc, size_t at,
+                                        float* f) {
+    if (EPL == 8) {
+        const uint2 w = __ldg((const uint2*)(c + at));
+        const float d = h2f(__ldg(sc + at / QB));
+#pragma unroll
+        for (int e = 0; e < 8; e++) f[e] = (float)(signed char)(((e < 4 ? w.x : w.y) >> (8 * (e & 3))) & 0xff) * d;
+    } else {
+#pragma unroll
+        for (int e = 0; e < EPL; e++) f[e] = (float)c[at + e] * h2f(__ldg(sc + (at + e) / QB));
+    }
+}
+
+template <bool Q8>
+__device__ __forceinline__ void load_kv(const void* __restrict__ c, const u16* __restrict__ sc, size_t at, float* f) {
+    if (Q8) load_q8((const i8*)c, sc, at, f);
+    else load_halves((const u16*)c + at, f);
+}
+
 // grid (NKV, nsplit, ntok), block 128 (4 warps, one cache position each at a time); nsplit ≤
 // NSPLIT (fewer for the short contexts of a prefill pass: plan.rs, attn_splits).
 // part: [ntok][NH][nsplit][HD + 2] = (acc[HD], m, l).
-extern "C" __global__ void __launch_bounds__(128)
-attn_split(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
-           const u32* __restrict__ pos_ptr, float scale, int nsplit, float* __restrict__ part) {
+template <bool Q8>
+__device__ __forceinline__ void attn_split_body(const float* __restrict__ q, const void* __restrict__ kc,
+                                                const void* __restrict__ vc, const u16* __restrict__ ks,
+                                                const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,
+                                                float scale, int nsplit, float* __restrict__ part) {
     PDL_ENTRY();
     __shared__ float sm_acc[4][GQA][HD];
     __shared__ float sm_ml[4][GQA][2];
@@ -95,8 +147,8 @@ attn_split(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
         for (int u = 0; u < 2; u++) {
             const int pu = u == 0 || two ? p + 4 * u : p;
             const size_t at = ((size_t)pu * NKV + kvh) * HD + lane * EPL;
-            load_halves(kc + at, kf[u]);
-            load_halves(vc + at, vf[u]);
+            load_kv<Q8>(kc, ks, at, kf[u]);
+            load_kv<Q8>(vc, vs, at, vf[u]);
         }
         float sc[2][GQA];
 #pragma unroll
@@ -149,6 +201,16 @@ attn_split(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
         if (i == 0) { dst[HD] = M; dst[HD + 1] = L; }
     }
 }
+
+#define ATTN_SPLIT_KERNEL(name, Q8)                                                                         \
+    extern "C" __global__ void __launch_bounds__(128)                                                       \
+        name(const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,        \
+             const u16* __restrict__ ks, const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,      \
+             float scale, int nsplit, float* __restrict__ part) {                                          \
+        attn_split_body<Q8>(q, kc, vc, ks, vs, pos_ptr, scale, nsplit, part);                              \
+    }
+ATTN_SPLIT_KERNEL(attn_split, false)
+ATTN_SPLIT_KERNEL(attn_split_q8, true)
 
 // grid (NH, ntok), block HD: merge the splits and gate. The split weights exp(m_s - M) are
 // computed once per split into shared memory (not by every thread in a serial chain); each

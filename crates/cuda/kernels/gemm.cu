@@ -31,7 +31,7 @@ static_assert(MM_BN % 8 == 0 && MM_STAGES >= 2 && MM_KC % 128 == 0, "tile shape"
 // 1.5·2^23 and its bits: every integer n with |n| < 2^22 added to it is exact in a float.
 #define MM_MAGIC 12582912.0f
 #define MM_MAGIC_BITS 0x4B400000
-static_assert(2 * 64 * 127 < (1 << 22), "a 64-value group's dot fits the magic mantissa");
+static_assert(3 * 64 * 127 < (1 << 22), "a 64-value group's dot fits the magic mantissa");
 
 #if __CUDA_ARCH__ >= 800
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {

@@ -16,7 +16,7 @@ pub const SOURCES: [(&str, &str); 6] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 30] = [
+pub const KERNELS: [&str; 32] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -45,7 +45,9 @@ pub const KERNELS: [&str; 30] = [
     "gdn_prep",
     "gdn_step",
     "attn_prep",
+    "attn_prep_q8",
     "attn_split",
+    "attn_split_q8",
     "attn_combine",
 ];
 

@@ -23,6 +23,7 @@ pub mod twin;
 pub use error::{CudaError, Result};
 pub use gpu::{available, DeviceInfo};
 pub use model::{CudaModel, CudaState};
+pub use plan::KvCache;
 
 #[cfg(test)]
 mod tests {

@@ -11,7 +11,7 @@ use quant::Format;
 use crate::error::{Context, CudaError, Result};
 use crate::gpu::{Arg, DevBuf, DevMat, DeviceInfo, GemvIo, Gpu, NormIn};
 use crate::plan::{
-    self, attn_splits, check_fits, forward_ops, Dims, Head, Mat, Norm, Op, Out, Scratch,
+    self, attn_splits, check_fits, forward_ops, Dims, Head, KvCache, Mat, Norm, Op, Out, Scratch,
     StateBytes, MAX_CHUNK,
 };
 use crate::repack::{self, Packed};
@@ -57,9 +57,11 @@ pub struct CudaModel {
     weight_bytes: usize,
     /// Capture decode steps as CUDA graphs (on by default).
     pub use_graphs: bool,
+    /// The KV cache type of the sequences [`CudaModel::new_state`] makes (f16 by default).
+    pub kv_cache: KvCache,
 }
 
-/// One sequence on the GPU: recurrent state, KV cache (f16) sized for `ctx` tokens, scratch
+/// One sequence on the GPU: recurrent state, KV cache (f16 or q8_0) sized for `ctx` tokens, scratch
 /// buffers and the captured decode graphs.
 pub struct CudaState {
     ctx: usize,
@@ -208,6 +210,7 @@ impl CudaModel {
             file,
             weight_bytes,
             use_graphs: true,
+            kv_cache: KvCache::F16,
         })
     }
 
@@ -238,7 +241,7 @@ impl CudaModel {
                 limit: self.dims.context_length,
             });
         }
-        let bytes = StateBytes::new(&self.dims, ctx);
+        let bytes = StateBytes::new(&self.dims, ctx, self.kv_cache);
         let layout = Scratch::new(&self.dims, MAX_CHUNK);
         check_fits(
             &format!("a sequence of {ctx} tokens"),
@@ -430,6 +433,9 @@ impl CudaModel {
         ntok: usize,
         reps: usize,
     ) -> Result<Vec<(String, usize, f64)>> {
+        // The kernels read the position from the device: make it the one the host plans with.
+        self.gpu
+            .write(&st.stream, st.s("pos"), &[st.pos as u32, 0])?;
         let mut kinds: Vec<(String, Vec<Op>)> = Vec::new();
         let argmax = ntok == 1;
         for op in forward_ops(&self.dims, ntok, Head::Last, argmax, self.gpu.fuse_norm()) {
@@ -571,15 +577,25 @@ impl CudaModel {
         let per = 4 * d.value_heads * d.key_dim * d.value_dim;
         st.state.at(st.bytes.conv + d.kind_index(l) * per)
     }
-    fn kv(&self, st: &CudaState, l: usize) -> (u64, u64) {
+    /// Layer `l`'s K values, V values, K scales and V scales (the scales of a q8_0 cache).
+    fn kv(&self, st: &CudaState, l: usize) -> [Arg; 4] {
         let d = &self.dims;
-        let per = 2 * st.ctx * d.n_head_kv * d.head_dim;
-        let base = st.bytes.conv + st.bytes.ssm;
-        let i = d.kind_index(l);
-        (
-            st.state.at(base + i * per),
-            st.state.at(base + (d.n_attention() + i) * per),
-        )
+        let at = st.bytes.kv_layer(d.kind_index(l), d.n_attention());
+        let q8 = st.bytes.kv_cache == KvCache::Q8_0;
+        [
+            Arg::Ptr(st.state.at(at[0])),
+            Arg::Ptr(st.state.at(at[1])),
+            Arg::Ptr(if q8 { st.state.at(at[2]) } else { 0 }),
+            Arg::Ptr(if q8 { st.state.at(at[3]) } else { 0 }),
+        ]
+    }
+
+    /// An attention kernel's name for the state's cache type.
+    fn kv_kernel(st: &CudaState, f16: &'static str, q8: &'static str) -> &'static str {
+        match st.bytes.kv_cache {
+            KvCache::F16 => f16,
+            KvCache::Q8_0 => q8,
+        }
     }
 
     fn exec(&self, st: &CudaState, op: &Op) -> Result<()> {
@@ -724,38 +740,42 @@ impl CudaModel {
             ),
             Op::AttnPrep { layer, ntok } => {
                 let w = self.attn(layer);
-                let (kc, vc) = self.kv(st, layer);
+                let kv = self.kv(st, layer);
                 g.launch(
                     s,
-                    "attn_prep",
+                    Self::kv_kernel(st, "attn_prep", "attn_prep_q8"),
                     ((d.n_head + d.n_head_kv) as u32, ntok as u32, 1),
                     (d.head_dim as u32, 1, 1),
                     &[
-                        Arg::Ptr(proj),
-                        Arg::I32(d.attn_in_rows() as i32),
-                        Arg::Ptr(pos),
-                        Arg::Ptr(w.q_norm.ptr),
-                        Arg::Ptr(w.k_norm.ptr),
-                        Arg::F32(d.rms_eps),
-                        Arg::F32(d.rope_base),
-                        Arg::Ptr(st.s("q")),
-                        Arg::Ptr(kc),
-                        Arg::Ptr(vc),
-                    ],
+                        &[
+                            Arg::Ptr(proj),
+                            Arg::I32(d.attn_in_rows() as i32),
+                            Arg::Ptr(pos),
+                            Arg::Ptr(w.q_norm.ptr),
+                            Arg::Ptr(w.k_norm.ptr),
+                            Arg::F32(d.rms_eps),
+                            Arg::F32(d.rope_base),
+                            Arg::Ptr(st.s("q")),
+                        ][..],
+                        &kv,
+                    ]
+                    .concat(),
                 )
             }
             Op::AttnSplit { layer, ntok } => {
-                let (kc, vc) = self.kv(st, layer);
+                let kv = self.kv(st, layer);
                 let nsplit = attn_splits(st.pos + ntok, ntok);
                 g.launch(
                     s,
-                    "attn_split",
+                    Self::kv_kernel(st, "attn_split", "attn_split_q8"),
                     (d.n_head_kv as u32, nsplit as u32, ntok as u32),
                     (128, 1, 1),
                     &[
                         Arg::Ptr(st.s("q")),
-                        Arg::Ptr(kc),
-                        Arg::Ptr(vc),
+                        kv[0],
+                        kv[1],
+                        kv[2],
+                        kv[3],
                         Arg::Ptr(pos),
                         Arg::F32(1.0 / (d.head_dim as f32).sqrt()),
                         Arg::I32(nsplit as i32),

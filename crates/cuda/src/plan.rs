@@ -64,8 +64,8 @@ pub fn gemm_smem_bytes(mi: usize) -> usize {
 /// adds them up in a fixed order (deterministic, unlike atomics).
 pub const GEMM_MAX_SPLITS: usize = 4;
 
-/// K splits for a GEMM of `rows × cols` over `ntok` tokens on `sms` multiprocessors, with room
-/// for `cap` partial floats. One, unless its tiles fill less than 90% of the block slots the
+/// K splits for a GEMM of `rows × cols` over `ntok` tokens on `sms` multiprocessors (each
+/// holding 3 − `mi` blocks, as an H100/H200 does), with room for `cap` partial floats. One, unless its tiles fill less than 90% of the block slots the
 /// waves they take offer (5120 output rows at 256 tokens are 80 blocks for 132 slots, 61%:
 /// three splits make it 240 of 264); then the fewest splits that reach 90%, or the best fill.
 /// Every split keeps at least two pipeline stages.
@@ -350,6 +350,35 @@ impl Dims {
     }
 }
 
+/// How the attention layers cache keys and values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvCache {
+    /// f16 values.
+    #[default]
+    F16,
+    /// llama.cpp's q8_0: int8 values and one f16 scale per 32 (34 bytes per 32 values, 53% of
+    /// f16), so a decode step at depth reads about half the cache bytes.
+    Q8_0,
+}
+
+impl KvCache {
+    /// Bytes of one cached value (scales apart).
+    pub const fn value_bytes(self) -> usize {
+        match self {
+            KvCache::F16 => 2,
+            KvCache::Q8_0 => 1,
+        }
+    }
+
+    /// Bytes of the scales of a row of `head_dim` values.
+    pub const fn scale_bytes(self, head_dim: usize) -> usize {
+        match self {
+            KvCache::F16 => 0,
+            KvCache::Q8_0 => 2 * head_dim / 32,
+        }
+    }
+}
+
 /// Bytes of the per-sequence state for a context of `ctx` tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StateBytes {
@@ -357,21 +386,53 @@ pub struct StateBytes {
     pub conv: usize,
     /// Recurrent state: `[recurrent layers][value heads][key dim][value dim]` f32.
     pub ssm: usize,
-    /// K and V caches: `[attention layers][ctx][kv heads][head dim]` f16, each.
+    /// K and V caches, from [`StateBytes::kv_offset`]: the values `[attention layers][ctx][kv
+    /// heads][head dim]` of K then of V, then (q8_0) their scales `[layers][ctx][kv heads][head
+    /// dim / 32]`, K then V.
     pub kv: usize,
+    pub kv_cache: KvCache,
+    /// Bytes of one layer's K (or V) values, and of its scales.
+    pub kv_values: usize,
+    pub kv_scales: usize,
 }
 
 impl StateBytes {
-    pub fn new(d: &Dims, ctx: usize) -> StateBytes {
+    pub fn new(d: &Dims, ctx: usize, kv_cache: KvCache) -> StateBytes {
         let g = d.n_recurrent();
+        let rows = ctx * d.n_head_kv;
+        let kv_values = rows * d.head_dim * kv_cache.value_bytes();
+        let kv_scales = rows * kv_cache.scale_bytes(d.head_dim);
         StateBytes {
             conv: 4 * g * (d.conv_kernel - 1) * d.conv_channels(),
             ssm: 4 * g * d.value_heads * d.key_dim * d.value_dim,
-            kv: 2 * 2 * d.n_attention() * ctx * d.n_head_kv * d.head_dim,
+            kv: 2 * d.n_attention() * (kv_values + kv_scales),
+            kv_cache,
+            kv_values,
+            kv_scales,
         }
     }
+
+    /// Where the caches start: after the recurrent states, 256-byte aligned (the attention
+    /// kernels read 8- and 16-byte units).
+    pub fn kv_offset(&self) -> usize {
+        (self.conv + self.ssm).div_ceil(256) * 256
+    }
+
     pub fn total(&self) -> usize {
-        self.conv + self.ssm + self.kv
+        self.kv_offset() + self.kv
+    }
+
+    /// Offsets of attention layer `i`'s K values, V values, K scales and V scales (of `n`
+    /// attention layers) from the start of the state.
+    pub fn kv_layer(&self, i: usize, n: usize) -> [usize; 4] {
+        let base = self.kv_offset();
+        let scales = base + 2 * n * self.kv_values;
+        [
+            base + i * self.kv_values,
+            base + (n + i) * self.kv_values,
+            scales + i * self.kv_scales,
+            scales + (n + i) * self.kv_scales,
+        ]
     }
 }
 
@@ -681,7 +742,8 @@ fn fuse_norms(ops: &mut Vec<Op>) {
     *ops = out;
 }
 
-/// Kernel launches an op list makes (a GEMV over more than [`GEMV_TOKENS`] tokens is several).
+/// Kernel launches an op list makes with the dp4a kernels (a GEMV over more than
+/// [`GEMV_TOKENS`] tokens is several; the tensor-core GEMM makes one, or two when split).
 pub fn launches(ops: &[Op]) -> usize {
     ops.iter()
         .map(|op| match op {
@@ -778,9 +840,17 @@ pub(crate) mod tests {
     #[test]
     fn a_full_262k_context_fits_beside_the_27b_weights_on_an_h200() {
         let d = dims(Preset::B27);
-        let s = StateBytes::new(&d, 262_144);
+        let s = StateBytes::new(&d, 262_144, KvCache::F16);
         // 16 layers × 262144 × 4 kv heads × 256 × 2 (K, V) × 2 bytes = 16 GiB.
         assert_eq!(s.kv, 16 << 30);
+        // q8_0: 256 bytes of values and 16 of scales per row instead of 512.
+        let q = StateBytes::new(&d, 262_144, KvCache::Q8_0);
+        assert_eq!(q.kv, (16 << 30) / 512 * 272);
+        let [k, v, ks, vs] = q.kv_layer(15, 16);
+        assert_eq!(k % 256, 0);
+        assert_eq!(v + q.kv_values, 2 * 16 * q.kv_values + q.kv_offset());
+        assert_eq!(ks, v + q.kv_values + 15 * q.kv_scales);
+        assert_eq!(vs + q.kv_scales, q.total());
         assert_eq!(s.ssm, 48 * 48 * 128 * 128 * 4);
         let scratch = Scratch::new(&d, MAX_CHUNK).bytes;
         let weights = 7_600_000_000usize;
@@ -1000,8 +1070,9 @@ pub(crate) mod tests {
         }
         for mi in GEMM_MI {
             let smem = gemm_smem_bytes(mi);
-            // Every sm_80+ part allows 163 KiB per block, and the H200 fits 3 − mi blocks.
-            assert!(smem <= 163 << 10, "{mi}: {smem}");
+            // Every sm_80+ part allows 99 KiB per block (sm_80 and sm_90 more), and the H200
+            // fits 3 − mi blocks, as `gemm_splits` assumes.
+            assert!(smem <= 99 << 10, "{mi}: {smem}");
             assert!((3 - mi) * (smem + 1024) <= 228 << 10, "{mi}: {smem}");
             // cp.async targets and ldmatrix rows are 16-byte aligned in every stage.
             assert_eq!(smem % (16 * GEMM_STAGES), 0);
