@@ -8,7 +8,7 @@ use model::ops::{l2_norm, rms_norm, rms_norm_heads, rope_neox, sigmoid, silu, so
 use model::{LayerKind, Model, ModelError};
 
 use crate::error::Result;
-use crate::plan::Dims;
+use crate::plan::{Dims, KvCache};
 use crate::repack::{self, Packed, QuantizedX};
 
 struct Gdn {
@@ -53,6 +53,7 @@ pub struct Twin<'m> {
     output_norm: Vec<f32>,
     state: Vec<LayerState>,
     pos: usize,
+    kv: KvCache,
 }
 
 fn vector(f: &Gguf, name: &str) -> Result<Vec<f32>> {
@@ -91,8 +92,31 @@ fn f16_round(v: f32) -> f32 {
     half::f16::from_f32(v).to_f32()
 }
 
+/// A cache row as the GPU stores and reads it back: f16, or q8_0 blocks of 32 (d = max|x| / 127
+/// rounded to f16 for the read, q = x · (1/d) rounded to nearest even), in kernels/attention.cu's
+/// operations.
+fn kv_round(row: &[f32], kv: KvCache) -> Vec<f32> {
+    match kv {
+        KvCache::F16 => row.iter().map(|&x| f16_round(x)).collect(),
+        KvCache::Q8_0 => row
+            .chunks(32)
+            .flat_map(|b| {
+                let d = b.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0;
+                let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+                let dh = f16_round(d);
+                b.iter().map(move |&x| (x * id).round_ties_even() * dh)
+            })
+            .collect(),
+    }
+}
+
 impl<'m> Twin<'m> {
     pub fn new(model: &'m Model) -> Result<Twin<'m>> {
+        Twin::with_kv_cache(model, KvCache::F16)
+    }
+
+    /// The twin of a GPU sequence with the given KV cache type.
+    pub fn with_kv_cache(model: &'m Model, kv: KvCache) -> Result<Twin<'m>> {
         let d = Dims::from_config(&model.config)?;
         let f = &**model.file();
         let mut layers = Vec::new();
@@ -154,6 +178,7 @@ impl<'m> Twin<'m> {
             layers,
             state,
             pos: 0,
+            kv,
         })
     }
 
@@ -253,8 +278,10 @@ impl<'m> Twin<'m> {
                         .for_each(|x| rope_neox(x, self.pos, d.rope_dims, d.rope_base));
                     k.chunks_mut(hd)
                         .for_each(|x| rope_neox(x, self.pos, d.rope_dims, d.rope_base));
-                    kc.extend(k.iter().map(|&x| f16_round(x)));
-                    vc.extend(v.iter().map(|&x| f16_round(x)));
+                    for (kr, vr) in k.chunks(hd).zip(v.chunks(hd)) {
+                        kc.extend(kv_round(kr, self.kv));
+                        vc.extend(kv_round(vr, self.kv));
+                    }
                     let n_ctx = self.pos + 1;
                     let scale = 1.0 / (hd as f32).sqrt();
                     let group = nh / nkv;
@@ -333,5 +360,50 @@ mod tests {
             eprintln!("{format}: twin vs CPU rel L2 {worst:.3e}");
             assert!(worst < 0.2, "{format}: {worst}");
         }
+    }
+
+    #[test]
+    fn a_q8_0_row_keeps_each_value_within_half_a_step_of_its_block() {
+        let row: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 29) as f32 - 14.0) * 0.173)
+            .collect();
+        let r = kv_round(&row, KvCache::Q8_0);
+        for (b, rb) in row.chunks(32).zip(r.chunks(32)) {
+            let amax = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let step = f16_round(amax / 127.0);
+            for (x, y) in b.iter().zip(rb) {
+                // Half a step from rounding q, plus the f16 rounding of d times |q| ≤ 127.
+                assert!((x - y).abs() <= 0.5 * step + 127.0 * (step - amax / 127.0).abs() + 1e-6);
+            }
+            // The largest value maps to ±127 steps.
+            assert!(rb.iter().any(|y| (y.abs() - 127.0 * step).abs() < 1e-6));
+        }
+        assert_eq!(kv_round(&[0.0; 32], KvCache::Q8_0), vec![0.0; 32]);
+    }
+
+    /// A q8_0 cache costs little beyond the f16 one on a random tiny model.
+    #[test]
+    fn a_q8_0_cache_twin_stays_near_the_f16_one() {
+        let shape = Preset::Tiny.shape(300);
+        let format = Format::Q2_0;
+        let t = synth::random_f32_tensors(&shape, format, 5);
+        let w = synth::writer_from_f32(&shape, &t, format, "t").unwrap();
+        let m =
+            Model::from_gguf(Arc::new(Gguf::from_bytes(w.to_bytes().unwrap()).unwrap())).unwrap();
+        let mut f16 = Twin::new(&m).unwrap();
+        let mut q8 = Twin::with_kv_cache(&m, KvCache::Q8_0).unwrap();
+        let mut st = m.new_state();
+        let (mut vs_f16, mut vs_cpu) = (0f64, 0f64);
+        for i in 0..24u32 {
+            let tok = (i * 53 + 7) % 300;
+            let a = m.forward(&mut st, &[tok], Logits::Last).unwrap();
+            let b = f16.step(tok).unwrap();
+            let c = q8.step(tok).unwrap();
+            vs_f16 = vs_f16.max(rel_l2(&c, &b));
+            vs_cpu = vs_cpu.max(rel_l2(&c, &a));
+        }
+        eprintln!("q8_0 twin: vs f16 twin {vs_f16:.3e}, vs CPU {vs_cpu:.3e}");
+        assert!(vs_cpu < 0.2, "{vs_cpu}");
+        assert!(vs_f16 < 0.05, "{vs_f16}");
     }
 }
