@@ -15,13 +15,15 @@
 //
 // 8 warps; warp w owns rows 16·MI·w .. +16·MI−1 of the tile (MI 16-row mma tiles) for all MM_BN
 // tokens. MI = 2 shares each activation fragment between two row tiles; MI = 1 needs about half
-// the registers, so two blocks fit on a multiprocessor.
-// K advances MM_KC values (whole chunks) of every row per stage, through a ring of MM_STAGES stages filled by
-// cp.async. Per stage (shared memory): the weight chunks (MM_WSTRIDE bytes per row: the 8 rows a
-// quad-broadcast load touches fall in distinct banks), the activations (token-major, padded so
-// that an 8×16-byte ldmatrix is conflict-free), their (d, d·Σq) pairs (group-major, so that a
-// thread's two tokens are one 16-byte load). The tile and ring sizes come from the host's plan
-// (plan.rs), which sizes the launches with them.
+// the registers, so two blocks fit on a multiprocessor. A grid's z index splits K (gemm_reduce
+// adds the partial sums in order).
+//
+// K advances MM_KC values (whole chunks) of every row per stage, through a ring of MM_STAGES
+// stages filled by cp.async. Per stage (shared memory): the weight chunks (MM_WSTRIDE bytes per
+// row: the 8 rows a quad-broadcast load touches fall in distinct banks), the activations
+// (token-major, padded so that an 8×16-byte ldmatrix is conflict-free), their (d, d·Σq) pairs
+// (group-major, so that a thread's two tokens are one 16-byte load). The tile and ring sizes
+// come from the host's plan (plan.rs), which sizes the launches with them.
 #if !defined(MM_WARPS) || !defined(MM_BN) || !defined(MM_STAGES) || !defined(MM_KC) || !defined(MM_WSTRIDE)
 #error "MM_WARPS, MM_BN, MM_STAGES, MM_KC and MM_WSTRIDE must be defined by the host"
 #endif
