@@ -1046,6 +1046,32 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_prefill_pass_prepares_each_recurrence_and_a_decode_step_does_not() {
+        let d = dims(Preset::Tiny);
+        for ntok in [1, 3] {
+            let ops = forward_ops(&d, ntok, Head::Last, false, false);
+            let steps: Vec<usize> = ops
+                .iter()
+                .enumerate()
+                .filter(|(_, op)| matches!(op, Op::GdnStep { .. }))
+                .map(|(i, _)| i)
+                .collect();
+            assert_eq!(steps.len(), d.n_recurrent());
+            for i in steps {
+                let (Op::GdnStep { layer, .. }, prev) = (ops[i], ops[i - 1]) else {
+                    unreachable!()
+                };
+                assert_eq!(prev == Op::GdnPrep { layer, ntok }, gdn_prepped(ntok));
+            }
+            let preps = ops
+                .iter()
+                .filter(|op| matches!(op, Op::GdnPrep { .. }))
+                .count();
+            assert_eq!(preps, if ntok == 1 { 0 } else { d.n_recurrent() });
+        }
+    }
+
+    #[test]
     fn every_gemm_variant_is_a_kernel_and_named_as_such() {
         for f in GpuFormat::ALL {
             for mi in GEMM_MI {
