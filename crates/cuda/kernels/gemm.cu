@@ -57,6 +57,17 @@ __device__ __forceinline__ void ldmatrix_x4(u32* r, u32 addr) {
                  : "r"(addr));
 }
 
+// f(e) for copies e = tid, tid + NTH, ... < N, with a fixed trip count: `e += blockDim` loops
+// compiled into generic ones with remainder branches around every copy.
+template <int N, int NTH, class F>
+__device__ __forceinline__ void each_copy(int tid, F f) {
+#pragma unroll
+    for (int i = 0; i < (N + NTH - 1) / NTH; i++) {
+        const int e = tid + i * NTH;
+        if (N % NTH == 0 || e < N) f(e);
+    }
+}
+
 // c += A (16×32, s8, row-major) · B (32×8, s8, column-major).
 __device__ __forceinline__ void mma_s8(int* c, const u32* a, u32 b0, u32 b1) {
     asm volatile(
@@ -127,38 +138,27 @@ __device__ __forceinline__ void gemm_body(const uint4* __restrict__ codes, const
     out += blockIdx.z * zstride;
     PDL_ENTRY();
 
-    // Fixed trip counts (the compiler turned `e += blockDim` loops into generic ones with
-    // remainder branches around every copy).
     constexpr int NTH = MM_WARPS * 32;
     constexpr int W_COPIES = MM_BM * CPS, X_COPIES = MM_BN * (KC / 16), S_COPIES = GPS * MM_BN;
     auto load_stage = [&](int s) {
         unsigned char* st = smem + (s % MM_STAGES) * STAGE;
-#pragma unroll
-        for (int i = 0; i < (W_COPIES + NTH - 1) / NTH; i++) {
-            const int e = tid + i * NTH;
+        unsigned char* xsm = st + W_BYTES;
+        unsigned char* ssm = xsm + X_BYTES;
+        each_copy<W_COPIES, NTH>(tid, [&](int e) {
             const int r = e / CPS, cc = e % CPS, c = s * CPS + cc;
             const int row = min(row0 + r, rows - 1);
-            if ((W_COPIES % NTH == 0 || e < W_COPIES) && c < chunks)
-                cp_async16(st + r * MM_WSTRIDE + cc * 16, codes + (size_t)row * chunks + c);
-        }
-        unsigned char* xsm = st + W_BYTES;
-#pragma unroll
-        for (int i = 0; i < (X_COPIES + NTH - 1) / NTH; i++) {
-            const int e = tid + i * NTH;
+            if (c < chunks) cp_async16(st + r * MM_WSTRIDE + cc * 16, codes + (size_t)row * chunks + c);
+        });
+        each_copy<X_COPIES, NTH>(tid, [&](int e) {
             const int t = e / (KC / 16), p = e % (KC / 16), k = s * KC + p * 16;
             const int tok = min(tok0 + t, ntok - 1);
-            if ((X_COPIES % NTH == 0 || e < X_COPIES) && k < cols)
-                cp_async16(xsm + t * XSTRIDE + p * 16, xq + (size_t)tok * cols + k);
-        }
-        unsigned char* ssm = xsm + X_BYTES;
-#pragma unroll
-        for (int i = 0; i < (S_COPIES + NTH - 1) / NTH; i++) {
-            const int e = tid + i * NTH;
+            if (k < cols) cp_async16(xsm + t * XSTRIDE + p * 16, xq + (size_t)tok * cols + k);
+        });
+        each_copy<S_COPIES, NTH>(tid, [&](int e) {
             const int gg = e / MM_BN, t = e % MM_BN, gr = s * GPS + gg;
             const int tok = min(tok0 + t, ntok - 1);
-            if ((S_COPIES % NTH == 0 || e < S_COPIES) && gr < groups)
-                cp_async8(ssm + (gg * MM_BN + t) * 8, xs + (size_t)tok * groups + gr);
-        }
+            if (gr < groups) cp_async8(ssm + (gg * MM_BN + t) * 8, xs + (size_t)tok * groups + gr);
+        });
     };
     // This thread's weight scales for stage s: rows (mi, g / g+8), SPS per row.
     auto load_scales = [&](int s, float (*d)[2][SPS]) {
