@@ -552,6 +552,23 @@ impl CudaModel {
         }
     }
 
+    /// What the recurrence's kernels read of a layer: the conv output, the projection (its row
+    /// stride and where the gate inputs α and β start), the decay parameters.
+    fn gdn_inputs(&self, st: &CudaState, l: usize) -> [Arg; 7] {
+        let d = &self.dims;
+        let w = self.gdn(l);
+        let (ch, vd) = (d.conv_channels(), d.gdn_inner());
+        [
+            Arg::Ptr(st.s("conv")),
+            Arg::Ptr(st.s("proj")),
+            Arg::I32(d.gdn_in_rows() as i32),
+            Arg::I32((ch + vd) as i32),
+            Arg::I32((ch + vd + d.value_heads) as i32),
+            Arg::Ptr(w.a.ptr),
+            Arg::Ptr(w.dt_bias.ptr),
+        ]
+    }
+
     fn gdn(&self, l: usize) -> &GdnW {
         match &self.layers[l].mix {
             MixW::Gdn(g) => g,
@@ -676,30 +693,27 @@ impl CudaModel {
                 )
             }
             Op::GdnPrep { layer, ntok } => {
-                let w = self.gdn(layer);
-                let (ch, vd) = (d.conv_channels(), d.gdn_inner());
+                let [conv, proj, stride, aoff, boff, a, dt_bias] = self.gdn_inputs(st, layer);
                 g.launch(
                     s,
                     "gdn_prep",
                     (d.key_heads as u32, ntok as u32, 1),
                     (32, 2, 1),
                     &[
-                        Arg::Ptr(st.s("conv")),
-                        Arg::Ptr(proj),
-                        Arg::I32(d.gdn_in_rows() as i32),
-                        Arg::I32((ch + vd) as i32),
-                        Arg::I32((ch + vd + d.value_heads) as i32),
-                        Arg::Ptr(w.a.ptr),
-                        Arg::Ptr(w.dt_bias.ptr),
+                        conv,
+                        proj,
+                        stride,
+                        aoff,
+                        boff,
+                        a,
+                        dt_bias,
                         Arg::Ptr(st.s("gdn_qk")),
                         Arg::Ptr(st.s("gdn_gb")),
                     ],
                 )
             }
             Op::GdnStep { layer, ntok } => {
-                let w = self.gdn(layer);
-                let ch = d.conv_channels();
-                let vd = d.gdn_inner();
+                let [conv, proj, stride, aoff, boff, a, dt_bias] = self.gdn_inputs(st, layer);
                 let prepped = crate::plan::gdn_prepped(ntok);
                 g.launch(
                     s,
@@ -707,14 +721,14 @@ impl CudaModel {
                     (d.value_heads as u32, (d.value_dim / 32) as u32, 1),
                     (32, 4, 1),
                     &[
-                        Arg::Ptr(st.s("conv")),
-                        Arg::Ptr(proj),
-                        Arg::I32(d.gdn_in_rows() as i32),
-                        Arg::I32((ch + vd) as i32),
-                        Arg::I32((ch + vd + d.value_heads) as i32),
+                        conv,
+                        proj,
+                        stride,
+                        aoff,
+                        boff,
                         Arg::I32(ntok as i32),
-                        Arg::Ptr(w.a.ptr),
-                        Arg::Ptr(w.dt_bias.ptr),
+                        a,
+                        dt_bias,
                         Arg::Ptr(if prepped { st.s("gdn_qk") } else { 0 }),
                         Arg::Ptr(if prepped { st.s("gdn_gb") } else { 0 }),
                         Arg::Ptr(self.ssm_state(st, layer)),
