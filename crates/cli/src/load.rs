@@ -114,14 +114,54 @@ pub enum DeviceArg {
     Cuda,
 }
 
+/// How the GPU stores the attention layers' keys and values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvCacheArg {
+    /// f16 values: 512 bytes per cached position, head and layer.
+    #[default]
+    F16,
+    /// llama.cpp's q8_0 blocks (int8 values, one f16 scale per 32): 272 bytes, so about half
+    /// the memory and half the bytes a decode step reads at depth, slightly less exact.
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+impl KvCacheArg {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvCacheArg::F16 => "f16",
+            KvCacheArg::Q8_0 => "q8_0",
+        }
+    }
+}
+
+/// Refuses a KV-cache format the chosen device does not have: the CPU keeps its cache in f32.
+pub fn check_kv_cache(device: DeviceArg, kv: KvCacheArg) -> Result<()> {
+    if device == DeviceArg::Cpu && kv != KvCacheArg::F16 {
+        anyhow::bail!(
+            "--kv-cache {} is a GPU option (the CPU caches keys and values in f32): add --device cuda",
+            kv.as_str()
+        );
+    }
+    Ok(())
+}
+
 /// Uploads the model to the GPU, or says why it cannot.
 #[cfg(feature = "cuda")]
-pub fn cuda_model(model: &Model) -> Result<niwaki_cuda::CudaModel> {
+pub fn cuda_model(model: &Model, kv: KvCacheArg) -> Result<niwaki_cuda::CudaModel> {
     let info = niwaki_cuda::available().context("no usable CUDA device")?;
     eprintln!("device: {info:?}");
     let t = std::time::Instant::now();
-    let gpu = niwaki_cuda::CudaModel::load(model).context("loading the model onto the GPU")?;
-    eprintln!("uploaded to the GPU in {:.2} s", t.elapsed().as_secs_f64());
+    let mut gpu = niwaki_cuda::CudaModel::load(model).context("loading the model onto the GPU")?;
+    gpu.kv_cache = match kv {
+        KvCacheArg::F16 => niwaki_cuda::KvCache::F16,
+        KvCacheArg::Q8_0 => niwaki_cuda::KvCache::Q8_0,
+    };
+    eprintln!(
+        "uploaded to the GPU in {:.2} s ({} KV cache)",
+        t.elapsed().as_secs_f64(),
+        kv.as_str()
+    );
     Ok(gpu)
 }
 
@@ -129,4 +169,19 @@ pub fn cuda_model(model: &Model) -> Result<niwaki_cuda::CudaModel> {
 #[cfg(not(feature = "cuda"))]
 pub fn no_cuda() -> anyhow::Error {
     anyhow::anyhow!("this niwaki was built without the cuda feature: rebuild with `cargo build --release --features cuda`, or use --device cpu")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_q8_kv_cache_is_refused_on_the_cpu_and_accepted_on_the_gpu() {
+        let e = check_kv_cache(DeviceArg::Cpu, KvCacheArg::Q8_0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--device cuda"), "{e}");
+        assert!(check_kv_cache(DeviceArg::Cpu, KvCacheArg::F16).is_ok());
+        assert!(check_kv_cache(DeviceArg::Cuda, KvCacheArg::Q8_0).is_ok());
+    }
 }

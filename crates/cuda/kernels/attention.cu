@@ -70,130 +70,263 @@ __device__ __forceinline__ void attn_prep_body(const float* __restrict__ proj, i
 ATTN_PREP_KERNEL(attn_prep, false)
 ATTN_PREP_KERNEL(attn_prep_q8, true)
 
-// EPL consecutive f16 values of a cache row: 16-byte loads where the width allows.
-__device__ __forceinline__ void load_halves(const u16* __restrict__ p, float* f) {
-    if (EPL % 8 == 0) {
+// Flash-decoding over the cache. AMINLEN comes from the host's plan (plan.rs); so do the
+// variants' tile sizes and ring depths, with which it sizes the launches.
+#if !defined(AMINLEN)
+#error "AMINLEN must be defined by the host"
+#endif
+#define AWARPS 4
+static_assert(HD % 64 == 0 && EPL >= 2 && EPL <= 8, "a lane holds 2, 4 or 8 values of a head");
+
+// Positions per split for a context of n_ctx split nsplit ways: at least AMINLEN, so that short
+// contexts use few splits (and the merge reads few partials). Splits from ceil(n_ctx / len) on
+// are empty. The merge kernel applies the same rule.
+__device__ __forceinline__ int attn_split_len(int n_ctx, int nsplit) {
+    return max((n_ctx + nsplit - 1) / nsplit, AMINLEN);
+}
+
+// Bytes of a tile of TILE cache positions of one kv head in shared memory: K values, V values,
+// K scales, V scales (scales for q8_0 only).
+template <bool Q8, int TILE>
+struct KvTile {
+    static constexpr int RB = Q8 ? HD : 2 * HD;        // values of one cached row
+    static constexpr int SB = Q8 ? 2 * (HD / QB) : 0;  // its scales
+    static constexpr int VB = TILE * RB;              // all K (or V) values of the tile
+    static constexpr int BYTES = 2 * TILE * (RB + SB);
+};
+
+// Starts copying positions p .. p + TILE - 1 (clamped to plast; the extra rows are masked) of
+// kv head kvh into a stage, spread over the warp's lanes.
+template <bool Q8, int TILE>
+__device__ __forceinline__ void kv_tile_copy(unsigned char* st, const unsigned char* __restrict__ kc,
+                                             const unsigned char* __restrict__ vc,
+                                             const unsigned char* __restrict__ ks,
+                                             const unsigned char* __restrict__ vs, int kvh, int p,
+                                             int plast, int lane) {
+    using T = KvTile<Q8, TILE>;
+    constexpr int PIECES = T::RB / 16;
+    each_copy<TILE * PIECES, 32>(lane, [&](int e) {
+        const int r = e / PIECES, c = e % PIECES;
+        const size_t row = (size_t)min(p + r, plast) * NKV + kvh;
+        cp_async16(st + r * T::RB + c * 16, kc + row * T::RB + c * 16);
+        cp_async16(st + T::VB + r * T::RB + c * 16, vc + row * T::RB + c * 16);
+    });
+    if (Q8) {
+        constexpr int SP = T::SB / 4;
+        each_copy<TILE * SP, 32>(lane, [&](int e) {
+            const int r = e / SP, c = e % SP;
+            const size_t row = (size_t)min(p + r, plast) * NKV + kvh;
+            unsigned char* sc = st + 2 * T::VB;
+            cp_async4(sc + r * T::SB + c * 4, ks + row * T::SB + c * 4);
+            cp_async4(sc + TILE * T::SB + r * T::SB + c * 4, vs + row * T::SB + c * 4);
+        });
+    }
+}
+
+// The lane's EPL values of row r of a staged tile (vals: its K or V values, scales: theirs).
+template <bool Q8, int TILE>
+__device__ __forceinline__ void kv_row(const unsigned char* vals, const unsigned char* scales, int r,
+                                       int lane, float* f) {
+    using T = KvTile<Q8, TILE>;
+    u32 w[EPL / (Q8 ? 4 : 2) > 0 ? EPL / (Q8 ? 4 : 2) : 1];
+    const unsigned char* src = vals + r * T::RB + lane * EPL * (Q8 ? 1 : 2);
+    constexpr int BYTES = EPL * (Q8 ? 1 : 2);
+    if (BYTES == 16) {
+        const uint4 v = *(const uint4*)src;
+        w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+    } else if (BYTES == 8) {
+        const uint2 v = *(const uint2*)src;
+        w[0] = v.x; w[1] = v.y;
+    } else if (BYTES == 4) {
+        w[0] = *(const u32*)src;
+    } else {
+        w[0] = *(const unsigned short*)src;
+    }
+    if (Q8) {
+        const float d = h2f(((const u16*)(scales + r * T::SB))[lane * EPL / QB]);
 #pragma unroll
-        for (int i = 0; i < EPL / 8; i++) {
-            const uint4 v = __ldg((const uint4*)p + i);
-            const u32 w[4] = {v.x, v.y, v.z, v.w};
+        for (int e = 0; e < EPL; e++) f[e] = (float)(signed char)((w[e / 4] >> (8 * (e % 4))) & 0xffu) * d;
+    } else {
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                f[8 * i + 2 * j] = h2f((u16)(w[j] & 0xffffu));
-                f[8 * i + 2 * j + 1] = h2f((u16)(w[j] >> 16));
+        for (int e = 0; e < EPL; e++) f[e] = h2f((u16)(w[e / 2] >> (16 * (e % 2))));
+    }
+}
+
+// Values left per lane after reduce_scatter<n, o>.
+__host__ __device__ constexpr int rs_count(int n, int o) {
+    return o == 0 ? n : (n % 2 == 0 ? rs_count(n / 2, o / 2) : rs_count(n, o / 2));
+}
+
+// Sums v[0..N) over the warp's lanes, scattering the sums: each step on an even count keeps half
+// of them (the lanes with bit O set the upper half) and adds the partner's; an odd count is
+// summed in full (butterfly). Afterwards v[0..rs_count(N, 16)) are the complete sums of entries
+// base, base + 1, ...; lanes sharing a base hold equal bits (a + b == b + a). Fixed order:
+// deterministic.
+template <int N, int O>
+__device__ __forceinline__ void reduce_scatter(float* v, int lane, int& base) {
+    if constexpr (O > 0) {
+        if constexpr (N % 2 == 0) {
+            constexpr int H = N / 2;
+            const bool up = (lane & O) != 0;
+#pragma unroll
+            for (int i = 0; i < H; i++) {
+                const float send = up ? v[i] : v[i + H];
+                const float keep = up ? v[i + H] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
             }
+            if (up) base += H;
+            reduce_scatter<H, O / 2>(v, lane, base);
+        } else {
+#pragma unroll
+            for (int i = 0; i < N; i++) v[i] += __shfl_xor_sync(0xffffffffu, v[i], O);
+            reduce_scatter<N, O / 2>(v, lane, base);
         }
-    } else {
-#pragma unroll
-        for (int e = 0; e < EPL; e++) f[e] = h2f(p[e]);
     }
 }
 
-// EPL consecutive values of a q8_0 cache row starting at element `at` (a multiple of EPL).
-__device__ __forceinline__ void load_q8(const i8* __restrict__ c, const u16* __restrict__ sc, size_t at,
-                                        float* f) {
-    if (EPL == 8) {
-        const uint2 w = __ldg((const uint2*)(c + at));
-        const float d = h2f(__ldg(sc + at / QB));
-#pragma unroll
-        for (int e = 0; e < 8; e++) f[e] = (float)(signed char)(((e < 4 ? w.x : w.y) >> (8 * (e & 3))) & 0xff) * d;
-    } else {
-#pragma unroll
-        for (int e = 0; e < EPL; e++) f[e] = (float)c[at + e] * h2f(__ldg(sc + (at + e) / QB));
-    }
-}
-
-template <bool Q8>
-__device__ __forceinline__ void load_kv(const void* __restrict__ c, const u16* __restrict__ sc, size_t at, float* f) {
-    if (Q8) load_q8((const i8*)c, sc, at, f);
-    else load_halves((const u16*)c + at, f);
-}
-
-// grid (NKV, nsplit, ntok), block 128 (4 warps, one cache position each at a time); nsplit ≤
-// NSPLIT (fewer for the short contexts of a prefill pass: plan.rs, attn_splits).
+// grid (NKV, nsplit, ntok), block AWARPS warps; dynamic shared memory: attn_smem_bytes (plan.rs).
+// Variants by TILE (positions a warp takes at a time) and STAGES (tiles in flight per warp).
 // part: [ntok][NH][nsplit][HD + 2] = (acc[HD], m, l).
-template <bool Q8>
+//
+// Each warp streams tiles of TILE consecutive positions (tiles w, w + AWARPS, ... of the split)
+// through its own ring of STAGES stages filled by cp.async: no block barrier until the merge,
+// and the bytes in flight do not cost registers. A lane holds EPL dimensions of the GQA query
+// heads of this kv head; the TILE·GQA partial dot products of a tile are summed across the warp
+// by one reduce-scatter (a few shuffles per score instead of a full butterfly each), the online
+// softmax of the tile runs in one lane per head, and every lane then updates its accumulators
+// with the tile's weights from shared memory. Fixed order throughout: deterministic.
+template <bool Q8, int TILE, int STAGES>
 __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, const void* __restrict__ kc,
                                                 const void* __restrict__ vc, const u16* __restrict__ ks,
                                                 const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,
                                                 float scale, int nsplit, float* __restrict__ part) {
+    using T = KvTile<Q8, TILE>;
+    constexpr int NS = TILE * GQA;
+    constexpr int NF = rs_count(NS, 16);
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ float sw[AWARPS][NS + GQA];
     PDL_ENTRY();
-    __shared__ float sm_acc[4][GQA][HD];
-    __shared__ float sm_ml[4][GQA][2];
     const int kvh = blockIdx.x, sp = blockIdx.y, t = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n_ctx = (int)*pos_ptr + t + 1;
-    const int len = (n_ctx + nsplit - 1) / nsplit;
+    const int len = attn_split_len(n_ctx, nsplit);
     const int p0 = sp * len;
+    if (p0 >= n_ctx) return;  // past the context: the merge reads only the splits before
     const int p1 = min(n_ctx, p0 + len);
-
-    float qr[GQA][EPL], acc[GQA][EPL], m[GQA], l[GQA];
+    const int ntiles = (p1 - p0 + TILE - 1) / TILE;
+    const int mine = ntiles > warp ? (ntiles - 1 - warp) / AWARPS + 1 : 0;
+    unsigned char* ring = smem + warp * STAGES * T::BYTES;
+    const unsigned char *kb = (const unsigned char*)kc, *vb = (const unsigned char*)vc;
+    const unsigned char *ksb = (const unsigned char*)ks, *vsb = (const unsigned char*)vs;
+    auto tile_pos = [&](int i) { return p0 + (warp + i * AWARPS) * TILE; };
 #pragma unroll
-    for (int g = 0; g < GQA; g++) {
-        m[g] = NEG_INF;
-        l[g] = 0.0f;
+    for (int i = 0; i < STAGES - 1; i++) {
+        if (i < mine) kv_tile_copy<Q8, TILE>(ring + i * T::BYTES, kb, vb, ksb, vsb, kvh, tile_pos(i), p1 - 1, lane);
+        cp_async_commit();
+    }
+
+    float qr[GQA][EPL], acc[GQA][EPL];
+#pragma unroll
+    for (int g = 0; g < GQA; g++)
 #pragma unroll
         for (int e = 0; e < EPL; e++) {
             qr[g][e] = q[((size_t)t * NH + kvh * GQA + g) * HD + lane * EPL + e];
             acc[g][e] = 0.0f;
         }
-    }
-    // Two cache positions per iteration (p and p + 4, the order of the one-at-a-time loop, so the
-    // arithmetic is unchanged): their loads and dot-product reductions overlap.
-    for (int p = p0 + warp; p < p1; p += 8) {
-        const bool two = p + 4 < p1;
-        float kf[2][EPL], vf[2][EPL];
+    // Lane g < GQA: the running max and sum of head g.
+    float m = NEG_INF, l = 0.0f;
+    float* w = sw[warp];
+    for (int i = 0; i < mine; i++) {
+        const int j = i + STAGES - 1;
+        if (j < mine) kv_tile_copy<Q8, TILE>(ring + (j % STAGES) * T::BYTES, kb, vb, ksb, vsb, kvh, tile_pos(j), p1 - 1, lane);
+        cp_async_commit();
+        cp_async_wait<STAGES - 1>();
+        __syncwarp();
+        const unsigned char* st = ring + (i % STAGES) * T::BYTES;
+        const int p = tile_pos(i);
+        float sc[NS];
 #pragma unroll
-        for (int u = 0; u < 2; u++) {
-            const int pu = u == 0 || two ? p + 4 * u : p;
-            const size_t at = ((size_t)pu * NKV + kvh) * HD + lane * EPL;
-            load_kv<Q8>(kc, ks, at, kf[u]);
-            load_kv<Q8>(vc, vs, at, vf[u]);
-        }
-        float sc[2][GQA];
-#pragma unroll
-        for (int u = 0; u < 2; u++)
-#pragma unroll
-            for (int g = 0; g < GQA; g++) {
-                float dot = 0.0f;
-#pragma unroll
-                for (int e = 0; e < EPL; e++) dot += qr[g][e] * kf[u][e];
-                sc[u][g] = warp_sum(dot) * scale;
-            }
-#pragma unroll
-        for (int u = 0; u < 2; u++) {
-            if (u == 1 && !two) break;
+        for (int r = 0; r < TILE; r++) {
+            float kf[EPL];
+            kv_row<Q8, TILE>(st, st + 2 * T::VB, r, lane, kf);
 #pragma unroll
             for (int g = 0; g < GQA; g++) {
-                const float mn = fmaxf(m[g], sc[u][g]);
-                const float corr = expf(m[g] - mn);
-                const float pe = expf(sc[u][g] - mn);
-                l[g] = l[g] * corr + pe;
+                float d = 0.0f;
 #pragma unroll
-                for (int e = 0; e < EPL; e++) acc[g][e] = acc[g][e] * corr + pe * vf[u][e];
-                m[g] = mn;
+                for (int e = 0; e < EPL; e++) d += qr[g][e] * kf[e];
+                sc[r * GQA + g] = d;
             }
         }
+        int base = 0;
+        reduce_scatter<NS, 16>(sc, lane, base);
+#pragma unroll
+        for (int k = 0; k < NF; k++) w[base + k] = sc[k] * scale;
+        __syncwarp();
+        if (lane < GQA) {
+            float tmax = NEG_INF;
+#pragma unroll
+            for (int r = 0; r < TILE; r++)
+                if (p + r < p1) tmax = fmaxf(tmax, w[r * GQA + lane]);
+            const float mn = fmaxf(m, tmax);
+            const float corr = expf(m - mn);
+            float add = 0.0f;
+#pragma unroll
+            for (int r = 0; r < TILE; r++) {
+                const float pe = p + r < p1 ? expf(w[r * GQA + lane] - mn) : 0.0f;
+                w[r * GQA + lane] = pe;
+                add += pe;
+            }
+            l = l * corr + add;
+            m = mn;
+            w[NS + lane] = corr;
+        }
+        __syncwarp();
+#pragma unroll
+        for (int g = 0; g < GQA; g++) {
+            const float c = w[NS + g];
+#pragma unroll
+            for (int e = 0; e < EPL; e++) acc[g][e] *= c;
+        }
+#pragma unroll
+        for (int r = 0; r < TILE; r++) {
+            float vf[EPL];
+            kv_row<Q8, TILE>(st + T::VB, st + 2 * T::VB + TILE * T::SB, r, lane, vf);
+#pragma unroll
+            for (int g = 0; g < GQA; g++) {
+                const float pe = w[r * GQA + g];
+#pragma unroll
+                for (int e = 0; e < EPL; e++) acc[g][e] += pe * vf[e];
+            }
+        }
+        // The stage and the weights are rewritten next iteration.
+        __syncwarp();
     }
+    cp_async_wait<0>();
+    // Merge the warps: the rings become [AWARPS][GQA][HD] accumulators and (m, l) pairs.
+    __syncthreads();
+    float* sm_acc = (float*)smem;
+    float* sm_ml = sm_acc + AWARPS * GQA * HD;
 #pragma unroll
-    for (int g = 0; g < GQA; g++) {
+    for (int g = 0; g < GQA; g++)
 #pragma unroll
-        for (int e = 0; e < EPL; e++) sm_acc[warp][g][lane * EPL + e] = acc[g][e];
-        if (lane == 0) { sm_ml[warp][g][0] = m[g]; sm_ml[warp][g][1] = l[g]; }
+        for (int e = 0; e < EPL; e++) sm_acc[(warp * GQA + g) * HD + lane * EPL + e] = acc[g][e];
+    if (lane < GQA) {
+        sm_ml[(warp * GQA + lane) * 2] = m;
+        sm_ml[(warp * GQA + lane) * 2 + 1] = l;
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < GQA * HD; idx += blockDim.x) {
         const int g = idx / HD, i = idx % HD;
         float M = NEG_INF;
-        for (int wi = 0; wi < 4; wi++) M = fmaxf(M, sm_ml[wi][g][0]);
+        for (int wi = 0; wi < AWARPS; wi++) M = fmaxf(M, sm_ml[(wi * GQA + g) * 2]);
         float L = 0.0f, A = 0.0f;
         if (M != NEG_INF) {
-            for (int wi = 0; wi < 4; wi++) {
-                const float mw = sm_ml[wi][g][0];
+            for (int wi = 0; wi < AWARPS; wi++) {
+                const float mw = sm_ml[(wi * GQA + g) * 2];
                 if (mw == NEG_INF) continue;
                 const float f = expf(mw - M);
-                L += sm_ml[wi][g][1] * f;
-                A += sm_acc[wi][g][i] * f;
+                L += sm_ml[(wi * GQA + g) * 2 + 1] * f;
+                A += sm_acc[(wi * GQA + g) * HD + i] * f;
             }
         }
         float* dst = part + (((size_t)t * NH + kvh * GQA + g) * nsplit + sp) * (HD + 2);
@@ -202,48 +335,64 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
     }
 }
 
-#define ATTN_SPLIT_KERNEL(name, Q8)                                                                         \
-    extern "C" __global__ void __launch_bounds__(128)                                                       \
+#define ATTN_SPLIT_KERNEL(name, Q8, TILE, STAGES)                                                           \
+    extern "C" __global__ void __launch_bounds__(AWARPS * 32)                                               \
         name(const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,        \
              const u16* __restrict__ ks, const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,      \
              float scale, int nsplit, float* __restrict__ part) {                                          \
-        attn_split_body<Q8>(q, kc, vc, ks, vs, pos_ptr, scale, nsplit, part);                              \
+        attn_split_body<Q8, TILE, STAGES>(q, kc, vc, ks, vs, pos_ptr, scale, nsplit, part);                \
     }
-ATTN_SPLIT_KERNEL(attn_split, false)
-ATTN_SPLIT_KERNEL(attn_split_q8, true)
+ATTN_SPLIT_KERNEL(attn_split_t4, false, 4, 4)
+ATTN_SPLIT_KERNEL(attn_split_q8_t4, true, 4, 4)
+ATTN_SPLIT_KERNEL(attn_split_t8, false, 8, 2)
+ATTN_SPLIT_KERNEL(attn_split_q8_t8, true, 8, 2)
 
-// grid (NH, ntok), block HD: merge the splits and gate. The split weights exp(m_s - M) are
-// computed once per split into shared memory (not by every thread in a serial chain); each
-// thread then sums in split order exactly as before, so the result has the same bits.
-extern "C" __global__ void attn_combine(const float* __restrict__ part, int nsplit,
-                                        const float* __restrict__ proj, int stride,
-                                        float* __restrict__ attn) {
+// grid (NH, ntok, HD / 32), block 256: merge the splits the token's context filled, and gate.
+// The split weights exp(m_s - M) go to shared memory once; warp w then sums splits w, w + 8, ...
+// of 32 dimensions (coalesced rows, eight loads in flight per thread where one thread summed
+// every split before), and the eight partial sums are added in warp order: deterministic.
+#define CW 8
+extern "C" __global__ void __launch_bounds__(CW * 32)
+    attn_combine(const float* __restrict__ part, int nsplit, const u32* __restrict__ pos_ptr,
+                 const float* __restrict__ proj, int stride, float* __restrict__ attn) {
     PDL_ENTRY();
-    __shared__ float f[NSPLIT], ls[NSPLIT], red[32];
-    const int head = blockIdx.x, t = blockIdx.y, i = threadIdx.x;
+    __shared__ float f[NSPLIT], ls[NSPLIT], red[CW][32], mred[CW], lred[CW];
+    const int head = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int i = blockIdx.z * 32 + lane;
     const float* src = part + ((size_t)t * NH + head) * nsplit * (HD + 2);
+    const int n_ctx = (int)*pos_ptr + t + 1;
+    const int len = attn_split_len(n_ctx, nsplit);
+    const int used = (n_ctx + len - 1) / len;
     float mloc = NEG_INF;
-    for (int s = i; s < nsplit; s += blockDim.x) mloc = fmaxf(mloc, src[s * (HD + 2) + HD]);
-    // fmaxf is exact and order-free: any reduction order gives the serial loop's M.
+    for (int s = threadIdx.x; s < used; s += blockDim.x) mloc = fmaxf(mloc, src[s * (HD + 2) + HD]);
+    // fmaxf is exact and order-free: any reduction order gives the same M.
     mloc = warp_max(mloc);
-    if ((i & 31) == 0) red[i >> 5] = mloc;
+    if (lane == 0) mred[warp] = mloc;
     __syncthreads();
     float M = NEG_INF;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++) M = fmaxf(M, red[w]);
-    for (int s = i; s < nsplit; s += blockDim.x) {
+    for (int w = 0; w < CW; w++) M = fmaxf(M, mred[w]);
+    for (int s = threadIdx.x; s < used; s += blockDim.x) {
         const float ms = src[s * (HD + 2) + HD];
         f[s] = ms == NEG_INF ? 0.0f : expf(ms - M);
         ls[s] = ms == NEG_INF ? 0.0f : src[s * (HD + 2) + HD + 1];
     }
     __syncthreads();
-    float L = 0.0f, A = 0.0f;
-    // Deep unrolling keeps many of the independent partial-sum loads in flight at once.
-#pragma unroll 32
-    for (int s = 0; s < nsplit; s++) {
-        // Empty splits were skipped before; adding exact zeros keeps every sum unchanged.
-        L += ls[s] * f[s];
+    float A = 0.0f, Lw = 0.0f;
+#pragma unroll 4
+    for (int s = warp; s < used; s += CW) {
         A += src[s * (HD + 2) + i] * f[s];
+        Lw += ls[s] * f[s];
     }
-    const float gate = proj[(size_t)t * stride + head * 2 * HD + HD + i];
-    attn[((size_t)t * NH + head) * HD + i] = (A / L) * sigmoidf_(gate);
+    red[warp][lane] = A;
+    if (lane == 0) lred[warp] = Lw;
+    __syncthreads();
+    if (warp == 0) {
+        float a = 0.0f, L = 0.0f;
+        for (int w = 0; w < CW; w++) {
+            a += red[w][lane];
+            L += lred[w];
+        }
+        const float gate = proj[(size_t)t * stride + head * 2 * HD + HD + i];
+        attn[((size_t)t * NH + head) * HD + i] = (a / L) * sigmoidf_(gate);
+    }
 }

@@ -96,6 +96,57 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
     return r;
 }
 
+// Asynchronous global → shared copies (sm_80+; plain copies before, where wait is a no-op).
+// A thread's copies are visible to it after cp_async_wait, to the others after a barrier.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+#else
+    *(uint4*)dst = *(const uint4*)src;
+#endif
+}
+
+__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+#else
+    *(uint2*)dst = *(const uint2*)src;
+#endif
+}
+
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+#else
+    *(u32*)dst = *(const u32*)src;
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// Waits until at most N of this thread's committed copy groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+// f(e) for copies e = tid, tid + NTH, ... < N, with a fixed trip count: `e += blockDim` loops
+// compiled into generic ones with remainder branches around every copy.
+template <int N, int NTH, class F>
+__device__ __forceinline__ void each_copy(int tid, F f) {
+#pragma unroll
+    for (int i = 0; i < (N + NTH - 1) / NTH; i++) {
+        const int e = tid + i * NTH;
+        if (N % NTH == 0 || e < N) f(e);
+    }
+}
+
 #if __CUDA_ARCH__ >= 900
 
 __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {

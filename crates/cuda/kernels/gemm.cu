@@ -36,36 +36,10 @@ static_assert(MM_BN % 8 == 0 && MM_STAGES >= 2 && MM_KC % 128 == 0, "tile shape"
 static_assert(3 * 64 * 127 < (1 << 22), "a 64-value group's dot fits the magic mantissa");
 
 #if __CUDA_ARCH__ >= 800
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 __device__ __forceinline__ void ldmatrix_x4(u32* r, u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
-}
-
-// f(e) for copies e = tid, tid + NTH, ... < N, with a fixed trip count: `e += blockDim` loops
-// compiled into generic ones with remainder branches around every copy.
-template <int N, int NTH, class F>
-__device__ __forceinline__ void each_copy(int tid, F f) {
-#pragma unroll
-    for (int i = 0; i < (N + NTH - 1) / NTH; i++) {
-        const int e = tid + i * NTH;
-        if (N % NTH == 0 || e < N) f(e);
-    }
 }
 
 // c += A (16×32, s8, row-major) · B (32×8, s8, column-major).

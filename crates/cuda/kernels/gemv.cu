@@ -200,6 +200,17 @@ GEMV_KERNEL(gemv_q2g128_t8, FMT_Q2G128, 8)
 #endif
 
 #if __CUDA_ARCH__ >= 900
+// Asks the L2 cache to fetch this block's share of `bytes` at p (16-byte pieces; a tail under 16
+// bytes is left out): the next GEMV's weights arrive while the kernels in between run.
+__device__ __forceinline__ void prefetch_l2_share(const unsigned char* p, int bytes) {
+    if (bytes <= 0) return;
+    const u32 share = (((u32)bytes + gridDim.x - 1) / gridDim.x + 15) & ~15u;
+    const u32 off = blockIdx.x * share;
+    if (off >= (u32)bytes) return;
+    const u32 n = min(share, (u32)bytes - off) & ~15u;
+    if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(n) : "memory");
+}
+
 template <int FMT, int RW>
 __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ codes,
                                            const unsigned char* __restrict__ scales, int rows,
@@ -207,7 +218,9 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
                                            const float2* __restrict__ xs, float* __restrict__ out,
                                            int accumulate, u64* __restrict__ amax, int stages,
                                            const float* __restrict__ xres, int tok0,
-                                           const float* __restrict__ nw, float eps) {
+                                           const float* __restrict__ nw, float eps,
+                                           const unsigned char* __restrict__ pf_codes, int pf_code_bytes,
+                                           const unsigned char* __restrict__ pf_scales, int pf_scale_bytes) {
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ __align__(8) u64 bars[GEMV1_MAX_STAGES];
     __shared__ __align__(8) u64 empty[GEMV1_MAX_STAGES];
@@ -283,12 +296,16 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
 
     if (warp == GEMV1_WARPS) {
         // The producer: refill each stage once every consumer warp is done with it.
-        if (lane == 0)
+        if (lane == 0) {
             for (int i = stages; i < mine; i++) {
                 const int s = i % stages;
                 mbar_wait(smem_addr(&empty[s]), (u32)(i / stages - 1) & 1u);
                 issue(i);
             }
+            // Behind this block's own copies: its share of the next GEMV's first bytes.
+            prefetch_l2_share(pf_codes, pf_code_bytes);
+            prefetch_l2_share(pf_scales, pf_scale_bytes);
+        }
         return;
     }
     const int rt = warp * RW + lane / L, sub = lane % L;
@@ -354,7 +371,8 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
 
 #if __CUDA_ARCH__ >= 900
 #define GEMV1_CALL(FMT, RW) \
-    gemv1_body<FMT, RW>(codes, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps)
+    gemv1_body<FMT, RW>(codes, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
+                        pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes)
 #else
 #define GEMV1_CALL(FMT, RW) __trap()
 #endif
@@ -365,7 +383,9 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
         name(const unsigned char* __restrict__ codes, const unsigned char* __restrict__ scales,   \
              int rows, int cols, const uint4* __restrict__ xq, const float2* __restrict__ xs,     \
              float* __restrict__ out, int accumulate, u64* __restrict__ amax, int stages,         \
-             const float* __restrict__ xres, int tok0, const float* __restrict__ nw, float eps) { \
+             const float* __restrict__ xres, int tok0, const float* __restrict__ nw, float eps,   \
+             const unsigned char* __restrict__ pf_codes, int pf_code_bytes,                       \
+             const unsigned char* __restrict__ pf_scales, int pf_scale_bytes) {                   \
         GEMV1_CALL(FMT, RW);                                                                     \
     }
 

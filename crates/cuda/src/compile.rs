@@ -16,7 +16,7 @@ pub const SOURCES: [(&str, &str); 6] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 32] = [
+pub const KERNELS: [&str; 34] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -46,8 +46,10 @@ pub const KERNELS: [&str; 32] = [
     "gdn_step",
     "attn_prep",
     "attn_prep_q8",
-    "attn_split",
-    "attn_split_q8",
+    "attn_split_t4",
+    "attn_split_q8_t4",
+    "attn_split_t8",
+    "attn_split_q8_t8",
     "attn_combine",
 ];
 

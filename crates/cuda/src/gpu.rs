@@ -157,6 +157,37 @@ pub struct GemvIo {
     /// Scratch for the partial sums of a split-K GEMM: address and capacity in floats (`None`:
     /// never split).
     pub split_scratch: Option<(u64, usize)>,
+    /// Weights of the next GEMV for a one-token GEMV to pull into the L2 cache.
+    pub prefetch: Option<Prefetch>,
+}
+
+/// The first bytes of a matrix (codes and scales in proportion, as its tiles are read), which
+/// a one-token GEMV asks the L2 cache to fetch for the GEMV after it: the memory then keeps
+/// streaming while the kernels between the two wait on each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Prefetch {
+    pub codes: u64,
+    pub code_bytes: usize,
+    pub scales: u64,
+    pub scale_bytes: usize,
+}
+
+impl Prefetch {
+    /// Up to `limit` bytes of `m`, from its start; `None` for a zero limit.
+    pub fn of(m: &DevMat, limit: usize) -> Option<Prefetch> {
+        let total = m.codes.bytes + m.scales.bytes;
+        if limit == 0 || total == 0 {
+            return None;
+        }
+        let part =
+            |bytes: usize| (bytes as u128 * limit.min(total) as u128 / total as u128) as usize;
+        Some(Prefetch {
+            codes: m.codes.ptr,
+            code_bytes: part(m.codes.bytes),
+            scales: m.scales.ptr,
+            scale_bytes: part(m.scales.bytes),
+        })
+    }
 }
 
 impl GemvIo {
@@ -171,6 +202,7 @@ impl GemvIo {
             accumulate: false,
             argmax: None,
             split_scratch: None,
+            prefetch: None,
         }
     }
 }
@@ -219,6 +251,11 @@ pub struct Gpu {
     /// measured 1-8% slower decode on the H200, the per-block norm delaying each GEMV's start
     /// by more than the separate kernel costs).
     fuse_norm: AtomicBool,
+    /// Cache positions per warp tile of the attention split (one of [`plan::ATTN_TILES`]).
+    attn_tile: AtomicUsize,
+    /// Bytes of the next matrix a one-token GEMV pulls into the L2 cache (sm_90; 0: none).
+    /// `NIWAKI_CUDA_PREFETCH_MB` sets it.
+    prefetch_bytes: AtomicUsize,
     /// Decode-GEMV blocks per multiprocessor and shared-memory budget (0: the defaults of
     /// [`Gemv1Tuning::for_shape`]).
     blocks_per_sm: AtomicUsize,
@@ -291,6 +328,25 @@ impl Gpu {
                 .ctx(|| format!("raising the shared memory limit of {k}"))?;
             }
         }
+        for (kv, tile) in [plan::KvCache::F16, plan::KvCache::Q8_0]
+            .into_iter()
+            .flat_map(|kv| plan::ATTN_TILES.map(|t| (kv, t)))
+        {
+            let k = plan::attn_split_kernel(kv, tile);
+            let bytes = plan::attn_smem_bytes(dims, kv);
+            if bytes > 48 << 10 {
+                // SAFETY: a function handle of this context and a documented attribute.
+                unsafe {
+                    sys::cuFuncSetAttribute(
+                        funcs[k].cu_function(),
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        bytes as i32,
+                    )
+                }
+                .result()
+                .ctx(|| format!("raising the shared memory limit of {k} to {bytes} bytes"))?;
+            }
+        }
         if hopper {
             for k in compile::KERNELS.iter().filter(|k| k.starts_with("gemv1_")) {
                 // SAFETY: a function handle of this context and a documented attribute.
@@ -320,6 +376,15 @@ impl Gpu {
             fuse_norm: AtomicBool::new(
                 std::env::var("NIWAKI_CUDA_FUSE_NORM").is_ok_and(|v| v == "1"),
             ),
+            attn_tile: AtomicUsize::new(plan::ATTN_DEFAULT_TILE),
+            prefetch_bytes: AtomicUsize::new(if hopper {
+                std::env::var("NIWAKI_CUDA_PREFETCH_MB")
+                    .ok()
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .map_or(plan::DEFAULT_PREFETCH_BYTES, |mb| mb << 20)
+            } else {
+                0
+            }),
             blocks_per_sm: AtomicUsize::new(0),
             smem_budget: AtomicUsize::new(0),
             smem_limit,
@@ -345,6 +410,31 @@ impl Gpu {
     pub fn set_mma(&self, on: bool) {
         self.mma
             .store(on && self.info.compute_capability.0 >= 8, Ordering::Relaxed);
+    }
+
+    /// Cache positions per warp tile of the attention split.
+    pub fn attn_tile(&self) -> usize {
+        self.attn_tile.load(Ordering::Relaxed)
+    }
+
+    /// Sets [`Gpu::attn_tile`] (for measuring the variants; others are ignored).
+    pub fn set_attn_tile(&self, tile: usize) {
+        if plan::ATTN_TILES.contains(&tile) {
+            self.attn_tile.store(tile, Ordering::Relaxed);
+        }
+    }
+
+    /// Bytes of the next matrix a one-token GEMV pulls into the L2 cache (0: none).
+    pub fn prefetch_bytes(&self) -> usize {
+        self.prefetch_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Sets [`Gpu::prefetch_bytes`] (for measuring it; never on before sm_90, and captured
+    /// graphs keep what they were built with).
+    pub fn set_prefetch_bytes(&self, bytes: usize) {
+        let hopper = self.info.compute_capability.0 >= 9;
+        self.prefetch_bytes
+            .store(if hopper { bytes } else { 0 }, Ordering::Relaxed);
     }
 
     /// Whether one-token passes fold each norm into the GEMV that reads it.
@@ -750,6 +840,10 @@ impl Gpu {
                     Arg::I32(pre.map_or(0, |p| p.tok0 as i32)),
                     Arg::Ptr(pre.map_or(0, |p| p.weight)),
                     Arg::F32(pre.map_or(0.0, |p| p.eps)),
+                    Arg::Ptr(io.prefetch.map_or(0, |p| p.codes)),
+                    Arg::I32(io.prefetch.map_or(0, |p| p.code_bytes as i32)),
+                    Arg::Ptr(io.prefetch.map_or(0, |p| p.scales)),
+                    Arg::I32(io.prefetch.map_or(0, |p| p.scale_bytes as i32)),
                 ],
             ]
             .concat(),

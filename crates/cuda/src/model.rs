@@ -9,7 +9,7 @@ use model::{LayerKind, Logits, Model, ModelError};
 use quant::Format;
 
 use crate::error::{Context, CudaError, Result};
-use crate::gpu::{Arg, DevBuf, DevMat, DeviceInfo, GemvIo, Gpu, NormIn};
+use crate::gpu::{Arg, DevBuf, DevMat, DeviceInfo, GemvIo, Gpu, NormIn, Prefetch};
 use crate::plan::{
     self, attn_splits, check_fits, forward_ops, Dims, Head, KvCache, Mat, Norm, Op, Out, Scratch,
     StateBytes, MAX_CHUNK,
@@ -59,6 +59,8 @@ pub struct CudaModel {
     pub use_graphs: bool,
     /// The KV cache type of the sequences [`CudaModel::new_state`] makes (f16 by default).
     pub kv_cache: KvCache,
+    /// Each matrix and the one a decode step multiplies by next (for the L2 prefetch).
+    next_mat: Vec<(Mat, Mat)>,
 }
 
 /// One sequence on the GPU: recurrent state, KV cache (f16 or q8_0) sized for `ctx` tokens, scratch
@@ -200,6 +202,7 @@ impl CudaModel {
             .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?
             .format();
         gpu.stream.synchronize().ctx(|| "weight upload".into())?;
+        let next_mat = plan::next_matrices(&forward_ops(&dims, 1, Head::Last, true, false));
         Ok(CudaModel {
             gpu,
             dims,
@@ -211,6 +214,7 @@ impl CudaModel {
             weight_bytes,
             use_graphs: true,
             kv_cache: KvCache::F16,
+            next_mat,
         })
     }
 
@@ -529,7 +533,8 @@ impl CudaModel {
     }
 
     /// A GEMV of `ntok` tokens from the scratch activations to `out`.
-    fn gemv_io(&self, st: &CudaState, m: &DevMat, ntok: usize, out: Out) -> GemvIo {
+    fn gemv_io(&self, st: &CudaState, mat: Mat, ntok: usize, out: Out) -> GemvIo {
+        let m = self.mat(mat);
         let (out, out_stride, accumulate, argmax) = match out {
             Out::Proj => (st.s("proj"), m.rows, false, None),
             Out::Residual => (st.s("x"), self.dims.hidden, true, None),
@@ -549,6 +554,12 @@ impl CudaModel {
             accumulate,
             argmax,
             split_scratch: Some((st.s("gemm_part"), st.layout.size("gemm_part") / 4)),
+            prefetch: match self.next_mat.iter().find(|p| p.0 == mat) {
+                Some(&(_, next)) if ntok == 1 => {
+                    Prefetch::of(self.mat(next), self.gpu.prefetch_bytes())
+                }
+                _ => None,
+            },
         }
     }
 
@@ -643,7 +654,7 @@ impl CudaModel {
             }
             Op::Gemv { mat, ntok, out } => {
                 let m = self.mat(mat);
-                g.gemv(s, m, &self.gemv_io(st, m, ntok, out))
+                g.gemv(s, m, &self.gemv_io(st, mat, ntok, out))
             }
             Op::NormGemv {
                 norm,
@@ -652,7 +663,7 @@ impl CudaModel {
                 out,
             } => {
                 let m = self.mat(mat);
-                let io = self.gemv_io(st, m, 1, out);
+                let io = self.gemv_io(st, mat, 1, out);
                 let pre = NormIn {
                     x: st.s("x"),
                     tok0,
@@ -779,11 +790,12 @@ impl CudaModel {
             Op::AttnSplit { layer, ntok } => {
                 let kv = self.kv(st, layer);
                 let nsplit = attn_splits(st.pos + ntok, ntok);
-                g.launch(
+                g.launch_smem(
                     s,
-                    Self::kv_kernel(st, "attn_split", "attn_split_q8"),
+                    plan::attn_split_kernel(st.bytes.kv_cache, g.attn_tile()),
                     (d.n_head_kv as u32, nsplit as u32, ntok as u32),
-                    (128, 1, 1),
+                    (32 * plan::ATTN_WARPS as u32, 1, 1),
+                    plan::attn_smem_bytes(d, st.bytes.kv_cache) as u32,
                     &[
                         Arg::Ptr(st.s("q")),
                         kv[0],
@@ -800,11 +812,12 @@ impl CudaModel {
             Op::AttnCombine { ntok, .. } => g.launch(
                 s,
                 "attn_combine",
-                (d.n_head as u32, ntok as u32, 1),
-                (d.head_dim as u32, 1, 1),
+                (d.n_head as u32, ntok as u32, (d.head_dim / 32) as u32),
+                (256, 1, 1),
                 &[
                     Arg::Ptr(st.s("part")),
                     Arg::I32(attn_splits(st.pos + ntok, ntok) as i32),
+                    Arg::Ptr(pos),
                     Arg::Ptr(proj),
                     Arg::I32(d.attn_in_rows() as i32),
                     Arg::Ptr(st.s("attn")),

@@ -8,6 +8,23 @@ use crate::repack::{GpuFormat, X_GROUP};
 
 /// Partitions of the KV range in flash-decoding (one block per kv head and split).
 pub const ATTN_SPLITS: usize = 128;
+/// Bytes of the next matrix a one-token GEMV pulls into the L2 cache by default (0: none).
+/// Measured on the H200 (tg128, Q2_0 / Q1_0): none 243.6 / 264.5, 8 MiB 249.6 / 273.7,
+/// 16 MiB 245.7 / 271.2, 32 MiB 241.6 / 269.1 tok/s.
+pub const DEFAULT_PREFETCH_BYTES: usize = 8 << 20;
+/// Warps of an attention-split block (the kernel's AWARPS).
+pub const ATTN_WARPS: usize = 4;
+/// Cache positions a warp of the attention split takes at a time: the kernel variants, and the
+/// one used unless [`crate::gpu::Gpu::set_attn_tile`] says otherwise (H200, 27B Q2_0 at 32k
+/// depth, µs per layer, f16 / q8_0 cache: tiles of 4 60.9 / 63.2, of 8 57.3 / 59.2).
+pub const ATTN_TILES: [usize; 2] = [4, 8];
+pub const ATTN_DEFAULT_TILE: usize = 8;
+/// Cache positions in flight per warp of the attention split (its ring holds this many
+/// positions' keys and values: 4 tiles of 4 or 2 of 8).
+pub const ATTN_RING_POSITIONS: usize = 16;
+/// Fewest cache positions per split: short contexts use few splits, and the merge reads few
+/// partial rows (at 128 splits a 100-token context merged 128 partials of one position each).
+pub const ATTN_MIN_SPLIT_LEN: usize = 32;
 /// Tokens one GPU pass of a prefill handles (scratch buffers are sized for it): four of the
 /// GEMM's token tiles, so that a 5120-row matrix still gives 80 blocks.
 pub const MAX_CHUNK: usize = 256;
@@ -336,6 +353,7 @@ impl Dims {
             ("DV", self.value_dim),
             ("KERN", self.conv_kernel),
             ("NSPLIT", ATTN_SPLITS),
+            ("AMINLEN", ATTN_MIN_SPLIT_LEN),
             ("GEMV1_WARPS", GEMV1_WARPS),
             ("GEMV1_MAX_STAGES", GEMV1_MAX_STAGES),
             ("MM_WARPS", GEMM_WARPS),
@@ -759,6 +777,22 @@ pub const fn gdn_prepped(ntok: usize) -> bool {
     ntok > 1
 }
 
+/// For each matrix a forward pass multiplies by, the one multiplied next (the last one's is the
+/// first: a decode step's next token starts again at the first layer).
+pub fn next_matrices(ops: &[Op]) -> Vec<(Mat, Mat)> {
+    let mats: Vec<Mat> = ops
+        .iter()
+        .filter_map(|op| match *op {
+            Op::Gemv { mat, .. } | Op::NormGemv { mat, .. } => Some(mat),
+            _ => None,
+        })
+        .collect();
+    mats.iter()
+        .enumerate()
+        .map(|(i, &m)| (m, mats[(i + 1) % mats.len()]))
+        .collect()
+}
+
 /// Splits a call of `n` tokens into GPU passes of at most [`MAX_CHUNK`].
 pub fn chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..n)
@@ -781,9 +815,31 @@ pub fn attn_splits(n_ctx: usize, ntok: usize) -> usize {
     }
 }
 
-/// Blocks of the flash-decoding kernel for a context of `n_ctx` positions.
-pub fn split_len(n_ctx: usize) -> usize {
-    n_ctx.div_ceil(ATTN_SPLITS)
+/// Cache positions per split of a context of `n_ctx` split `nsplit` ways (the kernels'
+/// `attn_split_len`): splits from `n_ctx.div_ceil(len)` on are empty and never merged.
+pub fn attn_split_len(n_ctx: usize, nsplit: usize) -> usize {
+    n_ctx.div_ceil(nsplit).max(ATTN_MIN_SPLIT_LEN)
+}
+
+/// The attention-split kernel for a cache type and tile size (one of [`ATTN_TILES`]).
+pub fn attn_split_kernel(kv: KvCache, tile: usize) -> &'static str {
+    match (kv, tile) {
+        (KvCache::F16, 8) => "attn_split_t8",
+        (KvCache::Q8_0, 8) => "attn_split_q8_t8",
+        (KvCache::F16, _) => "attn_split_t4",
+        (KvCache::Q8_0, _) => "attn_split_q8_t4",
+    }
+}
+
+/// Dynamic shared memory of the attention-split kernel: each warp's ring (keys and values of
+/// [`ATTN_RING_POSITIONS`] positions, and the q8_0 scales), reused for the merge of the warps'
+/// accumulators. The same for every tile size.
+pub fn attn_smem_bytes(d: &Dims, kv: KvCache) -> usize {
+    let row = d.head_dim * kv.value_bytes() + kv.scale_bytes(d.head_dim);
+    let rings = ATTN_WARPS * ATTN_RING_POSITIONS * 2 * row;
+    let gqa = d.n_head / d.n_head_kv;
+    let merge = 4 * ATTN_WARPS * gqa * (d.head_dim + 2);
+    rings.max(merge)
 }
 
 #[cfg(test)]
@@ -1137,17 +1193,59 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_attention_split_memory_holds_the_rings_and_the_merge() {
+        let d = dims(Preset::B27);
+        assert_eq!(attn_smem_bytes(&d, KvCache::F16), 4 * 16 * 2 * 512);
+        assert_eq!(attn_smem_bytes(&d, KvCache::Q8_0), 4 * 16 * 2 * (256 + 16));
+        assert_eq!(attn_split_kernel(KvCache::Q8_0, 8), "attn_split_q8_t8");
+        assert_eq!(attn_split_kernel(KvCache::F16, 4), "attn_split_t4");
+        for p in [Preset::Tiny, Preset::Small, Preset::B27] {
+            let d = dims(p);
+            let merge = 4 * ATTN_WARPS * (d.n_head / d.n_head_kv) * (d.head_dim + 2);
+            for kv in [KvCache::F16, KvCache::Q8_0] {
+                assert!(attn_smem_bytes(&d, kv) >= merge, "{p:?} {kv:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn each_matrix_is_followed_by_the_next_one_multiplied() {
+        let d = dims(Preset::Tiny);
+        let next = next_matrices(&forward_ops(&d, 1, Head::Last, true, false));
+        let first = d
+            .layers
+            .iter()
+            .position(|k| *k == LayerKind::Attention)
+            .unwrap();
+        assert_eq!(next[0].1, next[1].0);
+        assert!(next.contains(&(Mat::FfnIn(0), Mat::FfnDown(0))));
+        assert!(next.contains(&(Mat::AttnIn(first), Mat::AttnOut(first))));
+        let last = d.layers.len() - 1;
+        assert!(next.contains(&(Mat::FfnDown(last), Mat::Output)));
+        // The next token starts again at the first layer's input projection.
+        assert_eq!(next.last().unwrap(), &(Mat::Output, next[0].0));
+        assert_eq!(next.len(), 4 * d.layers.len() + 1);
+    }
+
+    #[test]
     fn calls_are_cut_into_chunks() {
         let c: Vec<_> = chunks(2 * MAX_CHUNK + 22).collect();
         assert_eq!(
             c,
             vec![(0, MAX_CHUNK), (MAX_CHUNK, MAX_CHUNK), (2 * MAX_CHUNK, 22)]
         );
-        assert_eq!(split_len(1), 1);
+        assert_eq!(attn_split_len(1, ATTN_SPLITS), ATTN_MIN_SPLIT_LEN);
         assert_eq!(attn_splits(5, 1), ATTN_SPLITS);
         assert_eq!(attn_splits(300, 256), 2);
         assert_eq!(attn_splits(1 << 20, 256), ATTN_SPLITS);
         assert_eq!(attn_splits(17, 17), 1);
-        assert_eq!(split_len(ATTN_SPLITS + 1), 2);
+        // Short contexts: one split; long ones: every split, each a share of the context.
+        assert_eq!(attn_split_len(100, ATTN_SPLITS), ATTN_MIN_SPLIT_LEN);
+        assert_eq!(attn_split_len(32768, ATTN_SPLITS), 256);
+        assert_eq!(
+            32768usize.div_ceil(attn_split_len(32768, ATTN_SPLITS)),
+            ATTN_SPLITS
+        );
+        assert_eq!(attn_split_len(ATTN_SPLITS * 40 + 1, ATTN_SPLITS), 41);
     }
 }

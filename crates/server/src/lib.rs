@@ -109,14 +109,14 @@ impl Device {
 
     /// A CUDA GPU: a sequence allocates its recurrent state, its f16 KV cache for the whole
     /// context and its scratch on the device when it starts (`state_bytes` in all).
-    pub fn cuda(name: String, state_bytes: usize) -> Device {
+    pub fn cuda(name: String, state_bytes: usize, kv_cache: &str) -> Device {
         Device {
             kind: DeviceKind::Cuda,
             name: Some(name),
             rule: "--device cuda".into(),
             state_fixed_bytes: state_bytes,
             state_bytes_per_token: 0,
-            state_rule: "recurrent state + f16 KV cache for the whole context + scratch, allocated on the GPU when a request starts".into(),
+            state_rule: format!("recurrent state + {kv_cache} KV cache for the whole context + scratch, allocated on the GPU when a request starts"),
         }
     }
 

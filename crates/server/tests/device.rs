@@ -44,7 +44,7 @@ fn model() -> (Model, Tokenizer) {
 fn gpu_like(name: &str, bytes: usize) -> Arc<AppState> {
     let (model, tok) = model();
     let mut runner = Runner::cpu(model);
-    runner.device = Device::cuda(name.into(), bytes);
+    runner.device = Device::cuda(name.into(), bytes, "f16");
     AppState::with_runner(config(1), runner, tok, ChatTemplate::builtin_qwen35())
 }
 
@@ -98,10 +98,11 @@ async fn policy_reports_a_gpu_with_its_name_and_one_slot() {
 
 #[test]
 fn a_gpu_sequence_holds_the_same_bytes_at_any_length() {
-    let d = Device::cuda("gpu".into(), 1000);
+    let d = Device::cuda("gpu".into(), 1000, "q8_0");
     assert_eq!(d.kind, DeviceKind::Cuda);
     assert_eq!(d.state_bytes(0), 1000);
     assert_eq!(d.state_bytes(4096), 1000);
+    assert!(d.state_rule.contains("q8_0 KV cache"), "{}", d.state_rule);
 }
 
 #[test]

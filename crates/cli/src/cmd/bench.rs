@@ -29,6 +29,9 @@ pub struct Args {
     /// Where to run (cuda needs a binary built with `--features cuda`).
     #[arg(long, value_enum, default_value_t)]
     pub device: load::DeviceArg,
+    /// KV-cache format on the GPU.
+    #[arg(long, value_enum, default_value_t)]
+    pub kv_cache: load::KvCacheArg,
     /// Tokens per prefill chunk.
     #[arg(long, default_value_t = engine::DEFAULT_PREFILL_CHUNK)]
     pub chunk: usize,
@@ -201,6 +204,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
     if a.reps == 0 {
         bail!("-r must be at least 1");
     }
+    load::check_kv_cache(a.device, a.kv_cache)?;
     load::init_threads(a.threads)?;
     let model = load::open_model(&a.model, None, a.kernels)?;
     if a.n_prompt + a.n_gen > model.config.context_length {
@@ -220,7 +224,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
         load::DeviceArg::Cpu => measure(&model, || Ok(model.new_state()), &prompt, &a)?,
         #[cfg(feature = "cuda")]
         load::DeviceArg::Cuda => {
-            let gpu = load::cuda_model(&model)?;
+            let gpu = load::cuda_model(&model, a.kv_cache)?;
             let ctx = a.n_prompt + a.n_gen;
             measure(&gpu, || Ok(gpu.new_state(ctx)?), &prompt, &a)?
         }
@@ -232,6 +236,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
         let (pp, tg) = (stats(pp), stats(tg));
         let o = serde_json::json!({
             "model": a.model.display().to_string(), "device": "cuda",
+            "kv_cache": a.kv_cache.as_str(),
             "n_prompt": a.n_prompt, "n_gen": a.n_gen, "repetitions": a.reps,
             "pp_tok_s": pp.median, "pp_min": pp.min, "pp_max": pp.max,
             "tg_tok_s": tg.median, "tg_min": tg.min, "tg_max": tg.max,

@@ -28,6 +28,7 @@ pub struct Args {
 /// extends what the state has seen; otherwise (the template rewrote history, e.g. dropping old
 /// reasoning) the prompt is prefilled again from the start.
 pub fn main(a: Args) -> Result<ExitCode> {
+    load::check_kv_cache(a.sampling.device, a.sampling.kv_cache)?;
     load::init_threads(a.sampling.threads)?;
     let model = load::open_model(&a.model, a.sampling.ctx, a.sampling.kernels)?;
     let tok = load::tokenizer(model.file())?;
@@ -36,7 +37,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
         load::DeviceArg::Cpu => converse(&model, || Ok(model.new_state()), &tok, &a, context),
         #[cfg(feature = "cuda")]
         load::DeviceArg::Cuda => {
-            let gpu = load::cuda_model(&model)?;
+            let gpu = load::cuda_model(&model, a.sampling.kv_cache)?;
             converse(&gpu, || Ok(gpu.new_state(context)?), &tok, &a, context)
         }
         #[cfg(not(feature = "cuda"))]

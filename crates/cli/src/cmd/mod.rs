@@ -54,6 +54,9 @@ pub struct Sampling {
     /// Where to run (cuda needs a binary built with `--features cuda`).
     #[arg(long, value_enum, default_value_t)]
     pub device: crate::load::DeviceArg,
+    /// KV-cache format on the GPU.
+    #[arg(long, value_enum, default_value_t)]
+    pub kv_cache: crate::load::KvCacheArg,
 }
 
 impl Sampling {

@@ -30,6 +30,7 @@ pub struct Args {
 }
 
 pub fn main(a: Args) -> Result<ExitCode> {
+    load::check_kv_cache(a.sampling.device, a.sampling.kv_cache)?;
     load::init_threads(a.sampling.threads)?;
     let path = match (&a.model, a.demo) {
         (Some(p), _) => p.clone(),
@@ -59,7 +60,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
         load::DeviceArg::Cpu => stream(&model, &tok, &mut model.new_state(), &ids, &params)?,
         #[cfg(feature = "cuda")]
         load::DeviceArg::Cuda => {
-            let gpu = load::cuda_model(&model)?;
+            let gpu = load::cuda_model(&model, a.sampling.kv_cache)?;
             let mut state = gpu.new_state(model.config.context_length)?;
             stream(&gpu, &tok, &mut state, &ids, &params)?
         }

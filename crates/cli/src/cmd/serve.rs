@@ -36,6 +36,9 @@ pub struct Args {
     /// Where the model runs.
     #[arg(long, value_enum, default_value_t)]
     pub device: load::DeviceArg,
+    /// KV-cache format on the GPU.
+    #[arg(long, value_enum, default_value_t)]
+    pub kv_cache: load::KvCacheArg,
     /// The model name clients use (default: the file name without .gguf).
     #[arg(long)]
     pub model_name: Option<String>,
@@ -81,6 +84,7 @@ fn slots(device: load::DeviceArg, parallel: Option<usize>) -> Result<usize> {
 
 pub fn main(a: Args) -> Result<ExitCode> {
     let slots = slots(a.device, a.parallel)?;
+    load::check_kv_cache(a.device, a.kv_cache)?;
     // Before the model is loaded: a binary without the GPU backend says so at once.
     #[cfg(not(feature = "cuda"))]
     if a.device == load::DeviceArg::Cuda {
@@ -144,7 +148,9 @@ pub fn main(a: Args) -> Result<ExitCode> {
     let state = match a.device {
         load::DeviceArg::Cpu => AppState::with_runner(config, Runner::cpu(model), tok, template),
         #[cfg(feature = "cuda")]
-        load::DeviceArg::Cuda => AppState::with_runner(config, cuda_runner(model)?, tok, template),
+        load::DeviceArg::Cuda => {
+            AppState::with_runner(config, cuda_runner(model, a.kv_cache)?, tok, template)
+        }
         #[cfg(not(feature = "cuda"))]
         load::DeviceArg::Cuda => return Err(load::no_cuda()),
     };
@@ -180,13 +186,16 @@ pub fn main(a: Args) -> Result<ExitCode> {
 /// Uploads the model to the GPU and sizes one sequence there (the figure `/v1/policy` and the
 /// memory metric report); every request then gets a fresh state of that size.
 #[cfg(feature = "cuda")]
-fn cuda_runner(model: model::Model) -> Result<Runner<niwaki_cuda::CudaModel>> {
-    let gpu = load::cuda_model(&model)?;
+fn cuda_runner(
+    model: model::Model,
+    kv: load::KvCacheArg,
+) -> Result<Runner<niwaki_cuda::CudaModel>> {
+    let gpu = load::cuda_model(&model, kv)?;
     let ctx = model.config.context_length;
     let probe = gpu
         .new_state(ctx)
         .with_context(|| format!("allocating a sequence of {ctx} tokens on the GPU"))?;
-    let device = server::Device::cuda(gpu.device().to_string(), probe.device_bytes());
+    let device = server::Device::cuda(gpu.device().to_string(), probe.device_bytes(), kv.as_str());
     drop(probe);
     Ok(Runner {
         config: model.config.clone(),

@@ -26,6 +26,8 @@ use niwaki_cuda::twin::Twin;
 use niwaki_cuda::{available, CudaModel, KvCache};
 use quant::Format;
 use rand::{Rng, SeedableRng};
+
+mod attention;
 use rand_chacha::ChaCha8Rng;
 
 type R<T> = Result<T, Box<dyn std::error::Error>>;
@@ -859,23 +861,24 @@ fn bench_27b(
     let (tg_plain, _) = decode(false, false, (false, 0, 0))?;
     let (tg_gemv1, toks_serial) = decode(false, true, (false, 0, 0))?;
     let mut variants = String::new();
-    // Two blocks per SM small enough for a third (the next GEMV's, launched early) to fit
-    // beside them and start its copies, against the defaults' neighbours.
-    for (fuse, bps, kib) in [
-        (false, 2, 72),
-        (false, 2, 64),
-        (false, 2, 56),
-        (false, 3, 72),
-        (false, 2, 100),
-    ] {
-        let (v, _) = decode(true, true, (fuse, bps, kib << 10))?;
+    // The next GEMV's first bytes pulled into the L2 cache by each decode GEMV (0: off), and
+    // the norms folded into the GEMVs; the tokens must not change.
+    let default_prefetch = g.gpu().prefetch_bytes();
+    for (fuse, mb) in [(false, 0), (false, 4), (false, 8), (false, 16), (true, 8)] {
+        g.gpu().set_prefetch_bytes(mb << 20);
+        let (v, toks) = decode(true, true, (fuse, 0, 0))?;
+        rep.check(
+            toks == toks_serial,
+            format!("{format}: decode tokens differ with prefetch {mb} MB, fused norms {fuse}"),
+        );
         let _ = write!(
             variants,
-            "{}norm {}, {bps} block/SM, {kib} KiB: {v:.1}",
+            "{}norm {}, L2 prefetch {mb} MB: {v:.1}",
             if variants.is_empty() { "" } else { "; " },
             if fuse { "fused" } else { "separate" }
         );
     }
+    g.gpu().set_prefetch_bytes(default_prefetch);
     // The defaults (PDL, gemv1, separate norms, blocks per SM and shared memory by format as
     // plan.rs chooses) last: every figure below uses them.
     let (tg, toks) = decode(true, true, (false, 0, 0))?;
@@ -912,6 +915,7 @@ fn bench_27b(
     }
     let tg_logits = 32.0 / t.elapsed().as_secs_f64();
     // Decode at 32k depth (cache contents are zeros; the reads are what matters).
+    let mut depth_lines = Vec::new();
     let mut at_depth = |kv: KvCache| -> R<f64> {
         g.kv_cache = kv;
         let mut deep = g.new_state(32768 + 256)?;
@@ -924,10 +928,37 @@ fn bench_27b(
         for _ in 0..64 {
             dt = g.forward_greedy(&mut deep, &[dt])?;
         }
-        Ok(64.0 / t.elapsed().as_secs_f64())
+        let tps = 64.0 / t.elapsed().as_secs_f64();
+        // The attention kernels at this depth (each tile variant), and the cache bytes the
+        // split reads per layer.
+        let d = &shape;
+        let row = d.head_dim * kv.value_bytes() + kv.scale_bytes(d.head_dim);
+        let bytes = (deep.len() + 1) * d.n_head_kv * row * 2;
+        let mut line = format!(
+            "{format}, {kv:?} cache at depth {} (decode {tps:.1} tok/s):",
+            deep.len()
+        );
+        for tile in niwaki_cuda::plan::ATTN_TILES {
+            g.gpu().set_attn_tile(tile);
+            let prof = g.profile(&mut deep, 1, 20)?;
+            let us = |k: &str| prof.iter().find(|p| p.0 == k).map_or(0.0, |p| p.2 * 1e6);
+            let _ = write!(
+                line,
+                " tiles of {tile}: AttnSplit {:.1} µs per layer ({:.0} GB/s of cache read), AttnCombine {:.1} µs;",
+                us("AttnSplit"),
+                bytes as f64 / us("AttnSplit").max(1e-3) / 1e3,
+                us("AttnCombine"),
+            );
+        }
+        g.gpu().set_attn_tile(niwaki_cuda::plan::ATTN_DEFAULT_TILE);
+        depth_lines.push(line);
+        Ok(tps)
     };
     let tg32k = at_depth(KvCache::F16)?;
     let tg32k_q8 = at_depth(KvCache::Q8_0)?;
+    for l in depth_lines {
+        profiles.push(format!("\n{l}"));
+    }
     g.kv_cache = KvCache::F16;
     // Prefill pp512 (after a warm-up).
     let prompt: Vec<u32> = (0..512).map(|i| (i * 7919 % vocab) as u32).collect();
@@ -1059,6 +1090,7 @@ fn run(rep: &mut Report) -> R<()> {
     rep.line("| kernel | shape | result | error |");
     rep.line("|---|---|---|---|");
     kernel_checks(rep, &gpu, bw)?;
+    attention::attention_checks(rep, &gpu, &dims)?;
     drop(gpu);
 
     rep.line("");
@@ -1098,7 +1130,7 @@ fn run(rep: &mut Report) -> R<()> {
             bench_27b(rep, f, bw, &mut profiles, &mut variants)?;
         }
         rep.line("");
-        rep.line("Decode tg128 tok/s with PDL and gemv1 under other settings (norm fusion, GEMV blocks per SM, shared-memory budget):");
+        rep.line("Decode tg128 tok/s with PDL and gemv1 under other settings (norm fusion, L2 prefetch of the next matrix):");
         rep.line("");
         for v in variants {
             rep.line(format!("- {v}"));

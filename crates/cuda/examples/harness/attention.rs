@@ -1,0 +1,198 @@
+//! Flash-decoding attention (split and merge kernels) against an f64 reference on random
+//! caches of both formats: short contexts (one split), long ones (every split), the partial
+//! last tile of a split, several tokens of a pass attending to different lengths.
+
+use half::f16;
+use niwaki_cuda::gpu::{Arg, Gpu};
+use niwaki_cuda::plan::{self, Dims};
+use niwaki_cuda::KvCache;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::{max_abs, rel_l2, Report, R};
+
+/// A cache in the device layout ([pos][kv head][dim] values, then per 32 values one f16 scale
+/// for q8_0) and the values the kernels read back from it.
+struct Cache {
+    values: Vec<u8>,
+    scales: Vec<u8>,
+    read: Vec<f32>,
+}
+
+fn store(x: &[f32], kv: KvCache) -> Cache {
+    match kv {
+        KvCache::F16 => Cache {
+            values: x
+                .iter()
+                .flat_map(|&v| f16::from_f32(v).to_bits().to_le_bytes())
+                .collect(),
+            scales: Vec::new(),
+            read: x.iter().map(|&v| f16::from_f32(v).to_f32()).collect(),
+        },
+        KvCache::Q8_0 => {
+            let mut c = Cache {
+                values: Vec::with_capacity(x.len()),
+                scales: Vec::new(),
+                read: Vec::with_capacity(x.len()),
+            };
+            for block in x.chunks(32) {
+                let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let d = f16::from_f32(amax / 127.0);
+                let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+                c.scales.extend(d.to_bits().to_le_bytes());
+                for &v in block {
+                    let q = (v * id).round().clamp(-127.0, 127.0) as i8;
+                    c.values.push(q as u8);
+                    c.read.push(q as f32 * d.to_f32());
+                }
+            }
+            c
+        }
+    }
+}
+
+/// The gated attention output of token `t` (context `n_ctx`) in f64: 0.5 · softmax(q·k·scale)·v
+/// (the gates are zero, and sigmoid(0) = 0.5 exactly).
+#[allow(clippy::too_many_arguments)]
+fn reference(d: &Dims, q: &[f32], k: &[f32], v: &[f32], t: usize, n_ctx: usize, out: &mut [f32]) {
+    let (hd, nh, nkv) = (d.head_dim, d.n_head, d.n_head_kv);
+    let scale = 1.0 / (hd as f64).sqrt();
+    for h in 0..nh {
+        let kvh = h / (nh / nkv);
+        let qh = &q[(t * nh + h) * hd..][..hd];
+        let s: Vec<f64> = (0..n_ctx)
+            .map(|p| {
+                let kr = &k[(p * nkv + kvh) * hd..][..hd];
+                qh.iter()
+                    .zip(kr)
+                    .map(|(a, b)| *a as f64 * *b as f64)
+                    .sum::<f64>()
+                    * scale
+            })
+            .collect();
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+        let l: f64 = w.iter().sum();
+        for i in 0..hd {
+            let a: f64 = (0..n_ctx)
+                .map(|p| w[p] * v[(p * nkv + kvh) * hd + i] as f64)
+                .sum();
+            out[(t * nh + h) * hd + i] = (0.5 * a / l) as f32;
+        }
+    }
+}
+
+pub fn attention_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
+    let s = &gpu.stream;
+    let (hd, nh, nkv) = (d.head_dim, d.n_head, d.n_head_kv);
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    // (cached positions before the pass, tokens in the pass)
+    let cases = [
+        (0usize, 1usize),
+        (3, 1),
+        (40, 1),
+        (299, 1),
+        (4097, 1),
+        (5000, 3),
+        (100, 17),
+    ];
+    for (kv, tile) in [KvCache::F16, KvCache::Q8_0]
+        .into_iter()
+        .flat_map(|kv| plan::ATTN_TILES.map(|t| (kv, t)))
+    {
+        let (mut worst, mut worst_abs, mut repeat_ok) = (0f64, 0f32, true);
+        for (pos, ntok) in cases {
+            let n = pos + ntok;
+            let nsplit = plan::attn_splits(n, ntok);
+            let kx: Vec<f32> = (0..n * nkv * hd)
+                .map(|_| rng.gen_range(-1.0..1.0))
+                .collect();
+            let vx: Vec<f32> = (0..n * nkv * hd)
+                .map(|_| rng.gen_range(-1.0..1.0))
+                .collect();
+            let q: Vec<f32> = (0..ntok * nh * hd)
+                .map(|_| rng.gen_range(-3.0..3.0))
+                .collect();
+            let (kc, vc) = (store(&kx, kv), store(&vx, kv));
+            let kd = gpu.upload(&kc.values, "k cache")?;
+            let vd = gpu.upload(&vc.values, "v cache")?;
+            let scales = match kv {
+                KvCache::F16 => None,
+                KvCache::Q8_0 => Some((
+                    gpu.upload(&kc.scales, "k scales")?,
+                    gpu.upload(&vc.scales, "v scales")?,
+                )),
+            };
+            let qd = gpu.upload(&q, "q")?;
+            let posd = gpu.upload(&[pos as u32, 0u32], "pos")?;
+            let part = gpu.alloc(4 * ntok * nh * nsplit * (hd + 2), "partials")?;
+            let stride = 2 * nh * hd;
+            let proj = gpu.upload(&vec![0f32; ntok * stride], "gates")?;
+            let out = gpu.alloc(4 * ntok * nh * hd, "out")?;
+            let run = || -> R<Vec<f32>> {
+                gpu.launch_smem(
+                    s,
+                    plan::attn_split_kernel(kv, tile),
+                    (nkv as u32, nsplit as u32, ntok as u32),
+                    (32 * plan::ATTN_WARPS as u32, 1, 1),
+                    plan::attn_smem_bytes(d, kv) as u32,
+                    &[
+                        Arg::Ptr(qd.ptr),
+                        Arg::Ptr(kd.ptr),
+                        Arg::Ptr(vd.ptr),
+                        Arg::Ptr(scales.as_ref().map_or(0, |s| s.0.ptr)),
+                        Arg::Ptr(scales.as_ref().map_or(0, |s| s.1.ptr)),
+                        Arg::Ptr(posd.ptr),
+                        Arg::F32(1.0 / (hd as f32).sqrt()),
+                        Arg::I32(nsplit as i32),
+                        Arg::Ptr(part.ptr),
+                    ],
+                )?;
+                gpu.launch(
+                    s,
+                    "attn_combine",
+                    (nh as u32, ntok as u32, (hd / 32) as u32),
+                    (256, 1, 1),
+                    &[
+                        Arg::Ptr(part.ptr),
+                        Arg::I32(nsplit as i32),
+                        Arg::Ptr(posd.ptr),
+                        Arg::Ptr(proj.ptr),
+                        Arg::I32(stride as i32),
+                        Arg::Ptr(out.ptr),
+                    ],
+                )?;
+                let mut got = vec![0f32; ntok * nh * hd];
+                gpu.read(s, out.ptr, &mut got)?;
+                Ok(got)
+            };
+            let got = run()?;
+            let again = run()?;
+            repeat_ok &= got
+                .iter()
+                .zip(&again)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            let mut want = vec![0f32; ntok * nh * hd];
+            for t in 0..ntok {
+                reference(d, &q, &kc.read, &vc.read, t, pos + t + 1, &mut want);
+            }
+            worst = worst.max(if got.iter().all(|v| v.is_finite()) {
+                rel_l2(&got, &want)
+            } else {
+                f64::INFINITY
+            });
+            worst_abs = worst_abs.max(max_abs(&got, &want));
+        }
+        let ok = worst < 2e-5 && repeat_ok;
+        rep.line(format!(
+            "| attention split + merge ({}, tiles of {tile}) | contexts 1..5003, 1/3/17 tokens, HD {hd}, {nh}/{nkv} heads | {} | rel L2 vs f64 {worst:.1e} (tol 2e-5), max abs {worst_abs:.1e}; repeated launch bit-identical: {repeat_ok} |",
+            match kv {
+                KvCache::F16 => "f16 cache",
+                KvCache::Q8_0 => "q8_0 cache",
+            },
+            if ok { "PASS" } else { "FAIL" }
+        ));
+        rep.check(ok, format!("attention {kv:?} tile {tile}"));
+    }
+    Ok(())
+}
