@@ -184,6 +184,34 @@ __device__ __forceinline__ void reduce_scatter(float* v, int lane, int& base) {
     }
 }
 
+// Merges the per-warp (acc[HD], m, l) of the GQA heads (sm_acc: [nw][GQA][HD], sm_ml:
+// [nw][GQA][2]) into this split's partial rows, warps in order: deterministic.
+__device__ __forceinline__ void attn_merge_warps(const float* sm_acc, const float* sm_ml, int nw,
+                                                 float* __restrict__ part, int t, int kvh, int sp,
+                                                 int nsplit) {
+    for (int idx = threadIdx.x; idx < GQA * HD; idx += blockDim.x) {
+        const int g = idx / HD, i = idx % HD;
+        float M = NEG_INF;
+        for (int wi = 0; wi < nw; wi++) M = fmaxf(M, sm_ml[(wi * GQA + g) * 2]);
+        float L = 0.0f, A = 0.0f;
+        if (M != NEG_INF) {
+            for (int wi = 0; wi < nw; wi++) {
+                const float mw = sm_ml[(wi * GQA + g) * 2];
+                if (mw == NEG_INF) continue;
+                const float f = expf(mw - M);
+                L += sm_ml[(wi * GQA + g) * 2 + 1] * f;
+                A += sm_acc[(wi * GQA + g) * HD + i] * f;
+            }
+        }
+        float* dst = part + (((size_t)t * NH + kvh * GQA + g) * nsplit + sp) * (HD + 2);
+        dst[i] = A;
+        if (i == 0) {
+            dst[HD] = M;
+            dst[HD + 1] = L;
+        }
+    }
+}
+
 // grid (NKV, nsplit, ntok), block AWARPS warps; dynamic shared memory: attn_smem_bytes (plan.rs).
 // Variants by TILE (positions a warp takes at a time) and STAGES (tiles in flight per warp).
 // part: [ntok][NH][nsplit][HD + 2] = (acc[HD], m, l).
@@ -315,24 +343,7 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
         sm_ml[(warp * GQA + lane) * 2 + 1] = l;
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < GQA * HD; idx += blockDim.x) {
-        const int g = idx / HD, i = idx % HD;
-        float M = NEG_INF;
-        for (int wi = 0; wi < AWARPS; wi++) M = fmaxf(M, sm_ml[(wi * GQA + g) * 2]);
-        float L = 0.0f, A = 0.0f;
-        if (M != NEG_INF) {
-            for (int wi = 0; wi < AWARPS; wi++) {
-                const float mw = sm_ml[(wi * GQA + g) * 2];
-                if (mw == NEG_INF) continue;
-                const float f = expf(mw - M);
-                L += sm_ml[(wi * GQA + g) * 2 + 1] * f;
-                A += sm_acc[(wi * GQA + g) * HD + i] * f;
-            }
-        }
-        float* dst = part + (((size_t)t * NH + kvh * GQA + g) * nsplit + sp) * (HD + 2);
-        dst[i] = A;
-        if (i == 0) { dst[HD] = M; dst[HD + 1] = L; }
-    }
+    attn_merge_warps(sm_acc, sm_ml, AWARPS, part, t, kvh, sp, nsplit);
 }
 
 #define ATTN_SPLIT_KERNEL(name, Q8, TILE, STAGES)                                                           \

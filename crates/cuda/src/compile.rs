@@ -6,17 +6,21 @@ use std::path::{Path, PathBuf};
 use crate::error::{CudaError, Result};
 
 /// The kernel sources in the order they are concatenated.
-pub const SOURCES: [(&str, &str); 6] = [
+pub const SOURCES: [(&str, &str); 7] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("quant.cu", include_str!("../kernels/quant.cu")),
     ("gemv.cu", include_str!("../kernels/gemv.cu")),
     ("gemm.cu", include_str!("../kernels/gemm.cu")),
     ("gdn.cu", include_str!("../kernels/gdn.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
+    (
+        "attention_mma.cu",
+        include_str!("../kernels/attention_mma.cu"),
+    ),
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 34] = [
+pub const KERNELS: [&str; 35] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -50,6 +54,7 @@ pub const KERNELS: [&str; 34] = [
     "attn_split_q8_t4",
     "attn_split_t8",
     "attn_split_q8_t8",
+    "attn_split_mma",
     "attn_combine",
 ];
 

@@ -253,6 +253,8 @@ pub struct Gpu {
     fuse_norm: AtomicBool,
     /// Cache positions per warp tile of the attention split (one of [`plan::ATTN_TILES`]).
     attn_tile: AtomicUsize,
+    /// Blocks of each attention-split kernel one multiprocessor holds at once.
+    attn_blocks_per_sm: HashMap<&'static str, usize>,
     /// Bytes of the next matrix a one-token GEMV pulls into the L2 cache (sm_90; 0: none).
     /// `NIWAKI_CUDA_PREFETCH_MB` sets it.
     prefetch_bytes: AtomicUsize,
@@ -332,8 +334,11 @@ impl Gpu {
             .into_iter()
             .flat_map(|kv| plan::ATTN_TILES.map(|t| (kv, t)))
         {
-            let k = plan::attn_split_kernel(kv, tile);
-            let bytes = plan::attn_smem_bytes(dims, kv);
+            let plan::AttnLaunch {
+                kernel: k,
+                smem_bytes: bytes,
+                ..
+            } = plan::attn_split_launch(dims, kv, tile);
             if bytes > 48 << 10 {
                 // SAFETY: a function handle of this context and a documented attribute.
                 unsafe {
@@ -346,6 +351,26 @@ impl Gpu {
                 .result()
                 .ctx(|| format!("raising the shared memory limit of {k} to {bytes} bytes"))?;
             }
+        }
+        let mut attn_blocks_per_sm = HashMap::new();
+        for (kv, tile) in [plan::KvCache::F16, plan::KvCache::Q8_0]
+            .into_iter()
+            .flat_map(|kv| plan::ATTN_TILES.map(|t| (kv, t)))
+        {
+            let a = plan::attn_split_launch(dims, kv, tile);
+            let mut n: std::ffi::c_int = 0;
+            // SAFETY: a function handle of this context; n outlives the call.
+            unsafe {
+                sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                    &mut n,
+                    funcs[a.kernel].cu_function(),
+                    a.threads as i32,
+                    a.smem_bytes,
+                )
+            }
+            .result()
+            .ctx(|| format!("occupancy of {}", a.kernel))?;
+            attn_blocks_per_sm.insert(a.kernel, n.max(0) as usize);
         }
         if hopper {
             for k in compile::KERNELS.iter().filter(|k| k.starts_with("gemv1_")) {
@@ -376,7 +401,8 @@ impl Gpu {
             fuse_norm: AtomicBool::new(
                 std::env::var("NIWAKI_CUDA_FUSE_NORM").is_ok_and(|v| v == "1"),
             ),
-            attn_tile: AtomicUsize::new(plan::ATTN_DEFAULT_TILE),
+            attn_tile: AtomicUsize::new(8),
+            attn_blocks_per_sm,
             prefetch_bytes: AtomicUsize::new(if hopper {
                 std::env::var("NIWAKI_CUDA_PREFETCH_MB")
                     .ok()
@@ -417,11 +443,21 @@ impl Gpu {
         self.attn_tile.load(Ordering::Relaxed)
     }
 
-    /// Sets [`Gpu::attn_tile`] (for measuring the variants; others are ignored).
+    /// Sets [`Gpu::attn_tile`] (for measuring the variants; others, and the tensor-core
+    /// kernel's 16 before sm_80, are ignored).
     pub fn set_attn_tile(&self, tile: usize) {
-        if plan::ATTN_TILES.contains(&tile) {
+        if plan::ATTN_TILES.contains(&tile) && (tile != 16 || self.info.compute_capability.0 >= 8) {
             self.attn_tile.store(tile, Ordering::Relaxed);
         }
+    }
+
+    /// The attention-split launch for a cache type with the current tile, and its splits per kv
+    /// head in a one-token pass (one wave of blocks).
+    pub fn attn_launch(&self, dims: &Dims, kv: plan::KvCache) -> (plan::AttnLaunch, usize) {
+        let a = plan::attn_split_launch(dims, kv, self.attn_tile());
+        let bps = self.attn_blocks_per_sm.get(a.kernel).copied().unwrap_or(1);
+        let sms = self.info.multiprocessors.max(1) as usize;
+        (a, plan::attn_decode_splits(bps, sms, dims.n_head_kv))
     }
 
     /// Bytes of the next matrix a one-token GEMV pulls into the L2 cache (0: none).

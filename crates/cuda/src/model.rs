@@ -789,13 +789,14 @@ impl CudaModel {
             }
             Op::AttnSplit { layer, ntok } => {
                 let kv = self.kv(st, layer);
-                let nsplit = attn_splits(st.pos + ntok, ntok);
+                let (a, decode) = g.attn_launch(d, st.bytes.kv_cache);
+                let nsplit = attn_splits(st.pos + ntok, ntok, decode);
                 g.launch_smem(
                     s,
-                    plan::attn_split_kernel(st.bytes.kv_cache, g.attn_tile()),
+                    a.kernel,
                     (d.n_head_kv as u32, nsplit as u32, ntok as u32),
-                    (32 * plan::ATTN_WARPS as u32, 1, 1),
-                    plan::attn_smem_bytes(d, st.bytes.kv_cache) as u32,
+                    (a.threads as u32, 1, 1),
+                    a.smem_bytes as u32,
                     &[
                         Arg::Ptr(st.s("q")),
                         kv[0],
@@ -816,7 +817,10 @@ impl CudaModel {
                 (256, 1, 1),
                 &[
                     Arg::Ptr(st.s("part")),
-                    Arg::I32(attn_splits(st.pos + ntok, ntok) as i32),
+                    Arg::I32(
+                        attn_splits(st.pos + ntok, ntok, g.attn_launch(d, st.bytes.kv_cache).1)
+                            as i32,
+                    ),
                     Arg::Ptr(pos),
                     Arg::Ptr(proj),
                     Arg::I32(d.attn_in_rows() as i32),

@@ -14,14 +14,19 @@ pub const ATTN_SPLITS: usize = 128;
 pub const DEFAULT_PREFETCH_BYTES: usize = 8 << 20;
 /// Warps of an attention-split block (the kernel's AWARPS).
 pub const ATTN_WARPS: usize = 4;
-/// Cache positions a warp of the attention split takes at a time: the kernel variants, and the
-/// one used unless [`crate::gpu::Gpu::set_attn_tile`] says otherwise (H200, 27B Q2_0 at 32k
-/// depth, µs per layer, f16 / q8_0 cache: tiles of 4 60.9 / 63.2, of 8 57.3 / 59.2).
-pub const ATTN_TILES: [usize; 2] = [4, 8];
-pub const ATTN_DEFAULT_TILE: usize = 8;
-/// Cache positions in flight per warp of the attention split (its ring holds this many
+/// Cache positions a warp of the attention split takes at a time: the kernel variants (16: the
+/// tensor-core kernel, for f16 caches on sm_80+; a q8_0 cache then takes tiles of 8). H200,
+/// 27B Q2_0 at 32k depth, µs per layer, f16 / q8_0 cache: tiles of 4 60.9 / 63.2, of 8
+/// 57.3 / 59.2.
+pub const ATTN_TILES: [usize; 3] = [4, 8, 16];
+/// Cache positions in flight per warp of the SIMT attention split (its ring holds this many
 /// positions' keys and values: 4 tiles of 4 or 2 of 8).
 pub const ATTN_RING_POSITIONS: usize = 16;
+/// Warps of a tensor-core attention-split block, positions per warp tile, tiles per ring (the
+/// kernel's MW_WARPS, MW_TILE, MW_STAGES).
+pub const ATTN_MMA_WARPS: usize = 2;
+pub const ATTN_MMA_TILE: usize = 16;
+pub const ATTN_MMA_STAGES: usize = 2;
 /// Fewest cache positions per split: short contexts use few splits, and the merge reads few
 /// partial rows (at 128 splits a 100-token context merged 128 partials of one position each).
 pub const ATTN_MIN_SPLIT_LEN: usize = 32;
@@ -800,19 +805,28 @@ pub fn chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
         .map(move |s| (s, MAX_CHUNK.min(n - s)))
 }
 
-/// Cache positions per split that a multi-token pass aims for (a one-token pass always uses
-/// [`ATTN_SPLITS`]: its graph is replayed at every context length).
+/// Cache positions per split that a multi-token pass aims for (a one-token pass uses the
+/// device's [`attn_decode_splits`]: its graph is replayed at every context length).
 pub const ATTN_PASS_SPLIT_LEN: usize = 256;
 
-/// Splits of the attention kernel for a pass of `ntok` tokens ending at context `n_ctx`. Each
-/// split of each token writes a partial row of `head_dim + 2` floats per head: at 128 splits a
-/// 256-token prefill pass wrote (and merged) 0.8 GB per layer for contexts of a few hundred.
-pub fn attn_splits(n_ctx: usize, ntok: usize) -> usize {
+/// Splits of the attention kernel for a pass of `ntok` tokens ending at context `n_ctx`
+/// (`decode`: the one-token figure from [`attn_decode_splits`]). Each split of each token
+/// writes a partial row of `head_dim + 2` floats per head: at 128 splits a 256-token prefill
+/// pass wrote (and merged) 0.8 GB per layer for contexts of a few hundred.
+pub fn attn_splits(n_ctx: usize, ntok: usize, decode: usize) -> usize {
     if ntok == 1 {
-        ATTN_SPLITS
+        decode.clamp(1, ATTN_SPLITS)
     } else {
         n_ctx.div_ceil(ATTN_PASS_SPLIT_LEN).clamp(1, ATTN_SPLITS)
     }
+}
+
+/// Splits per kv head of a one-token pass: as many blocks as the device holds at once
+/// (`blocks_per_sm` of the split kernel on each of `sms` multiprocessors), so that a long
+/// context is one wave. At 128 splits (512 blocks for 4 kv heads against 396 places on an H200)
+/// the last 116 blocks ran as a second wave, nearly doubling the kernel's time.
+pub fn attn_decode_splits(blocks_per_sm: usize, sms: usize, n_head_kv: usize) -> usize {
+    (blocks_per_sm * sms / n_head_kv.max(1)).clamp(1, ATTN_SPLITS)
 }
 
 /// Cache positions per split of a context of `n_ctx` split `nsplit` ways (the kernels'
@@ -821,25 +835,43 @@ pub fn attn_split_len(n_ctx: usize, nsplit: usize) -> usize {
     n_ctx.div_ceil(nsplit).max(ATTN_MIN_SPLIT_LEN)
 }
 
-/// The attention-split kernel for a cache type and tile size (one of [`ATTN_TILES`]).
-pub fn attn_split_kernel(kv: KvCache, tile: usize) -> &'static str {
-    match (kv, tile) {
-        (KvCache::F16, 8) => "attn_split_t8",
-        (KvCache::Q8_0, 8) => "attn_split_q8_t8",
-        (KvCache::F16, _) => "attn_split_t4",
-        (KvCache::Q8_0, _) => "attn_split_q8_t4",
-    }
+/// An attention-split launch: kernel, threads per block, dynamic shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnLaunch {
+    pub kernel: &'static str,
+    pub threads: usize,
+    pub smem_bytes: usize,
 }
 
-/// Dynamic shared memory of the attention-split kernel: each warp's ring (keys and values of
-/// [`ATTN_RING_POSITIONS`] positions, and the q8_0 scales), reused for the merge of the warps'
-/// accumulators. The same for every tile size.
-pub fn attn_smem_bytes(d: &Dims, kv: KvCache) -> usize {
-    let row = d.head_dim * kv.value_bytes() + kv.scale_bytes(d.head_dim);
-    let rings = ATTN_WARPS * ATTN_RING_POSITIONS * 2 * row;
+/// The attention-split kernel for a cache type and tile size (one of [`ATTN_TILES`]) and what
+/// it needs: each warp's ring of staged keys and values (and q8_0 scales), reused for the merge
+/// of the warps' accumulators; the tensor-core kernel also stages the queries and its weights.
+pub fn attn_split_launch(d: &Dims, kv: KvCache, tile: usize) -> AttnLaunch {
     let gqa = d.n_head / d.n_head_kv;
-    let merge = 4 * ATTN_WARPS * gqa * (d.head_dim + 2);
-    rings.max(merge)
+    let merge = |warps: usize| 4 * warps * gqa * (d.head_dim + 2);
+    let row = d.head_dim * kv.value_bytes() + kv.scale_bytes(d.head_dim);
+    let simt = |kernel| AttnLaunch {
+        kernel,
+        threads: 32 * ATTN_WARPS,
+        smem_bytes: (ATTN_WARPS * ATTN_RING_POSITIONS * 2 * row).max(merge(ATTN_WARPS)),
+    };
+    match (kv, tile) {
+        (KvCache::F16, 16) => {
+            let w = ATTN_MMA_WARPS;
+            let rings = w * ATTN_MMA_STAGES * 2 * ATTN_MMA_TILE * (2 * d.head_dim + 16);
+            let queries = 2 * 8 * (d.head_dim + 8) * 2;
+            let weights = w * 2 * 8 * 24 * 2;
+            AttnLaunch {
+                kernel: "attn_split_mma",
+                threads: 32 * w,
+                smem_bytes: rings.max(merge(w)) + queries + weights,
+            }
+        }
+        (KvCache::F16, 4) => simt("attn_split_t4"),
+        (KvCache::Q8_0, 4) => simt("attn_split_q8_t4"),
+        (KvCache::F16, _) => simt("attn_split_t8"),
+        (KvCache::Q8_0, _) => simt("attn_split_q8_t8"),
+    }
 }
 
 #[cfg(test)]
@@ -1195,15 +1227,30 @@ pub(crate) mod tests {
     #[test]
     fn the_attention_split_memory_holds_the_rings_and_the_merge() {
         let d = dims(Preset::B27);
-        assert_eq!(attn_smem_bytes(&d, KvCache::F16), 4 * 16 * 2 * 512);
-        assert_eq!(attn_smem_bytes(&d, KvCache::Q8_0), 4 * 16 * 2 * (256 + 16));
-        assert_eq!(attn_split_kernel(KvCache::Q8_0, 8), "attn_split_q8_t8");
-        assert_eq!(attn_split_kernel(KvCache::F16, 4), "attn_split_t4");
+        let l = |kv, tile| attn_split_launch(&d, kv, tile);
+        assert_eq!(l(KvCache::F16, 8).smem_bytes, 4 * 16 * 2 * 512);
+        assert_eq!(l(KvCache::Q8_0, 4).smem_bytes, 4 * 16 * 2 * (256 + 16));
+        assert_eq!(l(KvCache::Q8_0, 8).kernel, "attn_split_q8_t8");
+        // The tensor-core kernel reads f16 caches only: q8_0 takes the SIMT kernel.
+        assert_eq!(l(KvCache::Q8_0, 16).kernel, "attn_split_q8_t8");
+        let mma = l(KvCache::F16, 16);
+        assert_eq!((mma.kernel, mma.threads), ("attn_split_mma", 64));
+        assert_eq!(
+            mma.smem_bytes,
+            2 * 2 * 2 * 16 * 528 + 2 * 8 * 264 * 2 + 2 * 2 * 8 * 24 * 2
+        );
         for p in [Preset::Tiny, Preset::Small, Preset::B27] {
             let d = dims(p);
-            let merge = 4 * ATTN_WARPS * (d.n_head / d.n_head_kv) * (d.head_dim + 2);
+            let gqa = d.n_head / d.n_head_kv;
             for kv in [KvCache::F16, KvCache::Q8_0] {
-                assert!(attn_smem_bytes(&d, kv) >= merge, "{p:?} {kv:?}");
+                for tile in ATTN_TILES {
+                    let a = attn_split_launch(&d, kv, tile);
+                    let warps = a.threads / 32;
+                    assert!(
+                        a.smem_bytes >= 4 * warps * gqa * (d.head_dim + 2),
+                        "{p:?} {kv:?} {tile}"
+                    );
+                }
             }
         }
     }
@@ -1235,10 +1282,15 @@ pub(crate) mod tests {
             vec![(0, MAX_CHUNK), (MAX_CHUNK, MAX_CHUNK), (2 * MAX_CHUNK, 22)]
         );
         assert_eq!(attn_split_len(1, ATTN_SPLITS), ATTN_MIN_SPLIT_LEN);
-        assert_eq!(attn_splits(5, 1), ATTN_SPLITS);
-        assert_eq!(attn_splits(300, 256), 2);
-        assert_eq!(attn_splits(1 << 20, 256), ATTN_SPLITS);
-        assert_eq!(attn_splits(17, 17), 1);
+        assert_eq!(attn_splits(5, 1, 99), 99);
+        assert_eq!(attn_splits(5, 1, 1000), ATTN_SPLITS);
+        assert_eq!(attn_splits(300, 256, 99), 2);
+        assert_eq!(attn_splits(1 << 20, 256, 99), ATTN_SPLITS);
+        assert_eq!(attn_splits(17, 17, 99), 1);
+        // One wave: 3 blocks on each of 132 multiprocessors, 4 kv heads.
+        assert_eq!(attn_decode_splits(3, 132, 4), 99);
+        assert_eq!(attn_decode_splits(0, 132, 4), 1);
+        assert_eq!(attn_decode_splits(16, 132, 4), ATTN_SPLITS);
         // Short contexts: one split; long ones: every split, each a share of the context.
         assert_eq!(attn_split_len(100, ATTN_SPLITS), ATTN_MIN_SPLIT_LEN);
         assert_eq!(attn_split_len(32768, ATTN_SPLITS), 256);
