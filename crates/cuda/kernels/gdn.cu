@@ -93,7 +93,6 @@ gdn_step(const float* __restrict__ conv, const float* __restrict__ proj, int str
          int boff, int ntok, const float* __restrict__ a_neg, const float* __restrict__ dt_bias,
          const float* __restrict__ qk, const float2* __restrict__ gb, float* __restrict__ S,
          float* __restrict__ o) {
-    PDL_ENTRY();
     // Per warp: normalized q and k. The eight lanes of a quarter-warp share a row group, so the
     // 16-byte loads below are one broadcast address per phase: no bank conflicts.
     __shared__ __align__(16) float qks[4][2][DK];
@@ -107,6 +106,11 @@ gdn_step(const float* __restrict__ conv, const float* __restrict__ proj, int str
     float s[32];
 #pragma unroll
     for (int i = 0; i < 32; i++) s[i] = Sh[(size_t)(r * 32 + i) * DV + j];
+    // The state is read before waiting for the previous kernel, so its latency overlaps that
+    // kernel's tail: only this kernel writes it, and its last write (the previous token's step of
+    // this layer) completed long before: a kernel launched early cannot be resident before the
+    // GEMV ahead of it has passed its own wait, which is after everything before that GEMV.
+    PDL_ENTRY();
     const float scale = 1.0f / sqrtf((float)DK);
     const float an = a_neg[h], dtb = dt_bias[h];
     // q and k elements lane + 32m (normalized when prepared), the value of column j, the gate

@@ -864,7 +864,7 @@ fn bench_27b(
     // The next GEMV's first bytes pulled into the L2 cache by each decode GEMV (0: off), and
     // the norms folded into the GEMVs; the tokens must not change.
     let default_prefetch = g.gpu().prefetch_bytes();
-    for (fuse, mb) in [(false, 0), (false, 4), (false, 8), (false, 16), (true, 8)] {
+    for (fuse, mb) in [(false, 0), (false, 16), (true, 8)] {
         g.gpu().set_prefetch_bytes(mb << 20);
         let (v, toks) = decode(true, true, (fuse, 0, 0))?;
         rep.check(
