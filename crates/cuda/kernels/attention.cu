@@ -28,16 +28,17 @@ __device__ __forceinline__ void attn_prep_body(const float* __restrict__ proj, i
                                                float* __restrict__ q_out, void* __restrict__ kc,
                                                void* __restrict__ vc, u16* __restrict__ ks,
                                                u16* __restrict__ vs) {
-    PDL_ENTRY();
     __shared__ float buf[HD];
     __shared__ float red[32];
     const int t = blockIdx.y, head = blockIdx.x, i = threadIdx.x;
-    const u32 pos = *pos_ptr + t;
-    const float* p = proj + (size_t)t * stride;
     const bool isq = head < NH;
     const int kvh = head - NH;
-    float v = isq ? p[head * 2 * HD + i] : p[2 * NH * HD + kvh * HD + i];
+    // The norms' weights are constant: read before waiting for the previous kernel.
     const float w = isq ? qn[i] : kn[i];
+    PDL_ENTRY();
+    const u32 pos = *pos_ptr + t;
+    const float* p = proj + (size_t)t * stride;
+    float v = isq ? p[head * 2 * HD + i] : p[2 * NH * HD + kvh * HD + i];
     const float ss = block_sum(v * v, red);
     v = v * (1.0f / sqrtf(ss / (float)HD + eps)) * w;
     buf[i] = v;

@@ -9,7 +9,6 @@ extern "C" __global__ void __launch_bounds__(256) gdn_conv(const float* __restri
                                                            float* __restrict__ state,
                                                            const float* __restrict__ taps,
                                                            float* __restrict__ out) {
-    PDL_ENTRY();
     const int c = blockIdx.x * 32 + threadIdx.x;
     const bool live = c < CH;
     float s[KERN - 1], w[KERN];
@@ -17,6 +16,9 @@ extern "C" __global__ void __launch_bounds__(256) gdn_conv(const float* __restri
     for (int j = 0; j < KERN - 1; j++) s[j] = live ? state[j * CH + c] : 0.0f;
 #pragma unroll
     for (int j = 0; j < KERN; j++) w[j] = live ? taps[c * KERN + j] : 0.0f;
+    // The taps are constant and the state is this kernel's own (as gdn_step's: see there), so
+    // both are read before waiting for the previous kernel.
+    PDL_ENTRY();
     for (int t = threadIdx.y; live && t < ntok; t += blockDim.y) {
         float acc = 0.0f;
 #pragma unroll

@@ -34,9 +34,13 @@ __device__ __forceinline__ void quant128(float4 v, int base, int* xq_tok, float2
 extern "C" __global__ void quant_rms(const float* __restrict__ x, int cols, int tok0,
                                      const float* __restrict__ w, float eps,
                                      int* __restrict__ xq, float2* __restrict__ xs) {
-    PDL_ENTRY();
     __shared__ float red[32];
     const int t = blockIdx.y;
+    const int base = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 128;
+    const int i = base + (threadIdx.x & 31) * 4;
+    // The norm's weights are constant: read before waiting for the previous kernel.
+    const float4 g = base < cols ? *(const float4*)(w + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    PDL_ENTRY();
     const float* row = x + (size_t)(tok0 + t) * cols;
     float ss = 0.0f;
     for (int i = threadIdx.x * 4; i < cols; i += blockDim.x * 4) {
@@ -45,11 +49,8 @@ extern "C" __global__ void quant_rms(const float* __restrict__ x, int cols, int 
     }
     ss = block_sum(ss, red);
     const float scale = 1.0f / sqrtf(ss / (float)cols + eps);
-    const int base = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 128;
     if (base >= cols) return;
-    const int i = base + (threadIdx.x & 31) * 4;
     float4 v = *(const float4*)(row + i);
-    float4 g = *(const float4*)(w + i);
     v.x = v.x * scale * g.x; v.y = v.y * scale * g.y; v.z = v.z * scale * g.z; v.w = v.w * scale * g.w;
     quant128(v, base, xq + (size_t)t * cols / 4, xs + (size_t)t * cols / 64);
 }
@@ -74,17 +75,18 @@ extern "C" __global__ void quant_swiglu(const float* __restrict__ gu, int stride
 extern "C" __global__ void quant_gated(const float* __restrict__ o, const float* __restrict__ proj,
                                        int stride, int zoff, const float* __restrict__ w, float eps,
                                        int* __restrict__ xq, float2* __restrict__ xs) {
+    const int lane = threadIdx.x & 31;
+    // The norm's weights are constant: read before waiting for the previous kernel.
+    const float4 g = *(const float4*)(w + lane * 4);
     PDL_ENTRY();
     const int t = blockIdx.y;
     const int head = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (head >= HV) return;
-    const int lane = threadIdx.x & 31;
     const int base = head * DV;
     const int i = base + lane * 4;
     float4 v = *(const float4*)(o + (size_t)t * HV * DV + i);
     const float ss = warp_sum(v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w);
     const float scale = 1.0f / sqrtf(ss / (float)DV + eps);
-    float4 g = *(const float4*)(w + lane * 4);
     float4 z = *(const float4*)(proj + (size_t)t * stride + zoff + i);
     v.x = v.x * scale * g.x * siluf_(z.x);
     v.y = v.y * scale * g.y * siluf_(z.y);
