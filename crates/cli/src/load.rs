@@ -117,11 +117,12 @@ pub enum DeviceArg {
 /// How the GPU stores the attention layers' keys and values.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum KvCacheArg {
-    /// f16 values: 512 bytes per cached position, head and layer.
+    /// f16 values: 2 bytes per cached key or value element.
     #[default]
     F16,
-    /// llama.cpp's q8_0 blocks (int8 values, one f16 scale per 32): 272 bytes, so about half
-    /// the memory and half the bytes a decode step reads at depth, slightly less exact.
+    /// llama.cpp's q8_0 blocks (int8 values, one f16 scale per 32: 34 bytes per 32 elements),
+    /// so about half the memory and half the bytes a decode step reads at depth, slightly less
+    /// exact.
     #[value(name = "q8_0")]
     Q8_0,
 }

@@ -73,8 +73,8 @@ ATTN_PREP_KERNEL(attn_prep_q8, true)
 
 // Flash-decoding over the cache. AMINLEN comes from the host's plan (plan.rs); so do the
 // variants' tile sizes and ring depths, with which it sizes the launches.
-#if !defined(AMINLEN)
-#error "AMINLEN must be defined by the host"
+#if !defined(AMINLEN) || !defined(ARING)
+#error "AMINLEN and ARING must be defined by the host"
 #endif
 #define AWARPS 4
 static_assert(HD % 64 == 0 && EPL >= 2 && EPL <= 8, "a lane holds 2, 4 or 8 values of a head");
@@ -132,18 +132,18 @@ __device__ __forceinline__ void kv_row(const unsigned char* vals, const unsigned
     u32 w[EPL / (Q8 ? 4 : 2) > 0 ? EPL / (Q8 ? 4 : 2) : 1];
     const unsigned char* src = vals + r * T::RB + lane * EPL * (Q8 ? 1 : 2);
     constexpr int BYTES = EPL * (Q8 ? 1 : 2);
-    if (BYTES == 16) {
+    if constexpr (BYTES == 16) {
         const uint4 v = *(const uint4*)src;
         w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
-    } else if (BYTES == 8) {
+    } else if constexpr (BYTES == 8) {
         const uint2 v = *(const uint2*)src;
         w[0] = v.x; w[1] = v.y;
-    } else if (BYTES == 4) {
+    } else if constexpr (BYTES == 4) {
         w[0] = *(const u32*)src;
     } else {
         w[0] = *(const unsigned short*)src;
     }
-    if (Q8) {
+    if constexpr (Q8) {
         const float d = h2f(((const u16*)(scales + r * T::SB))[lane * EPL / QB]);
 #pragma unroll
         for (int e = 0; e < EPL; e++) f[e] = (float)(signed char)((w[e / 4] >> (8 * (e % 4))) & 0xffu) * d;
@@ -354,10 +354,12 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
              float scale, int nsplit, float* __restrict__ part) {                                          \
         attn_split_body<Q8, TILE, STAGES>(q, kc, vc, ks, vs, pos_ptr, scale, nsplit, part);                \
     }
-ATTN_SPLIT_KERNEL(attn_split_t4, false, 4, 4)
-ATTN_SPLIT_KERNEL(attn_split_q8_t4, true, 4, 4)
-ATTN_SPLIT_KERNEL(attn_split_t8, false, 8, 2)
-ATTN_SPLIT_KERNEL(attn_split_q8_t8, true, 8, 2)
+// ARING (from the host, plan.rs: attn_ring_positions) cache positions in flight per warp.
+static_assert(ARING % 8 == 0, "whole tiles of 8 in a ring");
+ATTN_SPLIT_KERNEL(attn_split_t4, false, 4, ARING / 4)
+ATTN_SPLIT_KERNEL(attn_split_q8_t4, true, 4, ARING / 4)
+ATTN_SPLIT_KERNEL(attn_split_t8, false, 8, ARING / 8)
+ATTN_SPLIT_KERNEL(attn_split_q8_t8, true, 8, ARING / 8)
 
 // grid (NH, ntok, HD / 32), block 256: merge the splits the token's context filled, and gate.
 // The split weights exp(m_s - M) go to shared memory once; warp w then sums splits w, w + 8, ...

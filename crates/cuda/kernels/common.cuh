@@ -65,7 +65,8 @@ __device__ __forceinline__ u64 argmax_key(float v, u32 row) {
 
 // Programmatic dependent launch (sm_90): kernels are launched so that each may start while its
 // predecessor is still running. Every kernel calls pdl_wait() before it reads or writes any
-// buffer that earlier kernels touch; only reads of constant data (weights) may come before it.
+// buffer that earlier kernels touch; only reads of constant data (weights), or of state that
+// only the reading kernel writes, once per pass (passes are synchronized), may come before it.
 // pdl_launch() comes first: the next kernel may then be scheduled as soon as all of this one's
 // blocks are resident, so launch latency and the next GEMV's first weight copies overlap with
 // this kernel. That is safe transitively: kernel k+1 waits for k to complete, and k cannot

@@ -16,8 +16,8 @@ extern "C" __global__ void __launch_bounds__(256) gdn_conv(const float* __restri
     for (int j = 0; j < KERN - 1; j++) s[j] = live ? state[j * CH + c] : 0.0f;
 #pragma unroll
     for (int j = 0; j < KERN; j++) w[j] = live ? taps[c * KERN + j] : 0.0f;
-    // The taps are constant and the state is this kernel's own (as gdn_step's: see there), so
-    // both are read before waiting for the previous kernel.
+    // The taps are constant and the state is this kernel's own, written once per pass (as
+    // gdn_step's: see there), so both are read before waiting for the previous kernel.
     PDL_ENTRY();
     for (int t = threadIdx.y; live && t < ntok; t += blockDim.y) {
         float acc = 0.0f;
@@ -109,9 +109,9 @@ gdn_step(const float* __restrict__ conv, const float* __restrict__ proj, int str
 #pragma unroll
     for (int i = 0; i < 32; i++) s[i] = Sh[(size_t)(r * 32 + i) * DV + j];
     // The state is read before waiting for the previous kernel, so its latency overlaps that
-    // kernel's tail: only this kernel writes it, and its last write (the previous token's step of
-    // this layer) completed long before: a kernel launched early cannot be resident before the
-    // GEMV ahead of it has passed its own wait, which is after everything before that GEMV.
+    // kernel's tail: only this kernel writes it, once per pass, and a pass starts after the
+    // previous one has finished (every forward call ends by synchronizing its stream, and
+    // prefill passes launch without programmatic dependent launch).
     PDL_ENTRY();
     const float scale = 1.0f / sqrtf((float)DK);
     const float an = a_neg[h], dtb = dt_bias[h];

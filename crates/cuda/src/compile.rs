@@ -223,11 +223,18 @@ mod tests {
             eprintln!("NVRTC not found: compile check skipped");
             return;
         }
+        use crate::plan::{ATTN_RING_POSITIONS, ATTN_RING_POSITIONS_SMALL};
         use model::synth::Preset;
-        for p in [Preset::Tiny, Preset::Small, Preset::B27] {
+        // The 27B shapes also with the small attention ring (devices of 64 KiB per block).
+        for (p, ring) in [
+            (Preset::Tiny, ATTN_RING_POSITIONS),
+            (Preset::Small, ATTN_RING_POSITIONS),
+            (Preset::B27, ATTN_RING_POSITIONS),
+            (Preset::B27, ATTN_RING_POSITIONS_SMALL),
+        ] {
             let d = crate::plan::tests::dims(p);
             let src = source();
-            let opts = options("sm_90", &d.defines());
+            let opts = options("sm_90", &d.defines_for(ring));
             let ptx = cudarc::nvrtc::compile_ptx_with_opts(
                 &src,
                 cudarc::nvrtc::CompileOptions {
@@ -240,7 +247,7 @@ mod tests {
                     let text = ptx.to_src();
                     if let Some(dir) = std::env::var_os("NIWAKI_PTX_DUMP") {
                         let _ = std::fs::write(
-                            std::path::Path::new(&dir).join(format!("{p:?}.ptx")),
+                            std::path::Path::new(&dir).join(format!("{p:?}-{ring}.ptx")),
                             &text,
                         );
                     }

@@ -253,8 +253,11 @@ pub struct Gpu {
     fuse_norm: AtomicBool,
     /// Cache positions per warp tile of the attention split (one of [`plan::ATTN_TILES`]).
     attn_tile: AtomicUsize,
-    /// Blocks of each attention-split kernel one multiprocessor holds at once.
+    /// Blocks of each attention-split kernel this device runs that one multiprocessor holds at
+    /// once (kernels it cannot run are absent).
     attn_blocks_per_sm: HashMap<&'static str, usize>,
+    /// Cache positions in flight per warp of the SIMT attention split (compiled in).
+    attn_ring: usize,
     /// Bytes of the next matrix a one-token GEMV pulls into the L2 cache (sm_90; 0: none).
     /// `NIWAKI_CUDA_PREFETCH_MB` sets it.
     prefetch_bytes: AtomicUsize,
@@ -289,8 +292,15 @@ impl Gpu {
     pub fn new(dims: &Dims) -> Result<Gpu> {
         let ctx = open_context()?;
         let info = device_info(&ctx)?;
+        let smem_limit = ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .ctx(|| "shared memory limit".into())?
+            .max(0) as usize;
+        let attn_ring = plan::attn_ring_positions(dims, smem_limit);
         let t = std::time::Instant::now();
-        let (ptx, from_cache) = compile::nvrtc_compile(&info.arch(), &dims.defines())?;
+        let (ptx, from_cache) = compile::nvrtc_compile(&info.arch(), &dims.defines_for(attn_ring))?;
         let compile_secs = t.elapsed().as_secs_f64();
         let module = ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
@@ -306,12 +316,6 @@ impl Gpu {
         }
         let stream = ctx.new_stream().ctx(|| "creating a stream".into())?;
         let hopper = info.compute_capability.0 >= 9;
-        let smem_limit = ctx
-            .attribute(
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-            )
-            .ctx(|| "shared memory limit".into())?
-            .max(0) as usize;
         let ampere = info.compute_capability.0 >= 8;
         if ampere {
             for (k, mi) in compile::KERNELS
@@ -330,47 +334,50 @@ impl Gpu {
                 .ctx(|| format!("raising the shared memory limit of {k}"))?;
             }
         }
-        for (kv, tile) in [plan::KvCache::F16, plan::KvCache::Q8_0]
-            .into_iter()
-            .flat_map(|kv| plan::ATTN_TILES.map(|t| (kv, t)))
-        {
-            let plan::AttnLaunch {
-                kernel: k,
-                smem_bytes: bytes,
-                ..
-            } = plan::attn_split_launch(dims, kv, tile);
-            if bytes > 48 << 10 {
-                // SAFETY: a function handle of this context and a documented attribute.
-                unsafe {
-                    sys::cuFuncSetAttribute(
-                        funcs[k].cu_function(),
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        bytes as i32,
-                    )
-                }
-                .result()
-                .ctx(|| format!("raising the shared memory limit of {k} to {bytes} bytes"))?;
-            }
-        }
+        // The attention-split variants this device can run (the tensor-core one from sm_80, each
+        // within the per-block shared memory), their limits raised, and their blocks per SM.
         let mut attn_blocks_per_sm = HashMap::new();
         for (kv, tile) in [plan::KvCache::F16, plan::KvCache::Q8_0]
             .into_iter()
             .flat_map(|kv| plan::ATTN_TILES.map(|t| (kv, t)))
         {
-            let a = plan::attn_split_launch(dims, kv, tile);
+            let a = plan::attn_split_launch(dims, kv, tile, attn_ring);
+            let k = a.kernel;
+            if (k == "attn_split_mma" && !ampere)
+                || a.smem_bytes + plan::ATTN_STATIC_SMEM > smem_limit.max(48 << 10)
+            {
+                continue;
+            }
+            if a.smem_bytes > 48 << 10 {
+                // SAFETY: a function handle of this context and a documented attribute.
+                unsafe {
+                    sys::cuFuncSetAttribute(
+                        funcs[k].cu_function(),
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        a.smem_bytes as i32,
+                    )
+                }
+                .result()
+                .ctx(|| {
+                    format!(
+                        "raising the shared memory limit of {k} to {} bytes",
+                        a.smem_bytes
+                    )
+                })?;
+            }
             let mut n: std::ffi::c_int = 0;
             // SAFETY: a function handle of this context; n outlives the call.
             unsafe {
                 sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
                     &mut n,
-                    funcs[a.kernel].cu_function(),
+                    funcs[k].cu_function(),
                     a.threads as i32,
                     a.smem_bytes,
                 )
             }
             .result()
-            .ctx(|| format!("occupancy of {}", a.kernel))?;
-            attn_blocks_per_sm.insert(a.kernel, n.max(0) as usize);
+            .ctx(|| format!("occupancy of {k}"))?;
+            attn_blocks_per_sm.insert(k, n.max(0) as usize);
         }
         if hopper {
             for k in compile::KERNELS.iter().filter(|k| k.starts_with("gemv1_")) {
@@ -403,6 +410,7 @@ impl Gpu {
             ),
             attn_tile: AtomicUsize::new(8),
             attn_blocks_per_sm,
+            attn_ring,
             prefetch_bytes: AtomicUsize::new(if hopper {
                 std::env::var("NIWAKI_CUDA_PREFETCH_MB")
                     .ok()
@@ -438,6 +446,16 @@ impl Gpu {
             .store(on && self.info.compute_capability.0 >= 8, Ordering::Relaxed);
     }
 
+    /// Cache positions in flight per warp of the SIMT attention split.
+    pub fn attn_ring(&self) -> usize {
+        self.attn_ring
+    }
+
+    /// Whether this device runs the attention-split kernel `name`.
+    pub fn attn_runs(&self, name: &str) -> bool {
+        self.attn_blocks_per_sm.contains_key(name)
+    }
+
     /// Cache positions per warp tile of the attention split.
     pub fn attn_tile(&self) -> usize {
         self.attn_tile.load(Ordering::Relaxed)
@@ -454,7 +472,11 @@ impl Gpu {
     /// The attention-split launch for a cache type with the current tile, and its splits per kv
     /// head in a one-token pass (one wave of blocks).
     pub fn attn_launch(&self, dims: &Dims, kv: plan::KvCache) -> (plan::AttnLaunch, usize) {
-        let a = plan::attn_split_launch(dims, kv, self.attn_tile());
+        let mut a = plan::attn_split_launch(dims, kv, self.attn_tile(), self.attn_ring);
+        if !self.attn_blocks_per_sm.contains_key(a.kernel) {
+            // A variant this device cannot run: the SIMT kernel with tiles of 8, which fits.
+            a = plan::attn_split_launch(dims, kv, 8, self.attn_ring);
+        }
         let bps = self.attn_blocks_per_sm.get(a.kernel).copied().unwrap_or(1);
         let sms = self.info.multiprocessors.max(1) as usize;
         (a, plan::attn_decode_splits(bps, sms, dims.n_head_kv))

@@ -20,8 +20,14 @@ pub const ATTN_WARPS: usize = 4;
 /// 57.3 / 59.2.
 pub const ATTN_TILES: [usize; 3] = [4, 8, 16];
 /// Cache positions in flight per warp of the SIMT attention split (its ring holds this many
-/// positions' keys and values: 4 tiles of 4 or 2 of 8).
+/// positions' keys and values: 4 tiles of 4 or 2 of 8), and the smaller ring for devices whose
+/// blocks cannot have that much shared memory (64 KiB on sm_75: a 27B f16 ring of 16 needs
+/// 64 KiB plus the kernel's static memory).
 pub const ATTN_RING_POSITIONS: usize = 16;
+pub const ATTN_RING_POSITIONS_SMALL: usize = 8;
+/// Upper bound of the attention-split kernels' static shared memory (their per-warp scores and
+/// weights: 4 × (8 × 8 + 8) floats at most).
+pub const ATTN_STATIC_SMEM: usize = 1152;
 /// Warps of a tensor-core attention-split block, positions per warp tile, tiles per ring (the
 /// kernel's MW_WARPS, MW_TILE, MW_STAGES).
 pub const ATTN_MMA_WARPS: usize = 2;
@@ -348,8 +354,14 @@ impl Dims {
         self.layers[..il].iter().filter(|&&k| k == kind).count()
     }
 
-    /// The `#define`s the kernels are compiled with.
+    /// The `#define`s the kernels are compiled with, for the default attention ring.
     pub fn defines(&self) -> Vec<String> {
+        self.defines_for(ATTN_RING_POSITIONS)
+    }
+
+    /// The `#define`s the kernels are compiled with, the attention ring holding `ring` cache
+    /// positions per warp (see [`attn_ring_positions`]).
+    pub fn defines_for(&self, ring: usize) -> Vec<String> {
         [
             ("HD", self.head_dim),
             ("NH", self.n_head),
@@ -362,6 +374,7 @@ impl Dims {
             ("KERN", self.conv_kernel),
             ("NSPLIT", ATTN_SPLITS),
             ("AMINLEN", ATTN_MIN_SPLIT_LEN),
+            ("ARING", ring),
             ("GEMV1_WARPS", GEMV1_WARPS),
             ("GEMV1_MAX_STAGES", GEMV1_MAX_STAGES),
             ("MM_WARPS", GEMM_WARPS),
@@ -846,17 +859,29 @@ pub struct AttnLaunch {
     pub smem_bytes: usize,
 }
 
+/// The attention ring a device can hold: [`ATTN_RING_POSITIONS`] when an f16 block of the SIMT
+/// split fits the per-block shared-memory limit `smem_limit`, else the small one.
+pub fn attn_ring_positions(d: &Dims, smem_limit: usize) -> usize {
+    let f16 = attn_split_launch(d, KvCache::F16, 8, ATTN_RING_POSITIONS);
+    if f16.smem_bytes + ATTN_STATIC_SMEM <= smem_limit {
+        ATTN_RING_POSITIONS
+    } else {
+        ATTN_RING_POSITIONS_SMALL
+    }
+}
+
 /// The attention-split kernel for a cache type and tile size (one of [`ATTN_TILES`]) and what
-/// it needs: each warp's ring of staged keys and values (and q8_0 scales), reused for the merge
-/// of the warps' accumulators; the tensor-core kernel also stages the queries and its weights.
-pub fn attn_split_launch(d: &Dims, kv: KvCache, tile: usize) -> AttnLaunch {
+/// it needs, with a ring of `ring` positions per warp: each warp's ring of staged keys and values
+/// (and q8_0 scales), reused for the merge of the warps' accumulators; the tensor-core kernel
+/// (its own ring) also stages the queries and its weights.
+pub fn attn_split_launch(d: &Dims, kv: KvCache, tile: usize, ring: usize) -> AttnLaunch {
     let gqa = d.n_head / d.n_head_kv;
     let merge = |warps: usize| 4 * warps * gqa * (d.head_dim + 2);
     let row = d.head_dim * kv.value_bytes() + kv.scale_bytes(d.head_dim);
     let simt = |kernel| AttnLaunch {
         kernel,
         threads: 32 * ATTN_WARPS,
-        smem_bytes: (ATTN_WARPS * ATTN_RING_POSITIONS * 2 * row).max(merge(ATTN_WARPS)),
+        smem_bytes: (ATTN_WARPS * ring * 2 * row).max(merge(ATTN_WARPS)),
     };
     match (kv, tile) {
         (KvCache::F16, 16) => {
@@ -1230,7 +1255,7 @@ pub(crate) mod tests {
     #[test]
     fn the_attention_split_memory_holds_the_rings_and_the_merge() {
         let d = dims(Preset::B27);
-        let l = |kv, tile| attn_split_launch(&d, kv, tile);
+        let l = |kv, tile| attn_split_launch(&d, kv, tile, ATTN_RING_POSITIONS);
         assert_eq!(l(KvCache::F16, 8).smem_bytes, 4 * 16 * 2 * 512);
         assert_eq!(l(KvCache::Q8_0, 4).smem_bytes, 4 * 16 * 2 * (256 + 16));
         assert_eq!(l(KvCache::Q8_0, 8).kernel, "attn_split_q8_t8");
@@ -1247,7 +1272,7 @@ pub(crate) mod tests {
             let gqa = d.n_head / d.n_head_kv;
             for kv in [KvCache::F16, KvCache::Q8_0] {
                 for tile in ATTN_TILES {
-                    let a = attn_split_launch(&d, kv, tile);
+                    let a = attn_split_launch(&d, kv, tile, ATTN_RING_POSITIONS_SMALL);
                     let warps = a.threads / 32;
                     assert!(
                         a.smem_bytes >= 4 * warps * gqa * (d.head_dim + 2),
@@ -1256,6 +1281,20 @@ pub(crate) mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_device_with_64_kib_per_block_gets_the_small_attention_ring() {
+        let d = dims(Preset::B27);
+        assert_eq!(attn_ring_positions(&d, 227 << 10), ATTN_RING_POSITIONS);
+        assert_eq!(attn_ring_positions(&d, 64 << 10), ATTN_RING_POSITIONS_SMALL);
+        let small = attn_split_launch(&d, KvCache::F16, 8, ATTN_RING_POSITIONS_SMALL);
+        assert!(small.smem_bytes + ATTN_STATIC_SMEM <= 48 << 10);
+        // Smaller models keep the full ring within the 48 KiB every device has.
+        assert_eq!(
+            attn_ring_positions(&dims(Preset::Small), 48 << 10),
+            ATTN_RING_POSITIONS
+        );
     }
 
     #[test]

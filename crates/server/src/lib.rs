@@ -107,8 +107,9 @@ impl Device {
         }
     }
 
-    /// A CUDA GPU: a sequence allocates its recurrent state, its f16 KV cache for the whole
-    /// context and its scratch on the device when it starts (`state_bytes` in all).
+    /// A CUDA GPU: a sequence allocates its recurrent state, its KV cache (in the `kv_cache`
+    /// format) for the whole context and its scratch on the device when it starts
+    /// (`state_bytes` in all).
     pub fn cuda(name: String, state_bytes: usize, kv_cache: &str) -> Device {
         Device {
             kind: DeviceKind::Cuda,
