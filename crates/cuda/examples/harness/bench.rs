@@ -1,0 +1,235 @@
+//! 27B synthetic models: decode under several settings, prefill, decode at depth, per-op
+//! profiles.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Instant;
+
+use gguf::Gguf;
+use model::synth::{self, Preset};
+use model::{Logits, Model};
+use niwaki_cuda::{CudaModel, KvCache};
+use quant::Format;
+
+use crate::report::*;
+
+/// A markdown table of per-op times (`Model::profile`), under `title`.
+pub(crate) fn op_table(title: &str, per: &str, prof: &[(String, usize, f64)]) -> String {
+    let total: f64 = prof.iter().map(|p| p.1 as f64 * p.2).sum();
+    let mut t = format!(
+        "\n{title}\n\n| op | per {per} | µs each | µs per {per} | share |\n|---|---|---|---|---|\n"
+    );
+    for (name, n, secs) in prof {
+        let _ = writeln!(
+            t,
+            "| {name} | {n} | {:.2} | {:.0} | {:.0}% |",
+            secs * 1e6,
+            *n as f64 * secs * 1e6,
+            100.0 * *n as f64 * secs / total
+        );
+    }
+    t
+}
+
+pub(crate) fn bench_27b(
+    rep: &mut Report,
+    format: Format,
+    bw: f64,
+    profiles: &mut Vec<String>,
+    decode_variants: &mut Vec<String>,
+) -> R<()> {
+    let vocab = 248_320;
+    let shape = Preset::B27.shape(vocab);
+    let t0 = Instant::now();
+    let w = synth::random_packed(&shape, format, 27, "bench")?;
+    let m = Model::from_gguf(Arc::new(Gguf::from_bytes(w.to_bytes()?)?))?;
+    drop(w);
+    let t_gen = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let mut g = CudaModel::load(&m)?;
+    let t_load = t1.elapsed().as_secs_f64();
+    let wb = g.weight_bytes() as f64;
+
+    // Decode: GPU argmax (8 bytes back per token), graph per token; first with the sm_90 paths
+    // off (the previous kernels), then the bulk-copy GEMV alone, then with PDL too (the default,
+    // left on for everything after).
+    // Decode: GPU argmax (8 bytes back per token), graph per token, under several settings of
+    // the sm_90 paths (the previous kernels first); the defaults are set again afterwards.
+    let decode = |pdl: bool, gemv1: bool, knobs: (bool, usize, usize)| -> R<(f64, Vec<u32>)> {
+        g.gpu().set_fast_paths(pdl, gemv1);
+        g.gpu().set_gemv1_knobs(knobs.0, knobs.1, knobs.2);
+        let mut st = g.new_state(4096)?;
+        let mut toks = vec![g.forward_greedy(&mut st, &[1, 2, 3, 4])?];
+        for _ in 0..8 {
+            toks.push(g.forward_greedy(&mut st, &[*toks.last().unwrap()])?);
+        }
+        let t = Instant::now();
+        for _ in 0..128 {
+            toks.push(g.forward_greedy(&mut st, &[*toks.last().unwrap()])?);
+        }
+        Ok((128.0 / t.elapsed().as_secs_f64(), toks))
+    };
+    let (tg_plain, _) = decode(false, false, (false, 0, 0))?;
+    let (tg_gemv1, toks_serial) = decode(false, true, (false, 0, 0))?;
+    let mut variants = String::new();
+    // The next GEMV's first bytes pulled into the L2 cache by each decode GEMV (0: off), and
+    // the norms folded into the GEMVs; the tokens must not change.
+    let default_prefetch = g.gpu().prefetch_bytes();
+    for (fuse, mb) in [(false, 0), (false, 16), (true, 8)] {
+        g.gpu().set_prefetch_bytes(mb << 20);
+        let (v, toks) = decode(true, true, (fuse, 0, 0))?;
+        rep.check(
+            toks == toks_serial,
+            format!("{format}: decode tokens differ with prefetch {mb} MB, fused norms {fuse}"),
+        );
+        let _ = write!(
+            variants,
+            "{}norm {}, L2 prefetch {mb} MB: {v:.1}",
+            if variants.is_empty() { "" } else { "; " },
+            if fuse { "fused" } else { "separate" }
+        );
+    }
+    g.gpu().set_prefetch_bytes(default_prefetch);
+    // The defaults (PDL, gemv1, separate norms, blocks per SM and shared memory by format as
+    // plan.rs chooses) last: every figure below uses them.
+    let (tg, toks) = decode(true, true, (false, 0, 0))?;
+    variants.push_str(&format!("; defaults: {tg:.1}"));
+    decode_variants.push(format!("{format}: {variants}"));
+    // PDL changes when kernels start, never what they compute: the tokens must be identical.
+    rep.check(
+        toks == toks_serial,
+        format!("{format}: decode tokens differ with and without PDL"),
+    );
+    let mut tok = *toks.last().unwrap();
+    // Where the decode step's time goes (ops timed inside graphs).
+    let mut pst = g.new_state(4096)?;
+    g.forward_greedy(&mut pst, &[1, 2, 3, 4])?;
+    let prof = g.profile(&mut pst, 1, 20)?;
+    drop(pst);
+    let total: f64 = prof.iter().map(|p| p.1 as f64 * p.2).sum();
+    profiles.push(op_table(
+        &format!(
+            "{format} decode step by op (each timed inside a graph of 20 launches cycling over the layers' ops of that kind): sum {:.2} ms/token against {:.2} ms measured",
+            total * 1e3,
+            1e3 / tg
+        ),
+        "token",
+        &prof,
+    ));
+    let mut st = g.new_state(4096)?;
+    g.forward_greedy(&mut st, &[1, 2, 3, 4])?;
+    // Decode returning the full logits to the host (the `forward` API).
+    let t = Instant::now();
+    for _ in 0..32 {
+        let l = g.forward(&mut st, &[tok], Logits::Last)?;
+        tok = model::ops::argmax(&l).unwrap_or(0) as u32;
+    }
+    let tg_logits = 32.0 / t.elapsed().as_secs_f64();
+    // Decode at 32k depth (cache contents are zeros; the reads are what matters).
+    let mut depth_lines = Vec::new();
+    let default_tile = g.gpu().attn_tile();
+    let mut at_depth = |kv: KvCache| -> R<f64> {
+        g.kv_cache = kv;
+        let mut deep = g.new_state(32768 + 256)?;
+        deep.bench_seek(32768);
+        let mut dt = g.forward_greedy(&mut deep, &[tok])?;
+        for _ in 0..4 {
+            dt = g.forward_greedy(&mut deep, &[dt])?;
+        }
+        let t = Instant::now();
+        for _ in 0..64 {
+            dt = g.forward_greedy(&mut deep, &[dt])?;
+        }
+        let tps = 64.0 / t.elapsed().as_secs_f64();
+        // The attention kernels at this depth (each tile variant), and the cache bytes the
+        // split reads per layer.
+        let d = &shape;
+        let row = d.head_dim * kv.value_bytes() + kv.scale_bytes(d.head_dim);
+        let bytes = (deep.len() + 1) * d.n_head_kv * row * 2;
+        let mut line = format!(
+            "{format}, {kv:?} cache at depth {} (decode {tps:.1} tok/s):",
+            deep.len()
+        );
+        for tile in niwaki_cuda::plan::ATTN_TILES {
+            if kv == KvCache::Q8_0 && tile == 16 {
+                continue; // the tensor-core kernel reads f16 caches only
+            }
+            g.gpu().set_attn_tile(tile);
+            let prof = g.profile(&mut deep, 1, 20)?;
+            let us = |k: &str| prof.iter().find(|p| p.0 == k).map_or(0.0, |p| p.2 * 1e6);
+            let _ = write!(
+                line,
+                " tiles of {tile}{}: AttnSplit {:.1} µs per layer ({:.0} GB/s of cache read), AttnCombine {:.1} µs;",
+                if tile == 16 { " (tensor cores)" } else { "" },
+                us("AttnSplit"),
+                bytes as f64 / us("AttnSplit").max(1e-3) / 1e3,
+                us("AttnCombine"),
+            );
+        }
+        g.gpu().set_attn_tile(default_tile);
+        depth_lines.push(line);
+        Ok(tps)
+    };
+    let tg32k = at_depth(KvCache::F16)?;
+    let tg32k_q8 = at_depth(KvCache::Q8_0)?;
+    for l in depth_lines {
+        profiles.push(format!("\n{l}"));
+    }
+    g.kv_cache = KvCache::F16;
+    // Prefill pp512 (after a warm-up).
+    let prompt: Vec<u32> = (0..512).map(|i| (i * 7919 % vocab) as u32).collect();
+    let mut warm = g.new_state(1024)?;
+    g.forward(&mut warm, &prompt[..128], Logits::Last)?;
+    drop(warm);
+    let pp512 = |mma: bool, mi: usize| -> R<f64> {
+        g.gpu().set_mma(mma);
+        g.gpu().set_gemm_mi(mi);
+        let mut pst = g.new_state(1024)?;
+        let t = Instant::now();
+        g.forward(&mut pst, &prompt, Logits::Last)?;
+        Ok(512.0 / t.elapsed().as_secs_f64())
+    };
+    let pp_dp4a = pp512(false, niwaki_cuda::plan::GEMM_DEFAULT_MI)?;
+    let other_mi = 3 - niwaki_cuda::plan::GEMM_DEFAULT_MI;
+    let pp_other = pp512(true, other_mi)?;
+    let pp = pp512(true, niwaki_cuda::plan::GEMM_DEFAULT_MI)?;
+    let pp_again = pp512(true, niwaki_cuda::plan::GEMM_DEFAULT_MI)?;
+    // Where a prefill pass's time goes (a full chunk, ops timed inside graphs).
+    let mut pst = g.new_state(4096)?;
+    g.forward(&mut pst, &prompt[..64], Logits::Last)?;
+    let chunk = niwaki_cuda::plan::MAX_CHUNK;
+    let prof = g.profile(&mut pst, chunk, 4)?;
+    drop(pst);
+    let total: f64 = prof.iter().map(|p| p.1 as f64 * p.2).sum();
+    profiles.push(op_table(
+        &format!(
+            "{format} prefill pass of {chunk} tokens by op (each timed inside a graph of 4 launches cycling over the layers' ops of that kind): sum {:.1} ms = {:.0} tok/s; pp512 measured {pp:.0} and {pp_again:.0} tok/s (GEMM with {other_mi} tile(s) per warp: {pp_other:.0}; dp4a kernels only: {pp_dp4a:.0})",
+            total * 1e3,
+            chunk as f64 / total
+        ),
+        "pass",
+        &prof,
+    ));
+
+    let state_rw = 2.0 * (48.0 * 48.0 * 128.0 * 128.0 * 4.0);
+    let floor = bw / (wb + state_rw);
+    // llama.cpp 0c1e570 on this H200 (the table): tg128, pp512.
+    let peer = match format {
+        Format::Q2_0 => "117.3 / 2874",
+        Format::Q1_0 => "120.7 / 2685",
+        _ => "not supported",
+    };
+    rep.line(format!(
+        "| {format} | {:.2} GB | {tg:.1} | {:.0}% | {tg_gemv1:.1} | {tg_plain:.1} | {tg_logits:.1} | {pp:.0} | {tg32k:.1} ({:.2}) | {tg32k_q8:.1} ({:.2}) | {:.0} | {peer} |",
+        wb / 1e9,
+        100.0 * tg / floor,
+        tg32k / tg,
+        tg32k_q8 / tg,
+        floor
+    ));
+    println!(
+        "   ({format}: synth {t_gen:.1}s, load+repack+upload {t_load:.1}s, kernels compiled in {:.2}s)",
+        g.compile_secs()
+    );
+    Ok(())
+}
