@@ -1,0 +1,110 @@
+//! Flash-decoding attention: split counts and lengths, and each split kernel's launch.
+
+use super::*;
+
+/// Partitions of the KV range in flash-decoding (one block per kv head and split).
+pub const ATTN_SPLITS: usize = 128;
+/// Warps of an attention-split block (the kernel's AWARPS).
+pub const ATTN_WARPS: usize = 4;
+/// Cache positions a warp of the attention split takes at a time: the kernel variants (16: the
+/// tensor-core kernel, for f16 caches on sm_80+; a q8_0 cache then takes tiles of 8). H200,
+/// 27B Q2_0 at 32k depth, µs per layer, f16 / q8_0 cache: tiles of 4 60.9 / 63.2, of 8
+/// 57.3 / 59.2.
+pub const ATTN_TILES: [usize; 3] = [4, 8, 16];
+/// Cache positions in flight per warp of the SIMT attention split (its ring holds this many
+/// positions' keys and values: 4 tiles of 4 or 2 of 8), and the smaller ring for devices whose
+/// blocks cannot have that much shared memory (64 KiB on sm_75: a 27B f16 ring of 16 needs
+/// 64 KiB plus the kernel's static memory).
+pub const ATTN_RING_POSITIONS: usize = 16;
+pub const ATTN_RING_POSITIONS_SMALL: usize = 8;
+/// Upper bound of the attention-split kernels' static shared memory (their per-warp scores and
+/// weights: 4 × (8 × 8 + 8) floats at most).
+pub const ATTN_STATIC_SMEM: usize = 1152;
+/// Warps of a tensor-core attention-split block, positions per warp tile, tiles per ring (the
+/// kernel's MW_WARPS, MW_TILE, MW_STAGES).
+pub const ATTN_MMA_WARPS: usize = 2;
+pub const ATTN_MMA_TILE: usize = 16;
+pub const ATTN_MMA_STAGES: usize = 2;
+/// Fewest cache positions per split: short contexts use few splits, and the merge reads few
+/// partial rows (at 128 splits a 100-token context merged 128 partials of one position each).
+pub const ATTN_MIN_SPLIT_LEN: usize = 32;
+/// Cache positions per split that a multi-token pass aims for (a one-token pass uses the
+/// device's [`attn_decode_splits`]: its graph is replayed at every context length).
+pub const ATTN_PASS_SPLIT_LEN: usize = 256;
+
+/// Splits of the attention kernel for a pass of `ntok` tokens ending at context `n_ctx`
+/// (`decode`: the one-token figure from [`attn_decode_splits`]). Each split of each token
+/// writes a partial row of `head_dim + 2` floats per head: at 128 splits a 256-token prefill
+/// pass wrote (and merged) 0.8 GB per layer for contexts of a few hundred.
+pub fn attn_splits(n_ctx: usize, ntok: usize, decode: usize) -> usize {
+    if ntok == 1 {
+        decode.clamp(1, ATTN_SPLITS)
+    } else {
+        n_ctx.div_ceil(ATTN_PASS_SPLIT_LEN).clamp(1, ATTN_SPLITS)
+    }
+}
+
+/// Splits per kv head of a one-token pass: as many blocks as the device holds at once
+/// (`blocks_per_sm` of the split kernel on each of `sms` multiprocessors), so that a long
+/// context is one wave. At 128 splits (512 blocks for 4 kv heads against 396 places on an H200)
+/// the last 116 blocks ran as a second wave, nearly doubling the kernel's time.
+pub fn attn_decode_splits(blocks_per_sm: usize, sms: usize, n_head_kv: usize) -> usize {
+    (blocks_per_sm * sms / n_head_kv.max(1)).clamp(1, ATTN_SPLITS)
+}
+
+/// Cache positions per split of a context of `n_ctx` split `nsplit` ways (the kernels'
+/// `attn_split_len`): splits from `n_ctx.div_ceil(len)` on are empty and never merged.
+pub fn attn_split_len(n_ctx: usize, nsplit: usize) -> usize {
+    n_ctx.div_ceil(nsplit).max(ATTN_MIN_SPLIT_LEN)
+}
+
+/// An attention-split launch: kernel, threads per block, dynamic shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnLaunch {
+    pub kernel: &'static str,
+    pub threads: usize,
+    pub smem_bytes: usize,
+}
+
+/// The attention ring a device can hold: [`ATTN_RING_POSITIONS`] when an f16 block of the SIMT
+/// split fits the per-block shared-memory limit `smem_limit`, else the small one.
+pub fn attn_ring_positions(d: &Dims, smem_limit: usize) -> usize {
+    let f16 = attn_split_launch(d, KvCache::F16, 8, ATTN_RING_POSITIONS);
+    if f16.smem_bytes + ATTN_STATIC_SMEM <= smem_limit {
+        ATTN_RING_POSITIONS
+    } else {
+        ATTN_RING_POSITIONS_SMALL
+    }
+}
+
+/// The attention-split kernel for a cache type and tile size (one of [`ATTN_TILES`]) and what
+/// it needs, with a ring of `ring` positions per warp: each warp's ring of staged keys and values
+/// (and q8_0 scales), reused for the merge of the warps' accumulators; the tensor-core kernel
+/// (its own ring) also stages the queries and its weights.
+pub fn attn_split_launch(d: &Dims, kv: KvCache, tile: usize, ring: usize) -> AttnLaunch {
+    let gqa = d.n_head / d.n_head_kv;
+    let merge = |warps: usize| 4 * warps * gqa * (d.head_dim + 2);
+    let row = d.head_dim * kv.value_bytes() + kv.scale_bytes(d.head_dim);
+    let simt = |kernel| AttnLaunch {
+        kernel,
+        threads: 32 * ATTN_WARPS,
+        smem_bytes: (ATTN_WARPS * ring * 2 * row).max(merge(ATTN_WARPS)),
+    };
+    match (kv, tile) {
+        (KvCache::F16, 16) => {
+            let w = ATTN_MMA_WARPS;
+            let rings = w * ATTN_MMA_STAGES * 2 * ATTN_MMA_TILE * (2 * d.head_dim + 16);
+            let queries = 2 * 8 * (d.head_dim + 8) * 2;
+            let weights = w * 2 * 8 * 24 * 2;
+            AttnLaunch {
+                kernel: "attn_split_mma",
+                threads: 32 * w,
+                smem_bytes: rings.max(merge(w)) + queries + weights,
+            }
+        }
+        (KvCache::F16, 4) => simt("attn_split_t4"),
+        (KvCache::Q8_0, 4) => simt("attn_split_q8_t4"),
+        (KvCache::F16, _) => simt("attn_split_t8"),
+        (KvCache::Q8_0, _) => simt("attn_split_q8_t8"),
+    }
+}

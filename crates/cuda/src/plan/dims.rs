@@ -1,0 +1,160 @@
+//! The model's shapes as the kernels need them, and the defines they are compiled with.
+
+use super::*;
+
+/// The model's shapes as the kernels need them, checked against what the kernels support.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dims {
+    pub hidden: usize,
+    pub ffn: usize,
+    pub vocab: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub rope_dims: usize,
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_dim: usize,
+    pub value_dim: usize,
+    pub conv_kernel: usize,
+    pub layers: Vec<LayerKind>,
+    pub rms_eps: f32,
+    pub rope_base: f32,
+    pub context_length: usize,
+}
+
+impl Dims {
+    pub fn from_config(c: &Config) -> Result<Dims> {
+        let d = Dims {
+            hidden: c.hidden,
+            ffn: c.ffn,
+            vocab: c.vocab,
+            n_head: c.n_head,
+            n_head_kv: c.n_head_kv,
+            head_dim: c.head_dim,
+            rope_dims: c.rope_dims,
+            key_heads: c.gdn_key_heads,
+            value_heads: c.gdn_value_heads,
+            key_dim: c.gdn_key_dim,
+            value_dim: c.gdn_value_dim,
+            conv_kernel: c.conv_kernel,
+            layers: c.layers.clone(),
+            rms_eps: c.rms_eps,
+            rope_base: c.rope_base,
+            context_length: c.context_length,
+        };
+        d.check()?;
+        Ok(d)
+    }
+
+    pub(crate) fn check(&self) -> Result<()> {
+        let bad = |s: String| Err(CudaError::Unsupported(s));
+        if self.key_dim != 128 || self.value_dim != 128 {
+            return bad(format!(
+                "gated delta net head dims {}×{} (the kernels need 128×128)",
+                self.key_dim, self.value_dim
+            ));
+        }
+        if !self.head_dim.is_multiple_of(32) || self.head_dim > 256 {
+            return bad(format!(
+                "attention head dim {} (needs a multiple of 32, at most 256)",
+                self.head_dim
+            ));
+        }
+        let group = self.n_head / self.n_head_kv;
+        if group > 8 {
+            return bad(format!("{group} query heads per kv head (at most 8)"));
+        }
+        for (what, n) in [
+            ("hidden", self.hidden),
+            ("ffn", self.ffn),
+            ("gdn inner", self.gdn_inner()),
+            ("attention width", self.n_head * self.head_dim),
+        ] {
+            if n % 128 != 0 {
+                return bad(format!("{what} width {n} is not a multiple of 128"));
+            }
+        }
+        if self.conv_kernel < 2 || self.conv_kernel > 8 {
+            return bad(format!("conv kernel {} (2..=8)", self.conv_kernel));
+        }
+        Ok(())
+    }
+
+    pub fn gdn_inner(&self) -> usize {
+        self.value_heads * self.value_dim
+    }
+    pub fn conv_channels(&self) -> usize {
+        2 * self.key_heads * self.key_dim + self.gdn_inner()
+    }
+    /// Rows of the stacked qkv | z | alpha | beta projection.
+    pub fn gdn_in_rows(&self) -> usize {
+        self.conv_channels() + self.gdn_inner() + 2 * self.value_heads
+    }
+    /// Rows of the stacked q+gate | k | v projection.
+    pub fn attn_in_rows(&self) -> usize {
+        2 * self.n_head * self.head_dim + 2 * self.n_head_kv * self.head_dim
+    }
+    pub fn ffn_in_rows(&self) -> usize {
+        2 * self.ffn
+    }
+    pub fn proj_rows(&self) -> usize {
+        self.gdn_in_rows()
+            .max(self.attn_in_rows())
+            .max(self.ffn_in_rows())
+    }
+    pub fn max_cols(&self) -> usize {
+        self.hidden
+            .max(self.ffn)
+            .max(self.gdn_inner())
+            .max(self.n_head * self.head_dim)
+    }
+    pub fn n_attention(&self) -> usize {
+        self.layers
+            .iter()
+            .filter(|&&k| k == LayerKind::Attention)
+            .count()
+    }
+    pub fn n_recurrent(&self) -> usize {
+        self.layers.len() - self.n_attention()
+    }
+    /// Index of layer `il` among the layers of its kind.
+    pub fn kind_index(&self, il: usize) -> usize {
+        let kind = self.layers[il];
+        self.layers[..il].iter().filter(|&&k| k == kind).count()
+    }
+
+    /// The `#define`s the kernels are compiled with, for the default attention ring.
+    pub fn defines(&self) -> Vec<String> {
+        self.defines_for(ATTN_RING_POSITIONS)
+    }
+
+    /// The `#define`s the kernels are compiled with, the attention ring holding `ring` cache
+    /// positions per warp (see [`attn_ring_positions`]).
+    pub fn defines_for(&self, ring: usize) -> Vec<String> {
+        [
+            ("HD", self.head_dim),
+            ("NH", self.n_head),
+            ("NKV", self.n_head_kv),
+            ("ROPE", self.rope_dims),
+            ("HK", self.key_heads),
+            ("HV", self.value_heads),
+            ("DK", self.key_dim),
+            ("DV", self.value_dim),
+            ("KERN", self.conv_kernel),
+            ("NSPLIT", ATTN_SPLITS),
+            ("AMINLEN", ATTN_MIN_SPLIT_LEN),
+            ("ARING", ring),
+            ("GEMV1_WARPS", GEMV1_WARPS),
+            ("GEMV1_MAX_STAGES", GEMV1_MAX_STAGES),
+            ("MM_WARPS", GEMM_WARPS),
+            ("MM_BN", GEMM_TOKENS),
+            ("MM_KC", GEMM_STAGE_VALUES),
+            ("MM_STAGES", GEMM_STAGES),
+            ("MM_WSTRIDE", GEMM_ROW_STRIDE),
+        ]
+        .iter()
+        .map(|(k, v)| format!("-D{k}={v}"))
+        .collect()
+    }
+}

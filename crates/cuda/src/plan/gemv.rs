@@ -1,0 +1,111 @@
+//! The GEMVs: the multi-token kernel's shape, and the decode GEMV's tiles, stages and grid.
+
+use super::*;
+
+/// Tokens one GEMV launch multiplies against each weight row it reads.
+pub const GEMV_TOKENS: usize = 8;
+
+/// Rows of a matrix one GEMV warp computes at a time (sharing each activation load).
+pub const GEMV_ROWS: usize = 4;
+
+/// Matrices are uploaded with their rows padded to a multiple of this, so that the decode GEMV
+/// (`gemv1_*`) only ever copies whole tiles of 8 or 16 rows.
+pub const TILE_PAD_ROWS: usize = 16;
+/// Consumer warps of a decode-GEMV block (one more warp issues the copies); a tile is
+/// `GEMV1_WARPS × rows_per_warp` rows.
+pub const GEMV1_WARPS: usize = 8;
+/// Shared memory the decode GEMV may declare statically (its barriers and reduction space: 256
+/// bytes today), kept out of its dynamic budget.
+pub const GEMV1_STATIC_SMEM: usize = 1024;
+/// Shared-memory stages of the decode GEMV's copy ring (the kernel's barrier array).
+pub const GEMV1_MAX_STAGES: usize = 8;
+
+/// The knobs of the decode GEMV: rows per warp (1 or 2), the shared memory a block may use for
+/// activations and its ring of tiles, and blocks per multiprocessor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gemv1Tuning {
+    pub rows_per_warp: usize,
+    pub smem_budget: usize,
+    pub blocks_per_sm: usize,
+}
+
+impl Gemv1Tuning {
+    /// Default for a matrix: two rows per warp while a tile of 16 rows stays small (≤ ~26 KB),
+    /// two blocks per multiprocessor of up to 100 KiB each, three of 72 KiB for 1-bit weights.
+    /// Measured on the H200 over whole 27B decode steps: one block per SM (so that the next
+    /// GEMV's block could fit beside it) was 17-27% slower, 64 or 160 KiB with one block slower
+    /// still; three blocks of 72 KiB were 2.3% faster than two of 100 KiB on Q1_0 (on par with
+    /// two of 112 KiB; its GEMV is bound by its instructions, so more warps help) and 10% slower
+    /// on Q2_0 (fewer bytes in flight).
+    pub fn for_shape(format: GpuFormat, cols: usize) -> Gemv1Tuning {
+        let row_bytes = cols / format.chunk_values() * 16;
+        let one_bit = format == GpuFormat::Q1;
+        Gemv1Tuning {
+            rows_per_warp: if row_bytes <= 1600 { 2 } else { 1 },
+            smem_budget: if one_bit { 72 << 10 } else { 100 << 10 },
+            blocks_per_sm: if one_bit { 3 } else { 2 },
+        }
+    }
+}
+
+/// A decode-GEMV launch: kernel variant, stages, grid and dynamic shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gemv1Launch {
+    pub rows_per_warp: usize,
+    pub stages: usize,
+    pub grid: usize,
+    pub smem_bytes: usize,
+    pub stage_bytes: usize,
+}
+
+fn round128(n: usize) -> usize {
+    n.div_ceil(128) * 128
+}
+
+/// Plans a decode GEMV, or `None` when not even two stages fit (the caller then uses the plain
+/// kernel). `smem_limit` is the per-block opt-in maximum of the device.
+/// `fused_norm`: the block norms and quantizes its input itself (one more row of int8 staging).
+pub fn gemv1_launch(
+    format: GpuFormat,
+    rows: usize,
+    cols: usize,
+    t: Gemv1Tuning,
+    sms: usize,
+    smem_limit: usize,
+    fused_norm: bool,
+) -> Option<Gemv1Launch> {
+    if rows == 0 || !format.fits(cols) || !(1..=2).contains(&t.rows_per_warp) {
+        return None;
+    }
+    let tr = GEMV1_WARPS * t.rows_per_warp;
+    let chunks = cols / format.chunk_values();
+    let scales = cols / format.scale_values();
+    let stage_bytes = round128(tr * chunks * 16 + tr * scales * 2);
+    let x_bytes = round128(cols + 8 * cols / X_GROUP) + if fused_norm { cols } else { 0 };
+    // The kernel's static barriers come out of the same limit.
+    let budget = t
+        .smem_budget
+        .min(smem_limit.saturating_sub(GEMV1_STATIC_SMEM));
+    let tiles = rows.div_ceil(tr);
+    let stages = (budget.saturating_sub(x_bytes) / stage_bytes)
+        .min(GEMV1_MAX_STAGES)
+        .min(tiles.max(2));
+    if stages < 2 {
+        return None;
+    }
+    // Every place filled, even where blocks then differ by a tile: giving every block the same
+    // number of tiles (fewer blocks) measured no faster on the H200 (tg128 Q2_0 251.4 against
+    // 254.6, Q1_0 276.2 against 277.2).
+    Some(Gemv1Launch {
+        rows_per_warp: t.rows_per_warp,
+        stages,
+        grid: tiles.min(sms.max(1) * t.blocks_per_sm.max(1)),
+        smem_bytes: x_bytes + stages * stage_bytes,
+        stage_bytes,
+    })
+}
+
+/// Bytes of the next matrix a one-token GEMV pulls into the L2 cache by default (0: none).
+/// Measured on the H200 (tg128, Q2_0 / Q1_0): none 243.6 / 264.5, 8 MiB 249.6 / 273.7,
+/// 16 MiB 245.7 / 271.2, 32 MiB 241.6 / 269.1 tok/s.
+pub const DEFAULT_PREFETCH_BYTES: usize = 8 << 20;

@@ -1,0 +1,164 @@
+//! Device memory: the KV cache format, a sequence's state, the scratch of a pass, and the
+//! check that an allocation fits.
+
+use super::*;
+
+/// How the attention layers cache keys and values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvCache {
+    /// f16 values.
+    #[default]
+    F16,
+    /// llama.cpp's q8_0: int8 values and one f16 scale per 32 (34 bytes per 32 values, 53% of
+    /// f16), so a decode step at depth reads about half the cache bytes.
+    Q8_0,
+}
+
+impl KvCache {
+    /// Bytes of one cached value (scales apart).
+    pub const fn value_bytes(self) -> usize {
+        match self {
+            KvCache::F16 => 2,
+            KvCache::Q8_0 => 1,
+        }
+    }
+
+    /// Bytes of the scales of a row of `head_dim` values.
+    pub const fn scale_bytes(self, head_dim: usize) -> usize {
+        match self {
+            KvCache::F16 => 0,
+            KvCache::Q8_0 => 2 * head_dim / 32,
+        }
+    }
+}
+
+/// Bytes of the per-sequence state for a context of `ctx` tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateBytes {
+    /// Conv state: `[recurrent layers][kernel − 1][channels]` f32.
+    pub conv: usize,
+    /// Recurrent state: `[recurrent layers][value heads][key dim][value dim]` f32.
+    pub ssm: usize,
+    /// K and V caches, from [`StateBytes::kv_offset`]: the values `[attention layers][ctx][kv
+    /// heads][head dim]` of K then of V, then (q8_0) their scales `[layers][ctx][kv heads][head
+    /// dim / 32]`, K then V.
+    pub kv: usize,
+    pub kv_cache: KvCache,
+    /// Bytes of one layer's K (or V) values, and of its scales.
+    pub kv_values: usize,
+    pub kv_scales: usize,
+}
+
+impl StateBytes {
+    pub fn new(d: &Dims, ctx: usize, kv_cache: KvCache) -> StateBytes {
+        let g = d.n_recurrent();
+        let rows = ctx * d.n_head_kv;
+        let kv_values = rows * d.head_dim * kv_cache.value_bytes();
+        let kv_scales = rows * kv_cache.scale_bytes(d.head_dim);
+        StateBytes {
+            conv: 4 * g * (d.conv_kernel - 1) * d.conv_channels(),
+            ssm: 4 * g * d.value_heads * d.key_dim * d.value_dim,
+            kv: 2 * d.n_attention() * (kv_values + kv_scales),
+            kv_cache,
+            kv_values,
+            kv_scales,
+        }
+    }
+
+    /// Where the caches start: after the recurrent states, 256-byte aligned (the attention
+    /// kernels read 8- and 16-byte units).
+    pub fn kv_offset(&self) -> usize {
+        (self.conv + self.ssm).div_ceil(256) * 256
+    }
+
+    pub fn total(&self) -> usize {
+        self.kv_offset() + self.kv
+    }
+
+    /// Offsets of attention layer `i`'s K values, V values, K scales and V scales (of `n`
+    /// attention layers) from the start of the state.
+    pub fn kv_layer(&self, i: usize, n: usize) -> [usize; 4] {
+        let base = self.kv_offset();
+        let scales = base + 2 * n * self.kv_values;
+        [
+            base + i * self.kv_values,
+            base + (n + i) * self.kv_values,
+            scales + i * self.kv_scales,
+            scales + (n + i) * self.kv_scales,
+        ]
+    }
+}
+
+/// Named regions of one state's scratch memory, 256-byte aligned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scratch {
+    pub regions: Vec<(&'static str, usize, usize)>,
+    pub bytes: usize,
+}
+
+impl Scratch {
+    pub fn new(d: &Dims, tokens: usize) -> Scratch {
+        let t = tokens;
+        let sizes = [
+            ("x", 4 * t * d.hidden),
+            ("xq", t * d.max_cols()),
+            ("xs", 8 * t * d.max_cols() / 64),
+            ("proj", 4 * t * d.proj_rows()),
+            ("conv", 4 * t * d.conv_channels()),
+            ("gdn", 4 * t * d.gdn_inner()),
+            ("gdn_qk", 4 * t * 2 * d.key_heads * d.key_dim),
+            ("gdn_gb", 8 * t * d.value_heads),
+            ("q", 4 * t * d.n_head * d.head_dim),
+            ("attn", 4 * t * d.n_head * d.head_dim),
+            ("part", 4 * t * d.n_head * ATTN_SPLITS * (d.head_dim + 2)),
+            ("logits", 4 * t * d.vocab),
+            ("argmax", 8 * t),
+            ("gemm_part", 4 * GEMM_MAX_SPLITS * t * d.hidden),
+            ("pos", 8),
+        ];
+        let mut regions = Vec::new();
+        let mut at = 0;
+        for (name, n) in sizes {
+            regions.push((name, at, n));
+            at += n.div_ceil(256) * 256;
+        }
+        Scratch { regions, bytes: at }
+    }
+
+    fn region(&self, name: &str) -> &(&'static str, usize, usize) {
+        self.regions
+            .iter()
+            .find(|r| r.0 == name)
+            .unwrap_or_else(|| panic!("no scratch region {name}"))
+    }
+
+    /// Bytes of a region.
+    pub fn size(&self, name: &str) -> usize {
+        self.region(name).2
+    }
+
+    /// Byte offset of a region.
+    pub fn offset(&self, name: &str) -> usize {
+        self.region(name).1
+    }
+}
+
+/// Fails with the numbers when `need` bytes do not fit in `free`.
+pub fn check_fits(what: &str, parts: &[(&str, usize)], free: usize) -> Result<()> {
+    let need: usize = parts.iter().map(|p| p.1).sum();
+    if need <= free {
+        return Ok(());
+    }
+    let mib = |b: usize| (b as u64).div_ceil(1 << 20);
+    let breakdown = parts
+        .iter()
+        .map(|(n, b)| format!("{n} {} MiB", mib(*b)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Err(CudaError::OutOfMemory {
+        what: what.into(),
+        need_mib: mib(need),
+        free_mib: mib(free),
+        breakdown,
+    })
+}

@@ -1,0 +1,252 @@
+//! The kernel launches of a forward call, in order.
+
+use super::*;
+
+/// A packed matrix of the model, by role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mat {
+    /// qkv | z | alpha | beta of a recurrent layer.
+    GdnIn(usize),
+    GdnOut(usize),
+    /// q+gate | k | v of an attention layer.
+    AttnIn(usize),
+    AttnOut(usize),
+    /// gate | up.
+    FfnIn(usize),
+    FfnDown(usize),
+    Output,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Norm {
+    Attn(usize),
+    Post(usize),
+    Output,
+}
+
+/// Where a GEMV writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Out {
+    /// The projection buffer (overwritten).
+    Proj,
+    /// Added into the residual stream.
+    Residual,
+    /// The logits buffer (overwritten), with the per-token argmax when asked.
+    Logits { argmax: bool },
+}
+
+/// One step of a forward call over `ntok` tokens (layer indices are model layer indices).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// RMS-norm tokens `tok0..tok0+ntok` of the residual and quantize them to int8.
+    NormQuant {
+        norm: Norm,
+        tok0: usize,
+        ntok: usize,
+    },
+    Gemv {
+        mat: Mat,
+        ntok: usize,
+        out: Out,
+    },
+    /// One token: RMS norm + quantize inside the GEMV's own blocks (NormQuant then Gemv when
+    /// the device has no fused kernel for the matrix).
+    NormGemv {
+        norm: Norm,
+        tok0: usize,
+        mat: Mat,
+        out: Out,
+    },
+    Conv {
+        layer: usize,
+        ntok: usize,
+    },
+    /// Normalized q, k and the gates of every token of a multi-token pass, ahead of the step.
+    GdnPrep {
+        layer: usize,
+        ntok: usize,
+    },
+    GdnStep {
+        layer: usize,
+        ntok: usize,
+    },
+    /// Per-head RMS norm · ssm_norm · silu(z), quantized.
+    GatedQuant {
+        layer: usize,
+        ntok: usize,
+    },
+    /// q/k norms, RoPE, appending k and v to the cache.
+    AttnPrep {
+        layer: usize,
+        ntok: usize,
+    },
+    AttnSplit {
+        layer: usize,
+        ntok: usize,
+    },
+    /// Merges the splits and applies the output gate.
+    AttnCombine {
+        layer: usize,
+        ntok: usize,
+    },
+    /// Quantizes the attention output for its projection.
+    PlainQuant {
+        ntok: usize,
+    },
+    /// silu(gate) · up, quantized.
+    SwigluQuant {
+        ntok: usize,
+    },
+    ResetArgmax {
+        ntok: usize,
+    },
+}
+
+/// Which tokens of a call produce logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Head {
+    None,
+    Last,
+    All,
+}
+
+/// The launches of one forward pass over `ntok` tokens (at most [`MAX_CHUNK`]). With
+/// `fuse_norm`, a one-token pass folds each norm into the GEMV that reads it.
+pub fn forward_ops(d: &Dims, ntok: usize, head: Head, argmax: bool, fuse_norm: bool) -> Vec<Op> {
+    assert!((1..=MAX_CHUNK).contains(&ntok));
+    let mut ops = Vec::new();
+    let gemv = |mat, out| Op::Gemv { mat, ntok, out };
+    let fuse = fuse_norm && ntok == 1;
+    for (il, kind) in d.layers.iter().enumerate() {
+        ops.push(Op::NormQuant {
+            norm: Norm::Attn(il),
+            tok0: 0,
+            ntok,
+        });
+        match kind {
+            LayerKind::Recurrent => {
+                ops.push(gemv(Mat::GdnIn(il), Out::Proj));
+                ops.push(Op::Conv { layer: il, ntok });
+                if gdn_prepped(ntok) {
+                    ops.push(Op::GdnPrep { layer: il, ntok });
+                }
+                ops.push(Op::GdnStep { layer: il, ntok });
+                ops.push(Op::GatedQuant { layer: il, ntok });
+                ops.push(gemv(Mat::GdnOut(il), Out::Residual));
+            }
+            LayerKind::Attention => {
+                ops.push(gemv(Mat::AttnIn(il), Out::Proj));
+                ops.push(Op::AttnPrep { layer: il, ntok });
+                ops.push(Op::AttnSplit { layer: il, ntok });
+                ops.push(Op::AttnCombine { layer: il, ntok });
+                ops.push(Op::PlainQuant { ntok });
+                ops.push(gemv(Mat::AttnOut(il), Out::Residual));
+            }
+        }
+        ops.push(Op::NormQuant {
+            norm: Norm::Post(il),
+            tok0: 0,
+            ntok,
+        });
+        ops.push(gemv(Mat::FfnIn(il), Out::Proj));
+        ops.push(Op::SwigluQuant { ntok });
+        ops.push(gemv(Mat::FfnDown(il), Out::Residual));
+    }
+    let (tok0, n) = match head {
+        Head::None => return ops,
+        Head::Last => (ntok - 1, 1),
+        Head::All => (0, ntok),
+    };
+    if argmax {
+        ops.push(Op::ResetArgmax { ntok: n });
+    }
+    ops.push(Op::NormQuant {
+        norm: Norm::Output,
+        tok0,
+        ntok: n,
+    });
+    ops.push(Op::Gemv {
+        mat: Mat::Output,
+        ntok: n,
+        out: Out::Logits { argmax },
+    });
+    if fuse {
+        fuse_norms(&mut ops);
+    }
+    ops
+}
+
+/// Replaces each one-token NormQuant directly followed by a GEMV with a NormGemv.
+fn fuse_norms(ops: &mut Vec<Op>) {
+    let mut out = Vec::with_capacity(ops.len());
+    let mut i = 0;
+    while i < ops.len() {
+        match (ops[i], ops.get(i + 1)) {
+            (
+                Op::NormQuant {
+                    norm,
+                    tok0,
+                    ntok: 1,
+                },
+                Some(&Op::Gemv {
+                    mat,
+                    ntok: 1,
+                    out: o,
+                }),
+            ) => {
+                out.push(Op::NormGemv {
+                    norm,
+                    tok0,
+                    mat,
+                    out: o,
+                });
+                i += 2;
+            }
+            (op, _) => {
+                out.push(op);
+                i += 1;
+            }
+        }
+    }
+    *ops = out;
+}
+
+/// Kernel launches an op list makes with the dp4a kernels (a GEMV over more than
+/// [`GEMV_TOKENS`] tokens is several; the tensor-core GEMM makes one, or two when split).
+pub fn launches(ops: &[Op]) -> usize {
+    ops.iter()
+        .map(|op| match op {
+            Op::Gemv { ntok, .. } => ntok.div_ceil(GEMV_TOKENS),
+            _ => 1,
+        })
+        .sum()
+}
+
+/// Whether a pass of `ntok` tokens prepares the recurrence's state-independent parts in a
+/// kernel of their own (a one-token step computes them inline: one launch fewer).
+pub const fn gdn_prepped(ntok: usize) -> bool {
+    ntok > 1
+}
+
+/// For each matrix a forward pass multiplies by, the one multiplied next (the last one's is the
+/// first: a decode step's next token starts again at the first layer).
+pub fn next_matrices(ops: &[Op]) -> Vec<(Mat, Mat)> {
+    let mats: Vec<Mat> = ops
+        .iter()
+        .filter_map(|op| match *op {
+            Op::Gemv { mat, .. } | Op::NormGemv { mat, .. } => Some(mat),
+            _ => None,
+        })
+        .collect();
+    mats.iter()
+        .enumerate()
+        .map(|(i, &m)| (m, mats[(i + 1) % mats.len()]))
+        .collect()
+}
+
+/// Splits a call of `n` tokens into GPU passes of at most [`MAX_CHUNK`].
+pub fn chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..n)
+        .step_by(MAX_CHUNK)
+        .map(move |s| (s, MAX_CHUNK.min(n - s)))
+}

@@ -1,0 +1,439 @@
+//! The plan's unit tests (no GPU needed).
+
+use super::*;
+use model::synth::Preset;
+
+pub(crate) fn dims(p: Preset) -> Dims {
+    let s = p.shape(248_320);
+    let layers = (0..s.n_layers)
+        .map(|il| {
+            if (il + 1) % s.full_attention_interval == 0 {
+                LayerKind::Attention
+            } else {
+                LayerKind::Recurrent
+            }
+        })
+        .collect();
+    Dims::from_config(&Config {
+        n_layers: s.n_layers,
+        hidden: s.hidden,
+        ffn: s.ffn,
+        vocab: s.vocab,
+        context_length: s.context_length,
+        rms_eps: 1e-6,
+        n_head: s.n_head,
+        n_head_kv: s.n_head_kv,
+        head_dim: s.head_dim,
+        rope_base: 1e7,
+        rope_dims: s.rope_dims,
+        conv_kernel: s.conv_kernel,
+        gdn_key_heads: s.gdn_key_heads,
+        gdn_key_dim: s.gdn_key_dim,
+        gdn_value_heads: s.gdn_value_heads,
+        gdn_value_dim: s.gdn_value_dim,
+        layers,
+    })
+    .unwrap()
+}
+
+#[test]
+fn the_27b_shapes_are_supported_and_stack_as_expected() {
+    let d = dims(Preset::B27);
+    assert_eq!((d.n_recurrent(), d.n_attention()), (48, 16));
+    assert_eq!(d.conv_channels(), 10240);
+    assert_eq!(d.gdn_in_rows(), 10240 + 6144 + 96);
+    assert_eq!(d.attn_in_rows(), 2 * 24 * 256 + 2 * 4 * 256);
+    assert_eq!(d.proj_rows(), 2 * 17408);
+    assert_eq!(d.kind_index(3), 0);
+    assert_eq!(d.kind_index(4), 3);
+    assert_eq!(d.kind_index(63), 15);
+}
+
+#[test]
+fn a_full_262k_context_fits_beside_the_27b_weights_on_an_h200() {
+    let d = dims(Preset::B27);
+    let s = StateBytes::new(&d, 262_144, KvCache::F16);
+    // 16 layers × 262144 × 4 kv heads × 256 × 2 (K, V) × 2 bytes = 16 GiB.
+    assert_eq!(s.kv, 16 << 30);
+    // q8_0: 256 bytes of values and 16 of scales per row instead of 512.
+    let q = StateBytes::new(&d, 262_144, KvCache::Q8_0);
+    assert_eq!(q.kv, (16 << 30) / 512 * 272);
+    let [k, v, ks, vs] = q.kv_layer(15, 16);
+    assert_eq!(k % 256, 0);
+    assert_eq!(v + q.kv_values, 2 * 16 * q.kv_values + q.kv_offset());
+    assert_eq!(ks, v + q.kv_values + 15 * q.kv_scales);
+    assert_eq!(vs + q.kv_scales, q.total());
+    assert_eq!(s.ssm, 48 * 48 * 128 * 128 * 4);
+    let scratch = Scratch::new(&d, MAX_CHUNK).bytes;
+    let weights = 7_600_000_000usize;
+    let h200_free = 139usize << 30;
+    check_fits(
+        "27B",
+        &[
+            ("weights", weights),
+            ("state", s.total()),
+            ("scratch", scratch),
+        ],
+        h200_free,
+    )
+    .unwrap();
+}
+
+#[test]
+fn an_allocation_that_does_not_fit_is_an_error_with_numbers() {
+    let err = check_fits("state", &[("kv", 3 << 30), ("ssm", 1 << 20)], 2 << 30).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("3073 MiB") && msg.contains("2048 MiB free"),
+        "{msg}"
+    );
+    assert!(msg.contains("kv 3072 MiB"), "{msg}");
+}
+
+#[test]
+fn unsupported_shapes_are_refused_by_name() {
+    let mut d = dims(Preset::Tiny);
+    d.value_dim = 64;
+    assert!(d.check().unwrap_err().to_string().contains("128×128") || d.check().is_err());
+    let mut d = dims(Preset::Tiny);
+    d.head_dim = 48;
+    assert!(d.check().unwrap_err().to_string().contains("head dim 48"));
+}
+
+#[test]
+fn a_decode_token_is_a_few_hundred_launches() {
+    let d = dims(Preset::B27);
+    let ops = forward_ops(&d, 1, Head::Last, true, false);
+    // 10 per recurrent layer, 11 per attention layer, then reset + norm + LM head.
+    assert_eq!(ops.len(), 48 * 10 + 16 * 11 + 3);
+    assert_eq!(launches(&ops), ops.len());
+    assert!(matches!(
+        ops.last(),
+        Some(Op::Gemv {
+            mat: Mat::Output,
+            ntok: 1,
+            out: Out::Logits { argmax: true }
+        })
+    ));
+}
+
+#[test]
+fn fusing_the_norms_removes_one_launch_per_norm_and_keeps_the_order() {
+    let d = dims(Preset::B27);
+    let plain = forward_ops(&d, 1, Head::Last, true, false);
+    let fused = forward_ops(&d, 1, Head::Last, true, true);
+    // Two norms per layer and the output norm.
+    assert_eq!(plain.len() - fused.len(), 2 * 64 + 1);
+    assert!(!fused.iter().any(|o| matches!(o, Op::NormQuant { .. })));
+    let unfused: Vec<Op> = fused
+        .iter()
+        .flat_map(|op| match *op {
+            Op::NormGemv {
+                norm,
+                tok0,
+                mat,
+                out,
+            } => vec![
+                Op::NormQuant {
+                    norm,
+                    tok0,
+                    ntok: 1,
+                },
+                Op::Gemv { mat, ntok: 1, out },
+            ],
+            op => vec![op],
+        })
+        .collect();
+    assert_eq!(unfused, plain);
+    // Prefill passes keep their separate norms.
+    let prefill = forward_ops(&d, 8, Head::Last, false, true);
+    assert!(!prefill.iter().any(|o| matches!(o, Op::NormGemv { .. })));
+}
+
+#[test]
+fn prefill_norms_only_the_tokens_that_need_logits() {
+    let d = dims(Preset::Small);
+    let ops = forward_ops(&d, 20, Head::Last, false, true);
+    assert!(ops.contains(&Op::NormQuant {
+        norm: Norm::Output,
+        tok0: 19,
+        ntok: 1
+    }));
+    assert!(!ops.iter().any(|o| matches!(o, Op::ResetArgmax { .. })));
+    let none = forward_ops(&d, 20, Head::None, false, true);
+    assert!(!none.iter().any(|o| matches!(
+        o,
+        Op::Gemv {
+            mat: Mat::Output,
+            ..
+        }
+    )));
+    // A 20-token GEMV is three launches of up to 8 tokens.
+    assert_eq!(
+        launches(&[Op::Gemv {
+            mat: Mat::Output,
+            ntok: 20,
+            out: Out::Proj
+        }]),
+        3
+    );
+}
+
+#[test]
+fn every_layer_reads_what_an_earlier_op_wrote() {
+    let d = dims(Preset::Tiny);
+    let ops = forward_ops(&d, 3, Head::All, false, true);
+    let mut proj_writer = None;
+    for op in &ops {
+        match *op {
+            Op::Gemv {
+                mat,
+                out: Out::Proj,
+                ..
+            } => proj_writer = Some(mat),
+            Op::Conv { layer, .. } => assert_eq!(proj_writer, Some(Mat::GdnIn(layer))),
+            Op::GdnPrep { layer, .. } => assert_eq!(proj_writer, Some(Mat::GdnIn(layer))),
+            Op::AttnPrep { layer, .. } => assert_eq!(proj_writer, Some(Mat::AttnIn(layer))),
+            Op::SwigluQuant { .. } => assert!(matches!(proj_writer, Some(Mat::FfnIn(_)))),
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn scratch_regions_are_aligned_and_disjoint() {
+    let d = dims(Preset::B27);
+    let s = Scratch::new(&d, MAX_CHUNK);
+    let mut end = 0;
+    for &(name, at, n) in &s.regions {
+        assert_eq!(at % 256, 0, "{name}");
+        assert!(at >= end, "{name} overlaps");
+        end = at + n;
+    }
+    assert!(s.bytes >= end);
+    assert_eq!(s.offset("x"), 0);
+}
+
+#[test]
+fn decode_gemv_plans_fit_the_shared_memory_limit_for_every_27b_matrix() {
+    let d = dims(Preset::B27);
+    let shapes = [
+        (d.gdn_in_rows(), d.hidden),
+        (d.hidden, d.gdn_inner()),
+        (d.attn_in_rows(), d.hidden),
+        (d.ffn_in_rows(), d.hidden),
+        (d.hidden, d.ffn),
+        (d.vocab, d.hidden),
+    ];
+    for f in [GpuFormat::Q1, GpuFormat::Q2G64, GpuFormat::Q2G128] {
+        for (rows, cols) in shapes {
+            let t = Gemv1Tuning::for_shape(f, cols);
+            // Only the GEMVs behind a norm (never ffn_down, behind SwiGLU) fold it in.
+            let fused = cols != d.ffn;
+            let l = gemv1_launch(f, rows, cols, t, 132, 227 << 10, fused).unwrap();
+            assert!(l.smem_bytes <= t.smem_budget, "{f:?} {rows}×{cols}: {l:?}");
+            assert!((2..=GEMV1_MAX_STAGES).contains(&l.stages), "{l:?}");
+            assert!(l.grid <= 132 * t.blocks_per_sm && l.grid >= 1);
+            assert_eq!(l.stage_bytes % 128, 0);
+        }
+    }
+}
+
+#[test]
+fn decode_gemv_tiles_copy_whole_16_byte_units() {
+    // Bulk copies need 16-byte multiples: the scales of a tile (8·rw rows × scales per row
+    // × 2 bytes) are, for any row width the GPU layouts accept.
+    for f in [GpuFormat::Q1, GpuFormat::Q2G64, GpuFormat::Q2G128] {
+        for cols in [64, 128, 256, 384, 5120, 17408] {
+            if !f.fits(cols) {
+                continue;
+            }
+            for rw in [1, 2] {
+                let tr = GEMV1_WARPS * rw;
+                assert_eq!(tr * (cols / f.scale_values()) * 2 % 16, 0);
+                assert_eq!(TILE_PAD_ROWS % tr, 0);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_prefill_pass_prepares_each_recurrence_and_a_decode_step_does_not() {
+    let d = dims(Preset::Tiny);
+    for ntok in [1, 3] {
+        let ops = forward_ops(&d, ntok, Head::Last, false, false);
+        let steps: Vec<usize> = ops
+            .iter()
+            .enumerate()
+            .filter(|(_, op)| matches!(op, Op::GdnStep { .. }))
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(steps.len(), d.n_recurrent());
+        for i in steps {
+            let (Op::GdnStep { layer, .. }, prev) = (ops[i], ops[i - 1]) else {
+                unreachable!()
+            };
+            assert_eq!(prev == Op::GdnPrep { layer, ntok }, gdn_prepped(ntok));
+        }
+        let preps = ops
+            .iter()
+            .filter(|op| matches!(op, Op::GdnPrep { .. }))
+            .count();
+        assert_eq!(preps, if ntok == 1 { 0 } else { d.n_recurrent() });
+    }
+}
+
+#[test]
+fn every_gemm_variant_is_a_kernel_and_named_as_such() {
+    for f in GpuFormat::ALL {
+        for mi in GEMM_MI {
+            let name = format!("gemm_{}_m{mi}", f.kernel_name());
+            assert!(crate::compile::KERNELS.contains(&name.as_str()), "{name}");
+            assert_eq!(gemm_variant(&name), Some(mi));
+        }
+    }
+    let variants = crate::compile::KERNELS
+        .iter()
+        .filter(|k| gemm_variant(k).is_some())
+        .count();
+    assert_eq!(variants, GpuFormat::ALL.len() * GEMM_MI.len());
+    assert_eq!(gemm_variant("gemm_reduce"), None);
+    assert_eq!(gemm_variant("gemv_q1_t8"), None);
+}
+
+#[test]
+fn gemm_stages_fit_and_fragment_loads_are_conflict_free() {
+    for f in GpuFormat::ALL {
+        assert!(GEMM_STAGE_VALUES.is_multiple_of(f.chunk_values()));
+    }
+    for mi in GEMM_MI {
+        let smem = gemm_smem_bytes(mi);
+        // Every sm_80+ part allows 99 KiB per block (sm_80 and sm_90 more), and the H200
+        // fits 3 − mi blocks, as `gemm_splits` assumes.
+        assert!(smem <= 99 << 10, "{mi}: {smem}");
+        assert!((3 - mi) * (smem + 1024) <= 228 << 10, "{mi}: {smem}");
+        // cp.async targets and ldmatrix rows are 16-byte aligned in every stage.
+        assert_eq!(smem % (16 * GEMM_STAGES), 0);
+        let kc = GEMM_STAGE_VALUES;
+        assert_eq!((kc + 16) % 16, 0);
+        // The 8 rows of a 16-byte ldmatrix phase land in 8 distinct groups of 4 banks.
+        let banks: std::collections::HashSet<_> = (0..8).map(|r| r * (kc + 16) / 16 % 8).collect();
+        assert_eq!(banks.len(), 8);
+    }
+    let banks: std::collections::HashSet<_> =
+        (0..8).map(|r| r * GEMM_ROW_STRIDE / 16 % 8).collect();
+    assert_eq!(banks.len(), 8);
+    assert_eq!(gemm_grid(5120, MAX_CHUNK, 2), (4, 20));
+    assert_eq!(gemm_grid(1001, 17, 2), (1, 4));
+    assert_eq!(gemm_grid(1001, 17, 1), (1, 8));
+    let cap = GEMM_MAX_SPLITS * MAX_CHUNK * 5120;
+    assert_eq!(gemm_splits(5120, 17408, MAX_CHUNK, 2, 132, cap), 3);
+    assert_eq!(gemm_splits(5120, 6144, MAX_CHUNK, 1, 132, cap), 3);
+    assert_eq!(gemm_splits(34816, 5120, MAX_CHUNK, 2, 132, cap), 1);
+    // No room for the partial sums, or too few stages to share: no split.
+    assert_eq!(gemm_splits(5120, 17408, MAX_CHUNK, 2, 132, cap / 4), 1);
+    assert_eq!(gemm_splits(5120, 256, MAX_CHUNK, 2, 132, cap), 1);
+}
+
+#[test]
+fn a_row_too_wide_for_two_stages_falls_back_to_the_plain_kernel() {
+    let t = Gemv1Tuning {
+        rows_per_warp: 2,
+        smem_budget: 48 << 10,
+        blocks_per_sm: 1,
+    };
+    assert!(gemv1_launch(GpuFormat::Q2G64, 5120, 17408, t, 132, 227 << 10, false).is_none());
+    let small = gemv1_launch(GpuFormat::Q2G64, 3, 64, t, 132, 227 << 10, false).unwrap();
+    assert_eq!((small.grid, small.stages), (1, 2));
+}
+
+#[test]
+fn the_attention_split_memory_holds_the_rings_and_the_merge() {
+    let d = dims(Preset::B27);
+    let l = |kv, tile| attn_split_launch(&d, kv, tile, ATTN_RING_POSITIONS);
+    assert_eq!(l(KvCache::F16, 8).smem_bytes, 4 * 16 * 2 * 512);
+    assert_eq!(l(KvCache::Q8_0, 4).smem_bytes, 4 * 16 * 2 * (256 + 16));
+    assert_eq!(l(KvCache::Q8_0, 8).kernel, "attn_split_q8_t8");
+    // The tensor-core kernel reads f16 caches only: q8_0 takes the SIMT kernel.
+    assert_eq!(l(KvCache::Q8_0, 16).kernel, "attn_split_q8_t8");
+    let mma = l(KvCache::F16, 16);
+    assert_eq!((mma.kernel, mma.threads), ("attn_split_mma", 64));
+    assert_eq!(
+        mma.smem_bytes,
+        2 * 2 * 2 * 16 * 528 + 2 * 8 * 264 * 2 + 2 * 2 * 8 * 24 * 2
+    );
+    for p in [Preset::Tiny, Preset::Small, Preset::B27] {
+        let d = dims(p);
+        let gqa = d.n_head / d.n_head_kv;
+        for kv in [KvCache::F16, KvCache::Q8_0] {
+            for tile in ATTN_TILES {
+                let a = attn_split_launch(&d, kv, tile, ATTN_RING_POSITIONS_SMALL);
+                let warps = a.threads / 32;
+                assert!(
+                    a.smem_bytes >= 4 * warps * gqa * (d.head_dim + 2),
+                    "{p:?} {kv:?} {tile}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_device_with_64_kib_per_block_gets_the_small_attention_ring() {
+    let d = dims(Preset::B27);
+    assert_eq!(attn_ring_positions(&d, 227 << 10), ATTN_RING_POSITIONS);
+    assert_eq!(attn_ring_positions(&d, 64 << 10), ATTN_RING_POSITIONS_SMALL);
+    let small = attn_split_launch(&d, KvCache::F16, 8, ATTN_RING_POSITIONS_SMALL);
+    assert!(small.smem_bytes + ATTN_STATIC_SMEM <= 48 << 10);
+    // Smaller models keep the full ring within the 48 KiB every device has.
+    assert_eq!(
+        attn_ring_positions(&dims(Preset::Small), 48 << 10),
+        ATTN_RING_POSITIONS
+    );
+}
+
+#[test]
+fn each_matrix_is_followed_by_the_next_one_multiplied() {
+    let d = dims(Preset::Tiny);
+    let next = next_matrices(&forward_ops(&d, 1, Head::Last, true, false));
+    let first = d
+        .layers
+        .iter()
+        .position(|k| *k == LayerKind::Attention)
+        .unwrap();
+    assert_eq!(next[0].1, next[1].0);
+    assert!(next.contains(&(Mat::FfnIn(0), Mat::FfnDown(0))));
+    assert!(next.contains(&(Mat::AttnIn(first), Mat::AttnOut(first))));
+    let last = d.layers.len() - 1;
+    assert!(next.contains(&(Mat::FfnDown(last), Mat::Output)));
+    // The next token starts again at the first layer's input projection.
+    assert_eq!(next.last().unwrap(), &(Mat::Output, next[0].0));
+    assert_eq!(next.len(), 4 * d.layers.len() + 1);
+}
+
+#[test]
+fn calls_are_cut_into_chunks() {
+    let c: Vec<_> = chunks(2 * MAX_CHUNK + 22).collect();
+    assert_eq!(
+        c,
+        vec![(0, MAX_CHUNK), (MAX_CHUNK, MAX_CHUNK), (2 * MAX_CHUNK, 22)]
+    );
+    assert_eq!(attn_split_len(1, ATTN_SPLITS), ATTN_MIN_SPLIT_LEN);
+    assert_eq!(attn_splits(5, 1, 99), 99);
+    assert_eq!(attn_splits(5, 1, 1000), ATTN_SPLITS);
+    assert_eq!(attn_splits(300, 256, 99), 2);
+    assert_eq!(attn_splits(1 << 20, 256, 99), ATTN_SPLITS);
+    assert_eq!(attn_splits(17, 17, 99), 1);
+    // One wave: 3 blocks on each of 132 multiprocessors, 4 kv heads.
+    assert_eq!(attn_decode_splits(3, 132, 4), 99);
+    assert_eq!(attn_decode_splits(0, 132, 4), 1);
+    assert_eq!(attn_decode_splits(16, 132, 4), ATTN_SPLITS);
+    // Short contexts: one split; long ones: every split, each a share of the context.
+    assert_eq!(attn_split_len(100, ATTN_SPLITS), ATTN_MIN_SPLIT_LEN);
+    assert_eq!(attn_split_len(32768, ATTN_SPLITS), 256);
+    assert_eq!(
+        32768usize.div_ceil(attn_split_len(32768, ATTN_SPLITS)),
+        ATTN_SPLITS
+    );
+    assert_eq!(attn_split_len(ATTN_SPLITS * 40 + 1, ATTN_SPLITS), 41);
+}
