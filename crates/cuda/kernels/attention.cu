@@ -71,7 +71,7 @@ __device__ __forceinline__ void attn_prep_body(const float* __restrict__ proj, i
 ATTN_PREP_KERNEL(attn_prep, false)
 ATTN_PREP_KERNEL(attn_prep_q8, true)
 
-// Flash-decoding over the cache. AMINLEN comes from the host's plan (plan.rs); so do the
+// Flash-decoding over the cache. AMINLEN comes from the host's plan (plan/attention.rs); so do the
 // variants' tile sizes and ring depths, with which it sizes the launches.
 #if !defined(AMINLEN) || !defined(ARING)
 #error "AMINLEN and ARING must be defined by the host"
@@ -213,9 +213,9 @@ __device__ __forceinline__ void attn_merge_warps(const float* sm_acc, const floa
     }
 }
 
-// grid (NKV, nsplit, ntok), block AWARPS warps; dynamic shared memory: attn_smem_bytes (plan.rs).
-// Variants by TILE (positions a warp takes at a time) and STAGES (tiles in flight per warp).
-// part: [ntok][NH][nsplit][HD + 2] = (acc[HD], m, l).
+// grid (NKV, nsplit, ntok), block AWARPS warps; dynamic shared memory: attn_split_launch
+// (plan/attention.rs). Variants by TILE (positions a warp takes at a time) and STAGES (tiles in
+// flight per warp). part: [ntok][NH][nsplit][HD + 2] = (acc[HD], m, l).
 //
 // Each warp streams tiles of TILE consecutive positions (tiles w, w + AWARPS, ... of the split)
 // through its own ring of STAGES stages filled by cp.async: no block barrier until the merge,
@@ -354,7 +354,7 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
              float scale, int nsplit, float* __restrict__ part) {                                          \
         attn_split_body<Q8, TILE, STAGES>(q, kc, vc, ks, vs, pos_ptr, scale, nsplit, part);                \
     }
-// ARING (from the host, plan.rs: attn_ring_positions) cache positions in flight per warp.
+// ARING (from the host, plan/attention.rs: attn_ring_positions) cache positions in flight per warp.
 static_assert(ARING % 8 == 0, "whole tiles of 8 in a ring");
 ATTN_SPLIT_KERNEL(attn_split_t4, false, 4, ARING / 4)
 ATTN_SPLIT_KERNEL(attn_split_q8_t4, true, 4, ARING / 4)

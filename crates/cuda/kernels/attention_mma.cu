@@ -9,10 +9,10 @@
 // goes in as an f16 pair hi + lo (hi = f16(x), lo = f16(x - hi), 22 significant bits) through
 // two mmas, so the products are as exact as the f16 cache values allow.
 //
-// Dynamic shared memory (plan.rs, attn_mma_smem_bytes): each warp's ring of MW_STAGES tiles (K
-// then V rows, padded by 16 bytes so that ldmatrix's eight rows fall in distinct banks), the
-// queries (hi, lo: [8][HD + 8] f16) and each warp's P^T (hi, lo: [8][24] f16). The rings are
-// reused for the merge of the warps.
+// Dynamic shared memory (plan/attention.rs, attn_split_launch): each warp's ring of MW_STAGES tiles
+// (K then V rows, padded by 16 bytes so that ldmatrix's eight rows fall in distinct banks), the
+// queries (hi, lo: [8][HD + 8] f16) and each warp's P^T (hi, lo: [8][24] f16). The rings are reused
+// for the merge of the warps.
 #define MW_WARPS 2
 #define MW_TILE 16
 #define MW_STAGES 2

@@ -23,7 +23,7 @@
 // row: the 8 rows a quad-broadcast load touches fall in distinct banks), the activations
 // (token-major, padded so that an 8×16-byte ldmatrix is conflict-free), their (d, d·Σq) pairs
 // (group-major, so that a thread's two tokens are one 16-byte load). The tile and ring sizes
-// come from the host's plan (plan.rs), which sizes the launches with them.
+// come from the host's plan (plan/gemm.rs), which sizes the launches with them.
 #if !defined(MM_WARPS) || !defined(MM_BN) || !defined(MM_STAGES) || !defined(MM_KC) || !defined(MM_WSTRIDE)
 #error "MM_WARPS, MM_BN, MM_STAGES, MM_KC and MM_WSTRIDE must be defined by the host"
 #endif
@@ -264,7 +264,7 @@ __device__ __forceinline__ void gemm_body(const uint4* __restrict__ codes, const
 #endif
 
 // grid (ceil(ntok / MM_BN), ceil(rows / (128·MI)), K splits), block 256, dynamic shared memory
-// MM_STAGES stages (plan.rs: gemm_smem_bytes); 3 − MI blocks per multiprocessor.
+// MM_STAGES stages (plan/gemm.rs: gemm_smem_bytes); 3 − MI blocks per multiprocessor.
 #define GEMM_KERNEL(name, FMT, MI)                                                             \
     extern "C" __global__ void __launch_bounds__(MM_WARPS * 32, 3 - MI)                         \
         name(const uint4* __restrict__ codes, const u16* __restrict__ scales, int rows, int cols, \

@@ -193,7 +193,7 @@ GEMV_KERNEL(gemv_q2g128_t8, FMT_Q2G128, 8)
 // itself (the same operations in the same order as quant_rms, so the same bits) while its first
 // tiles are in flight: a decode step then needs no separate norm kernel before this GEMV. The
 // quantized row goes through `lin` (cols bytes, before the stages) on its way to piece-major.
-// GEMV1_MAX_STAGES and GEMV1_WARPS come from the host's plan (plan.rs), which sizes the
+// GEMV1_MAX_STAGES and GEMV1_WARPS come from the host's plan (plan/gemv.rs), which sizes the
 // launches with them.
 #if !defined(GEMV1_MAX_STAGES) || !defined(GEMV1_WARPS)
 #error "GEMV1_MAX_STAGES and GEMV1_WARPS must be defined by the host"
@@ -377,7 +377,7 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
 #define GEMV1_CALL(FMT, RW) __trap()
 #endif
 
-// MINB: blocks per SM the register budget must allow (plan.rs runs three for 1-bit weights).
+// MINB: blocks per SM the register budget must allow (plan/gemv.rs runs three for 1-bit weights).
 #define GEMV1_KERNEL(name, FMT, RW, MINB)                                                        \
     extern "C" __global__ void __launch_bounds__(32 * (GEMV1_WARPS + 1), MINB)                   \
         name(const unsigned char* __restrict__ codes, const unsigned char* __restrict__ scales,   \

@@ -91,7 +91,7 @@ pub(crate) fn bench_27b(
     }
     g.gpu().set_prefetch_bytes(default_prefetch);
     // The defaults (PDL, gemv1, separate norms, blocks per SM and shared memory by format as
-    // plan.rs chooses) last: every figure below uses them.
+    // the plan chooses) last: every figure below uses them.
     let (tg, toks) = decode(true, true, (false, 0, 0))?;
     variants.push_str(&format!("; defaults: {tg:.1}"));
     decode_variants.push(format!("{format}: {variants}"));
