@@ -11,6 +11,21 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::{max_abs, rel_l2, Report, R};
 
+/// The 27B model's shapes (head dim 256, 6 query heads per kv head), for the attention checks
+/// on kernels compiled for them.
+pub fn b27_dims() -> R<Dims> {
+    let vocab = 248_320;
+    let mut w = gguf::GgufWriter::new();
+    model::synth::Preset::B27
+        .shape(vocab)
+        .write_metadata(&mut w, "shapes");
+    let file = gguf::Gguf::from_bytes(w.to_bytes()?)?;
+    Ok(Dims::from_config(&model::Config::from_metadata(
+        file.metadata(),
+        vocab,
+    )?)?)
+}
+
 /// A cache in the device layout ([pos][kv head][dim] values, then per 32 values one f16 scale
 /// for q8_0) and the values the kernels read back from it.
 struct Cache {

@@ -106,6 +106,11 @@ fn run(rep: &mut Report) -> R<()> {
     rep.line("|---|---|---|---|");
     kernel_checks(rep, &gpu, bw)?;
     attention::attention_checks(rep, &gpu, &dims)?;
+    {
+        // The same on kernels compiled for the 27B shapes (head dim 256, GQA 6).
+        let d27 = attention::b27_dims()?;
+        attention::attention_checks(rep, &Gpu::new(&d27)?, &d27)?;
+    }
     drop(gpu);
 
     rep.line("");

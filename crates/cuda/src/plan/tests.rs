@@ -437,3 +437,13 @@ fn calls_are_cut_into_chunks() {
     );
     assert_eq!(attn_split_len(ATTN_SPLITS * 40 + 1, ATTN_SPLITS), 41);
 }
+
+#[test]
+fn the_27b_shapes_come_from_metadata_alone() {
+    // As the harness builds them for its attention checks on the 27B kernels.
+    let mut w = gguf::GgufWriter::new();
+    Preset::B27.shape(248_320).write_metadata(&mut w, "shapes");
+    let f = gguf::Gguf::from_bytes(w.to_bytes().unwrap()).unwrap();
+    let c = Config::from_metadata(f.metadata(), 248_320).unwrap();
+    assert_eq!(Dims::from_config(&c).unwrap(), dims(Preset::B27));
+}
