@@ -283,6 +283,21 @@ pub fn serial_launches<T>(f: impl FnOnce() -> T) -> T {
     out
 }
 
+/// Lets kernel `name` use `bytes` of dynamic shared memory per block (above the 48 KiB every
+/// kernel may use without asking).
+fn raise_dynamic_smem(f: &CudaFunction, name: &str, bytes: usize) -> Result<()> {
+    // SAFETY: a function handle of this context and a documented attribute.
+    unsafe {
+        sys::cuFuncSetAttribute(
+            f.cu_function(),
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+    }
+    .result()
+    .ctx(|| format!("raising the shared memory limit of {name} to {bytes} bytes"))
+}
+
 fn env_on(name: &str) -> bool {
     std::env::var(name).map_or(true, |v| v != "0")
 }
@@ -322,16 +337,7 @@ impl Gpu {
                 .iter()
                 .filter_map(|k| plan::gemm_variant(k).map(|mi| (k, mi)))
             {
-                // SAFETY: a function handle of this context and a documented attribute.
-                unsafe {
-                    sys::cuFuncSetAttribute(
-                        funcs[*k].cu_function(),
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        plan::gemm_smem_bytes(mi) as i32,
-                    )
-                }
-                .result()
-                .ctx(|| format!("raising the shared memory limit of {k}"))?;
+                raise_dynamic_smem(&funcs[*k], k, plan::gemm_smem_bytes(mi))?;
             }
         }
         // The attention-split variants this device can run (the tensor-core one from sm_80, each
@@ -349,21 +355,7 @@ impl Gpu {
                 continue;
             }
             if a.smem_bytes > 48 << 10 {
-                // SAFETY: a function handle of this context and a documented attribute.
-                unsafe {
-                    sys::cuFuncSetAttribute(
-                        funcs[k].cu_function(),
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        a.smem_bytes as i32,
-                    )
-                }
-                .result()
-                .ctx(|| {
-                    format!(
-                        "raising the shared memory limit of {k} to {} bytes",
-                        a.smem_bytes
-                    )
-                })?;
+                raise_dynamic_smem(&funcs[k], k, a.smem_bytes)?;
             }
             let mut n: std::ffi::c_int = 0;
             // SAFETY: a function handle of this context; n outlives the call.
@@ -381,16 +373,11 @@ impl Gpu {
         }
         if hopper {
             for k in compile::KERNELS.iter().filter(|k| k.starts_with("gemv1_")) {
-                // SAFETY: a function handle of this context and a documented attribute.
-                unsafe {
-                    sys::cuFuncSetAttribute(
-                        funcs[*k].cu_function(),
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        smem_limit.saturating_sub(plan::GEMV1_STATIC_SMEM) as i32,
-                    )
-                }
-                .result()
-                .ctx(|| format!("raising the shared memory limit of {k}"))?;
+                raise_dynamic_smem(
+                    &funcs[*k],
+                    k,
+                    smem_limit.saturating_sub(plan::GEMV1_STATIC_SMEM),
+                )?;
             }
         }
         Ok(Gpu {

@@ -618,6 +618,13 @@ impl CudaModel {
         ]
     }
 
+    /// The attention-split launch of a pass of `ntok` tokens and its split count (the merge must
+    /// use the same).
+    fn attn_split_plan(&self, st: &CudaState, ntok: usize) -> (plan::AttnLaunch, usize) {
+        let (a, decode) = self.gpu.attn_launch(&self.dims, st.bytes.kv_cache);
+        (a, attn_splits(st.pos + ntok, ntok, decode))
+    }
+
     /// An attention kernel's name for the state's cache type.
     fn kv_kernel(st: &CudaState, f16: &'static str, q8: &'static str) -> &'static str {
         match st.bytes.kv_cache {
@@ -789,8 +796,7 @@ impl CudaModel {
             }
             Op::AttnSplit { layer, ntok } => {
                 let kv = self.kv(st, layer);
-                let (a, decode) = g.attn_launch(d, st.bytes.kv_cache);
-                let nsplit = attn_splits(st.pos + ntok, ntok, decode);
+                let (a, nsplit) = self.attn_split_plan(st, ntok);
                 g.launch_smem(
                     s,
                     a.kernel,
@@ -817,10 +823,7 @@ impl CudaModel {
                 (256, 1, 1),
                 &[
                     Arg::Ptr(st.s("part")),
-                    Arg::I32(
-                        attn_splits(st.pos + ntok, ntok, g.attn_launch(d, st.bytes.kv_cache).1)
-                            as i32,
-                    ),
+                    Arg::I32(self.attn_split_plan(st, ntok).1 as i32),
                     Arg::Ptr(pos),
                     Arg::Ptr(proj),
                     Arg::I32(d.attn_in_rows() as i32),

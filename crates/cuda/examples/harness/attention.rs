@@ -111,13 +111,14 @@ pub fn attention_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
         (5000, 3),
         (100, 17),
     ];
-    for (kv, tile) in [KvCache::F16, KvCache::Q8_0]
+    for (kv, tile, a) in [KvCache::F16, KvCache::Q8_0]
         .into_iter()
         .flat_map(|kv| plan::ATTN_TILES.map(|t| (kv, t)))
         // The tensor-core kernel reads f16 caches only (q8_0 takes tiles of 8 there), and needs
         // sm_80.
         .filter(|&(kv, t)| kv == KvCache::F16 || t != 16)
-        .filter(|&(kv, t)| gpu.attn_runs(plan::attn_split_launch(d, kv, t, gpu.attn_ring()).kernel))
+        .map(|(kv, t)| (kv, t, plan::attn_split_launch(d, kv, t, gpu.attn_ring())))
+        .filter(|(_, _, a)| gpu.attn_runs(a.kernel))
     {
         let (mut worst, mut worst_abs, mut repeat_ok) = (0f64, 0f32, true);
         for (pos, ntok) in cases {
@@ -149,7 +150,6 @@ pub fn attention_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
             let stride = 2 * nh * hd;
             let proj = gpu.upload(&vec![0f32; ntok * stride], "gates")?;
             let out = gpu.alloc(4 * ntok * nh * hd, "out")?;
-            let a = plan::attn_split_launch(d, kv, tile, gpu.attn_ring());
             let run = || -> R<Vec<f32>> {
                 gpu.launch_smem(
                     s,
@@ -211,7 +211,7 @@ pub fn attention_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
                 KvCache::F16 => "f16 cache",
                 KvCache::Q8_0 => "q8_0 cache",
             },
-            plan::attn_split_launch(d, kv, tile, gpu.attn_ring()).kernel,
+            a.kernel,
             if ok { "PASS" } else { "FAIL" }
         ));
         rep.check(ok, format!("attention {kv:?} tile {tile}"));
