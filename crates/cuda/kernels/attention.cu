@@ -86,6 +86,22 @@ __device__ __forceinline__ int attn_split_len(int n_ctx, int nsplit) {
     return max((n_ctx + nsplit - 1) / nsplit, AMINLEN);
 }
 
+// The cache positions [p0, p1) that split sp of token t covers, and how many of its tiles of
+// `tile` positions warp `warp` of `warps` takes (tiles warp, warp + warps, ...). False when the
+// split lies past the token's context: the merge reads only the splits before.
+__device__ __forceinline__ bool attn_split_range(const u32* __restrict__ pos_ptr, int t, int sp,
+                                                 int nsplit, int tile, int warps, int warp,
+                                                 int* p0, int* p1, int* mine) {
+    const int n_ctx = (int)*pos_ptr + t + 1;
+    const int len = attn_split_len(n_ctx, nsplit);
+    *p0 = sp * len;
+    if (*p0 >= n_ctx) return false;
+    *p1 = min(n_ctx, *p0 + len);
+    const int ntiles = (*p1 - *p0 + tile - 1) / tile;
+    *mine = ntiles > warp ? (ntiles - 1 - warp) / warps + 1 : 0;
+    return true;
+}
+
 // Bytes of a tile of TILE cache positions of one kv head in shared memory: K values, V values,
 // K scales, V scales (scales for q8_0 only).
 template <bool Q8, int TILE>
@@ -237,13 +253,8 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
     PDL_ENTRY();
     const int kvh = blockIdx.x, sp = blockIdx.y, t = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int n_ctx = (int)*pos_ptr + t + 1;
-    const int len = attn_split_len(n_ctx, nsplit);
-    const int p0 = sp * len;
-    if (p0 >= n_ctx) return;  // past the context: the merge reads only the splits before
-    const int p1 = min(n_ctx, p0 + len);
-    const int ntiles = (p1 - p0 + TILE - 1) / TILE;
-    const int mine = ntiles > warp ? (ntiles - 1 - warp) / AWARPS + 1 : 0;
+    int p0, p1, mine;
+    if (!attn_split_range(pos_ptr, t, sp, nsplit, TILE, AWARPS, warp, &p0, &p1, &mine)) return;
     unsigned char* ring = smem + warp * STAGES * T::BYTES;
     const unsigned char *kb = (const unsigned char*)kc, *vb = (const unsigned char*)vc;
     const unsigned char *ksb = (const unsigned char*)ks, *vsb = (const unsigned char*)vs;

@@ -56,13 +56,8 @@ extern "C" __global__ void __launch_bounds__(MW_WARPS * 32)
     PDL_ENTRY();
     const int kvh = blockIdx.x, sp = blockIdx.y, t = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
-    const int n_ctx = (int)*pos_ptr + t + 1;
-    const int len = attn_split_len(n_ctx, nsplit);
-    const int p0 = sp * len;
-    if (p0 >= n_ctx) return;  // past the context: the merge reads only the splits before
-    const int p1 = min(n_ctx, p0 + len);
-    const int ntiles = (p1 - p0 + MW_TILE - 1) / MW_TILE;
-    const int mine = ntiles > warp ? (ntiles - 1 - warp) / MW_WARPS + 1 : 0;
+    int p0, p1, mine;
+    if (!attn_split_range(pos_ptr, t, sp, nsplit, MW_TILE, MW_WARPS, warp, &p0, &p1, &mine)) return;
     unsigned char* ring = smem + warp * MW_STAGES * STAGE;
     u16* pth = ql + 8 * MW_QROW + warp * 2 * 8 * MW_PROW;
     u16* ptl = pth + 8 * MW_PROW;
