@@ -28,15 +28,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32* r, u32 addr) {
                  : "r"(addr));
 }
 
-// c += A (16×16 f16, row-major) · B (16×8 f16, column-major), f32 accumulators.
-__device__ __forceinline__ void mma_f16(float* c, const u32* a, u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ void f16_pair(float x, u16* hi, u16* lo) {
     *hi = f2h(x);
     *lo = f2h(x - h2f(*hi));

@@ -278,7 +278,7 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
             float4 v = *(const float4*)(row + i);
             const float4 g = *(const float4*)(nw + i);
             v.x = v.x * scale * g.x; v.y = v.y * scale * g.y; v.z = v.z * scale * g.z; v.w = v.w * scale * g.w;
-            quant128(v, base, lin, ssm);
+            quant128(v, base, lin, ssm, nullptr);
         }
         __syncthreads();
         for (int idx = tid; idx < chunks * P; idx += blockDim.x) {

@@ -1,6 +1,21 @@
 // Activation quantization: int8 per value, (d, d*sum(q)) per group of 64. One warp quantizes
 // 128 values (two groups: lanes 0-15 and 16-31, four consecutive values per lane). The CPU twin
 // (repack::quantize_x) performs the same IEEE operations, so the outputs are bit-identical.
+// Passes that multiply on the f16 tensor cores (hgemm.cu) also get the values as f16 (`xh`,
+// when not null), each 64-value block in the order that GEMM reads.
+
+// The position of value v of a 64-value block in the f16 GEMM's order: value 16t + 4j + r goes
+// where thread t of a quad finds it at mma step j (r = 0, 2: its first fragment pair; 1, 3: its
+// second), see hgemm.cu. plan::hgemm_slot is the host's copy.
+__device__ __forceinline__ int hgemm_slot(int v) {
+    const int t = (v >> 4) & 3, j = (v >> 2) & 3, r = v & 3;
+    return 16 * j + 8 * (r & 1) + 2 * t + (r >> 1);
+}
+
+// f16 bits of x, finite values beyond the f16 range clamped to its largest (NaN stays NaN).
+__device__ __forceinline__ u32 f16_sat(float x) {
+    return f2h(fabsf(x) > 65504.0f ? copysignf(65504.0f, x) : x);
+}
 
 __device__ __forceinline__ float half_warp_max(float v) {
 #pragma unroll
@@ -14,9 +29,16 @@ __device__ __forceinline__ int half_warp_isum(int v) {
     return v;
 }
 
-// Quantizes the 128 values [base, base+128) of a token; `v` holds this lane's 4 values.
-__device__ __forceinline__ void quant128(float4 v, int base, int* xq_tok, float2* xs_tok) {
+// Quantizes the 128 values [base, base+128) of a token; `v` holds this lane's 4 values. With
+// `xh_tok`, also stores them as f16 in the f16 GEMM's order.
+__device__ __forceinline__ void quant128(float4 v, int base, int* xq_tok, float2* xs_tok, u16* xh_tok) {
     const int lane = threadIdx.x & 31;
+    if (xh_tok) {
+        u16* o = xh_tok + base + 64 * (lane >> 4);
+        const int v0 = 4 * (lane & 15);
+        *(u32*)(o + hgemm_slot(v0)) = f16_sat(v.x) | (f16_sat(v.z) << 16);
+        *(u32*)(o + hgemm_slot(v0 + 1)) = f16_sat(v.y) | (f16_sat(v.w) << 16);
+    }
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
     amax = half_warp_max(amax);
     const float d = amax / 127.0f;
@@ -33,7 +55,7 @@ __device__ __forceinline__ void quant128(float4 v, int base, int* xq_tok, float2
 // RMS norm of residual rows tok0.. then quantize. grid (ceil(cols/1024), ntok), block 256.
 extern "C" __global__ void quant_rms(const float* __restrict__ x, int cols, int tok0,
                                      const float* __restrict__ w, float eps,
-                                     int* __restrict__ xq, float2* __restrict__ xs) {
+                                     int* __restrict__ xq, float2* __restrict__ xs, u16* __restrict__ xh) {
     __shared__ float red[32];
     const int t = blockIdx.y;
     const int base = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 128;
@@ -52,12 +74,12 @@ extern "C" __global__ void quant_rms(const float* __restrict__ x, int cols, int 
     if (base >= cols) return;
     float4 v = *(const float4*)(row + i);
     v.x = v.x * scale * g.x; v.y = v.y * scale * g.y; v.z = v.z * scale * g.z; v.w = v.w * scale * g.w;
-    quant128(v, base, xq + (size_t)t * cols / 4, xs + (size_t)t * cols / 64);
+    quant128(v, base, xq + (size_t)t * cols / 4, xs + (size_t)t * cols / 64, xh ? xh + (size_t)t * cols : nullptr);
 }
 
 // silu(gate) * up from the stacked gate|up projection. grid (ceil(ffn/1024), ntok), block 256.
 extern "C" __global__ void quant_swiglu(const float* __restrict__ gu, int stride, int ffn,
-                                        int* __restrict__ xq, float2* __restrict__ xs) {
+                                        int* __restrict__ xq, float2* __restrict__ xs, u16* __restrict__ xh) {
     PDL_ENTRY();
     const int t = blockIdx.y;
     const int base = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 128;
@@ -67,14 +89,14 @@ extern "C" __global__ void quant_swiglu(const float* __restrict__ gu, int stride
     float4 a = *(const float4*)(g + i);
     float4 u = *(const float4*)(g + ffn + i);
     float4 v = make_float4(siluf_(a.x) * u.x, siluf_(a.y) * u.y, siluf_(a.z) * u.z, siluf_(a.w) * u.w);
-    quant128(v, base, xq + (size_t)t * ffn / 4, xs + (size_t)t * ffn / 64);
+    quant128(v, base, xq + (size_t)t * ffn / 4, xs + (size_t)t * ffn / 64, xh ? xh + (size_t)t * ffn : nullptr);
 }
 
 // Gated delta net output: per-head RMS norm * ssm_norm * silu(z), one warp per 128-wide head.
 // grid (ceil(HV/8), ntok), block 256.
 extern "C" __global__ void quant_gated(const float* __restrict__ o, const float* __restrict__ proj,
                                        int stride, int zoff, const float* __restrict__ w, float eps,
-                                       int* __restrict__ xq, float2* __restrict__ xs) {
+                                       int* __restrict__ xq, float2* __restrict__ xs, u16* __restrict__ xh) {
     const int lane = threadIdx.x & 31;
     // The norm's weights are constant: read before waiting for the previous kernel.
     const float4 g = *(const float4*)(w + lane * 4);
@@ -92,18 +114,19 @@ extern "C" __global__ void quant_gated(const float* __restrict__ o, const float*
     v.y = v.y * scale * g.y * siluf_(z.y);
     v.z = v.z * scale * g.z * siluf_(z.z);
     v.w = v.w * scale * g.w * siluf_(z.w);
-    quant128(v, base, xq + (size_t)t * HV * DV / 4, xs + (size_t)t * HV * DV / 64);
+    quant128(v, base, xq + (size_t)t * HV * DV / 4, xs + (size_t)t * HV * DV / 64,
+             xh ? xh + (size_t)t * HV * DV : nullptr);
 }
 
 // Plain quantization (harness use). grid (ceil(cols/1024), ntok), block 256.
 extern "C" __global__ void quant_plain(const float* __restrict__ x, int cols,
-                                       int* __restrict__ xq, float2* __restrict__ xs) {
+                                       int* __restrict__ xq, float2* __restrict__ xs, u16* __restrict__ xh) {
     PDL_ENTRY();
     const int t = blockIdx.y;
     const int base = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 128;
     if (base >= cols) return;
     float4 v = *(const float4*)(x + (size_t)t * cols + base + (threadIdx.x & 31) * 4);
-    quant128(v, base, xq + (size_t)t * cols / 4, xs + (size_t)t * cols / 64);
+    quant128(v, base, xq + (size_t)t * cols / 4, xs + (size_t)t * cols / 64, xh ? xh + (size_t)t * cols : nullptr);
 }
 
 extern "C" __global__ void fill_u64(u64* p, int n, u64 v) {

@@ -6,11 +6,12 @@ use std::path::{Path, PathBuf};
 use crate::error::{CudaError, Result};
 
 /// The kernel sources in the order they are concatenated.
-pub const SOURCES: [(&str, &str); 7] = [
+pub const SOURCES: [(&str, &str); 8] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("quant.cu", include_str!("../kernels/quant.cu")),
     ("gemv.cu", include_str!("../kernels/gemv.cu")),
     ("gemm.cu", include_str!("../kernels/gemm.cu")),
+    ("hgemm.cu", include_str!("../kernels/hgemm.cu")),
     ("gdn.cu", include_str!("../kernels/gdn.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
     (
@@ -20,7 +21,7 @@ pub const SOURCES: [(&str, &str); 7] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 35] = [
+pub const KERNELS: [&str; 38] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -45,6 +46,9 @@ pub const KERNELS: [&str; 35] = [
     "gemm_q2g128_m1",
     "gemm_q2g128_m2",
     "gemm_reduce",
+    "hgemm_q1",
+    "hgemm_q2g64",
+    "hgemm_q2g128",
     "gdn_conv",
     "gdn_prep",
     "gdn_step",

@@ -142,13 +142,16 @@ impl DevMat {
     }
 }
 
-/// What a GEMV reads and writes: int8 activations `xq` with their group scales `xs` for
-/// `ntok` tokens, and `out[t][row]` at `out + 4·(t·out_stride + row)`, added to when
+/// What a GEMV reads and writes: int8 activations `xq` with their group scales `xs` (and
+/// maybe the f16 `xh`) for `ntok` tokens, and `out[t][row]` at `out + 4·(t·out_stride + row)`, added to when
 /// `accumulate`; `argmax`, when set, receives each token's argmax key.
 #[derive(Clone, Copy, Debug)]
 pub struct GemvIo {
     pub xq: u64,
     pub xs: u64,
+    /// The same activations as f16, in the f16 GEMM's order (kernels/quant.cu), where the
+    /// quantization wrote them.
+    pub xh: Option<u64>,
     pub ntok: usize,
     pub out: u64,
     pub out_stride: usize,
@@ -196,6 +199,7 @@ impl GemvIo {
         GemvIo {
             xq,
             xs,
+            xh: None,
             ntok: 1,
             out,
             out_stride: 0,
@@ -245,8 +249,9 @@ pub struct Gpu {
     /// Multiply passes of [`plan::GEMM_MIN_TOKENS`] tokens or more on the tensor cores (sm_80
     /// and later). `NIWAKI_CUDA_MMA=0` turns it off.
     mma: AtomicBool,
-    /// The GEMM variant ([`plan::GEMM_DEFAULT_MI`] unless set by [`Gpu::set_gemm_mi`]).
-    gemm_mi: AtomicUsize,
+    /// The GEMM kernel ([`plan::GemmKernel::DEFAULT`] unless set by [`Gpu::set_gemm_kernel`]):
+    /// 0 for the f16 one, else the int8 one's tiles per warp.
+    gemm_kernel: AtomicUsize,
     /// Fold the RMS norms into the decode GEMVs (`NIWAKI_CUDA_FUSE_NORM=1`; off by default:
     /// measured 1-8% slower decode on the H200, the per-block norm delaying each GEMV's start
     /// by more than the separate kernel costs).
@@ -333,11 +338,11 @@ impl Gpu {
         let hopper = info.compute_capability.0 >= 9;
         let ampere = info.compute_capability.0 >= 8;
         if ampere {
-            for (k, mi) in compile::KERNELS
+            for (k, kernel) in compile::KERNELS
                 .iter()
-                .filter_map(|k| plan::gemm_variant(k).map(|mi| (k, mi)))
+                .filter_map(|k| plan::GemmKernel::of_name(k).map(|g| (k, g)))
             {
-                raise_dynamic_smem(&funcs[*k], k, plan::gemm_smem_bytes(mi))?;
+                raise_dynamic_smem(&funcs[*k], k, kernel.smem_bytes())?;
             }
         }
         // The attention-split variants this device can run (the tensor-core one from sm_80, each
@@ -391,7 +396,7 @@ impl Gpu {
             pdl: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_PDL")),
             gemv1: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_GEMV1")),
             mma: AtomicBool::new(ampere && env_on("NIWAKI_CUDA_MMA")),
-            gemm_mi: AtomicUsize::new(plan::GEMM_DEFAULT_MI),
+            gemm_kernel: AtomicUsize::new(encode_gemm(plan::GemmKernel::DEFAULT)),
             fuse_norm: AtomicBool::new(
                 std::env::var("NIWAKI_CUDA_FUSE_NORM").is_ok_and(|v| v == "1"),
             ),
@@ -681,7 +686,9 @@ impl Gpu {
         .ctx(|| format!("launching {name} grid {grid:?} block {block:?} smem {smem}"))
     }
 
-    /// `ntok` rows of activations (`cols` wide, f32 at `x`) quantized to `xq`, `xs`.
+    /// `ntok` rows of activations (`cols` wide, f32 at `x`) quantized to `xq`, `xs` (and
+    /// written as f16 to `xh` when set).
+    #[allow(clippy::too_many_arguments)]
     pub fn quantize(
         &self,
         stream: &CudaStream,
@@ -690,6 +697,7 @@ impl Gpu {
         ntok: usize,
         xq: u64,
         xs: u64,
+        xh: Option<u64>,
     ) -> Result<()> {
         self.launch(
             stream,
@@ -701,6 +709,7 @@ impl Gpu {
                 Arg::I32(cols as i32),
                 Arg::Ptr(xq),
                 Arg::Ptr(xs),
+                Arg::Ptr(xh.unwrap_or(0)),
             ],
         )
     }
@@ -721,33 +730,64 @@ impl Gpu {
         self.gemv_plain(stream, m, io)
     }
 
-    /// The tensor-core GEMM for any number of tokens (no argmax), in the variant set by
-    /// [`Gpu::set_gemm_mi`].
+    /// The tensor-core GEMM for any number of tokens (no argmax), with the kernel set by
+    /// [`Gpu::set_gemm_kernel`] (the int8 one where the f16 activations are missing).
     pub fn gemm(&self, stream: &CudaStream, m: &DevMat, io: &GemvIo) -> Result<()> {
-        self.gemm_with(stream, m, io, self.gemm_mi.load(Ordering::Relaxed))
+        let kernel = match self.gemm_kernel() {
+            plan::GemmKernel::F16 if io.xh.is_none() => plan::GemmKernel::Int8 {
+                mi: plan::GEMM_DEFAULT_MI,
+            },
+            k => k,
+        };
+        self.gemm_with(stream, m, io, kernel)
     }
 
-    /// Chooses the GEMM variant (16-row mma tiles per warp, one of [`plan::GEMM_MI`]), for
-    /// measuring them.
-    pub fn set_gemm_mi(&self, mi: usize) {
+    /// The GEMM kernel multi-token passes use.
+    pub fn gemm_kernel(&self) -> plan::GemmKernel {
+        decode_gemm(self.gemm_kernel.load(Ordering::Relaxed))
+    }
+
+    /// Whether multi-token passes of `ntok` tokens want f16 activations beside the int8 ones.
+    pub fn wants_f16_acts(&self, ntok: usize) -> bool {
+        ntok >= plan::GEMM_MIN_TOKENS && self.mma() && self.gemm_kernel() == plan::GemmKernel::F16
+    }
+
+    /// Chooses the GEMM kernel (one of [`plan::GemmKernel::all`]), for measuring them.
+    pub fn set_gemm_kernel(&self, kernel: plan::GemmKernel) {
         assert!(
-            plan::GEMM_MI.contains(&mi),
-            "no GEMM variant with {mi} tiles per warp"
+            plan::GemmKernel::all().contains(&kernel),
+            "no GEMM kernel {kernel:?}"
         );
-        self.gemm_mi.store(mi, Ordering::Relaxed);
+        self.gemm_kernel
+            .store(encode_gemm(kernel), Ordering::Relaxed);
     }
 
-    /// The tensor-core GEMM `gemm_<format>_m<mi>`.
-    pub fn gemm_with(&self, stream: &CudaStream, m: &DevMat, io: &GemvIo, mi: usize) -> Result<()> {
+    /// A tensor-core GEMM kernel (the f16 one reads `io.xh`, which must be set).
+    pub fn gemm_with(
+        &self,
+        stream: &CudaStream,
+        m: &DevMat,
+        io: &GemvIo,
+        kernel: plan::GemmKernel,
+    ) -> Result<()> {
         if io.argmax.is_some() || io.ntok == 0 {
             return Err(CudaError::Unsupported(
                 "the tensor-core GEMM takes at least one token and keeps no argmax".into(),
             ));
         }
-        let (gx, gy) = plan::gemm_grid(m.rows, io.ntok, mi);
+        let acts = match (kernel, io.xh) {
+            (plan::GemmKernel::Int8 { .. }, _) => vec![Arg::Ptr(io.xq), Arg::Ptr(io.xs)],
+            (plan::GemmKernel::F16, Some(xh)) => vec![Arg::Ptr(xh)],
+            (plan::GemmKernel::F16, None) => {
+                return Err(CudaError::Unsupported(
+                    "the f16 GEMM needs the f16 activations".into(),
+                ))
+            }
+        };
+        let (gx, gy) = plan::gemm_grid(m.rows, io.ntok, kernel);
         let sms = self.info.multiprocessors.max(1) as usize;
         let splits = io.split_scratch.map_or(1, |(_, cap)| {
-            plan::gemm_splits(m.rows, m.cols, io.ntok, mi, sms, cap)
+            plan::gemm_splits(m.rows, m.cols, io.ntok, kernel, sms, cap)
         });
         // Split: partial sums [split][token][row] into the scratch, then added up in order.
         let zstride = (io.ntok * m.rows) as u64;
@@ -757,15 +797,14 @@ impl Gpu {
         };
         self.launch_smem(
             stream,
-            &format!("gemm_{}_m{mi}", m.format.kernel_name()),
+            &kernel.name(m.format),
             (gx as u32, gy as u32, splits as u32),
             (256, 1, 1),
-            plan::gemm_smem_bytes(mi) as u32,
+            kernel.smem_bytes() as u32,
             &[
                 &m.args()[..],
+                &acts,
                 &[
-                    Arg::Ptr(io.xq),
-                    Arg::Ptr(io.xs),
                     Arg::I32(io.ntok as i32),
                     Arg::Ptr(out),
                     Arg::I32(out_stride as i32),
@@ -934,5 +973,19 @@ impl Gpu {
                 .ctx(|| "copy".into())
         })?;
         Ok(2.0 * bytes as f64 / secs)
+    }
+}
+
+fn encode_gemm(k: plan::GemmKernel) -> usize {
+    match k {
+        plan::GemmKernel::F16 => 0,
+        plan::GemmKernel::Int8 { mi } => mi,
+    }
+}
+
+fn decode_gemm(v: usize) -> plan::GemmKernel {
+    match v {
+        0 => plan::GemmKernel::F16,
+        mi => plan::GemmKernel::Int8 { mi },
     }
 }

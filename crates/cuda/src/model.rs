@@ -548,6 +548,7 @@ impl CudaModel {
         GemvIo {
             xq: st.s("xq"),
             xs: st.s("xs"),
+            xh: self.gpu.wants_f16_acts(ntok).then(|| st.s("xh")),
             ntok,
             out,
             out_stride,
@@ -639,6 +640,8 @@ impl CudaModel {
         let d = &self.dims;
         let e = d.hidden;
         let (xq, xs) = (st.s("xq"), st.s("xs"));
+        // The quantizations of a pass whose GEMMs read f16 activations also write those.
+        let xh = |ntok: usize| g.wants_f16_acts(ntok).then(|| st.s("xh"));
         let (proj, pos) = (st.s("proj"), st.s("pos"));
         match *op {
             Op::NormQuant { norm, tok0, ntok } => {
@@ -656,6 +659,7 @@ impl CudaModel {
                         Arg::F32(d.rms_eps),
                         Arg::Ptr(xq),
                         Arg::Ptr(xs),
+                        Arg::Ptr(xh(ntok).unwrap_or(0)),
                     ],
                 )
             }
@@ -768,6 +772,7 @@ impl CudaModel {
                     Arg::F32(d.rms_eps),
                     Arg::Ptr(xq),
                     Arg::Ptr(xs),
+                    Arg::Ptr(xh(ntok).unwrap_or(0)),
                 ],
             ),
             Op::AttnPrep { layer, ntok } => {
@@ -830,9 +835,15 @@ impl CudaModel {
                     Arg::Ptr(st.s("attn")),
                 ],
             ),
-            Op::PlainQuant { ntok } => {
-                g.quantize(s, st.s("attn"), d.n_head * d.head_dim, ntok, xq, xs)
-            }
+            Op::PlainQuant { ntok } => g.quantize(
+                s,
+                st.s("attn"),
+                d.n_head * d.head_dim,
+                ntok,
+                xq,
+                xs,
+                xh(ntok),
+            ),
             Op::SwigluQuant { ntok } => g.launch(
                 s,
                 "quant_swiglu",
@@ -844,6 +855,7 @@ impl CudaModel {
                     Arg::I32(d.ffn as i32),
                     Arg::Ptr(xq),
                     Arg::Ptr(xs),
+                    Arg::Ptr(xh(ntok).unwrap_or(0)),
                 ],
             ),
             Op::ResetArgmax { ntok } => g.launch(

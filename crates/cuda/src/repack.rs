@@ -334,6 +334,31 @@ pub fn quantize_x(x: &[f32]) -> QuantizedX {
     QuantizedX { q, groups }
 }
 
+/// An activation as the f16 GEMM sees it: rounded to f16, finite values beyond its range
+/// clamped to its largest (the twin of `f16_sat` in kernels/quant.cu).
+pub fn f16_act(v: f32) -> half::f16 {
+    half::f16::from_f32(if v.abs() > 65504.0 {
+        65504f32.copysign(v)
+    } else {
+        v
+    })
+}
+
+/// The f16 activations the quantization kernels write for the f16 GEMM: every value as
+/// [`f16_act`], each 64-value block in [`crate::plan::hgemm_slot`] order.
+pub fn f16_acts(x: &[f32]) -> Vec<u16> {
+    assert!(
+        x.len().is_multiple_of(X_GROUP),
+        "activations must be whole groups of 64"
+    );
+    let mut out = vec![0u16; x.len()];
+    for (i, &v) in x.iter().enumerate() {
+        let block = i - i % X_GROUP;
+        out[block + crate::plan::hgemm_slot(i % X_GROUP)] = f16_act(v).to_bits();
+    }
+    out
+}
+
 /// The CPU twin of the GPU's packed dot for one row: exact integer sums per chunk, scaled in f32.
 /// The GPU adds the per-chunk terms in another order, so the two agree to f32 rounding.
 pub fn dot_row(p: &Packed, row: usize, x: &QuantizedX) -> f32 {

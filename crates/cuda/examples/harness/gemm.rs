@@ -1,7 +1,8 @@
-//! The tensor-core prefill GEMM: checks against the integer twin, and its speed on the 27B shapes.
+//! The tensor-core prefill GEMMs: checks against their twins, and their speed on the 27B shapes.
 
 use model::synth::BlockPool;
 use niwaki_cuda::gpu::{GemvIo, Gpu};
+use niwaki_cuda::plan::GemmKernel;
 use niwaki_cuda::repack::{self, FORMATS};
 use quant::Format;
 use rand::{Rng, SeedableRng};
@@ -9,7 +10,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::report::*;
 
-/// The tensor-core GEMM against the CPU twin: every format, partial row and token tiles, a
+/// The tensor-core GEMMs against their CPU twins: every format, partial row and token tiles, a
 /// 1-bit row of an odd number of chunks, accumulation into existing values.
 pub(crate) fn gemm_checks(rep: &mut Report, gpu: &Gpu, rng: &mut ChaCha8Rng) -> R<()> {
     use rayon::prelude::*;
@@ -21,8 +22,10 @@ pub(crate) fn gemm_checks(rep: &mut Report, gpu: &Gpu, rng: &mut ChaCha8Rng) -> 
     let part_floats = niwaki_cuda::plan::GEMM_MAX_SPLITS * 256 * 5120;
     let part = gpu.alloc(4 * part_floats, "gemm partial sums")?;
     for format in FORMATS {
-        let mut worst = 0f64;
-        let mut vs_dp4a = 0f64;
+        // Per kernel: worst error against its twin, against the dp4a kernel, launches.
+        let kernels = GemmKernel::all();
+        let mut worst = vec![0f64; kernels.len()];
+        let mut vs_dp4a = vec![0f64; kernels.len()];
         let mut launches = 0;
         for (rows, cols, ntoks) in [
             (1001usize, 5120usize, &[17usize, 256][..]),
@@ -42,32 +45,17 @@ pub(crate) fn gemm_checks(rep: &mut Report, gpu: &Gpu, rng: &mut ChaCha8Rng) -> 
                 let xd = gpu.upload(&x, "x")?;
                 let xq = gpu.alloc(ntok * cols, "xq")?;
                 let xs = gpu.alloc(8 * ntok * cols / 64, "xs")?;
-                gpu.quantize(s, xd.ptr, cols, ntok, xq.ptr, xs.ptr)?;
+                let xh = gpu.alloc(2 * ntok * cols, "xh")?;
+                gpu.quantize(s, xd.ptr, cols, ntok, xq.ptr, xs.ptr, Some(xh.ptr))?;
                 let prior: Vec<f32> = (0..rows * ntok).map(|_| rng.gen_range(-1.0..1.0)).collect();
                 let out = gpu.upload(&prior, "out")?;
                 let io = GemvIo {
                     ntok,
                     out_stride: rows,
                     accumulate: true,
+                    xh: Some(xh.ptr),
                     ..GemvIo::one(xq.ptr, xs.ptr, out.ptr)
                 };
-                // Both variants, whole and split along K (these small shapes always split when
-                // allowed to), each from the prior values.
-                let mut got = vec![0f32; rows * ntok];
-                let mut both = Vec::new();
-                for mi in niwaki_cuda::plan::GEMM_MI {
-                    for split in [None, Some((part.ptr, part_floats))] {
-                        gpu.write(s, out.ptr, &prior)?;
-                        let io = GemvIo {
-                            split_scratch: split,
-                            ..io
-                        };
-                        gpu.gemm_with(s, &m, &io, mi)?;
-                        launches += 1;
-                        gpu.read(s, out.ptr, &mut got)?;
-                        both.push(got.clone());
-                    }
-                }
                 let dp4a = gpu.upload(&prior, "out")?;
                 gpu.gemv_plain(
                     s,
@@ -79,47 +67,72 @@ pub(crate) fn gemm_checks(rep: &mut Report, gpu: &Gpu, rng: &mut ChaCha8Rng) -> 
                 )?;
                 let mut other = vec![0f32; rows * ntok];
                 gpu.read(s, dp4a.ptr, &mut other)?;
-                let mut errs: Vec<(f64, f64)> = Vec::new();
-                for got in &both {
-                    errs.extend(
-                        (0..ntok)
-                            .into_par_iter()
-                            .flat_map_iter(|t| {
-                                let xt = &x[t * cols..(t + 1) * cols];
-                                let qx = repack::quantize_x(xt);
-                                let (w, p, got, other, prior) = (&w, &p, &got, &other, &prior);
-                                (0..rows).map(move |r| {
-                                    let twin = repack::dot_row(p, r, &qx);
-                                    let mag: f32 = w[r * cols..(r + 1) * cols]
-                                        .iter()
-                                        .zip(xt)
-                                        .map(|(a, b)| (a * b).abs())
-                                        .sum();
-                                    let i = t * rows + r;
-                                    let v = got[i];
-                                    let e = if v.is_nan() {
-                                        f64::INFINITY
-                                    } else {
-                                        ((v - (prior[i] + twin)).abs() / mag.max(1e-30)) as f64
-                                    };
-                                    (e, ((v - other[i]).abs() / mag.max(1e-30)) as f64)
-                                })
-                            })
-                            .collect::<Vec<_>>(),
-                    );
-                }
-                for (e, d) in errs {
-                    worst = worst.max(e);
-                    vs_dp4a = vs_dp4a.max(d);
+                // Per (token, row): the integer twin (int8 activations), the f16 twin (f16
+                // activations times the f16-exact weights, in f64) and Σ|w·x|.
+                let twins: Vec<(f32, f64, f32)> = (0..ntok)
+                    .into_par_iter()
+                    .flat_map_iter(|t| {
+                        let xt = &x[t * cols..(t + 1) * cols];
+                        let qx = repack::quantize_x(xt);
+                        let xr: Vec<f64> =
+                            xt.iter().map(|&v| repack::f16_act(v).to_f64()).collect();
+                        let (w, p) = (&w, &p);
+                        (0..rows).map(move |r| {
+                            let wr = &w[r * cols..(r + 1) * cols];
+                            let f16: f64 = wr.iter().zip(&xr).map(|(&a, b)| a as f64 * b).sum();
+                            let mag: f32 = wr.iter().zip(xt).map(|(a, b)| (a * b).abs()).sum();
+                            (repack::dot_row(p, r, &qx), f16, mag)
+                        })
+                    })
+                    .collect();
+                // Every kernel, whole and split along K (these small shapes always split when
+                // allowed to), each from the prior values.
+                let mut got = vec![0f32; rows * ntok];
+                for (ki, &kernel) in kernels.iter().enumerate() {
+                    for split in [None, Some((part.ptr, part_floats))] {
+                        gpu.write(s, out.ptr, &prior)?;
+                        let io = GemvIo {
+                            split_scratch: split,
+                            ..io
+                        };
+                        gpu.gemm_with(s, &m, &io, kernel)?;
+                        launches += 1;
+                        gpu.read(s, out.ptr, &mut got)?;
+                        for (i, &(int8, f16, mag)) in twins.iter().enumerate() {
+                            let v = got[i];
+                            let twin = match kernel {
+                                GemmKernel::F16 => prior[i] as f64 + f16,
+                                GemmKernel::Int8 { .. } => (prior[i] + int8) as f64,
+                            };
+                            let mag = mag.max(1e-30) as f64;
+                            let e = if v.is_nan() {
+                                f64::INFINITY
+                            } else {
+                                (v as f64 - twin).abs() / mag
+                            };
+                            worst[ki] = worst[ki].max(e);
+                            vs_dp4a[ki] = vs_dp4a[ki].max((v - other[i]).abs() as f64 / mag);
+                        }
+                    }
                 }
             }
         }
-        let ok = worst < 1e-5 && launches == 20;
-        rep.line(format!(
-            "| gemm {format} (tensor cores, += prior; 1 and 2 tiles/warp, whole and split K) | 1001×5120 17/256 tokens, 77×17408 100, 300×384 16/64 | {} | vs integer twin {worst:.1e} (tol 1e-5), vs the dp4a kernel {vs_dp4a:.1e}, as a fraction of Σ|w·x| |",
-            if ok { "PASS" } else { "FAIL" }
-        ));
-        rep.check(ok, format!("gemm {format}"));
+        for (ki, kernel) in kernels.iter().enumerate() {
+            let (name, twin) = match kernel {
+                GemmKernel::F16 => ("f16", "f16 twin (f16 activations, f64 sums)"),
+                GemmKernel::Int8 { .. } => ("int8", "integer twin"),
+            };
+            // The f16 kernel must also stay within the int8 activations' own error of the dp4a
+            // kernel (≈ 3e-4 of Σ|w·x| against exact products).
+            let ok = worst[ki] < 1e-5 && vs_dp4a[ki] < 1e-2 && launches == 10 * kernels.len();
+            rep.line(format!(
+                "| gemm {format} ({name} tensor cores, {kernel:?}, += prior, whole and split K) | 1001×5120 17/256 tokens, 77×17408 100, 300×384 16/64 | {} | vs {twin} {:.1e} (tol 1e-5), vs the dp4a kernel {:.1e} (tol 1e-2), as a fraction of Σ|w·x| |",
+                if ok { "PASS" } else { "FAIL" },
+                worst[ki],
+                vs_dp4a[ki]
+            ));
+            rep.check(ok, format!("gemm {format} {kernel:?}"));
+        }
     }
     Ok(())
 }
@@ -130,8 +143,8 @@ pub(crate) fn gemm_speed(rep: &mut Report, gpu: &Gpu) -> R<()> {
     let s = &gpu.stream;
     let ntok = niwaki_cuda::plan::MAX_CHUNK;
     rep.line("");
-    rep.line(format!("| GEMM ({ntok} tokens) | shape | dp4a kernels µs | tensor cores, 1 tile/warp µs | tensor cores, 2 tiles/warp µs | best T int8-MAC/s | speed-up |"));
-    rep.line("|---|---|---|---|---|---|---|");
+    rep.line(format!("| GEMM ({ntok} tokens) | shape | dp4a kernels µs | int8 tensor cores, 1 tile/warp µs | int8, 2 tiles/warp µs | f16 tensor cores µs | best T MAC/s | speed-up over dp4a | best over best int8 |"));
+    rep.line("|---|---|---|---|---|---|---|---|---|");
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     // Split along K where the model would (its scratch holds this much).
     let part_floats = niwaki_cuda::plan::GEMM_MAX_SPLITS * ntok * 5120;
@@ -151,27 +164,36 @@ pub(crate) fn gemm_speed(rep: &mut Report, gpu: &Gpu) -> R<()> {
             let xd = gpu.upload(&x, "x")?;
             let xq = gpu.alloc(ntok * cols, "xq")?;
             let xs = gpu.alloc(8 * ntok * cols / 64, "xs")?;
-            gpu.quantize(s, xd.ptr, cols, ntok, xq.ptr, xs.ptr)?;
+            let xh = gpu.alloc(2 * ntok * cols, "xh")?;
+            gpu.quantize(s, xd.ptr, cols, ntok, xq.ptr, xs.ptr, Some(xh.ptr))?;
             let out = gpu.alloc(4 * rows * ntok, "out")?;
             let io = GemvIo {
                 ntok,
                 out_stride: rows,
                 split_scratch: Some((part.ptr, part_floats)),
+                xh: Some(xh.ptr),
                 ..GemvIo::one(xq.ptr, xs.ptr, out.ptr)
             };
             let dp4a = gpu.time(s, 5, || gpu.gemv_plain(s, &m, &io))?;
-            let m1 = gpu.time(s, 20, || gpu.gemm_with(s, &m, &io, 1))?;
-            let m2 = gpu.time(s, 20, || gpu.gemm_with(s, &m, &io, 2))?;
-            let best = m1.min(m2);
+            let mut line = format!("| {format} | {rows}×{cols} | {:.0} |", dp4a * 1e6);
+            let mut best = f64::INFINITY;
+            let mut int8_best = f64::INFINITY;
+            for kernel in GemmKernel::all() {
+                let t = gpu.time(s, 20, || gpu.gemm_with(s, &m, &io, kernel))?;
+                line.push_str(&format!(" {:.0} |", t * 1e6));
+                best = best.min(t);
+                if kernel != GemmKernel::F16 {
+                    int8_best = int8_best.min(t);
+                }
+            }
             let macs = (rows * cols * ntok) as f64;
-            rep.line(format!(
-                "| {format} | {rows}×{cols} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1}× |",
-                dp4a * 1e6,
-                m1 * 1e6,
-                m2 * 1e6,
+            line.push_str(&format!(
+                " {:.0} | {:.1}× | {:.2}× |",
                 macs / best / 1e12,
-                dp4a / best
+                dp4a / best,
+                int8_best / best
             ));
+            rep.line(line);
         }
     }
     Ok(())

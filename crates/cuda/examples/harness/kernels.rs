@@ -31,11 +31,14 @@ pub(crate) fn kernel_checks(rep: &mut Report, gpu: &Gpu, bw: f64) -> R<()> {
     // Sized for the largest use below (17408×3 here, 5120×13 in the GEMV checks).
     let xq = gpu.alloc(cols * 16, "xq")?;
     let xs = gpu.alloc(8 * cols * 16 / 64, "xs")?;
-    gpu.quantize(s, xd.ptr, cols, ntok, xq.ptr, xs.ptr)?;
+    let xh = gpu.alloc(2 * cols * ntok, "xh")?;
+    gpu.quantize(s, xd.ptr, cols, ntok, xq.ptr, xs.ptr, Some(xh.ptr))?;
     let mut q = vec![0i8; cols * ntok];
     let mut g = vec![[0f32; 2]; cols * ntok / 64];
+    let mut h = vec![0u16; cols * ntok];
     gpu.read(s, xq.ptr, &mut q)?;
     gpu.read(s, xs.ptr, &mut g)?;
+    gpu.read(s, xh.ptr, &mut h)?;
     let want = repack::quantize_x(&x);
     let bad_q = q.iter().zip(&want.q).filter(|(a, b)| a != b).count();
     let bad_g = g
@@ -43,12 +46,17 @@ pub(crate) fn kernel_checks(rep: &mut Report, gpu: &Gpu, bw: f64) -> R<()> {
         .zip(&want.groups)
         .filter(|(a, b)| a[0].to_bits() != b[0].to_bits() || a[1].to_bits() != b[1].to_bits())
         .count();
+    let bad_h = h
+        .iter()
+        .zip(repack::f16_acts(&x))
+        .filter(|(a, b)| **a != *b)
+        .count();
     rep.line(format!(
-        "| quantize x (int8, 64-groups) | {cols}×{ntok} | {} | mismatching int8: {bad_q}, scales: {bad_g} (must be 0) |",
-        if bad_q + bad_g == 0 { "PASS" } else { "FAIL" }
+        "| quantize x (int8, 64-groups; f16 in the f16 GEMM's order) | {cols}×{ntok} | {} | mismatching int8: {bad_q}, scales: {bad_g}, f16: {bad_h} (must be 0) |",
+        if bad_q + bad_g + bad_h == 0 { "PASS" } else { "FAIL" }
     ));
     rep.check(
-        bad_q + bad_g == 0,
+        bad_q + bad_g + bad_h == 0,
         "activation quantization not bit-exact".into(),
     );
 
@@ -64,7 +72,7 @@ pub(crate) fn kernel_checks(rep: &mut Report, gpu: &Gpu, bw: f64) -> R<()> {
         for ntok in [1usize, 5, 13] {
             let x: Vec<f32> = (0..ntok * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let xd = gpu.upload(&x, "x")?;
-            gpu.quantize(s, xd.ptr, cols, ntok, xq.ptr, xs.ptr)?;
+            gpu.quantize(s, xd.ptr, cols, ntok, xq.ptr, xs.ptr, None)?;
             let out = gpu.alloc(4 * rows * ntok, "out")?;
             let io = GemvIo {
                 ntok,
@@ -151,7 +159,7 @@ pub(crate) fn kernel_checks(rep: &mut Report, gpu: &Gpu, bw: f64) -> R<()> {
             }
             let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let xd = gpu.upload(&x, "x")?;
-            gpu.quantize(s, xd.ptr, cols, 1, xq.ptr, xs.ptr)?;
+            gpu.quantize(s, xd.ptr, cols, 1, xq.ptr, xs.ptr, None)?;
             let out = gpu.alloc(4 * rows, "out")?;
             let bytes = mats[0].bytes() as f64;
             let frac = |secs: f64| 100.0 * bytes / secs / bw;
@@ -252,7 +260,7 @@ pub(crate) fn gemv1_checks(
             let m = gpu.upload_packed(&p, "m")?;
             let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let xd = gpu.upload(&x, "x")?;
-            gpu.quantize(s, xd.ptr, cols, 1, xq, xs)?;
+            gpu.quantize(s, xd.ptr, cols, 1, xq, xs, None)?;
             let qx = repack::quantize_x(&x);
             let prior: Vec<f32> = (0..rows).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let twin: Vec<f32> = (0..rows).map(|r| repack::dot_row(&p, r, &qx)).collect();
@@ -327,6 +335,7 @@ pub(crate) fn gemv1_checks(
                     Arg::F32(1e-6),
                     Arg::Ptr(xq),
                     Arg::Ptr(xs),
+                    Arg::Ptr(0),
                 ],
             )?;
             let pre = NormIn {

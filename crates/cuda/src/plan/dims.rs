@@ -152,6 +152,7 @@ impl Dims {
             ("MM_KC", GEMM_STAGE_VALUES),
             ("MM_STAGES", GEMM_STAGES),
             ("MM_WSTRIDE", GEMM_ROW_STRIDE),
+            ("HG_STAGES", HGEMM_STAGES),
         ]
         .iter()
         .map(|(k, v)| format!("-D{k}={v}"))

@@ -103,6 +103,7 @@ impl Scratch {
             ("x", 4 * t * d.hidden),
             ("xq", t * d.max_cols()),
             ("xs", 8 * t * d.max_cols() / 64),
+            ("xh", 2 * t * d.max_cols()),
             ("proj", 4 * t * d.proj_rows()),
             ("conv", 4 * t * d.conv_channels()),
             ("gdn", 4 * t * d.gdn_inner()),

@@ -323,16 +323,87 @@ fn gemm_stages_fit_and_fragment_loads_are_conflict_free() {
     let banks: std::collections::HashSet<_> =
         (0..8).map(|r| r * GEMM_ROW_STRIDE / 16 % 8).collect();
     assert_eq!(banks.len(), 8);
-    assert_eq!(gemm_grid(5120, MAX_CHUNK, 2), (4, 20));
-    assert_eq!(gemm_grid(1001, 17, 2), (1, 4));
-    assert_eq!(gemm_grid(1001, 17, 1), (1, 8));
+    let (m1, m2) = (GemmKernel::Int8 { mi: 1 }, GemmKernel::Int8 { mi: 2 });
+    assert_eq!(gemm_grid(5120, MAX_CHUNK, m2), (4, 20));
+    assert_eq!(gemm_grid(1001, 17, m2), (1, 4));
+    assert_eq!(gemm_grid(1001, 17, m1), (1, 8));
+    assert_eq!(gemm_grid(1001, 17, GemmKernel::F16), (1, 4));
     let cap = GEMM_MAX_SPLITS * MAX_CHUNK * 5120;
-    assert_eq!(gemm_splits(5120, 17408, MAX_CHUNK, 2, 132, cap), 3);
-    assert_eq!(gemm_splits(5120, 6144, MAX_CHUNK, 1, 132, cap), 3);
-    assert_eq!(gemm_splits(34816, 5120, MAX_CHUNK, 2, 132, cap), 1);
+    assert_eq!(gemm_splits(5120, 17408, MAX_CHUNK, m2, 132, cap), 3);
+    assert_eq!(gemm_splits(5120, 6144, MAX_CHUNK, m1, 132, cap), 3);
+    assert_eq!(gemm_splits(34816, 5120, MAX_CHUNK, m2, 132, cap), 1);
+    // 80 blocks of the f16 kernel for 264 slots: three splits fill 91%.
+    assert_eq!(
+        gemm_splits(5120, 17408, MAX_CHUNK, GemmKernel::F16, 132, cap),
+        3
+    );
+    assert_eq!(
+        gemm_splits(34816, 5120, MAX_CHUNK, GemmKernel::F16, 132, cap),
+        1
+    );
     // No room for the partial sums, or too few stages to share: no split.
-    assert_eq!(gemm_splits(5120, 17408, MAX_CHUNK, 2, 132, cap / 4), 1);
-    assert_eq!(gemm_splits(5120, 256, MAX_CHUNK, 2, 132, cap), 1);
+    assert_eq!(gemm_splits(5120, 17408, MAX_CHUNK, m2, 132, cap / 4), 1);
+    assert_eq!(gemm_splits(5120, 256, MAX_CHUNK, m2, 132, cap), 1);
+}
+
+#[test]
+fn every_gemm_kernel_is_a_kernel_and_fits_its_blocks() {
+    for k in GemmKernel::all() {
+        for f in GpuFormat::ALL {
+            let name = k.name(f);
+            assert!(crate::compile::KERNELS.contains(&name.as_str()), "{name}");
+            assert_eq!(GemmKernel::of_name(&name), Some(k));
+        }
+        let smem = k.smem_bytes();
+        assert!(smem <= 99 << 10 || k == GemmKernel::F16, "{k:?}: {smem}");
+        // An H200 multiprocessor (228 KiB, 1 KiB reserved per block) holds the blocks
+        // `gemm_splits` counts on.
+        assert!(
+            k.blocks_per_sm() * (smem + 1024) <= 228 << 10,
+            "{k:?}: {smem}"
+        );
+        assert_eq!(smem % 16, 0);
+    }
+    assert_eq!(GemmKernel::of_name("hgemm_q5"), None);
+    assert_eq!(GemmKernel::of_name("gemm_reduce"), None);
+    // The f16 kernel's activation rows (stride 2·KC + 16 bytes): the 8 rows of an ldmatrix
+    // phase land in 8 distinct groups of 4 banks.
+    let stride = 2 * GEMM_STAGE_VALUES + 16;
+    let banks: std::collections::HashSet<_> = (0..8).map(|r| r * stride / 16 % 8).collect();
+    assert_eq!(banks.len(), 8);
+    // Its code loads: lane (g, t) reads word t of chunk slot i ^ ((g >> 2) & 1) of row g;
+    // the 32 lanes of a warp hit 32 distinct banks for either chunk.
+    for i in 0..2 {
+        let banks: std::collections::HashSet<_> = (0..32)
+            .map(|lane| {
+                let (g, t) = (lane / 4, lane % 4);
+                let slot = (i ^ ((g >> 2) & 1)) & 1;
+                (g * HGEMM_ROW_STRIDE / 4 + slot * 4 + t) % 32
+            })
+            .collect();
+        assert_eq!(banks.len(), 32);
+    }
+}
+
+#[test]
+fn the_f16_gemm_order_puts_each_threads_fragment_pairs_where_its_masks_find_them() {
+    // A permutation of the 64 values of a block.
+    let slots: std::collections::HashSet<_> = (0..64).map(hgemm_slot).collect();
+    assert_eq!(slots.len(), 64);
+    // Thread t of a quad at mma step j holds k = 2t, 2t+1 (first pair) and 2t+8, 2t+9 (second
+    // pair) of the step's 16; its first pair must be bytes 0 and 2 of field j of 2-bit word t
+    // (values 16t + 4j + {0, 2}), its second bytes 1 and 3 (values 16t + 4j + {1, 3}).
+    for t in 0..4 {
+        for j in 0..4 {
+            for e in 0..2 {
+                assert_eq!(hgemm_slot(16 * t + 4 * j + 2 * e), 16 * j + 2 * t + e);
+                assert_eq!(
+                    hgemm_slot(16 * t + 4 * j + 2 * e + 1),
+                    16 * j + 8 + 2 * t + e
+                );
+            }
+        }
+    }
 }
 
 #[test]
