@@ -21,7 +21,7 @@ pub const SOURCES: [(&str, &str); 8] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 38] = [
+pub const KERNELS: [&str; 41] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -46,9 +46,12 @@ pub const KERNELS: [&str; 38] = [
     "gemm_q2g128_m1",
     "gemm_q2g128_m2",
     "gemm_reduce",
-    "hgemm_q1",
-    "hgemm_q2g64",
-    "hgemm_q2g128",
+    "hgemm_q1_w3",
+    "hgemm_q1_w4",
+    "hgemm_q2g64_w3",
+    "hgemm_q2g64_w4",
+    "hgemm_q2g128_w3",
+    "hgemm_q2g128_w4",
     "gdn_conv",
     "gdn_prep",
     "gdn_step",
@@ -238,7 +241,8 @@ mod tests {
         ] {
             let d = crate::plan::tests::dims(p);
             let src = source();
-            let opts = options("sm_90", &d.defines_for(ring));
+            // sm_90a, as an H100/H200 compiles them (with the warpgroup MMA of the f16 GEMM).
+            let opts = options("sm_90a", &d.defines_for(ring));
             let ptx = cudarc::nvrtc::compile_ptx_with_opts(
                 &src,
                 cudarc::nvrtc::CompileOptions {

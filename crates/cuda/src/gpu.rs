@@ -28,12 +28,16 @@ pub struct DeviceInfo {
 }
 
 impl DeviceInfo {
-    /// The NVRTC target, e.g. `sm_90`.
+    /// The NVRTC target, e.g. `sm_90a`: an sm_90 device gets its architecture-specific
+    /// features (warpgroup MMA), which the PTX then needs.
     pub fn arch(&self) -> String {
-        format!(
-            "sm_{}{}",
-            self.compute_capability.0, self.compute_capability.1
-        )
+        let (major, minor) = self.compute_capability;
+        format!("sm_{major}{minor}{}", if self.wgmma() { "a" } else { "" })
+    }
+
+    /// Whether the device runs warpgroup MMA (sm_90: the f16 GEMM).
+    pub fn wgmma(&self) -> bool {
+        self.compute_capability == (9, 0)
     }
 }
 
@@ -249,8 +253,8 @@ pub struct Gpu {
     /// Multiply passes of [`plan::GEMM_MIN_TOKENS`] tokens or more on the tensor cores (sm_80
     /// and later). `NIWAKI_CUDA_MMA=0` turns it off.
     mma: AtomicBool,
-    /// The GEMM kernel ([`plan::GemmKernel::DEFAULT`] unless set by [`Gpu::set_gemm_kernel`]):
-    /// 0 for the f16 one, else the int8 one's tiles per warp.
+    /// The GEMM kernel set by [`Gpu::set_gemm_kernel`] (0: none, each matrix gets
+    /// [`plan::GemmKernel::preferred`]).
     gemm_kernel: AtomicUsize,
     /// Fold the RMS norms into the decode GEMVs (`NIWAKI_CUDA_FUSE_NORM=1`; off by default:
     /// measured 1-8% slower decode on the H200, the per-block norm delaying each GEMV's start
@@ -337,10 +341,12 @@ impl Gpu {
         let stream = ctx.new_stream().ctx(|| "creating a stream".into())?;
         let hopper = info.compute_capability.0 >= 9;
         let ampere = info.compute_capability.0 >= 8;
+        let wgmma = info.wgmma();
         if ampere {
             for (k, kernel) in compile::KERNELS
                 .iter()
                 .filter_map(|k| plan::GemmKernel::of_name(k).map(|g| (k, g)))
+                .filter(|(_, g)| wgmma || matches!(g, plan::GemmKernel::Int8 { .. }))
             {
                 raise_dynamic_smem(&funcs[*k], k, kernel.smem_bytes())?;
             }
@@ -396,7 +402,7 @@ impl Gpu {
             pdl: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_PDL")),
             gemv1: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_GEMV1")),
             mma: AtomicBool::new(ampere && env_on("NIWAKI_CUDA_MMA")),
-            gemm_kernel: AtomicUsize::new(encode_gemm(plan::GemmKernel::DEFAULT)),
+            gemm_kernel: AtomicUsize::new(encode_gemm(None)),
             fuse_norm: AtomicBool::new(
                 std::env::var("NIWAKI_CUDA_FUSE_NORM").is_ok_and(|v| v == "1"),
             ),
@@ -731,33 +737,58 @@ impl Gpu {
     }
 
     /// The tensor-core GEMM for any number of tokens (no argmax), with the kernel set by
-    /// [`Gpu::set_gemm_kernel`] (the int8 one where the f16 activations are missing).
+    /// [`Gpu::set_gemm_kernel`] or else the preferred one for the matrix (the int8 one where
+    /// the f16 activations are missing).
     pub fn gemm(&self, stream: &CudaStream, m: &DevMat, io: &GemvIo) -> Result<()> {
+        let int8 = plan::GemmKernel::Int8 {
+            mi: plan::GEMM_DEFAULT_MI,
+        };
         let kernel = match self.gemm_kernel() {
-            plan::GemmKernel::F16 if io.xh.is_none() => plan::GemmKernel::Int8 {
-                mi: plan::GEMM_DEFAULT_MI,
-            },
+            Some(k) => k,
+            None => plan::GemmKernel::preferred(
+                self.info.wgmma(),
+                m.rows,
+                m.cols,
+                io.ntok,
+                self.info.multiprocessors.max(1) as usize,
+                io.split_scratch.map_or(0, |(_, cap)| cap),
+            ),
+        };
+        let kernel = match kernel {
+            plan::GemmKernel::F16 { .. } if io.xh.is_none() => int8,
             k => k,
         };
         self.gemm_with(stream, m, io, kernel)
     }
 
-    /// The GEMM kernel multi-token passes use.
-    pub fn gemm_kernel(&self) -> plan::GemmKernel {
+    /// The GEMM kernel set by [`Gpu::set_gemm_kernel`], if any.
+    pub fn gemm_kernel(&self) -> Option<plan::GemmKernel> {
         decode_gemm(self.gemm_kernel.load(Ordering::Relaxed))
     }
 
     /// Whether multi-token passes of `ntok` tokens want f16 activations beside the int8 ones.
     pub fn wants_f16_acts(&self, ntok: usize) -> bool {
-        ntok >= plan::GEMM_MIN_TOKENS && self.mma() && self.gemm_kernel() == plan::GemmKernel::F16
+        let f16 = match self.gemm_kernel() {
+            Some(k) => matches!(k, plan::GemmKernel::F16 { .. }),
+            None => self.info.wgmma(),
+        };
+        ntok >= plan::GEMM_MIN_TOKENS && self.mma() && f16
     }
 
-    /// Chooses the GEMM kernel (one of [`plan::GemmKernel::all`]), for measuring them.
-    pub fn set_gemm_kernel(&self, kernel: plan::GemmKernel) {
-        assert!(
-            plan::GemmKernel::all().contains(&kernel),
-            "no GEMM kernel {kernel:?}"
-        );
+    /// The GEMM kernels this device runs.
+    pub fn gemm_kernels(&self) -> Vec<plan::GemmKernel> {
+        plan::GemmKernel::all(self.info.wgmma())
+    }
+
+    /// Fixes the GEMM kernel (one of [`Gpu::gemm_kernels`]) for every matrix, for measuring
+    /// them; `None` goes back to each matrix's preferred one.
+    pub fn set_gemm_kernel(&self, kernel: Option<plan::GemmKernel>) {
+        if let Some(k) = kernel {
+            assert!(
+                self.gemm_kernels().contains(&k),
+                "no GEMM kernel {k:?} on this device"
+            );
+        }
         self.gemm_kernel
             .store(encode_gemm(kernel), Ordering::Relaxed);
     }
@@ -777,8 +808,8 @@ impl Gpu {
         }
         let acts = match (kernel, io.xh) {
             (plan::GemmKernel::Int8 { .. }, _) => vec![Arg::Ptr(io.xq), Arg::Ptr(io.xs)],
-            (plan::GemmKernel::F16, Some(xh)) => vec![Arg::Ptr(xh)],
-            (plan::GemmKernel::F16, None) => {
+            (plan::GemmKernel::F16 { .. }, Some(xh)) => vec![Arg::Ptr(xh)],
+            (plan::GemmKernel::F16 { .. }, None) => {
                 return Err(CudaError::Unsupported(
                     "the f16 GEMM needs the f16 activations".into(),
                 ))
@@ -799,7 +830,7 @@ impl Gpu {
             stream,
             &kernel.name(m.format),
             (gx as u32, gy as u32, splits as u32),
-            (256, 1, 1),
+            (kernel.threads() as u32, 1, 1),
             kernel.smem_bytes() as u32,
             &[
                 &m.args()[..],
@@ -976,16 +1007,18 @@ impl Gpu {
     }
 }
 
-fn encode_gemm(k: plan::GemmKernel) -> usize {
+fn encode_gemm(k: Option<plan::GemmKernel>) -> usize {
     match k {
-        plan::GemmKernel::F16 => 0,
-        plan::GemmKernel::Int8 { mi } => mi,
+        None => 0,
+        Some(plan::GemmKernel::Int8 { mi }) => mi,
+        Some(plan::GemmKernel::F16 { wg }) => 100 + wg,
     }
 }
 
-fn decode_gemm(v: usize) -> plan::GemmKernel {
+fn decode_gemm(v: usize) -> Option<plan::GemmKernel> {
     match v {
-        0 => plan::GemmKernel::F16,
-        mi => plan::GemmKernel::Int8 { mi },
+        0 => None,
+        wg if wg > 100 => Some(plan::GemmKernel::F16 { wg: wg - 100 }),
+        mi => Some(plan::GemmKernel::Int8 { mi }),
     }
 }

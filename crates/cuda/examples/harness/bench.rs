@@ -182,7 +182,7 @@ pub(crate) fn bench_27b(
     g.forward(&mut warm, &prompt[..128], Logits::Last)?;
     drop(warm);
     use niwaki_cuda::plan::GemmKernel;
-    let pp512 = |mma: bool, kernel: GemmKernel| -> R<f64> {
+    let pp512 = |mma: bool, kernel: Option<GemmKernel>| -> R<f64> {
         g.gpu().set_mma(mma);
         g.gpu().set_gemm_kernel(kernel);
         let mut pst = g.new_state(1024)?;
@@ -190,13 +190,13 @@ pub(crate) fn bench_27b(
         g.forward(&mut pst, &prompt, Logits::Last)?;
         Ok(512.0 / t.elapsed().as_secs_f64())
     };
-    let pp_dp4a = pp512(false, GemmKernel::DEFAULT)?;
+    let pp_dp4a = pp512(false, None)?;
     let int8 = GemmKernel::Int8 {
         mi: niwaki_cuda::plan::GEMM_DEFAULT_MI,
     };
-    let pp_int8 = pp512(true, int8)?;
-    let pp = pp512(true, GemmKernel::DEFAULT)?;
-    let pp_again = pp512(true, GemmKernel::DEFAULT)?;
+    let pp_int8 = pp512(true, Some(int8))?;
+    let pp = pp512(true, None)?;
+    let pp_again = pp512(true, None)?;
     // Where a prefill pass's time goes (a full chunk, ops timed inside graphs).
     let mut pst = g.new_state(4096)?;
     g.forward(&mut pst, &prompt[..64], Logits::Last)?;
@@ -206,10 +206,14 @@ pub(crate) fn bench_27b(
     let total: f64 = prof.iter().map(|p| p.1 as f64 * p.2).sum();
     profiles.push(op_table(
         &format!(
-            "{format} prefill pass of {chunk} tokens by op (each timed inside a graph of 4 launches cycling over the layers' ops of that kind): sum {:.1} ms = {:.0} tok/s; pp512 measured {pp:.0} and {pp_again:.0} tok/s (default GEMM {:?}; the int8 GEMM, {int8:?}: {pp_int8:.0}; dp4a kernels only: {pp_dp4a:.0})",
+            "{format} prefill pass of {chunk} tokens by op (each timed inside a graph of 4 launches cycling over the layers' ops of that kind): sum {:.1} ms = {:.0} tok/s; pp512 measured {pp:.0} and {pp_again:.0} tok/s (GEMMs: {}; the int8 GEMM, {int8:?}, for every matrix: {pp_int8:.0}; dp4a kernels only: {pp_dp4a:.0})",
             total * 1e3,
             chunk as f64 / total,
-            GemmKernel::DEFAULT
+            if g.gpu().info.wgmma() {
+                "f16 (wgmma), warpgroups per block by matrix"
+            } else {
+                "int8"
+            }
         ),
         "pass",
         &prof,

@@ -23,7 +23,7 @@ pub(crate) fn gemm_checks(rep: &mut Report, gpu: &Gpu, rng: &mut ChaCha8Rng) -> 
     let part = gpu.alloc(4 * part_floats, "gemm partial sums")?;
     for format in FORMATS {
         // Per kernel: worst error against its twin, against the dp4a kernel, launches.
-        let kernels = GemmKernel::all();
+        let kernels = gpu.gemm_kernels();
         let mut worst = vec![0f64; kernels.len()];
         let mut vs_dp4a = vec![0f64; kernels.len()];
         let mut launches = 0;
@@ -101,7 +101,7 @@ pub(crate) fn gemm_checks(rep: &mut Report, gpu: &Gpu, rng: &mut ChaCha8Rng) -> 
                         for (i, &(int8, f16, mag)) in twins.iter().enumerate() {
                             let v = got[i];
                             let twin = match kernel {
-                                GemmKernel::F16 => prior[i] as f64 + f16,
+                                GemmKernel::F16 { .. } => prior[i] as f64 + f16,
                                 GemmKernel::Int8 { .. } => (prior[i] + int8) as f64,
                             };
                             let mag = mag.max(1e-30) as f64;
@@ -119,7 +119,7 @@ pub(crate) fn gemm_checks(rep: &mut Report, gpu: &Gpu, rng: &mut ChaCha8Rng) -> 
         }
         for (ki, kernel) in kernels.iter().enumerate() {
             let (name, twin) = match kernel {
-                GemmKernel::F16 => ("f16", "f16 twin (f16 activations, f64 sums)"),
+                GemmKernel::F16 { .. } => ("f16", "f16 twin (f16 activations, f64 sums)"),
                 GemmKernel::Int8 { .. } => ("int8", "integer twin"),
             };
             // The f16 kernel must also stay within the int8 activations' own error of the dp4a
@@ -143,8 +143,22 @@ pub(crate) fn gemm_speed(rep: &mut Report, gpu: &Gpu) -> R<()> {
     let s = &gpu.stream;
     let ntok = niwaki_cuda::plan::MAX_CHUNK;
     rep.line("");
-    rep.line(format!("| GEMM ({ntok} tokens) | shape | dp4a kernels µs | int8 tensor cores, 1 tile/warp µs | int8, 2 tiles/warp µs | f16 tensor cores µs | best T MAC/s | speed-up over dp4a | best over best int8 |"));
-    rep.line("|---|---|---|---|---|---|---|---|---|");
+    let kernels = gpu.gemm_kernels();
+    let names: Vec<String> = kernels
+        .iter()
+        .map(|k| match k {
+            GemmKernel::Int8 { mi } => format!("int8, {mi} tile(s)/warp µs"),
+            GemmKernel::F16 { wg } => format!("f16 wgmma, {wg} warpgroups µs"),
+        })
+        .collect();
+    rep.line(format!(
+        "| GEMM ({ntok} tokens) | shape | dp4a kernels µs | {} | best T MAC/s | speed-up over dp4a | best over best int8 | preferred |",
+        names.join(" | ")
+    ));
+    rep.line(format!(
+        "|---|---|---|{}---|---|---|---|",
+        "---|".repeat(kernels.len())
+    ));
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     // Split along K where the model would (its scratch holds this much).
     let part_floats = niwaki_cuda::plan::GEMM_MAX_SPLITS * ntok * 5120;
@@ -178,17 +192,25 @@ pub(crate) fn gemm_speed(rep: &mut Report, gpu: &Gpu) -> R<()> {
             let mut line = format!("| {format} | {rows}×{cols} | {:.0} |", dp4a * 1e6);
             let mut best = f64::INFINITY;
             let mut int8_best = f64::INFINITY;
-            for kernel in GemmKernel::all() {
+            for &kernel in &kernels {
                 let t = gpu.time(s, 20, || gpu.gemm_with(s, &m, &io, kernel))?;
                 line.push_str(&format!(" {:.0} |", t * 1e6));
                 best = best.min(t);
-                if kernel != GemmKernel::F16 {
+                if matches!(kernel, GemmKernel::Int8 { .. }) {
                     int8_best = int8_best.min(t);
                 }
             }
             let macs = (rows * cols * ntok) as f64;
+            let preferred = GemmKernel::preferred(
+                gpu.info.wgmma(),
+                rows,
+                cols,
+                ntok,
+                gpu.info.multiprocessors as usize,
+                part_floats,
+            );
             line.push_str(&format!(
-                " {:.0} | {:.1}× | {:.2}× |",
+                " {:.0} | {:.1}× | {:.2}× | {preferred:?} |",
                 macs / best / 1e12,
                 dp4a / best,
                 int8_best / best

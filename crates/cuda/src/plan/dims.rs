@@ -153,6 +153,9 @@ impl Dims {
             ("MM_STAGES", GEMM_STAGES),
             ("MM_WSTRIDE", GEMM_ROW_STRIDE),
             ("HG_STAGES", HGEMM_STAGES),
+            ("HG_STAGE_FIXED", HGEMM_STAGE_FIXED),
+            ("HG_STAGE_PER_WG", HGEMM_STAGE_PER_WG),
+            ("HG_BN", HGEMM_TOKENS),
         ]
         .iter()
         .map(|(k, v)| format!("-D{k}={v}"))

@@ -21,10 +21,23 @@ pub const GEMM_MI: [usize; 2] = [1, 2];
 /// The variant multi-token passes use.
 pub const GEMM_DEFAULT_MI: usize = 2;
 
-/// Pipeline stages of the f16 GEMM (`hgemm_*`, kernels/hgemm.cu).
-pub const HGEMM_STAGES: usize = 4;
-/// Shared-memory bytes of one weight row in an f16-GEMM stage: two 16-byte chunk slots.
-pub const HGEMM_ROW_STRIDE: usize = 32;
+/// The f16 GEMM (`hgemm_*_w<wg>`, kernels/hgemm.cu): warpgroups of a block (each owns 64
+/// rows for all the block's tokens; a variant per count), tokens of a block's output tile,
+/// values of every row per stage, pipeline stages. One block fills a multiprocessor's
+/// registers.
+pub const HGEMM_WARPGROUPS: [usize; 2] = [3, 4];
+pub const HGEMM_TOKENS: usize = 128;
+pub const HGEMM_STAGE_VALUES: usize = 64;
+pub const HGEMM_STAGES: usize = 8;
+/// Shared-memory bytes of an f16-GEMM stage: the f16 activations of the block's tokens, and
+/// per warpgroup a 16-byte slot per row for its 64-value piece of codes and two weight scales
+/// per thread (kernels/hgemm.cu asserts the same).
+pub const HGEMM_STAGE_FIXED: usize = HGEMM_TOKENS * 2 * HGEMM_STAGE_VALUES;
+pub const HGEMM_STAGE_PER_WG: usize = 64 * 16 + 128 * 4;
+
+pub const fn hgemm_stage_bytes(wg: usize) -> usize {
+    HGEMM_STAGE_FIXED + wg * HGEMM_STAGE_PER_WG
+}
 
 /// A multi-token GEMM kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,30 +45,61 @@ pub enum GemmKernel {
     /// int8 tensor cores on the int8 activations, `mi` 16-row tiles per warp
     /// (`gemm_<format>_m<mi>`).
     Int8 { mi: usize },
-    /// f16 tensor cores on f16 activations, two 16-row tiles per warp (`hgemm_<format>`).
-    F16,
+    /// f16 tensor cores (warpgroup MMA, sm_90a) on f16 activations, `wg` warpgroups of 64
+    /// rows (`hgemm_<format>_w<wg>`).
+    F16 { wg: usize },
 }
 
 impl GemmKernel {
-    /// The kernel multi-token passes use: the f16 one measured no faster on the H200 (412 vs
-    /// 384 µs for 34816×5120 at 256 tokens), its mma.sync rate for f16 half the int8 one.
-    pub const DEFAULT: GemmKernel = GemmKernel::Int8 {
-        mi: GEMM_DEFAULT_MI,
-    };
-
-    /// Every kernel, for measuring them side by side.
-    pub fn all() -> Vec<GemmKernel> {
+    /// Every kernel (the f16 ones only with `wgmma`), for measuring them side by side.
+    pub fn all(wgmma: bool) -> Vec<GemmKernel> {
+        let f16 = HGEMM_WARPGROUPS.iter().map(|&wg| GemmKernel::F16 { wg });
         GEMM_MI
             .iter()
             .map(|&mi| GemmKernel::Int8 { mi })
-            .chain([GemmKernel::F16])
+            .chain(f16.filter(|_| wgmma))
             .collect()
+    }
+
+    /// The kernel for a `rows × cols` matrix over `ntok` tokens on `sms` multiprocessors (room
+    /// for `cap` partial sums): on a device with warpgroup MMA the f16 one, with the number of
+    /// warpgroups whose grid (and splits along K) leaves the fewest idle block slots in its
+    /// last wave (34816 rows at 256 tokens: 272 blocks of 256 rows take 3 waves of 132, 364
+    /// blocks of 192 rows as many waves of blocks a quarter shorter), else the int8 one.
+    pub fn preferred(
+        wgmma: bool,
+        rows: usize,
+        cols: usize,
+        ntok: usize,
+        sms: usize,
+        cap: usize,
+    ) -> GemmKernel {
+        if !wgmma {
+            return GemmKernel::Int8 {
+                mi: GEMM_DEFAULT_MI,
+            };
+        }
+        let cost = |wg: usize| {
+            let k = GemmKernel::F16 { wg };
+            let (gx, gy) = gemm_grid(rows, ntok, k);
+            let splits = gemm_splits(rows, cols, ntok, k, sms, cap);
+            let slots = (sms * k.blocks_per_sm()).max(1);
+            // Waves of blocks, each as long as its rows and its share of K.
+            (gx * gy * splits).div_ceil(slots) as f64 * wg as f64 / splits as f64
+        };
+        let wg = HGEMM_WARPGROUPS
+            .iter()
+            .rev()
+            .copied()
+            .min_by(|a, b| cost(*a).total_cmp(&cost(*b)))
+            .unwrap_or(4);
+        GemmKernel::F16 { wg }
     }
 
     pub fn name(self, f: GpuFormat) -> String {
         match self {
             GemmKernel::Int8 { mi } => format!("gemm_{}_m{mi}", f.kernel_name()),
-            GemmKernel::F16 => format!("hgemm_{}", f.kernel_name()),
+            GemmKernel::F16 { wg } => format!("hgemm_{}_w{wg}", f.kernel_name()),
         }
     }
 
@@ -63,7 +107,31 @@ impl GemmKernel {
     pub const fn rows(self) -> usize {
         match self {
             GemmKernel::Int8 { mi } => gemm_rows(mi),
-            GemmKernel::F16 => gemm_rows(2),
+            GemmKernel::F16 { wg } => wg * 64,
+        }
+    }
+
+    /// Tokens of a block's output tile.
+    pub const fn tokens(self) -> usize {
+        match self {
+            GemmKernel::Int8 { .. } => GEMM_TOKENS,
+            GemmKernel::F16 { .. } => HGEMM_TOKENS,
+        }
+    }
+
+    /// Threads of a block.
+    pub const fn threads(self) -> usize {
+        match self {
+            GemmKernel::Int8 { .. } => GEMM_WARPS * 32,
+            GemmKernel::F16 { wg } => wg * 128,
+        }
+    }
+
+    /// Values of every row a pipeline stage holds.
+    pub const fn stage_values(self) -> usize {
+        match self {
+            GemmKernel::Int8 { .. } => GEMM_STAGE_VALUES,
+            GemmKernel::F16 { .. } => HGEMM_STAGE_VALUES,
         }
     }
 
@@ -71,7 +139,7 @@ impl GemmKernel {
     pub const fn blocks_per_sm(self) -> usize {
         match self {
             GemmKernel::Int8 { mi } => 3 - mi,
-            GemmKernel::F16 => 2,
+            GemmKernel::F16 { .. } => 1,
         }
     }
 
@@ -79,10 +147,7 @@ impl GemmKernel {
     pub fn smem_bytes(self) -> usize {
         match self {
             GemmKernel::Int8 { mi } => gemm_smem_bytes(mi),
-            GemmKernel::F16 => {
-                let kc = GEMM_STAGE_VALUES;
-                HGEMM_STAGES * (self.rows() * HGEMM_ROW_STRIDE + GEMM_TOKENS * (2 * kc + 16))
-            }
+            GemmKernel::F16 { wg } => HGEMM_STAGES * hgemm_stage_bytes(wg),
         }
     }
 
@@ -92,10 +157,16 @@ impl GemmKernel {
             return Some(GemmKernel::Int8 { mi });
         }
         let rest = kernel.strip_prefix("hgemm_")?;
-        GpuFormat::ALL
-            .iter()
-            .any(|f| f.kernel_name() == rest)
-            .then_some(GemmKernel::F16)
+        GpuFormat::ALL.iter().find_map(|f| {
+            let wg: usize = rest
+                .strip_prefix(f.kernel_name())?
+                .strip_prefix("_w")?
+                .parse()
+                .ok()?;
+            HGEMM_WARPGROUPS
+                .contains(&wg)
+                .then_some(GemmKernel::F16 { wg })
+        })
     }
 }
 
@@ -160,7 +231,7 @@ pub fn gemm_splits(
     if blocks >= slots || fill(1) >= 0.9 {
         return 1;
     }
-    let stages = cols.div_ceil(GEMM_STAGE_VALUES);
+    let stages = cols.div_ceil(kernel.stage_values());
     let fits = |s: &usize| s * ntok * rows <= cap && 2 * s <= stages;
     (2..=GEMM_MAX_SPLITS)
         .filter(fits)
@@ -175,5 +246,5 @@ pub fn gemm_splits(
 
 /// Grid of a GEMM launch: token tiles (x) by row tiles (y).
 pub fn gemm_grid(rows: usize, ntok: usize, kernel: GemmKernel) -> (usize, usize) {
-    (ntok.div_ceil(GEMM_TOKENS), rows.div_ceil(kernel.rows()))
+    (ntok.div_ceil(kernel.tokens()), rows.div_ceil(kernel.rows()))
 }

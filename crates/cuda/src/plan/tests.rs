@@ -327,19 +327,32 @@ fn gemm_stages_fit_and_fragment_loads_are_conflict_free() {
     assert_eq!(gemm_grid(5120, MAX_CHUNK, m2), (4, 20));
     assert_eq!(gemm_grid(1001, 17, m2), (1, 4));
     assert_eq!(gemm_grid(1001, 17, m1), (1, 8));
-    assert_eq!(gemm_grid(1001, 17, GemmKernel::F16), (1, 4));
+    let (w3, w4) = (GemmKernel::F16 { wg: 3 }, GemmKernel::F16 { wg: 4 });
+    assert_eq!(gemm_grid(1001, 17, w4), (1, 4));
+    assert_eq!(gemm_grid(34816, MAX_CHUNK, w4), (2, 136));
+    assert_eq!(gemm_grid(34816, MAX_CHUNK, w3), (2, 182));
     let cap = GEMM_MAX_SPLITS * MAX_CHUNK * 5120;
     assert_eq!(gemm_splits(5120, 17408, MAX_CHUNK, m2, 132, cap), 3);
     assert_eq!(gemm_splits(5120, 6144, MAX_CHUNK, m1, 132, cap), 3);
     assert_eq!(gemm_splits(34816, 5120, MAX_CHUNK, m2, 132, cap), 1);
-    // 80 blocks of the f16 kernel for 264 slots: three splits fill 91%.
+    // 40 blocks of the f16 kernel for 132 slots: three splits fill 91%.
+    assert_eq!(gemm_splits(5120, 17408, MAX_CHUNK, w4, 132, cap), 3);
+    assert_eq!(gemm_splits(34816, 5120, MAX_CHUNK, w4, 132, cap), 1);
+    // The f16 kernel's warpgroups by matrix on 132 multiprocessors: 34816 rows at 256 tokens
+    // in 3 waves of 182×2 blocks of 192 rows rather than 3 waves (the last of 8 blocks) of
+    // 136×2 of 256; 16480 rows in one wave of 130 blocks of 256 rather than two of 172 of 192;
+    // 5120 rows split in three, one wave either way. The int8 kernel without wgmma.
+    let pick = |rows, cols| GemmKernel::preferred(true, rows, cols, MAX_CHUNK, 132, cap);
+    assert_eq!(pick(34816, 5120), w3);
+    assert_eq!(pick(16480, 5120), w4);
+    assert_eq!(pick(14336, 5120), w4);
+    assert_eq!(pick(5120, 17408), w4);
+    assert_eq!(pick(5120, 6144), w4);
     assert_eq!(
-        gemm_splits(5120, 17408, MAX_CHUNK, GemmKernel::F16, 132, cap),
-        3
-    );
-    assert_eq!(
-        gemm_splits(34816, 5120, MAX_CHUNK, GemmKernel::F16, 132, cap),
-        1
+        GemmKernel::preferred(false, 34816, 5120, MAX_CHUNK, 132, cap),
+        GemmKernel::Int8 {
+            mi: GEMM_DEFAULT_MI
+        }
     );
     // No room for the partial sums, or too few stages to share: no split.
     assert_eq!(gemm_splits(5120, 17408, MAX_CHUNK, m2, 132, cap / 4), 1);
@@ -348,14 +361,21 @@ fn gemm_stages_fit_and_fragment_loads_are_conflict_free() {
 
 #[test]
 fn every_gemm_kernel_is_a_kernel_and_fits_its_blocks() {
-    for k in GemmKernel::all() {
+    assert_eq!(
+        GemmKernel::all(false).len() + HGEMM_WARPGROUPS.len(),
+        GemmKernel::all(true).len()
+    );
+    for k in GemmKernel::all(true) {
         for f in GpuFormat::ALL {
             let name = k.name(f);
             assert!(crate::compile::KERNELS.contains(&name.as_str()), "{name}");
             assert_eq!(GemmKernel::of_name(&name), Some(k));
         }
         let smem = k.smem_bytes();
-        assert!(smem <= 99 << 10 || k == GemmKernel::F16, "{k:?}: {smem}");
+        assert!(
+            smem <= 99 << 10 || matches!(k, GemmKernel::F16 { .. }),
+            "{k:?}: {smem}"
+        );
         // An H200 multiprocessor (228 KiB, 1 KiB reserved per block) holds the blocks
         // `gemm_splits` counts on.
         assert!(
@@ -366,23 +386,12 @@ fn every_gemm_kernel_is_a_kernel_and_fits_its_blocks() {
     }
     assert_eq!(GemmKernel::of_name("hgemm_q5"), None);
     assert_eq!(GemmKernel::of_name("gemm_reduce"), None);
-    // The f16 kernel's activation rows (stride 2·KC + 16 bytes): the 8 rows of an ldmatrix
-    // phase land in 8 distinct groups of 4 banks.
-    let stride = 2 * GEMM_STAGE_VALUES + 16;
-    let banks: std::collections::HashSet<_> = (0..8).map(|r| r * stride / 16 % 8).collect();
-    assert_eq!(banks.len(), 8);
-    // Its code loads: lane (g, t) reads word t of chunk slot i ^ ((g >> 2) & 1) of row g;
-    // the 32 lanes of a warp hit 32 distinct banks for either chunk.
-    for i in 0..2 {
-        let banks: std::collections::HashSet<_> = (0..32)
-            .map(|lane| {
-                let (g, t) = (lane / 4, lane % 4);
-                let slot = (i ^ ((g >> 2) & 1)) & 1;
-                (g * HGEMM_ROW_STRIDE / 4 + slot * 4 + t) % 32
-            })
-            .collect();
-        assert_eq!(banks.len(), 32);
-    }
+    // The f16 kernel's code loads: lane (g, t) reads word t of row g's 16-byte slot (1-bit:
+    // word t / 2, two lanes to a word); a warp's 8 rows × 4 words hit 32 distinct banks.
+    let banks: std::collections::HashSet<_> = (0..32)
+        .map(|lane| (lane / 4 * 16 / 4 + lane % 4) % 32)
+        .collect();
+    assert_eq!(banks.len(), 32);
 }
 
 #[test]
