@@ -21,19 +21,20 @@
 // Tiles: WG warpgroups (3 or 4: plan/gemm.rs picks, per matrix, the one whose grid fills the
 // multiprocessors' waves best); warpgroup w owns rows 64w .. 64w+63 of the block's 64·WG, for
 // all HG_BN tokens (one m64nHG_BNk16 wgmma per 16 values of k); each of its warps holds the A
-// fragments (registers) of 16 of those rows. K advances 64 values per stage through a ring of
-// HG_STAGES cp.async stages: the rows' 64-value pieces (one 16-byte chunk of 2-bit codes, half
-// a 1-bit chunk), the f16 activations, stored as wgmma's 8×8 core matrices without swizzle
-// (each 128 contiguous bytes: 8 tokens × 8 values; K-adjacent ones HG_LBO bytes apart,
+// fragments (registers) of 16 of those rows, and issues its MMAs two k steps per commit group.
+// K advances 128 values per stage through a ring of HG_STAGES cp.async stages: the rows' codes
+// (two 16-byte chunk slots per row, swapped on rows 4-7 of every 8 so that a warp's code loads
+// hit 32 distinct banks), the f16 activations, stored as wgmma's 8×8 core matrices without
+// swizzle (each 128 contiguous bytes: 8 tokens × 8 values; K-adjacent ones HG_LBO bytes apart,
 // token-adjacent ones 128), and each thread's weight scales (loaded into registers a stage
 // before they are stored there). Stages are loaded HG_STAGES − 2 ahead, so that the buffer a
 // load overwrites was last read two stages back, by MMAs already waited for: the tensor cores
-// never drain at a stage boundary. A grid's z index splits K (gemm_reduce adds the partial
-// sums).
+// never drain at a stage boundary. Rows must be whole stages (columns a multiple of 128). A
+// grid's z index splits K (gemm_reduce adds the partial sums).
 #if !defined(HG_STAGES) || !defined(HG_STAGE_FIXED) || !defined(HG_STAGE_PER_WG) || !defined(HG_BN)
 #error "HG_STAGES, HG_STAGE_FIXED, HG_STAGE_PER_WG and HG_BN must be defined by the host"
 #endif
-#define HG_KC 64
+#define HG_KC 128
 #define HG_LBO ((HG_BN / 8) * 128)
 static_assert(HG_STAGES >= 3 && HG_BN == 128, "hgemm tile shape");
 
@@ -88,33 +89,39 @@ __device__ __forceinline__ void hgemm_body(const unsigned char* __restrict__ cod
                                            long long zstride) {
     extern __shared__ __align__(128) unsigned char smem[];
     constexpr int CV = FMT == FMT_Q1 ? 128 : 64;       // values per 16-byte chunk
-    constexpr int PB = HG_KC * 16 / CV;                 // bytes of a row's piece per stage
+    constexpr int CPS = HG_KC / CV;                     // chunks of a row per stage (1 or 2)
     constexpr int SV = FMT == FMT_Q2G64 ? 64 : 128;     // values per weight scale
+    constexpr int SPS = HG_KC / SV;                     // scales of a row per stage (1 or 2)
     constexpr int BM = WG * 64;
     constexpr int NTH = WG * 128;
-    constexpr int W_BYTES = BM * 16;
+    constexpr int W_BYTES = BM * 32;                    // two 16-byte chunk slots per row
     constexpr int S_OFF = W_BYTES + HG_BN * HG_KC * 2;
-    constexpr int STAGE = S_OFF + NTH * 4;              // + 2 scales per thread
+    constexpr int STAGE = S_OFF + NTH * 8;              // + 4 scales per thread
     constexpr int D = HG_STAGES - 2;                    // stages loaded ahead
     static_assert(STAGE == HG_STAGE_FIXED + WG * HG_STAGE_PER_WG, "the host sizes the stages as laid out here");
+    static_assert(HG_KC == 128, "two 64-value blocks per stage");
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
-    // This thread's rows in the block tile: rbase and rbase + 8.
+    // This thread's rows in the block tile: rbase and rbase + 8. Rows 4-7 of every 8 keep their
+    // chunks in swapped slots, so that a warp's code loads hit 32 distinct banks.
     const int rbase = (warp >> 2) * 64 + (warp & 3) * 16 + g;
+    const int swz = (g >> 2) & 1;
     const int tok0 = blockIdx.x * HG_BN, row0 = blockIdx.y * BM;
     const int nst = cols / HG_KC;
-    const int row_bytes = cols / CV * 16, spr = cols / SV;
+    const int chunks = cols / CV, spr = cols / SV;
     const int st0 = (int)((long long)nst * blockIdx.z / gridDim.z);
     const int st1 = (int)((long long)nst * (blockIdx.z + 1) / gridDim.z);
     out += blockIdx.z * zstride;
     PDL_ENTRY();
 
-    // This thread's copies of every stage, fixed but for the stage's offset: the piece of row
-    // tid (threads below BM), and activation pieces (8 values) of token tt into core matrix
+    // This thread's copies of every stage, fixed but for the stage's offset: chunk q of row r
+    // (threads below BM·CPS), and activation pieces (8 values) of token tt into core matrix
     // (p, tt / 8), row tt % 8. Rows and tokens past the end repeat the last one.
     constexpr int XN = HG_BN * (HG_KC / 8), XC = (XN + NTH - 1) / NTH;
-    static_assert(BM <= NTH, "a row piece per thread");
-    const unsigned char* wsrc = codes + (size_t)min(row0 + tid, rows - 1) * row_bytes;
+    static_assert(BM * CPS <= NTH, "a chunk per thread");
+    const int wr = tid / CPS, wq = tid % CPS;
+    const uint4* wsrc = (const uint4*)codes + (size_t)min(row0 + wr, rows - 1) * chunks + wq;
+    const u32 wdst = wr * 32 + ((wq ^ (wr >> 2)) & 1) * 16;
     const u16* xsrc[XC];
     u32 xdst[XC];
 #pragma unroll
@@ -125,25 +132,27 @@ __device__ __forceinline__ void hgemm_body(const unsigned char* __restrict__ cod
     }
     auto load_stage = [&](int s) {
         unsigned char* st = smem + (s % HG_STAGES) * STAGE;
-        if (tid < BM) {
-            if (PB == 16) cp_async16(st + tid * 16, wsrc + s * 16);
-            else cp_async8(st + tid * 16, wsrc + s * PB);
-        }
+        if (BM * CPS == NTH || tid < BM * CPS) cp_async16(st + wdst, wsrc + s * CPS);
 #pragma unroll
         for (int c = 0; c < XC; c++)
             if (XN % NTH == 0 || tid + c * NTH < XN) cp_async16(st + xdst[c], xsrc[c] + s * HG_KC);
     };
-    // This thread's weight scales of stage s (raw f16 bits), rows rbase and rbase + 8.
+    // This thread's weight scales of stage s (raw f16 bits), [h][j] for rows rbase + 8h.
     auto load_scales = [&](int s, u32* d) {
-        const int si = s * HG_KC / SV;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int row = min(row0 + rbase + h * 8, rows - 1);
-            d[h] = (u32)__ldg(scales + (size_t)row * spr + si);
+#pragma unroll
+            for (int j = 0; j < SPS; j++) d[h * SPS + j] = (u32)__ldg(scales + (size_t)row * spr + s * SPS + j);
         }
     };
     // Each thread's scales of a stage wait in its own slot of the stage (only it reads them).
-    auto scale_slot = [&](int s) { return (u32*)(smem + (s % HG_STAGES) * STAGE + S_OFF) + tid; };
+    auto scale_slot = [&](int s) { return (u16*)(smem + (s % HG_STAGES) * STAGE + S_OFF) + tid * 4; };
+    auto store_scales = [&](int s, const u32* d) {
+        u16* p = scale_slot(s);
+#pragma unroll
+        for (int e = 0; e < 2 * SPS; e++) p[e] = (u16)d[e];
+    };
 
     float acc[64];
 #pragma unroll
@@ -157,12 +166,10 @@ __device__ __forceinline__ void hgemm_body(const unsigned char* __restrict__ cod
 #pragma unroll
     for (int s = 0; s < D; s++)
         if (st0 + s < st1) {
-            u32 d[2];
+            u32 d[2 * SPS];
             load_scales(st0 + s, d);
-            *scale_slot(st0 + s) = d[0] | (d[1] << 16);
+            store_scales(st0 + s, d);
         }
-    // The code field a step reads (1-bit: thread t's word holds k = 4(t % 2) + j) and the
-    // f16 bits of 2^e that make its lowest bit 1.
     for (int s = st0; s < st1; s++) {
         cp_async_wait<D - 1>();
         // This thread's copies of stage s are visible to the asynchronous proxy (wgmma)...
@@ -175,43 +182,55 @@ __device__ __forceinline__ void hgemm_body(const unsigned char* __restrict__ cod
         if (more) load_stage(s + D);
         cp_async_commit();
         // Stage s+D's scales: requested now, stored at the end of this stage.
-        u32 sp[2];
+        u32 sp[2 * SPS];
         if (more) load_scales(s + D, sp);
         const unsigned char* st = smem + (s % HG_STAGES) * STAGE;
         const u32 xbase = smem_addr(st + W_BYTES);
-        const u32 sd = *scale_slot(s);
-        // Per row: d (both halves), 2d for 1-bit codes, −d.
-        u32 mul[2], neg[2], wd[2];
+        u32 dsc[2 * SPS];
+        {
+            const u16* p = scale_slot(s);
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const u32 d16 = (sd >> (16 * h)) & 0xFFFFu;
-            const u32 dd = d16 | (d16 << 16);
-            mul[h] = FMT == FMT_Q1 ? hadd2(dd, dd) : dd;
-            neg[h] = dd ^ 0x80008000u;
-            // 2-bit: word t of the chunk; 1-bit: word t/2 of the half chunk.
-            const u32* rw = (const u32*)(st + (rbase + h * 8) * 16);
-            wd[h] = rw[FMT == FMT_Q1 ? (t >> 1) : t];
+            for (int e = 0; e < 2 * SPS; e++) dsc[e] = p[e];
         }
-        u32 a[2][4]; // [buffer][fragment]: a step's fragments stay untouched while its MMAs run
+        u32 mul[2], neg[2], wd[2];
+        u32 a[2][2][4]; // [buffer][step of the pair][fragment]: untouched while their MMAs run
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int b = j & 1;
-            const int field = FMT == FMT_Q1 ? 4 * (t & 1) + j : 2 * j;
-            const u32 mask = (FMT == FMT_Q1 ? 0x00010001u : 0x00030003u) << field;
-            const u32 magic = (u32)(25 - field) * 0x04000400u;
+        for (int pair = 0; pair < HG_KC / 32; pair++) {
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                // 2-bit: c·d − d; 1-bit: b·2d − d.
-                a[b][h] = hfma2(hsub2((wd[h] & mask) | magic, magic), mul[h], neg[h]);
-                a[b][2 + h] = hfma2(hsub2(((wd[h] >> 8) & mask) | magic, magic), mul[h], neg[h]);
+            for (int k = 0; k < 2; k++) {
+                const int step = 2 * pair + k, i = step >> 2, j = step & 3;
+                if (j == 0) {
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        // Per row: d (both halves), 2d for 1-bit codes, −d; and the code word
+                        // of 64-value block i: 2-bit, word t of chunk i; 1-bit, word 2i + t/2.
+                        const u32 d16 = dsc[h * SPS + (SPS == 2 ? i : 0)];
+                        const u32 dd = d16 | (d16 << 16);
+                        mul[h] = FMT == FMT_Q1 ? hadd2(dd, dd) : dd;
+                        neg[h] = dd ^ 0x80008000u;
+                        const u32* rw = (const u32*)(st + (rbase + h * 8) * 32);
+                        wd[h] = FMT == FMT_Q1 ? rw[swz * 4 + 2 * i + (t >> 1)] : rw[((i ^ swz) & 1) * 4 + t];
+                    }
+                }
+                const int field = FMT == FMT_Q1 ? 4 * (t & 1) + j : 2 * j;
+                const u32 mask = (FMT == FMT_Q1 ? 0x00010001u : 0x00030003u) << field;
+                const u32 magic = (u32)(25 - field) * 0x04000400u;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    // 2-bit: c·d − d; 1-bit: b·2d − d.
+                    a[pair & 1][k][h] = hfma2(hsub2((wd[h] & mask) | magic, magic), mul[h], neg[h]);
+                    a[pair & 1][k][2 + h] = hfma2(hsub2(((wd[h] >> 8) & mask) | magic, magic), mul[h], neg[h]);
+                }
             }
             wg_fence();
-            wgmma_64x128x16(acc, a[b], wg_desc(xbase + j * 2 * HG_LBO, HG_LBO, 128));
+#pragma unroll
+            for (int k = 0; k < 2; k++)
+                wgmma_64x128x16(acc, a[pair & 1][k], wg_desc(xbase + (2 * pair + k) * 2 * HG_LBO, HG_LBO, 128));
             wg_commit();
-            // The previous step's MMAs are done: its fragment buffer may be rewritten.
+            // The previous pair's MMAs are done: its fragment buffer may be rewritten.
             wg_wait<1>();
         }
-        if (more) *scale_slot(s + D) = sp[0] | (sp[1] << 16);
+        if (more) store_scales(s + D, sp);
     }
     wg_wait<0>();
     cp_async_wait<0>();

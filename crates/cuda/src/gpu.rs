@@ -738,7 +738,7 @@ impl Gpu {
 
     /// The tensor-core GEMM for any number of tokens (no argmax), with the kernel set by
     /// [`Gpu::set_gemm_kernel`] or else the preferred one for the matrix (the int8 one where
-    /// the f16 activations are missing).
+    /// the f16 activations are missing or the rows are not whole f16-GEMM stages).
     pub fn gemm(&self, stream: &CudaStream, m: &DevMat, io: &GemvIo) -> Result<()> {
         let int8 = plan::GemmKernel::Int8 {
             mi: plan::GEMM_DEFAULT_MI,
@@ -755,7 +755,11 @@ impl Gpu {
             ),
         };
         let kernel = match kernel {
-            plan::GemmKernel::F16 { .. } if io.xh.is_none() => int8,
+            plan::GemmKernel::F16 { .. }
+                if io.xh.is_none() || !m.cols.is_multiple_of(plan::HGEMM_STAGE_VALUES) =>
+            {
+                int8
+            }
             k => k,
         };
         self.gemm_with(stream, m, io, kernel)
@@ -805,6 +809,15 @@ impl Gpu {
             return Err(CudaError::Unsupported(
                 "the tensor-core GEMM takes at least one token and keeps no argmax".into(),
             ));
+        }
+        if matches!(kernel, plan::GemmKernel::F16 { .. })
+            && !m.cols.is_multiple_of(plan::HGEMM_STAGE_VALUES)
+        {
+            return Err(CudaError::Unsupported(format!(
+                "the f16 GEMM takes rows of whole {}-value stages, not {}",
+                plan::HGEMM_STAGE_VALUES,
+                m.cols
+            )));
         }
         let acts = match (kernel, io.xh) {
             (plan::GemmKernel::Int8 { .. }, _) => vec![Arg::Ptr(io.xq), Arg::Ptr(io.xs)],

@@ -27,13 +27,13 @@ pub const GEMM_DEFAULT_MI: usize = 2;
 /// registers.
 pub const HGEMM_WARPGROUPS: [usize; 2] = [3, 4];
 pub const HGEMM_TOKENS: usize = 128;
-pub const HGEMM_STAGE_VALUES: usize = 64;
-pub const HGEMM_STAGES: usize = 8;
+pub const HGEMM_STAGE_VALUES: usize = 128;
+pub const HGEMM_STAGES: usize = 5;
 /// Shared-memory bytes of an f16-GEMM stage: the f16 activations of the block's tokens, and
-/// per warpgroup a 16-byte slot per row for its 64-value piece of codes and two weight scales
-/// per thread (kernels/hgemm.cu asserts the same).
+/// per warpgroup two 16-byte chunk slots per row and four weight scales per thread
+/// (kernels/hgemm.cu asserts the same).
 pub const HGEMM_STAGE_FIXED: usize = HGEMM_TOKENS * 2 * HGEMM_STAGE_VALUES;
-pub const HGEMM_STAGE_PER_WG: usize = 64 * 16 + 128 * 4;
+pub const HGEMM_STAGE_PER_WG: usize = 64 * 32 + 128 * 8;
 
 pub const fn hgemm_stage_bytes(wg: usize) -> usize {
     HGEMM_STAGE_FIXED + wg * HGEMM_STAGE_PER_WG
@@ -62,7 +62,8 @@ impl GemmKernel {
     }
 
     /// The kernel for a `rows × cols` matrix over `ntok` tokens on `sms` multiprocessors (room
-    /// for `cap` partial sums): on a device with warpgroup MMA the f16 one, with the number of
+    /// for `cap` partial sums): on a device with warpgroup MMA, for rows of whole 128-value
+    /// stages, the f16 one, with the number of
     /// warpgroups whose grid (and splits along K) leaves the fewest idle block slots in its
     /// last wave (34816 rows at 256 tokens: 272 blocks of 256 rows take 3 waves of 132, 364
     /// blocks of 192 rows as many waves of blocks a quarter shorter), else the int8 one.
@@ -74,7 +75,7 @@ impl GemmKernel {
         sms: usize,
         cap: usize,
     ) -> GemmKernel {
-        if !wgmma {
+        if !wgmma || !cols.is_multiple_of(HGEMM_STAGE_VALUES) {
             return GemmKernel::Int8 {
                 mi: GEMM_DEFAULT_MI,
             };

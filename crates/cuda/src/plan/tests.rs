@@ -348,6 +348,13 @@ fn gemm_stages_fit_and_fragment_loads_are_conflict_free() {
     assert_eq!(pick(14336, 5120), w4);
     assert_eq!(pick(5120, 17408), w4);
     assert_eq!(pick(5120, 6144), w4);
+    // Rows that are not whole 128-value stages go to the int8 kernel.
+    assert_eq!(
+        GemmKernel::preferred(true, 5120, 5120 + 64, MAX_CHUNK, 132, cap),
+        GemmKernel::Int8 {
+            mi: GEMM_DEFAULT_MI
+        }
+    );
     assert_eq!(
         GemmKernel::preferred(false, 34816, 5120, MAX_CHUNK, 132, cap),
         GemmKernel::Int8 {
