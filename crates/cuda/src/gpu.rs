@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
     result, sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
@@ -253,9 +253,9 @@ pub struct Gpu {
     /// Multiply passes of [`plan::GEMM_MIN_TOKENS`] tokens or more on the tensor cores (sm_80
     /// and later). `NIWAKI_CUDA_MMA=0` turns it off.
     mma: AtomicBool,
-    /// The GEMM kernel set by [`Gpu::set_gemm_kernel`] (0: none, each matrix gets
+    /// The GEMM kernel set by [`Gpu::set_gemm_kernel`] (none: each matrix gets
     /// [`plan::GemmKernel::preferred`]).
-    gemm_kernel: AtomicUsize,
+    gemm_kernel: Mutex<Option<plan::GemmKernel>>,
     /// Fold the RMS norms into the decode GEMVs (`NIWAKI_CUDA_FUSE_NORM=1`; off by default:
     /// measured 1-8% slower decode on the H200, the per-block norm delaying each GEMV's start
     /// by more than the separate kernel costs).
@@ -402,7 +402,7 @@ impl Gpu {
             pdl: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_PDL")),
             gemv1: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_GEMV1")),
             mma: AtomicBool::new(ampere && env_on("NIWAKI_CUDA_MMA")),
-            gemm_kernel: AtomicUsize::new(encode_gemm(None)),
+            gemm_kernel: Mutex::new(None),
             fuse_norm: AtomicBool::new(
                 std::env::var("NIWAKI_CUDA_FUSE_NORM").is_ok_and(|v| v == "1"),
             ),
@@ -740,9 +740,6 @@ impl Gpu {
     /// [`Gpu::set_gemm_kernel`] or else the preferred one for the matrix (the int8 one where
     /// the f16 activations are missing or the rows are not whole f16-GEMM stages).
     pub fn gemm(&self, stream: &CudaStream, m: &DevMat, io: &GemvIo) -> Result<()> {
-        let int8 = plan::GemmKernel::Int8 {
-            mi: plan::GEMM_DEFAULT_MI,
-        };
         let kernel = match self.gemm_kernel() {
             Some(k) => k,
             None => plan::GemmKernel::preferred(
@@ -755,10 +752,8 @@ impl Gpu {
             ),
         };
         let kernel = match kernel {
-            plan::GemmKernel::F16 { .. }
-                if io.xh.is_none() || !m.cols.is_multiple_of(plan::HGEMM_STAGE_VALUES) =>
-            {
-                int8
+            plan::GemmKernel::F16 { .. } if io.xh.is_none() || !plan::hgemm_takes(m.cols) => {
+                plan::GemmKernel::INT8
             }
             k => k,
         };
@@ -767,16 +762,17 @@ impl Gpu {
 
     /// The GEMM kernel set by [`Gpu::set_gemm_kernel`], if any.
     pub fn gemm_kernel(&self) -> Option<plan::GemmKernel> {
-        decode_gemm(self.gemm_kernel.load(Ordering::Relaxed))
+        *self.gemm_kernel.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether multi-token passes of `ntok` tokens want f16 activations beside the int8 ones.
     pub fn wants_f16_acts(&self, ntok: usize) -> bool {
-        let f16 = match self.gemm_kernel() {
-            Some(k) => matches!(k, plan::GemmKernel::F16 { .. }),
-            None => self.info.wgmma(),
-        };
-        ntok >= plan::GEMM_MIN_TOKENS && self.mma() && f16
+        ntok >= plan::GEMM_MIN_TOKENS
+            && self.mma()
+            && match self.gemm_kernel() {
+                Some(k) => matches!(k, plan::GemmKernel::F16 { .. }),
+                None => self.info.wgmma(),
+            }
     }
 
     /// The GEMM kernels this device runs.
@@ -793,8 +789,7 @@ impl Gpu {
                 "no GEMM kernel {k:?} on this device"
             );
         }
-        self.gemm_kernel
-            .store(encode_gemm(kernel), Ordering::Relaxed);
+        *self.gemm_kernel.lock().unwrap_or_else(|e| e.into_inner()) = kernel;
     }
 
     /// A tensor-core GEMM kernel (the f16 one reads `io.xh`, which must be set).
@@ -810,9 +805,7 @@ impl Gpu {
                 "the tensor-core GEMM takes at least one token and keeps no argmax".into(),
             ));
         }
-        if matches!(kernel, plan::GemmKernel::F16 { .. })
-            && !m.cols.is_multiple_of(plan::HGEMM_STAGE_VALUES)
-        {
+        if matches!(kernel, plan::GemmKernel::F16 { .. }) && !plan::hgemm_takes(m.cols) {
             return Err(CudaError::Unsupported(format!(
                 "the f16 GEMM takes rows of whole {}-value stages, not {}",
                 plan::HGEMM_STAGE_VALUES,
@@ -1017,21 +1010,5 @@ impl Gpu {
                 .ctx(|| "copy".into())
         })?;
         Ok(2.0 * bytes as f64 / secs)
-    }
-}
-
-fn encode_gemm(k: Option<plan::GemmKernel>) -> usize {
-    match k {
-        None => 0,
-        Some(plan::GemmKernel::Int8 { mi }) => mi,
-        Some(plan::GemmKernel::F16 { wg }) => 100 + wg,
-    }
-}
-
-fn decode_gemm(v: usize) -> Option<plan::GemmKernel> {
-    match v {
-        0 => None,
-        wg if wg > 100 => Some(plan::GemmKernel::F16 { wg: wg - 100 }),
-        mi => Some(plan::GemmKernel::Int8 { mi }),
     }
 }

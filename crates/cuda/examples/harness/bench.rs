@@ -191,9 +191,7 @@ pub(crate) fn bench_27b(
         Ok(512.0 / t.elapsed().as_secs_f64())
     };
     let pp_dp4a = pp512(false, None)?;
-    let int8 = GemmKernel::Int8 {
-        mi: niwaki_cuda::plan::GEMM_DEFAULT_MI,
-    };
+    let int8 = GemmKernel::INT8;
     let pp_int8 = pp512(true, Some(int8))?;
     let pp = pp512(true, None)?;
     let pp_again = pp512(true, None)?;

@@ -1,7 +1,7 @@
 //! The tensor-core prefill GEMMs: checks against their twins, and their speed on the 27B shapes.
 
 use model::synth::BlockPool;
-use niwaki_cuda::gpu::{GemvIo, Gpu};
+use niwaki_cuda::gpu::{DevBuf, GemvIo, Gpu};
 use niwaki_cuda::plan::GemmKernel;
 use niwaki_cuda::repack::{self, FORMATS};
 use quant::Format;
@@ -9,6 +9,51 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::report::*;
+
+/// `ntok` rows of `cols` activations on the GPU, quantized as a multi-token pass quantizes
+/// them: int8 with their group scales, and f16 in the f16 GEMM's order.
+struct Acts {
+    _x: DevBuf,
+    xq: DevBuf,
+    xs: DevBuf,
+    xh: DevBuf,
+    ntok: usize,
+}
+
+impl Acts {
+    fn new(gpu: &Gpu, x: &[f32], cols: usize, ntok: usize) -> R<Acts> {
+        let xd = gpu.upload(x, "x")?;
+        let xq = gpu.alloc(ntok * cols, "xq")?;
+        let xs = gpu.alloc(8 * ntok * cols / 64, "xs")?;
+        let xh = gpu.alloc(2 * ntok * cols, "xh")?;
+        gpu.quantize(
+            &gpu.stream,
+            xd.ptr,
+            cols,
+            ntok,
+            xq.ptr,
+            xs.ptr,
+            Some(xh.ptr),
+        )?;
+        Ok(Acts {
+            _x: xd,
+            xq,
+            xs,
+            xh,
+            ntok,
+        })
+    }
+
+    /// A product of these activations into `out` (`out_stride` floats per token).
+    fn io(&self, out: u64, out_stride: usize) -> GemvIo {
+        GemvIo {
+            ntok: self.ntok,
+            out_stride,
+            xh: Some(self.xh.ptr),
+            ..GemvIo::one(self.xq.ptr, self.xs.ptr, out)
+        }
+    }
+}
 
 /// The tensor-core GEMMs against their CPU twins: every format, partial row and token tiles, a
 /// 1-bit row of an odd number of chunks, accumulation into existing values.
@@ -42,19 +87,12 @@ pub(crate) fn gemm_checks(rep: &mut Report, gpu: &Gpu, rng: &mut ChaCha8Rng) -> 
                 .collect();
             for &ntok in ntoks {
                 let x: Vec<f32> = (0..ntok * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
-                let xd = gpu.upload(&x, "x")?;
-                let xq = gpu.alloc(ntok * cols, "xq")?;
-                let xs = gpu.alloc(8 * ntok * cols / 64, "xs")?;
-                let xh = gpu.alloc(2 * ntok * cols, "xh")?;
-                gpu.quantize(s, xd.ptr, cols, ntok, xq.ptr, xs.ptr, Some(xh.ptr))?;
+                let acts = Acts::new(gpu, &x, cols, ntok)?;
                 let prior: Vec<f32> = (0..rows * ntok).map(|_| rng.gen_range(-1.0..1.0)).collect();
                 let out = gpu.upload(&prior, "out")?;
                 let io = GemvIo {
-                    ntok,
-                    out_stride: rows,
                     accumulate: true,
-                    xh: Some(xh.ptr),
-                    ..GemvIo::one(xq.ptr, xs.ptr, out.ptr)
+                    ..acts.io(out.ptr, rows)
                 };
                 let dp4a = gpu.upload(&prior, "out")?;
                 gpu.gemv_plain(
@@ -175,18 +213,11 @@ pub(crate) fn gemm_speed(rep: &mut Report, gpu: &Gpu) -> R<()> {
             let p = repack::repack("m", format, &data, rows, cols)?;
             let m = gpu.upload_packed(&p, "bench")?;
             let x: Vec<f32> = (0..ntok * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            let xd = gpu.upload(&x, "x")?;
-            let xq = gpu.alloc(ntok * cols, "xq")?;
-            let xs = gpu.alloc(8 * ntok * cols / 64, "xs")?;
-            let xh = gpu.alloc(2 * ntok * cols, "xh")?;
-            gpu.quantize(s, xd.ptr, cols, ntok, xq.ptr, xs.ptr, Some(xh.ptr))?;
+            let acts = Acts::new(gpu, &x, cols, ntok)?;
             let out = gpu.alloc(4 * rows * ntok, "out")?;
             let io = GemvIo {
-                ntok,
-                out_stride: rows,
                 split_scratch: Some((part.ptr, part_floats)),
-                xh: Some(xh.ptr),
-                ..GemvIo::one(xq.ptr, xs.ptr, out.ptr)
+                ..acts.io(out.ptr, rows)
             };
             let dp4a = gpu.time(s, 5, || gpu.gemv_plain(s, &m, &io))?;
             let mut line = format!("| {format} | {rows}×{cols} | {:.0} |", dp4a * 1e6);

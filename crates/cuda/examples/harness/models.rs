@@ -32,13 +32,8 @@ pub(crate) fn whole_model(rep: &mut Report, preset: Preset, vocab: usize) -> R<(
             None
         };
         // The rest on the int8 GEMM, which the twin reproduces to float rounding.
-        g.gpu().set_gemm_kernel(Some(GemmKernel::Int8 {
-            mi: niwaki_cuda::plan::GEMM_DEFAULT_MI,
-        }));
         let mut gs = g.new_state(256)?;
-        let b = g.forward(&mut gs, &prompt, Logits::All);
-        g.gpu().set_gemm_kernel(None);
-        let b = b?;
+        let b = on_int8_gemm(&g, || g.forward(&mut gs, &prompt, Logits::All))?;
         let mut worst = rel_l2(&b, &a);
         let mut worst_abs = max_abs(&b, &a);
         let mut flips = Vec::new();
@@ -127,6 +122,15 @@ pub(crate) fn whole_model(rep: &mut Report, preset: Preset, vocab: usize) -> R<(
     Ok(())
 }
 
+/// `f` with every GEMM on the int8 kernel (the twin's arithmetic), then back to each matrix's
+/// preferred one.
+fn on_int8_gemm<T>(g: &CudaModel, f: impl FnOnce() -> T) -> T {
+    g.gpu().set_gemm_kernel(Some(GemmKernel::INT8));
+    let r = f();
+    g.gpu().set_gemm_kernel(None);
+    r
+}
+
 /// The q8_0 KV cache against the f16 one and the CPU engine: a 20-token prefill (all logits) and
 /// 12 teacher-forced decode steps, then 16 free-running greedy tokens against the f16 cache.
 pub(crate) fn kv_q8_checks(rep: &mut Report) -> R<()> {
@@ -153,12 +157,7 @@ pub(crate) fn kv_q8_checks(rep: &mut Report) -> R<()> {
                 let mut gs = g.new_state(256)?;
                 // On the int8 GEMM, the arithmetic of the twin below (whole_model checks the
                 // f16 one against the CPU).
-                g.gpu().set_gemm_kernel(Some(GemmKernel::Int8 {
-                    mi: niwaki_cuda::plan::GEMM_DEFAULT_MI,
-                }));
-                let out = g.forward(&mut gs, &prompt, Logits::All);
-                g.gpu().set_gemm_kernel(None);
-                let mut out = out?;
+                let mut out = on_int8_gemm(&g, || g.forward(&mut gs, &prompt, Logits::All))?;
                 for &s in &steps {
                     out.extend(g.forward(&mut gs, &[s], Logits::Last)?);
                 }

@@ -39,6 +39,11 @@ pub const fn hgemm_stage_bytes(wg: usize) -> usize {
     HGEMM_STAGE_FIXED + wg * HGEMM_STAGE_PER_WG
 }
 
+/// Whether the f16 GEMM takes rows of `cols` values (whole stages).
+pub const fn hgemm_takes(cols: usize) -> bool {
+    cols.is_multiple_of(HGEMM_STAGE_VALUES)
+}
+
 /// A multi-token GEMM kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemmKernel {
@@ -51,6 +56,11 @@ pub enum GemmKernel {
 }
 
 impl GemmKernel {
+    /// The int8 kernel multi-token passes fall back to (and use without warpgroup MMA).
+    pub const INT8: GemmKernel = GemmKernel::Int8 {
+        mi: GEMM_DEFAULT_MI,
+    };
+
     /// Every kernel (the f16 ones only with `wgmma`), for measuring them side by side.
     pub fn all(wgmma: bool) -> Vec<GemmKernel> {
         let f16 = HGEMM_WARPGROUPS.iter().map(|&wg| GemmKernel::F16 { wg });
@@ -75,10 +85,8 @@ impl GemmKernel {
         sms: usize,
         cap: usize,
     ) -> GemmKernel {
-        if !wgmma || !cols.is_multiple_of(HGEMM_STAGE_VALUES) {
-            return GemmKernel::Int8 {
-                mi: GEMM_DEFAULT_MI,
-            };
+        if !wgmma || !hgemm_takes(cols) {
+            return GemmKernel::INT8;
         }
         let cost = |wg: usize| {
             let k = GemmKernel::F16 { wg };
