@@ -22,20 +22,23 @@
 // multiprocessors' waves best); warpgroup w owns rows 64w .. 64w+63 of the block's 64·WG, for
 // all HG_BN tokens (one m64nHG_BNk16 wgmma per 16 values of k); each of its warps holds the A
 // fragments (registers) of 16 of those rows, and issues its MMAs two k steps per commit group.
-// K advances 128 values per stage through a ring of HG_STAGES cp.async stages: the rows' codes
-// (two 16-byte chunk slots per row, swapped on rows 4-7 of every 8 so that a warp's code loads
-// hit 32 distinct banks), the f16 activations, stored as wgmma's 8×8 core matrices without
-// swizzle (each 128 contiguous bytes: 8 tokens × 8 values; K-adjacent ones HG_LBO bytes apart,
-// token-adjacent ones 128), and each thread's weight scales (loaded into registers a stage
-// before they are stored there). Stages are loaded HG_STAGES − 2 ahead, so that the buffer a
-// load overwrites was last read two stages back, by MMAs already waited for: the tensor cores
-// never drain at a stage boundary. Rows must be whole stages (columns a multiple of 128). A
-// grid's z index splits K (gemm_reduce adds the partial sums).
-#if !defined(HG_STAGES) || !defined(HG_STAGE_FIXED) || !defined(HG_STAGE_PER_WG) || !defined(HG_BN)
-#error "HG_STAGES, HG_STAGE_FIXED, HG_STAGE_PER_WG and HG_BN must be defined by the host"
+// K advances 128 values per stage through a ring of HG_STAGES stages, loaded HG_STAGES − 2
+// ahead (the buffer a load overwrites was last read two stages back, by MMAs already waited
+// for: the tensor cores never drain at a stage boundary). Each stage's copies are made by the
+// tensor memory accelerator (TMA): one thread issues its three boxes — the rows' codes (16 or
+// 32 bytes a row; 2-bit rows in the 32-byte swizzle, which puts rows 4-7 of every 8 in swapped
+// 16-byte slots, so that a warp's code loads hit 32 distinct banks) and the activations as two
+// boxes of 128 tokens × 64 values in the 128-byte swizzle wgmma reads directly — against the
+// stage's `full` barrier; each warp arrives on the stage's `empty` barrier once its MMAs on it
+// are done, and the issuing thread waits for that before reusing the buffer. Every thread
+// loads its own weight scales a stage ahead into its own slot. (Copies made by every thread
+// with cp.async, and a block barrier per stage, took twice as long: MIO throttle and barrier
+// stalls.) Rows must be whole stages (columns a multiple of 128); tokens and rows past the ends
+// arrive as zeros. A grid's z index splits K (gemm_reduce adds the partial sums).
+#if !defined(HG_STAGES) || !defined(HG_STAGE_FIXED) || !defined(HG_STAGE_PER_WG) || !defined(HG_BN) || !defined(HG_TMA_EXTRA)
+#error "HG_STAGES, HG_STAGE_FIXED, HG_STAGE_PER_WG, HG_BN and HG_TMA_EXTRA must be defined by the host"
 #endif
 #define HG_KC 128
-#define HG_LBO ((HG_BN / 8) * 128)
 static_assert(HG_STAGES >= 3 && HG_BN == 128, "hgemm tile shape");
 
 __device__ __forceinline__ u32 hsub2(u32 a, u32 b) {
@@ -56,11 +59,16 @@ __device__ __forceinline__ u32 hadd2(u32 a, u32 b) {
     return d;
 }
 
+// A tensor map (CUtensorMap) as a kernel parameter: opaque, 64-byte aligned.
+struct __align__(64) TmaMap {
+    u64 v[16];
+};
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// Shared-memory matrix descriptor: no swizzle, start address, K-direction (lbo) and
-// token-direction (sbo) strides between core matrices, all in 16-byte units.
-__device__ __forceinline__ u64 wg_desc(u32 saddr, u32 lbo, u32 sbo) {
-    return (u64)((saddr & 0x3FFFFu) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32);
+// Shared-memory matrix descriptor of a K-major operand in the 128-byte swizzle: rows (tokens)
+// of 64 values, 8-row groups 1024 bytes apart, starting at `saddr`.
+__device__ __forceinline__ u64 wg_desc_sw128(u32 saddr) {
+    return (u64)((saddr & 0x3FFFFu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
 }
 
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -82,162 +90,79 @@ __device__ __forceinline__ void wgmma_64x128x16(float* d, const u32* a, u64 desc
 // Keeps the compiler from moving accesses of an accumulator across the asynchronous MMAs.
 __device__ __forceinline__ void wg_reg_fence(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 
-template <int FMT, int WG>
-__device__ __forceinline__ void hgemm_body(const unsigned char* __restrict__ codes, const u16* __restrict__ scales,
-                                           int rows, int cols, const u16* __restrict__ xh, int ntok,
-                                           float* __restrict__ out, int out_stride, int accumulate,
-                                           long long zstride) {
-    extern __shared__ __align__(128) unsigned char smem[];
-    constexpr int CV = FMT == FMT_Q1 ? 128 : 64;       // values per 16-byte chunk
-    constexpr int CPS = HG_KC / CV;                     // chunks of a row per stage (1 or 2)
-    constexpr int SV = FMT == FMT_Q2G64 ? 64 : 128;     // values per weight scale
-    constexpr int SPS = HG_KC / SV;                     // scales of a row per stage (1 or 2)
-    constexpr int BM = WG * 64;
-    constexpr int NTH = WG * 128;
-    constexpr int W_BYTES = BM * 32;                    // two 16-byte chunk slots per row
-    constexpr int S_OFF = W_BYTES + HG_BN * HG_KC * 2;
-    constexpr int STAGE = S_OFF + NTH * 8;              // + 4 scales per thread
-    constexpr int D = HG_STAGES - 2;                    // stages loaded ahead
-    static_assert(STAGE == HG_STAGE_FIXED + WG * HG_STAGE_PER_WG, "the host sizes the stages as laid out here");
-    static_assert(HG_KC == 128, "two 64-value blocks per stage");
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = lane >> 2, t = lane & 3;
-    // This thread's rows in the block tile: rbase and rbase + 8. Rows 4-7 of every 8 keep their
-    // chunks in swapped slots, so that a warp's code loads hit 32 distinct banks.
-    const int rbase = (warp >> 2) * 64 + (warp & 3) * 16 + g;
-    const int swz = (g >> 2) & 1;
-    const int tok0 = blockIdx.x * HG_BN, row0 = blockIdx.y * BM;
-    const int nst = cols / HG_KC;
-    const int chunks = cols / CV, spr = cols / SV;
-    const int st0 = (int)((long long)nst * blockIdx.z / gridDim.z);
-    const int st1 = (int)((long long)nst * (blockIdx.z + 1) / gridDim.z);
-    out += blockIdx.z * zstride;
-    PDL_ENTRY();
-
-    // This thread's copies of every stage, fixed but for the stage's offset: chunk q of row r
-    // (threads below BM·CPS), and activation pieces (8 values) of token tt into core matrix
-    // (p, tt / 8), row tt % 8. Rows and tokens past the end repeat the last one.
-    constexpr int XN = HG_BN * (HG_KC / 8), XC = (XN + NTH - 1) / NTH;
-    static_assert(BM * CPS <= NTH, "a chunk per thread");
-    const int wr = tid / CPS, wq = tid % CPS;
-    const uint4* wsrc = (const uint4*)codes + (size_t)min(row0 + wr, rows - 1) * chunks + wq;
-    const u32 wdst = wr * 32 + ((wq ^ (wr >> 2)) & 1) * 16;
-    const u16* xsrc[XC];
-    u32 xdst[XC];
+// This thread's weight scales of stage s (raw f16 bits), [h][j] for rows rbase + 8h.
+template <int SPS>
+__device__ __forceinline__ void hg_load_scales(const u16* __restrict__ scales, int spr, int rows, int row, int s,
+                                               u32* d) {
 #pragma unroll
-    for (int c = 0; c < XC; c++) {
-        const int e = min(tid + c * NTH, XN - 1), tt = e / (HG_KC / 8), p = e % (HG_KC / 8);
-        xsrc[c] = xh + (size_t)min(tok0 + tt, ntok - 1) * cols + p * 8;
-        xdst[c] = W_BYTES + (p * (HG_BN / 8) + (tt >> 3)) * 128 + (tt & 7) * 16;
+    for (int h = 0; h < 2; h++) {
+        const int r = min(row + h * 8, rows - 1);
+#pragma unroll
+        for (int j = 0; j < SPS; j++) d[h * SPS + j] = (u32)__ldg(scales + (size_t)r * spr + s * SPS + j);
     }
-    auto load_stage = [&](int s) {
-        unsigned char* st = smem + (s % HG_STAGES) * STAGE;
-        if (BM * CPS == NTH || tid < BM * CPS) cp_async16(st + wdst, wsrc + s * CPS);
-#pragma unroll
-        for (int c = 0; c < XC; c++)
-            if (XN % NTH == 0 || tid + c * NTH < XN) cp_async16(st + xdst[c], xsrc[c] + s * HG_KC);
-    };
-    // This thread's weight scales of stage s (raw f16 bits), [h][j] for rows rbase + 8h.
-    auto load_scales = [&](int s, u32* d) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int row = min(row0 + rbase + h * 8, rows - 1);
-#pragma unroll
-            for (int j = 0; j < SPS; j++) d[h * SPS + j] = (u32)__ldg(scales + (size_t)row * spr + s * SPS + j);
-        }
-    };
-    // Each thread's scales of a stage wait in its own slot of the stage (only it reads them).
-    auto scale_slot = [&](int s) { return (u16*)(smem + (s % HG_STAGES) * STAGE + S_OFF) + tid * 4; };
-    auto store_scales = [&](int s, const u32* d) {
-        u16* p = scale_slot(s);
-#pragma unroll
-        for (int e = 0; e < 2 * SPS; e++) p[e] = (u16)d[e];
-    };
+}
 
-    float acc[64];
+// The MMAs of one stage for this thread's warpgroup: rows w0 and w8 (the stage's codes of rows
+// rbase and rbase + 8; `swz`: whether their 2-bit chunks sit in swapped slots), the
+// activations (two boxes of 64 values, 128-byte swizzle) at shared address xbase, the weight
+// scales dsc (stage order, [h][j]). `first_done` runs once the previous stage's MMAs are known
+// complete.
+template <int FMT, class Done>
+__device__ __forceinline__ void hg_stage_mmas(float* acc, const u32* w0, const u32* w8, int swz, int t,
+                                              const u32* dsc, u32 xbase, Done first_done) {
+    constexpr int SPS = HG_KC / (FMT == FMT_Q2G64 ? 64 : 128);
+    u32 mul[2], neg[2], wd[2];
+    u32 a[2][2][4]; // [buffer][step of the pair][fragment]: untouched while their MMAs run
 #pragma unroll
-    for (int e = 0; e < 64; e++) acc[e] = 0.0f;
-
+    for (int pair = 0; pair < HG_KC / 32; pair++) {
 #pragma unroll
-    for (int s = 0; s < D; s++) {
-        if (st0 + s < st1) load_stage(st0 + s);
-        cp_async_commit();
-    }
-#pragma unroll
-    for (int s = 0; s < D; s++)
-        if (st0 + s < st1) {
-            u32 d[2 * SPS];
-            load_scales(st0 + s, d);
-            store_scales(st0 + s, d);
-        }
-    for (int s = st0; s < st1; s++) {
-        cp_async_wait<D - 1>();
-        // This thread's copies of stage s are visible to the asynchronous proxy (wgmma)...
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        // ...and, past the barrier, everyone's. Every warpgroup is also done with stage s-2
-        // (each waited for all but its newest MMAs during stage s-1): its buffer takes stage
-        // s+D.
-        __syncthreads();
-        const bool more = s + D < st1;
-        if (more) load_stage(s + D);
-        cp_async_commit();
-        // Stage s+D's scales: requested now, stored at the end of this stage.
-        u32 sp[2 * SPS];
-        if (more) load_scales(s + D, sp);
-        const unsigned char* st = smem + (s % HG_STAGES) * STAGE;
-        const u32 xbase = smem_addr(st + W_BYTES);
-        u32 dsc[2 * SPS];
-        {
-            const u16* p = scale_slot(s);
-#pragma unroll
-            for (int e = 0; e < 2 * SPS; e++) dsc[e] = p[e];
-        }
-        u32 mul[2], neg[2], wd[2];
-        u32 a[2][2][4]; // [buffer][step of the pair][fragment]: untouched while their MMAs run
-#pragma unroll
-        for (int pair = 0; pair < HG_KC / 32; pair++) {
-#pragma unroll
-            for (int k = 0; k < 2; k++) {
-                const int step = 2 * pair + k, i = step >> 2, j = step & 3;
-                if (j == 0) {
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        // Per row: d (both halves), 2d for 1-bit codes, −d; and the code word
-                        // of 64-value block i: 2-bit, word t of chunk i; 1-bit, word 2i + t/2.
-                        const u32 d16 = dsc[h * SPS + (SPS == 2 ? i : 0)];
-                        const u32 dd = d16 | (d16 << 16);
-                        mul[h] = FMT == FMT_Q1 ? hadd2(dd, dd) : dd;
-                        neg[h] = dd ^ 0x80008000u;
-                        const u32* rw = (const u32*)(st + (rbase + h * 8) * 32);
-                        wd[h] = FMT == FMT_Q1 ? rw[swz * 4 + 2 * i + (t >> 1)] : rw[((i ^ swz) & 1) * 4 + t];
-                    }
-                }
-                const int field = FMT == FMT_Q1 ? 4 * (t & 1) + j : 2 * j;
-                const u32 mask = (FMT == FMT_Q1 ? 0x00010001u : 0x00030003u) << field;
-                const u32 magic = (u32)(25 - field) * 0x04000400u;
+        for (int k = 0; k < 2; k++) {
+            const int step = 2 * pair + k, i = step >> 2, j = step & 3;
+            if (j == 0) {
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    // 2-bit: c·d − d; 1-bit: b·2d − d.
-                    a[pair & 1][k][h] = hfma2(hsub2((wd[h] & mask) | magic, magic), mul[h], neg[h]);
-                    a[pair & 1][k][2 + h] = hfma2(hsub2(((wd[h] >> 8) & mask) | magic, magic), mul[h], neg[h]);
+                    // Per row: d (both halves), 2d for 1-bit codes, −d; and the code word of
+                    // 64-value block i: 2-bit, word t of chunk i; 1-bit, word 2i + t/2.
+                    const u32 d16 = dsc[h * SPS + (SPS == 2 ? i : 0)];
+                    const u32 dd = d16 | (d16 << 16);
+                    mul[h] = FMT == FMT_Q1 ? hadd2(dd, dd) : dd;
+                    neg[h] = dd ^ 0x80008000u;
+                    const u32* rw = h ? w8 : w0;
+                    wd[h] = FMT == FMT_Q1 ? rw[2 * i + (t >> 1)] : rw[((i ^ swz) & 1) * 4 + t];
                 }
             }
-            wg_fence();
+            const int field = FMT == FMT_Q1 ? 4 * (t & 1) + j : 2 * j;
+            const u32 mask = (FMT == FMT_Q1 ? 0x00010001u : 0x00030003u) << field;
+            const u32 magic = (u32)(25 - field) * 0x04000400u;
 #pragma unroll
-            for (int k = 0; k < 2; k++)
-                wgmma_64x128x16(acc, a[pair & 1][k], wg_desc(xbase + (2 * pair + k) * 2 * HG_LBO, HG_LBO, 128));
-            wg_commit();
-            // The previous pair's MMAs are done: its fragment buffer may be rewritten.
-            wg_wait<1>();
+            for (int h = 0; h < 2; h++) {
+                // 2-bit: c·d − d; 1-bit: b·2d − d.
+                a[pair & 1][k][h] = hfma2(hsub2((wd[h] & mask) | magic, magic), mul[h], neg[h]);
+                a[pair & 1][k][2 + h] = hfma2(hsub2(((wd[h] >> 8) & mask) | magic, magic), mul[h], neg[h]);
+            }
         }
-        if (more) store_scales(s + D, sp);
+        wg_fence();
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            // k step j of 64-value block i starts 32·j bytes into box i.
+            const int step = 2 * pair + k;
+            const u32 box = xbase + (step >> 2) * (HG_BN * 64 * 2) + (step & 3) * 32;
+            wgmma_64x128x16(acc, a[pair & 1][k], wg_desc_sw128(box));
+        }
+        wg_commit();
+        // The previous pair's MMAs are done: its fragment buffer may be rewritten (after the
+        // first pair: the previous stage's last MMAs are done too).
+        wg_wait<1>();
+        if (pair == 0) first_done();
     }
+}
+
+// Accumulator e: row rbase (+8 for e % 4 ≥ 2), token 8·(e / 4) + 2t + e % 2.
+__device__ __forceinline__ void hg_store(float* acc, int row0, int rbase, int tok0, int t, int rows, int ntok,
+                                         float* __restrict__ out, int out_stride, int accumulate) {
     wg_wait<0>();
-    cp_async_wait<0>();
 #pragma unroll
     for (int e = 0; e < 64; e++) wg_reg_fence(acc[e]);
-
-    // Accumulator e: row rbase (+8 for e % 4 ≥ 2), token 8·(e / 4) + 2t + e % 2.
 #pragma unroll
     for (int e = 0; e < 64; e++) {
         const int row = row0 + rbase + ((e >> 1) & 1) * 8;
@@ -248,20 +173,147 @@ __device__ __forceinline__ void hgemm_body(const unsigned char* __restrict__ cod
         }
     }
 }
-#define HGEMM_CALL(FMT, WG) hgemm_body<FMT, WG>(codes, scales, rows, cols, xh, ntok, out, out_stride, accumulate, zstride)
+
+// One box of a 2D tensor map into shared memory, completing on `bar`.
+__device__ __forceinline__ void tma_2d(u32 dst, const TmaMap& map, int x, int y, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+        "l"((u64)&map), "r"(x), "r"(y), "r"(bar)
+        : "memory");
+}
+
+template <int FMT, int WG>
+__device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __restrict__ scales, int rows, int cols,
+                                               const TmaMap& xmap, int ntok, float* __restrict__ out, int out_stride,
+                                               int accumulate, long long zstride) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    constexpr int SV = FMT == FMT_Q2G64 ? 64 : 128;
+    constexpr int SPS = HG_KC / SV;
+    constexpr int BM = WG * 64;
+    constexpr int NTH = WG * 128;
+    constexpr int ROWB = FMT == FMT_Q1 ? 16 : 32;       // code bytes of a row per stage
+    constexpr int X_BYTES = HG_BN * HG_KC * 2;          // two 16 KiB boxes of activations
+    constexpr int W_OFF = X_BYTES;
+    constexpr int S_OFF = W_OFF + BM * 32;
+    constexpr int STAGE = S_OFF + NTH * 8;
+    constexpr int D = HG_STAGES - 2;
+    static_assert(STAGE == HG_STAGE_FIXED + WG * HG_STAGE_PER_WG && STAGE % 1024 == 0,
+                  "the host sizes the stages as laid out here");
+    static_assert(HG_TMA_EXTRA >= 1024 + 16 * HG_STAGES, "room to align the stages and for the barriers");
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int rbase = (warp >> 2) * 64 + (warp & 3) * 16 + g;
+    const int swz = FMT == FMT_Q1 ? 0 : (g >> 2) & 1;
+    const int tok0 = blockIdx.x * HG_BN, row0 = blockIdx.y * BM;
+    const int nst = cols / HG_KC, spr = cols / SV;
+    const int st0 = (int)((long long)nst * blockIdx.z / gridDim.z);
+    const int st1 = (int)((long long)nst * (blockIdx.z + 1) / gridDim.z);
+    out += blockIdx.z * zstride;
+    // The 128-byte swizzle repeats every 1024 bytes of shared address: stages start on one.
+    const u32 raw = smem_addr(smem), base = (raw + 1023u) & ~1023u;
+    unsigned char* sm = smem + (base - raw);
+    const u32 bars = base + HG_STAGES * STAGE; // full[b] at bars + 8b, empty[b] at bars + 8(S + b)
+    {
+        u32 dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if (bars + 16 * HG_STAGES - raw > dyn) __trap();
+    }
+    auto full = [&](int b) { return bars + 8 * b; };
+    auto empty = [&](int b) { return bars + 8 * (HG_STAGES + b); };
+    if (tid == 0) {
+        for (int b = 0; b < HG_STAGES; b++) {
+            mbar_init(full(b), 1);
+            mbar_init(empty(b), WG * 4);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    pdl_launch();
+    // Stage s (of this block's split) into buffer u % S, u = s − st0.
+    auto issue_weights = [&](int s) {
+        const int b = (s - st0) % HG_STAGES;
+        mbar_expect_tx(full(b), X_BYTES + BM * ROWB);
+        tma_2d(base + b * STAGE + W_OFF, wmap, s * ROWB, row0, full(b));
+    };
+    auto issue_acts = [&](int s) {
+        const int b = (s - st0) % HG_STAGES;
+        const u32 dst = base + b * STAGE;
+        tma_2d(dst, xmap, s * HG_KC, tok0, full(b));
+        tma_2d(dst + X_BYTES / 2, xmap, s * HG_KC + 64, tok0, full(b));
+    };
+    auto scale_slot = [&](int s) { return (u16*)(sm + ((s - st0) % HG_STAGES) * STAGE + S_OFF) + tid * 4; };
+    auto store_scales = [&](int s, const u32* d) {
+        u16* p = scale_slot(s);
+#pragma unroll
+        for (int e = 0; e < 2 * SPS; e++) p[e] = (u16)d[e];
+    };
+    // Weights are constant: their first stages are requested before waiting for the kernel
+    // that writes the activations.
+    if (tid == 0)
+        for (int s = st0; s < min(st0 + D, st1); s++) issue_weights(s);
+#pragma unroll
+    for (int s = 0; s < D; s++)
+        if (st0 + s < st1) {
+            u32 d[2 * SPS];
+            hg_load_scales<SPS>(scales, spr, rows, row0 + rbase, st0 + s, d);
+            store_scales(st0 + s, d);
+        }
+    pdl_wait();
+    if (tid == 0)
+        for (int s = st0; s < min(st0 + D, st1); s++) issue_acts(s);
+
+    float acc[64];
+#pragma unroll
+    for (int e = 0; e < 64; e++) acc[e] = 0.0f;
+
+    for (int s = st0; s < st1; s++) {
+        const int u = s - st0, b = u % HG_STAGES;
+        const bool more = s + D < st1;
+        if (tid == 0 && more) {
+            // Buffer (u + D) % S last held stage u + D − S = u − 2: every warp released it
+            // during stage u − 1.
+            const int v = u + D;
+            if (v >= HG_STAGES) mbar_wait(empty(v % HG_STAGES), (u32)(v / HG_STAGES - 1) & 1u);
+            issue_weights(s + D);
+            issue_acts(s + D);
+        }
+        __syncwarp();
+        u32 sp[2 * SPS];
+        if (more) hg_load_scales<SPS>(scales, spr, rows, row0 + rbase, s + D, sp);
+        u32 dsc[2 * SPS];
+        {
+            const u16* p = scale_slot(s);
+#pragma unroll
+            for (int e = 0; e < 2 * SPS; e++) dsc[e] = p[e];
+        }
+        mbar_wait(full(b), (u32)(u / HG_STAGES) & 1u);
+        const unsigned char* st = sm + b * STAGE;
+        hg_stage_mmas<FMT>(
+            acc, (const u32*)(st + W_OFF + rbase * ROWB), (const u32*)(st + W_OFF + (rbase + 8) * ROWB), swz, t,
+            dsc, base + b * STAGE,
+            [&] {
+                if (u > 0 && lane == 0) mbar_arrive(empty((u - 1) % HG_STAGES));
+            });
+        if (more) store_scales(s + D, sp);
+    }
+    hg_store(acc, row0, rbase, tok0, t, rows, ntok, out, out_stride, accumulate);
+}
+#define HGEMM_CALL(FMT, WG) \
+    hgemm_body<FMT, WG>(wmap, scales, rows, cols, xmap, ntok, out, out_stride, accumulate, zstride)
 #else
 #define HGEMM_CALL(FMT, WG) __trap()
 #endif
 
-// grid (ceil(ntok / HG_BN), ceil(rows / (64·WG)), K splits), block 128·WG, dynamic shared
-// memory HG_STAGES stages (plan/gemm.rs: GemmKernel::smem_bytes); one block per multiprocessor
+// grid (ceil(ntok / HG_BN), ceil(rows / (64·WG)), K splits), block 128·WG; the codes and the
+// activations as tensor maps (plan/gemm.rs: hgemm_weight_tile, hgemm_act_tile); dynamic shared
+// memory HG_STAGES stages + HG_TMA_EXTRA (GemmKernel::smem_bytes); one block per multiprocessor
 // (its registers).
-#define HGEMM_KERNEL(name, FMT, WG)                                                                \
-    extern "C" __global__ void __launch_bounds__(WG * 128, 1)                                      \
-        name(const unsigned char* __restrict__ codes, const u16* __restrict__ scales, int rows,     \
-             int cols, const u16* __restrict__ xh, int ntok, float* __restrict__ out, int out_stride, \
-             int accumulate, long long zstride) {                                                  \
-        HGEMM_CALL(FMT, WG);                                                                       \
+#define HGEMM_KERNEL(name, FMT, WG)                                                                  \
+    extern "C" __global__ void __launch_bounds__(WG * 128, 1)                                            \
+        name(const __grid_constant__ TmaMap wmap, const u16* __restrict__ scales, int rows, int cols,     \
+             const __grid_constant__ TmaMap xmap, int ntok, float* __restrict__ out, int out_stride,      \
+             int accumulate, long long zstride) {                                                        \
+        HGEMM_CALL(FMT, WG);                                                                         \
     }
 
 HGEMM_KERNEL(hgemm_q1_w3, FMT_Q1, 3)

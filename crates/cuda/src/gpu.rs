@@ -14,6 +14,7 @@ use crate::compile;
 use crate::error::{Context, CudaError, Result};
 use crate::plan::{self, Dims, Gemv1Tuning, GEMV_ROWS, GEMV_TOKENS, TILE_PAD_ROWS};
 use crate::repack::{GpuFormat, Packed, X_GROUP};
+use crate::tma::{self, TensorMap};
 
 /// What `available()` reports about the first GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -233,6 +234,8 @@ pub enum Arg {
     I32(i32),
     F32(f32),
     U64(u64),
+    /// A tensor map, passed by value (`const __grid_constant__` in the kernel).
+    Map(TensorMap),
 }
 
 /// The context, the main stream and the compiled kernels.
@@ -640,6 +643,7 @@ impl Gpu {
             .iter()
             .map(|a| match *a {
                 Arg::Ptr(p) | Arg::U64(p) => p.to_ne_bytes(),
+                Arg::Map(_) => [0u8; 8],
                 Arg::I32(v) => {
                     let mut b = [0u8; 8];
                     b[..4].copy_from_slice(&v.to_ne_bytes());
@@ -652,9 +656,14 @@ impl Gpu {
                 }
             })
             .collect();
-        let mut params: Vec<*mut c_void> = vals
-            .iter_mut()
-            .map(|v| v.as_mut_ptr() as *mut c_void)
+        // A tensor map is read in place from `args` (the driver copies its 128 bytes).
+        let mut params: Vec<*mut c_void> = args
+            .iter()
+            .zip(vals.iter_mut())
+            .map(|(a, v)| match a {
+                Arg::Map(m) => &m.0 as *const sys::CUtensorMap as *mut c_void,
+                _ => v.as_mut_ptr() as *mut c_void,
+            })
             .collect();
         let mut attr = sys::CUlaunchAttribute {
             id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
@@ -812,9 +821,23 @@ impl Gpu {
                 m.cols
             )));
         }
-        let acts = match (kernel, io.xh) {
-            (plan::GemmKernel::Int8 { .. }, _) => vec![Arg::Ptr(io.xq), Arg::Ptr(io.xs)],
-            (plan::GemmKernel::F16 { .. }, Some(xh)) => vec![Arg::Ptr(xh)],
+        let (leading, acts) = match (kernel, io.xh) {
+            (plan::GemmKernel::Int8 { .. }, _) => {
+                (m.args().to_vec(), vec![Arg::Ptr(io.xq), Arg::Ptr(io.xs)])
+            }
+            (plan::GemmKernel::F16 { wg }, Some(xh)) => {
+                let w = plan::hgemm_weight_tile(m.format, m.rows, m.cols, wg);
+                let x = plan::hgemm_act_tile(io.ntok, m.cols);
+                (
+                    vec![
+                        Arg::Map(tma::encode(m.codes.ptr, &w)?),
+                        Arg::Ptr(m.scales.ptr),
+                        Arg::I32(m.rows as i32),
+                        Arg::I32(m.cols as i32),
+                    ],
+                    vec![Arg::Map(tma::encode(xh, &x)?)],
+                )
+            }
             (plan::GemmKernel::F16 { .. }, None) => {
                 return Err(CudaError::Unsupported(
                     "the f16 GEMM needs the f16 activations".into(),
@@ -839,7 +862,7 @@ impl Gpu {
             (kernel.threads() as u32, 1, 1),
             kernel.smem_bytes() as u32,
             &[
-                &m.args()[..],
+                &leading[..],
                 &acts,
                 &[
                     Arg::I32(io.ntok as i32),

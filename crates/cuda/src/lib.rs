@@ -18,6 +18,7 @@ pub mod gpu;
 mod model;
 pub mod plan;
 pub mod repack;
+pub mod tma;
 pub mod twin;
 
 pub use error::{CudaError, Result};

@@ -90,9 +90,17 @@ fn run(rep: &mut Report) -> R<()> {
         },
         gpu.compile_secs
     ));
-    if std::env::var("NIWAKI_HARNESS_ONLY").is_ok_and(|v| v == "gemm") {
+    match std::env::var("NIWAKI_HARNESS_ONLY").as_deref() {
         // For a profiler: the GEMM timings alone.
-        return gemm_speed(rep, &gpu);
+        Ok("gemm") => return gemm_speed(rep, &gpu),
+        // A new GEMM kernel's first run: its checks, then its timings.
+        Ok("gemm-checks") => {
+            rep.line("| kernel | shape | result | error |");
+            rep.line("|---|---|---|---|");
+            gemm::gemm_checks(rep, &gpu, &mut rand::SeedableRng::seed_from_u64(7))?;
+            return gemm_speed(rep, &gpu);
+        }
+        _ => {}
     }
     let bw = gpu.copy_bandwidth(2 << 30)?;
     rep.line(format!(

@@ -156,6 +156,7 @@ impl Dims {
             ("HG_STAGE_FIXED", HGEMM_STAGE_FIXED),
             ("HG_STAGE_PER_WG", HGEMM_STAGE_PER_WG),
             ("HG_BN", HGEMM_TOKENS),
+            ("HG_TMA_EXTRA", HGEMM_TMA_EXTRA),
         ]
         .iter()
         .map(|(k, v)| format!("-D{k}={v}"))

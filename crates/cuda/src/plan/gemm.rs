@@ -1,6 +1,7 @@
 //! The tensor-core prefill GEMM: tile shapes, shared memory, grids and splits along K.
 
 use super::*;
+use crate::tma::{Elem, Swizzle, Tile};
 
 /// The tensor-core GEMM of multi-token passes (`gemm_*_m<mi>`, kernels/gemm.cu): warps of a
 /// block (each owns `mi` 16-row mma tiles for all the block's tokens), tokens of a block's
@@ -38,6 +39,46 @@ pub const HGEMM_STAGE_PER_WG: usize = 64 * 32 + 128 * 8;
 pub const fn hgemm_stage_bytes(wg: usize) -> usize {
     HGEMM_STAGE_FIXED + wg * HGEMM_STAGE_PER_WG
 }
+/// Shared memory the f16 GEMM needs beyond its stages: 1 KiB to align them (the 128-byte
+/// swizzle repeats every 1024 bytes of address) and a `full` and an `empty` barrier per stage.
+pub const HGEMM_TMA_EXTRA: usize = 1024 + 16 * HGEMM_STAGES;
+const _: () =
+    assert!(hgemm_stage_bytes(3).is_multiple_of(1024) && hgemm_stage_bytes(4).is_multiple_of(1024));
+
+/// The TMA box of a weight matrix for the f16 GEMM with `wg` warpgroups: the codes of a
+/// stage (16 bytes a row for 1-bit, 32 for 2-bit, with the 32-byte swizzle that keeps a warp's
+/// code loads on distinct banks) for a block's 64·`wg` rows.
+pub fn hgemm_weight_tile(format: GpuFormat, rows: usize, cols: usize, wg: usize) -> Tile {
+    let row_bytes = cols / format.chunk_values() * 16;
+    let stage_bytes = HGEMM_STAGE_VALUES / format.chunk_values() * 16;
+    Tile {
+        elem: Elem::U8,
+        cols: row_bytes,
+        rows,
+        row_bytes,
+        box_cols: stage_bytes,
+        box_rows: 64 * wg,
+        swizzle: if stage_bytes == 32 {
+            Swizzle::B32
+        } else {
+            Swizzle::None
+        },
+    }
+}
+
+/// The TMA box of the f16 activations (`ntok` rows of `cols`) for the f16 GEMM: half a stage
+/// (64 values) of a block's tokens, in the 128-byte swizzle wgmma reads.
+pub fn hgemm_act_tile(ntok: usize, cols: usize) -> Tile {
+    Tile {
+        elem: Elem::F16,
+        cols,
+        rows: ntok,
+        row_bytes: 2 * cols,
+        box_cols: HGEMM_STAGE_VALUES / 2,
+        box_rows: HGEMM_TOKENS,
+        swizzle: Swizzle::B128,
+    }
+}
 
 /// Whether the f16 GEMM takes rows of `cols` values (whole stages).
 pub const fn hgemm_takes(cols: usize) -> bool {
@@ -51,7 +92,7 @@ pub enum GemmKernel {
     /// (`gemm_<format>_m<mi>`).
     Int8 { mi: usize },
     /// f16 tensor cores (warpgroup MMA, sm_90a) on f16 activations, `wg` warpgroups of 64
-    /// rows (`hgemm_<format>_w<wg>`).
+    /// rows (`hgemm_<format>_w<wg>`), stages copied by the tensor memory accelerator.
     F16 { wg: usize },
 }
 
@@ -156,7 +197,7 @@ impl GemmKernel {
     pub fn smem_bytes(self) -> usize {
         match self {
             GemmKernel::Int8 { mi } => gemm_smem_bytes(mi),
-            GemmKernel::F16 { wg } => HGEMM_STAGES * hgemm_stage_bytes(wg),
+            GemmKernel::F16 { wg } => HGEMM_STAGES * hgemm_stage_bytes(wg) + HGEMM_TMA_EXTRA,
         }
     }
 

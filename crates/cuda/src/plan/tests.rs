@@ -393,12 +393,23 @@ fn every_gemm_kernel_is_a_kernel_and_fits_its_blocks() {
     }
     assert_eq!(GemmKernel::of_name("hgemm_q5"), None);
     assert_eq!(GemmKernel::of_name("gemm_reduce"), None);
-    // The f16 kernel's code loads: lane (g, t) reads word t of row g's 16-byte slot (1-bit:
-    // word t / 2, two lanes to a word); a warp's 8 rows × 4 words hit 32 distinct banks.
-    let banks: std::collections::HashSet<_> = (0..32)
-        .map(|lane| (lane / 4 * 16 / 4 + lane % 4) % 32)
-        .collect();
-    assert_eq!(banks.len(), 32);
+    // The f16 kernel's code loads of 64-value block i: 2-bit, lane (g, t) reads word t of its
+    // chunk slot (i XOR bit 2 of g) in row g's 32 bytes: a warp's 8 rows × 4 words hit 32
+    // distinct banks. 1-bit, word 2i + t / 2 of row g's 16 bytes (two lanes to a word): 16
+    // distinct banks, one word each.
+    for i in 0..2 {
+        let q2: std::collections::HashSet<_> = (0..32)
+            .map(|lane| {
+                let (g, t) = (lane / 4, lane % 4);
+                (8 * g + 4 * ((i ^ (g >> 2)) & 1) + t) % 32
+            })
+            .collect();
+        assert_eq!(q2.len(), 32);
+        let q1: std::collections::HashSet<_> = (0..32)
+            .map(|lane| (4 * (lane / 4) + 2 * i + lane % 4 / 2) % 32)
+            .collect();
+        assert_eq!(q1.len(), 16);
+    }
 }
 
 #[test]
@@ -533,4 +544,36 @@ fn the_27b_shapes_come_from_metadata_alone() {
     let f = gguf::Gguf::from_bytes(w.to_bytes().unwrap()).unwrap();
     let c = Config::from_metadata(f.metadata(), 248_320).unwrap();
     assert_eq!(Dims::from_config(&c).unwrap(), dims(Preset::B27));
+}
+
+#[test]
+fn the_tma_boxes_of_the_f16_gemm_are_legal_and_fill_its_stages() {
+    for f in GpuFormat::ALL {
+        for (rows, cols) in [(34816, 5120), (5120, 17408), (5120, 6144), (300, 384)] {
+            for wg in HGEMM_WARPGROUPS {
+                let w = hgemm_weight_tile(f, rows, cols, wg);
+                assert_eq!(w.check(), Ok(()), "{f:?} {rows}×{cols}");
+                // A stage's codes of the block's rows fit the two 16-byte slots per row the
+                // stage keeps for them.
+                assert_eq!(w.box_rows, GemmKernel::F16 { wg }.rows());
+                assert!(w.box_cols <= 32);
+                assert_eq!(w.box_cols, HGEMM_STAGE_VALUES / f.chunk_values() * 16);
+            }
+            for ntok in [16, 100, 256] {
+                let x = hgemm_act_tile(ntok, cols);
+                assert_eq!(x.check(), Ok(()));
+                // Two boxes make a stage's activations.
+                assert_eq!(2 * x.box_bytes(), HGEMM_TOKENS * HGEMM_STAGE_VALUES * 2);
+            }
+        }
+    }
+    // The 32-byte swizzle swaps the two 16-byte units of row r when bit 2 of r is set (address
+    // bit 4 XOR bit 7, rows 32 bytes apart): the slots the cp.async variant writes by hand.
+    for r in 0..16usize {
+        for q in 0..2usize {
+            let offset = 32 * r + 16 * q;
+            let swizzled = offset ^ ((offset >> 3) & 0x10);
+            assert_eq!(swizzled, 32 * r + 16 * (q ^ ((r >> 2) & 1)));
+        }
+    }
 }
