@@ -79,35 +79,41 @@ gdn_prep(const float* __restrict__ conv, const float* __restrict__ proj, int str
     }
 }
 
-// The recurrent step. grid (HV, DV/32), block (32, 4): warp w of block (h, by) owns value columns
-// 32·by + 8w .. +7 of head h; lane (r, c) = (lane / 8, lane % 8) keeps the state of column
-// 32·by + 8w + c for key rows 32r..32r+31 in registers across the tokens. Every reduction over
-// the key rows stays inside a warp (two shuffles), and each warp normalizes q and k itself, so a
-// token needs no block barrier: the tokens of a prefill pass are a chain, and barriers were most
-// of each link. The next token's inputs are loaded while the current one is processed. With
+// The recurrent step, RPL key rows of a value column per lane (a variant per RPL: 32, 16, 8).
+// grid (HV, DV / (4·C)), block (32, 4), with R = DK / RPL row groups and C = 32 / R columns per
+// warp: warp w of block (h, by) owns value columns 4C·by + Cw .. +C−1 of head h; lane (r, c) =
+// (lane / C, lane % C) keeps the state of column 4C·by + Cw + c for key rows RPL·r .. +RPL−1
+// in registers across the tokens. Every reduction over the key rows stays inside a warp
+// (log2 R shuffles), and each warp normalizes q and k itself, so a token needs no block
+// barrier: the tokens of a prefill pass are a chain, and barriers were most of each link.
+// Fewer rows per lane make more warps (768 at RPL 32 for 48 heads of 128×128): more of each
+// link's latency hidden, for more shuffles per token. The next token's inputs are loaded while the current one is processed. With
 // `qk` and `gb` (from gdn_prep, multi-token passes) the normalized q, k and the gates are read
 // rather than computed, which takes the norms' reductions and the gates' exponentials out of
 // the chain from token to token (same values, same bits).
 // S: [HV][DK][DV]; o: [ntok][HV*DV].
-static_assert(DK == 128 && DV % 32 == 0, "gdn_step: 4 groups of 32 key rows, 32-column blocks");
-extern "C" __global__ void __launch_bounds__(128)
-gdn_step(const float* __restrict__ conv, const float* __restrict__ proj, int stride, int aoff,
-         int boff, int ntok, const float* __restrict__ a_neg, const float* __restrict__ dt_bias,
-         const float* __restrict__ qk, const float2* __restrict__ gb, float* __restrict__ S,
-         float* __restrict__ o) {
-    // Per warp: normalized q and k. The eight lanes of a quarter-warp share a row group, so the
-    // 16-byte loads below are one broadcast address per phase: no bank conflicts.
+static_assert(DK == 128 && DV % 32 == 0, "gdn_step: 128 key rows, blocks of up to 32 columns");
+template <int RPL>
+__device__ __forceinline__ void gdn_step_body(const float* __restrict__ conv, const float* __restrict__ proj,
+                                              int stride, int aoff, int boff, int ntok,
+                                              const float* __restrict__ a_neg, const float* __restrict__ dt_bias,
+                                              const float* __restrict__ qk, const float2* __restrict__ gb,
+                                              float* __restrict__ S, float* __restrict__ o) {
+    constexpr int R = DK / RPL, C = 32 / R;
+    static_assert(RPL % 4 == 0 && R * C == 32, "gdn_step: whole row groups of float4s");
+    // Per warp: normalized q and k. A quarter-warp's lanes read 16 bytes at row groups RPL·4
+    // bytes apart (≥ 32): distinct banks, or one broadcast address per group.
     __shared__ __align__(16) float qks[4][2][DK];
     const int h = blockIdx.x, kh = h % HK;
     const int lane = threadIdx.x, w = threadIdx.y;
-    const int r = lane >> 3;
-    const int j = blockIdx.y * 32 + w * 8 + (lane & 7);
+    const int r = lane / C;
+    const int j = blockIdx.y * 4 * C + w * C + lane % C;
     float* qs = qks[w][0];
     float* ks = qks[w][1];
     float* Sh = S + (size_t)h * DK * DV;
-    float s[32];
+    float s[RPL];
 #pragma unroll
-    for (int i = 0; i < 32; i++) s[i] = Sh[(size_t)(r * 32 + i) * DV + j];
+    for (int i = 0; i < RPL; i++) s[i] = Sh[(size_t)(r * RPL + i) * DV + j];
     // The state is read before waiting for the previous kernel, so its latency overlaps that
     // kernel's tail: only this kernel writes it, once per pass, and a pass starts after the
     // previous one has finished (every forward call ends by synchronizing its stream, and
@@ -167,27 +173,27 @@ gdn_step(const float* __restrict__ conv, const float* __restrict__ proj, int str
         }
         __syncwarp();
         // Four partial sums: a chain of 32 dependent FMAs per token was the step's latency.
-        const float4* k4 = (const float4*)(ks + 32 * r);
-        const float4* q4 = (const float4*)(qs + 32 * r);
-        float kr[32];
+        const float4* k4 = (const float4*)(ks + RPL * r);
+        const float4* q4 = (const float4*)(qs + RPL * r);
+        float kr[RPL];
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
+        for (int i = 0; i < RPL / 4; i++) {
             const float4 v = k4[i];
             kr[4 * i] = v.x; kr[4 * i + 1] = v.y; kr[4 * i + 2] = v.z; kr[4 * i + 3] = v.w;
         }
         float kp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int i = 0; i < 32; i++) {
+        for (int i = 0; i < RPL; i++) {
             s[i] *= g;
             kp[i & 3] += s[i] * kr[i];
         }
         float km = (kp[0] + kp[1]) + (kp[2] + kp[3]);
-        km += __shfl_xor_sync(0xffffffffu, km, 8);
-        km += __shfl_xor_sync(0xffffffffu, km, 16);
+#pragma unroll
+        for (int m = C; m < 32; m <<= 1) km += __shfl_xor_sync(0xffffffffu, km, m);
         const float delta = (cur[8] - km) * beta;
         float op[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
+        for (int i = 0; i < RPL / 4; i++) {
             const float4 q = q4[i];
             const float qv[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
@@ -197,10 +203,23 @@ gdn_step(const float* __restrict__ conv, const float* __restrict__ proj, int str
             }
         }
         float oo = (op[0] + op[1]) + (op[2] + op[3]);
-        oo += __shfl_xor_sync(0xffffffffu, oo, 8);
-        oo += __shfl_xor_sync(0xffffffffu, oo, 16);
+#pragma unroll
+        for (int m = C; m < 32; m <<= 1) oo += __shfl_xor_sync(0xffffffffu, oo, m);
         if (r == 0) o[(size_t)t * HV * DV + h * DV + j] = oo;
     }
 #pragma unroll
-    for (int i = 0; i < 32; i++) Sh[(size_t)(r * 32 + i) * DV + j] = s[i];
+    for (int i = 0; i < RPL; i++) Sh[(size_t)(r * RPL + i) * DV + j] = s[i];
 }
+
+#define GDN_STEP_KERNEL(name, RPL)                                                                         \
+    extern "C" __global__ void __launch_bounds__(128)                                                       \
+        name(const float* __restrict__ conv, const float* __restrict__ proj, int stride, int aoff, int boff, \
+             int ntok, const float* __restrict__ a_neg, const float* __restrict__ dt_bias,                   \
+             const float* __restrict__ qk, const float2* __restrict__ gb, float* __restrict__ S,              \
+             float* __restrict__ o) {                                                                        \
+        gdn_step_body<RPL>(conv, proj, stride, aoff, boff, ntok, a_neg, dt_bias, qk, gb, S, o);             \
+    }
+
+GDN_STEP_KERNEL(gdn_step_r32, 32)
+GDN_STEP_KERNEL(gdn_step_r16, 16)
+GDN_STEP_KERNEL(gdn_step_r8, 8)

@@ -6,13 +6,14 @@ use std::path::{Path, PathBuf};
 use crate::error::{CudaError, Result};
 
 /// The kernel sources in the order they are concatenated.
-pub const SOURCES: [(&str, &str); 8] = [
+pub const SOURCES: [(&str, &str); 9] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("quant.cu", include_str!("../kernels/quant.cu")),
     ("gemv.cu", include_str!("../kernels/gemv.cu")),
     ("gemm.cu", include_str!("../kernels/gemm.cu")),
     ("hgemm.cu", include_str!("../kernels/hgemm.cu")),
     ("gdn.cu", include_str!("../kernels/gdn.cu")),
+    ("gdn_chunk.cu", include_str!("../kernels/gdn_chunk.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
     (
         "attention_mma.cu",
@@ -21,7 +22,7 @@ pub const SOURCES: [(&str, &str); 8] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 41] = [
+pub const KERNELS: [&str; 45] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -54,7 +55,11 @@ pub const KERNELS: [&str; 41] = [
     "hgemm_q2g128_w4",
     "gdn_conv",
     "gdn_prep",
-    "gdn_step",
+    "gdn_chunk_prep",
+    "gdn_chunk_scan",
+    "gdn_step_r32",
+    "gdn_step_r16",
+    "gdn_step_r8",
     "attn_prep",
     "attn_prep_q8",
     "attn_split_t4",

@@ -259,6 +259,13 @@ pub struct Gpu {
     /// The GEMM kernel set by [`Gpu::set_gemm_kernel`] (none: each matrix gets
     /// [`plan::GemmKernel::preferred`]).
     gemm_kernel: Mutex<Option<plan::GemmKernel>>,
+    /// Run the recurrence of passes of [`plan::GDN_CHUNK_MIN_TOKENS`] tokens or more in chunks
+    /// (`NIWAKI_CUDA_GDN_CHUNK=1`; off by default: in f32 on the CUDA cores it measured twice
+    /// as slow as token by token on the H200, 303 against 156 µs per layer for 256 tokens).
+    gdn_chunked: AtomicBool,
+    /// Key rows per lane of the recurrent step in multi-token passes (one of
+    /// [`plan::GDN_STEP_ROWS`]; `NIWAKI_CUDA_GDN_ROWS` sets it).
+    gdn_rows: AtomicUsize,
     /// Fold the RMS norms into the decode GEMVs (`NIWAKI_CUDA_FUSE_NORM=1`; off by default:
     /// measured 1-8% slower decode on the H200, the per-block norm delaying each GEMV's start
     /// by more than the separate kernel costs).
@@ -345,6 +352,11 @@ impl Gpu {
         let hopper = info.compute_capability.0 >= 9;
         let ampere = info.compute_capability.0 >= 8;
         let wgmma = info.wgmma();
+        raise_dynamic_smem(
+            &funcs["gdn_chunk_prep"],
+            "gdn_chunk_prep",
+            plan::gdn_prep_smem(dims),
+        )?;
         if ampere {
             for (k, kernel) in compile::KERNELS
                 .iter()
@@ -406,6 +418,16 @@ impl Gpu {
             gemv1: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_GEMV1")),
             mma: AtomicBool::new(ampere && env_on("NIWAKI_CUDA_MMA")),
             gemm_kernel: Mutex::new(None),
+            gdn_chunked: AtomicBool::new(
+                std::env::var("NIWAKI_CUDA_GDN_CHUNK").is_ok_and(|v| v == "1"),
+            ),
+            gdn_rows: AtomicUsize::new(
+                std::env::var("NIWAKI_CUDA_GDN_ROWS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|r| plan::GDN_STEP_ROWS.contains(r))
+                    .unwrap_or(plan::GDN_STEP_DEFAULT_ROWS),
+            ),
             fuse_norm: AtomicBool::new(
                 std::env::var("NIWAKI_CUDA_FUSE_NORM").is_ok_and(|v| v == "1"),
             ),
@@ -434,6 +456,40 @@ impl Gpu {
     /// Whether one-token GEMVs use the bulk-copy kernel.
     pub fn gemv1(&self) -> bool {
         self.gemv1.load(Ordering::Relaxed)
+    }
+
+    /// Whether a pass of `ntok` tokens runs the recurrence in chunks.
+    pub fn gdn_chunked(&self, ntok: usize) -> bool {
+        ntok >= plan::GDN_CHUNK_MIN_TOKENS && self.gdn_chunked.load(Ordering::Relaxed)
+    }
+
+    /// Turns the chunked recurrence on or off (token by token, the twin's order); returns the
+    /// previous setting.
+    pub fn set_gdn_chunked(&self, on: bool) -> bool {
+        self.gdn_chunked.swap(on, Ordering::Relaxed)
+    }
+
+    /// Key rows per lane of the recurrent step in multi-token passes.
+    pub fn gdn_rows(&self) -> usize {
+        self.gdn_rows.load(Ordering::Relaxed)
+    }
+
+    /// Key rows per lane of the recurrent step in a pass of `ntok` tokens.
+    pub fn gdn_rows_for(&self, ntok: usize) -> usize {
+        if ntok > 1 {
+            self.gdn_rows()
+        } else {
+            plan::GDN_STEP_DECODE_ROWS
+        }
+    }
+
+    /// Sets [`Gpu::gdn_rows`] (one of [`plan::GDN_STEP_ROWS`], for measuring the variants).
+    pub fn set_gdn_rows(&self, rows: usize) {
+        assert!(
+            plan::GDN_STEP_ROWS.contains(&rows),
+            "no recurrent step of {rows} rows per lane"
+        );
+        self.gdn_rows.store(rows, Ordering::Relaxed);
     }
 
     /// Whether multi-token passes multiply on the tensor cores.

@@ -734,13 +734,51 @@ impl CudaModel {
                     ],
                 )
             }
+            Op::GdnStep { layer, ntok } if g.gdn_chunked(ntok) => {
+                let [conv, proj, stride, aoff, _, a, dt_bias] = self.gdn_inputs(st, layer);
+                let chunks = ntok.div_ceil(plan::GDN_CHUNK);
+                g.launch_smem(
+                    s,
+                    "gdn_chunk_prep",
+                    (d.value_heads as u32, chunks as u32, 1),
+                    (256, 1, 1),
+                    plan::gdn_prep_smem(d) as u32,
+                    &[
+                        conv,
+                        proj,
+                        stride,
+                        aoff,
+                        a,
+                        dt_bias,
+                        Arg::Ptr(st.s("gdn_qk")),
+                        Arg::Ptr(st.s("gdn_gb")),
+                        Arg::I32(ntok as i32),
+                        Arg::Ptr(st.s("gdn_chunks")),
+                    ],
+                )?;
+                g.launch(
+                    s,
+                    "gdn_chunk_scan",
+                    (d.value_heads as u32, (d.value_dim / 32) as u32, 1),
+                    (256, 1, 1),
+                    &[
+                        Arg::Ptr(st.s("gdn_chunks")),
+                        Arg::I32(chunks as i32),
+                        Arg::Ptr(st.s("gdn_qk")),
+                        Arg::I32(ntok as i32),
+                        Arg::Ptr(self.ssm_state(st, layer)),
+                        Arg::Ptr(st.s("gdn")),
+                    ],
+                )
+            }
             Op::GdnStep { layer, ntok } => {
                 let [conv, proj, stride, aoff, boff, a, dt_bias] = self.gdn_inputs(st, layer);
                 let prepped = crate::plan::gdn_prepped(ntok);
+                let rows = g.gdn_rows_for(ntok);
                 g.launch(
                     s,
-                    "gdn_step",
-                    (d.value_heads as u32, (d.value_dim / 32) as u32, 1),
+                    plan::gdn_step_kernel(rows),
+                    plan::gdn_step_grid(d, rows),
                     (32, 4, 1),
                     &[
                         conv,

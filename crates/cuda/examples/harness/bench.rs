@@ -193,6 +193,16 @@ pub(crate) fn bench_27b(
     let pp_dp4a = pp512(false, None)?;
     let int8 = GemmKernel::INT8;
     let pp_int8 = pp512(true, Some(int8))?;
+    let chunked = g.gpu().set_gdn_chunked(true);
+    let pp_chunks = pp512(true, None)?;
+    g.gpu().set_gdn_chunked(chunked);
+    let rows = g.gpu().gdn_rows();
+    let mut pp_rows = Vec::new();
+    for r in niwaki_cuda::plan::GDN_STEP_ROWS {
+        g.gpu().set_gdn_rows(r);
+        pp_rows.push(format!("{r}: {:.0}", pp512(true, None)?));
+    }
+    g.gpu().set_gdn_rows(rows);
     let pp = pp512(true, None)?;
     let pp_again = pp512(true, None)?;
     // Where a prefill pass's time goes (a full chunk, ops timed inside graphs).
@@ -204,14 +214,21 @@ pub(crate) fn bench_27b(
     let total: f64 = prof.iter().map(|p| p.1 as f64 * p.2).sum();
     profiles.push(op_table(
         &format!(
-            "{format} prefill pass of {chunk} tokens by op (each timed inside a graph of 4 launches cycling over the layers' ops of that kind): sum {:.1} ms = {:.0} tok/s; pp512 measured {pp:.0} and {pp_again:.0} tok/s (GEMMs: {}; the int8 GEMM, {int8:?}, for every matrix: {pp_int8:.0}; dp4a kernels only: {pp_dp4a:.0})",
+            "{format} prefill pass of {chunk} tokens by op (each timed inside a graph of 4 launches cycling over the layers' ops of that kind): sum {:.1} ms = {:.0} tok/s; pp512 measured {pp:.0} and {pp_again:.0} tok/s (GEMMs: {}; the recurrence {}, {rows} key rows per lane; by rows per lane {}; in {}-token chunks: {pp_chunks:.0}; the int8 GEMM, {int8:?}, for every matrix: {pp_int8:.0}; dp4a kernels only: {pp_dp4a:.0})",
             total * 1e3,
             chunk as f64 / total,
             if g.gpu().info.wgmma() {
                 "f16 (wgmma), warpgroups per block by matrix"
             } else {
                 "int8"
-            }
+            },
+            if chunked {
+                "in chunks"
+            } else {
+                "token by token"
+            },
+            pp_rows.join(", "),
+            niwaki_cuda::plan::GDN_CHUNK
         ),
         "pass",
         &prof,

@@ -22,6 +22,7 @@ use quant::Format;
 
 mod attention;
 mod bench;
+mod gdn;
 mod gemm;
 mod kernels;
 mod models;
@@ -114,17 +115,21 @@ fn run(rep: &mut Report) -> R<()> {
     rep.line("|---|---|---|---|");
     kernel_checks(rep, &gpu, bw)?;
     attention::attention_checks(rep, &gpu, &dims)?;
+    gdn::gdn_chunk_checks(rep, &gpu, &dims)?;
     {
-        // The same on kernels compiled for the 27B shapes (head dim 256, GQA 6).
+        // The same on kernels compiled for the 27B shapes (head dim 256, GQA 6; 48 value
+        // heads over 16 key heads).
         let d27 = attention::b27_dims()?;
-        attention::attention_checks(rep, &Gpu::new(&d27)?, &d27)?;
+        let g27 = Gpu::new(&d27)?;
+        attention::attention_checks(rep, &g27, &d27)?;
+        gdn::gdn_chunk_checks(rep, &g27, &d27)?;
     }
     drop(gpu);
 
     rep.line("");
     rep.line("## Whole model against `model::Model::forward` (CPU)");
     rep.line("");
-    rep.line("20-token prefill (all logits) + 12 teacher-forced decode steps. *GPU vs twin*: relative L2 error of the logits against `niwaki_cuda::twin`, the CPU twin of the GPU arithmetic (same int8 activations, integer dots, f16 KV cache; tiny only) — must be < 2e-3 (float rounding), or < 0.3× the *twin vs CPU* error where a 1-ulp difference upstream (expf, sqrtf, the GEMV's summation order) moved an activation across an int8 rounding boundary and the flip propagated, or else *GPU vs CPU* must be no larger than *twin vs CPU* (the GPU no further from exact f32 than its twin). *twin vs CPU* and *GPU vs CPU*: the cost of int8 activations (per 64 values) on these random models, against `model::Model` in f32 — must be < 0.2; max |Δ|; argmax flips with the CPU's top-1/top-2 gap (allowed only where the gap is under 4× the max |Δ|); free-running greedy agreement over 16 tokens. The prefill and decode compared with the twin run on the int8 GEMM (the twin's arithmetic); *f16-GEMM prefill vs CPU*: the same 20-token prefill on the GEMM the model uses on this device (f16 warpgroup MMA on sm_90a, — elsewhere) against the CPU, must be < 0.2; the free-running greedy run uses it too.");
+    rep.line("20-token prefill (all logits) + 12 teacher-forced decode steps. *GPU vs twin*: relative L2 error of the logits against `niwaki_cuda::twin`, the CPU twin of the GPU arithmetic (same int8 activations, integer dots, f16 KV cache; tiny only) — must be < 2e-3 (float rounding), or < 0.3× the *twin vs CPU* error where a 1-ulp difference upstream (expf, sqrtf, the GEMV's summation order) moved an activation across an int8 rounding boundary and the flip propagated, or else *GPU vs CPU* must be no larger than *twin vs CPU* (the GPU no further from exact f32 than its twin). *twin vs CPU* and *GPU vs CPU*: the cost of int8 activations (per 64 values) on these random models, against `model::Model` in f32 — must be < 0.2; max |Δ|; argmax flips with the CPU's top-1/top-2 gap (allowed only where the gap is under 4× the max |Δ|); free-running greedy agreement over 16 tokens. The prefill and decode compared with the twin run on the int8 GEMM and the token-by-token recurrence (the twin's arithmetic); *f16-GEMM prefill vs CPU*: the same 20-token prefill on the GEMM and recurrence the model uses on this device (f16 warpgroup MMA on sm_90a, — elsewhere) against the CPU, must be < 0.2; the free-running greedy run uses them too.");
     rep.line("");
     rep.line("| preset | format | result | GPU vs twin | twin vs CPU | GPU vs CPU | f16-GEMM prefill vs CPU | max abs | argmax flips | greedy agreement |");
     rep.line("|---|---|---|---|---|---|---|---|---|---|");

@@ -31,9 +31,10 @@ pub(crate) fn whole_model(rep: &mut Report, preset: Preset, vocab: usize) -> R<(
         } else {
             None
         };
-        // The rest on the int8 GEMM, which the twin reproduces to float rounding.
+        // The rest on the int8 GEMM and the token-by-token recurrence, which the twin
+        // reproduces to float rounding.
         let mut gs = g.new_state(256)?;
-        let b = on_int8_gemm(&g, || g.forward(&mut gs, &prompt, Logits::All))?;
+        let b = on_twin_arithmetic(&g, || g.forward(&mut gs, &prompt, Logits::All))?;
         let mut worst = rel_l2(&b, &a);
         let mut worst_abs = max_abs(&b, &a);
         let mut flips = Vec::new();
@@ -122,12 +123,14 @@ pub(crate) fn whole_model(rep: &mut Report, preset: Preset, vocab: usize) -> R<(
     Ok(())
 }
 
-/// `f` with every GEMM on the int8 kernel (the twin's arithmetic), then back to each matrix's
-/// preferred one.
-fn on_int8_gemm<T>(g: &CudaModel, f: impl FnOnce() -> T) -> T {
+/// `f` with the twin's arithmetic: every GEMM on the int8 kernel and the recurrence token by
+/// token; then back to each matrix's preferred GEMM and the recurrence as it was.
+fn on_twin_arithmetic<T>(g: &CudaModel, f: impl FnOnce() -> T) -> T {
     g.gpu().set_gemm_kernel(Some(GemmKernel::INT8));
+    let chunked = g.gpu().set_gdn_chunked(false);
     let r = f();
     g.gpu().set_gemm_kernel(None);
+    g.gpu().set_gdn_chunked(chunked);
     r
 }
 
@@ -155,9 +158,9 @@ pub(crate) fn kv_q8_checks(rep: &mut Report) -> R<()> {
             let mut run = |kv: KvCache| -> R<(Vec<f32>, Vec<u32>)> {
                 g.kv_cache = kv;
                 let mut gs = g.new_state(256)?;
-                // On the int8 GEMM, the arithmetic of the twin below (whole_model checks the
+                // On the twin's arithmetic (int8 GEMM, token-by-token recurrence; whole_model checks the
                 // f16 one against the CPU).
-                let mut out = on_int8_gemm(&g, || g.forward(&mut gs, &prompt, Logits::All))?;
+                let mut out = on_twin_arithmetic(&g, || g.forward(&mut gs, &prompt, Logits::All))?;
                 for &s in &steps {
                     out.extend(g.forward(&mut gs, &[s], Logits::Last)?);
                 }

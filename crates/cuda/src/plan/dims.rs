@@ -157,6 +157,7 @@ impl Dims {
             ("HG_STAGE_PER_WG", HGEMM_STAGE_PER_WG),
             ("HG_BN", HGEMM_TOKENS),
             ("HG_TMA_EXTRA", HGEMM_TMA_EXTRA),
+            ("GC", GDN_CHUNK),
         ]
         .iter()
         .map(|(k, v)| format!("-D{k}={v}"))

@@ -109,6 +109,10 @@ impl Scratch {
             ("gdn", 4 * t * d.gdn_inner()),
             ("gdn_qk", 4 * t * 2 * d.key_heads * d.key_dim),
             ("gdn_gb", 8 * t * d.value_heads),
+            (
+                "gdn_chunks",
+                4 * d.value_heads * t.div_ceil(GDN_CHUNK) * gdn_chunk_floats(d),
+            ),
             ("q", 4 * t * d.n_head * d.head_dim),
             ("attn", 4 * t * d.n_head * d.head_dim),
             ("part", 4 * t * d.n_head * ATTN_SPLITS * (d.head_dim + 2)),

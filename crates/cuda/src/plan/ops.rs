@@ -228,6 +228,48 @@ pub const fn gdn_prepped(ntok: usize) -> bool {
     ntok > 1
 }
 
+/// Key rows of a value column each lane of the recurrent step keeps in registers (a kernel
+/// per count, `gdn_step_r<rows>`): fewer make more warps, for more shuffles per token.
+pub const GDN_STEP_ROWS: [usize; 3] = [32, 16, 8];
+/// For multi-token passes (H200, Q2_0 27B, 256-token passes: 154 → 139 µs per layer with 16,
+/// pp512 6310 → 6420 tok/s; 8 rows: 6060). One-token steps keep [`GDN_STEP_DECODE_ROWS`].
+pub const GDN_STEP_DEFAULT_ROWS: usize = 16;
+pub const GDN_STEP_DECODE_ROWS: usize = 32;
+
+/// The recurrent step's kernel for `rows` (one of [`GDN_STEP_ROWS`]).
+pub fn gdn_step_kernel(rows: usize) -> &'static str {
+    match rows {
+        32 => "gdn_step_r32",
+        16 => "gdn_step_r16",
+        _ => "gdn_step_r8",
+    }
+}
+
+/// The recurrent step's grid: value heads by blocks of 4 warps' columns (32 lanes over
+/// key_dim / rows row groups each).
+pub fn gdn_step_grid(d: &Dims, rows: usize) -> (u32, u32, u32) {
+    let cols = 4 * 32 * rows / d.key_dim;
+    (d.value_heads as u32, (d.value_dim / cols) as u32, 1)
+}
+
+/// Tokens per chunk of the chunked recurrence (kernels/gdn_chunk.cu).
+pub const GDN_CHUNK: usize = 64;
+/// Passes of at least this many tokens may run the recurrence in chunks (fewer: token by
+/// token, where the chain is short).
+pub const GDN_CHUNK_MIN_TOKENS: usize = 16;
+
+/// Floats per head and chunk of the chunked recurrence's scratch: W, U, the decayed q·k
+/// products P, the cumulative gates and the decay ratios to the chunk's end.
+pub fn gdn_chunk_floats(d: &Dims) -> usize {
+    GDN_CHUNK * (d.key_dim + d.value_dim + GDN_CHUNK + 2)
+}
+
+/// Dynamic shared memory of `gdn_chunk_prep`: a chunk's k and q rows (padded by 4 floats), the
+/// strictly lower triangle L, the cumulative log-gates and β.
+pub fn gdn_prep_smem(d: &Dims) -> usize {
+    4 * (2 * GDN_CHUNK * (d.key_dim + 4) + GDN_CHUNK * GDN_CHUNK + 2 * GDN_CHUNK)
+}
+
 /// For each matrix a forward pass multiplies by, the one multiplied next (the last one's is the
 /// first: a decode step's next token starts again at the first layer).
 pub fn next_matrices(ops: &[Op]) -> Vec<(Mat, Mat)> {

@@ -577,3 +577,22 @@ fn the_tma_boxes_of_the_f16_gemm_are_legal_and_fill_its_stages() {
         }
     }
 }
+
+#[test]
+fn every_recurrent_step_variant_is_a_kernel_covering_every_value_column() {
+    let d = dims(Preset::B27);
+    for rows in GDN_STEP_ROWS {
+        assert!(crate::compile::KERNELS.contains(&gdn_step_kernel(rows)));
+        let (heads, blocks, _) = gdn_step_grid(&d, rows);
+        // 4 warps of 32 lanes, key_dim / rows lanes to a column.
+        let cols_per_block = 4 * 32 / (d.key_dim / rows);
+        assert_eq!(heads as usize, d.value_heads);
+        assert_eq!(blocks as usize * cols_per_block, d.value_dim);
+    }
+    assert!(
+        GDN_STEP_ROWS.contains(&GDN_STEP_DEFAULT_ROWS)
+            && GDN_STEP_ROWS.contains(&GDN_STEP_DECODE_ROWS)
+    );
+    assert_eq!(gdn_step_grid(&d, 32), (48, 4, 1));
+    assert_eq!(gdn_step_grid(&d, 8), (48, 16, 1));
+}
