@@ -22,7 +22,7 @@ pub const SOURCES: [(&str, &str); 9] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 45] = [
+pub const KERNELS: [&str; 46] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -68,6 +68,7 @@ pub const KERNELS: [&str; 45] = [
     "attn_split_q8_t8",
     "attn_split_mma",
     "attn_combine",
+    "attn_combine_rows",
 ];
 
 /// The whole program as one translation unit.

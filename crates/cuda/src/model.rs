@@ -859,20 +859,31 @@ impl CudaModel {
                     ],
                 )
             }
-            Op::AttnCombine { ntok, .. } => g.launch(
-                s,
-                "attn_combine",
-                (d.n_head as u32, ntok as u32, (d.head_dim / 32) as u32),
-                (256, 1, 1),
-                &[
-                    Arg::Ptr(st.s("part")),
-                    Arg::I32(self.attn_split_plan(st, ntok).1 as i32),
-                    Arg::Ptr(pos),
-                    Arg::Ptr(proj),
-                    Arg::I32(d.attn_in_rows() as i32),
-                    Arg::Ptr(st.s("attn")),
-                ],
-            ),
+            Op::AttnCombine { ntok, .. } => {
+                // One-token passes: small blocks over all splits (up to 128 at depth);
+                // multi-token passes: a block per row (the same bits, far fewer blocks).
+                let (kernel, grid, block) = if ntok == 1 {
+                    let z = (d.head_dim / 32) as u32;
+                    ("attn_combine", (d.n_head as u32, 1, z), (256, 1, 1))
+                } else {
+                    let grid = (d.n_head as u32, ntok as u32, 1);
+                    ("attn_combine_rows", grid, (d.head_dim as u32, 1, 1))
+                };
+                g.launch(
+                    s,
+                    kernel,
+                    grid,
+                    block,
+                    &[
+                        Arg::Ptr(st.s("part")),
+                        Arg::I32(self.attn_split_plan(st, ntok).1 as i32),
+                        Arg::Ptr(pos),
+                        Arg::Ptr(proj),
+                        Arg::I32(d.attn_in_rows() as i32),
+                        Arg::Ptr(st.s("attn")),
+                    ],
+                )
+            }
             Op::PlainQuant { ntok } => g.quantize(
                 s,
                 st.s("attn"),

@@ -120,7 +120,7 @@ pub fn attention_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
         .map(|(kv, t)| (kv, t, plan::attn_split_launch(d, kv, t, gpu.attn_ring())))
         .filter(|(_, _, a)| gpu.attn_runs(a.kernel))
     {
-        let (mut worst, mut worst_abs, mut repeat_ok) = (0f64, 0f32, true);
+        let (mut worst, mut worst_abs, mut repeat_ok, mut rows_same) = (0f64, 0f32, true, true);
         for (pos, ntok) in cases {
             let n = pos + ntok;
             // An uneven split count, as a device's one-wave figure may be.
@@ -150,7 +150,8 @@ pub fn attention_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
             let stride = 2 * nh * hd;
             let proj = gpu.upload(&vec![0f32; ntok * stride], "gates")?;
             let out = gpu.alloc(4 * ntok * nh * hd, "out")?;
-            let run = || -> R<Vec<f32>> {
+            let out_rows = gpu.alloc(4 * ntok * nh * hd, "out (merged by rows)")?;
+            let run = || -> R<(Vec<f32>, Vec<f32>)> {
                 gpu.launch_smem(
                     s,
                     a.kernel,
@@ -183,12 +184,33 @@ pub fn attention_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
                         Arg::Ptr(out.ptr),
                     ],
                 )?;
+                // The multi-token passes' merge, which must give the same bits.
+                gpu.launch(
+                    s,
+                    "attn_combine_rows",
+                    (nh as u32, ntok as u32, 1),
+                    (hd as u32, 1, 1),
+                    &[
+                        Arg::Ptr(part.ptr),
+                        Arg::I32(nsplit as i32),
+                        Arg::Ptr(posd.ptr),
+                        Arg::Ptr(proj.ptr),
+                        Arg::I32(stride as i32),
+                        Arg::Ptr(out_rows.ptr),
+                    ],
+                )?;
                 let mut got = vec![0f32; ntok * nh * hd];
+                let mut rows = vec![0f32; ntok * nh * hd];
                 gpu.read(s, out.ptr, &mut got)?;
-                Ok(got)
+                gpu.read(s, out_rows.ptr, &mut rows)?;
+                Ok((got, rows))
             };
-            let got = run()?;
-            let again = run()?;
+            let (got, rows) = run()?;
+            let (again, _) = run()?;
+            rows_same &= got
+                .iter()
+                .zip(&rows)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
             repeat_ok &= got
                 .iter()
                 .zip(&again)
@@ -204,9 +226,9 @@ pub fn attention_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
             });
             worst_abs = worst_abs.max(max_abs(&got, &want));
         }
-        let ok = worst < 2e-5 && repeat_ok;
+        let ok = worst < 2e-5 && repeat_ok && rows_same;
         rep.line(format!(
-            "| attention split + merge ({}, {}) | contexts 1..5003, 1/3/17 tokens, HD {hd}, {nh}/{nkv} heads | {} | rel L2 vs f64 {worst:.1e} (tol 2e-5), max abs {worst_abs:.1e}; repeated launch bit-identical: {repeat_ok} |",
+            "| attention split + merge ({}, {}) | contexts 1..5003, 1/3/17 tokens, HD {hd}, {nh}/{nkv} heads | {} | rel L2 vs f64 {worst:.1e} (tol 2e-5), max abs {worst_abs:.1e}; repeated launch bit-identical: {repeat_ok}; the multi-token merge (attn_combine_rows) bit-identical: {rows_same} |",
             match kv {
                 KvCache::F16 => "f16 cache",
                 KvCache::Q8_0 => "q8_0 cache",
