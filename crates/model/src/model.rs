@@ -27,6 +27,8 @@ pub struct Model {
     weights: Weights,
     hadamard: Option<Hadamard>,
     kernels: Kernels,
+    /// How the int8 kernels hold PTQ1_0 rows.
+    ternary: quant::Ternary,
     file: Arc<Gguf>,
 }
 
@@ -58,6 +60,7 @@ impl Model {
             weights,
             hadamard,
             kernels: Kernels::default(),
+            ternary: quant::Ternary::default(),
             file,
         })
     }
@@ -83,9 +86,18 @@ impl Model {
     ) {
         self.kernels = kernels;
         match kernels {
-            Kernels::Int8 if quant::TiledMatrix::fast() => self.weights.tile(progress),
+            Kernels::Int8 if quant::TiledMatrix::fast() => {
+                self.weights.tile(self.ternary, progress)
+            }
             _ => self.weights.untile(),
         }
+    }
+
+    /// How the int8 kernels hold PTQ1_0 rows: packed as in the file (the default) or widened to
+    /// 2-bit codes (faster, 23% more memory for those rows). Takes effect at the next
+    /// [`Model::set_kernels`].
+    pub fn set_ternary(&mut self, ternary: quant::Ternary) {
+        self.ternary = ternary;
     }
 
     pub fn kernels(&self) -> Kernels {

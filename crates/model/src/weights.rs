@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use gguf::Gguf;
-use quant::{Format, TiledMatrix};
+use quant::{Format, Ternary, TiledMatrix};
 
 use crate::config::{Config, LayerKind};
 use crate::error::ModelError;
@@ -52,15 +52,27 @@ impl Matrix {
         self.tiled.as_deref()
     }
 
+    /// Whether this matrix has a panel layout and is not yet held in it as `ternary` asks.
+    fn needs_tiling(&self, ternary: Ternary) -> bool {
+        let want = if self.format == Format::PTQ1_0 {
+            ternary
+        } else {
+            Ternary::Packed
+        };
+        TiledMatrix::supports(self.format)
+            && self.tiled.as_ref().is_none_or(|t| t.ternary() != want)
+    }
+
     /// Re-tiles this matrix when the format has a panel layout, then drops the file pages the
     /// copy replaces from resident memory (the file mapping stays valid for the exact kernels).
-    fn tile(&mut self) {
-        if self.tiled.is_some() || !TiledMatrix::supports(self.format) {
+    fn tile(&mut self, ternary: Ternary) {
+        if !self.needs_tiling(ternary) {
             return;
         }
         // Shapes were validated at load, so this only fails for formats without a layout; the
         // native rows then stay in use, with identical results.
-        if let Ok(t) = TiledMatrix::new(self.format, self.data(), self.rows, self.cols) {
+        let t = TiledMatrix::with_ternary(self.format, self.data(), self.rows, self.cols, ternary);
+        if let Ok(t) = t {
             self.tiled = Some(Arc::new(t));
             self.file.release(&self.file.tensors()[self.index]);
         }
@@ -233,13 +245,13 @@ impl Weights {
 
     /// Re-tiles every multiplied matrix that has a panel layout (see `quant::TiledMatrix`),
     /// calling `progress(done, total)` in packed bytes after each.
-    pub(crate) fn tile(&mut self, progress: &mut dyn FnMut(u64, u64)) {
+    pub(crate) fn tile(&mut self, ternary: Ternary, progress: &mut dyn FnMut(u64, u64)) {
         let mut todo = self.multiplied_mut();
-        todo.retain(|m| m.tiled.is_none() && TiledMatrix::supports(m.format));
+        todo.retain(|m| m.needs_tiling(ternary));
         let total: u64 = todo.iter().map(|m| m.data().len() as u64).sum();
         let mut done = 0;
         for m in todo {
-            m.tile();
+            m.tile(ternary);
             done += m.data().len() as u64;
             progress(done, total);
         }

@@ -109,6 +109,23 @@ fn int8_kernels_stay_close_to_exact_ones() {
 }
 
 #[test]
+fn widened_ternary_rows_give_the_packed_rows_bits() {
+    let (shape, t) = tiny(Format::PTQ1_0, 4);
+    let mut m = open(&synth::writer_from_f32(&shape, &t, Format::PTQ1_0, "t").unwrap());
+    let toks = tokens(24);
+    m.set_kernels(Kernels::Int8);
+    let packed = m.forward(&mut m.new_state(), &toks, Logits::All).unwrap();
+    m.set_ternary(quant::Ternary::Wide);
+    m.set_kernels(Kernels::Int8);
+    let wide = m.forward(&mut m.new_state(), &toks, Logits::All).unwrap();
+    assert_eq!(max_abs_diff(&packed, &wide), 0.0);
+    m.set_ternary(quant::Ternary::Packed);
+    m.set_kernels(Kernels::Int8);
+    let again = m.forward(&mut m.new_state(), &toks, Logits::All).unwrap();
+    assert_eq!(max_abs_diff(&packed, &again), 0.0);
+}
+
+#[test]
 fn restored_state_continues_identically() {
     let (shape, t) = tiny(Format::Q1_0, 3);
     let m = open(&synth::writer_from_f32(&shape, &t, Format::Q1_0, "t").unwrap());

@@ -6,7 +6,7 @@
 mod common;
 
 use proptest::prelude::*;
-use quant::{Format, QuantizedActs, TileError, TiledMatrix, PANEL};
+use quant::{Format, QuantizedActs, Ternary, TileError, TiledMatrix, PANEL};
 use rand::Rng;
 
 const TILED: [Format; 5] = [
@@ -48,14 +48,27 @@ fn random_acts(cols: usize, tokens: usize, seed: u64) -> Vec<QuantizedActs> {
         .collect()
 }
 
-fn case(format: Format, rows: usize, blocks: usize, tokens: usize, seed: u64) {
+fn case(format: Format, ternary: Ternary, rows: usize, blocks: usize, tokens: usize, seed: u64) {
     let cols = blocks * format.block_len();
     let native = random_matrix(format, rows, cols, seed);
     let acts = random_acts(cols, tokens, seed);
-    let m = TiledMatrix::new(format, &native, rows, cols).unwrap();
+    let m = TiledMatrix::with_ternary(format, &native, rows, cols, ternary).unwrap();
+    // Packed, as large as the file's rows; widened PTQ1_0, as large as Q2_0 g128 rows.
+    let held = match (format, ternary) {
+        (Format::PTQ1_0, Ternary::Wide) => Format::Q2_0G128,
+        _ => format,
+    };
+    assert_eq!(
+        m.ternary(),
+        if held == format {
+            Ternary::Packed
+        } else {
+            Ternary::Wide
+        }
+    );
     assert_eq!(
         m.bytes(),
-        rows.div_ceil(PANEL) * PANEL * format.row_bytes(cols).unwrap()
+        rows.div_ceil(PANEL) * PANEL * held.row_bytes(cols).unwrap()
     );
 
     // Nothing lost: the native bytes decode to the same values.
@@ -110,8 +123,9 @@ proptest! {
         seed in any::<u64>(),
     ) {
         for format in TILED {
-            case(format, rows, blocks, tokens, seed);
+            case(format, Ternary::Packed, rows, blocks, tokens, seed);
         }
+        case(Format::PTQ1_0, Ternary::Wide, rows, blocks, tokens, seed);
     }
 }
 

@@ -15,7 +15,9 @@
 //! - PTQ1_0 (208 B per half): chunks `5s + n` (s < 3, n < 5) are trit `n` of the 64 bytes at
 //!   `64s`, each byte the base-3 number `Σ 3ⁿ·tₙ` (at most 242) — decoded by table lookups;
 //!   chunk 15 is stored as a 2-bit chunk at 192. That is 13 bytes per row and half, the 26 of a
-//!   PTQ1_0 block, so a tiled matrix is exactly as large as the file's.
+//!   PTQ1_0 block, so a tiled matrix is exactly as large as the file's. Widened
+//!   ([`Ternary::Wide`](super::Ternary)), PTQ1_0 rows take the 2-bit layout of Q2_0 g128
+//!   instead (same codes, same scales).
 //!
 //! Rows past the matrix's last (in its last panel) have zero codes and zero scales.
 
@@ -190,15 +192,22 @@ fn native_codes(format: Format, block: &[u8], codes: &mut [u8; 128]) {
     }
 }
 
-/// Writes one panel block from the native blocks of its 16 rows (`None`: a padding row).
-pub(crate) fn tile_block(format: Format, rows: &[Option<&[u8]>; PANEL], out: &mut [u8]) {
+/// Writes one panel block in `layout`'s panel layout (`format`'s own, or one that holds the same
+/// codes and scales) from the native `format` blocks of its 16 rows (`None`: a padding row).
+pub(crate) fn tile_block(
+    format: Format,
+    layout: Format,
+    rows: &[Option<&[u8]>; PANEL],
+    out: &mut [u8],
+) {
     out.fill(0);
     for (l, row) in rows.iter().enumerate() {
         let bits = row.map_or(0, |b| scale_bits(format, b));
         out[2 * l..2 * l + 2].copy_from_slice(&bits.to_le_bytes());
     }
-    let hb = half_bytes(format);
+    let hb = half_bytes(layout);
     if format == Format::Q1_0 {
+        debug_assert_eq!(layout, format);
         // Chunk word `16h + c` takes nibble `16h + c` of each row's 128 bits at nibble `L`.
         for (l, row) in rows.iter().enumerate() {
             let Some(b) = row else { continue };
@@ -223,12 +232,12 @@ pub(crate) fn tile_block(format: Format, rows: &[Option<&[u8]>; PANEL], out: &mu
         }
     }
     let mut half = [[0u8; HALF]; PANEL];
-    for h in 0..halves(format) {
+    for h in 0..halves(layout) {
         for (dst, src) in half.iter_mut().zip(&codes) {
             dst.copy_from_slice(&src[HALF * h..HALF * (h + 1)]);
         }
         let at = SCALES + h * hb;
-        encode_half(format, &half, &mut out[at..at + hb]);
+        encode_half(layout, &half, &mut out[at..at + hb]);
     }
 }
 

@@ -11,7 +11,7 @@ use crate::{act_group, QuantizedActs};
 pub(super) fn gemm(m: &TiledMatrix, panels: Range<usize>, acts: &[QuantizedActs], out: &mut [f32]) {
     let rows = m.row_range(&panels);
     let nt = acts.len();
-    let f = m.format;
+    let f = m.layout;
     let hb = layout::half_bytes(f);
     let mut codes = [[0u8; HALF]; PANEL];
     for p in panels {

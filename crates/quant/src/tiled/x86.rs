@@ -257,7 +257,7 @@ pub(super) unsafe fn gemm(
             neg: a.neg_group_sums().as_ptr(),
         })
         .collect();
-    match m.format {
+    match m.layout {
         Format::Q1_0 => run::<Q1>(m, panels, &acts, out),
         Format::Q2_0 => run::<Q2<false>>(m, panels, &acts, out),
         Format::Q2_0G128 | Format::PQ2_0 => run::<Q2<true>>(m, panels, &acts, out),
