@@ -87,7 +87,8 @@ gdn_prep(const float* __restrict__ conv, const float* __restrict__ proj, int str
 // (log2 R shuffles), and each warp normalizes q and k itself, so a token needs no block
 // barrier: the tokens of a prefill pass are a chain, and barriers were most of each link.
 // Fewer rows per lane make more warps (768 at RPL 32 for 48 heads of 128×128): more of each
-// link's latency hidden, for more shuffles per token. The next token's inputs are loaded while the current one is processed. With
+// link's latency hidden, for more shuffles per token. The next token's inputs are loaded while
+// the current one is processed. With
 // `qk` and `gb` (from gdn_prep, multi-token passes) the normalized q, k and the gates are read
 // rather than computed, which takes the norms' reductions and the gates' exponentials out of
 // the chain from token to token (same values, same bits).

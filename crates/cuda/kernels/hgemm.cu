@@ -31,7 +31,7 @@
 // boxes of 128 tokens × 64 values in the 128-byte swizzle wgmma reads directly — against the
 // stage's `full` barrier; each warp arrives on the stage's `empty` barrier once its MMAs on it
 // are done, and the issuing thread waits for that before reusing the buffer. Every thread
-// loads its own weight scales a stage ahead into its own slot. (Copies made by every thread
+// loads its own weight scales HG_STAGES − 2 stages ahead into its own slot. (Copies made by every thread
 // with cp.async, and a block barrier per stage, took twice as long: MIO throttle and barrier
 // stalls.) Rows must be whole stages (columns a multiple of 128); tokens and rows past the ends
 // arrive as zeros. A grid's z index splits K (gemm_reduce adds the partial sums).

@@ -228,14 +228,15 @@ pub struct NormIn {
 }
 
 /// A kernel argument.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub enum Arg {
     Ptr(u64),
     I32(i32),
     F32(f32),
     U64(u64),
-    /// A tensor map, passed by value (`const __grid_constant__` in the kernel).
-    Map(TensorMap),
+    /// A tensor map, passed by value (`const __grid_constant__` in the kernel); boxed, as its
+    /// 128 bytes and 128-byte alignment would make every argument that large.
+    Map(Box<TensorMap>),
 }
 
 /// The context, the main stream and the compiled kernels.
@@ -263,6 +264,8 @@ pub struct Gpu {
     /// (`NIWAKI_CUDA_GDN_CHUNK=1`; off by default: in f32 on the CUDA cores it measured twice
     /// as slow as token by token on the H200, 303 against 156 µs per layer for 256 tokens).
     gdn_chunked: AtomicBool,
+    /// Whether `gdn_chunk_prep`'s shared memory fits this device.
+    gdn_chunks_fit: bool,
     /// Key rows per lane of the recurrent step in multi-token passes (one of
     /// [`plan::GDN_STEP_ROWS`]; `NIWAKI_CUDA_GDN_ROWS` sets it).
     gdn_rows: AtomicUsize,
@@ -352,11 +355,16 @@ impl Gpu {
         let hopper = info.compute_capability.0 >= 9;
         let ampere = info.compute_capability.0 >= 8;
         let wgmma = info.wgmma();
-        raise_dynamic_smem(
-            &funcs["gdn_chunk_prep"],
-            "gdn_chunk_prep",
-            plan::gdn_prep_smem(dims),
-        )?;
+        // The chunked recurrence's preparation needs more shared memory than devices before
+        // Volta's successors offer; where it does not fit, the recurrence stays token by token.
+        let gdn_chunks_fit = plan::gdn_prep_smem(dims) <= smem_limit;
+        if gdn_chunks_fit {
+            raise_dynamic_smem(
+                &funcs["gdn_chunk_prep"],
+                "gdn_chunk_prep",
+                plan::gdn_prep_smem(dims),
+            )?;
+        }
         if ampere {
             for (k, kernel) in compile::KERNELS
                 .iter()
@@ -419,8 +427,9 @@ impl Gpu {
             mma: AtomicBool::new(ampere && env_on("NIWAKI_CUDA_MMA")),
             gemm_kernel: Mutex::new(None),
             gdn_chunked: AtomicBool::new(
-                std::env::var("NIWAKI_CUDA_GDN_CHUNK").is_ok_and(|v| v == "1"),
+                gdn_chunks_fit && std::env::var("NIWAKI_CUDA_GDN_CHUNK").is_ok_and(|v| v == "1"),
             ),
+            gdn_chunks_fit,
             gdn_rows: AtomicUsize::new(
                 std::env::var("NIWAKI_CUDA_GDN_ROWS")
                     .ok()
@@ -463,10 +472,16 @@ impl Gpu {
         ntok >= plan::GDN_CHUNK_MIN_TOKENS && self.gdn_chunked.load(Ordering::Relaxed)
     }
 
-    /// Turns the chunked recurrence on or off (token by token, the twin's order); returns the
-    /// previous setting.
+    /// Turns the chunked recurrence on (where its shared memory fits the device) or off (token
+    /// by token); returns the previous setting.
     pub fn set_gdn_chunked(&self, on: bool) -> bool {
-        self.gdn_chunked.swap(on, Ordering::Relaxed)
+        self.gdn_chunked
+            .swap(on && self.gdn_chunks_fit, Ordering::Relaxed)
+    }
+
+    /// Whether this device can run the chunked recurrence (its shared memory fits).
+    pub fn gdn_chunks_fit(&self) -> bool {
+        self.gdn_chunks_fit
     }
 
     /// Key rows per lane of the recurrent step in multi-token passes.
@@ -712,7 +727,8 @@ impl Gpu {
                 }
             })
             .collect();
-        // A tensor map is read in place from `args` (the driver copies its 128 bytes).
+        // A tensor map is read in place from `args`, which outlive the call (the driver copies
+        // its 128 bytes).
         let mut params: Vec<*mut c_void> = args
             .iter()
             .zip(vals.iter_mut())
@@ -886,12 +902,12 @@ impl Gpu {
                 let x = plan::hgemm_act_tile(io.ntok, m.cols);
                 (
                     vec![
-                        Arg::Map(tma::encode(m.codes.ptr, &w)?),
+                        Arg::Map(Box::new(tma::encode(m.codes.ptr, &w)?)),
                         Arg::Ptr(m.scales.ptr),
                         Arg::I32(m.rows as i32),
                         Arg::I32(m.cols as i32),
                     ],
-                    vec![Arg::Map(tma::encode(xh, &x)?)],
+                    vec![Arg::Map(Box::new(tma::encode(xh, &x)?))],
                 )
             }
             (plan::GemmKernel::F16 { .. }, None) => {

@@ -838,7 +838,7 @@ impl CudaModel {
                 )
             }
             Op::AttnSplit { layer, ntok } => {
-                let kv = self.kv(st, layer);
+                let [k, v, ks, vs] = self.kv(st, layer);
                 let (a, nsplit) = self.attn_split_plan(st, ntok);
                 g.launch_smem(
                     s,
@@ -848,10 +848,10 @@ impl CudaModel {
                     a.smem_bytes as u32,
                     &[
                         Arg::Ptr(st.s("q")),
-                        kv[0],
-                        kv[1],
-                        kv[2],
-                        kv[3],
+                        k,
+                        v,
+                        ks,
+                        vs,
                         Arg::Ptr(pos),
                         Arg::F32(1.0 / (d.head_dim as f32).sqrt()),
                         Arg::I32(nsplit as i32),

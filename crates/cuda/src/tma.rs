@@ -70,6 +70,12 @@ impl Tile {
         if self.cols == 0 || self.rows == 0 {
             return Err(format!("empty matrix {self:?}"));
         }
+        if self.cols as u64 > 1 << 32
+            || self.rows as u64 > 1 << 32
+            || self.row_bytes as u64 >= 1 << 40
+        {
+            return Err(format!("matrix {self:?} beyond the driver's limits (2³² elements a dimension, strides under 2⁴⁰ bytes)"));
+        }
         if !self.row_bytes.is_multiple_of(16) || self.row_bytes < self.cols * self.elem.bytes() {
             return Err(format!(
                 "row stride {} (multiple of 16, holding a row)",
@@ -192,6 +198,10 @@ mod tests {
                 ..tile()
             },
             Tile { rows: 0, ..tile() },
+            Tile {
+                rows: (1 << 32) + 1,
+                ..tile()
+            },
         ];
         for t in bad {
             assert!(t.check().is_err(), "{t:?}");

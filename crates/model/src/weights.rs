@@ -69,8 +69,9 @@ impl Matrix {
         if !self.needs_tiling(ternary) {
             return;
         }
-        // Shapes were validated at load, so this only fails for formats without a layout; the
-        // native rows then stay in use, with identical results.
+        // Shapes were validated at load, so this only fails for formats without a layout or when
+        // the copy cannot be allocated; the native rows then stay in use, with identical
+        // results.
         let t = TiledMatrix::with_ternary(self.format, self.data(), self.rows, self.cols, ternary);
         if let Ok(t) = t {
             self.tiled = Some(Arc::new(t));

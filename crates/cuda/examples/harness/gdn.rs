@@ -1,6 +1,6 @@
 //! The recurrent step's variants (key rows per lane) and the chunked gated-delta-net recurrence
-//! against the step with 32 rows per lane (`gdn_step_r32`, the summation order of the CPU twin,
-//! which the whole-model checks hold to the CPU engine) on random inputs and states.
+//! against the step with 32 rows per lane (`gdn_step_r32`, the one-token passes' step, which the
+//! whole-model checks hold to the CPU twin and engine) on random inputs and states.
 
 use niwaki_cuda::gpu::{Arg, Gpu};
 use niwaki_cuda::plan::{self, Dims};

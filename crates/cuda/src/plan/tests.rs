@@ -568,7 +568,7 @@ fn the_tma_boxes_of_the_f16_gemm_are_legal_and_fill_its_stages() {
         }
     }
     // The 32-byte swizzle swaps the two 16-byte units of row r when bit 2 of r is set (address
-    // bit 4 XOR bit 7, rows 32 bytes apart): the slots the cp.async variant writes by hand.
+    // bit 4 XOR bit 7, rows 32 bytes apart): the slots hg_stage_mmas reads rows g from.
     for r in 0..16usize {
         for q in 0..2usize {
             let offset = 32 * r + 16 * q;
