@@ -39,9 +39,12 @@ extern "C" __global__ void __launch_bounds__(256) gdn_conv(const float* __restri
     }
 }
 
+// The log of value head h's decay for one token (an = −exp(A_log), a its input).
+__device__ __forceinline__ float gdn_log_gate(float a, float an, float dtb) { return an * softplusf_(a + dtb); }
+
 // The decay and the update strength of value head h for one token.
 __device__ __forceinline__ float2 gdn_gates(float a, float b, float an, float dtb) {
-    return make_float2(expf(an * softplusf_(a + dtb)), sigmoidf_(b));
+    return make_float2(expf(gdn_log_gate(a, an, dtb)), sigmoidf_(b));
 }
 
 // Sum of squares of a q or k vector held as lane + 32m (m < 4), reduced over the warp: the

@@ -59,7 +59,7 @@ gdn_chunk_prep(const float* __restrict__ conv, const float* __restrict__ proj, i
         float lg = 0.0f, b = 0.0f;
         if (tid < n) {
             const int tok = t0 + tid;
-            lg = a_neg[h] * softplusf_(proj[(size_t)tok * stride + aoff + h] + dt_bias[h]);
+            lg = gdn_log_gate(proj[(size_t)tok * stride + aoff + h], a_neg[h], dt_bias[h]);
             b = gb[(size_t)tok * HV + h].y;
         }
         cs[tid] = lg;

@@ -324,6 +324,11 @@ fn env_on(name: &str) -> bool {
     std::env::var(name).map_or(true, |v| v != "0")
 }
 
+/// Whether an off-by-default setting is turned on (`NAME=1`).
+fn env_opt_in(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == "1")
+}
+
 impl Gpu {
     /// Opens GPU 0 and compiles the kernels for `dims`.
     pub fn new(dims: &Dims) -> Result<Gpu> {
@@ -426,9 +431,7 @@ impl Gpu {
             gemv1: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_GEMV1")),
             mma: AtomicBool::new(ampere && env_on("NIWAKI_CUDA_MMA")),
             gemm_kernel: Mutex::new(None),
-            gdn_chunked: AtomicBool::new(
-                gdn_chunks_fit && std::env::var("NIWAKI_CUDA_GDN_CHUNK").is_ok_and(|v| v == "1"),
-            ),
+            gdn_chunked: AtomicBool::new(gdn_chunks_fit && env_opt_in("NIWAKI_CUDA_GDN_CHUNK")),
             gdn_chunks_fit,
             gdn_rows: AtomicUsize::new(
                 std::env::var("NIWAKI_CUDA_GDN_ROWS")
@@ -437,9 +440,7 @@ impl Gpu {
                     .filter(|r| plan::GDN_STEP_ROWS.contains(r))
                     .unwrap_or(plan::GDN_STEP_DEFAULT_ROWS),
             ),
-            fuse_norm: AtomicBool::new(
-                std::env::var("NIWAKI_CUDA_FUSE_NORM").is_ok_and(|v| v == "1"),
-            ),
+            fuse_norm: AtomicBool::new(env_opt_in("NIWAKI_CUDA_FUSE_NORM")),
             attn_tile: AtomicUsize::new(8),
             attn_blocks_per_sm,
             attn_ring,
@@ -477,11 +478,6 @@ impl Gpu {
     pub fn set_gdn_chunked(&self, on: bool) -> bool {
         self.gdn_chunked
             .swap(on && self.gdn_chunks_fit, Ordering::Relaxed)
-    }
-
-    /// Whether this device can run the chunked recurrence (its shared memory fits).
-    pub fn gdn_chunks_fit(&self) -> bool {
-        self.gdn_chunks_fit
     }
 
     /// Key rows per lane of the recurrent step in multi-token passes.

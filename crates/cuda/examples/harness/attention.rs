@@ -170,34 +170,30 @@ pub fn attention_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
                         Arg::Ptr(part.ptr),
                     ],
                 )?;
-                gpu.launch(
-                    s,
+                // The merge into `out`; the multi-token passes' kernel must give the same bits.
+                let merge = |kernel, grid, block, out: u64| {
+                    let args = [
+                        Arg::Ptr(part.ptr),
+                        Arg::I32(nsplit as i32),
+                        Arg::Ptr(posd.ptr),
+                        Arg::Ptr(proj.ptr),
+                        Arg::I32(stride as i32),
+                        Arg::Ptr(out),
+                    ];
+                    gpu.launch(s, kernel, grid, block, &args)
+                };
+                let heads = nh as u32;
+                merge(
                     "attn_combine",
-                    (nh as u32, ntok as u32, (hd / 32) as u32),
+                    (heads, ntok as u32, (hd / 32) as u32),
                     (256, 1, 1),
-                    &[
-                        Arg::Ptr(part.ptr),
-                        Arg::I32(nsplit as i32),
-                        Arg::Ptr(posd.ptr),
-                        Arg::Ptr(proj.ptr),
-                        Arg::I32(stride as i32),
-                        Arg::Ptr(out.ptr),
-                    ],
+                    out.ptr,
                 )?;
-                // The multi-token passes' merge, which must give the same bits.
-                gpu.launch(
-                    s,
+                merge(
                     "attn_combine_rows",
-                    (nh as u32, ntok as u32, 1),
+                    (heads, ntok as u32, 1),
                     (hd as u32, 1, 1),
-                    &[
-                        Arg::Ptr(part.ptr),
-                        Arg::I32(nsplit as i32),
-                        Arg::Ptr(posd.ptr),
-                        Arg::Ptr(proj.ptr),
-                        Arg::I32(stride as i32),
-                        Arg::Ptr(out_rows.ptr),
-                    ],
+                    out_rows.ptr,
                 )?;
                 let mut got = vec![0f32; ntok * nh * hd];
                 let mut rows = vec![0f32; ntok * nh * hd];
