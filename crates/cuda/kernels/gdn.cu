@@ -3,21 +3,27 @@
 
 // block (32, Y ≤ 8), grid ceil(CH / 32): thread (x, y) computes channel 32·bx + x for tokens y,
 // y + Y, ... (each output reads its KERN inputs directly: the earliest come from the state),
-// then one thread per channel shifts the state, after every read of the old one.
-// state: [KERN-1][CH], taps: [CH][KERN].
+// then one thread per channel writes the shifted state, after every read of the old one.
+// state: two buffers of [KERN-1][CH], the current one at the parity of the position `pos`
+// (see gdn_decode); the new state goes to the parity of pos + ntok. taps: [CH][KERN].
 extern "C" __global__ void __launch_bounds__(256) gdn_conv(const float* __restrict__ proj, int stride, int ntok,
-                                                           float* __restrict__ state,
+                                                           const u32* __restrict__ pos,
+                                                           float* __restrict__ states,
                                                            const float* __restrict__ taps,
                                                            float* __restrict__ out) {
     const int c = blockIdx.x * 32 + threadIdx.x;
     const bool live = c < CH;
+    const u32 p = *pos;
+    const float* state = states + (size_t)(p & 1u) * (KERN - 1) * CH;
+    float* fresh = states + (size_t)((p + (u32)ntok) & 1u) * (KERN - 1) * CH;
     float s[KERN - 1], w[KERN];
 #pragma unroll
     for (int j = 0; j < KERN - 1; j++) s[j] = live ? state[j * CH + c] : 0.0f;
 #pragma unroll
     for (int j = 0; j < KERN; j++) w[j] = live ? taps[c * KERN + j] : 0.0f;
-    // The taps are constant and the state is this kernel's own, written once per pass (as
-    // gdn_step's: see there), so both are read before waiting for the previous kernel.
+    // The taps are constant, the position is the host's, and the state is this kernel's own,
+    // written once per pass (as gdn_step's: see there), so all are read before waiting for the
+    // previous kernel.
     PDL_ENTRY();
     for (int t = threadIdx.y; live && t < ntok; t += blockDim.y) {
         float acc = 0.0f;
@@ -34,7 +40,7 @@ extern "C" __global__ void __launch_bounds__(256) gdn_conv(const float* __restri
 #pragma unroll
         for (int j = 0; j < KERN - 1; j++) {
             const int u = ntok - (KERN - 1) + j;
-            state[j * CH + c] = u < 0 ? s[u + KERN - 1] : proj[(size_t)u * stride + c];
+            fresh[j * CH + c] = u < 0 ? s[u + KERN - 1] : proj[(size_t)u * stride + c];
         }
     }
 }
@@ -82,6 +88,81 @@ gdn_prep(const float* __restrict__ conv, const float* __restrict__ proj, int str
     }
 }
 
+// Puts one token's q and k (L2-normalized here unless `prepped`) where the warp's lanes read
+// them (qs, ks: DK floats each) and returns the token's gates (decay, update strength). `cur`:
+// q and k elements lane + 32m, the value, the gate inputs (or the gates when prepped).
+__device__ __forceinline__ float2 gdn_stage(const float* cur, bool prepped, float an, float dtb,
+                                           float* qs, float* ks) {
+    const int lane = threadIdx.x & 31;
+    // The previous token's reads of qs and ks are done.
+    __syncwarp();
+    float2 gates;
+    if (prepped) {
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            qs[32 * m + lane] = cur[m];
+            ks[32 * m + lane] = cur[4 + m];
+        }
+        gates = make_float2(cur[9], cur[10]);
+    } else {
+        const float rq = gdn_rnorm(cur), rk = gdn_rnorm(cur + 4);
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            qs[32 * m + lane] = cur[m] * rq;
+            ks[32 * m + lane] = cur[4 + m] * rk;
+        }
+        gates = gdn_gates(cur[9], cur[10], an, dtb);
+    }
+    __syncwarp();
+    return gates;
+}
+
+// One token of the delta rule for one lane's RPL key rows `s` of a value column (row group r
+// of R = DK / RPL): decay, k·S reduced over the warp's row groups, the update by
+// β·(v − k·S), and the output q·S / sqrt(DK), reduced likewise (every lane of the column gets
+// it).
+template <int RPL>
+__device__ __forceinline__ float gdn_token(float (&s)[RPL], const float* qs, const float* ks, float v,
+                                           float2 gates, int r) {
+    constexpr int R = DK / RPL, C = 32 / R;
+    static_assert(RPL % 4 == 0 && R * C == 32, "gdn_step: whole row groups of float4s");
+    const float scale = 1.0f / sqrtf((float)DK);
+    // Four partial sums: a chain of 32 dependent FMAs per token was the step's latency.
+    const float4* k4 = (const float4*)(ks + RPL * r);
+    const float4* q4 = (const float4*)(qs + RPL * r);
+    float kr[RPL];
+#pragma unroll
+    for (int i = 0; i < RPL / 4; i++) {
+        const float4 v4 = k4[i];
+        kr[4 * i] = v4.x; kr[4 * i + 1] = v4.y; kr[4 * i + 2] = v4.z; kr[4 * i + 3] = v4.w;
+    }
+    float kp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < RPL; i++) {
+        s[i] *= gates.x;
+        kp[i & 3] += s[i] * kr[i];
+    }
+    float km = (kp[0] + kp[1]) + (kp[2] + kp[3]);
+#pragma unroll
+    for (int m = C; m < 32; m <<= 1) km += __shfl_xor_sync(0xffffffffu, km, m);
+    const float delta = (v - km) * gates.y;
+    float op[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < RPL / 4; i++) {
+        const float4 q = q4[i];
+        const float qv[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            s[4 * i + u] += kr[4 * i + u] * delta;
+            op[u] += s[4 * i + u] * (qv[u] * scale);
+        }
+    }
+    float oo = (op[0] + op[1]) + (op[2] + op[3]);
+#pragma unroll
+    for (int m = C; m < 32; m <<= 1) oo += __shfl_xor_sync(0xffffffffu, oo, m);
+    return oo;
+}
+
 // The recurrent step, RPL key rows of a value column per lane (a variant per RPL: 32, 16, 8).
 // grid (HV, DV / (4·C)), block (32, 4), with R = DK / RPL row groups and C = 32 / R columns per
 // warp: warp w of block (h, by) owns value columns 4C·by + Cw .. +C−1 of head h; lane (r, c) =
@@ -104,7 +185,6 @@ __device__ __forceinline__ void gdn_step_body(const float* __restrict__ conv, co
                                               const float* __restrict__ qk, const float2* __restrict__ gb,
                                               float* __restrict__ S, float* __restrict__ o) {
     constexpr int R = DK / RPL, C = 32 / R;
-    static_assert(RPL % 4 == 0 && R * C == 32, "gdn_step: whole row groups of float4s");
     // Per warp: normalized q and k. A quarter-warp's lanes read 16 bytes at row groups RPL·4
     // bytes apart (≥ 32): distinct banks, or one broadcast address per group.
     __shared__ __align__(16) float qks[4][2][DK];
@@ -123,7 +203,6 @@ __device__ __forceinline__ void gdn_step_body(const float* __restrict__ conv, co
     // previous one has finished (every forward call ends by synchronizing its stream, and
     // prefill passes launch without programmatic dependent launch).
     PDL_ENTRY();
-    const float scale = 1.0f / sqrtf((float)DK);
     const float an = a_neg[h], dtb = dt_bias[h];
     // q and k elements lane + 32m (normalized when prepared), the value of column j, the gate
     // inputs (or the gates).
@@ -153,62 +232,8 @@ __device__ __forceinline__ void gdn_step_body(const float* __restrict__ conv, co
 #pragma unroll
         for (int e = 0; e < 11; e++) cur[e] = next[e];
         if (t + 1 < ntok) load(t + 1, next);
-        float g, beta;
-        // The previous token's reads of qs and ks are done.
-        __syncwarp();
-        if (prepped) {
-#pragma unroll
-            for (int m = 0; m < 4; m++) {
-                qs[32 * m + lane] = cur[m];
-                ks[32 * m + lane] = cur[4 + m];
-            }
-            g = cur[9];
-            beta = cur[10];
-        } else {
-            const float rq = gdn_rnorm(cur), rk = gdn_rnorm(cur + 4);
-#pragma unroll
-            for (int m = 0; m < 4; m++) {
-                qs[32 * m + lane] = cur[m] * rq;
-                ks[32 * m + lane] = cur[4 + m] * rk;
-            }
-            const float2 e = gdn_gates(cur[9], cur[10], an, dtb);
-            g = e.x;
-            beta = e.y;
-        }
-        __syncwarp();
-        // Four partial sums: a chain of 32 dependent FMAs per token was the step's latency.
-        const float4* k4 = (const float4*)(ks + RPL * r);
-        const float4* q4 = (const float4*)(qs + RPL * r);
-        float kr[RPL];
-#pragma unroll
-        for (int i = 0; i < RPL / 4; i++) {
-            const float4 v = k4[i];
-            kr[4 * i] = v.x; kr[4 * i + 1] = v.y; kr[4 * i + 2] = v.z; kr[4 * i + 3] = v.w;
-        }
-        float kp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int i = 0; i < RPL; i++) {
-            s[i] *= g;
-            kp[i & 3] += s[i] * kr[i];
-        }
-        float km = (kp[0] + kp[1]) + (kp[2] + kp[3]);
-#pragma unroll
-        for (int m = C; m < 32; m <<= 1) km += __shfl_xor_sync(0xffffffffu, km, m);
-        const float delta = (cur[8] - km) * beta;
-        float op[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int i = 0; i < RPL / 4; i++) {
-            const float4 q = q4[i];
-            const float qv[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                s[4 * i + u] += kr[4 * i + u] * delta;
-                op[u] += s[4 * i + u] * (qv[u] * scale);
-            }
-        }
-        float oo = (op[0] + op[1]) + (op[2] + op[3]);
-#pragma unroll
-        for (int m = C; m < 32; m <<= 1) oo += __shfl_xor_sync(0xffffffffu, oo, m);
+        const float2 gates = gdn_stage(cur, prepped, an, dtb, qs, ks);
+        const float oo = gdn_token<RPL>(s, qs, ks, cur[8], gates, r);
         if (r == 0) o[(size_t)t * HV * DV + h * DV + j] = oo;
     }
 #pragma unroll
@@ -227,3 +252,85 @@ __device__ __forceinline__ void gdn_step_body(const float* __restrict__ conv, co
 GDN_STEP_KERNEL(gdn_step_r32, 32)
 GDN_STEP_KERNEL(gdn_step_r16, 16)
 GDN_STEP_KERNEL(gdn_step_r8, 8)
+
+// A decode step's whole recurrence of value head h in one block: the causal conv of the head's
+// q, k and v channels (gdn_conv's arithmetic), the step (gdn_step_r32's, 16 warps of 8 columns
+// covering the head), then quant_gated's norm, gate and quantization of the head — the three
+// kernels' bits in one launch (each launch of a decode token's chain of dependent kernels costs
+// microseconds). grid HV, block (32, 16).
+// The conv state is double-buffered by the parity of the position (`pos`): the three value heads
+// of a key head all read its q and k state, which one of them rewrites, so every pass reads
+// buffer pos & 1 and writes the other (gdn_conv, one block per channel, follows the same rule).
+static_assert(DV == 128 && 16 * (32 / (DK / 32)) == DV, "gdn_decode: 16 warps cover a head");
+extern "C" __global__ void __launch_bounds__(512)
+gdn_decode(const float* __restrict__ proj, int aoff, int boff, int zoff, const u32* __restrict__ pos,
+           float* __restrict__ conv_state, const float* __restrict__ taps,
+           const float* __restrict__ a_neg, const float* __restrict__ dt_bias, float* __restrict__ S,
+           const float* __restrict__ nw, float eps, int* __restrict__ xq, float2* __restrict__ xs,
+           u16* __restrict__ xh) {
+    constexpr int RPL = 32, C = 32 / (DK / RPL);
+    __shared__ __align__(16) float qks[16][2][DK];
+    // The conv's outputs: q and k of key head kh, then v of head h; then the step's outputs.
+    __shared__ __align__(16) float xin[2 * DK + DV];
+    __shared__ __align__(16) float os[DV];
+    const int h = blockIdx.x, kh = h % HK;
+    const int lane = threadIdx.x, w = threadIdx.y, tid = 32 * w + lane;
+    const int r = lane / C, j = w * C + lane % C;
+    float* Sh = S + (size_t)h * DK * DV;
+    float s[RPL];
+#pragma unroll
+    for (int i = 0; i < RPL; i++) s[i] = Sh[(size_t)(r * RPL + i) * DV + j];
+    // This thread's conv channel: q, k of key head kh, v of value head h.
+    const bool conv_live = tid < 2 * DK + DV;
+    const int c = tid < DK ? kh * DK + tid
+                  : tid < 2 * DK ? HK * DK + kh * DK + tid - DK
+                                 : 2 * HK * DK + h * DV + tid - 2 * DK;
+    const u32 p = *pos;
+    const float* old = conv_state + (size_t)(p & 1u) * (KERN - 1) * CH;
+    float* fresh = conv_state + (size_t)((p + 1u) & 1u) * (KERN - 1) * CH;
+    float cs[KERN - 1], cw[KERN];
+#pragma unroll
+    for (int i = 0; i < KERN - 1; i++) cs[i] = conv_live ? old[i * CH + c] : 0.0f;
+#pragma unroll
+    for (int i = 0; i < KERN; i++) cw[i] = conv_live ? taps[c * KERN + i] : 0.0f;
+    const float an = a_neg[h], dtb = dt_bias[h];
+    const float4 g = w == 0 ? *(const float4*)(nw + lane * 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    // The state, the conv state and the position are written by this layer's previous pass
+    // (or the host, before the pass): read before waiting for the previous kernel.
+    PDL_ENTRY();
+    if (conv_live) {
+        const float x = proj[c];
+        float acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < KERN - 1; i++) acc += cw[i] * cs[i];
+        acc += cw[KERN - 1] * x;
+        xin[tid] = siluf_(acc);
+        // q and k channels are rewritten by the first value head of their key head only.
+        if (tid >= 2 * DK || h < HK) {
+#pragma unroll
+            for (int i = 0; i < KERN - 1; i++) fresh[i * CH + c] = i + 1 < KERN - 1 ? cs[i + 1] : x;
+        }
+    }
+    __syncthreads();
+    float cur[11];
+#pragma unroll
+    for (int m = 0; m < 4; m++) {
+        cur[m] = xin[32 * m + lane];
+        cur[4 + m] = xin[DK + 32 * m + lane];
+    }
+    cur[8] = xin[2 * DK + j];
+    cur[9] = proj[aoff + h];
+    cur[10] = proj[boff + h];
+    const float2 gates = gdn_stage(cur, false, an, dtb, qks[w][0], qks[w][1]);
+    const float oo = gdn_token<RPL>(s, qks[w][0], qks[w][1], cur[8], gates, r);
+    if (r == 0) os[j] = oo;
+#pragma unroll
+    for (int i = 0; i < RPL; i++) Sh[(size_t)(r * RPL + i) * DV + j] = s[i];
+    __syncthreads();
+    if (w == 0) {
+        const int base = h * DV;
+        const float4 v = gated_norm(*(const float4*)(os + lane * 4),
+                                    *(const float4*)(proj + zoff + base + lane * 4), g, eps);
+        quant128(v, base, xq, xs, xh);
+    }
+}

@@ -92,6 +92,18 @@ extern "C" __global__ void quant_swiglu(const float* __restrict__ gu, int stride
     quant128(v, base, xq + (size_t)t * ffn / 4, xs + (size_t)t * ffn / 64, xh ? xh + (size_t)t * ffn : nullptr);
 }
 
+// One 128-wide head of the gated delta net's output, four values per lane of a warp: RMS norm
+// over the head, times the norm's weights g and silu(z).
+__device__ __forceinline__ float4 gated_norm(float4 v, float4 z, float4 g, float eps) {
+    const float ss = warp_sum(v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w);
+    const float scale = 1.0f / sqrtf(ss / (float)DV + eps);
+    v.x = v.x * scale * g.x * siluf_(z.x);
+    v.y = v.y * scale * g.y * siluf_(z.y);
+    v.z = v.z * scale * g.z * siluf_(z.z);
+    v.w = v.w * scale * g.w * siluf_(z.w);
+    return v;
+}
+
 // Gated delta net output: per-head RMS norm * ssm_norm * silu(z), one warp per 128-wide head.
 // grid (ceil(HV/8), ntok), block 256.
 extern "C" __global__ void quant_gated(const float* __restrict__ o, const float* __restrict__ proj,
@@ -106,14 +118,8 @@ extern "C" __global__ void quant_gated(const float* __restrict__ o, const float*
     if (head >= HV) return;
     const int base = head * DV;
     const int i = base + lane * 4;
-    float4 v = *(const float4*)(o + (size_t)t * HV * DV + i);
-    const float ss = warp_sum(v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w);
-    const float scale = 1.0f / sqrtf(ss / (float)DV + eps);
-    float4 z = *(const float4*)(proj + (size_t)t * stride + zoff + i);
-    v.x = v.x * scale * g.x * siluf_(z.x);
-    v.y = v.y * scale * g.y * siluf_(z.y);
-    v.z = v.z * scale * g.z * siluf_(z.z);
-    v.w = v.w * scale * g.w * siluf_(z.w);
+    const float4 v = gated_norm(*(const float4*)(o + (size_t)t * HV * DV + i),
+                                *(const float4*)(proj + (size_t)t * stride + zoff + i), g, eps);
     quant128(v, base, xq + (size_t)t * HV * DV / 4, xs + (size_t)t * HV * DV / 64,
              xh ? xh + (size_t)t * HV * DV : nullptr);
 }

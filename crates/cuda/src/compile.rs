@@ -22,7 +22,7 @@ pub const SOURCES: [(&str, &str); 9] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 46] = [
+pub const KERNELS: [&str; 47] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -60,6 +60,7 @@ pub const KERNELS: [&str; 46] = [
     "gdn_step_r32",
     "gdn_step_r16",
     "gdn_step_r8",
+    "gdn_decode",
     "attn_prep",
     "attn_prep_q8",
     "attn_split_t4",

@@ -273,6 +273,7 @@ pub struct Gpu {
     /// measured 1-8% slower decode on the H200, the per-block norm delaying each GEMV's start
     /// by more than the separate kernel costs).
     fuse_norm: AtomicBool,
+    fuse_gdn: AtomicBool,
     /// Cache positions per warp tile of the attention split (one of [`plan::ATTN_TILES`]).
     attn_tile: AtomicUsize,
     /// Blocks of each attention-split kernel this device runs that one multiprocessor holds at
@@ -441,6 +442,7 @@ impl Gpu {
                     .unwrap_or(plan::GDN_STEP_DEFAULT_ROWS),
             ),
             fuse_norm: AtomicBool::new(env_opt_in("NIWAKI_CUDA_FUSE_NORM")),
+            fuse_gdn: AtomicBool::new(env_on("NIWAKI_CUDA_FUSE_GDN")),
             attn_tile: AtomicUsize::new(8),
             attn_blocks_per_sm,
             attn_ring,
@@ -563,9 +565,19 @@ impl Gpu {
             .store(if hopper { bytes } else { 0 }, Ordering::Relaxed);
     }
 
-    /// Whether one-token passes fold each norm into the GEMV that reads it.
-    pub fn fuse_norm(&self) -> bool {
-        self.gemv1() && self.fuse_norm.load(Ordering::Relaxed)
+    /// Which ops of a one-token pass run merged.
+    pub fn fusion(&self) -> plan::Fusion {
+        plan::Fusion {
+            norm: self.gemv1() && self.fuse_norm.load(Ordering::Relaxed),
+            gdn: self.fuse_gdn.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Turns the one-kernel recurrence of one-token passes on or off (for checking it against
+    /// the three kernels it replaces); returns the previous setting. A state's captured graphs
+    /// keep what they were captured with.
+    pub fn set_fuse_gdn(&self, on: bool) -> bool {
+        self.fuse_gdn.swap(on, Ordering::Relaxed)
     }
 
     /// The decode-GEMV tuning for a matrix: the defaults, or the knobs set by

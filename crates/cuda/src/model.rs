@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use rayon::prelude::*;
+
 use cudarc::driver::{result, sys, CudaGraph, CudaStream, PinnedHostSlice};
 use gguf::Gguf;
 use model::{LayerKind, Logits, Model, ModelError};
@@ -15,6 +17,9 @@ use crate::plan::{
     StateBytes, MAX_CHUNK,
 };
 use crate::repack::{self, Packed};
+
+/// Tokens from which a pass's embedding rows are dequantized on several host threads.
+const EMBED_PARALLEL_MIN: usize = 16;
 
 struct GdnW {
     inp: DevMat,
@@ -77,6 +82,9 @@ pub struct CudaState {
     /// Page-locked landing place for one row of logits: a decode step's copy to the host then
     /// runs at bus speed instead of through the driver's pageable staging.
     host_row: PinnedHostSlice<f32>,
+    /// Page-locked landing place for a pass's embedded tokens (`MAX_CHUNK` rows): the copy to
+    /// the device then runs at bus speed (from pageable memory the driver stages it first).
+    host_x: PinnedHostSlice<f32>,
 }
 
 // SAFETY: the graphs and stream are used only through `&mut CudaState` (one thread at a time);
@@ -202,7 +210,13 @@ impl CudaModel {
             .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?
             .format();
         gpu.stream.synchronize().ctx(|| "weight upload".into())?;
-        let next_mat = plan::next_matrices(&forward_ops(&dims, 1, Head::Last, true, false));
+        let next_mat = plan::next_matrices(&forward_ops(
+            &dims,
+            1,
+            Head::Last,
+            true,
+            plan::Fusion::default(),
+        ));
         Ok(CudaModel {
             gpu,
             dims,
@@ -274,6 +288,18 @@ impl CudaModel {
             // SAFETY: every element is written by a device copy before it is read.
             host_row: unsafe { self.gpu.ctx.alloc_pinned_with_flags(self.dims.vocab, 0) }
                 .ctx(|| format!("{} bytes of page-locked host memory", 4 * self.dims.vocab))?,
+            // SAFETY: as above; `embed` writes a pass's rows before they are copied.
+            host_x: unsafe {
+                self.gpu
+                    .ctx
+                    .alloc_pinned_with_flags(MAX_CHUNK * self.dims.hidden, 0)
+            }
+            .ctx(|| {
+                format!(
+                    "{} bytes of page-locked host memory",
+                    4 * MAX_CHUNK * self.dims.hidden
+                )
+            })?,
         })
     }
 
@@ -352,7 +378,10 @@ impl CudaModel {
         Ok(!(key[0] as u32))
     }
 
-    fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+    /// Dequantizes the embedding rows of `tokens` into `x` (`[tokens][hidden]`), spread over the
+    /// host's cores for a prefill pass: it sits on the pass's critical path (one core took ~5 ms
+    /// for 512 tokens of a 27B file).
+    fn embed(&self, tokens: &[u32], x: &mut [f32]) -> Result<()> {
         let e = self.dims.hidden;
         let t = self
             .file
@@ -365,25 +394,38 @@ impl CudaModel {
                 name: "token_embd.weight".into(),
                 source,
             })?;
-        let mut x = vec![0f32; tokens.len() * e];
-        for (i, &id) in tokens.iter().enumerate() {
-            let row = &t.data[id as usize * rb..(id as usize + 1) * rb];
-            quant::dequantize(self.embd_format, row, &mut x[i * e..(i + 1) * e]).map_err(
-                |source| ModelError::Decode {
-                    name: "token_embd.weight".into(),
-                    source,
+        let one = |(&id, out): (&u32, &mut [f32])| -> Result<()> {
+            let row = t.data.get(id as usize * rb..(id as usize + 1) * rb).ok_or(
+                ModelError::TokenOutOfRange {
+                    id,
+                    vocab: self.dims.vocab,
                 },
             )?;
+            quant::dequantize(self.embd_format, row, out).map_err(|source| {
+                ModelError::Decode {
+                    name: "token_embd.weight".into(),
+                    source,
+                }
+                .into()
+            })
+        };
+        let x = &mut x[..tokens.len() * e];
+        if tokens.len() >= EMBED_PARALLEL_MIN {
+            tokens.par_iter().zip(x.par_chunks_mut(e)).try_for_each(one)
+        } else {
+            tokens.iter().zip(x.chunks_mut(e)).try_for_each(one)
         }
-        Ok(x)
     }
 
     /// One GPU pass over at most `MAX_CHUNK` tokens.
     fn run(&self, st: &mut CudaState, tokens: &[u32], head: Head, argmax: bool) -> Result<()> {
         let n = tokens.len();
-        let x = self.embed(tokens)?;
+        let dst = st.s("x");
+        let x = st.host_x.as_mut_slice().ctx(|| "host embeddings".into())?;
+        self.embed(tokens, x)?;
+        self.gpu
+            .write(&st.stream, dst, &x[..n * self.dims.hidden])?;
         let pos = [st.pos as u32, 0];
-        self.gpu.write(&st.stream, st.s("x"), &x)?;
         self.gpu.write(&st.stream, st.s("pos"), &pos)?;
         if n == 1 && self.use_graphs {
             let found = st
@@ -442,7 +484,7 @@ impl CudaModel {
             .write(&st.stream, st.s("pos"), &[st.pos as u32, 0])?;
         let mut kinds: Vec<(String, Vec<Op>)> = Vec::new();
         let argmax = ntok == 1;
-        for op in forward_ops(&self.dims, ntok, Head::Last, argmax, self.gpu.fuse_norm()) {
+        for op in forward_ops(&self.dims, ntok, Head::Last, argmax, self.gpu.fusion()) {
             let name = match op {
                 Op::Gemv { mat, .. } => format!("Gemv {mat:?}"),
                 Op::NormGemv { mat, .. } => format!("NormGemv {mat:?}"),
@@ -487,7 +529,7 @@ impl CudaModel {
     }
 
     fn exec_all(&self, st: &CudaState, n: usize, head: Head, argmax: bool) -> Result<()> {
-        let ops = forward_ops(&self.dims, n, head, argmax, self.gpu.fuse_norm());
+        let ops = forward_ops(&self.dims, n, head, argmax, self.gpu.fusion());
         let all = || ops.iter().try_for_each(|op| self.exec(st, op));
         if n == 1 {
             all()
@@ -598,7 +640,7 @@ impl CudaModel {
     /// Device address of a recurrent layer's conv / ssm state and an attention layer's K / V.
     fn conv_state(&self, st: &CudaState, l: usize) -> u64 {
         let d = &self.dims;
-        let per = 4 * (d.conv_kernel - 1) * d.conv_channels();
+        let per = 4 * 2 * (d.conv_kernel - 1) * d.conv_channels();
         st.state.at(d.kind_index(l) * per)
     }
     fn ssm_state(&self, st: &CudaState, l: usize) -> u64 {
@@ -708,6 +750,7 @@ impl CudaModel {
                         Arg::Ptr(proj),
                         Arg::I32(d.gdn_in_rows() as i32),
                         Arg::I32(ntok as i32),
+                        Arg::Ptr(pos),
                         Arg::Ptr(self.conv_state(st, layer)),
                         Arg::Ptr(self.gdn(layer).conv.ptr),
                         Arg::Ptr(st.s("conv")),
@@ -793,6 +836,32 @@ impl CudaModel {
                         Arg::Ptr(if prepped { st.s("gdn_gb") } else { 0 }),
                         Arg::Ptr(self.ssm_state(st, layer)),
                         Arg::Ptr(st.s("gdn")),
+                    ],
+                )
+            }
+            Op::GdnDecode { layer } => {
+                let [_, proj, _, aoff, boff, a, dt_bias] = self.gdn_inputs(st, layer);
+                g.launch(
+                    s,
+                    "gdn_decode",
+                    (d.value_heads as u32, 1, 1),
+                    (32, 16, 1),
+                    &[
+                        proj,
+                        aoff,
+                        boff,
+                        Arg::I32(d.conv_channels() as i32),
+                        Arg::Ptr(pos),
+                        Arg::Ptr(self.conv_state(st, layer)),
+                        Arg::Ptr(self.gdn(layer).conv.ptr),
+                        a,
+                        dt_bias,
+                        Arg::Ptr(self.ssm_state(st, layer)),
+                        Arg::Ptr(self.gdn(layer).norm.ptr),
+                        Arg::F32(d.rms_eps),
+                        Arg::Ptr(xq),
+                        Arg::Ptr(xs),
+                        Arg::Ptr(xh(1).unwrap_or(0)),
                     ],
                 )
             }

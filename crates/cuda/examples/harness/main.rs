@@ -31,7 +31,7 @@ mod report;
 use bench::bench_27b;
 use gemm::gemm_speed;
 use kernels::kernel_checks;
-use models::{determinism, kv_q8_checks, whole_model};
+use models::{determinism, fused_recurrence, kv_q8_checks, whole_model};
 use report::*;
 
 fn main() {
@@ -141,6 +141,8 @@ fn run(rep: &mut Report) -> R<()> {
     rep.line("| preset | format | result | f16 KV vs CPU | q8_0 KV vs CPU | q8_0 vs f16 | q8_0 GPU vs its twin | greedy as f16 |");
     rep.line("|---|---|---|---|---|---|---|---|");
     kv_q8_checks(rep)?;
+    rep.line("");
+    fused_recurrence(rep)?;
     rep.line("");
     determinism(rep)?;
 

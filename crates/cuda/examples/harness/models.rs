@@ -211,6 +211,48 @@ pub(crate) fn kv_q8_checks(rep: &mut Report) -> R<()> {
     Ok(())
 }
 
+/// The one-kernel recurrence of decode steps (`gdn_decode`) against the conv, step and gated
+/// norm kernels it replaces: logits bit for bit over calls of 20, 1, 5, 1, 2 and 1 tokens
+/// (odd and even passes move the conv state between its two buffers).
+pub(crate) fn fused_recurrence(rep: &mut Report) -> R<()> {
+    for (preset, vocab) in [(Preset::Tiny, 1000usize), (Preset::Small, 4096)] {
+        let shape = preset.shape(vocab);
+        let t = synth::random_f32_tensors(&shape, Format::Q2_0, 12);
+        let m = open(&synth::writer_from_f32(&shape, &t, Format::Q2_0, "h")?)?;
+        let g = CudaModel::load(&m)?;
+        let mut rng = ChaCha8Rng::seed_from_u64(13);
+        let mut tok = || rng.gen_range(0..vocab as u32);
+        let calls: Vec<Vec<u32>> = [20, 1, 1, 1, 5, 1, 1, 2, 1, 1, 1]
+            .iter()
+            .map(|&n| (0..n).map(|_| tok()).collect())
+            .collect();
+        let run = |fused: bool| -> R<Vec<f32>> {
+            let before = g.gpu().set_fuse_gdn(fused);
+            let mut st = g.new_state(256)?;
+            let mut out = Vec::new();
+            for c in &calls {
+                out.extend(g.forward(&mut st, c, Logits::Last)?);
+            }
+            g.gpu().set_fuse_gdn(before);
+            Ok(out)
+        };
+        let (a, b) = (run(false)?, run(true)?);
+        let differing = a
+            .iter()
+            .zip(&b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        let ok = a.len() == b.len() && differing == 0;
+        rep.line(format!(
+            "One-kernel decode recurrence against conv + step + gated norm ({preset:?}, Q2_0, {} calls): {differing} of {} logits differ in any bit",
+            calls.len(),
+            a.len()
+        ));
+        rep.check(ok, format!("fused recurrence {preset:?}"));
+    }
+    Ok(())
+}
+
 pub(crate) fn determinism(rep: &mut Report) -> R<()> {
     let vocab = 4096;
     let shape = Preset::Small.shape(vocab);

@@ -35,7 +35,8 @@ impl KvCache {
 /// Bytes of the per-sequence state for a context of `ctx` tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StateBytes {
-    /// Conv state: `[recurrent layers][kernel − 1][channels]` f32.
+    /// Conv state: `[recurrent layers][2][kernel − 1][channels]` f32: two buffers per layer, the
+    /// current one at the parity of the position (kernels/gdn.cu, `gdn_decode`).
     pub conv: usize,
     /// Recurrent state: `[recurrent layers][value heads][key dim][value dim]` f32.
     pub ssm: usize,
@@ -56,7 +57,7 @@ impl StateBytes {
         let kv_values = rows * d.head_dim * kv_cache.value_bytes();
         let kv_scales = rows * kv_cache.scale_bytes(d.head_dim);
         StateBytes {
-            conv: 4 * g * (d.conv_kernel - 1) * d.conv_channels(),
+            conv: 4 * g * 2 * (d.conv_kernel - 1) * d.conv_channels(),
             ssm: 4 * g * d.value_heads * d.key_dim * d.value_dim,
             kv: 2 * d.n_attention() * (kv_values + kv_scales),
             kv_cache,

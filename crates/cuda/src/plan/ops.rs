@@ -70,6 +70,10 @@ pub enum Op {
         layer: usize,
         ntok: usize,
     },
+    /// One token: Conv, GdnStep and GatedQuant of a recurrent layer in one kernel.
+    GdnDecode {
+        layer: usize,
+    },
     /// Per-head RMS norm · ssm_norm · silu(z), quantized.
     GatedQuant {
         layer: usize,
@@ -110,13 +114,23 @@ pub enum Head {
     All,
 }
 
-/// The launches of one forward pass over `ntok` tokens (at most [`MAX_CHUNK`]). With
-/// `fuse_norm`, a one-token pass folds each norm into the GEMV that reads it.
-pub fn forward_ops(d: &Dims, ntok: usize, head: Head, argmax: bool, fuse_norm: bool) -> Vec<Op> {
+/// Which of a one-token pass's ops are merged into fewer kernels (multi-token passes keep
+/// them apart).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Fusion {
+    /// Each norm folded into the GEMV that reads it ([`Op::NormGemv`]).
+    pub norm: bool,
+    /// A recurrent layer's conv, step and gated norm in one kernel ([`Op::GdnDecode`]).
+    pub gdn: bool,
+}
+
+/// The launches of one forward pass over `ntok` tokens (at most [`MAX_CHUNK`]), a one-token
+/// pass's merged as `fusion` asks.
+pub fn forward_ops(d: &Dims, ntok: usize, head: Head, argmax: bool, fusion: Fusion) -> Vec<Op> {
     assert!((1..=MAX_CHUNK).contains(&ntok));
     let mut ops = Vec::new();
     let gemv = |mat, out| Op::Gemv { mat, ntok, out };
-    let fuse = fuse_norm && ntok == 1;
+    let fuse = fusion.norm && ntok == 1;
     for (il, kind) in d.layers.iter().enumerate() {
         ops.push(Op::NormQuant {
             norm: Norm::Attn(il),
@@ -126,12 +140,16 @@ pub fn forward_ops(d: &Dims, ntok: usize, head: Head, argmax: bool, fuse_norm: b
         match kind {
             LayerKind::Recurrent => {
                 ops.push(gemv(Mat::GdnIn(il), Out::Proj));
-                ops.push(Op::Conv { layer: il, ntok });
-                if gdn_prepped(ntok) {
-                    ops.push(Op::GdnPrep { layer: il, ntok });
+                if fusion.gdn && ntok == 1 {
+                    ops.push(Op::GdnDecode { layer: il });
+                } else {
+                    ops.push(Op::Conv { layer: il, ntok });
+                    if gdn_prepped(ntok) {
+                        ops.push(Op::GdnPrep { layer: il, ntok });
+                    }
+                    ops.push(Op::GdnStep { layer: il, ntok });
+                    ops.push(Op::GatedQuant { layer: il, ntok });
                 }
-                ops.push(Op::GdnStep { layer: il, ntok });
-                ops.push(Op::GatedQuant { layer: il, ntok });
                 ops.push(gemv(Mat::GdnOut(il), Out::Residual));
             }
             LayerKind::Attention => {

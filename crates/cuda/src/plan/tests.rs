@@ -103,7 +103,7 @@ fn unsupported_shapes_are_refused_by_name() {
 #[test]
 fn a_decode_token_is_a_few_hundred_launches() {
     let d = dims(Preset::B27);
-    let ops = forward_ops(&d, 1, Head::Last, true, false);
+    let ops = forward_ops(&d, 1, Head::Last, true, Fusion::default());
     // 10 per recurrent layer, 11 per attention layer, then reset + norm + LM head.
     assert_eq!(ops.len(), 48 * 10 + 16 * 11 + 3);
     assert_eq!(launches(&ops), ops.len());
@@ -120,8 +120,8 @@ fn a_decode_token_is_a_few_hundred_launches() {
 #[test]
 fn fusing_the_norms_removes_one_launch_per_norm_and_keeps_the_order() {
     let d = dims(Preset::B27);
-    let plain = forward_ops(&d, 1, Head::Last, true, false);
-    let fused = forward_ops(&d, 1, Head::Last, true, true);
+    let plain = forward_ops(&d, 1, Head::Last, true, Fusion::default());
+    let fused = forward_ops(&d, 1, Head::Last, true, NORM_ONLY);
     // Two norms per layer and the output norm.
     assert_eq!(plain.len() - fused.len(), 2 * 64 + 1);
     assert!(!fused.iter().any(|o| matches!(o, Op::NormQuant { .. })));
@@ -146,21 +146,60 @@ fn fusing_the_norms_removes_one_launch_per_norm_and_keeps_the_order() {
         .collect();
     assert_eq!(unfused, plain);
     // Prefill passes keep their separate norms.
-    let prefill = forward_ops(&d, 8, Head::Last, false, true);
+    let prefill = forward_ops(&d, 8, Head::Last, false, ALL);
     assert!(!prefill.iter().any(|o| matches!(o, Op::NormGemv { .. })));
+}
+
+const NORM_ONLY: Fusion = Fusion {
+    norm: true,
+    gdn: false,
+};
+const ALL: Fusion = Fusion {
+    norm: true,
+    gdn: true,
+};
+
+#[test]
+fn the_fused_recurrence_takes_the_place_of_conv_step_and_gated_norm_in_decode_only() {
+    let d = dims(Preset::B27);
+    let gdn = Fusion {
+        norm: false,
+        gdn: true,
+    };
+    let plain = forward_ops(&d, 1, Head::Last, true, Fusion::default());
+    let fused = forward_ops(&d, 1, Head::Last, true, gdn);
+    assert_eq!(plain.len() - fused.len(), 2 * d.n_recurrent());
+    let expanded: Vec<Op> = fused
+        .iter()
+        .flat_map(|op| match *op {
+            Op::GdnDecode { layer } => vec![
+                Op::Conv { layer, ntok: 1 },
+                Op::GdnStep { layer, ntok: 1 },
+                Op::GatedQuant { layer, ntok: 1 },
+            ],
+            op => vec![op],
+        })
+        .collect();
+    assert_eq!(expanded, plain);
+    for ntok in [2, 256] {
+        assert_eq!(
+            forward_ops(&d, ntok, Head::Last, false, gdn),
+            forward_ops(&d, ntok, Head::Last, false, Fusion::default())
+        );
+    }
 }
 
 #[test]
 fn prefill_norms_only_the_tokens_that_need_logits() {
     let d = dims(Preset::Small);
-    let ops = forward_ops(&d, 20, Head::Last, false, true);
+    let ops = forward_ops(&d, 20, Head::Last, false, ALL);
     assert!(ops.contains(&Op::NormQuant {
         norm: Norm::Output,
         tok0: 19,
         ntok: 1
     }));
     assert!(!ops.iter().any(|o| matches!(o, Op::ResetArgmax { .. })));
-    let none = forward_ops(&d, 20, Head::None, false, true);
+    let none = forward_ops(&d, 20, Head::None, false, ALL);
     assert!(!none.iter().any(|o| matches!(
         o,
         Op::Gemv {
@@ -182,7 +221,7 @@ fn prefill_norms_only_the_tokens_that_need_logits() {
 #[test]
 fn every_layer_reads_what_an_earlier_op_wrote() {
     let d = dims(Preset::Tiny);
-    let ops = forward_ops(&d, 3, Head::All, false, true);
+    let ops = forward_ops(&d, 3, Head::All, false, ALL);
     let mut proj_writer = None;
     for op in &ops {
         match *op {
@@ -261,7 +300,7 @@ fn decode_gemv_tiles_copy_whole_16_byte_units() {
 fn a_prefill_pass_prepares_each_recurrence_and_a_decode_step_does_not() {
     let d = dims(Preset::Tiny);
     for ntok in [1, 3] {
-        let ops = forward_ops(&d, ntok, Head::Last, false, false);
+        let ops = forward_ops(&d, ntok, Head::Last, false, Fusion::default());
         let steps: Vec<usize> = ops
             .iter()
             .enumerate()
@@ -493,7 +532,7 @@ fn a_device_with_64_kib_per_block_gets_the_small_attention_ring() {
 #[test]
 fn each_matrix_is_followed_by_the_next_one_multiplied() {
     let d = dims(Preset::Tiny);
-    let next = next_matrices(&forward_ops(&d, 1, Head::Last, true, false));
+    let next = next_matrices(&forward_ops(&d, 1, Head::Last, true, Fusion::default()));
     let first = d
         .layers
         .iter()
