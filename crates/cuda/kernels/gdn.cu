@@ -298,6 +298,10 @@ gdn_decode(const float* __restrict__ proj, int aoff, int boff, int zoff, const u
     // The state, the conv state and the position are written by this layer's previous pass
     // (or the host, before the pass): read before waiting for the previous kernel.
     PDL_ENTRY();
+    // Everything this block reads of the projection, requested at once: the gate inputs and z
+    // wait in registers through the conv and the step.
+    const float ga = proj[aoff + h], gb = proj[boff + h];
+    const float4 z = w == 0 ? *(const float4*)(proj + zoff + h * DV + lane * 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (conv_live) {
         const float x = proj[c];
         float acc = 0.0f;
@@ -319,8 +323,8 @@ gdn_decode(const float* __restrict__ proj, int aoff, int boff, int zoff, const u
         cur[4 + m] = xin[DK + 32 * m + lane];
     }
     cur[8] = xin[2 * DK + j];
-    cur[9] = proj[aoff + h];
-    cur[10] = proj[boff + h];
+    cur[9] = ga;
+    cur[10] = gb;
     const float2 gates = gdn_stage(cur, false, an, dtb, qks[w][0], qks[w][1]);
     const float oo = gdn_token<RPL>(s, qks[w][0], qks[w][1], cur[8], gates, r);
     if (r == 0) os[j] = oo;
@@ -329,8 +333,7 @@ gdn_decode(const float* __restrict__ proj, int aoff, int boff, int zoff, const u
     __syncthreads();
     if (w == 0) {
         const int base = h * DV;
-        const float4 v = gated_norm(*(const float4*)(os + lane * 4),
-                                    *(const float4*)(proj + zoff + base + lane * 4), g, eps);
+        const float4 v = gated_norm(*(const float4*)(os + lane * 4), z, g, eps);
         quant128(v, base, xq, xs, xh);
     }
 }

@@ -691,7 +691,16 @@ impl CudaModel {
                 g.launch(
                     s,
                     "quant_rms",
-                    (e.div_ceil(1024) as u32, ntok as u32, 1),
+                    // A block per 1024 values for one token (latency), one per token for many.
+                    (
+                        if ntok == 1 {
+                            e.div_ceil(1024) as u32
+                        } else {
+                            1
+                        },
+                        ntok as u32,
+                        1,
+                    ),
                     (256, 1, 1),
                     &[
                         Arg::Ptr(st.s("x")),
