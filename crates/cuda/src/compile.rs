@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{CudaError, Result};
 
 /// The kernel sources in the order they are concatenated.
-pub const SOURCES: [(&str, &str); 9] = [
+pub const SOURCES: [(&str, &str); 10] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("quant.cu", include_str!("../kernels/quant.cu")),
     ("gemv.cu", include_str!("../kernels/gemv.cu")),
@@ -14,6 +14,7 @@ pub const SOURCES: [(&str, &str); 9] = [
     ("hgemm.cu", include_str!("../kernels/hgemm.cu")),
     ("gdn.cu", include_str!("../kernels/gdn.cu")),
     ("gdn_chunk.cu", include_str!("../kernels/gdn_chunk.cu")),
+    ("sync.cu", include_str!("../kernels/sync.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
     (
         "attention_mma.cu",
@@ -22,7 +23,7 @@ pub const SOURCES: [(&str, &str); 9] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 47] = [
+pub const KERNELS: [&str; 48] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -61,6 +62,7 @@ pub const KERNELS: [&str; 47] = [
     "gdn_step_r16",
     "gdn_step_r8",
     "gdn_decode",
+    "grid_barrier_rounds",
     "attn_prep",
     "attn_prep_q8",
     "attn_split_t4",

@@ -374,3 +374,25 @@ pub(crate) fn gemv1_checks(
     }
     Ok(())
 }
+
+/// Microseconds one grid-wide barrier (`grid_barrier_rounds`) takes with `per_sm` resident
+/// blocks of 256 threads per multiprocessor: 2,000 barriers in one launch against none.
+pub(crate) fn barrier_us(gpu: &Gpu, per_sm: usize) -> R<f64> {
+    let s = &gpu.stream;
+    let blocks = per_sm * gpu.info.multiprocessors.max(1) as usize;
+    let count = gpu.alloc(4, "barrier count")?;
+    let run = |rounds: i32| -> R<f64> {
+        Ok(gpu.time(s, 5, || {
+            gpu.write(s, count.ptr, &[0u32])?;
+            gpu.launch(
+                s,
+                "grid_barrier_rounds",
+                (blocks as u32, 1, 1),
+                (256, 1, 1),
+                &[Arg::Ptr(count.ptr), Arg::I32(rounds)],
+            )
+        })?)
+    };
+    let (none, many) = (run(0)?, run(2000)?);
+    Ok((many - none) / 2000.0 * 1e6)
+}

@@ -108,6 +108,13 @@ fn run(rep: &mut Report) -> R<()> {
         "Device-to-device copy: {:.0} GB/s (read + write)",
         bw / 1e9
     ));
+    // What a persistent decode kernel would pay per dependence instead of a kernel boundary
+    // (a decode step's small kernels take 0.7-1.8 µs each inside its graph).
+    rep.line(format!(
+        "Grid-wide barrier (release add + acquire spin, every block resident): {:.2} µs with one block of 256 threads per multiprocessor, {:.2} µs with two",
+        kernels::barrier_us(&gpu, 1)?,
+        kernels::barrier_us(&gpu, 2)?
+    ));
     rep.line("");
     rep.line("## Kernels against the CPU reference");
     rep.line("");

@@ -1,0 +1,21 @@
+// Grid-wide barriers, for kernels whose blocks are all resident at once (a persistent decode
+// step would cross its layers' dependences with these instead of kernel boundaries). `count`
+// only grows: barrier r of a grid of n blocks is passed once it reaches n·(r + 1), so it needs
+// no reset within a launch.
+__device__ __forceinline__ void grid_barrier(u32* count, u32 target) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
+        u32 seen;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
+        } while (seen < target);
+    }
+    __syncthreads();
+}
+
+// `rounds` grid barriers back to back (the harness times them; `count` zeroed first). Every
+// block must be resident: launched with at most a few small blocks per multiprocessor.
+extern "C" __global__ void __launch_bounds__(256) grid_barrier_rounds(u32* count, int rounds) {
+    for (int r = 0; r < rounds; r++) grid_barrier(count, gridDim.x * (u32)(r + 1));
+}
