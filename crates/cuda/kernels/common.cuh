@@ -57,7 +57,10 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 }
 
 // Ordered key of (value, row) for an atomicMax argmax: larger value wins, then the lower row.
+// NaN gets 0, below every number's key (−∞'s included) and equal to the cleared maximum, so it
+// is never chosen (as model::ops::argmax skips it); a row of NaNs leaves the maximum cleared.
 __device__ __forceinline__ u64 argmax_key(float v, u32 row) {
+    if (v != v) return 0;
     u32 b = __float_as_uint(v);
     b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
     return ((u64)b << 32) | (u64)(~row);

@@ -21,9 +21,11 @@ extern "C" __global__ void __launch_bounds__(256) gdn_conv(const float* __restri
     for (int j = 0; j < KERN - 1; j++) s[j] = live ? state[j * CH + c] : 0.0f;
 #pragma unroll
     for (int j = 0; j < KERN; j++) w[j] = live ? taps[c * KERN + j] : 0.0f;
-    // The taps are constant, the position is the host's, and the state is this kernel's own,
-    // written once per pass (as gdn_step's: see there), so all are read before waiting for the
-    // previous kernel.
+    // The taps are constant, the position is the host's, and the conv state is written only by
+    // this layer's conv (this kernel or gdn_decode), once per pass (as the recurrent state: see
+    // gdn_step), so all are read before waiting for the previous kernel. With an even ntok the
+    // new state goes to the buffer read here: safe, since a channel's readers and its writer
+    // are this block's threads, on either side of the barrier below.
     PDL_ENTRY();
     for (int t = threadIdx.y; live && t < ntok; t += blockDim.y) {
         float acc = 0.0f;
@@ -199,9 +201,10 @@ __device__ __forceinline__ void gdn_step_body(const float* __restrict__ conv, co
 #pragma unroll
     for (int i = 0; i < RPL; i++) s[i] = Sh[(size_t)(r * RPL + i) * DV + j];
     // The state is read before waiting for the previous kernel, so its latency overlaps that
-    // kernel's tail: only this kernel writes it, once per pass, and a pass starts after the
-    // previous one has finished (every forward call ends by synchronizing its stream, and
-    // prefill passes launch without programmatic dependent launch).
+    // kernel's tail: only this layer's step (this kernel or gdn_decode) writes it, once per
+    // pass, and a pass starts after the previous one has finished (every forward call ends by
+    // synchronizing its stream, and prefill passes launch without programmatic dependent
+    // launch).
     PDL_ENTRY();
     const float an = a_neg[h], dtb = dt_bias[h];
     // q and k elements lane + 32m (normalized when prepared), the value of column j, the gate
@@ -258,9 +261,12 @@ GDN_STEP_KERNEL(gdn_step_r8, 8)
 // covering the head), then quant_gated's norm, gate and quantization of the head — the three
 // kernels' bits in one launch (each launch of a decode token's chain of dependent kernels costs
 // microseconds). grid HV, block (32, 16).
-// The conv state is double-buffered by the parity of the position (`pos`): the three value heads
-// of a key head all read its q and k state, which one of them rewrites, so every pass reads
-// buffer pos & 1 and writes the other (gdn_conv, one block per channel, follows the same rule).
+// The conv state is double-buffered by the parity of the position (`pos`): the HV / HK value
+// heads of a key head, in different blocks, all read its q and k state, which one of them
+// rewrites, so a one-token pass reads buffer pos & 1 and writes the other (gdn_conv reads
+// buffer pos & 1 and writes buffer (pos + ntok) & 1).
+// The step keeps 32 key rows per lane, as gdn_step_r32, the one-token passes' step without
+// this kernel (plan::GDN_STEP_DECODE_ROWS, asserted there): the two paths give the same bits.
 static_assert(DV == 128 && 16 * (32 / (DK / 32)) == DV, "gdn_decode: 16 warps cover a head");
 extern "C" __global__ void __launch_bounds__(512)
 gdn_decode(const float* __restrict__ proj, int aoff, int boff, int zoff, const u32* __restrict__ pos,
@@ -309,7 +315,8 @@ gdn_decode(const float* __restrict__ proj, int aoff, int boff, int zoff, const u
         for (int i = 0; i < KERN - 1; i++) acc += cw[i] * cs[i];
         acc += cw[KERN - 1] * x;
         xin[tid] = siluf_(acc);
-        // q and k channels are rewritten by the first value head of their key head only.
+        // Every value head of a key head computes its q and k from the same state; one writer
+        // per channel (the first of them) keeps the new state's bytes single-sourced.
         if (tid >= 2 * DK || h < HK) {
 #pragma unroll
             for (int i = 0; i < KERN - 1; i++) fresh[i * CH + c] = i + 1 < KERN - 1 ? cs[i + 1] : x;

@@ -56,11 +56,11 @@ __device__ __forceinline__ void quant128(float4 v, int base, int* xq_tok, float2
 // B blocks sums the squares of the whole row, then quantizes the 1024-value shares k ≡ b (mod B).
 // Thread i's values (4 at 4i + 1024k) stay in registers from the sum to the quantization (up to
 // RMS_REGS·1024 values; a longer row's rest is read twice), so a block reads its share once:
-// B = 5 for 5120 values in a decode step (a block per share; one block quantizing all five
-// measured 3.0 µs against 2.2 µs), B = 1 for multi-token passes (256 tokens: 6.0 µs against
-// 7.9 with five blocks each). Warp w quantizes values 1024k + 128w .. +127, as gemv1_body's
-// fused norm: the same bits.
-#define RMS_REGS 8
+// B = 5 for 5120 values in a decode step (a block per share: 1.8 µs per launch; one block
+// quantizing all five measured 3.0 µs), B = 1 for multi-token passes (256 tokens: 6.6 µs
+// against 7.9 with five blocks each reading the row twice). Every 128-value piece is
+// quantized on its own by quant128, from the same products as gemv1_body's fused norm: the
+// same bits, whichever warp quantizes which piece.
 extern "C" __global__ void __launch_bounds__(256) quant_rms(const float* __restrict__ x, int cols, int tok0,
                                                             const float* __restrict__ w, float eps,
                                                             int* __restrict__ xq, float2* __restrict__ xs,
@@ -71,6 +71,7 @@ extern "C" __global__ void __launch_bounds__(256) quant_rms(const float* __restr
     auto mine = [&](int k) { return k % nb == b && i0 + 1024 * k < cols; };
     // The norm's weights are constant: this block's are read before waiting for the previous
     // kernel.
+    constexpr int RMS_REGS = 8;
     float4 g[RMS_REGS], v[RMS_REGS];
 #pragma unroll
     for (int k = 0; k < RMS_REGS; k++) g[k] = mine(k) ? *(const float4*)(w + i0 + 1024 * k) : zero;

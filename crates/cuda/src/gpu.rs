@@ -273,6 +273,9 @@ pub struct Gpu {
     /// measured 1-8% slower decode on the H200, the per-block norm delaying each GEMV's start
     /// by more than the separate kernel costs).
     fuse_norm: AtomicBool,
+    /// A decode step's conv, recurrent step and gated norm in one kernel per layer
+    /// (`gdn_decode`; on by default, `NIWAKI_CUDA_FUSE_GDN=0` runs the three kernels: the same
+    /// bits, 5.9 against 4.4 µs per layer on the H200).
     fuse_gdn: AtomicBool,
     /// Cache positions per warp tile of the attention split (one of [`plan::ATTN_TILES`]).
     attn_tile: AtomicUsize,
@@ -652,14 +655,17 @@ impl Gpu {
         Ok(buf)
     }
 
-    /// Host → device copy on `stream` (the host data is staged before this returns).
+    /// Host → device copy on `stream`. Pageable host data is staged before this returns;
+    /// page-locked data is read by the copy itself, later: the caller keeps it unchanged until
+    /// the stream is synchronized.
     pub fn write<T: Copy>(&self, stream: &CudaStream, dst: u64, data: &[T]) -> Result<()> {
         if data.is_empty() {
             return Ok(());
         }
         // SAFETY: `dst` is an allocation of this context at least `size_of_val(data)` long
         // (callers pass offsets inside their own buffers); pageable source memory is copied
-        // before the call returns.
+        // before the call returns, and callers passing page-locked memory hold it unchanged
+        // until they synchronize the stream (`CudaModel::run`).
         unsafe { result::memcpy_htod_async(dst, data, stream.cu_stream()) }
             .ctx(|| "host to device copy".into())
     }
@@ -1103,6 +1109,28 @@ impl Gpu {
     }
 
     /// Device-to-device copy bandwidth (bytes read + written per second) over `bytes`.
+    /// Blocks of `kernel` (of `threads` threads and `smem` bytes of dynamic shared memory) one
+    /// multiprocessor holds at once.
+    pub fn blocks_per_sm(&self, kernel: &str, threads: usize, smem: usize) -> Result<usize> {
+        let f = self
+            .funcs
+            .get(kernel)
+            .ok_or_else(|| CudaError::Unsupported(format!("no kernel named {kernel}")))?;
+        let mut n: std::ffi::c_int = 0;
+        // SAFETY: a function handle of this context; n outlives the call.
+        unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut n,
+                f.cu_function(),
+                threads as i32,
+                smem,
+            )
+        }
+        .result()
+        .ctx(|| format!("occupancy of {kernel}"))?;
+        Ok(n.max(0) as usize)
+    }
+
     pub fn copy_bandwidth(&self, bytes: usize) -> Result<f64> {
         let a = self.alloc(bytes, "bandwidth test")?;
         let b = self.alloc(bytes, "bandwidth test")?;

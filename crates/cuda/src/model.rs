@@ -109,7 +109,8 @@ impl CudaState {
     }
 
     /// Pretends `pos` tokens were consumed (the KV cache keeps whatever it holds, zeros for a
-    /// fresh state). For depth benchmarks only.
+    /// fresh state; the conv state is read from the buffer of `pos`'s parity, which may be the
+    /// older one). For depth benchmarks only.
     #[doc(hidden)]
     pub fn bench_seek(&mut self, pos: usize) {
         assert!(pos < self.ctx);
@@ -210,6 +211,7 @@ impl CudaModel {
             .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?
             .format();
         gpu.stream.synchronize().ctx(|| "weight upload".into())?;
+        // Fusion merges only small ops: the matrices come in the same order either way.
         let next_mat = plan::next_matrices(&forward_ops(
             &dims,
             1,
@@ -363,8 +365,14 @@ impl CudaModel {
         Ok(out)
     }
 
+    /// The vocabulary size (rows of the logits).
+    pub fn vocab(&self) -> usize {
+        self.dims.vocab
+    }
+
     /// Runs `tokens` and returns the greedy next token, computed on the GPU (only 8 bytes come
-    /// back). Ties go to the lowest id, as `model::ops::argmax`.
+    /// back). Ties go to the lowest id and NaN logits are skipped, as `model::ops::argmax`; a
+    /// row of NaNs gives `u32::MAX`.
     pub fn forward_greedy(&self, st: &mut CudaState, tokens: &[u32]) -> Result<u32> {
         self.check(st, tokens)?;
         let n = tokens.len();
@@ -423,8 +431,19 @@ impl CudaModel {
         let dst = st.s("x");
         let x = st.host_x.as_mut_slice().ctx(|| "host embeddings".into())?;
         self.embed(tokens, x)?;
-        self.gpu
-            .write(&st.stream, dst, &x[..n * self.dims.hidden])?;
+        // From page-locked memory the copy runs after this returns: the stream is synchronized
+        // below whatever happens in between, before `host_x` can be written again.
+        let copied = self.gpu.write(&st.stream, dst, &x[..n * self.dims.hidden]);
+        let launched = copied.and_then(|()| self.launch_pass(st, n, head, argmax));
+        let synced = st.stream.synchronize().ctx(|| "forward pass".into());
+        launched?;
+        synced?;
+        st.pos += n;
+        Ok(())
+    }
+
+    /// Enqueues one pass of `n` tokens (a captured graph for one token).
+    fn launch_pass(&self, st: &mut CudaState, n: usize, head: Head, argmax: bool) -> Result<()> {
         let pos = [st.pos as u32, 0];
         self.gpu.write(&st.stream, st.s("pos"), &pos)?;
         if n == 1 && self.use_graphs {
@@ -456,14 +475,10 @@ impl CudaModel {
             st.graphs[i]
                 .2
                 .launch()
-                .ctx(|| "launching the decode graph".into())?;
+                .ctx(|| "launching the decode graph".into())
         } else {
-            self.exec_all(st, n, head, argmax)?;
+            self.exec_all(st, n, head, argmax)
         }
-        // The host buffers above must outlive the copies.
-        st.stream.synchronize().ctx(|| "forward pass".into())?;
-        st.pos += n;
-        Ok(())
     }
 
     /// Where a pass of `ntok` tokens spends its time: for each kind of op, the seconds one

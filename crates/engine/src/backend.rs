@@ -4,6 +4,7 @@
 use model::{Logits, Model, State};
 
 use crate::error::Result;
+use crate::sampler::{argmax, SamplerError};
 
 pub trait Backend {
     /// Per-sequence state (KV cache and recurrent state) on this device.
@@ -17,6 +18,16 @@ pub trait Backend {
 
     /// Runs `tokens` after what `state` holds; logits as asked, `[n][vocab]`.
     fn forward(&self, state: &mut Self::State, tokens: &[u32], logits: Logits) -> Result<Vec<f32>>;
+
+    /// Runs `tokens` and returns the most likely next token (the largest logit, ties to the
+    /// lowest id, NaN never chosen), for greedy decoding that needs no logits. A device that can
+    /// pick it where the logits are computed overrides this (the GPU: 8 bytes back per token
+    /// instead of the vocabulary's row).
+    fn forward_argmax(&self, state: &mut Self::State, tokens: &[u32]) -> Result<u32> {
+        let logits = self.forward(state, tokens, Logits::Last)?;
+        let best = argmax(&logits).ok_or(SamplerError::NoFiniteLogit)?;
+        Ok(best as u32)
+    }
 }
 
 impl Backend for Model {
@@ -50,5 +61,15 @@ impl Backend for niwaki_cuda::CudaModel {
     fn forward(&self, state: &mut Self::State, tokens: &[u32], logits: Logits) -> Result<Vec<f32>> {
         niwaki_cuda::CudaModel::forward(self, state, tokens, logits)
             .map_err(|e| crate::EngineError::Backend(e.to_string()))
+    }
+
+    fn forward_argmax(&self, state: &mut Self::State, tokens: &[u32]) -> Result<u32> {
+        let id = niwaki_cuda::CudaModel::forward_greedy(self, state, tokens)
+            .map_err(|e| crate::EngineError::Backend(e.to_string()))?;
+        // The device reports no token when every logit was NaN.
+        if id as usize >= niwaki_cuda::CudaModel::vocab(self) {
+            return Err(SamplerError::NoFiniteLogit.into());
+        }
+        Ok(id)
     }
 }

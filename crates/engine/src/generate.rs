@@ -61,6 +61,12 @@ pub trait Hooks {
     fn cancelled(&self) -> bool {
         false
     }
+
+    /// Whether `mask` or `on_token` read the logits. When neither does and sampling is plain
+    /// greedy, the device picks each token itself and `on_token` gets an empty slice.
+    fn wants_logits(&self) -> bool {
+        true
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,6 +167,16 @@ impl<F: FnMut(&str) -> Flow> Hooks for TextOnly<F> {
     fn on_text(&mut self, piece: &str) -> Flow {
         (self.0)(piece)
     }
+
+    fn wants_logits(&self) -> bool {
+        false
+    }
+}
+
+/// What the next token is drawn from: the logits, or the token the device already picked.
+enum Next {
+    Logits(Vec<f32>),
+    Picked(u32),
 }
 
 /// [`generate`] with [`Hooks`]: a mask on the logits before each token is sampled (constrained
@@ -175,8 +191,11 @@ pub fn generate_with<B: Backend>(
     hooks: &mut dyn Hooks,
 ) -> Result<Generation> {
     let mut sampler = Sampler::new(params.sampler.clone())?;
+    // Greedy decoding whose hooks need no logits lets the device pick each token: on a GPU
+    // only the token comes back instead of the vocabulary's row of logits.
+    let device_picks = sampler.is_plain_greedy() && !hooks.wants_logits();
     let t0 = Instant::now();
-    let mut logits = prefill(model, state, prompt, params.prefill_chunk)?;
+    let mut next_from = Next::Logits(prefill(model, state, prompt, params.prefill_chunk)?);
     let prefill_time = t0.elapsed();
 
     let mut end_ids: Vec<u32> = tok.end_of_generation_ids().to_vec();
@@ -204,11 +223,22 @@ pub fn generate_with<B: Backend>(
         if hooks.cancelled() {
             break FinishReason::Cancelled;
         }
-        hooks.mask(&mut logits)?;
-        let next = sampler.sample(&mut logits, &history)?;
-        if hooks.on_token(next, &logits) == Flow::Stop {
-            break FinishReason::Cancelled;
-        }
+        let next = match &mut next_from {
+            Next::Logits(logits) => {
+                hooks.mask(logits)?;
+                let next = sampler.sample(logits, &history)?;
+                if hooks.on_token(next, logits) == Flow::Stop {
+                    break FinishReason::Cancelled;
+                }
+                next
+            }
+            Next::Picked(next) => {
+                if hooks.on_token(*next, &[]) == Flow::Stop {
+                    break FinishReason::Cancelled;
+                }
+                *next
+            }
+        };
         if end_ids.contains(&next) {
             break FinishReason::Stop;
         }
@@ -233,7 +263,11 @@ pub fn generate_with<B: Backend>(
         if model.state_len(state) >= limit {
             break FinishReason::ContextFull;
         }
-        logits = model.forward(state, &[next], Logits::Last)?;
+        next_from = if device_picks {
+            Next::Picked(model.forward_argmax(state, &[next])?)
+        } else {
+            Next::Logits(model.forward(state, &[next], Logits::Last)?)
+        };
     };
     if !stopped_by_string {
         // Flush what was held back: incomplete UTF-8 at the very end, and text that looked like

@@ -261,6 +261,10 @@ impl Hooks for JobHooks<'_> {
         Flow::Continue
     }
 
+    fn wants_logits(&self) -> bool {
+        self.constraint.is_some() || self.logprobs.is_some()
+    }
+
     fn cancelled(&self) -> bool {
         if self.cancel.load(Ordering::Relaxed) || self.closing.load(Ordering::Relaxed) {
             return true;

@@ -93,15 +93,16 @@ pub(crate) fn bench_27b(
     // The recurrence as three kernels per layer (conv, step, gated norm) instead of one: the
     // same arithmetic, so the same tokens.
     let fused = g.gpu().set_fuse_gdn(false);
-    let (v, toks) = decode(true, true, (false, 0, 0))?;
+    let unfused = decode(true, true, (false, 0, 0));
     g.gpu().set_fuse_gdn(fused);
+    let (v, toks) = unfused?;
     rep.check(
         toks == toks_serial,
         format!("{format}: decode tokens differ with the recurrence in three kernels"),
     );
     let _ = write!(variants, "; recurrence in three kernels: {v:.1}");
-    // The defaults (PDL, gemv1, separate norms, blocks per SM and shared memory by format as
-    // the plan chooses) last: every figure below uses them.
+    // The defaults (PDL, gemv1, separate norms, the recurrence in one kernel, blocks per SM and
+    // shared memory by format as the plan chooses) last: every figure below uses them.
     let (tg, toks) = decode(true, true, (false, 0, 0))?;
     variants.push_str(&format!("; defaults: {tg:.1}"));
     decode_variants.push(format!("{format}: {variants}"));

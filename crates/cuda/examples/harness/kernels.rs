@@ -376,8 +376,12 @@ pub(crate) fn gemv1_checks(
 }
 
 /// Microseconds one grid-wide barrier (`grid_barrier_rounds`) takes with `per_sm` resident
-/// blocks of 256 threads per multiprocessor: 2,000 barriers in one launch against none.
-pub(crate) fn barrier_us(gpu: &Gpu, per_sm: usize) -> R<f64> {
+/// blocks of 256 threads per multiprocessor: 2,000 barriers in one launch against none. `None`
+/// where that many blocks would not all be resident (the barrier would never open).
+pub(crate) fn barrier_us(gpu: &Gpu, per_sm: usize) -> R<Option<f64>> {
+    if gpu.blocks_per_sm("grid_barrier_rounds", 256, 0)? < per_sm {
+        return Ok(None);
+    }
     let s = &gpu.stream;
     let blocks = per_sm * gpu.info.multiprocessors.max(1) as usize;
     let count = gpu.alloc(4, "barrier count")?;
@@ -394,5 +398,5 @@ pub(crate) fn barrier_us(gpu: &Gpu, per_sm: usize) -> R<f64> {
         })?)
     };
     let (none, many) = (run(0)?, run(2000)?);
-    Ok((many - none) / 2000.0 * 1e6)
+    Ok(Some((many - none) / 2000.0 * 1e6))
 }

@@ -110,10 +110,14 @@ fn run(rep: &mut Report) -> R<()> {
     ));
     // What a persistent decode kernel would pay per dependence instead of a kernel boundary
     // (a decode step's small kernels take 0.7-1.8 µs each inside its graph).
+    let us = |per_sm| -> R<String> {
+        Ok(kernels::barrier_us(&gpu, per_sm)?
+            .map_or("— (not all resident)".into(), |v| format!("{v:.2} µs")))
+    };
     rep.line(format!(
-        "Grid-wide barrier (release add + acquire spin, every block resident): {:.2} µs with one block of 256 threads per multiprocessor, {:.2} µs with two",
-        kernels::barrier_us(&gpu, 1)?,
-        kernels::barrier_us(&gpu, 2)?
+        "Grid-wide barrier (release add + acquire spin, every block resident): {} with one block of 256 threads per multiprocessor, {} with two",
+        us(1)?,
+        us(2)?
     ));
     rep.line("");
     rep.line("## Kernels against the CPU reference");

@@ -212,8 +212,8 @@ pub(crate) fn kv_q8_checks(rep: &mut Report) -> R<()> {
 }
 
 /// The one-kernel recurrence of decode steps (`gdn_decode`) against the conv, step and gated
-/// norm kernels it replaces: logits bit for bit over calls of 20, 1, 5, 1, 2 and 1 tokens
-/// (odd and even passes move the conv state between its two buffers).
+/// norm kernels it replaces: logits bit for bit over calls of 20, 1, 1, 1, 5, 1, 1, 2, 1, 1, 1
+/// tokens (odd and even passes move the conv state between its two buffers).
 pub(crate) fn fused_recurrence(rep: &mut Report) -> R<()> {
     for (preset, vocab) in [(Preset::Tiny, 1000usize), (Preset::Small, 4096)] {
         let shape = preset.shape(vocab);
@@ -228,13 +228,16 @@ pub(crate) fn fused_recurrence(rep: &mut Report) -> R<()> {
             .collect();
         let run = |fused: bool| -> R<Vec<f32>> {
             let before = g.gpu().set_fuse_gdn(fused);
-            let mut st = g.new_state(256)?;
-            let mut out = Vec::new();
-            for c in &calls {
-                out.extend(g.forward(&mut st, c, Logits::Last)?);
-            }
+            let out = (|| -> R<Vec<f32>> {
+                let mut st = g.new_state(256)?;
+                let mut out = Vec::new();
+                for c in &calls {
+                    out.extend(g.forward(&mut st, c, Logits::Last)?);
+                }
+                Ok(out)
+            })();
             g.gpu().set_fuse_gdn(before);
-            Ok(out)
+            out
         };
         let (a, b) = (run(false)?, run(true)?);
         let differing = a

@@ -115,7 +115,8 @@ pub enum Head {
 }
 
 /// Which of a one-token pass's ops are merged into fewer kernels (multi-token passes keep
-/// them apart).
+/// them apart). The default merges nothing, the plain op list; what a device runs is
+/// `Gpu::fusion` (the recurrence merged unless turned off).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Fusion {
     /// Each norm folded into the GEMV that reads it ([`Op::NormGemv`]).
@@ -252,7 +253,13 @@ pub const GDN_STEP_ROWS: [usize; 3] = [32, 16, 8];
 /// For multi-token passes (H200, Q2_0 27B, 256-token passes: 154 → 139 µs per layer with 16,
 /// pp512 6310 → 6420 tok/s; 8 rows: 6060). One-token steps keep [`GDN_STEP_DECODE_ROWS`].
 pub const GDN_STEP_DEFAULT_ROWS: usize = 16;
+/// For one-token passes. `gdn_decode` (the recurrence in one kernel) keeps 32 rows per lane too,
+/// so that it and the separate kernels give the same bits.
 pub const GDN_STEP_DECODE_ROWS: usize = 32;
+const _: () = assert!(
+    GDN_STEP_DECODE_ROWS == 32,
+    "gdn_decode hard-codes 32 rows per lane"
+);
 
 /// The recurrent step's kernel for `rows` (one of [`GDN_STEP_ROWS`]).
 pub fn gdn_step_kernel(rows: usize) -> &'static str {
