@@ -309,6 +309,24 @@ pub fn serial_launches<T>(f: impl FnOnce() -> T) -> T {
     out
 }
 
+/// Blocks of `f` (kernel `name`, `threads` threads, `smem` bytes of dynamic shared memory) one
+/// multiprocessor holds at once.
+fn occupancy(f: &CudaFunction, name: &str, threads: usize, smem: usize) -> Result<usize> {
+    let mut n: std::ffi::c_int = 0;
+    // SAFETY: a function handle of this context; n outlives the call.
+    unsafe {
+        sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            &mut n,
+            f.cu_function(),
+            threads as i32,
+            smem,
+        )
+    }
+    .result()
+    .ctx(|| format!("occupancy of {name}"))?;
+    Ok(n.max(0) as usize)
+}
+
 /// Lets kernel `name` use `bytes` of dynamic shared memory per block (above the 48 KiB every
 /// kernel may use without asking).
 fn raise_dynamic_smem(f: &CudaFunction, name: &str, bytes: usize) -> Result<()> {
@@ -400,19 +418,7 @@ impl Gpu {
             if a.smem_bytes > 48 << 10 {
                 raise_dynamic_smem(&funcs[k], k, a.smem_bytes)?;
             }
-            let mut n: std::ffi::c_int = 0;
-            // SAFETY: a function handle of this context; n outlives the call.
-            unsafe {
-                sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                    &mut n,
-                    funcs[k].cu_function(),
-                    a.threads as i32,
-                    a.smem_bytes,
-                )
-            }
-            .result()
-            .ctx(|| format!("occupancy of {k}"))?;
-            attn_blocks_per_sm.insert(k, n.max(0) as usize);
+            attn_blocks_per_sm.insert(k, occupancy(&funcs[k], k, a.threads, a.smem_bytes)?);
         }
         if hopper {
             for k in compile::KERNELS.iter().filter(|k| k.starts_with("gemv1_")) {
@@ -1116,19 +1122,7 @@ impl Gpu {
             .funcs
             .get(kernel)
             .ok_or_else(|| CudaError::Unsupported(format!("no kernel named {kernel}")))?;
-        let mut n: std::ffi::c_int = 0;
-        // SAFETY: a function handle of this context; n outlives the call.
-        unsafe {
-            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                &mut n,
-                f.cu_function(),
-                threads as i32,
-                smem,
-            )
-        }
-        .result()
-        .ctx(|| format!("occupancy of {kernel}"))?;
-        Ok(n.max(0) as usize)
+        occupancy(f, kernel, threads, smem)
     }
 
     pub fn copy_bandwidth(&self, bytes: usize) -> Result<f64> {

@@ -655,13 +655,12 @@ impl CudaModel {
     /// Device address of a recurrent layer's conv / ssm state and an attention layer's K / V.
     fn conv_state(&self, st: &CudaState, l: usize) -> u64 {
         let d = &self.dims;
-        let per = 4 * 2 * (d.conv_kernel - 1) * d.conv_channels();
-        st.state.at(d.kind_index(l) * per)
+        st.state.at(d.kind_index(l) * StateBytes::conv_per_layer(d))
     }
     fn ssm_state(&self, st: &CudaState, l: usize) -> u64 {
         let d = &self.dims;
-        let per = 4 * d.value_heads * d.key_dim * d.value_dim;
-        st.state.at(st.bytes.conv + d.kind_index(l) * per)
+        st.state
+            .at(st.bytes.conv + d.kind_index(l) * StateBytes::ssm_per_layer(d))
     }
     /// Layer `l`'s K values, V values, K scales and V scales (the scales of a q8_0 cache).
     fn kv(&self, st: &CudaState, l: usize) -> [Arg; 4] {

@@ -223,22 +223,16 @@ pub fn generate_with<B: Backend>(
         if hooks.cancelled() {
             break FinishReason::Cancelled;
         }
-        let next = match &mut next_from {
+        let (next, seen): (u32, &[f32]) = match &mut next_from {
             Next::Logits(logits) => {
                 hooks.mask(logits)?;
-                let next = sampler.sample(logits, &history)?;
-                if hooks.on_token(next, logits) == Flow::Stop {
-                    break FinishReason::Cancelled;
-                }
-                next
+                (sampler.sample(logits, &history)?, logits)
             }
-            Next::Picked(next) => {
-                if hooks.on_token(*next, &[]) == Flow::Stop {
-                    break FinishReason::Cancelled;
-                }
-                *next
-            }
+            Next::Picked(next) => (*next, &[]),
         };
+        if hooks.on_token(next, seen) == Flow::Stop {
+            break FinishReason::Cancelled;
+        }
         if end_ids.contains(&next) {
             break FinishReason::Stop;
         }

@@ -1,7 +1,6 @@
 //! Turning logits into a token: penalties, greedy or seeded random sampling with temperature,
 //! top-k, top-p and min-p.
 
-use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
 use rand::{Rng, SeedableRng};
@@ -195,7 +194,7 @@ impl Sampler {
             .iter()
             .enumerate()
             .filter(|(_, v)| v.is_finite())
-            .map(|(i, &v)| Ranked(i as u32, v / t).key())
+            .map(|(i, &v)| rank_key(i as u32, v / t))
             .collect();
         let max = keys.iter().min().map(|&k| x(k as u32))?;
         let weight = |id: u32| (x(id) - max).exp();
@@ -257,37 +256,35 @@ impl Sampler {
             .iter()
             .enumerate()
             .filter(|(_, v)| v.is_finite())
-            .map(|(i, &v)| Ranked(i as u32, v / t));
-        let cand: Vec<Ranked> = if c.top_k > 0 {
+            .map(|(i, &v)| rank_key(i as u32, v / t));
+        let keys: Vec<u64> = if c.top_k > 0 {
             // Only the k best are kept: one pass with a heap of k, where sorting all 248k
             // candidates held a GPU decode step to 60 tok/s (10 ms per token on the host; the
             // heap: well under one). The rank order is total (ids are unique), so the k kept
             // are those a full sort would keep.
             let mut heap = BinaryHeap::with_capacity(c.top_k + 1);
-            for r in finite {
+            for k in finite {
                 if heap.len() < c.top_k {
-                    heap.push(r);
-                } else if heap.peek().is_some_and(|worst: &Ranked| r < *worst) {
+                    heap.push(k);
+                } else if heap.peek().is_some_and(|&worst| k < worst) {
                     heap.pop();
-                    heap.push(r);
+                    heap.push(k);
                 }
             }
-            let mut kept = heap.into_vec();
-            kept.sort();
-            kept
+            heap.into_sorted_vec()
         } else {
-            // Every candidate in rank order: sorted as integer keys (value, then id, packed in
-            // one u64 whose order is the rank order), several times faster than comparing pairs.
-            let mut keys: Vec<u64> = finite.map(Ranked::key).collect();
+            // Every candidate: integer keys sort several times faster than compared pairs.
+            let mut keys: Vec<u64> = finite.collect();
             keys.sort_unstable();
-            keys.into_iter()
-                .map(|k| {
-                    let id = k as u32;
-                    Ranked(id, logits[id as usize] / t)
-                })
-                .collect()
+            keys
         };
-        let mut cand: Vec<(u32, f32)> = cand.into_iter().map(|r| (r.0, r.1)).collect();
+        let mut cand: Vec<(u32, f32)> = keys
+            .into_iter()
+            .map(|k| {
+                let id = k as u32;
+                (id, logits[id as usize] / t)
+            })
+            .collect();
         let max = cand[0].1;
         let mut sum = 0f32;
         for x in cand.iter_mut() {
@@ -328,7 +325,7 @@ fn pick(probs: &[(u32, f32)], r: f32) -> Option<u32> {
     probs.last().map(|&(id, _)| id)
 }
 
-/// Rank keys (see [`Ranked::key`]) put in order from the front only as far as they are read:
+/// Rank keys (see [`rank_key`]) put in order from the front only as far as they are read:
 /// each time the ordered prefix runs out, the next block (4 times the last, from 64) is
 /// selected from the rest and sorted.
 struct RankedPrefix<'a> {
@@ -378,39 +375,14 @@ impl<'a> RankedPrefix<'a> {
     }
 }
 
-/// A candidate (id, scaled logit) ordered by rank: larger logits first, ties to the lower id.
-#[derive(Clone, Copy, Debug)]
-struct Ranked(u32, f32);
-
-impl Ranked {
-    /// A key whose ascending order is the rank order: the value's bits mapped so that integer
-    /// order is `total_cmp`'s, inverted (larger first), then the id.
-    fn key(self) -> u64 {
-        let b = self.1.to_bits();
-        let ordered = if b >> 31 == 1 { !b } else { b | 0x8000_0000 };
-        (u64::from(!ordered) << 32) | u64::from(self.0)
-    }
+/// A key whose ascending order is the rank order of candidate `id` with scaled logit `x`:
+/// larger values first (the bits mapped so that integer order is `total_cmp`'s, inverted), then
+/// the lower id.
+fn rank_key(id: u32, x: f32) -> u64 {
+    let b = x.to_bits();
+    let ordered = if b >> 31 == 1 { !b } else { b | 0x8000_0000 };
+    (u64::from(!ordered) << 32) | u64::from(id)
 }
-
-impl Ord for Ranked {
-    fn cmp(&self, other: &Self) -> Ordering {
-        other.1.total_cmp(&self.1).then(self.0.cmp(&other.0))
-    }
-}
-
-impl PartialOrd for Ranked {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl PartialEq for Ranked {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-
-impl Eq for Ranked {}
 
 #[cfg(test)]
 mod tests {

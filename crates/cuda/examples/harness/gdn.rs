@@ -67,62 +67,65 @@ pub(crate) fn gdn_chunk_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
         let run = |rows: Option<usize>| -> R<(Vec<f32>, Vec<f32>)> {
             let sd = gpu.upload(&state, "S")?;
             let o = gpu.alloc(4 * ntok * hv * dv, "o")?;
-            if rows.is_none() {
-                let n = ntok.div_ceil(plan::GDN_CHUNK);
-                gpu.launch_smem(
-                    s,
-                    "gdn_chunk_prep",
-                    (hv as u32, n as u32, 1),
-                    (256, 1, 1),
-                    plan::gdn_prep_smem(d) as u32,
-                    &[
-                        &common[..],
+            match rows {
+                None => {
+                    let n = ntok.div_ceil(plan::GDN_CHUNK);
+                    gpu.launch_smem(
+                        s,
+                        "gdn_chunk_prep",
+                        (hv as u32, n as u32, 1),
+                        (256, 1, 1),
+                        plan::gdn_prep_smem(d) as u32,
                         &[
-                            Arg::Ptr(a_d.ptr),
-                            Arg::Ptr(dt_d.ptr),
-                            Arg::Ptr(qk.ptr),
-                            Arg::Ptr(gb.ptr),
-                            Arg::I32(ntok as i32),
+                            &common[..],
+                            &[
+                                Arg::Ptr(a_d.ptr),
+                                Arg::Ptr(dt_d.ptr),
+                                Arg::Ptr(qk.ptr),
+                                Arg::Ptr(gb.ptr),
+                                Arg::I32(ntok as i32),
+                                Arg::Ptr(chunks.ptr),
+                            ],
+                        ]
+                        .concat(),
+                    )?;
+                    gpu.launch(
+                        s,
+                        "gdn_chunk_scan",
+                        (hv as u32, (dv / 32) as u32, 1),
+                        (256, 1, 1),
+                        &[
                             Arg::Ptr(chunks.ptr),
-                        ],
-                    ]
-                    .concat(),
-                )?;
-                gpu.launch(
-                    s,
-                    "gdn_chunk_scan",
-                    (hv as u32, (dv / 32) as u32, 1),
-                    (256, 1, 1),
-                    &[
-                        Arg::Ptr(chunks.ptr),
-                        Arg::I32(n as i32),
-                        Arg::Ptr(qk.ptr),
-                        Arg::I32(ntok as i32),
-                        Arg::Ptr(sd.ptr),
-                        Arg::Ptr(o.ptr),
-                    ],
-                )?;
-            } else if let Some(rows) = rows {
-                gpu.launch(
-                    s,
-                    plan::gdn_step_kernel(rows),
-                    plan::gdn_step_grid(d, rows),
-                    (32, 4, 1),
-                    &[
-                        &common[..],
-                        &[
-                            Arg::I32(hv as i32),
-                            Arg::I32(ntok as i32),
-                            Arg::Ptr(a_d.ptr),
-                            Arg::Ptr(dt_d.ptr),
+                            Arg::I32(n as i32),
                             Arg::Ptr(qk.ptr),
-                            Arg::Ptr(gb.ptr),
+                            Arg::I32(ntok as i32),
                             Arg::Ptr(sd.ptr),
                             Arg::Ptr(o.ptr),
                         ],
-                    ]
-                    .concat(),
-                )?;
+                    )?;
+                }
+                Some(rows) => {
+                    gpu.launch(
+                        s,
+                        plan::gdn_step_kernel(rows),
+                        plan::gdn_step_grid(d, rows),
+                        (32, 4, 1),
+                        &[
+                            &common[..],
+                            &[
+                                Arg::I32(hv as i32),
+                                Arg::I32(ntok as i32),
+                                Arg::Ptr(a_d.ptr),
+                                Arg::Ptr(dt_d.ptr),
+                                Arg::Ptr(qk.ptr),
+                                Arg::Ptr(gb.ptr),
+                                Arg::Ptr(sd.ptr),
+                                Arg::Ptr(o.ptr),
+                            ],
+                        ]
+                        .concat(),
+                    )?;
+                }
             }
             let mut out = vec![0f32; ntok * hv * dv];
             let mut st = vec![0f32; hv * dk * dv];

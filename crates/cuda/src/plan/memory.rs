@@ -35,10 +35,9 @@ impl KvCache {
 /// Bytes of the per-sequence state for a context of `ctx` tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StateBytes {
-    /// Conv state: `[recurrent layers][2][kernel − 1][channels]` f32: two buffers per layer, the
-    /// current one at the parity of the position (kernels/gdn.cu, `gdn_decode`).
+    /// Conv state: `[recurrent layers]` of [`StateBytes::conv_per_layer`].
     pub conv: usize,
-    /// Recurrent state: `[recurrent layers][value heads][key dim][value dim]` f32.
+    /// Recurrent state: `[recurrent layers]` of [`StateBytes::ssm_per_layer`].
     pub ssm: usize,
     /// K and V caches, from [`StateBytes::kv_offset`]: the values `[attention layers][ctx][kv
     /// heads][head dim]` of K then of V, then (q8_0) their scales `[layers][ctx][kv heads][head
@@ -51,14 +50,25 @@ pub struct StateBytes {
 }
 
 impl StateBytes {
+    /// Bytes of one recurrent layer's conv state: two buffers of `[kernel − 1][channels]` f32,
+    /// the current one at the parity of the position (kernels/gdn.cu, `gdn_decode`).
+    pub fn conv_per_layer(d: &Dims) -> usize {
+        4 * 2 * (d.conv_kernel - 1) * d.conv_channels()
+    }
+
+    /// Bytes of one recurrent layer's state, `[value heads][key dim][value dim]` f32.
+    pub fn ssm_per_layer(d: &Dims) -> usize {
+        4 * d.value_heads * d.key_dim * d.value_dim
+    }
+
     pub fn new(d: &Dims, ctx: usize, kv_cache: KvCache) -> StateBytes {
         let g = d.n_recurrent();
         let rows = ctx * d.n_head_kv;
         let kv_values = rows * d.head_dim * kv_cache.value_bytes();
         let kv_scales = rows * kv_cache.scale_bytes(d.head_dim);
         StateBytes {
-            conv: 4 * g * 2 * (d.conv_kernel - 1) * d.conv_channels(),
-            ssm: 4 * g * d.value_heads * d.key_dim * d.value_dim,
+            conv: g * Self::conv_per_layer(d),
+            ssm: g * Self::ssm_per_layer(d),
             kv: 2 * d.n_attention() * (kv_values + kv_scales),
             kv_cache,
             kv_values,
