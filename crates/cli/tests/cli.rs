@@ -26,6 +26,24 @@ fn synth(dir: &Path, name: &str, format: &str) -> PathBuf {
     path
 }
 
+/// Four greedy tokens from `m` on the CPU; the text printed.
+fn greedy_few(m: &Path) -> String {
+    stdout(
+        niwaki()
+            .args([
+                "run",
+                "--temperature",
+                "0",
+                "-n",
+                "4",
+                "--prompt",
+                "hi",
+                "--model",
+            ])
+            .arg(m),
+    )
+}
+
 fn stdout(cmd: &mut Command) -> String {
     let out = cmd.assert().success().get_output().stdout.clone();
     String::from_utf8(out).unwrap()
@@ -344,20 +362,7 @@ fn quantize_repacks_and_the_result_still_runs() {
         .success();
     let info = stdout(niwaki().args(["info", "--model"]).arg(&out));
     assert!(info.contains("Q2_0_g128"), "{info}");
-    niwaki()
-        .args([
-            "run",
-            "--temperature",
-            "0",
-            "-n",
-            "4",
-            "--prompt",
-            "hi",
-            "--model",
-        ])
-        .arg(&out)
-        .assert()
-        .success();
+    greedy_few(&out);
 }
 
 #[test]
@@ -374,4 +379,31 @@ fn chat_answers_over_stdin_and_exits() {
         .clone();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.matches("generated:").count(), 2, "{err}");
+}
+
+#[test]
+fn synth_marks_a_model_hadamard_folded_where_its_widths_allow() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.gguf");
+    let synth_rot = |preset: &str| {
+        let mut c = niwaki();
+        c.args([
+            "synth",
+            "--preset",
+            preset,
+            "--format",
+            "Q2_0",
+            "--hadamard",
+            "--model",
+        ])
+        .arg(&path);
+        c
+    };
+    let msg = failure(&mut synth_rot("tiny"));
+    assert!(msg.contains("multiples of 1024"), "{msg}");
+    synth_rot("small").assert().success();
+    let info = stdout(niwaki().args(["info", "--model"]).arg(&path));
+    assert!(info.contains("hadamard:      yes"), "{info}");
+    // The CPU engine runs it (rotating on the fly).
+    assert!(!greedy_few(&path).is_empty());
 }

@@ -52,6 +52,45 @@ __device__ __forceinline__ void quant128(float4 v, int base, int* xq_tok, float2
     if ((lane & 15) == 0) xs_tok[base / 64 + (lane >> 4)] = make_float2(d, __fmul_rn(d, (float)s));
 }
 
+// Hadamard rotation R·v of the 1024 values a block of 256 threads holds (warp w, lane l: values
+// 128w + 4l .. +3), for Ternary-Bonsai-2's folded matrices: the sign vector's share `signs`, a
+// fast Walsh-Hadamard transform in natural order, then 1/32. Every stage forms a + b for the
+// lower element and a - b for the upper, in the order of model::hadamard::fwht, and the scale is
+// exact: the same bits as the CPU. Every thread of the block must call it (it synchronizes).
+__device__ __forceinline__ float4 rot1024(float4 v, const float* __restrict__ signs, float* sm) {
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    const float4 s = *(const float4*)(signs + 128 * w + 4 * l);
+    v.x *= s.x; v.y *= s.y; v.z *= s.z; v.w *= s.w;
+    // Distances 1 and 2 inside the thread.
+    const float a = v.x + v.y, b = v.x - v.y, c = v.z + v.w, d = v.z - v.w;
+    v = make_float4(a + c, b + d, a - c, b - d);
+    // Distances 4..64: the partner is lane l ^ m, same slot.
+    auto mix = [](float4 mine, float4 p, bool upper) {
+        return upper ? make_float4(p.x - mine.x, p.y - mine.y, p.z - mine.z, p.w - mine.w)
+                     : make_float4(mine.x + p.x, mine.y + p.y, mine.z + p.z, mine.w + p.w);
+    };
+#pragma unroll
+    for (int m = 1; m <= 16; m <<= 1) {
+        float4 p;
+        p.x = __shfl_xor_sync(0xffffffffu, v.x, m);
+        p.y = __shfl_xor_sync(0xffffffffu, v.y, m);
+        p.z = __shfl_xor_sync(0xffffffffu, v.z, m);
+        p.w = __shfl_xor_sync(0xffffffffu, v.w, m);
+        v = mix(v, p, l & m);
+    }
+    // Distances 128..512: the partner is warp w ^ m.
+    float4* s4 = (float4*)sm;
+#pragma unroll
+    for (int m = 1; m <= 4; m <<= 1) {
+        __syncthreads();
+        s4[threadIdx.x] = v;
+        __syncthreads();
+        v = mix(v, s4[(w ^ m) * 32 + l], w & m);
+    }
+    const float n = 0.03125f;
+    return make_float4(v.x * n, v.y * n, v.z * n, v.w * n);
+}
+
 // RMS norm of residual rows tok0.. then quantize, block 256, grid (B, ntok): each of a token's
 // B blocks sums the squares of the whole row, then quantizes the 1024-value shares k ≡ b (mod B).
 // Thread i's values (4 at 4i + 1024k) stay in registers from the sum to the quantization (up to
@@ -64,8 +103,9 @@ __device__ __forceinline__ void quant128(float4 v, int base, int* xq_tok, float2
 extern "C" __global__ void __launch_bounds__(256) quant_rms(const float* __restrict__ x, int cols, int tok0,
                                                             const float* __restrict__ w, float eps,
                                                             int* __restrict__ xq, float2* __restrict__ xs,
-                                                            u16* __restrict__ xh) {
+                                                            u16* __restrict__ xh, const float* __restrict__ signs) {
     __shared__ float red[32];
+    __shared__ float4 rot[256];
     const int t = blockIdx.y, i0 = threadIdx.x * 4, b = blockIdx.x, nb = gridDim.x;
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     auto mine = [&](int k) { return k % nb == b && i0 + 1024 * k < cols; };
@@ -95,6 +135,9 @@ extern "C" __global__ void __launch_bounds__(256) quant_rms(const float* __restr
     const int warp_base = (threadIdx.x >> 5) * 128;
     auto put = [&](int k, float4 u, float4 gk) {
         u.x = u.x * scale * gk.x; u.y = u.y * scale * gk.y; u.z = u.z * scale * gk.z; u.w = u.w * scale * gk.w;
+        // Rotated rows are whole 1024-value shares (their widths are multiples of 1024), so
+        // every thread of the block takes part.
+        if (signs) u = rot1024(u, signs + 1024 * k, (float*)rot);
         quant128(u, warp_base + 1024 * k, xq_t, xs_t, xh_t);
     };
     // Whole warps of 128 values: cols is a multiple of 128.
@@ -106,8 +149,11 @@ extern "C" __global__ void __launch_bounds__(256) quant_rms(const float* __restr
 }
 
 // silu(gate) * up from the stacked gate|up projection. grid (ceil(ffn/1024), ntok), block 256.
+// With `signs` (ffn a multiple of 1024), each block's 1024 values are Hadamard-rotated first.
 extern "C" __global__ void quant_swiglu(const float* __restrict__ gu, int stride, int ffn,
-                                        int* __restrict__ xq, float2* __restrict__ xs, u16* __restrict__ xh) {
+                                        int* __restrict__ xq, float2* __restrict__ xs, u16* __restrict__ xh,
+                                        const float* __restrict__ signs) {
+    __shared__ float4 rot[256];
     PDL_ENTRY();
     const int t = blockIdx.y;
     const int base = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 128;
@@ -117,6 +163,7 @@ extern "C" __global__ void quant_swiglu(const float* __restrict__ gu, int stride
     float4 a = *(const float4*)(g + i);
     float4 u = *(const float4*)(g + ffn + i);
     float4 v = make_float4(siluf_(a.x) * u.x, siluf_(a.y) * u.y, siluf_(a.z) * u.z, siluf_(a.w) * u.w);
+    if (signs) v = rot1024(v, signs + 1024 * blockIdx.x, (float*)rot);
     quant128(v, base, xq + (size_t)t * ffn / 4, xs + (size_t)t * ffn / 64, xh ? xh + (size_t)t * ffn : nullptr);
 }
 
@@ -133,10 +180,14 @@ __device__ __forceinline__ float4 gated_norm(float4 v, float4 z, float4 g, float
 }
 
 // Gated delta net output: per-head RMS norm * ssm_norm * silu(z), one warp per 128-wide head.
-// grid (ceil(HV/8), ntok), block 256.
+// grid (ceil(HV/8), ntok), block 256. With `signs` (HV·DV a multiple of 1024), each block's 1024
+// values are Hadamard-rotated first, and with `grouped` the heads are first put in grouped order
+// (output head r + (HV/HK)·k is value head k + HK·r).
 extern "C" __global__ void quant_gated(const float* __restrict__ o, const float* __restrict__ proj,
                                        int stride, int zoff, const float* __restrict__ w, float eps,
-                                       int* __restrict__ xq, float2* __restrict__ xs, u16* __restrict__ xh) {
+                                       int* __restrict__ xq, float2* __restrict__ xs, u16* __restrict__ xh,
+                                       const float* __restrict__ signs, int grouped) {
+    __shared__ float4 rot[256];
     const int lane = threadIdx.x & 31;
     // The norm's weights are constant: read before waiting for the previous kernel.
     const float4 g = *(const float4*)(w + lane * 4);
@@ -144,22 +195,29 @@ extern "C" __global__ void quant_gated(const float* __restrict__ o, const float*
     const int t = blockIdx.y;
     const int head = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (head >= HV) return;
+    constexpr int PER_KEY = HV / HK;
+    const int src = grouped ? head / PER_KEY + HK * (head % PER_KEY) : head;
     const int base = head * DV;
-    const int i = base + lane * 4;
-    const float4 v = gated_norm(*(const float4*)(o + (size_t)t * HV * DV + i),
-                                *(const float4*)(proj + (size_t)t * stride + zoff + i), g, eps);
+    const int i = src * DV + lane * 4;
+    float4 v = gated_norm(*(const float4*)(o + (size_t)t * HV * DV + i),
+                          *(const float4*)(proj + (size_t)t * stride + zoff + i), g, eps);
+    if (signs) v = rot1024(v, signs + 1024 * blockIdx.x, (float*)rot);
     quant128(v, base, xq + (size_t)t * HV * DV / 4, xs + (size_t)t * HV * DV / 64,
              xh ? xh + (size_t)t * HV * DV : nullptr);
 }
 
 // Plain quantization (harness use). grid (ceil(cols/1024), ntok), block 256.
+// With `signs` (cols a multiple of 1024), each block's 1024 values are Hadamard-rotated first.
 extern "C" __global__ void quant_plain(const float* __restrict__ x, int cols,
-                                       int* __restrict__ xq, float2* __restrict__ xs, u16* __restrict__ xh) {
+                                       int* __restrict__ xq, float2* __restrict__ xs, u16* __restrict__ xh,
+                                       const float* __restrict__ signs) {
+    __shared__ float4 rot[256];
     PDL_ENTRY();
     const int t = blockIdx.y;
     const int base = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 128;
     if (base >= cols) return;
     float4 v = *(const float4*)(x + (size_t)t * cols + base + (threadIdx.x & 31) * 4);
+    if (signs) v = rot1024(v, signs + 1024 * blockIdx.x, (float*)rot);
     quant128(v, base, xq + (size_t)t * cols / 4, xs + (size_t)t * cols / 64, xh ? xh + (size_t)t * cols : nullptr);
 }
 

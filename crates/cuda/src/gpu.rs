@@ -806,6 +806,23 @@ impl Gpu {
         xs: u64,
         xh: Option<u64>,
     ) -> Result<()> {
+        self.quantize_rotated(stream, x, cols, ntok, xq, xs, xh, None)
+    }
+
+    /// [`Gpu::quantize`], each 1024 values Hadamard-rotated first with `signs` (a device vector
+    /// of `cols` ±1; `cols` a multiple of [`plan::ROT_BLOCK`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn quantize_rotated(
+        &self,
+        stream: &CudaStream,
+        x: u64,
+        cols: usize,
+        ntok: usize,
+        xq: u64,
+        xs: u64,
+        xh: Option<u64>,
+        signs: Option<u64>,
+    ) -> Result<()> {
         self.launch(
             stream,
             "quant_plain",
@@ -817,6 +834,7 @@ impl Gpu {
                 Arg::Ptr(xq),
                 Arg::Ptr(xs),
                 Arg::Ptr(xh.unwrap_or(0)),
+                Arg::Ptr(signs.unwrap_or(0)),
             ],
         )
     }

@@ -23,6 +23,8 @@ const EMBED_PARALLEL_MIN: usize = 16;
 
 struct GdnW {
     inp: DevMat,
+    /// α | β apart from qkv | z when only one of the two reads the input rotated.
+    ab: Option<Box<DevMat>>,
     out: DevMat,
     conv: DevBuf,
     dt_bias: DevBuf,
@@ -66,6 +68,10 @@ pub struct CudaModel {
     pub kv_cache: KvCache,
     /// Each matrix and the one a decode step multiplies by next (for the L2 prefetch).
     next_mat: Vec<(Mat, Mat)>,
+    /// Ternary-Bonsai-2's rotation: embedding rows are un-rotated on lookup, and the sign
+    /// vectors of the rotated activations, by width.
+    hadamard: Option<model::hadamard::Hadamard>,
+    signs: Vec<(usize, DevBuf)>,
 }
 
 /// One sequence on the GPU: recurrent state, KV cache (f16 or q8_0) sized for `ctx` tokens, scratch
@@ -146,12 +152,11 @@ fn packed(file: &Gguf, name: &str) -> Result<(String, Format, Packed)> {
 impl CudaModel {
     /// Compiles the kernels for this model's shapes and uploads its weights.
     pub fn load(m: &Model) -> Result<CudaModel> {
-        if m.hadamard().is_some() {
-            return Err(CudaError::Unsupported(
-                "Hadamard-rotated weights (prism.hadamard.*) have no GPU path yet".into(),
-            ));
+        let mut dims = Dims::from_config(&m.config)?;
+        if let Some(hd) = m.hadamard() {
+            dims.rotation = plan::Rotation::from_hadamard(hd, &dims)?;
         }
-        let dims = Dims::from_config(&m.config)?;
+        let rot = dims.rotation;
         let gpu = Arc::new(Gpu::new(&dims)?);
         let file = m.file().clone();
         let f = &*file;
@@ -169,6 +174,21 @@ impl CudaModel {
         for (il, kind) in dims.layers.iter().enumerate() {
             let n = |s: &str| format!("blk.{il}.{s}");
             let mix = match kind {
+                LayerKind::Recurrent if rot.split_gdn_in() => MixW::Gdn(GdnW {
+                    inp: up(vec![
+                        packed(f, &n("attn_qkv.weight"))?,
+                        packed(f, &n("attn_gate.weight"))?,
+                    ])?,
+                    ab: Some(Box::new(up(vec![
+                        packed(f, &n("ssm_alpha.weight"))?,
+                        packed(f, &n("ssm_beta.weight"))?,
+                    ])?)),
+                    out: up(vec![packed(f, &n("ssm_out.weight"))?])?,
+                    conv: gpu.upload(&vector(f, &n("ssm_conv1d.weight"))?, "conv")?,
+                    dt_bias: gpu.upload(&vector(f, &n("ssm_dt.bias"))?, "dt")?,
+                    a: gpu.upload(&vector(f, &n("ssm_a"))?, "a")?,
+                    norm: gpu.upload(&vector(f, &n("ssm_norm.weight"))?, "norm")?,
+                }),
                 LayerKind::Recurrent => MixW::Gdn(GdnW {
                     inp: up(vec![
                         packed(f, &n("attn_qkv.weight"))?,
@@ -176,6 +196,7 @@ impl CudaModel {
                         packed(f, &n("ssm_alpha.weight"))?,
                         packed(f, &n("ssm_beta.weight"))?,
                     ])?,
+                    ab: None,
                     out: up(vec![packed(f, &n("ssm_out.weight"))?])?,
                     conv: gpu.upload(&vector(f, &n("ssm_conv1d.weight"))?, "conv")?,
                     dt_bias: gpu.upload(&vector(f, &n("ssm_dt.bias"))?, "dt")?,
@@ -210,6 +231,19 @@ impl CudaModel {
             .tensor("token_embd.weight")
             .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?
             .format();
+        let mut signs = Vec::new();
+        if let Some(hd) = m.hadamard() {
+            for w in [
+                dims.hidden,
+                dims.ffn,
+                dims.gdn_inner(),
+                dims.n_head * dims.head_dim,
+            ] {
+                if let (Some(v), false) = (hd.signs(w), signs.iter().any(|(x, _)| *x == w)) {
+                    signs.push((w, gpu.upload(v, "hadamard signs")?));
+                }
+            }
+        }
         gpu.stream.synchronize().ctx(|| "weight upload".into())?;
         // Fusion merges only small ops: the matrices come in the same order either way.
         let next_mat = plan::next_matrices(&forward_ops(
@@ -231,6 +265,8 @@ impl CudaModel {
             use_graphs: true,
             kv_cache: KvCache::F16,
             next_mat,
+            hadamard: m.hadamard().cloned(),
+            signs,
         })
     }
 
@@ -410,12 +446,16 @@ impl CudaModel {
                 },
             )?;
             quant::dequantize(self.embd_format, row, out).map_err(|source| {
-                ModelError::Decode {
+                CudaError::from(ModelError::Decode {
                     name: "token_embd.weight".into(),
                     source,
-                }
-                .into()
-            })
+                })
+            })?;
+            // Ternary-Bonsai-2 stores the embedding rotated.
+            if let Some(hd) = &self.hadamard {
+                hd.unrotate_embedding(out);
+            }
+            Ok(())
         };
         let x = &mut x[..tokens.len() * e];
         if tokens.len() >= EMBED_PARALLEL_MIN {
@@ -558,14 +598,15 @@ impl CudaModel {
             Mat::Output => &self.output,
             Mat::FfnIn(l) => &self.layers[l].ffn_in,
             Mat::FfnDown(l) => &self.layers[l].ffn_down,
-            Mat::GdnIn(l) | Mat::GdnOut(l) => match &self.layers[l].mix {
-                MixW::Gdn(g) => {
-                    if matches!(m, Mat::GdnIn(_)) {
-                        &g.inp
-                    } else {
-                        &g.out
-                    }
-                }
+            Mat::GdnIn(l) | Mat::GdnOut(l) | Mat::GdnAb(l) => match &self.layers[l].mix {
+                MixW::Gdn(g) => match m {
+                    Mat::GdnIn(_) => &g.inp,
+                    Mat::GdnAb(_) => g
+                        .ab
+                        .as_deref()
+                        .expect("the plan splits alpha | beta only where they were uploaded apart"),
+                    _ => &g.out,
+                },
                 MixW::Attn(_) => unreachable!("layer {l} is not recurrent"),
             },
             Mat::AttnIn(l) | Mat::AttnOut(l) => match &self.layers[l].mix {
@@ -589,10 +630,34 @@ impl CudaModel {
         }
     }
 
+    /// The device sign vector for rotating a `width`-wide activation when `rot`, else 0 (the
+    /// kernels' "no rotation").
+    fn signs_if(&self, rot: bool, width: usize) -> Result<u64> {
+        if !rot {
+            return Ok(0);
+        }
+        self.signs
+            .iter()
+            .find(|(w, _)| *w == width)
+            .map(|(_, b)| b.ptr)
+            .ok_or_else(|| {
+                CudaError::Unsupported(format!("no Hadamard sign vector of width {width}"))
+            })
+    }
+
     /// A GEMV of `ntok` tokens from the scratch activations to `out`.
     fn gemv_io(&self, st: &CudaState, mat: Mat, ntok: usize, out: Out) -> GemvIo {
         let m = self.mat(mat);
         let (out, out_stride, accumulate, argmax) = match out {
+            // α | β uploaded apart go to their rows of the stacked projection.
+            Out::Proj if matches!(mat, Mat::GdnAb(_)) => {
+                let d = &self.dims;
+                let at = d.gdn_in_rows() - 2 * d.value_heads;
+                (st.s("proj") + 4 * at as u64, d.gdn_in_rows(), false, None)
+            }
+            Out::Proj if matches!(mat, Mat::GdnIn(_)) => {
+                (st.s("proj"), self.dims.gdn_in_rows(), false, None)
+            }
             Out::Proj => (st.s("proj"), m.rows, false, None),
             Out::Residual => (st.s("x"), self.dims.hidden, true, None),
             Out::Logits { argmax } => (
@@ -700,7 +765,12 @@ impl CudaModel {
         let xh = |ntok: usize| g.wants_f16_acts(ntok).then(|| st.s("xh"));
         let (proj, pos) = (st.s("proj"), st.s("pos"));
         match *op {
-            Op::NormQuant { norm, tok0, ntok } => {
+            Op::NormQuant {
+                norm,
+                tok0,
+                ntok,
+                rot,
+            } => {
                 let w = self.norm_weight(norm);
                 g.launch(
                     s,
@@ -725,6 +795,7 @@ impl CudaModel {
                         Arg::Ptr(xq),
                         Arg::Ptr(xs),
                         Arg::Ptr(xh(ntok).unwrap_or(0)),
+                        Arg::Ptr(self.signs_if(rot, e)?),
                     ],
                 )
             }
@@ -757,6 +828,7 @@ impl CudaModel {
                         norm,
                         tok0,
                         ntok: 1,
+                        rot: false,
                     },
                 )?;
                 self.exec(st, &Op::Gemv { mat, ntok: 1, out })
@@ -903,6 +975,8 @@ impl CudaModel {
                     Arg::Ptr(xq),
                     Arg::Ptr(xs),
                     Arg::Ptr(xh(ntok).unwrap_or(0)),
+                    Arg::Ptr(self.signs_if(d.rotation.gdn_out, d.gdn_inner())?),
+                    Arg::I32(i32::from(d.rotation.gdn_out && d.rotation.gdn_v_grouped)),
                 ],
             ),
             Op::AttnPrep { layer, ntok } => {
@@ -976,15 +1050,20 @@ impl CudaModel {
                     ],
                 )
             }
-            Op::PlainQuant { ntok } => g.quantize(
-                s,
-                st.s("attn"),
-                d.n_head * d.head_dim,
-                ntok,
-                xq,
-                xs,
-                xh(ntok),
-            ),
+            Op::PlainQuant { ntok } => {
+                let w = d.n_head * d.head_dim;
+                let signs = self.signs_if(d.rotation.attn_out, w)?;
+                g.quantize_rotated(
+                    s,
+                    st.s("attn"),
+                    w,
+                    ntok,
+                    xq,
+                    xs,
+                    xh(ntok),
+                    (signs != 0).then_some(signs),
+                )
+            }
             Op::SwigluQuant { ntok } => g.launch(
                 s,
                 "quant_swiglu",
@@ -997,6 +1076,7 @@ impl CudaModel {
                     Arg::Ptr(xq),
                     Arg::Ptr(xs),
                     Arg::Ptr(xh(ntok).unwrap_or(0)),
+                    Arg::Ptr(self.signs_if(d.rotation.ffn_down, d.ffn)?),
                 ],
             ),
             Op::ResetArgmax { ntok } => g.launch(

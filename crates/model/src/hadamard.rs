@@ -148,6 +148,26 @@ impl Hadamard {
         self.folded.contains(m.name())
     }
 
+    /// Whether the tensor `name` is stored folded (reads rotated input).
+    pub fn folds(&self, name: &str) -> bool {
+        self.folded.contains(name)
+    }
+
+    /// Values per transform block.
+    pub fn block(&self) -> usize {
+        self.block
+    }
+
+    /// The sign vector of an input width, if the file has one.
+    pub fn signs(&self, width: usize) -> Option<&[f32]> {
+        self.signs.get(&width).map(Vec::as_slice)
+    }
+
+    /// Whether ssm_out's input goes from tiled to grouped value-head order before rotating.
+    pub fn gdn_v_grouped(&self) -> bool {
+        self.gdn_v_grouped
+    }
+
     /// Checks at load that every folded matrix has a sign vector for its input width.
     pub fn check_matrix(&self, m: &Matrix) -> Result<()> {
         if self.is_folded(m) && !self.signs.contains_key(&m.cols) {

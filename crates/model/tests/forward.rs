@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use gguf::{Gguf, GgufWriter, Value};
-use model::synth::{self, Preset, Role, Shape, TensorSpec};
+use model::synth::{self, Preset, Shape, TensorSpec};
 use model::{Kernels, Logits, Model, ModelError};
 use quant::Format;
 
@@ -236,113 +236,16 @@ fn missing_hyperparameter_is_named() {
 
 // ---- Hadamard rotation -------------------------------------------------------------------
 
-/// R·x per 1024-block: signs, FWHT, 1/32.
-fn rotate(x: &[f32], signs: &[f32]) -> Vec<f32> {
-    let mut v: Vec<f32> = x.iter().zip(signs).map(|(a, s)| a * s).collect();
-    for b in v.chunks_mut(1024) {
-        model::hadamard::fwht(b);
-        b.iter_mut().for_each(|x| *x /= 32.0);
-    }
-    v
-}
-
-/// The spec's tiled→grouped value-head order, written out for this test's shape.
-fn tiled_to_grouped(x: &[f32], key_heads: usize, per_key: usize, d: usize) -> Vec<f32> {
-    let mut out = vec![0f32; x.len()];
-    for k in 0..key_heads {
-        for r in 0..per_key {
-            out[(r + per_key * k) * d..(r + per_key * k + 1) * d]
-                .copy_from_slice(&x[(k + key_heads * r) * d..(k + key_heads * r + 1) * d]);
-        }
-    }
-    out
-}
-
 #[test]
 fn folded_hadamard_rotation_leaves_logits_unchanged() {
-    use rand::{Rng, SeedableRng};
     let shape = Preset::Small.shape(VOCAB);
     let plain = synth::random_f32_tensors(&shape, Format::F32, 9);
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(10);
-    let widths = [shape.hidden, shape.ffn];
-    let signs: Vec<Vec<f32>> = widths
-        .iter()
-        .map(|&w| (0..w).map(|_| if rng.gen() { 1.0 } else { -1.0 }).collect())
-        .collect();
-    let sign_for = |w: usize| &signs[widths.iter().position(|&x| x == w).unwrap()];
-    let folded_suffixes = [
-        "attn_qkv.weight",
-        "attn_gate.weight",
-        "ssm_out.weight",
-        "attn_q.weight",
-        "attn_k.weight",
-        "attn_v.weight",
-        "attn_output.weight",
-        "ffn_gate.weight",
-        "ffn_up.weight",
-        "ffn_down.weight",
-    ];
-    let mut folded_names = vec!["output.weight".to_string()];
-    let rotated: Vec<(TensorSpec, Vec<f32>)> = plain
-        .iter()
-        .map(|(spec, v)| {
-            let cols = spec.dims[0] as usize;
-            let is_folded = spec.name == "output.weight"
-                || folded_suffixes.iter().any(|s| spec.name.ends_with(s));
-            let out = if spec.name == "token_embd.weight" {
-                v.chunks(cols)
-                    .flat_map(|row| rotate(row, sign_for(cols)))
-                    .collect()
-            } else if is_folded && spec.role == Role::Matrix {
-                if spec.name != "output.weight" {
-                    folded_names.push(spec.name.clone());
-                }
-                v.chunks(cols)
-                    .flat_map(|row| {
-                        let row = if spec.name.ends_with("ssm_out.weight") {
-                            tiled_to_grouped(
-                                row,
-                                shape.gdn_key_heads,
-                                shape.gdn_value_heads / shape.gdn_key_heads,
-                                shape.gdn_value_dim,
-                            )
-                        } else {
-                            row.to_vec()
-                        };
-                        rotate(&row, sign_for(cols))
-                    })
-                    .collect()
-            } else {
-                v.clone()
-            };
-            (spec.clone(), out)
-        })
-        .collect();
+    let signs = synth::hadamard::signs(&shape, 10).unwrap();
+    let rotated = synth::hadamard::fold(&shape, &plain, &signs);
 
     let base = open(&synth::writer_from_f32(&shape, &plain, Format::F32, "plain").unwrap());
     let mut w = synth::writer_from_f32(&shape, &rotated, Format::F32, "rotated").unwrap();
-    let k = |s: &str| format!("prism.hadamard.{s}");
-    w.set(&k("version"), Value::U32(1))
-        .set(&k("block_size"), Value::U32(1024))
-        .set(
-            &k("transform"),
-            Value::String("normalized-sylvester-walsh-hadamard".into()),
-        )
-        .set(&k("sign_mode"), Value::String("explicit".into()))
-        .set(
-            &k("sign_widths"),
-            Value::i32s(widths.iter().map(|&w| w as i32)),
-        )
-        .set(
-            &k("sign_values"),
-            Value::i32s(signs.iter().flatten().map(|&s| s as i32)),
-        )
-        .set(&k("weight_names"), Value::strings(folded_names))
-        .set(
-            &k("inverse_weight_names"),
-            Value::strings(["token_embd.weight"]),
-        )
-        .set(&k("gdn_v_grouped"), Value::Bool(true));
+    synth::hadamard::write_metadata(&mut w, &shape, &signs);
     let rot = open(&w);
     assert!(rot.hadamard().is_some());
 

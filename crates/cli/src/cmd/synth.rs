@@ -26,6 +26,11 @@ pub struct Args {
     pub tokenizer: Option<PathBuf>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Mark the matrices as Hadamard-folded the way Ternary-Bonsai-2 stores them (random signs;
+    /// random weights stand for folded ones equally well): for running and timing that path.
+    /// Needs widths that are multiples of 1024 (small, 27b).
+    #[arg(long)]
+    pub hadamard: bool,
 }
 
 /// Writes (once) a tiny random Q1_0 model with a byte-level tokenizer under the system temp
@@ -43,6 +48,7 @@ pub fn demo_model() -> Result<PathBuf> {
             model: path.with_extension("partial"),
             tokenizer: None,
             seed: 0,
+            hadamard: false,
         };
         let partial = args.model.clone();
         main(args)?;
@@ -80,6 +86,15 @@ pub fn main(a: Args) -> Result<ExitCode> {
     )?;
     for (k, v) in tok_keys {
         w.set(&k, v);
+    }
+    if a.hadamard {
+        let signs = synth::hadamard::signs(&shape, a.seed).with_context(|| {
+            format!(
+                "the {} preset has widths that are not multiples of 1024: it cannot carry a Hadamard rotation",
+                a.preset
+            )
+        })?;
+        synth::hadamard::write_metadata(&mut w, &shape, &signs);
     }
     pad_vocabulary(&mut w, vocab);
     let pb = progress::bytes(w.data_bytes(), "writing");

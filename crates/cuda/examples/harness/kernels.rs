@@ -59,6 +59,7 @@ pub(crate) fn kernel_checks(rep: &mut Report, gpu: &Gpu, bw: f64) -> R<()> {
         bad_q + bad_g + bad_h == 0,
         "activation quantization not bit-exact".into(),
     );
+    rotated_quant_checks(rep, gpu, &x, cols, ntok, &mut rng)?;
 
     // GEMV correctness, every format, 1..13 tokens, a row count that is not a multiple of 4.
     let (rows, cols) = (1001, 5120);
@@ -336,6 +337,7 @@ pub(crate) fn gemv1_checks(
                     Arg::Ptr(xq),
                     Arg::Ptr(xs),
                     Arg::Ptr(0),
+                    Arg::Ptr(0),
                 ],
             )?;
             let pre = NormIn {
@@ -399,4 +401,125 @@ pub(crate) fn barrier_us(gpu: &Gpu, per_sm: usize) -> R<Option<f64>> {
     };
     let (none, many) = (run(0)?, run(2000)?);
     Ok(Some((many - none) / 2000.0 * 1e6))
+}
+
+/// Quantization with the Hadamard rotation inside (Ternary-Bonsai-2): the plain quantization of
+/// R·x bit for bit against the CPU (signs, FWHT and 1/32 in the CPU's order, then the twin's
+/// quantization), and the RMS norm's against the CPU's norm then rotation (float sums in another
+/// order: int8 values within one step), one token per 1024-value block (decode) and one block per
+/// token (prefill) giving the same bits.
+fn rotated_quant_checks(
+    rep: &mut Report,
+    gpu: &Gpu,
+    x: &[f32],
+    cols: usize,
+    ntok: usize,
+    rng: &mut ChaCha8Rng,
+) -> R<()> {
+    let s = &gpu.stream;
+    let signs: Vec<f32> = (0..cols)
+        .map(|_| if rng.gen() { 1.0 } else { -1.0 })
+        .collect();
+    let rotate = |row: &[f32]| -> Vec<f32> {
+        let mut v: Vec<f32> = row.iter().zip(&signs).map(|(a, b)| a * b).collect();
+        for b in v.chunks_mut(1024) {
+            model::hadamard::fwht(b);
+            b.iter_mut().for_each(|x| *x *= 0.03125);
+        }
+        v
+    };
+    let sd = gpu.upload(&signs, "signs")?;
+    let xd = gpu.upload(x, "x")?;
+    let xq = gpu.alloc(cols * ntok, "xq")?;
+    let xs = gpu.alloc(8 * cols * ntok / 64, "xs")?;
+    gpu.quantize_rotated(s, xd.ptr, cols, ntok, xq.ptr, xs.ptr, None, Some(sd.ptr))?;
+    let (mut q, mut g) = (vec![0i8; cols * ntok], vec![[0f32; 2]; cols * ntok / 64]);
+    gpu.read(s, xq.ptr, &mut q)?;
+    gpu.read(s, xs.ptr, &mut g)?;
+    let want = repack::quantize_x(&x.chunks(cols).flat_map(rotate).collect::<Vec<f32>>());
+    let bad = q.iter().zip(&want.q).filter(|(a, b)| a != b).count()
+        + g.iter()
+            .zip(&want.groups)
+            .filter(|(a, b)| a[0].to_bits() != b[0].to_bits() || a[1].to_bits() != b[1].to_bits())
+            .count();
+    rep.line(format!(
+        "| quantize R·x (Hadamard, 1024-blocks) | {cols}×{ntok} | {} | mismatching int8 or scales: {bad} (must be 0) |",
+        if bad == 0 { "PASS" } else { "FAIL" }
+    ));
+    rep.check(bad == 0, "rotated quantization not bit-exact".into());
+
+    // The norm: 5120 wide (five blocks), two tokens.
+    let (cols, ntok) = (5120, 2);
+    let res: Vec<f32> = (0..cols * ntok).map(|_| rng.gen_range(-2.0..2.0)).collect();
+    let nw: Vec<f32> = (0..cols).map(|_| rng.gen_range(0.5..1.5)).collect();
+    let (resd, nwd) = (gpu.upload(&res, "x")?, gpu.upload(&nw, "norm")?);
+    let sd = gpu.upload(&signs[..cols], "signs")?;
+    let mut runs = Vec::new();
+    for (blocks, tokens, tok0) in [(cols / 1024, 1, 0), (cols / 1024, 1, 1), (1, ntok, 0)] {
+        gpu.launch(
+            s,
+            "quant_rms",
+            (blocks as u32, tokens as u32, 1),
+            (256, 1, 1),
+            &[
+                Arg::Ptr(resd.ptr),
+                Arg::I32(cols as i32),
+                Arg::I32(tok0),
+                Arg::Ptr(nwd.ptr),
+                Arg::F32(1e-6),
+                Arg::Ptr(xq.ptr),
+                Arg::Ptr(xs.ptr),
+                Arg::Ptr(0),
+                Arg::Ptr(sd.ptr),
+            ],
+        )?;
+        let (mut q, mut g) = (
+            vec![0i8; cols * tokens],
+            vec![[0f32; 2]; cols * tokens / 64],
+        );
+        gpu.read(s, xq.ptr, &mut q)?;
+        gpu.read(s, xs.ptr, &mut g)?;
+        runs.push((q, g));
+    }
+    // Decode launches (one token each) against the prefill launch (both tokens at once).
+    let same = runs[0].0[..] == runs[2].0[..cols]
+        && runs[1].0[..] == runs[2].0[cols..]
+        && runs[0]
+            .1
+            .iter()
+            .chain(&runs[1].1)
+            .zip(&runs[2].1)
+            .all(|(a, b)| a[0].to_bits() == b[0].to_bits() && a[1].to_bits() == b[1].to_bits());
+    let want: Vec<f32> = res
+        .chunks(cols)
+        .flat_map(|row| {
+            let ss: f64 = row.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+            let scale = 1.0 / (ss / cols as f64 + 1e-6).sqrt();
+            let normed: Vec<f32> = row
+                .iter()
+                .zip(&nw)
+                .map(|(&v, &w)| (f64::from(v) * scale) as f32 * w)
+                .collect();
+            rotate(&normed)
+        })
+        .collect();
+    let want = repack::quantize_x(&want);
+    let (q, g) = &runs[2];
+    let far = q
+        .iter()
+        .zip(&want.q)
+        .filter(|(a, b)| (i32::from(**a) - i32::from(**b)).abs() > 1)
+        .count();
+    let scale_err = g
+        .iter()
+        .zip(&want.groups)
+        .map(|(a, b)| ((a[0] - b[0]).abs() / b[0].abs().max(1e-30)) as f64)
+        .fold(0f64, f64::max);
+    let ok = same && far == 0 && scale_err < 1e-5;
+    rep.line(format!(
+        "| RMS norm + R·x + quantize | {cols}×{ntok} | {} | int8 off by more than one step from the CPU's: {far} (must be 0), worst scale {scale_err:.1e} (tol 1e-5); decode and prefill grids identical: {same} |",
+        if ok { "PASS" } else { "FAIL" }
+    ));
+    rep.check(ok, "rotated RMS norm quantization".into());
+    Ok(())
 }

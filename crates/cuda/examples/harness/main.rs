@@ -31,7 +31,7 @@ mod report;
 use bench::bench_27b;
 use gemm::gemm_speed;
 use kernels::kernel_checks;
-use models::{determinism, fused_recurrence, kv_q8_checks, whole_model};
+use models::{determinism, fused_recurrence, kv_q8_checks, whole_model, whole_model_rotated};
 use report::*;
 
 fn main() {
@@ -146,6 +146,7 @@ fn run(rep: &mut Report) -> R<()> {
     rep.line("|---|---|---|---|---|---|---|---|---|---|");
     whole_model(rep, Preset::Tiny, 1000)?;
     whole_model(rep, Preset::Small, 4096)?;
+    whole_model_rotated(rep)?;
     rep.line("");
     rep.line("q8_0 KV cache (llama.cpp's block format) against the f16 cache: relative L2 of the logits over a 20-token prefill and 12 teacher-forced steps, each against the CPU engine (f32) and q8_0 against f16; greedy tokens equal to the f16 cache's over 16 free-running steps.");
     rep.line("");

@@ -18,7 +18,44 @@ pub(crate) fn whole_model(rep: &mut Report, preset: Preset, vocab: usize) -> R<(
         let shape = preset.shape(vocab);
         let t = synth::random_f32_tensors(&shape, format, 5);
         let m = open(&synth::writer_from_f32(&shape, &t, format, "h")?)?;
-        let g = CudaModel::load(&m)?;
+        against_cpu(rep, preset, &format.to_string(), &m, vocab)?;
+    }
+    Ok(())
+}
+
+/// Ternary-Bonsai-2's Hadamard rotation folded into small models (the CPU engine applies it
+/// exactly; the GPU rotates inside its quantizations and runs α, β on their own GEMV).
+pub(crate) fn whole_model_rotated(rep: &mut Report) -> R<()> {
+    let (preset, vocab) = (Preset::Small, 4096);
+    for format in [Format::Q2_0, Format::Q1_0] {
+        let shape = preset.shape(vocab);
+        let t = synth::random_f32_tensors(&shape, format, 5);
+        let signs = synth::hadamard::signs(&shape, 6).ok_or("small preset cannot be rotated")?;
+        let folded = synth::hadamard::fold(&shape, &t, &signs);
+        let mut w = synth::writer_from_f32(&shape, &folded, format, "h")?;
+        synth::hadamard::write_metadata(&mut w, &shape, &signs);
+        let m = open(&w)?;
+        against_cpu(
+            rep,
+            preset,
+            &format!("{format}, Hadamard-rotated"),
+            &m,
+            vocab,
+        )?;
+    }
+    Ok(())
+}
+
+/// One model's GPU logits against the CPU engine's (and the twin's, on the tiny preset).
+fn against_cpu(
+    rep: &mut Report,
+    preset: Preset,
+    label: &str,
+    m: &model::Model,
+    vocab: usize,
+) -> R<()> {
+    {
+        let g = CudaModel::load(m)?;
         let mut rng = ChaCha8Rng::seed_from_u64(9);
         let prompt: Vec<u32> = (0..20).map(|_| rng.gen_range(0..vocab as u32)).collect();
         let mut cs = m.new_state();
@@ -40,9 +77,7 @@ pub(crate) fn whole_model(rep: &mut Report, preset: Preset, vocab: usize) -> R<(
         let mut flips = Vec::new();
         // The CPU twin of the GPU arithmetic (tiny only: it is slow). GPU vs twin must agree to
         // float rounding; twin vs CPU is what int8 activations cost.
-        let mut twin = (preset == Preset::Tiny)
-            .then(|| Twin::new(&m))
-            .transpose()?;
+        let mut twin = (preset == Preset::Tiny).then(|| Twin::new(m)).transpose()?;
         let (mut gpu_twin, mut twin_cpu) = (0f64, 0f64);
         if let Some(tw) = twin.as_mut() {
             for (i, &p) in prompt.iter().enumerate() {
@@ -104,7 +139,7 @@ pub(crate) fn whole_model(rep: &mut Report, preset: Preset, vocab: usize) -> R<(
             "— | —".to_string()
         };
         rep.line(format!(
-            "| {preset:?} | {format} | {} | {twin_col} | {worst:.2e} | {} | {worst_abs:.2e} | {} | {same}/16{} |",
+            "| {preset:?} | {label} | {} | {twin_col} | {worst:.2e} | {} | {worst_abs:.2e} | {} | {same}/16{} |",
             if ok { "PASS" } else { "FAIL" },
             f16_prefill.map_or("—".to_string(), |e| format!("{e:.2e}")),
             if flips.is_empty() {
@@ -118,7 +153,7 @@ pub(crate) fn whole_model(rep: &mut Report, preset: Preset, vocab: usize) -> R<(
             },
             diverge.map_or(String::new(), |gap| format!(" (CPU top-2 gap {gap:.2e})"))
         ));
-        rep.check(ok, format!("whole model {preset:?} {format}"));
+        rep.check(ok, format!("whole model {preset:?} {label}"));
     }
     Ok(())
 }

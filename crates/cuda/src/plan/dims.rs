@@ -21,6 +21,8 @@ pub struct Dims {
     pub rms_eps: f32,
     pub rope_base: f32,
     pub context_length: usize,
+    /// Which activations are Hadamard-rotated (none unless set from the file).
+    pub rotation: Rotation,
 }
 
 impl Dims {
@@ -42,6 +44,7 @@ impl Dims {
             rms_eps: c.rms_eps,
             rope_base: c.rope_base,
             context_length: c.context_length,
+            rotation: Rotation::default(),
         };
         d.check()?;
         Ok(d)

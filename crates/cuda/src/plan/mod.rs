@@ -7,6 +7,7 @@ mod gemm;
 mod gemv;
 mod memory;
 mod ops;
+mod rotation;
 #[cfg(test)]
 pub(crate) mod tests;
 
@@ -16,6 +17,7 @@ pub use gemm::*;
 pub use gemv::*;
 pub use memory::*;
 pub use ops::*;
+pub use rotation::*;
 
 use model::{Config, LayerKind};
 

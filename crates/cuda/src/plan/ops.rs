@@ -5,8 +5,11 @@ use super::*;
 /// A packed matrix of the model, by role.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mat {
-    /// qkv | z | alpha | beta of a recurrent layer.
+    /// qkv | z | alpha | beta of a recurrent layer (qkv | z only where [`Mat::GdnAb`] is apart).
     GdnIn(usize),
+    /// alpha | beta of a recurrent layer whose qkv | z read the input Hadamard-rotated and they
+    /// do not (or the reverse): written to the same rows of the projection as within GdnIn.
+    GdnAb(usize),
     GdnOut(usize),
     /// q+gate | k | v of an attention layer.
     AttnIn(usize),
@@ -38,11 +41,13 @@ pub enum Out {
 /// One step of a forward call over `ntok` tokens (layer indices are model layer indices).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
-    /// RMS-norm tokens `tok0..tok0+ntok` of the residual and quantize them to int8.
+    /// RMS-norm tokens `tok0..tok0+ntok` of the residual and quantize them to int8, Hadamard-
+    /// rotated in between with `rot`.
     NormQuant {
         norm: Norm,
         tok0: usize,
         ntok: usize,
+        rot: bool,
     },
     Gemv {
         mat: Mat,
@@ -127,17 +132,30 @@ pub struct Fusion {
 
 /// The launches of one forward pass over `ntok` tokens (at most [`MAX_CHUNK`]), a one-token
 /// pass's merged as `fusion` asks.
+/// A Hadamard-rotated model merges nothing: its quantizations rotate, the fused kernels do not.
 pub fn forward_ops(d: &Dims, ntok: usize, head: Head, argmax: bool, fusion: Fusion) -> Vec<Op> {
     assert!((1..=MAX_CHUNK).contains(&ntok));
+    let r = d.rotation;
+    let fusion = if r.any() { Fusion::default() } else { fusion };
     let mut ops = Vec::new();
     let gemv = |mat, out| Op::Gemv { mat, ntok, out };
     let fuse = fusion.norm && ntok == 1;
     for (il, kind) in d.layers.iter().enumerate() {
-        ops.push(Op::NormQuant {
+        let norm = |rot| Op::NormQuant {
             norm: Norm::Attn(il),
             tok0: 0,
             ntok,
-        });
+            rot,
+        };
+        match kind {
+            LayerKind::Recurrent if r.split_gdn_in() => {
+                ops.push(norm(r.gdn_ab));
+                ops.push(gemv(Mat::GdnAb(il), Out::Proj));
+                ops.push(norm(r.gdn_in));
+            }
+            LayerKind::Recurrent => ops.push(norm(r.gdn_in)),
+            LayerKind::Attention => ops.push(norm(r.attn_in)),
+        }
         match kind {
             LayerKind::Recurrent => {
                 ops.push(gemv(Mat::GdnIn(il), Out::Proj));
@@ -166,6 +184,7 @@ pub fn forward_ops(d: &Dims, ntok: usize, head: Head, argmax: bool, fusion: Fusi
             norm: Norm::Post(il),
             tok0: 0,
             ntok,
+            rot: r.ffn_in,
         });
         ops.push(gemv(Mat::FfnIn(il), Out::Proj));
         ops.push(Op::SwigluQuant { ntok });
@@ -183,6 +202,7 @@ pub fn forward_ops(d: &Dims, ntok: usize, head: Head, argmax: bool, fusion: Fusi
         norm: Norm::Output,
         tok0,
         ntok: n,
+        rot: r.output,
     });
     ops.push(Op::Gemv {
         mat: Mat::Output,
@@ -206,6 +226,7 @@ fn fuse_norms(ops: &mut Vec<Op>) {
                     norm,
                     tok0,
                     ntok: 1,
+                    rot: false,
                 },
                 Some(&Op::Gemv {
                     mat,

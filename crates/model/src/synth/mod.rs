@@ -8,6 +8,8 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::config::ARCH;
 
+pub mod hadamard;
+
 /// Hyperparameters of a synthetic model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Shape {
