@@ -211,7 +211,9 @@ __device__ __forceinline__ void prefetch_l2_share(const unsigned char* p, int by
     if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(n) : "memory");
 }
 
-template <int FMT, int RW>
+// DOT false: the consumers wait for each tile and release it without multiplying (a probe for
+// the harness, separating the memory pipeline's time from the arithmetic's).
+template <int FMT, int RW, bool DOT>
 __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ codes,
                                            const unsigned char* __restrict__ scales, int rows,
                                            int cols, const uint4* __restrict__ xq,
@@ -342,7 +344,8 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
         // reduction below adds them as warp_sum does: decode and multi-token GEMVs give the
         // same bits.
         float acc = 0.0f, acc_hi = 0.0f;
-        if (L == 16) {
+        if (!DOT) {
+        } else if (L == 16) {
             for (int c = sub; c < chunks; c += 32) {
                 acc += chunk_dot(c);
                 if (c + 16 < chunks) acc_hi += chunk_dot(c + 16);
@@ -370,15 +373,15 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
 #endif
 
 #if __CUDA_ARCH__ >= 900
-#define GEMV1_CALL(FMT, RW) \
-    gemv1_body<FMT, RW>(codes, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
+#define GEMV1_CALL(FMT, RW, DOT) \
+    gemv1_body<FMT, RW, DOT>(codes, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
                         pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes)
 #else
-#define GEMV1_CALL(FMT, RW) __trap()
+#define GEMV1_CALL(FMT, RW, DOT) __trap()
 #endif
 
 // MINB: blocks per SM the register budget must allow (plan/gemv.rs runs three for 1-bit weights).
-#define GEMV1_KERNEL(name, FMT, RW, MINB)                                                        \
+#define GEMV1_KERNEL(name, FMT, RW, MINB, DOT)                                                   \
     extern "C" __global__ void __launch_bounds__(32 * (GEMV1_WARPS + 1), MINB)                   \
         name(const unsigned char* __restrict__ codes, const unsigned char* __restrict__ scales,   \
              int rows, int cols, const uint4* __restrict__ xq, const float2* __restrict__ xs,     \
@@ -386,12 +389,16 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
              const float* __restrict__ xres, int tok0, const float* __restrict__ nw, float eps,   \
              const unsigned char* __restrict__ pf_codes, int pf_code_bytes,                       \
              const unsigned char* __restrict__ pf_scales, int pf_scale_bytes) {                   \
-        GEMV1_CALL(FMT, RW);                                                                     \
+        GEMV1_CALL(FMT, RW, DOT);                                                                \
     }
 
-GEMV1_KERNEL(gemv1_q1_r1, FMT_Q1, 1, 3)
-GEMV1_KERNEL(gemv1_q1_r2, FMT_Q1, 2, 3)
-GEMV1_KERNEL(gemv1_q2g64_r1, FMT_Q2G64, 1, 2)
-GEMV1_KERNEL(gemv1_q2g64_r2, FMT_Q2G64, 2, 2)
-GEMV1_KERNEL(gemv1_q2g128_r1, FMT_Q2G128, 1, 2)
-GEMV1_KERNEL(gemv1_q2g128_r2, FMT_Q2G128, 2, 2)
+GEMV1_KERNEL(gemv1_q1_r1, FMT_Q1, 1, 3, true)
+GEMV1_KERNEL(gemv1_q1_r2, FMT_Q1, 2, 3, true)
+GEMV1_KERNEL(gemv1_q2g64_r1, FMT_Q2G64, 1, 2, true)
+GEMV1_KERNEL(gemv1_q2g64_r2, FMT_Q2G64, 2, 2, true)
+GEMV1_KERNEL(gemv1_q2g128_r1, FMT_Q2G128, 1, 2, true)
+GEMV1_KERNEL(gemv1_q2g128_r2, FMT_Q2G128, 2, 2, true)
+GEMV1_KERNEL(gemv1_q1_r1_nodot, FMT_Q1, 1, 3, false)
+GEMV1_KERNEL(gemv1_q1_r2_nodot, FMT_Q1, 2, 3, false)
+GEMV1_KERNEL(gemv1_q2g64_r1_nodot, FMT_Q2G64, 1, 2, false)
+GEMV1_KERNEL(gemv1_q2g64_r2_nodot, FMT_Q2G64, 2, 2, false)

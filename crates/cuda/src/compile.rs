@@ -23,7 +23,7 @@ pub const SOURCES: [(&str, &str); 10] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 48] = [
+pub const KERNELS: [&str; 52] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -41,6 +41,10 @@ pub const KERNELS: [&str; 48] = [
     "gemv1_q2g64_r2",
     "gemv1_q2g128_r1",
     "gemv1_q2g128_r2",
+    "gemv1_q1_r1_nodot",
+    "gemv1_q1_r2_nodot",
+    "gemv1_q2g64_r1_nodot",
+    "gemv1_q2g64_r2_nodot",
     "gemm_q1_m1",
     "gemm_q1_m2",
     "gemm_q2g64_m1",

@@ -254,6 +254,9 @@ pub struct Gpu {
     pdl: AtomicBool,
     /// Use the bulk-copy decode GEMV (sm_90 and later). `NIWAKI_CUDA_GEMV1=0` turns it off.
     gemv1: AtomicBool,
+    /// The decode GEMV's consumers release each tile without multiplying (wrong results: a
+    /// probe for the harness, [`Gpu::set_gemv1_probe`]).
+    gemv1_nodot: AtomicBool,
     /// Multiply passes of [`plan::GEMM_MIN_TOKENS`] tokens or more on the tensor cores (sm_80
     /// and later). `NIWAKI_CUDA_MMA=0` turns it off.
     mma: AtomicBool,
@@ -439,6 +442,7 @@ impl Gpu {
             from_cache,
             pdl: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_PDL")),
             gemv1: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_GEMV1")),
+            gemv1_nodot: AtomicBool::new(false),
             mma: AtomicBool::new(ampere && env_on("NIWAKI_CUDA_MMA")),
             gemm_kernel: Mutex::new(None),
             gdn_chunked: AtomicBool::new(gdn_chunks_fit && env_opt_in("NIWAKI_CUDA_GDN_CHUNK")),
@@ -619,6 +623,14 @@ impl Gpu {
         let hopper = self.info.compute_capability.0 >= 9;
         self.pdl.store(pdl && hopper, Ordering::Relaxed);
         self.gemv1.store(gemv1 && hopper, Ordering::Relaxed);
+    }
+
+    /// With `nodot`, decode GEMVs (of the formats that have the probe) stream their weights and
+    /// multiply nothing: their outputs are wrong. For timing the memory pipeline against the
+    /// arithmetic; returns the previous setting.
+    #[doc(hidden)]
+    pub fn set_gemv1_probe(&self, nodot: bool) -> bool {
+        self.gemv1_nodot.swap(nodot, Ordering::Relaxed)
     }
 
     pub fn free_bytes(&self) -> Result<usize> {
@@ -1074,7 +1086,10 @@ impl Gpu {
         else {
             return Ok(false);
         };
-        let name = format!("gemv1_{}_r{}", m.format.kernel_name(), l.rows_per_warp);
+        let mut name = format!("gemv1_{}_r{}", m.format.kernel_name(), l.rows_per_warp);
+        if self.gemv1_nodot.load(Ordering::Relaxed) && m.format != GpuFormat::Q2G128 {
+            name.push_str("_nodot");
+        }
         self.launch_smem(
             stream,
             &name,

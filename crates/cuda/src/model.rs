@@ -583,6 +583,39 @@ impl CudaModel {
         Ok(out)
     }
 
+    /// Seconds per replay of a one-token pass's graph (GPU argmax) holding only the ops `keep`
+    /// accepts, median of 5: the results are meaningless, the time says where a token's time
+    /// goes when ops run back to back as in decode (the GEMVs alone against the rest).
+    #[doc(hidden)]
+    pub fn time_decode_subset(
+        &self,
+        st: &mut CudaState,
+        keep: &dyn Fn(&Op) -> bool,
+    ) -> Result<f64> {
+        self.gpu
+            .write(&st.stream, st.s("pos"), &[st.pos as u32, 0])?;
+        let ops: Vec<Op> = forward_ops(&self.dims, 1, Head::Last, true, self.gpu.fusion())
+            .into_iter()
+            .filter(|op| keep(op))
+            .collect();
+        st.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .ctx(|| "beginning graph capture".into())?;
+        let res = ops.iter().try_for_each(|op| self.exec(st, op));
+        let g = st
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .ctx(|| "ending graph capture".into())?;
+        res?;
+        let g = g.ok_or_else(|| CudaError::Unsupported("empty graph".into()))?;
+        g.launch().ctx(|| "graph warm-up".into())?;
+        let secs = self
+            .gpu
+            .time(&st.stream, 5, || g.launch().ctx(|| "graph launch".into()))?;
+        st.stream.synchronize().ctx(|| "decode subset".into())?;
+        Ok(secs)
+    }
+
     fn exec_all(&self, st: &CudaState, n: usize, head: Head, argmax: bool) -> Result<()> {
         let ops = forward_ops(&self.dims, n, head, argmax, self.gpu.fusion());
         let all = || ops.iter().try_for_each(|op| self.exec(st, op));

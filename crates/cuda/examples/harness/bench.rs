@@ -8,6 +8,7 @@ use std::time::Instant;
 use gguf::Gguf;
 use model::synth::{self, Preset};
 use model::{Logits, Model};
+use niwaki_cuda::plan::Op;
 use niwaki_cuda::{CudaModel, KvCache};
 use quant::Format;
 
@@ -101,6 +102,14 @@ pub(crate) fn bench_27b(
         format!("{format}: decode tokens differ with the recurrence in three kernels"),
     );
     let _ = write!(variants, "; recurrence in three kernels: {v:.1}");
+    // Three GEMV blocks of 72 KiB per multiprocessor for every matrix (the 6144-wide ones then
+    // fit in one round of blocks); the tokens must not change.
+    let (v, toks) = decode(true, true, (false, 3, 72 << 10))?;
+    rep.check(
+        toks == toks_serial,
+        format!("{format}: decode tokens differ with three GEMV blocks per multiprocessor"),
+    );
+    let _ = write!(variants, "; three GEMV blocks of 72 KiB per SM: {v:.1}");
     // The defaults (PDL, gemv1, separate norms, the recurrence in one kernel, blocks per SM and
     // shared memory by format as the plan chooses) last: every figure below uses them.
     let (tg, toks) = decode(true, true, (false, 0, 0))?;
@@ -126,6 +135,28 @@ pub(crate) fn bench_27b(
         ),
         "token",
         &prof,
+    ));
+    // The same step's graph cut down: the GEMVs back to back as decode runs them, against
+    // every other op; and the GEMVs streaming their weights without multiplying (a probe).
+    let mut sst = g.new_state(4096)?;
+    g.forward_greedy(&mut sst, &[1, 2, 3, 4])?;
+    let is_gemv = |op: &Op| matches!(op, Op::Gemv { .. } | Op::NormGemv { .. });
+    let every = g.time_decode_subset(&mut sst, &|_| true)?;
+    let gemvs = g.time_decode_subset(&mut sst, &is_gemv)?;
+    let rest = g.time_decode_subset(&mut sst, &|op| !is_gemv(op))?;
+    let prev = g.gpu().set_gemv1_probe(true);
+    let nodot = g.time_decode_subset(&mut sst, &is_gemv);
+    g.gpu().set_gemv1_probe(prev);
+    let nodot = nodot?;
+    drop(sst);
+    profiles.push(format!(
+        "\n{format} decode step's graph cut down (ms per replay): every op {:.3}; the GEMVs alone {:.3} ({:.0} GB/s of weights); the GEMVs streaming without multiplying {:.3} ({:.0} GB/s); every other op alone {:.3}\n",
+        every * 1e3,
+        gemvs * 1e3,
+        wb / gemvs / 1e9,
+        nodot * 1e3,
+        wb / nodot / 1e9,
+        rest * 1e3
     ));
     let mut st = g.new_state(4096)?;
     g.forward_greedy(&mut st, &[1, 2, 3, 4])?;
