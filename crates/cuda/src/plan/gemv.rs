@@ -31,19 +31,24 @@ pub struct Gemv1Tuning {
 
 impl Gemv1Tuning {
     /// Default for a matrix: two rows per warp while a tile of 16 rows stays small (≤ ~26 KB),
-    /// two blocks per multiprocessor of up to 100 KiB each, three of 72 KiB for 1-bit weights.
+    /// and then three blocks per multiprocessor of up to 72 KiB each; wide 2-bit rows (one row
+    /// per warp: ffn_down, 39 KB tiles) two of 100 KiB, where three would not hold two stages.
     /// Measured on the H200 over whole 27B decode steps: one block per SM (so that the next
     /// GEMV's block could fit beside it) was 17-27% slower, 64 or 160 KiB with one block slower
-    /// still; three blocks of 72 KiB were 2.3% faster than two of 100 KiB on Q1_0 (on par with
-    /// two of 112 KiB; its GEMV is bound by its instructions, so more warps help) and 10% slower
-    /// on Q2_0 (fewer bytes in flight).
+    /// still. Three blocks of 72 KiB were 2.3% faster than two of 100 KiB on Q1_0 (its GEMVs
+    /// are bound by their instructions: more warps help); on Q2_0 they once measured 10% slower
+    /// (fewer bytes in flight), and since the decode GEMVs' arithmetic was trimmed 2.6% faster
+    /// (273.3 against 266.4 tok/s, 8cf69a5): the harness's cut-down decode graph shows a Q2_0
+    /// token's GEMVs taking 2.85 ms, 2.14 ms when their consumers do not multiply, so the
+    /// arithmetic, not the copies, is what more warps hide.
     pub fn for_shape(format: GpuFormat, cols: usize) -> Gemv1Tuning {
         let row_bytes = cols / format.chunk_values() * 16;
-        let one_bit = format == GpuFormat::Q1;
+        let rows_per_warp = if row_bytes <= 1600 { 2 } else { 1 };
+        let three = format == GpuFormat::Q1 || rows_per_warp == 2;
         Gemv1Tuning {
-            rows_per_warp: if row_bytes <= 1600 { 2 } else { 1 },
-            smem_budget: if one_bit { 72 << 10 } else { 100 << 10 },
-            blocks_per_sm: if one_bit { 3 } else { 2 },
+            rows_per_warp,
+            smem_budget: if three { 72 << 10 } else { 100 << 10 },
+            blocks_per_sm: if three { 3 } else { 2 },
         }
     }
 }
