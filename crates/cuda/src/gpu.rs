@@ -835,6 +835,13 @@ impl Gpu {
         xh: Option<u64>,
         signs: Option<u64>,
     ) -> Result<()> {
+        // The kernel rotates whole blocks of 1024 values with every thread of a block.
+        if signs.is_some() && !cols.is_multiple_of(plan::ROT_BLOCK) {
+            return Err(CudaError::Unsupported(format!(
+                "rotating {cols}-wide activations (a multiple of {} is needed)",
+                plan::ROT_BLOCK
+            )));
+        }
         self.launch(
             stream,
             "quant_plain",

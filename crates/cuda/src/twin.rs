@@ -7,7 +7,7 @@ use gguf::Gguf;
 use model::ops::{l2_norm, rms_norm, rms_norm_heads, rope_neox, sigmoid, silu, softplus};
 use model::{LayerKind, Model, ModelError};
 
-use crate::error::Result;
+use crate::error::{CudaError, Result};
 use crate::plan::{Dims, KvCache};
 use crate::repack::{self, Packed, QuantizedX};
 
@@ -117,6 +117,12 @@ impl<'m> Twin<'m> {
 
     /// The twin of a GPU sequence with the given KV cache type.
     pub fn with_kv_cache(model: &'m Model, kv: KvCache) -> Result<Twin<'m>> {
+        if model.hadamard().is_some() {
+            return Err(CudaError::Unsupported(
+                "the CPU twin has no Hadamard rotation (check rotated files against the CPU engine)"
+                    .into(),
+            ));
+        }
         let d = Dims::from_config(&model.config)?;
         let f = &**model.file();
         let mut layers = Vec::new();

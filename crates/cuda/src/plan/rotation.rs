@@ -26,7 +26,8 @@ pub struct Rotation {
     pub ffn_in: bool,
     pub ffn_down: bool,
     pub output: bool,
-    /// ssm_out's input goes from tiled to grouped value-head order before it is rotated.
+    /// ssm_out's input goes from tiled to grouped value-head order before it is rotated (only
+    /// where ssm_out is folded).
     pub gdn_v_grouped: bool,
 }
 
@@ -50,12 +51,6 @@ impl Rotation {
     /// The rotation of a file's folded matrices, or an error naming what the GPU cannot do.
     pub fn from_hadamard(hd: &Hadamard, d: &Dims) -> Result<Rotation> {
         let bad = CudaError::Unsupported;
-        if hd.block() != ROT_BLOCK {
-            return Err(bad(format!(
-                "Hadamard blocks of {} values (the GPU rotates blocks of {ROT_BLOCK})",
-                hd.block()
-            )));
-        }
         // Every layer's matrices of one role must agree, and the parts of a stacked matrix too.
         let mut roles: Vec<(&'static str, Option<bool>)> = Vec::new();
         let mut agree = |role: &'static str, names: &[String]| -> Result<()> {
@@ -108,8 +103,16 @@ impl Rotation {
             ffn_in: role("ffn_in"),
             ffn_down: role("ffn_down"),
             output: role("output"),
-            gdn_v_grouped: hd.gdn_v_grouped(),
+            gdn_v_grouped: hd.gdn_v_grouped() && role("gdn_out"),
         };
+        // Only the activations of folded matrices are rotated on the GPU (the embedding is
+        // un-rotated on the host, at any block size).
+        if rot.any() && hd.block() != ROT_BLOCK {
+            return Err(bad(format!(
+                "Hadamard blocks of {} values (the GPU rotates blocks of {ROT_BLOCK})",
+                hd.block()
+            )));
+        }
         for (on, what, width) in [
             (
                 rot.attn_in || rot.gdn_in || rot.gdn_ab || rot.ffn_in || rot.output,

@@ -754,4 +754,30 @@ fn rotations_the_gpu_cannot_apply_are_refused_with_the_reason() {
         w.set("prism.hadamard.block_size", gguf::Value::U32(512));
     });
     assert!(e.contains("512"), "{e}");
+    // Another block size is fine when no matrix is folded (the embedding is un-rotated on the
+    // host at any size).
+    let (_, r) = rotated_small(|w| {
+        w.set("prism.hadamard.block_size", gguf::Value::U32(512));
+        w.set(
+            "prism.hadamard.weight_names",
+            gguf::Value::strings(Vec::<String>::new()),
+        );
+    })
+    .unwrap();
+    assert_eq!(r, Rotation::default());
+}
+
+#[test]
+fn the_cpu_twin_refuses_rotated_files_rather_than_ignoring_the_rotation() {
+    let shape = Preset::Small.shape(512);
+    let mut w = model::synth::random_packed(&shape, quant::Format::Q2_0, 3, "r").unwrap();
+    let signs = model::synth::hadamard::signs(&shape, 4).unwrap();
+    model::synth::hadamard::write_metadata(&mut w, &shape, &signs);
+    let file = gguf::Gguf::from_bytes(w.to_bytes().unwrap()).unwrap();
+    let m = model::Model::from_gguf(std::sync::Arc::new(file)).unwrap();
+    let e = crate::twin::Twin::new(&m)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("Hadamard"), "{e}");
 }
