@@ -174,35 +174,31 @@ impl CudaModel {
         for (il, kind) in dims.layers.iter().enumerate() {
             let n = |s: &str| format!("blk.{il}.{s}");
             let mix = match kind {
-                LayerKind::Recurrent if rot.split_gdn_in() => MixW::Gdn(GdnW {
-                    inp: up(vec![
+                LayerKind::Recurrent => {
+                    let qkvz = vec![
                         packed(f, &n("attn_qkv.weight"))?,
                         packed(f, &n("attn_gate.weight"))?,
-                    ])?,
-                    ab: Some(Box::new(up(vec![
+                    ];
+                    let ab = vec![
                         packed(f, &n("ssm_alpha.weight"))?,
                         packed(f, &n("ssm_beta.weight"))?,
-                    ])?)),
-                    out: up(vec![packed(f, &n("ssm_out.weight"))?])?,
-                    conv: gpu.upload(&vector(f, &n("ssm_conv1d.weight"))?, "conv")?,
-                    dt_bias: gpu.upload(&vector(f, &n("ssm_dt.bias"))?, "dt")?,
-                    a: gpu.upload(&vector(f, &n("ssm_a"))?, "a")?,
-                    norm: gpu.upload(&vector(f, &n("ssm_norm.weight"))?, "norm")?,
-                }),
-                LayerKind::Recurrent => MixW::Gdn(GdnW {
-                    inp: up(vec![
-                        packed(f, &n("attn_qkv.weight"))?,
-                        packed(f, &n("attn_gate.weight"))?,
-                        packed(f, &n("ssm_alpha.weight"))?,
-                        packed(f, &n("ssm_beta.weight"))?,
-                    ])?,
-                    ab: None,
-                    out: up(vec![packed(f, &n("ssm_out.weight"))?])?,
-                    conv: gpu.upload(&vector(f, &n("ssm_conv1d.weight"))?, "conv")?,
-                    dt_bias: gpu.upload(&vector(f, &n("ssm_dt.bias"))?, "dt")?,
-                    a: gpu.upload(&vector(f, &n("ssm_a"))?, "a")?,
-                    norm: gpu.upload(&vector(f, &n("ssm_norm.weight"))?, "norm")?,
-                }),
+                    ];
+                    // Stacked, unless only one of the two reads the input rotated.
+                    let (inp, ab) = if rot.split_gdn_in() {
+                        (up(qkvz)?, Some(Box::new(up(ab)?)))
+                    } else {
+                        (up([qkvz, ab].concat())?, None)
+                    };
+                    MixW::Gdn(GdnW {
+                        inp,
+                        ab,
+                        out: up(vec![packed(f, &n("ssm_out.weight"))?])?,
+                        conv: gpu.upload(&vector(f, &n("ssm_conv1d.weight"))?, "conv")?,
+                        dt_bias: gpu.upload(&vector(f, &n("ssm_dt.bias"))?, "dt")?,
+                        a: gpu.upload(&vector(f, &n("ssm_a"))?, "a")?,
+                        norm: gpu.upload(&vector(f, &n("ssm_norm.weight"))?, "norm")?,
+                    })
+                }
                 LayerKind::Attention => MixW::Attn(AttnW {
                     inp: up(vec![
                         packed(f, &n("attn_q.weight"))?,
@@ -558,25 +554,14 @@ impl CudaModel {
         }
         let mut out = Vec::new();
         for (key, ops) in kinds {
-            st.stream
-                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                .ctx(|| "beginning graph capture".into())?;
-            let run = || (0..reps).try_for_each(|i| self.exec(st, &ops[i % ops.len()]));
-            let res = if ntok == 1 {
-                run()
-            } else {
-                crate::gpu::serial_launches(run)
-            };
-            let g = st
-                .stream
-                .end_capture(sys::CUgraphInstantiate_flags(0))
-                .ctx(|| "ending graph capture".into())?;
-            res?;
-            let g = g.ok_or_else(|| CudaError::Unsupported("empty graph".into()))?;
-            g.launch().ctx(|| "graph warm-up".into())?;
-            let secs = self
-                .gpu
-                .time(&st.stream, 5, || g.launch().ctx(|| "graph launch".into()))?;
+            let secs = self.time_graph(st, || {
+                let run = || (0..reps).try_for_each(|i| self.exec(st, &ops[i % ops.len()]));
+                if ntok == 1 {
+                    run()
+                } else {
+                    crate::gpu::serial_launches(run)
+                }
+            })?;
             out.push((key, ops.len(), secs / reps as f64));
         }
         st.stream.synchronize().ctx(|| "profile".into())?;
@@ -598,10 +583,18 @@ impl CudaModel {
             .into_iter()
             .filter(|op| keep(op))
             .collect();
+        let secs = self.time_graph(st, || ops.iter().try_for_each(|op| self.exec(st, op)))?;
+        st.stream.synchronize().ctx(|| "decode subset".into())?;
+        Ok(secs)
+    }
+
+    /// Median seconds of 5 replays of the graph `record` captures on the state's stream (after
+    /// one warm-up replay).
+    fn time_graph(&self, st: &CudaState, record: impl FnOnce() -> Result<()>) -> Result<f64> {
         st.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .ctx(|| "beginning graph capture".into())?;
-        let res = ops.iter().try_for_each(|op| self.exec(st, op));
+        let res = record();
         let g = st
             .stream
             .end_capture(sys::CUgraphInstantiate_flags(0))
@@ -609,11 +602,8 @@ impl CudaModel {
         res?;
         let g = g.ok_or_else(|| CudaError::Unsupported("empty graph".into()))?;
         g.launch().ctx(|| "graph warm-up".into())?;
-        let secs = self
-            .gpu
-            .time(&st.stream, 5, || g.launch().ctx(|| "graph launch".into()))?;
-        st.stream.synchronize().ctx(|| "decode subset".into())?;
-        Ok(secs)
+        self.gpu
+            .time(&st.stream, 5, || g.launch().ctx(|| "graph launch".into()))
     }
 
     fn exec_all(&self, st: &CudaState, n: usize, head: Head, argmax: bool) -> Result<()> {
