@@ -380,8 +380,9 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
 #define GEMV1_CALL(FMT, RW, DOT) __trap()
 #endif
 
-// MINB: blocks per SM the register budget must allow (plan/gemv.rs runs three of every kernel
-// with two rows per warp, and of the 1-bit ones).
+// MINB: blocks per SM the register budget must allow (plan/gemv.rs runs four of the 1-bit
+// kernel with two rows per warp, three of the other kernels with two rows per warp and of the
+// 1-bit one with one).
 #define GEMV1_KERNEL(name, FMT, RW, MINB, DOT)                                                   \
     extern "C" __global__ void __launch_bounds__(32 * (GEMV1_WARPS + 1), MINB)                   \
         name(const unsigned char* __restrict__ codes, const unsigned char* __restrict__ scales,   \
@@ -394,12 +395,12 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
     }
 
 GEMV1_KERNEL(gemv1_q1_r1, FMT_Q1, 1, 3, true)
-GEMV1_KERNEL(gemv1_q1_r2, FMT_Q1, 2, 3, true)
+GEMV1_KERNEL(gemv1_q1_r2, FMT_Q1, 2, 4, true)
 GEMV1_KERNEL(gemv1_q2g64_r1, FMT_Q2G64, 1, 2, true)
 GEMV1_KERNEL(gemv1_q2g64_r2, FMT_Q2G64, 2, 3, true)
 GEMV1_KERNEL(gemv1_q2g128_r1, FMT_Q2G128, 1, 2, true)
 GEMV1_KERNEL(gemv1_q2g128_r2, FMT_Q2G128, 2, 3, true)
 GEMV1_KERNEL(gemv1_q1_r1_nodot, FMT_Q1, 1, 3, false)
-GEMV1_KERNEL(gemv1_q1_r2_nodot, FMT_Q1, 2, 3, false)
+GEMV1_KERNEL(gemv1_q1_r2_nodot, FMT_Q1, 2, 4, false)
 GEMV1_KERNEL(gemv1_q2g64_r1_nodot, FMT_Q2G64, 1, 2, false)
 GEMV1_KERNEL(gemv1_q2g64_r2_nodot, FMT_Q2G64, 2, 3, false)

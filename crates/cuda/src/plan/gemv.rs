@@ -41,14 +41,31 @@ impl Gemv1Tuning {
     /// (273.3 against 266.4 tok/s, 8cf69a5): the harness's cut-down decode graph shows a Q2_0
     /// token's GEMVs taking 2.85 ms, 2.14 ms when their consumers do not multiply, so the
     /// arithmetic, not the copies, is what more warps hide.
+    ///
+    /// 1-bit rows of two rows per warp go to four blocks of 54 KiB where two stages fit beside
+    /// the activations, a norm folded in or not (their kernel fits 56 registers): +2.6% decode
+    /// on Q1_0 (`niwaki bench`, host logits, four runs each on the H200: 280.4-289.5 against
+    /// 275.0-285.0 tok/s). Four blocks of the 2-bit kernels measured 2-4% slower on Q2_0, and one
+    /// block of 100 KiB for ffn_down another 2% slower still.
     pub fn for_shape(format: GpuFormat, cols: usize) -> Gemv1Tuning {
         let row_bytes = cols / format.chunk_values() * 16;
         let rows_per_warp = if row_bytes <= 1600 { 2 } else { 1 };
-        let three = format == GpuFormat::Q1 || rows_per_warp == 2;
+        let tile = GEMV1_WARPS * rows_per_warp * (row_bytes + cols / format.scale_values() * 2);
+        let staging = round128(cols + 8 * cols / X_GROUP) + cols;
+        let (blocks_per_sm, smem_budget) = if format == GpuFormat::Q1
+            && rows_per_warp == 2
+            && staging + 2 * round128(tile) <= 54 << 10
+        {
+            (4, 54 << 10)
+        } else if format == GpuFormat::Q1 || rows_per_warp == 2 {
+            (3, 72 << 10)
+        } else {
+            (2, 100 << 10)
+        };
         Gemv1Tuning {
             rows_per_warp,
-            smem_budget: if three { 72 << 10 } else { 100 << 10 },
-            blocks_per_sm: if three { 3 } else { 2 },
+            smem_budget,
+            blocks_per_sm,
         }
     }
 }

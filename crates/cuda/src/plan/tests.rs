@@ -281,6 +281,18 @@ fn decode_gemv_plans_fit_the_shared_memory_limit_for_every_27b_matrix() {
 }
 
 #[test]
+fn one_bit_decode_gemvs_of_short_rows_run_four_blocks_per_multiprocessor() {
+    let d = dims(Preset::B27);
+    let blocks = |f, cols| Gemv1Tuning::for_shape(f, cols).blocks_per_sm;
+    assert_eq!(blocks(GpuFormat::Q1, d.hidden), 4);
+    assert_eq!(blocks(GpuFormat::Q1, d.gdn_inner()), 4);
+    // ffn_down's 1-bit rows take one row per warp: three blocks.
+    assert_eq!(blocks(GpuFormat::Q1, d.ffn), 3);
+    assert_eq!(blocks(GpuFormat::Q2G64, d.hidden), 3);
+    assert_eq!(blocks(GpuFormat::Q2G64, d.ffn), 2);
+}
+
+#[test]
 fn decode_gemv_tiles_copy_whole_16_byte_units() {
     // Bulk copies need 16-byte multiples: the scales of a tile (8·rw rows × scales per row
     // × 2 bytes) are, for any row width the GPU layouts accept.
