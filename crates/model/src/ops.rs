@@ -49,6 +49,10 @@ fn matmul_exact(w: &Matrix, x: &[f32], tokens: usize, out: &mut [f32]) {
 
 /// Panels handed out per task on tiled weights (the decode kernel runs two at a time).
 const PANELS_PER_TASK: usize = 2;
+/// Panels per task of a one-token pass: the kernel's two weight streams then each run on
+/// through four consecutive panels (see `quant::tiled`), and a task is still only ~170 KB of a
+/// 5120-wide 2-bit matrix, so the last tasks of a matrix balance across cores.
+const DECODE_PANELS_PER_TASK: usize = 8;
 
 /// The most rows a task of [`int8_row_tasks`] takes.
 const MAX_TASK_ROWS: usize = if ROWS_PER_TASK > PANELS_PER_TASK * PANEL {
@@ -67,7 +71,8 @@ fn int8_row_tasks(
     out: &mut [f32],
     gemm: impl Fn(Range<usize>, Range<usize>, &mut [f32]) + Sync,
 ) {
-    assert!(rows_per_task <= MAX_TASK_ROWS);
+    // One token writes straight into `out`; more use the task's stack scratch.
+    assert!(tokens == 1 || rows_per_task <= MAX_TASK_ROWS);
     let dst = Disjoint::new(out);
     pool::global().run(rows.div_ceil(rows_per_task), |task| {
         let r0 = task * rows_per_task;
@@ -104,7 +109,11 @@ fn matmul_int8(w: &Matrix, acts: &[QuantizedActs], out: &mut [f32]) {
         Some(m) => int8_row_tasks(
             m.rows(),
             tokens,
-            PANELS_PER_TASK * PANEL,
+            if tokens == 1 {
+                DECODE_PANELS_PER_TASK
+            } else {
+                PANELS_PER_TASK
+            } * PANEL,
             out,
             |r, t, buf| quant::gemm_tiled(m, r.start / PANEL..r.end.div_ceil(PANEL), &acts[t], buf),
         ),

@@ -215,12 +215,17 @@ unsafe fn run<C: Chunks>(m: &TiledMatrix, panels: Range<usize>, acts: &[Act], ou
     let mut p = panels.start;
     if nt == 1 {
         // Two panels per pass: two independent FMA chains hide the latency of the block sums.
-        while p + 2 <= panels.end {
-            let v = tile::<C, 2, 1>(base.add(p * stride), stride, blocks, &[acts[0]]);
-            store(v[0][0], p, 0, 1, &rows, out);
-            store(v[1][0], p + 1, 0, 1, &rows, out);
-            p += 2;
+        // The pass pairs panel i of the range's first half with panel i of its second half, so
+        // that each of the two streams runs on into the next panel it reads, where the previous
+        // pass's prefetches already went, instead of starting cold every other panel.
+        let half = panels.len() / 2;
+        for i in 0..half {
+            let (a, b) = (panels.start + i, panels.start + half + i);
+            let v = tile::<C, 2, 1>(base.add(a * stride), (b - a) * stride, blocks, &[acts[0]]);
+            store(v[0][0], a, 0, 1, &rows, out);
+            store(v[1][0], b, 0, 1, &rows, out);
         }
+        p += 2 * half;
     }
     while p < panels.end {
         let pp = base.add(p * stride);
