@@ -1,8 +1,9 @@
 //! The AVX-512 tiled kernels (F/BW/VNNI/VBMI): one 512-bit register is one panel, 16 rows.
 //!
 //! Per chunk of 4 values × 16 rows: decode 64 unsigned codes (Q1_0: a mask load and a masked
-//! move; 2-bit: `vpmultishiftqb` + `and`; PTQ1_0: two `vpermt2b` table lookups by the low 7 bits
-//! of each base-3 byte, blended by its top bit) and one `vpdpbusd` against the chunk's 4
+//! move; 2-bit: `vpmultishiftqb` + `and`; PTQ1_0: a shift and an `and` of trits that each
+//! 64-byte base-3 block had looked up once for its five chunks, by `vpermt2b` on the low 7 bits
+//! of each byte, blended by its top bit) and one `vpdpbusd` against the chunk's 4
 //! activation codes broadcast from memory. Per activation group (two chunks, 32 values apart),
 //! the accumulator starts at the group's `−Σq`, and one conversion and one FMA by the group
 //! scale add it to the block sum; per block, one FMA by the 16 rows' weight scales.
@@ -31,8 +32,13 @@ trait Chunks {
     /// cores, PTQ1_0 3.3–3.7 → 4.5–5.0 tok/s, Q2_0 5.9–6.5 → 6.8–7.1), else 4 (Q1_0's one masked
     /// move per chunk: 8 tokens measured 20% slower there, from register pressure).
     const TOKENS: usize = 4;
-    /// Codes of chunk `c` of the half at `h`.
-    unsafe fn codes(h: *const u8, c: usize) -> __m512i;
+    /// What one row's pass over a half keeps between its chunks: the half's address, or what
+    /// several chunks share decoded once.
+    type Half: Copy;
+    /// The half at `h`.
+    unsafe fn half(h: *const u8) -> Self::Half;
+    /// Codes of chunk `c` of a half.
+    unsafe fn codes(h: &Self::Half, c: usize) -> __m512i;
 }
 
 struct Q1;
@@ -41,8 +47,13 @@ struct Ptq;
 
 impl Chunks for Q1 {
     const FORMAT: Format = Format::Q1_0;
+    type Half = *const u8;
     #[inline(always)]
-    unsafe fn codes(h: *const u8, c: usize) -> __m512i {
+    unsafe fn half(h: *const u8) -> *const u8 {
+        h
+    }
+    #[inline(always)]
+    unsafe fn codes(h: &*const u8, c: usize) -> __m512i {
         let bits = (h.add(8 * c) as *const u64).read_unaligned();
         _mm512_maskz_mov_epi8(bits, _mm512_set1_epi8(2))
     }
@@ -70,50 +81,94 @@ unsafe fn two_bit(src: *const u8) -> __m512i {
 impl<const G128: bool> Chunks for Q2<G128> {
     const FORMAT: Format = if G128 { Format::Q2_0G128 } else { Format::Q2_0 };
     const TOKENS: usize = 8;
+    type Half = *const u8;
     #[inline(always)]
-    unsafe fn codes(h: *const u8, c: usize) -> __m512i {
+    unsafe fn half(h: *const u8) -> *const u8 {
+        h
+    }
+    #[inline(always)]
+    unsafe fn codes(h: &*const u8, c: usize) -> __m512i {
         two_bit(h.add(16 * c))
     }
 }
 
-/// `DIGITS[n][v]`: trit `n` of the base-3 byte `v` (entries past 242 are never stored).
+/// Lookup tables by base-3 byte `v` (entries past 242 are never stored): `0[v]` packs trits
+/// 0..4 of `v` as four 2-bit fields, `1[v]` is trit 4.
 #[repr(align(64))]
-struct Digits([[u8; 256]; 5]);
+struct Trits([[u8; 256]; 2]);
 
-static DIGITS: Digits = {
-    let mut t = [[0u8; 256]; 5];
-    let mut n = 0;
-    while n < 5 {
-        let mut v = 0;
-        while v < 256 {
-            let mut x = v;
-            let mut k = 0;
-            while k < n {
-                x /= 3;
-                k += 1;
-            }
-            t[n][v] = (x % 3) as u8;
-            v += 1;
+static TRITS: Trits = {
+    let mut t = [[0u8; 256]; 2];
+    let mut v = 0;
+    while v < 256 {
+        let (mut x, mut n, mut packed) = (v, 0, 0u8);
+        while n < 4 {
+            packed |= ((x % 3) as u8) << (2 * n);
+            x /= 3;
+            n += 1;
         }
-        n += 1;
+        t[0][v] = packed;
+        t[1][v] = (x % 3) as u8;
+        v += 1;
     }
-    Digits(t)
+    Trits(t)
 };
+
+/// Byte `v` of every lane looked up in a 256-entry table (two 128-entry `vpermt2b` lookups by
+/// the low 7 bits, chosen by the top bit `high`).
+#[inline(always)]
+unsafe fn lookup256(table: &[u8; 256], v: __m512i, high: __mmask64) -> __m512i {
+    let tab = |i: usize| _mm512_load_si512(table.as_ptr().add(64 * i) as *const __m512i);
+    let low = _mm512_permutex2var_epi8(tab(0), v, tab(1));
+    let top = _mm512_permutex2var_epi8(tab(2), v, tab(3));
+    _mm512_mask_blend_epi8(high, low, top)
+}
+
+/// A PTQ1_0 half with its three base-3 blocks decoded once: trits 0..4 packed 2 bits each,
+/// and trit 4 (chunks `5s + n`), and the 2-bit chunk 15's address.
+#[derive(Clone, Copy)]
+struct PtqHalf {
+    packed: [__m512i; 3],
+    fifth: [__m512i; 3],
+    tail: *const u8,
+}
 
 impl Chunks for Ptq {
     const FORMAT: Format = Format::PTQ1_0;
     const TOKENS: usize = 8;
+    type Half = PtqHalf;
     #[inline(always)]
-    unsafe fn codes(h: *const u8, c: usize) -> __m512i {
-        if c == 15 {
-            return two_bit(h.add(192));
+    unsafe fn half(h: *const u8) -> PtqHalf {
+        // Two 256-entry lookups per 64 bytes, shared by their five chunks: with a lookup per
+        // chunk the kernel computed 8.8 GB/s of weights per thread, 13.2 like this (L2-resident,
+        // `examples/gemv_bandwidth`).
+        let mut out = PtqHalf {
+            packed: [_mm512_setzero_si512(); 3],
+            fifth: [_mm512_setzero_si512(); 3],
+            tail: h.add(192),
+        };
+        for s in 0..3 {
+            let v = _mm512_loadu_si512(h.add(64 * s) as *const __m512i);
+            let high = _mm512_movepi8_mask(v);
+            out.packed[s] = lookup256(&TRITS.0[0], v, high);
+            out.fifth[s] = lookup256(&TRITS.0[1], v, high);
         }
-        let v = _mm512_loadu_si512(h.add(64 * (c / 5)) as *const __m512i);
-        let t = DIGITS.0[c % 5].as_ptr();
-        let tab = |i: usize| _mm512_load_si512(t.add(64 * i) as *const __m512i);
-        let low = _mm512_permutex2var_epi8(tab(0), v, tab(1));
-        let high = _mm512_permutex2var_epi8(tab(2), v, tab(3));
-        _mm512_mask_blend_epi8(_mm512_movepi8_mask(v), low, high)
+        out
+    }
+    #[inline(always)]
+    unsafe fn codes(h: &PtqHalf, c: usize) -> __m512i {
+        if c == 15 {
+            return two_bit(h.tail);
+        }
+        let (s, n) = (c / 5, c % 5);
+        let three = _mm512_set1_epi8(3);
+        match n {
+            0 => _mm512_and_si512(h.packed[s], three),
+            1 => _mm512_and_si512(_mm512_srli_epi16::<2>(h.packed[s]), three),
+            2 => _mm512_and_si512(_mm512_srli_epi16::<4>(h.packed[s]), three),
+            3 => _mm512_and_si512(_mm512_srli_epi16::<6>(h.packed[s]), three),
+            _ => h.fifth[s],
+        }
     }
 }
 
@@ -153,6 +208,11 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
         }
         for h in 0..halves {
             let half = b * halves + h;
+            // A loop, not `array::from_fn`: a closure would not inherit the target features.
+            let mut rows = [C::half(p.add(b * pbb + layout::SCALES + h * hb)); R];
+            for r in 1..R {
+                rows[r] = C::half(p.add(r * stride + b * pbb + layout::SCALES + h * hb));
+            }
             for k in 0..GROUPS_PER_HALF {
                 let g = GROUPS_PER_HALF * half + k;
                 let mut acc = [[_mm512_setzero_si512(); T]; R];
@@ -162,10 +222,10 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
                         acc[r][t] = neg;
                     }
                 }
-                for c in (k..layout::CHUNKS).step_by(GROUPS_PER_HALF) {
+                for i in 0..layout::CHUNKS / GROUPS_PER_HALF {
+                    let c = k + GROUPS_PER_HALF * i;
                     for r in 0..R {
-                        let codes =
-                            C::codes(p.add(r * stride + b * pbb + layout::SCALES + h * hb), c);
+                        let codes = C::codes(&rows[r], c);
                         for t in 0..T {
                             let q =
                                 _mm512_set1_epi32(acts[t].q.add(16 * half + c).read_unaligned());
