@@ -50,11 +50,9 @@ impl Gemv1Tuning {
     pub fn for_shape(format: GpuFormat, cols: usize) -> Gemv1Tuning {
         let row_bytes = cols / format.chunk_values() * 16;
         let rows_per_warp = if row_bytes <= 1600 { 2 } else { 1 };
-        let tile = GEMV1_WARPS * rows_per_warp * (row_bytes + cols / format.scale_values() * 2);
-        let staging = round128(cols + 8 * cols / X_GROUP) + cols;
         let (blocks_per_sm, smem_budget) = if format == GpuFormat::Q1
             && rows_per_warp == 2
-            && staging + 2 * round128(tile) <= 54 << 10
+            && x_bytes(cols, true) + 2 * stage_bytes(format, cols, rows_per_warp) <= 54 << 10
         {
             (4, 54 << 10)
         } else if format == GpuFormat::Q1 || rows_per_warp == 2 {
@@ -84,6 +82,18 @@ fn round128(n: usize) -> usize {
     n.div_ceil(128) * 128
 }
 
+/// Shared memory of one stage of the decode GEMV's ring: a tile's codes and scales.
+fn stage_bytes(format: GpuFormat, cols: usize, rows_per_warp: usize) -> usize {
+    let tr = GEMV1_WARPS * rows_per_warp;
+    round128(tr * (cols / format.chunk_values()) * 16 + tr * (cols / format.scale_values()) * 2)
+}
+
+/// Shared memory of the decode GEMV's activations (int8 codes and group pairs), with one more
+/// row of int8 staging where the block norms and quantizes its input itself.
+fn x_bytes(cols: usize, fused_norm: bool) -> usize {
+    round128(cols + 8 * cols / X_GROUP) + if fused_norm { cols } else { 0 }
+}
+
 /// Plans a decode GEMV, or `None` when not even two stages fit (the caller then uses the plain
 /// kernel). `smem_limit` is the per-block opt-in maximum of the device.
 /// `fused_norm`: the block norms and quantizes its input itself (one more row of int8 staging).
@@ -100,10 +110,8 @@ pub fn gemv1_launch(
         return None;
     }
     let tr = GEMV1_WARPS * t.rows_per_warp;
-    let chunks = cols / format.chunk_values();
-    let scales = cols / format.scale_values();
-    let stage_bytes = round128(tr * chunks * 16 + tr * scales * 2);
-    let x_bytes = round128(cols + 8 * cols / X_GROUP) + if fused_norm { cols } else { 0 };
+    let stage_bytes = stage_bytes(format, cols, t.rows_per_warp);
+    let x_bytes = x_bytes(cols, fused_norm);
     // The kernel's static barriers come out of the same limit.
     let budget = t
         .smem_budget

@@ -93,7 +93,7 @@ impl<const G128: bool> Chunks for Q2<G128> {
 }
 
 /// Lookup tables by base-3 byte `v` (entries past 242 are never stored): `0[v]` packs trits
-/// 0..4 of `v` as four 2-bit fields, `1[v]` is trit 4.
+/// 0..=3 of `v` as four 2-bit fields, `1[v]` is trit 4.
 #[repr(align(64))]
 struct Trits([[u8; 256]; 2]);
 
@@ -124,8 +124,8 @@ unsafe fn lookup256(table: &[u8; 256], v: __m512i, high: __mmask64) -> __m512i {
     _mm512_mask_blend_epi8(high, low, top)
 }
 
-/// A PTQ1_0 half with its three base-3 blocks decoded once: trits 0..4 packed 2 bits each,
-/// and trit 4 (chunks `5s + n`), and the 2-bit chunk 15's address.
+/// A PTQ1_0 half with its three base-3 blocks `s` decoded once (chunk `5s + n` is trit `n`):
+/// trits 0..=3 packed 2 bits each, trit 4 apart, and the 2-bit chunk 15's address.
 #[derive(Clone, Copy)]
 struct PtqHalf {
     packed: [__m512i; 3],
@@ -209,9 +209,10 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
         for h in 0..halves {
             let half = b * halves + h;
             // A loop, not `array::from_fn`: a closure would not inherit the target features.
-            let mut rows = [C::half(p.add(b * pbb + layout::SCALES + h * hb)); R];
+            let at = b * pbb + layout::SCALES + h * hb;
+            let mut rows = [C::half(p.add(at)); R];
             for r in 1..R {
-                rows[r] = C::half(p.add(r * stride + b * pbb + layout::SCALES + h * hb));
+                rows[r] = C::half(p.add(r * stride + at));
             }
             for k in 0..GROUPS_PER_HALF {
                 let g = GROUPS_PER_HALF * half + k;
