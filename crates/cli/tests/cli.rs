@@ -155,6 +155,12 @@ fn bench_reports_json() {
     ] {
         assert!(v[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {v}");
     }
+    // A bandwidth test after each of the two decode runs, and each run's own fraction.
+    for key in ["read_bw_tests_gbs", "floor_fraction_runs"] {
+        let runs = v[key].as_array().unwrap_or_else(|| panic!("{key}: {v}"));
+        assert_eq!(runs.len(), 2, "{key}: {v}");
+        assert!(runs.iter().all(|x| x.as_f64().is_some_and(|x| x > 0.0)));
+    }
 }
 
 #[test]

@@ -80,27 +80,89 @@ fn peak_rss_bytes() -> u64 {
         .map_or(0, |kib| kib * 1024)
 }
 
-/// Read bandwidth of this machine with the engine's threads: the best of three passes summing
-/// a buffer far larger than the caches.
-fn read_bandwidth(bytes: usize) -> f64 {
-    let words = bytes / 8;
-    let buf: Vec<u64> = (0..words as u64).collect();
-    let pool = model::pool::global();
-    let tasks = pool.threads() * 16;
-    let per = words.div_ceil(tasks);
-    let mut best = 0f64;
-    for _ in 0..3 {
-        let sink = std::sync::atomic::AtomicU64::new(0);
-        let t = Instant::now();
-        pool.run(tasks, |i| {
-            let part = &buf[(i * per).min(words)..((i + 1) * per).min(words)];
-            sink.fetch_add(sum_words(part), std::sync::atomic::Ordering::Relaxed);
-        });
-        let gbs = (words * 8) as f64 / t.elapsed().as_secs_f64() / 1e9;
-        std::hint::black_box(sink.into_inner());
-        best = best.max(gbs);
+/// The read-bandwidth test: a buffer far larger than the caches, summed with the engine's
+/// threads. Allocated once, so that tests between decode runs cost only their passes.
+struct Bandwidth {
+    buf: Vec<u64>,
+}
+
+impl Bandwidth {
+    fn new(bytes: usize) -> Bandwidth {
+        Bandwidth {
+            buf: (0..(bytes / 8) as u64).collect(),
+        }
     }
-    best
+
+    /// GB/s: the best of three passes.
+    fn measure(&self) -> f64 {
+        let words = self.buf.len();
+        let pool = model::pool::global();
+        let tasks = pool.threads() * 16;
+        let per = words.div_ceil(tasks);
+        let mut best = 0f64;
+        for _ in 0..3 {
+            let sink = std::sync::atomic::AtomicU64::new(0);
+            let t = Instant::now();
+            pool.run(tasks, |i| {
+                let part = &self.buf[(i * per).min(words)..((i + 1) * per).min(words)];
+                sink.fetch_add(sum_words(part), std::sync::atomic::Ordering::Relaxed);
+            });
+            let gbs = (words * 8) as f64 / t.elapsed().as_secs_f64() / 1e9;
+            std::hint::black_box(sink.into_inner());
+            best = best.max(gbs);
+        }
+        best
+    }
+}
+
+/// What the CPU bench measures beside the decode runs: the peak RSS before the bandwidth
+/// test's buffer exists, and the bandwidth after every decode run. On a shared machine the
+/// bandwidth moves from minute to minute (23 to 29 GB/s from one bench to the next on the
+/// 2-core development machine), so each run is held against the tests on either side of it
+/// rather than against one test at the end.
+struct Beside {
+    bytes: usize,
+    test: Option<Bandwidth>,
+    rss: u64,
+    /// GB/s after decode run i.
+    after: Vec<f64>,
+}
+
+impl Beside {
+    fn new(bytes: usize) -> Beside {
+        Beside {
+            bytes,
+            test: None,
+            rss: 0,
+            after: Vec::new(),
+        }
+    }
+
+    /// After a decode run (or, with none, after the prefill runs).
+    fn probe(&mut self) {
+        if self.test.is_none() {
+            // Every decode run has the same footprint: the first one's peak is theirs.
+            self.rss = peak_rss_bytes();
+            self.test = Some(Bandwidth::new(self.bytes));
+        }
+        if let Some(t) = &self.test {
+            self.after.push(t.measure());
+        }
+    }
+
+    /// The bandwidth decode run `i` is held against: the mean of the tests before and after
+    /// it (after the first, only the one after).
+    fn around(&self, i: usize) -> f64 {
+        match (
+            i.checked_sub(1).and_then(|j| self.after.get(j)),
+            self.after.get(i),
+        ) {
+            (Some(b), Some(a)) => (a + b) / 2.0,
+            (_, Some(a)) => *a,
+            (Some(b), None) => *b,
+            (None, None) => 0.0,
+        }
+    }
 }
 
 /// A wrapping sum of `words`: widest loads the CPU has, so the loop measures memory, not issue.
@@ -162,12 +224,14 @@ fn bytes_per_token(model: &Model) -> u64 {
     weights + 2 * model.config.recurrent_state_bytes() as u64
 }
 
-/// Prefill and decode tok/s of every repetition, on any backend.
+/// Prefill and decode tok/s of every repetition, on any backend; `after_decode` runs after
+/// each decode repetition.
 fn measure<B: engine::Backend>(
     model: &B,
     new_state: impl Fn() -> Result<B::State>,
     prompt: &[u32],
     a: &Args,
+    mut after_decode: impl FnMut(),
 ) -> Result<(Vec<f64>, Vec<f64>)> {
     let mut pp = Vec::new();
     for r in 0..a.reps {
@@ -196,6 +260,7 @@ fn measure<B: engine::Backend>(
         let s = a.n_gen as f64 / t.elapsed().as_secs_f64();
         eprintln!("tg{} run {}/{}: {s:.2} tok/s", a.n_gen, r + 1, a.reps);
         tg.push(s);
+        after_decode();
     }
     Ok((pp, tg))
 }
@@ -220,13 +285,20 @@ pub fn main(a: Args) -> Result<ExitCode> {
     let vocab = model.config.vocab as u32;
     let prompt: Vec<u32> = (0..a.n_prompt).map(|_| rng.gen_range(0..vocab)).collect();
 
+    let mut beside = Beside::new(a.bw_bytes);
     let (pp, tg) = match a.device {
-        load::DeviceArg::Cpu => measure(&model, || Ok(model.new_state()), &prompt, &a)?,
+        load::DeviceArg::Cpu => measure(
+            &model,
+            || Ok(model.new_state()),
+            &prompt,
+            &a,
+            || beside.probe(),
+        )?,
         #[cfg(feature = "cuda")]
         load::DeviceArg::Cuda => {
             let gpu = load::cuda_model(&model, a.kv_cache)?;
             let ctx = a.n_prompt + a.n_gen;
-            measure(&gpu, || Ok(gpu.new_state(ctx)?), &prompt, &a)?
+            measure(&gpu, || Ok(gpu.new_state(ctx)?), &prompt, &a, || {})?
         }
         #[cfg(not(feature = "cuda"))]
         load::DeviceArg::Cuda => return Err(load::no_cuda()),
@@ -245,17 +317,22 @@ pub fn main(a: Args) -> Result<ExitCode> {
         println!("{o}");
         return Ok(ExitCode::SUCCESS);
     }
-    // Before the bandwidth test, whose buffer is not the engine's memory.
-    let rss = peak_rss_bytes();
-    let bw = read_bandwidth(a.bw_bytes);
-    let (pp, tg) = (stats(pp), stats(tg));
+    if tg.is_empty() {
+        beside.probe();
+    }
+    let rss = beside.rss;
     let bpt = bytes_per_token(&model);
+    // Each decode run against the floor of the bandwidth measured around it.
+    let fractions: Vec<f64> = tg
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| s * bpt as f64 / (beside.around(i) * 1e9))
+        .collect();
+    let (pp, tg) = (stats(pp), stats(tg));
+    let bw_runs = stats(beside.after.clone());
+    let bw = bw_runs.median;
     let floor = bw * 1e9 / bpt as f64;
-    let fraction = if tg.median > 0.0 {
-        tg.median / floor
-    } else {
-        0.0
-    };
+    let fraction = stats(fractions.clone()).median;
     let file_bytes = model.file().file_len();
     if fraction > 1.0 {
         // Decode cannot outrun the memory: the bandwidth test ran while something else loaded
@@ -274,8 +351,10 @@ pub fn main(a: Args) -> Result<ExitCode> {
             "pp_tok_s": pp.median, "pp_min": pp.min, "pp_max": pp.max,
             "tg_tok_s": tg.median, "tg_min": tg.min, "tg_max": tg.max,
             "peak_rss_bytes": rss, "file_bytes": file_bytes,
-            "read_bw_gbs": bw, "bytes_per_token": bpt,
+            "read_bw_gbs": bw, "read_bw_tests_gbs": beside.after,
+            "bytes_per_token": bpt,
             "floor_tok_s": floor, "floor_fraction": fraction,
+            "floor_fraction_runs": fractions,
         });
         println!("{o}");
     } else {
@@ -300,11 +379,16 @@ pub fn main(a: Args) -> Result<ExitCode> {
         }
         println!();
         println!(
-            "read bandwidth: {bw:.1} GB/s ({threads} threads); bytes per token: {:.3} GB",
+            "read bandwidth: {bw:.1} GB/s ({threads} threads; median of {} tests, one after each \
+             decode run: {:.1}–{:.1}); bytes per token: {:.3} GB",
+            beside.after.len(),
+            bw_runs.min,
+            bw_runs.max,
             bpt as f64 / 1e9
         );
         println!(
-            "decode floor: {floor:.2} tok/s; decode reaches {:.1}% of it",
+            "decode floor: {floor:.2} tok/s; decode reaches {:.1}% of it (median over the runs, \
+             each against the tests before and after it)",
             100.0 * fraction
         );
         println!(
