@@ -199,6 +199,30 @@ GEMV_KERNEL(gemv_q2g128_t8, FMT_Q2G128, 8)
 #error "GEMV1_MAX_STAGES and GEMV1_WARPS must be defined by the host"
 #endif
 
+// Chunk c of a row (codes `w`, scale `d`) against activations staged in shared memory piece-major
+// (`xsm`: piece p of chunk c at p·chunks + c) with their group pairs `ssm`.
+template <int FMT>
+__device__ __forceinline__ float smem_row_dot(const uint4* xsm, const float2* ssm, int chunks, int c,
+                                              const uint4& w, float d) {
+    constexpr int P = (FMT == FMT_Q1 ? 128 : 64) / 16;
+    int xw[4 * P];
+#pragma unroll
+    for (int p = 0; p < P; p++) {
+        const uint4 v = xsm[p * chunks + c];
+        xw[4 * p] = (int)v.x; xw[4 * p + 1] = (int)v.y; xw[4 * p + 2] = (int)v.z; xw[4 * p + 3] = (int)v.w;
+    }
+    float2 s0, s1;
+    if (FMT == FMT_Q1) {
+        const float4 v = ((const float4*)ssm)[c];
+        s0 = make_float2(v.x, v.y);
+        s1 = make_float2(v.z, v.w);
+    } else {
+        s0 = ssm[c];
+        s1 = s0;
+    }
+    return row_dot<FMT>(w, d, xw, s0, s1);
+}
+
 #if __CUDA_ARCH__ >= 900
 // Asks the L2 cache to fetch this block's share of `bytes` at p (16-byte pieces; a tail under 16
 // bytes is left out): the next GEMV's weights arrive while the kernels in between run.
@@ -320,24 +344,9 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
         const u16* ws = (const u16*)(st + code_bytes);
         // Chunk c of this warp's row against the activations.
         auto chunk_dot = [&](int c) {
-            int xw[4 * P];
-#pragma unroll
-            for (int p = 0; p < P; p++) {
-                const uint4 v = xsm[p * chunks + c];
-                xw[4 * p] = (int)v.x; xw[4 * p + 1] = (int)v.y; xw[4 * p + 2] = (int)v.z; xw[4 * p + 3] = (int)v.w;
-            }
-            float2 s0, s1;
-            if (FMT == FMT_Q1) {
-                const float4 v = ((const float4*)ssm)[c];
-                s0 = make_float2(v.x, v.y);
-                s1 = make_float2(v.z, v.w);
-            } else {
-                s0 = ssm[c];
-                s1 = s0;
-            }
             const uint4 w = wc[(size_t)rt * chunks + c];
             const float d = h2f(ws[rt * spr + (FMT == FMT_Q2G128 ? c >> 1 : c)]);
-            return row_dot<FMT>(w, d, xw, s0, s1);
+            return smem_row_dot<FMT>(xsm, ssm, chunks, c, w, d);
         };
         // With 16 lanes to a row, lane `sub` sums the chunks that lanes `sub` and `sub + 16` of
         // the one-warp-per-row order (gemv_body's) sum, each in its own accumulator, and the

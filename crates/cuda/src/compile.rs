@@ -6,10 +6,11 @@ use std::path::{Path, PathBuf};
 use crate::error::{CudaError, Result};
 
 /// The kernel sources in the order they are concatenated.
-pub const SOURCES: [(&str, &str); 10] = [
+pub const SOURCES: [(&str, &str); 11] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("quant.cu", include_str!("../kernels/quant.cu")),
     ("gemv.cu", include_str!("../kernels/gemv.cu")),
+    ("gemv_chain.cu", include_str!("../kernels/gemv_chain.cu")),
     ("gemm.cu", include_str!("../kernels/gemm.cu")),
     ("hgemm.cu", include_str!("../kernels/hgemm.cu")),
     ("gdn.cu", include_str!("../kernels/gdn.cu")),
@@ -23,7 +24,7 @@ pub const SOURCES: [(&str, &str); 10] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 52] = [
+pub const KERNELS: [&str; 56] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -45,6 +46,10 @@ pub const KERNELS: [&str; 52] = [
     "gemv1_q1_r2_nodot",
     "gemv1_q2g64_r1_nodot",
     "gemv1_q2g64_r2_nodot",
+    "gemv_chain_q1",
+    "gemv_chain_q2g64",
+    "gemv_chain_q1_nodot",
+    "gemv_chain_q2g64_nodot",
     "gemm_q1_m1",
     "gemm_q1_m2",
     "gemm_q2g64_m1",

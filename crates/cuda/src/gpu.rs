@@ -424,7 +424,10 @@ impl Gpu {
             attn_blocks_per_sm.insert(k, occupancy(&funcs[k], k, a.threads, a.smem_bytes)?);
         }
         if hopper {
-            for k in compile::KERNELS.iter().filter(|k| k.starts_with("gemv1_")) {
+            for k in compile::KERNELS
+                .iter()
+                .filter(|k| k.starts_with("gemv1_") || k.starts_with("gemv_chain_"))
+            {
                 raise_dynamic_smem(
                     &funcs[*k],
                     k,

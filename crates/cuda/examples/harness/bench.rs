@@ -148,7 +148,27 @@ pub(crate) fn bench_27b(
     let nodot = g.time_decode_subset(&mut sst, &is_gemv);
     g.gpu().set_gemv1_probe(prev);
     let nodot = nodot?;
+    // The persistent-step probe on the same GEMVs: a launch each against one launch for all.
+    let chain = g.time_gemv_chain(&mut sst, true)?;
+    let chain_nodot = g.time_gemv_chain(&mut sst, false)?;
     drop(sst);
+    if let (Some((each, once, n, differing)), Some((each_nd, once_nd, _, _))) = (chain, chain_nodot)
+    {
+        rep.check(
+            differing == 0,
+            format!("{format}: the chained GEMVs' LM head differs from the decode GEMV's"),
+        );
+        profiles.push(format!(
+            "\n{format} persistent-step probe (kernels/gemv_chain.cu, tiles of 16 rows, one block per multiprocessor) on the step's {n} GEMVs, ms per replay: launched once per GEMV {:.3} ({:.0} GB/s), all in one launch with a grid barrier between GEMVs {:.3} ({:.0} GB/s); not multiplying: {:.3} against {:.3}; LM head after the chain against the decode GEMV: {differing} of {} logits differ (must be 0)\n",
+            each * 1e3,
+            wb / each / 1e9,
+            once * 1e3,
+            wb / once / 1e9,
+            each_nd * 1e3,
+            once_nd * 1e3,
+            g.vocab()
+        ));
+    }
     profiles.push(format!(
         "\n{format} decode step's graph cut down (ms per replay): every op {:.3}; the GEMVs alone {:.3} ({:.0} GB/s of weights); the GEMVs streaming without multiplying {:.3} ({:.0} GB/s); every other op alone {:.3}\n",
         every * 1e3,

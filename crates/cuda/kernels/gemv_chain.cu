@@ -1,0 +1,154 @@
+// A probe for a persistent decode step: several one-token GEMVs in one launch, every block
+// resident for the whole launch. The producer warp streams the tiles of one GEMV after the
+// other into a ring of shared memory, running on into the next GEMV's weights (which depend on
+// nothing) while the consumers still multiply the current one; the consumers cross a grid-wide
+// barrier between GEMVs, as a decode step's dependences would make them (each GEMV's input
+// comes from the previous one's output through a norm or the recurrence). Launched once per
+// GEMV, the same kernel is the kernel-per-GEMV baseline: the harness times both on a decode
+// step's matrices to measure what the launch boundaries cost.
+//
+// One row per consumer warp (CH_WARPS rows a tile), lanes over the row's chunks as gemv_body
+// (the same bits as gemv_t1). Tiles differ in size from one GEMV to the next, so the ring is a
+// byte buffer: tile k takes the next `bytes` of it (skipping the end when they do not fit) once
+// the tiles it overwrites are consumed, in the order the consumers take them.
+
+#define CH_WARPS 16
+#define CH_SLOTS 8
+
+struct ChainGemv {
+    const unsigned char* codes;
+    const unsigned char* scales;
+    const uint4* xq;
+    const float2* xs;
+    float* out;
+    int rows;
+    int cols;
+    int accumulate;
+    int pad;
+};
+
+__device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync 1, %0;" ::"n"(CH_WARPS * 32) : "memory");
+}
+
+#if __CUDA_ARCH__ >= 900
+template <int FMT, bool DOT>
+__device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int ng, int x_bytes,
+                                           int ring_bytes, u32* __restrict__ count, u32 epoch) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ __align__(8) u64 full[CH_SLOTS];
+    __shared__ __align__(8) u64 empty[CH_SLOTS];
+    __shared__ u32 slot_off[CH_SLOTS];
+    constexpr int CV = FMT == FMT_Q1 ? 128 : 64;
+    constexpr int P = CV / 16;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    uint4* xsm = (uint4*)smem;
+    unsigned char* ring = smem + x_bytes;
+
+    if (tid == 0) {
+        for (int s = 0; s < CH_SLOTS; s++) {
+            mbar_init(smem_addr(&full[s]), 1);
+            mbar_init(smem_addr(&empty[s]), CH_WARPS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    // The weights depend on nothing: the producer streams them before the previous kernel ends.
+    pdl_launch();
+
+    if (warp == CH_WARPS) {
+        if (lane != 0) return;
+        // Ring positions only grow; a tile's bytes are [start, end) modulo the ring.
+        u32 head = 0, freed = 0;
+        u32 ends[CH_SLOTS];
+        int k = 0, oldest = 0;
+        for (int g = 0; g < ng; g++) {
+            const ChainGemv m = gs[g];
+            const int chunks = m.cols / CV, spr = m.cols / (FMT == FMT_Q1 ? 128 : 64);
+            const u32 code_bytes = (u32)CH_WARPS * chunks * 16, scale_bytes = (u32)CH_WARPS * spr * 2;
+            const u32 bytes = (code_bytes + scale_bytes + 127) & ~127u;
+            const int ntiles = (m.rows + CH_WARPS - 1) / CH_WARPS;
+            for (int t = blockIdx.x; t < ntiles; t += gridDim.x, k++) {
+                u32 start = head;
+                if (start % ring_bytes + bytes > (u32)ring_bytes) start += ring_bytes - start % ring_bytes;
+                // Wait until the slot is free and the bytes are consumed.
+                while (oldest <= k - CH_SLOTS || (oldest < k && start + bytes - freed > (u32)ring_bytes)) {
+                    mbar_wait(smem_addr(&empty[oldest % CH_SLOTS]), (u32)(oldest / CH_SLOTS) & 1u);
+                    freed = ends[oldest % CH_SLOTS];
+                    oldest++;
+                }
+                const int s = k % CH_SLOTS;
+                slot_off[s] = start % ring_bytes;
+                ends[s] = start + bytes;
+                head = start + bytes;
+                const u32 bar = smem_addr(&full[s]);
+                const u32 dst = smem_addr(ring + start % ring_bytes);
+                mbar_expect_tx(bar, code_bytes + scale_bytes);
+                bulk_g2s(dst, m.codes + (size_t)t * code_bytes, code_bytes, bar);
+                bulk_g2s(dst + code_bytes, m.scales + (size_t)t * scale_bytes, scale_bytes, bar);
+            }
+        }
+        return;
+    }
+
+    pdl_wait();
+    int k = 0;
+    for (int g = 0; g < ng; g++) {
+        const ChainGemv m = gs[g];
+        const int chunks = m.cols / CV, spr = m.cols / (FMT == FMT_Q1 ? 128 : 64), groups = m.cols / 64;
+        const u32 code_bytes = (u32)CH_WARPS * chunks * 16;
+        if (g > 0) {
+            // Every block done with the previous GEMV (whose output this one's input would be).
+            consumers_sync();
+            if (tid == 0) {
+                asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
+                const u32 target = epoch + gridDim.x * (u32)g;
+                u32 seen;
+                do {
+                    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
+                } while ((int)(seen - target) < 0);
+            }
+            consumers_sync();
+        }
+        float2* ssm = (float2*)(smem + m.cols);
+        for (int idx = tid; idx < chunks * P; idx += CH_WARPS * 32) {
+            const int c = idx / P, i = idx - c * P;
+            xsm[i * chunks + c] = m.xq[idx];
+        }
+        for (int i = tid; i < groups; i += CH_WARPS * 32) ssm[i] = m.xs[i];
+        consumers_sync();
+        const int ntiles = (m.rows + CH_WARPS - 1) / CH_WARPS;
+        for (int t = blockIdx.x; t < ntiles; t += gridDim.x, k++) {
+            const int s = k % CH_SLOTS;
+            mbar_wait(smem_addr(&full[s]), (u32)(k / CH_SLOTS) & 1u);
+            const unsigned char* st = ring + slot_off[s];
+            const uint4* wc = (const uint4*)st + (size_t)warp * chunks;
+            const u16* ws = (const u16*)(st + code_bytes) + warp * spr;
+            float acc = 0.0f;
+            if (DOT) {
+                for (int c = lane; c < chunks; c += 32) acc += smem_row_dot<FMT>(xsm, ssm, chunks, c, wc[c], h2f(ws[c]));
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
+            acc = warp_sum(acc);
+            const int row = t * CH_WARPS + warp;
+            if (lane == 0 && row < m.rows) m.out[row] = m.accumulate ? acc + m.out[row] : acc;
+        }
+    }
+}
+#define CHAIN_CALL(FMT, DOT) chain_body<FMT, DOT>(gs, ng, x_bytes, ring_bytes, count, epoch)
+#else
+#define CHAIN_CALL(FMT, DOT) __trap()
+#endif
+
+#define CHAIN_KERNEL(name, FMT, DOT)                                                                \
+    extern "C" __global__ void __launch_bounds__(32 * (CH_WARPS + 1), 1)                           \
+        name(const ChainGemv* __restrict__ gs, int ng, int x_bytes, int ring_bytes,               \
+             u32* __restrict__ count, u32 epoch) {                                                 \
+        CHAIN_CALL(FMT, DOT);                                                                      \
+    }
+
+CHAIN_KERNEL(gemv_chain_q1, FMT_Q1, true)
+CHAIN_KERNEL(gemv_chain_q2g64, FMT_Q2G64, true)
+CHAIN_KERNEL(gemv_chain_q1_nodot, FMT_Q1, false)
+CHAIN_KERNEL(gemv_chain_q2g64_nodot, FMT_Q2G64, false)
