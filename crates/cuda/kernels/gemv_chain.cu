@@ -12,8 +12,10 @@
 // byte buffer: tile k takes the next `bytes` of it (skipping the end when they do not fit) once
 // the tiles it overwrites are consumed, in the order the consumers take them.
 
-#define CH_WARPS 16
-#define CH_SLOTS 8
+// CH_WARPS and CH_SLOTS come from the host (plan::CHAIN_WARPS, plan::CHAIN_SLOTS).
+#if !defined(CH_WARPS) || !defined(CH_SLOTS)
+#error "CH_WARPS and CH_SLOTS must be defined by the host"
+#endif
 
 struct ChainGemv {
     const unsigned char* codes;

@@ -589,7 +589,7 @@ impl CudaModel {
     }
 
     /// The persistent-step probe (`kernels/gemv_chain.cu`) on a decode step's GEMVs, in the
-    /// step's order, each a tile of 16 rows per stage: seconds per replay of a graph launching
+    /// step's order, in tiles of [`plan::CHAIN_WARPS`] rows: seconds per replay of a graph launching
     /// the probe once per GEMV, and of one launching it once for all of them with a grid-wide
     /// barrier between GEMVs; the number of GEMVs; and how many logits of the last GEMV (the
     /// LM head, after the whole chain in one launch) differ in any bit from the decode GEMV's.
@@ -623,7 +623,9 @@ impl CudaModel {
             }
             max_cols = max_cols.max(m.cols);
             max_tile = max_tile.max(
-                16 * (m.cols / m.format.chunk_values() * 16 + m.cols / m.format.scale_values() * 2),
+                plan::CHAIN_WARPS
+                    * (m.cols / m.format.chunk_values() * 16
+                        + m.cols / m.format.scale_values() * 2),
             );
             desc.extend([m.codes.ptr, m.scales.ptr, io.xq, io.xs, io.out]);
             desc.push(m.rows as u64 | (m.cols as u64) << 32);
@@ -635,7 +637,8 @@ impl CudaModel {
         let x_bytes = (max_cols + 8 * max_cols / X_GROUP).div_ceil(128) * 128;
         let smem = g.smem_limit.saturating_sub(plan::GEMV1_STATIC_SMEM);
         let ring = smem.saturating_sub(x_bytes) / 128 * 128;
-        if ring < max_tile || g.blocks_per_sm(&kernel, 32 * 17, smem)? < 1 {
+        let threads = 32 * (plan::CHAIN_WARPS + 1);
+        if ring < max_tile || g.blocks_per_sm(&kernel, threads, smem)? < 1 {
             return Ok(None);
         }
         let grid = (g.info.multiprocessors.max(1) as u32, 1, 1);
@@ -644,7 +647,7 @@ impl CudaModel {
                 &st.stream,
                 &kernel,
                 grid,
-                (32 * 17, 1, 1),
+                (threads as u32, 1, 1),
                 smem as u32,
                 &[
                     Arg::Ptr(descs.ptr + 56 * first as u64),

@@ -150,6 +150,8 @@ impl Dims {
             ("ARING", ring),
             ("GEMV1_WARPS", GEMV1_WARPS),
             ("GEMV1_MAX_STAGES", GEMV1_MAX_STAGES),
+            ("CH_WARPS", CHAIN_WARPS),
+            ("CH_SLOTS", CHAIN_SLOTS),
             ("MM_WARPS", GEMM_WARPS),
             ("MM_BN", GEMM_TOKENS),
             ("MM_KC", GEMM_STAGE_VALUES),

@@ -135,6 +135,15 @@ pub fn gemv1_launch(
     })
 }
 
+/// Consumer warps of the persistent-step probe (`kernels/gemv_chain.cu`: one row each, so a
+/// tile is this many rows; one more warp issues the copies) and the tiles its ring holds at most.
+pub const CHAIN_WARPS: usize = 16;
+pub const CHAIN_SLOTS: usize = 8;
+const _: () = assert!(
+    TILE_PAD_ROWS.is_multiple_of(CHAIN_WARPS),
+    "the probe copies whole tiles of the padded upload"
+);
+
 /// Bytes of the next matrix a one-token GEMV pulls into the L2 cache by default (0: none).
 /// Measured on the H200 (tg128, Q2_0 / Q1_0): none 243.6 / 264.5, 8 MiB 249.6 / 273.7,
 /// 16 MiB 245.7 / 271.2, 32 MiB 241.6 / 269.1 tok/s.
