@@ -199,6 +199,17 @@ GEMV_KERNEL(gemv_q2g128_t8, FMT_Q2G128, 8)
 #error "GEMV1_MAX_STAGES and GEMV1_WARPS must be defined by the host"
 #endif
 
+// A row's int8 activations (`src`, chunk-major: the P 16-byte pieces of chunk c in turn) into
+// shared memory piece-major (piece p of chunk c at p·chunks + c), so that lanes reading
+// consecutive chunks hit consecutive 16-byte words; threads `tid` of `nthreads` share the copy.
+template <int P>
+__device__ __forceinline__ void to_piece_major(uint4* xsm, const uint4* src, int chunks, int tid, int nthreads) {
+    for (int idx = tid; idx < chunks * P; idx += nthreads) {
+        const int c = idx / P, i = idx - c * P;
+        xsm[i * chunks + c] = src[idx];
+    }
+}
+
 // Chunk c of a row (codes `w`, scale `d`) against activations staged in shared memory piece-major
 // (`xsm`: piece p of chunk c at p·chunks + c) with their group pairs `ssm`.
 template <int FMT>
@@ -307,15 +318,9 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
             quant128(v, base, lin, ssm, nullptr);
         }
         __syncthreads();
-        for (int idx = tid; idx < chunks * P; idx += blockDim.x) {
-            const int c = idx / P, i = idx - c * P;
-            xsm[i * chunks + c] = ((const uint4*)lin)[idx];
-        }
+        to_piece_major<P>(xsm, (const uint4*)lin, chunks, tid, blockDim.x);
     } else {
-        for (int idx = tid; idx < chunks * P; idx += blockDim.x) {
-            const int c = idx / P, i = idx - c * P;
-            xsm[i * chunks + c] = xq[idx];
-        }
+        to_piece_major<P>(xsm, xq, chunks, tid, blockDim.x);
         for (int g = tid; g < groups; g += blockDim.x) ssm[g] = xs[g];
     }
     __syncthreads();

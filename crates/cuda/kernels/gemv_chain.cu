@@ -8,7 +8,9 @@
 // step's matrices to measure what the launch boundaries cost.
 //
 // One row per consumer warp (CH_WARPS rows a tile), lanes over the row's chunks as gemv_body
-// (the same bits as gemv_t1). Tiles differ in size from one GEMV to the next, so the ring is a
+// (the same bits as gemv_t1). Both formats have a scale per chunk.
+//
+// The barrier count must be zero at the launch (the harness zeroes it in the same graph). Tiles differ in size from one GEMV to the next, so the ring is a
 // byte buffer: tile k takes the next `bytes` of it (skipping the end when they do not fit) once
 // the tiles it overwrites are consumed, in the order the consumers take them.
 
@@ -36,7 +38,7 @@ __device__ __forceinline__ void consumers_sync() {
 #if __CUDA_ARCH__ >= 900
 template <int FMT, bool DOT>
 __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int ng, int x_bytes,
-                                           int ring_bytes, u32* __restrict__ count, u32 epoch) {
+                                           int ring_bytes, u32* __restrict__ count) {
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ __align__(8) u64 full[CH_SLOTS];
     __shared__ __align__(8) u64 empty[CH_SLOTS];
@@ -66,8 +68,8 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
         int k = 0, oldest = 0;
         for (int g = 0; g < ng; g++) {
             const ChainGemv m = gs[g];
-            const int chunks = m.cols / CV, spr = m.cols / (FMT == FMT_Q1 ? 128 : 64);
-            const u32 code_bytes = (u32)CH_WARPS * chunks * 16, scale_bytes = (u32)CH_WARPS * spr * 2;
+            const int chunks = m.cols / CV;
+            const u32 code_bytes = (u32)CH_WARPS * chunks * 16, scale_bytes = (u32)CH_WARPS * chunks * 2;
             const u32 bytes = (code_bytes + scale_bytes + 127) & ~127u;
             const int ntiles = (m.rows + CH_WARPS - 1) / CH_WARPS;
             for (int t = blockIdx.x; t < ntiles; t += gridDim.x, k++) {
@@ -97,26 +99,16 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
     int k = 0;
     for (int g = 0; g < ng; g++) {
         const ChainGemv m = gs[g];
-        const int chunks = m.cols / CV, spr = m.cols / (FMT == FMT_Q1 ? 128 : 64), groups = m.cols / 64;
+        const int chunks = m.cols / CV, groups = m.cols / 64;
         const u32 code_bytes = (u32)CH_WARPS * chunks * 16;
         if (g > 0) {
             // Every block done with the previous GEMV (whose output this one's input would be).
             consumers_sync();
-            if (tid == 0) {
-                asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
-                const u32 target = epoch + gridDim.x * (u32)g;
-                u32 seen;
-                do {
-                    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
-                } while ((int)(seen - target) < 0);
-            }
+            if (tid == 0) grid_arrive_wait(count, gridDim.x * (u32)g);
             consumers_sync();
         }
         float2* ssm = (float2*)(smem + m.cols);
-        for (int idx = tid; idx < chunks * P; idx += CH_WARPS * 32) {
-            const int c = idx / P, i = idx - c * P;
-            xsm[i * chunks + c] = m.xq[idx];
-        }
+        to_piece_major<P>(xsm, m.xq, chunks, tid, CH_WARPS * 32);
         for (int i = tid; i < groups; i += CH_WARPS * 32) ssm[i] = m.xs[i];
         consumers_sync();
         const int ntiles = (m.rows + CH_WARPS - 1) / CH_WARPS;
@@ -125,7 +117,7 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
             mbar_wait(smem_addr(&full[s]), (u32)(k / CH_SLOTS) & 1u);
             const unsigned char* st = ring + slot_off[s];
             const uint4* wc = (const uint4*)st + (size_t)warp * chunks;
-            const u16* ws = (const u16*)(st + code_bytes) + warp * spr;
+            const u16* ws = (const u16*)(st + code_bytes) + warp * chunks;
             float acc = 0.0f;
             if (DOT) {
                 for (int c = lane; c < chunks; c += 32) acc += smem_row_dot<FMT>(xsm, ssm, chunks, c, wc[c], h2f(ws[c]));
@@ -138,7 +130,7 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
         }
     }
 }
-#define CHAIN_CALL(FMT, DOT) chain_body<FMT, DOT>(gs, ng, x_bytes, ring_bytes, count, epoch)
+#define CHAIN_CALL(FMT, DOT) chain_body<FMT, DOT>(gs, ng, x_bytes, ring_bytes, count)
 #else
 #define CHAIN_CALL(FMT, DOT) __trap()
 #endif
@@ -146,7 +138,7 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
 #define CHAIN_KERNEL(name, FMT, DOT)                                                                \
     extern "C" __global__ void __launch_bounds__(32 * (CH_WARPS + 1), 1)                           \
         name(const ChainGemv* __restrict__ gs, int ng, int x_bytes, int ring_bytes,               \
-             u32* __restrict__ count, u32 epoch) {                                                 \
+             u32* __restrict__ count) {                                                            \
         CHAIN_CALL(FMT, DOT);                                                                      \
     }
 

@@ -2,15 +2,20 @@
 // step would cross its layers' dependences with these instead of kernel boundaries). `count`
 // only grows: barrier r of a grid of n blocks is passed once it reaches n·(r + 1), so it needs
 // no reset within a launch.
+//
+// One thread's part: its block's arrival, then the wait for `target` arrivals (the block's
+// threads synchronized around it by the caller).
+__device__ __forceinline__ void grid_arrive_wait(u32* count, u32 target) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
+    u32 seen;
+    do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
+    } while (seen < target);
+}
+
 __device__ __forceinline__ void grid_barrier(u32* count, u32 target) {
     __syncthreads();
-    if (threadIdx.x == 0) {
-        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
-        u32 seen;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
-        } while (seen < target);
-    }
+    if (threadIdx.x == 0) grid_arrive_wait(count, target);
     __syncthreads();
 }
 

@@ -10,12 +10,13 @@ pub const SOURCES: [(&str, &str); 11] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("quant.cu", include_str!("../kernels/quant.cu")),
     ("gemv.cu", include_str!("../kernels/gemv.cu")),
-    ("gemv_chain.cu", include_str!("../kernels/gemv_chain.cu")),
     ("gemm.cu", include_str!("../kernels/gemm.cu")),
     ("hgemm.cu", include_str!("../kernels/hgemm.cu")),
     ("gdn.cu", include_str!("../kernels/gdn.cu")),
     ("gdn_chunk.cu", include_str!("../kernels/gdn_chunk.cu")),
     ("sync.cu", include_str!("../kernels/sync.cu")),
+    // After gemv.cu (its chunk dot and staging) and sync.cu (the grid barrier).
+    ("gemv_chain.cu", include_str!("../kernels/gemv_chain.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
     (
         "attention_mma.cu",

@@ -16,7 +16,7 @@ use crate::plan::{
     self, attn_splits, check_fits, forward_ops, Dims, Fusion, Head, KvCache, Mat, Norm, Op, Out,
     Scratch, StateBytes, MAX_CHUNK,
 };
-use crate::repack::{self, GpuFormat, Packed, X_GROUP};
+use crate::repack::{self, GpuFormat, Packed};
 
 /// Tokens from which a pass's embedding rows are dequantized on several host threads.
 const EMBED_PARALLEL_MIN: usize = 16;
@@ -622,11 +622,7 @@ impl CudaModel {
                 return Ok(None);
             }
             max_cols = max_cols.max(m.cols);
-            max_tile = max_tile.max(
-                plan::CHAIN_WARPS
-                    * (m.cols / m.format.chunk_values() * 16
-                        + m.cols / m.format.scale_values() * 2),
-            );
+            max_tile = max_tile.max(plan::chain_tile_bytes(m.format, m.cols));
             desc.extend([m.codes.ptr, m.scales.ptr, io.xq, io.xs, io.out]);
             desc.push(m.rows as u64 | (m.cols as u64) << 32);
             desc.push(u64::from(io.accumulate));
@@ -634,7 +630,7 @@ impl CudaModel {
         let n = desc.len() / 7;
         let descs = g.upload(&desc, "chain descriptors")?;
         let count = g.alloc(8, "chain barrier")?;
-        let x_bytes = (max_cols + 8 * max_cols / X_GROUP).div_ceil(128) * 128;
+        let x_bytes = plan::x_bytes(max_cols, false);
         let smem = g.smem_limit.saturating_sub(plan::GEMV1_STATIC_SMEM);
         let ring = smem.saturating_sub(x_bytes) / 128 * 128;
         let threads = 32 * (plan::CHAIN_WARPS + 1);
@@ -655,7 +651,6 @@ impl CudaModel {
                     Arg::I32(x_bytes as i32),
                     Arg::I32(ring as i32),
                     Arg::Ptr(count.ptr),
-                    Arg::I32(0),
                 ],
             )
         };

@@ -159,7 +159,8 @@ pub(crate) fn bench_27b(
             format!("{format}: the chained GEMVs' LM head differs from the decode GEMV's"),
         );
         profiles.push(format!(
-            "\n{format} persistent-step probe (kernels/gemv_chain.cu, tiles of 16 rows, one block per multiprocessor) on the step's {n} GEMVs, ms per replay: launched once per GEMV {:.3} ({:.0} GB/s), all in one launch with a grid barrier between GEMVs {:.3} ({:.0} GB/s); not multiplying: {:.3} against {:.3}; LM head after the chain against the decode GEMV: {differing} of {} logits differ (must be 0)\n",
+            "\n{format} persistent-step probe (kernels/gemv_chain.cu, tiles of {} rows, one block per multiprocessor) on the step's {n} GEMVs, ms per replay: launched once per GEMV {:.3} ({:.0} GB/s), all in one launch with a grid barrier between GEMVs {:.3} ({:.0} GB/s); not multiplying: {:.3} against {:.3}; LM head after the chain against the decode GEMV: {differing} of {} logits differ (must be 0)\n",
+            niwaki_cuda::plan::CHAIN_WARPS,
             each * 1e3,
             wb / each / 1e9,
             once * 1e3,

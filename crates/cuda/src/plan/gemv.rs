@@ -90,7 +90,7 @@ fn stage_bytes(format: GpuFormat, cols: usize, rows_per_warp: usize) -> usize {
 
 /// Shared memory of the decode GEMV's activations (int8 codes and group pairs), with one more
 /// row of int8 staging where the block norms and quantizes its input itself.
-fn x_bytes(cols: usize, fused_norm: bool) -> usize {
+pub(crate) fn x_bytes(cols: usize, fused_norm: bool) -> usize {
     round128(cols + 8 * cols / X_GROUP) + if fused_norm { cols } else { 0 }
 }
 
@@ -143,6 +143,12 @@ const _: () = assert!(
     TILE_PAD_ROWS.is_multiple_of(CHAIN_WARPS),
     "the probe copies whole tiles of the padded upload"
 );
+
+/// Shared memory of one tile of the persistent-step probe: [`CHAIN_WARPS`] rows' codes and
+/// scales (1-bit and 2-bit g64 rows: a scale per chunk), rounded as the kernel rounds it.
+pub fn chain_tile_bytes(format: GpuFormat, cols: usize) -> usize {
+    round128(CHAIN_WARPS * (cols / format.chunk_values() * 16 + cols / format.scale_values() * 2))
+}
 
 /// Bytes of the next matrix a one-token GEMV pulls into the L2 cache by default (0: none).
 /// Measured on the H200 (tg128, Q2_0 / Q1_0): none 243.6 / 264.5, 8 MiB 249.6 / 273.7,
