@@ -162,6 +162,11 @@ __device__ __forceinline__ void mma_f16(float* c, const u32* a, u32 b0, u32 b1) 
 }
 #endif
 
+// A tensor map (CUtensorMap) as a kernel parameter: opaque, 64-byte aligned.
+struct __align__(64) TmaMap {
+    u64 v[16];
+};
+
 #if __CUDA_ARCH__ >= 900
 
 __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
@@ -197,5 +202,13 @@ __device__ __forceinline__ void bulk_g2s(u32 dst, const void* src, u32 bytes, u3
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
                  "l"(src), "r"(bytes), "r"(bar)
                  : "memory");
+}
+
+// One box of a 2D tensor map into shared memory, completing on `bar`.
+__device__ __forceinline__ void tma_2d(u32 dst, const TmaMap& map, int x, int y, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+        "l"((u64)&map), "r"(x), "r"(y), "r"(bar)
+        : "memory");
 }
 #endif

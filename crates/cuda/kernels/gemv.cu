@@ -235,6 +235,30 @@ __device__ __forceinline__ float smem_row_dot(const uint4* xsm, const float2* ss
 }
 
 #if __CUDA_ARCH__ >= 900
+// The fused norm of the decode GEMVs: RMS-normalizes `row` (weights `nw`) and quantizes it into
+// `lin` (int8, linear) and its group pairs `ssm`, with the same operations in the same order as
+// quant_rms, so the same bits. The first GEMV1_WARPS warps sum as quant_rms's 256 threads do;
+// the producer warp adds a zero last. Every thread of the block calls it.
+__device__ __forceinline__ void norm_quant_row(const float* row, int cols, const float* __restrict__ nw,
+                                               float eps, int* lin, float2* ssm, float* red) {
+    constexpr int CT = GEMV1_WARPS * 32;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float ss = 0.0f;
+    for (int i = tid * 4; tid < CT && i < cols; i += CT * 4) {
+        const float4 v = *(const float4*)(row + i);
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    ss = block_sum(ss, red);
+    const float scale = 1.0f / sqrtf(ss / (float)cols + eps);
+    for (int base = warp * 128; base < cols; base += (blockDim.x >> 5) * 128) {
+        const int i = base + lane * 4;
+        float4 v = *(const float4*)(row + i);
+        const float4 g = *(const float4*)(nw + i);
+        v.x = v.x * scale * g.x; v.y = v.y * scale * g.y; v.z = v.z * scale * g.z; v.w = v.w * scale * g.w;
+        quant128(v, base, lin, ssm, nullptr);
+    }
+}
+
 // Asks the L2 cache to fetch this block's share of `bytes` at p (16-byte pieces; a tail under 16
 // bytes is left out): the next GEMV's weights arrive while the kernels in between run.
 __device__ __forceinline__ void prefetch_l2_share(const unsigned char* p, int bytes) {
@@ -244,6 +268,32 @@ __device__ __forceinline__ void prefetch_l2_share(const unsigned char* p, int by
     if (off >= (u32)bytes) return;
     const u32 n = min(share, (u32)bytes - off) & ~15u;
     if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(n) : "memory");
+}
+
+// The copy ring of a decode GEMV: `stages` full barriers (one arrival: the copy's) and empty
+// ones (one arrival per consumer warp). Thread 0 calls it before the block's first barrier.
+__device__ __forceinline__ void ring_init(u64* full, u64* empty, int stages) {
+    for (int s = 0; s < stages; s++) {
+        mbar_init(smem_addr(&full[s]), 1);
+        mbar_init(smem_addr(&empty[s]), GEMV1_WARPS);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// The producer (one thread) of that ring: refills each stage once every consumer warp is done
+// with it (`issue(i)` copies tile i into stage i % stages), then, behind the block's own
+// copies, asks the L2 cache for its share of the next GEMV's first bytes.
+template <class Issue>
+__device__ __forceinline__ void ring_produce(u64* empty, int stages, int mine, Issue issue,
+                                             const unsigned char* pf_codes, int pf_code_bytes,
+                                             const unsigned char* pf_scales, int pf_scale_bytes) {
+    for (int i = stages; i < mine; i++) {
+        const int s = i % stages;
+        mbar_wait(smem_addr(&empty[s]), (u32)(i / stages - 1) & 1u);
+        issue(i);
+    }
+    prefetch_l2_share(pf_codes, pf_code_bytes);
+    prefetch_l2_share(pf_scales, pf_scale_bytes);
 }
 
 // DOT false: the consumers wait for each tile and release it without multiplying (a probe for
@@ -266,7 +316,6 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
     constexpr int SV = FMT == FMT_Q2G64 ? 64 : 128;
     constexpr int P = CV / 16;
     constexpr int L = 32 / RW;
-    constexpr int CT = GEMV1_WARPS * 32;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tr = GEMV1_WARPS * RW;
     const int chunks = cols / CV, spr = cols / SV, groups = cols / 64;
@@ -289,34 +338,13 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
         bulk_g2s(dst + code_bytes, scales + tile * scale_bytes, scale_bytes, bar);
     };
 
-    if (tid == 0) {
-        for (int s = 0; s < stages; s++) {
-            mbar_init(smem_addr(&bars[s]), 1);
-            mbar_init(smem_addr(&empty[s]), GEMV1_WARPS);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
+    if (tid == 0) ring_init(bars, empty, stages);
     __syncthreads();
     if (tid == 0)
         for (int i = 0; i < min(stages, mine); i++) issue(i);
     PDL_ENTRY();
     if (xres) {
-        const float* row = xres + (size_t)tok0 * cols;
-        // The consumer threads sum as quant_rms's 256 do; the producer warp adds a zero last.
-        float ss = 0.0f;
-        for (int i = tid * 4; tid < CT && i < cols; i += CT * 4) {
-            const float4 v = *(const float4*)(row + i);
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
-        ss = block_sum(ss, red);
-        const float scale = 1.0f / sqrtf(ss / (float)cols + eps);
-        for (int base = warp * 128; base < cols; base += (blockDim.x >> 5) * 128) {
-            const int i = base + lane * 4;
-            float4 v = *(const float4*)(row + i);
-            const float4 g = *(const float4*)(nw + i);
-            v.x = v.x * scale * g.x; v.y = v.y * scale * g.y; v.z = v.z * scale * g.z; v.w = v.w * scale * g.w;
-            quant128(v, base, lin, ssm, nullptr);
-        }
+        norm_quant_row(xres + (size_t)tok0 * cols, cols, nw, eps, lin, ssm, red);
         __syncthreads();
         to_piece_major<P>(xsm, (const uint4*)lin, chunks, tid, blockDim.x);
     } else {
@@ -327,16 +355,7 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
 
     if (warp == GEMV1_WARPS) {
         // The producer: refill each stage once every consumer warp is done with it.
-        if (lane == 0) {
-            for (int i = stages; i < mine; i++) {
-                const int s = i % stages;
-                mbar_wait(smem_addr(&empty[s]), (u32)(i / stages - 1) & 1u);
-                issue(i);
-            }
-            // Behind this block's own copies: its share of the next GEMV's first bytes.
-            prefetch_l2_share(pf_codes, pf_code_bytes);
-            prefetch_l2_share(pf_scales, pf_scale_bytes);
-        }
+        if (lane == 0) ring_produce(empty, stages, mine, issue, pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes);
         return;
     }
     const int rt = warp * RW + lane / L, sub = lane % L;

@@ -59,11 +59,6 @@ __device__ __forceinline__ u32 hadd2(u32 a, u32 b) {
     return d;
 }
 
-// A tensor map (CUtensorMap) as a kernel parameter: opaque, 64-byte aligned.
-struct __align__(64) TmaMap {
-    u64 v[16];
-};
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Shared-memory matrix descriptor of a K-major operand in the 128-byte swizzle: rows (tokens)
 // of 64 values, 8-row groups 1024 bytes apart, starting at `saddr`.
@@ -172,14 +167,6 @@ __device__ __forceinline__ void hg_store(float* acc, int row0, int rbase, int to
             *o = accumulate ? acc[e] + *o : acc[e];
         }
     }
-}
-
-// One box of a 2D tensor map into shared memory, completing on `bar`.
-__device__ __forceinline__ void tma_2d(u32 dst, const TmaMap& map, int x, int y, u32 bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
-        "l"((u64)&map), "r"(x), "r"(y), "r"(bar)
-        : "memory");
 }
 
 template <int FMT, int WG>

@@ -6,10 +6,12 @@ use std::path::{Path, PathBuf};
 use crate::error::{CudaError, Result};
 
 /// The kernel sources in the order they are concatenated.
-pub const SOURCES: [(&str, &str); 11] = [
+pub const SOURCES: [(&str, &str); 12] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("quant.cu", include_str!("../kernels/quant.cu")),
     ("gemv.cu", include_str!("../kernels/gemv.cu")),
+    // After gemv.cu (the fused norm, the L2 prefetch).
+    ("gemv_b1.cu", include_str!("../kernels/gemv_b1.cu")),
     ("gemm.cu", include_str!("../kernels/gemm.cu")),
     ("hgemm.cu", include_str!("../kernels/hgemm.cu")),
     ("gdn.cu", include_str!("../kernels/gdn.cu")),
@@ -25,7 +27,7 @@ pub const SOURCES: [(&str, &str); 11] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 56] = [
+pub const KERNELS: [&str; 58] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -47,6 +49,8 @@ pub const KERNELS: [&str; 56] = [
     "gemv1_q1_r2_nodot",
     "gemv1_q2g64_r1_nodot",
     "gemv1_q2g64_r2_nodot",
+    "gemv_b1_j6",
+    "gemv_b1_j17",
     "gemv_chain_q1",
     "gemv_chain_q2g64",
     "gemv_chain_q1_nodot",

@@ -257,6 +257,14 @@ pub struct Gpu {
     /// The decode GEMV's consumers release each tile without multiplying (wrong results: a
     /// probe for the harness, [`Gpu::set_gemv1_probe`]).
     gemv1_nodot: AtomicBool,
+    /// 1-bit decode GEMVs on the binary tensor cores (`gemv_b1_*`) rather than dp4a: off
+    /// unless `NIWAKI_CUDA_B1=1`, since they measured slower on the H200 (Q1_0 tg128 260-262
+    /// against 272-281 tok/s; `bench/results/cuda-h200.md`).
+    b1: AtomicBool,
+    /// Blocks per multiprocessor and shared-memory budget of the binary decode GEMV in place of
+    /// its defaults (`NIWAKI_CUDA_B1_BLOCKS`, `NIWAKI_CUDA_B1_SMEM_KIB`; 0: default), for
+    /// measuring them.
+    b1_knobs: (usize, usize),
     /// Multiply passes of [`plan::GEMM_MIN_TOKENS`] tokens or more on the tensor cores (sm_80
     /// and later). `NIWAKI_CUDA_MMA=0` turns it off.
     mma: AtomicBool,
@@ -349,6 +357,36 @@ fn env_on(name: &str) -> bool {
     std::env::var(name).map_or(true, |v| v != "0")
 }
 
+/// The arguments the decode GEMVs (`gemv1_*`, `gemv_b1_*`) take after the matrix: the
+/// activations, output and argmax, the ring's stages, the fused norm's input (or nulls) and the
+/// next matrix to prefetch (or nulls).
+fn decode_args(io: &GemvIo, stages: usize, pre: Option<NormIn>) -> [Arg; 14] {
+    [
+        Arg::Ptr(io.xq),
+        Arg::Ptr(io.xs),
+        Arg::Ptr(io.out),
+        Arg::I32(i32::from(io.accumulate)),
+        Arg::Ptr(io.argmax.unwrap_or(0)),
+        Arg::I32(stages as i32),
+        Arg::Ptr(pre.map_or(0, |p| p.x)),
+        Arg::I32(pre.map_or(0, |p| p.tok0 as i32)),
+        Arg::Ptr(pre.map_or(0, |p| p.weight)),
+        Arg::F32(pre.map_or(0.0, |p| p.eps)),
+        Arg::Ptr(io.prefetch.map_or(0, |p| p.codes)),
+        Arg::I32(io.prefetch.map_or(0, |p| p.code_bytes as i32)),
+        Arg::Ptr(io.prefetch.map_or(0, |p| p.scales)),
+        Arg::I32(io.prefetch.map_or(0, |p| p.scale_bytes as i32)),
+    ]
+}
+
+/// A number from the environment (0 where unset or not a number): the knobs for measuring.
+fn env_usize(name: &str) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Whether an off-by-default setting is turned on (`NAME=1`).
 fn env_opt_in(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| v == "1")
@@ -434,6 +472,16 @@ impl Gpu {
                     smem_limit.saturating_sub(plan::GEMV1_STATIC_SMEM),
                 )?;
             }
+            for k in compile::KERNELS
+                .iter()
+                .filter(|k| k.starts_with("gemv_b1_"))
+            {
+                raise_dynamic_smem(
+                    &funcs[*k],
+                    k,
+                    smem_limit.saturating_sub(plan::GEMV_B1_STATIC_SMEM),
+                )?;
+            }
         }
         Ok(Gpu {
             ctx,
@@ -446,6 +494,7 @@ impl Gpu {
             pdl: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_PDL")),
             gemv1: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_GEMV1")),
             gemv1_nodot: AtomicBool::new(false),
+            b1: AtomicBool::new(hopper && env_opt_in("NIWAKI_CUDA_B1")),
             mma: AtomicBool::new(ampere && env_on("NIWAKI_CUDA_MMA")),
             gemm_kernel: Mutex::new(None),
             gdn_chunked: AtomicBool::new(gdn_chunks_fit && env_opt_in("NIWAKI_CUDA_GDN_CHUNK")),
@@ -472,6 +521,10 @@ impl Gpu {
             }),
             blocks_per_sm: AtomicUsize::new(0),
             smem_budget: AtomicUsize::new(0),
+            b1_knobs: (
+                env_usize("NIWAKI_CUDA_B1_BLOCKS"),
+                env_usize("NIWAKI_CUDA_B1_SMEM_KIB") << 10,
+            ),
             smem_limit,
         })
     }
@@ -626,6 +679,13 @@ impl Gpu {
         let hopper = self.info.compute_capability.0 >= 9;
         self.pdl.store(pdl && hopper, Ordering::Relaxed);
         self.gemv1.store(gemv1 && hopper, Ordering::Relaxed);
+    }
+
+    /// Turns the binary-tensor-core decode GEMV of 1-bit rows off or back on (never on where
+    /// the device lacks it); returns the previous setting.
+    pub fn set_b1(&self, on: bool) -> bool {
+        let hopper = self.info.compute_capability.0 >= 9;
+        self.b1.swap(on && hopper, Ordering::Relaxed)
     }
 
     /// With `nodot`, decode GEMVs (of the formats that have the probe) stream their weights and
@@ -865,11 +925,8 @@ impl Gpu {
     /// tensor-core GEMM from [`plan::GEMM_MIN_TOKENS`] tokens on (the argmax is only in the
     /// dp4a kernels), else the dp4a kernels (several launches past 8 tokens).
     pub fn gemv(&self, stream: &CudaStream, m: &DevMat, io: &GemvIo) -> Result<()> {
-        if io.ntok == 1 && self.gemv1() {
-            let t = self.gemv1_tuning(m.format, m.cols);
-            if self.gemv1_tuned(stream, m, io, t, None)? {
-                return Ok(());
-            }
+        if self.gemv_decode(stream, m, io, None)? {
+            return Ok(());
         }
         if io.ntok >= plan::GEMM_MIN_TOKENS && io.argmax.is_none() && self.mma() {
             return self.gemm(stream, m, io);
@@ -1076,6 +1133,86 @@ impl Gpu {
         Ok(())
     }
 
+    /// The one-token GEMV of the sm_90 paths, where they are on and take the matrix: 1-bit rows
+    /// on the binary tensor cores, else the bulk-copy dp4a kernel with its default tuning.
+    /// `false`: nothing launched. With `pre`, the kernel norms and quantizes its input itself.
+    pub fn gemv_decode(
+        &self,
+        stream: &CudaStream,
+        m: &DevMat,
+        io: &GemvIo,
+        pre: Option<NormIn>,
+    ) -> Result<bool> {
+        if io.ntok != 1 || !self.gemv1() {
+            return Ok(false);
+        }
+        if m.format == GpuFormat::Q1
+            && self.b1.load(Ordering::Relaxed)
+            && !self.gemv1_nodot.load(Ordering::Relaxed)
+            && self.gemv_b1(stream, m, io, pre)?
+        {
+            return Ok(true);
+        }
+        let t = self.gemv1_tuning(m.format, m.cols);
+        self.gemv1_tuned(stream, m, io, t, pre)
+    }
+
+    /// One-token GEMV of a 1-bit matrix on the binary tensor cores (`kernels/gemv_b1.cu`);
+    /// `false` (nothing launched) where the plan does not take the shape or the device lacks
+    /// the kernel.
+    pub fn gemv_b1(
+        &self,
+        stream: &CudaStream,
+        m: &DevMat,
+        io: &GemvIo,
+        pre: Option<NormIn>,
+    ) -> Result<bool> {
+        if self.info.compute_capability.0 < 9 || io.ntok != 1 || m.format != GpuFormat::Q1 {
+            return Ok(false);
+        }
+        let sms = self.info.multiprocessors.max(1) as usize;
+        let Some(l) = plan::gemv_b1_launch(
+            m.rows,
+            m.cols,
+            sms,
+            self.smem_limit,
+            pre.is_some(),
+            self.b1_knobs,
+        ) else {
+            return Ok(false);
+        };
+        let row_bytes = m.cols / 128 * 16;
+        let map = tma::encode(
+            m.codes.ptr,
+            &tma::Tile {
+                elem: tma::Elem::U8,
+                cols: row_bytes,
+                rows: m.rows.div_ceil(TILE_PAD_ROWS) * TILE_PAD_ROWS,
+                row_bytes,
+                box_cols: 128,
+                box_rows: 16,
+                swizzle: tma::Swizzle::B128,
+            },
+        )?;
+        self.launch_smem(
+            stream,
+            l.kernel,
+            (l.grid as u32, 1, 1),
+            (32 * (plan::GEMV1_WARPS as u32 + 1), 1, 1),
+            l.smem_bytes as u32,
+            &[
+                Arg::Map(Box::new(map)),
+                Arg::Ptr(m.scales.ptr),
+                Arg::I32(m.rows as i32),
+                Arg::I32(m.cols as i32),
+            ]
+            .into_iter()
+            .chain(decode_args(io, l.stages, pre))
+            .collect::<Vec<_>>(),
+        )?;
+        Ok(true)
+    }
+
     /// One-token GEMV through the bulk-copy kernel with explicit tuning; `false` (nothing
     /// launched) when the plan does not fit or the device lacks the kernel. With `pre`, the
     /// kernel norms and quantizes its input row itself and `xq`, `xs` are not read.
@@ -1106,26 +1243,7 @@ impl Gpu {
             (l.grid as u32, 1, 1),
             (32 * (plan::GEMV1_WARPS as u32 + 1), 1, 1),
             l.smem_bytes as u32,
-            &[
-                &m.args()[..],
-                &[
-                    Arg::Ptr(io.xq),
-                    Arg::Ptr(io.xs),
-                    Arg::Ptr(io.out),
-                    Arg::I32(i32::from(io.accumulate)),
-                    Arg::Ptr(io.argmax.unwrap_or(0)),
-                    Arg::I32(l.stages as i32),
-                    Arg::Ptr(pre.map_or(0, |p| p.x)),
-                    Arg::I32(pre.map_or(0, |p| p.tok0 as i32)),
-                    Arg::Ptr(pre.map_or(0, |p| p.weight)),
-                    Arg::F32(pre.map_or(0.0, |p| p.eps)),
-                    Arg::Ptr(io.prefetch.map_or(0, |p| p.codes)),
-                    Arg::I32(io.prefetch.map_or(0, |p| p.code_bytes as i32)),
-                    Arg::Ptr(io.prefetch.map_or(0, |p| p.scales)),
-                    Arg::I32(io.prefetch.map_or(0, |p| p.scale_bytes as i32)),
-                ],
-            ]
-            .concat(),
+            &[&m.args()[..], &decode_args(io, l.stages, pre)].concat(),
         )?;
         Ok(true)
     }

@@ -678,14 +678,18 @@ impl CudaModel {
             zero()?;
             launch(0, n)?;
             let chained = logits(st)?;
-            self.exec(
+            // Against the dp4a decode GEMV, whose arithmetic the probe's is.
+            let b1 = g.set_b1(false);
+            let plain = self.exec(
                 st,
                 &Op::Gemv {
                     mat: Mat::Output,
                     ntok: 1,
                     out: Out::Logits { argmax: false },
                 },
-            )?;
+            );
+            g.set_b1(b1);
+            plain?;
             differing = chained
                 .iter()
                 .zip(&logits(st)?)
@@ -949,8 +953,7 @@ impl CudaModel {
                     eps: d.rms_eps,
                 };
                 // A GEMV that adds into the residual must not also read it.
-                let t = g.gemv1_tuning(m.format, m.cols);
-                if out != Out::Residual && g.gemv1() && g.gemv1_tuned(s, m, &io, t, Some(pre))? {
+                if out != Out::Residual && g.gemv_decode(s, m, &io, Some(pre))? {
                     return Ok(());
                 }
                 self.exec(

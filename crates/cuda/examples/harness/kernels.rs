@@ -10,6 +10,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::gemm::{gemm_checks, gemm_speed};
+use crate::gemv_b1::gemv_b1_checks;
 use crate::report::*;
 
 pub(crate) fn kernel_checks(rep: &mut Report, gpu: &Gpu, bw: f64) -> R<()> {
@@ -110,6 +111,7 @@ pub(crate) fn kernel_checks(rep: &mut Report, gpu: &Gpu, bw: f64) -> R<()> {
     }
 
     gemv1_checks(rep, gpu, xq.ptr, xs.ptr, &mut rng)?;
+    gemv_b1_checks(rep, gpu, xq.ptr, xs.ptr, &mut rng)?;
     gemm_checks(rep, gpu, &mut rng)?;
     // GEMV throughput on 27B shapes, rotating over copies so that L2 (60 MB) does not serve it:
     // the register-streaming kernel, the bulk-copy kernel with its default tuning, and the best
@@ -236,6 +238,41 @@ pub(crate) fn kernel_checks(rep: &mut Report, gpu: &Gpu, bw: f64) -> R<()> {
 /// The bulk-copy decode GEMV against the CPU twin: every format, partial last tiles, rows wider
 /// than a stage of the small budget, blocks that wrap around their ring many times, both rows per
 /// warp, accumulation into existing values and the argmax.
+/// `quant_rms` of row 1 of the two-row residual `x` (norm weights `nw`, eps 1e-6) into `xq`,
+/// `xs`, and the same input as a decode GEMV's fused norm takes it.
+pub(crate) fn quant_rms_row1(
+    gpu: &Gpu,
+    x: u64,
+    nw: u64,
+    cols: usize,
+    xq: u64,
+    xs: u64,
+) -> R<NormIn> {
+    gpu.launch(
+        &gpu.stream,
+        "quant_rms",
+        (cols.div_ceil(1024) as u32, 1, 1),
+        (256, 1, 1),
+        &[
+            Arg::Ptr(x),
+            Arg::I32(cols as i32),
+            Arg::I32(1),
+            Arg::Ptr(nw),
+            Arg::F32(1e-6),
+            Arg::Ptr(xq),
+            Arg::Ptr(xs),
+            Arg::Ptr(0),
+            Arg::Ptr(0),
+        ],
+    )?;
+    Ok(NormIn {
+        x,
+        tok0: 1,
+        weight: nw,
+        eps: 1e-6,
+    })
+}
+
 pub(crate) fn gemv1_checks(
     rep: &mut Report,
     gpu: &Gpu,
@@ -323,29 +360,7 @@ pub(crate) fn gemv1_checks(
             let (resd, nwd) = (gpu.upload(&res, "x")?, gpu.upload(&nw, "norm")?);
             let t = Gemv1Tuning::for_shape(GpuFormat::for_format(format).unwrap(), cols);
             let (a, b) = (gpu.alloc(4 * rows, "out")?, gpu.alloc(4 * rows, "out")?);
-            gpu.launch(
-                s,
-                "quant_rms",
-                (cols.div_ceil(1024) as u32, 1, 1),
-                (256, 1, 1),
-                &[
-                    Arg::Ptr(resd.ptr),
-                    Arg::I32(cols as i32),
-                    Arg::I32(1),
-                    Arg::Ptr(nwd.ptr),
-                    Arg::F32(1e-6),
-                    Arg::Ptr(xq),
-                    Arg::Ptr(xs),
-                    Arg::Ptr(0),
-                    Arg::Ptr(0),
-                ],
-            )?;
-            let pre = NormIn {
-                x: resd.ptr,
-                tok0: 1,
-                weight: nwd.ptr,
-                eps: 1e-6,
-            };
+            let pre = quant_rms_row1(gpu, resd.ptr, nwd.ptr, cols, xq, xs)?;
             if gpu.gemv1_tuned(s, &m, &GemvIo::one(xq, xs, a.ptr), t, None)?
                 && gpu.gemv1_tuned(s, &m, &GemvIo::one(0, 0, b.ptr), t, Some(pre))?
             {

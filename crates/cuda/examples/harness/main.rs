@@ -24,6 +24,7 @@ mod attention;
 mod bench;
 mod gdn;
 mod gemm;
+mod gemv_b1;
 mod kernels;
 mod models;
 mod report;

@@ -94,6 +94,15 @@ pub(crate) fn x_bytes(cols: usize, fused_norm: bool) -> usize {
     round128(cols + 8 * cols / X_GROUP) + if fused_norm { cols } else { 0 }
 }
 
+/// Stages of a decode GEMV's ring: as many as the budget holds beside the activations, at most
+/// [`GEMV1_MAX_STAGES`] and no more than the tiles (but two); `None` where two do not fit.
+fn ring_stages(budget: usize, x_bytes: usize, stage_bytes: usize, tiles: usize) -> Option<usize> {
+    let stages = (budget.saturating_sub(x_bytes) / stage_bytes)
+        .min(GEMV1_MAX_STAGES)
+        .min(tiles.max(2));
+    (stages >= 2).then_some(stages)
+}
+
 /// Plans a decode GEMV, or `None` when not even two stages fit (the caller then uses the plain
 /// kernel). `smem_limit` is the per-block opt-in maximum of the device.
 /// `fused_norm`: the block norms and quantizes its input itself (one more row of int8 staging).
@@ -117,12 +126,7 @@ pub fn gemv1_launch(
         .smem_budget
         .min(smem_limit.saturating_sub(GEMV1_STATIC_SMEM));
     let tiles = rows.div_ceil(tr);
-    let stages = (budget.saturating_sub(x_bytes) / stage_bytes)
-        .min(GEMV1_MAX_STAGES)
-        .min(tiles.max(2));
-    if stages < 2 {
-        return None;
-    }
+    let stages = ring_stages(budget, x_bytes, stage_bytes, tiles)?;
     // Every place filled, even where blocks then differ by a tile: giving every block the same
     // number of tiles (fewer blocks) measured no faster on the H200 (tg128 Q2_0 251.4 against
     // 254.6, Q1_0 276.2 against 277.2).
@@ -131,6 +135,79 @@ pub fn gemv1_launch(
         stages,
         grid: tiles.min(sms.max(1) * t.blocks_per_sm.max(1)),
         smem_bytes: x_bytes + stages * stage_bytes,
+        stage_bytes,
+    })
+}
+
+/// Static shared memory of the binary decode GEMV (`gemv_b1_*`): its barriers and each stage's
+/// partial sums (4 KiB), kept out of its dynamic budget.
+pub const GEMV_B1_STATIC_SMEM: usize = 5 << 10;
+
+/// A decode GEMV of 1-bit rows on the binary tensor cores (`kernels/gemv_b1.cu`): kernel,
+/// stages of 16-row tiles, grid and dynamic shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemvB1Launch {
+    pub kernel: &'static str,
+    pub stages: usize,
+    pub grid: usize,
+    pub smem_bytes: usize,
+    pub stage_bytes: usize,
+}
+
+fn round1024(n: usize) -> usize {
+    n.div_ceil(1024) * 1024
+}
+
+/// Shared memory of one stage of the binary decode GEMV: 16 rows of codes in 128-byte boxes of
+/// 2 KiB (the tensor map's swizzle needs them 1 KiB-aligned), then the rows' scales.
+pub fn gemv_b1_stage_bytes(cols: usize) -> usize {
+    let chunks = cols / 128;
+    round1024((chunks * 16).div_ceil(128) * 2048 + 16 * chunks * 2)
+}
+
+/// Shared memory before the binary decode GEMV's stages: the activation group pairs, and the
+/// int8 row where the block norms and quantizes its input itself.
+pub fn gemv_b1_x_bytes(cols: usize, fused_norm: bool) -> usize {
+    round1024(round128(8 * cols / X_GROUP) + if fused_norm { cols } else { 0 })
+}
+
+/// Plans a binary decode GEMV of a `rows × cols` 1-bit matrix, or `None` where the kernel does
+/// not take the shape: rows of whole 128-byte boxes (`cols` a multiple of 1024) and at most
+/// 17 chunks per warp (17408 columns). Up to 6144 columns: three blocks per multiprocessor of
+/// 72 KiB (the kernel that keeps six plane words per lane); beyond, two of 100 KiB.
+/// `knobs`: blocks per multiprocessor and shared-memory budget in place of the defaults (0:
+/// default), for measuring them.
+pub fn gemv_b1_launch(
+    rows: usize,
+    cols: usize,
+    sms: usize,
+    smem_limit: usize,
+    fused_norm: bool,
+    knobs: (usize, usize),
+) -> Option<GemvB1Launch> {
+    if rows == 0 || cols == 0 || !cols.is_multiple_of(1024) {
+        return None;
+    }
+    let per_warp = (cols / 128).div_ceil(GEMV1_WARPS);
+    let (kernel, blocks_per_sm, budget) = match per_warp {
+        0..=6 => ("gemv_b1_j6", 3, 72 << 10),
+        7..=17 => ("gemv_b1_j17", 2, 100 << 10),
+        _ => return None,
+    };
+    let blocks_per_sm = if knobs.0 > 0 { knobs.0 } else { blocks_per_sm };
+    let budget = if knobs.1 > 0 { knobs.1 } else { budget };
+    // Less the 1 KiB the kernel may skip to align its boxes.
+    let budget =
+        usize::min(budget, smem_limit.saturating_sub(GEMV_B1_STATIC_SMEM)).saturating_sub(1024);
+    let stage_bytes = gemv_b1_stage_bytes(cols);
+    let x_bytes = gemv_b1_x_bytes(cols, fused_norm);
+    let tiles = rows.div_ceil(16);
+    let stages = ring_stages(budget, x_bytes, stage_bytes, tiles)?;
+    Some(GemvB1Launch {
+        kernel,
+        stages,
+        grid: tiles.min(sms.max(1) * blocks_per_sm),
+        smem_bytes: 1024 + x_bytes + stages * stage_bytes,
         stage_bytes,
     })
 }

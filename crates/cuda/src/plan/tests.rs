@@ -499,6 +499,57 @@ fn a_row_too_wide_for_two_stages_falls_back_to_the_plain_kernel() {
 }
 
 #[test]
+fn the_binary_decode_gemv_takes_whole_boxes_and_fits_its_budget() {
+    let limit = 227 << 10;
+    // The 27B's 1-bit shapes: 5120 and 6144 wide on the six-word kernel, ffn_down on the other.
+    for (rows, cols, kernel) in [
+        (34816, 5120, "gemv_b1_j6"),
+        (5120, 6144, "gemv_b1_j6"),
+        (5120, 17408, "gemv_b1_j17"),
+        (248_320, 5120, "gemv_b1_j6"),
+    ] {
+        for fused in [false, true] {
+            let l = gemv_b1_launch(rows, cols, 132, limit, fused, (0, 0)).unwrap();
+            assert_eq!(l.kernel, kernel);
+            assert!(l.stages >= 2 && l.stages <= GEMV1_MAX_STAGES);
+            let budget = if kernel == "gemv_b1_j6" {
+                72 << 10
+            } else {
+                100 << 10
+            };
+            assert!(l.smem_bytes <= budget, "{rows}×{cols}: {l:?}");
+            assert_eq!(
+                l.smem_bytes,
+                1024 + gemv_b1_x_bytes(cols, fused) + l.stages * l.stage_bytes
+            );
+            assert!(l.stage_bytes.is_multiple_of(1024));
+            // 16-row tiles: the codes in 2 KiB boxes, then a scale per row and chunk.
+            assert!(l.stage_bytes >= (cols / 1024) * 2048 + 16 * (cols / 128) * 2);
+            assert_eq!(
+                l.grid,
+                rows.div_ceil(16)
+                    .min(132 * if kernel == "gemv_b1_j6" { 3 } else { 2 })
+            );
+        }
+    }
+    // Rows not of whole 128-byte boxes, past 17 chunks a warp, or no rows: not taken.
+    for (rows, cols) in [(20, 256), (20, 5000), (20, 18432), (0, 5120)] {
+        assert!(
+            gemv_b1_launch(rows, cols, 132, limit, false, (0, 0)).is_none(),
+            "{rows}×{cols}"
+        );
+    }
+    // Knobs replace the defaults; a budget under two stages is refused.
+    let l = gemv_b1_launch(5120, 5120, 132, limit, false, (4, 56 << 10)).unwrap();
+    assert_eq!(l.grid, 320);
+    assert!(l.smem_bytes <= 56 << 10);
+    assert!(gemv_b1_launch(5120, 17408, 132, limit, false, (4, 56 << 10)).is_none());
+    // A device limit below the default budget is what counts.
+    let small = gemv_b1_launch(5120, 5120, 132, 48 << 10, false, (0, 0)).unwrap();
+    assert!(small.smem_bytes + GEMV_B1_STATIC_SMEM <= 48 << 10);
+}
+
+#[test]
 fn the_attention_split_memory_holds_the_rings_and_the_merge() {
     let d = dims(Preset::B27);
     let l = |kv, tile| attn_split_launch(&d, kv, tile, ATTN_RING_POSITIONS);

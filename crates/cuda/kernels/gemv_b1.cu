@@ -1,0 +1,212 @@
+// Decode GEMV (one token) of 1-bit rows on the binary tensor cores, sm_90.
+//
+// A 1-bit weight is ±d, so a row's dot with int8 activations q (scale s) over a 64-value group
+// is d·s·(2·Σ_{bit=1} q − Σ q). The selected sum is what a binary MMA with AND and popcount
+// gives when the activations enter as their eight bit planes: column p of B is plane p of the
+// chunk's 128 values, so one m16n8k128 instruction counts, for 16 rows at once, the set bits of
+// every plane under each row's ones, and plane p weighs 2^p (the sign plane −128). Against the
+// dp4a kernel (gemv1_q1_*), whose every lane re-reads 128 activation bytes from shared memory
+// per 16 weight bytes, the planes of a warp's chunks sit in registers for the whole launch and
+// each instruction covers 256 weight bytes.
+//
+// Tiles are 16 rows, streamed by the tensor-map copy in boxes of 128 bytes × 16 rows with the
+// 128-byte swizzle (16-byte unit u of row r lands at unit u ^ (r & 7)), so that the lanes of a
+// fragment (row g and g + 8, word t of chunk c) hit 32 different banks. A tile's row scales
+// follow by bulk copy. Warp w of GEMV1_WARPS multiplies chunks w, w + 8, … of every tile; the
+// last warp to finish a tile adds the warps' partial sums in warp order: results are
+// deterministic (though not the dp4a kernel's bits: the float sums run in another order).
+//
+// Fragments (PTX ISA, mma .b1 m16n8k128): lane (g = lane / 4, t = lane % 4) holds A's rows g
+// and g + 8 and B's column g over k = 32t … 32t + 31, and gets C's rows g, g + 8 at columns 2t,
+// 2t + 1. Inside a chunk, word t holds values 32t + 4k + b at bit 8b + k (repack.rs), and the
+// plane words are built in that same order. The two 64-value activation groups of a chunk
+// have their own scales, so each chunk takes two MMAs, B masked to one group's lanes.
+
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void bmma_and_popc(int* c, u32 a0, u32 a1, u32 b) {
+    asm("mma.sync.aligned.m16n8k128.row.col.s32.b1.b1.s32.and.popc {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%7,%7,%7,%7};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b), "r"(0));
+}
+
+// Plane p of the 32 activation bytes `lo`, `hi` (values 32t … 32t + 31 of a chunk) in the
+// chunk's bit order: bit 8b + k is plane p of value 4k + b, i.e. of byte b of word k.
+__device__ __forceinline__ u32 plane_word(const uint4& lo, const uint4& hi, int p) {
+    const u32 x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    u32 r = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) r |= ((x[k] >> p) & 0x01010101u) << k;
+    return r;
+}
+
+// J: the most chunks one warp takes per tile (ceil(chunks / GEMV1_WARPS)).
+template <int J>
+__device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned char* __restrict__ scales,
+                                             int rows, int cols, const uint4* __restrict__ xq,
+                                             const float2* __restrict__ xs, float* __restrict__ out,
+                                             int accumulate, u64* __restrict__ amax, int stages,
+                                             const float* __restrict__ xres, int tok0,
+                                             const float* __restrict__ nw, float eps,
+                                             const unsigned char* __restrict__ pf_codes, int pf_code_bytes,
+                                             const unsigned char* __restrict__ pf_scales, int pf_scale_bytes) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    __shared__ __align__(8) u64 bars[GEMV1_MAX_STAGES];
+    __shared__ __align__(8) u64 empty[GEMV1_MAX_STAGES];
+    __shared__ float red[32];
+    __shared__ float part[GEMV1_MAX_STAGES][GEMV1_WARPS][16];
+    __shared__ int done[GEMV1_MAX_STAGES];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int chunks = cols / 128, groups = cols / 64;
+    const int slabs = (chunks * 16 + 127) / 128;
+    const u32 code_bytes = (u32)slabs * 2048, scale_bytes = 16u * chunks * 2;
+    const u32 stage_bytes = (code_bytes + scale_bytes + 1023) & ~1023u;
+    const int ntiles = (rows + 15) / 16;
+    const int mine = (int)blockIdx.x < ntiles ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    // The dynamic block starts after the static one: rounded up here to the 1024 bytes the
+    // swizzle's boxes need (the host adds them to the launch).
+    unsigned char* base = smem + ((1024u - (smem_addr(smem) & 1023u)) & 1023u);
+    float2* ssm = (float2*)base;
+    const int lin_off = (8 * groups + 127) & ~127;
+    int* lin = (int*)(base + lin_off);
+    unsigned char* stage0 = base + ((lin_off + (xres ? cols : 0) + 1023) & ~1023);
+
+    auto issue = [&](int i) {
+        const int s = i % stages;
+        const int tile = (int)blockIdx.x + i * (int)gridDim.x;
+        const u32 bar = smem_addr(&bars[s]);
+        const u32 dst = smem_addr(stage0 + (size_t)s * stage_bytes);
+        mbar_expect_tx(bar, code_bytes + scale_bytes);
+        for (int sl = 0; sl < slabs; sl++) tma_2d(dst + sl * 2048, cmap, sl * 128, tile * 16, bar);
+        bulk_g2s(dst + code_bytes, scales + (size_t)tile * scale_bytes, scale_bytes, bar);
+    };
+
+    if (tid == 0) {
+        ring_init(bars, empty, stages);
+        for (int s = 0; s < stages; s++) done[s] = 0;
+    }
+    __syncthreads();
+    if (tid == 0)
+        for (int i = 0; i < min(stages, mine); i++) issue(i);
+    PDL_ENTRY();
+    if (xres) {
+        norm_quant_row(xres + (size_t)tok0 * cols, cols, nw, eps, lin, ssm, red);
+    } else {
+        for (int i = tid; i < groups; i += blockDim.x) ssm[i] = xs[i];
+    }
+    __syncthreads();
+
+    if (warp == GEMV1_WARPS) {
+        if (lane == 0) ring_produce(empty, stages, mine, issue, pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes);
+        return;
+    }
+
+    // This warp's chunks as plane words, kept for every tile: a lane's 32 values lie in one of
+    // the chunk's two activation groups, so its word goes to that group's MMA and a zero to
+    // the other's.
+    static_assert(GEMV1_WARPS == 8, "warp w takes chunks w + 8j: slab j, unit w of each row");
+    const uint4* src = xres ? (const uint4*)lin : xq;
+    u32 blo[J], bhi[J];
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const int c = warp + GEMV1_WARPS * j;
+        const u32 b = c < chunks ? plane_word(src[c * 8 + 2 * t], src[c * 8 + 2 * t + 1], g) : 0u;
+        blo[j] = t < 2 ? b : 0u;
+        bhi[j] = t < 2 ? 0u : b;
+    }
+    // Planes 2t and 2t + 1 (C's columns of this lane) weigh these; the sign plane −128.
+    const int w0 = 1 << (2 * t), w1 = t == 3 ? -128 : 2 << (2 * t);
+    // Σ q of both groups enters a row's sum once: through lane t = 0.
+    const float ysel = t == 0 ? 1.0f : 0.0f;
+    const int nj = (chunks - warp + GEMV1_WARPS - 1) / GEMV1_WARPS;
+    // Row g's word t of unit `warp` (swizzled) in slab 0; row g + 8 is 1024 bytes on.
+    const int aoff = g * 128 + ((warp ^ g) << 4) + 4 * t;
+    const float4* sc4 = (const float4*)ssm + warp;
+
+    u64 best = 0;
+    for (int i = 0; i < mine; i++) {
+        const int s = i % stages;
+        const unsigned char* st = stage0 + (size_t)s * stage_bytes;
+        mbar_wait(smem_addr(&bars[s]), (u32)(i / stages) & 1u);
+        const unsigned char* a = st + aoff;
+        const u16* d0p = (const u16*)(st + code_bytes) + g * chunks + warp;
+        const u16* d1p = d0p + 8 * chunks;
+        float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            if (j < nj) {
+                const u32 a0 = *(const u32*)(a + j * 2048), a1 = *(const u32*)(a + j * 2048 + 1024);
+                int lo[4], hi[4];
+                bmma_and_popc(lo, a0, a1, blo[j]);
+                bmma_and_popc(hi, a0, a1, bhi[j]);
+                const float4 sc = sc4[j * GEMV1_WARPS];
+                const float y = ysel * (sc.y + sc.w);
+                const float f0 = sc.x * (float)(lo[0] * w0 + lo[1] * w1) + sc.z * (float)(hi[0] * w0 + hi[1] * w1);
+                const float f1 = sc.x * (float)(lo[2] * w0 + lo[3] * w1) + sc.z * (float)(hi[2] * w0 + hi[3] * w1);
+                acc0 += h2f(d0p[j * GEMV1_WARPS]) * (2.0f * f0 - y);
+                acc1 += h2f(d1p[j * GEMV1_WARPS]) * (2.0f * f1 - y);
+            }
+        }
+        acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
+        acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
+        acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
+        acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
+        if (t == 0) {
+            part[s][warp][g] = acc0;
+            part[s][warp][g + 8] = acc1;
+        }
+        __threadfence_block();
+        __syncwarp();
+        int last = 0;
+        if (lane == 0) last = atomicAdd(&done[s], 1) == GEMV1_WARPS - 1;
+        last = __shfl_sync(0xffffffffu, last, 0);
+        // The last warp to finish the tile takes every warp's partial sums (lane r: row r),
+        // frees the stage, then adds them in warp order and writes the row.
+        float v = 0.0f;
+        if (last) {
+            __threadfence_block();
+            if (lane < 16) {
+                const volatile float* p = &part[s][0][lane];
+#pragma unroll
+                for (int w = 0; w < GEMV1_WARPS; w++) v += p[w * 16];
+            }
+            if (lane == 0) done[s] = 0;
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
+        if (last && lane < 16) {
+            const int row = ((int)blockIdx.x + i * (int)gridDim.x) * 16 + lane;
+            if (row < rows) {
+                v = accumulate ? v + out[row] : v;
+                out[row] = v;
+                best = max(best, argmax_key(v, (u32)row));
+            }
+        }
+    }
+    if (amax && best) atomicMax(amax, best);
+}
+#endif
+
+#if __CUDA_ARCH__ >= 900
+#define GEMV_B1_CALL(J)                                                                                    \
+    gemv_b1_body<J>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
+                    pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes)
+#else
+#define GEMV_B1_CALL(J) __trap()
+#endif
+
+// J: chunks per warp and tile at most, so 128·8·J columns (gemv_b1_j6: up to 6144).
+#define GEMV_B1_KERNEL(name, J, MINB)                                                            \
+    extern "C" __global__ void __launch_bounds__(32 * (GEMV1_WARPS + 1), MINB)                   \
+        name(const __grid_constant__ TmaMap cmap, const unsigned char* __restrict__ scales,       \
+             int rows, int cols, const uint4* __restrict__ xq, const float2* __restrict__ xs,     \
+             float* __restrict__ out, int accumulate, u64* __restrict__ amax, int stages,         \
+             const float* __restrict__ xres, int tok0, const float* __restrict__ nw, float eps,   \
+             const unsigned char* __restrict__ pf_codes, int pf_code_bytes,                       \
+             const unsigned char* __restrict__ pf_scales, int pf_scale_bytes) {                   \
+        GEMV_B1_CALL(J);                                                                         \
+    }
+
+GEMV_B1_KERNEL(gemv_b1_j6, 6, 4)
+GEMV_B1_KERNEL(gemv_b1_j17, 17, 2)
