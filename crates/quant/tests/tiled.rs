@@ -1,5 +1,5 @@
 //! The tiled layout and kernels: re-tiling loses nothing, the tiled twin equals the native twin
-//! bit for bit, and the AVX-512 kernels equal the tiled twin bit for bit, on random shapes
+//! bit for bit, and the AVX-512 and AVX2 kernels equal the tiled twin bit for bit, on random shapes
 //! (rows not a multiple of the panel, partial panel ranges, 1–9 tokens) and random bytes (code
 //! 3, non-canonical PTQ1_0 bytes, zero and negative scales).
 
@@ -91,6 +91,15 @@ fn case(format: Format, ternary: Ternary, rows: usize, blocks: usize, tokens: us
     let mut fast = vec![0f32; rows * tokens];
     quant::gemm_tiled(&m, 0..m.panels(), &acts, &mut fast);
     assert_eq!(bits(&fast), bits(&want), "{format}: tiled kernel vs twin");
+    // The AVX2 kernels too where the CPU has AVX2, even beside AVX-512.
+    let mut avx2 = vec![0f32; rows * tokens];
+    if quant::gemm_tiled_avx2(&m, 0..m.panels(), &acts, &mut avx2) {
+        assert_eq!(
+            bits(&avx2),
+            bits(&want),
+            "{format}: AVX2 tiled kernel vs twin"
+        );
+    }
 
     // A later range of panels writes just its rows.
     let p0 = m.panels() / 2;

@@ -1,5 +1,5 @@
-//! Weights re-tiled at load for the AVX-512 kernels: 16 rows interleaved per panel, so one
-//! 32-bit lane of a 512-bit register is one row.
+//! Weights re-tiled at load for the AVX-512 and AVX2 kernels: 16 rows interleaved per panel, so
+//! one 32-bit lane of a 512-bit register (or of one of two 256-bit halves) is one row.
 //!
 //! Why: with rows side by side, a `vpdpbusd` multiplies 4 values of 16 rows against the same 4
 //! activation codes (a broadcast from memory), the int→float conversion and activation scale are
@@ -14,6 +14,8 @@
 //! same steps in the same order, so every path — native twin, tiled twin, AVX-512 — returns the
 //! same bits.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 mod buffer;
 mod layout;
 mod scalar;
@@ -40,6 +42,18 @@ pub enum Ternary {
     Wide,
 }
 
+impl Ternary {
+    /// How this CPU's kernels hold PTQ1_0 best: packed where the AVX-512 kernels decode the
+    /// base-3 bytes, widened where only the AVX2 kernels run (they have no base-3 decode).
+    pub fn preferred() -> Ternary {
+        #[cfg(target_arch = "x86_64")]
+        if !x86::available() && avx2::available() {
+            return Ternary::Wide;
+        }
+        Ternary::Packed
+    }
+}
+
 /// A weight matrix in the panel layout (see the module docs). Built from the native rows with
 /// [`TiledMatrix::new`]; [`TiledMatrix::to_native`] gives them back.
 #[derive(Clone, Debug)]
@@ -51,6 +65,53 @@ pub struct TiledMatrix {
     rows: usize,
     cols: usize,
     data: buffer::Buffer,
+}
+
+/// Raw pointers into one token's activation tables, as the SIMD tiled kernels read them.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Act {
+    /// Codes as 32-bit chunks of 4 (not necessarily 4-byte aligned).
+    q: *const i32,
+    scale: *const f32,
+    neg: *const i32,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Act {
+    fn all(acts: &[QuantizedActs]) -> Vec<Act> {
+        acts.iter()
+            .map(|a| Act {
+                q: a.codes().as_ptr() as *const i32,
+                scale: a.scales().as_ptr(),
+                neg: a.neg_group_sums().as_ptr(),
+            })
+            .collect()
+    }
+}
+
+/// Bytes ahead of the current panel block each panel of the SIMD kernels prefetches.
+#[cfg(target_arch = "x86_64")]
+const PREFETCH: usize = 4096;
+
+/// Writes lane `l` of a panel's results for the rows of panel `p` that lie in `rows`, token `t`
+/// of `nt`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn scatter(
+    lanes: &[f32; PANEL],
+    p: usize,
+    t: usize,
+    nt: usize,
+    rows: &Range<usize>,
+    out: &mut [f32],
+) {
+    for (l, &x) in lanes.iter().enumerate() {
+        let r = p * PANEL + l;
+        if rows.contains(&r) {
+            out[(r - rows.start) * nt + t] = x;
+        }
+    }
 }
 
 /// The reasons a matrix cannot be tiled.
@@ -70,11 +131,12 @@ impl TiledMatrix {
         layout::supports(format)
     }
 
-    /// Whether this CPU runs the tiled kernels natively (AVX-512 with VNNI and VBMI). On other
-    /// CPUs [`gemm_tiled`] runs the scalar twin, so callers keep the native layout there.
+    /// Whether this CPU runs the tiled kernels natively (AVX-512 with VNNI and VBMI, or AVX2
+    /// with FMA and F16C). On other CPUs [`gemm_tiled`] runs the scalar twin, so callers keep the
+    /// native layout there.
     pub fn fast() -> bool {
         #[cfg(target_arch = "x86_64")]
-        return x86::available();
+        return x86::available() || avx2::available();
         #[cfg(not(target_arch = "x86_64"))]
         return false;
     }
@@ -257,7 +319,8 @@ impl TiledMatrix {
 }
 
 /// `out[(r − r0)·T + t] = row r · acts[t]` for the rows `r0..` of `panels` (rows past the
-/// matrix's end are not written), on AVX-512 when [`TiledMatrix::fast`], else the scalar twin.
+/// matrix's end are not written), on AVX-512 where the CPU has it, else on AVX2 (packed PTQ1_0
+/// aside), else the scalar twin.
 ///
 /// # Panics
 /// When the panels are out of range, an activation vector's length is not the column count, or
@@ -270,7 +333,44 @@ pub fn gemm_tiled(m: &TiledMatrix, panels: Range<usize>, acts: &[QuantizedActs],
         unsafe { x86::gemm(m, panels, acts, out) };
         return;
     }
+    if gemm_tiled_avx2_checked(m, panels.clone(), acts, out) {
+        return;
+    }
     scalar::gemm(m, panels, acts, out)
+}
+
+/// [`gemm_tiled`] on the AVX2 kernels whatever else the CPU has (for their tests on AVX-512
+/// machines); `false`, with nothing written, where the CPU lacks AVX2 or the kernels do not
+/// take the matrix's layout (packed PTQ1_0).
+///
+/// # Panics
+/// As [`gemm_tiled`].
+#[doc(hidden)]
+pub fn gemm_tiled_avx2(
+    m: &TiledMatrix,
+    panels: Range<usize>,
+    acts: &[QuantizedActs],
+    out: &mut [f32],
+) -> bool {
+    m.check(&panels, acts, out);
+    gemm_tiled_avx2_checked(m, panels, acts, out)
+}
+
+fn gemm_tiled_avx2_checked(
+    m: &TiledMatrix,
+    panels: Range<usize>,
+    acts: &[QuantizedActs],
+    out: &mut [f32],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if avx2::available() && avx2::takes(m.layout) {
+        // SAFETY: `available` confirmed the CPU features, `takes` the layout; the caller
+        // checked the shapes.
+        unsafe { avx2::gemm(m, panels, acts, out) };
+        return true;
+    }
+    let _ = (m, panels, acts, out);
+    false
 }
 
 /// The scalar twin of [`gemm_tiled`] (the oracle its kernels are tested against).

@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::layout::{self, PANEL};
-use super::TiledMatrix;
+use super::{scatter, Act, TiledMatrix, PREFETCH};
 use crate::acts::GROUPS_PER_HALF;
 use crate::{Format, QuantizedActs};
 
@@ -172,18 +172,6 @@ impl Chunks for Ptq {
     }
 }
 
-/// Raw pointers into one token's activation tables.
-#[derive(Clone, Copy)]
-struct Act {
-    /// Codes as 32-bit chunks of 4 (not necessarily 4-byte aligned).
-    q: *const i32,
-    scale: *const f32,
-    neg: *const i32,
-}
-
-/// Bytes ahead of the current panel block each panel prefetches.
-const PREFETCH: usize = 4096;
-
 /// `R` panels × `T` tokens starting at panel pointer `p` (panels `stride` bytes apart).
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // the r/t loops index several arrays at once
@@ -258,12 +246,7 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
 unsafe fn store(v: __m512, p: usize, t: usize, nt: usize, rows: &Range<usize>, out: &mut [f32]) {
     let mut lanes = [0f32; PANEL];
     _mm512_storeu_ps(lanes.as_mut_ptr(), v);
-    for (l, &x) in lanes.iter().enumerate() {
-        let r = p * PANEL + l;
-        if rows.contains(&r) {
-            out[(r - rows.start) * nt + t] = x;
-        }
-    }
+    scatter(&lanes, p, t, nt, rows, out);
 }
 
 #[inline(always)]
@@ -329,14 +312,7 @@ pub(super) unsafe fn gemm(
         out.fill(0.0);
         return;
     }
-    let acts: Vec<Act> = acts
-        .iter()
-        .map(|a| Act {
-            q: a.codes().as_ptr() as *const i32,
-            scale: a.scales().as_ptr(),
-            neg: a.neg_group_sums().as_ptr(),
-        })
-        .collect();
+    let acts = Act::all(acts);
     match m.layout {
         Format::Q1_0 => run::<Q1>(m, panels, &acts, out),
         Format::Q2_0 => run::<Q2<false>>(m, panels, &acts, out),

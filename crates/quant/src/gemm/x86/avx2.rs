@@ -44,6 +44,24 @@ impl Dot256 for Vnni512 {
     }
 }
 
+/// 32 bits as 32 byte codes: byte j is 2 where bit j is set, else 0.
+#[inline(always)]
+pub(crate) unsafe fn one_bit_codes(bits: i32) -> __m256i {
+    // Byte j takes source byte j / 8, then tests its bit j % 8.
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits),
+        _mm256_setr_epi64x(
+            0,
+            0x0101_0101_0101_0101,
+            0x0202_0202_0202_0202,
+            0x0303_0303_0303_0303,
+        ),
+    );
+    let select = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
+    _mm256_and_si256(set, _mm256_set1_epi8(2))
+}
+
 /// A block format whose weights are `code − 1` for unsigned codes 0..=3, decoded 32 at a time.
 trait Dec256 {
     const LEN: usize;
@@ -65,19 +83,7 @@ impl Dec256 for Q1 {
     /// Bit j set → code 2 (+1), clear → code 0 (−1).
     #[inline(always)]
     unsafe fn codes(p: *const u8, c: usize) -> __m256i {
-        let bits = (p.add(2 + 4 * c) as *const i32).read_unaligned();
-        let spread = _mm256_shuffle_epi8(
-            _mm256_set1_epi32(bits),
-            _mm256_setr_epi64x(
-                0,
-                0x0101_0101_0101_0101,
-                0x0202_0202_0202_0202,
-                0x0303_0303_0303_0303,
-            ),
-        );
-        let select = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-        let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
-        _mm256_and_si256(set, _mm256_set1_epi8(2))
+        one_bit_codes((p.add(2 + 4 * c) as *const i32).read_unaligned())
     }
 }
 

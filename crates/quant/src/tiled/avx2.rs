@@ -1,0 +1,220 @@
+//! The AVX2 tiled kernels, for CPUs without AVX-512 (FMA and F16C too): a panel's 16 rows as two
+//! 256-bit halves of 8 rows, one 32-bit lane a row, read from the same panel layout as the
+//! AVX-512 kernels (see [`layout`](super::layout)).
+//!
+//! Per chunk of 4 values × 16 rows: decode the two halves' unsigned codes (2-bit: a 16-byte
+//! broadcast, a variable shift and an `and` per half; Q1_0: a byte spread, `and`, compare and
+//! `and` per half), then `vpmaddubsw` against the chunk's 4 activation codes broadcast from
+//! memory. Per activation group (four chunks) the 16-bit pair sums are added, widened once by
+//! `vpmaddwd`, offset by the group's `−Σq`, converted and scaled: the same integer sums and the
+//! same float steps in the same order as the AVX-512 kernels and the scalar twin, so the same
+//! bits.
+//!
+//! PTQ1_0 has no AVX2 decode of its base-3 bytes here: held packed, its panels take the scalar
+//! twin, so AVX2 machines hold it widened ([`Ternary::preferred`](super::Ternary::preferred)).
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::layout::{self, PANEL};
+use super::{scatter, Act, TiledMatrix, PREFETCH};
+use crate::acts::GROUPS_PER_HALF;
+use crate::gemm::x86::avx2::one_bit_codes;
+use crate::{Format, QuantizedActs};
+
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// Whether the kernels take matrices in `layout` (every panel layout but packed PTQ1_0).
+pub(super) fn takes(layout: Format) -> bool {
+    matches!(
+        layout,
+        Format::Q1_0 | Format::Q2_0 | Format::Q2_0G128 | Format::PQ2_0
+    )
+}
+
+trait Chunks {
+    const FORMAT: Format;
+    /// Codes of chunk `c` of the half at `h`: rows 0..8 and rows 8..16.
+    unsafe fn codes(h: *const u8, c: usize) -> [__m256i; 2];
+}
+
+struct Q1;
+struct Q2<const G128: bool>;
+
+impl Chunks for Q1 {
+    const FORMAT: Format = Format::Q1_0;
+    #[inline(always)]
+    unsafe fn codes(h: *const u8, c: usize) -> [__m256i; 2] {
+        // Register byte j ↔ bit j: the low 32 bits are rows 0..8.
+        let bits = |at: usize| one_bit_codes((h.add(at) as *const i32).read_unaligned());
+        [bits(8 * c), bits(8 * c + 4)]
+    }
+}
+
+impl<const G128: bool> Chunks for Q2<G128> {
+    const FORMAT: Format = if G128 { Format::Q2_0G128 } else { Format::Q2_0 };
+    #[inline(always)]
+    unsafe fn codes(h: *const u8, c: usize) -> [__m256i; 2] {
+        // Register byte j is field j / 16 of source byte j % 16: each 128-bit lane of a half
+        // shifts the broadcast by its field.
+        let x = _mm256_broadcastsi128_si256(_mm_loadu_si128(h.add(16 * c) as *const __m128i));
+        let three = _mm256_set1_epi8(3);
+        [
+            _mm256_and_si256(_mm256_srlv_epi64(x, _mm256_setr_epi64x(0, 0, 2, 2)), three),
+            _mm256_and_si256(_mm256_srlv_epi64(x, _mm256_setr_epi64x(4, 4, 6, 6)), three),
+        ]
+    }
+}
+
+/// Two halves (rows 0..8, 8..16) of `R` panels × `T` tokens.
+type Sums<const R: usize, const T: usize> = [[[__m256; 2]; T]; R];
+
+/// `R` panels × `T` tokens starting at panel pointer `p` (panels `stride` bytes apart).
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // the r/t/e loops index several arrays at once
+unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
+    p: *const u8,
+    stride: usize,
+    blocks: usize,
+    acts: &[Act; T],
+) -> Sums<R, T> {
+    let pbb = layout::panel_block_bytes(C::FORMAT);
+    let (halves, hb) = (layout::halves(C::FORMAT), layout::half_bytes(C::FORMAT));
+    let ones = _mm256_set1_epi16(1);
+    let mut tot = [[[_mm256_setzero_ps(); 2]; T]; R];
+    for b in 0..blocks {
+        let mut blk = [[[_mm256_setzero_ps(); 2]; T]; R];
+        for r in 0..R {
+            let next = p.wrapping_add(r * stride + b * pbb + PREFETCH);
+            let mut off = 0;
+            while off < pbb {
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(off) as *const i8);
+                off += 64;
+            }
+        }
+        for h in 0..halves {
+            let half = b * halves + h;
+            let at = b * pbb + layout::SCALES + h * hb;
+            for k in 0..GROUPS_PER_HALF {
+                let g = GROUPS_PER_HALF * half + k;
+                // Pair sums of the group's four chunks: at most 4·2·3·127, no overflow.
+                let mut acc = [[[_mm256_setzero_si256(); 2]; T]; R];
+                for i in 0..layout::CHUNKS / GROUPS_PER_HALF {
+                    let c = k + GROUPS_PER_HALF * i;
+                    for r in 0..R {
+                        let codes = C::codes(p.add(r * stride + at), c);
+                        for t in 0..T {
+                            let q =
+                                _mm256_set1_epi32(acts[t].q.add(16 * half + c).read_unaligned());
+                            for e in 0..2 {
+                                let pairs = _mm256_maddubs_epi16(codes[e], q);
+                                acc[r][t][e] = _mm256_add_epi16(acc[r][t][e], pairs);
+                            }
+                        }
+                    }
+                }
+                for t in 0..T {
+                    let neg = _mm256_set1_epi32(*acts[t].neg.add(g));
+                    let s = _mm256_set1_ps(*acts[t].scale.add(g));
+                    for r in 0..R {
+                        for e in 0..2 {
+                            let sum = _mm256_add_epi32(neg, _mm256_madd_epi16(acc[r][t][e], ones));
+                            blk[r][t][e] =
+                                _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), s, blk[r][t][e]);
+                        }
+                    }
+                }
+            }
+        }
+        for r in 0..R {
+            let scales = p.add(r * stride + b * pbb);
+            for e in 0..2 {
+                let d = _mm256_cvtph_ps(_mm_loadu_si128(scales.add(16 * e) as *const __m128i));
+                for t in 0..T {
+                    tot[r][t][e] = _mm256_fmadd_ps(blk[r][t][e], d, tot[r][t][e]);
+                }
+            }
+        }
+    }
+    tot
+}
+
+/// Writes the two halves `v` for the rows of panel `p` that lie in `rows`, token `t` of `nt`.
+#[inline(always)]
+unsafe fn store(
+    v: [__m256; 2],
+    p: usize,
+    t: usize,
+    nt: usize,
+    rows: &Range<usize>,
+    out: &mut [f32],
+) {
+    let mut lanes = [0f32; PANEL];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), v[0]);
+    _mm256_storeu_ps(lanes.as_mut_ptr().add(8), v[1]);
+    scatter(&lanes, p, t, nt, rows, out);
+}
+
+#[inline(always)]
+unsafe fn run<C: Chunks>(m: &TiledMatrix, panels: Range<usize>, acts: &[Act], out: &mut [f32]) {
+    let rows = m.row_range(&panels);
+    let blocks = m.blocks();
+    let stride = blocks * layout::panel_block_bytes(C::FORMAT);
+    let base = m.data.as_ptr();
+    let nt = acts.len();
+    let mut panels = panels;
+    if nt == 1 {
+        // Two panels per pass, as the AVX-512 kernels pair them (see there).
+        let half = panels.len() / 2;
+        for i in 0..half {
+            let (a, b) = (panels.start + i, panels.start + half + i);
+            let v = tile::<C, 2, 1>(base.add(a * stride), (b - a) * stride, blocks, &[acts[0]]);
+            store(v[0][0], a, 0, 1, &rows, out);
+            store(v[1][0], b, 0, 1, &rows, out);
+        }
+        panels.start += 2 * half;
+    }
+    for p in panels {
+        let pp = base.add(p * stride);
+        let mut t = 0;
+        while t < nt {
+            if nt - t >= 2 {
+                let v = tile::<C, 1, 2>(pp, stride, blocks, &[acts[t], acts[t + 1]]);
+                store(v[0][0], p, t, nt, &rows, out);
+                store(v[0][1], p, t + 1, nt, &rows, out);
+                t += 2;
+            } else {
+                let v = tile::<C, 1, 1>(pp, stride, blocks, &[acts[t]]);
+                store(v[0][0], p, t, nt, &rows, out);
+                t += 1;
+            }
+        }
+    }
+}
+
+/// # Safety
+/// The CPU has the features [`available`] checks, [`takes`] holds for the matrix's layout, and
+/// shapes were checked by the caller.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn gemm(
+    m: &TiledMatrix,
+    panels: Range<usize>,
+    acts: &[QuantizedActs],
+    out: &mut [f32],
+) {
+    if m.cols == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let acts = Act::all(acts);
+    match m.layout {
+        Format::Q1_0 => run::<Q1>(m, panels, &acts, out),
+        Format::Q2_0 => run::<Q2<false>>(m, panels, &acts, out),
+        Format::Q2_0G128 | Format::PQ2_0 => run::<Q2<true>>(m, panels, &acts, out),
+        other => unreachable!("{other} is not a layout the AVX2 kernels take"),
+    }
+}
