@@ -3,12 +3,12 @@
 //! AVX-512 kernels (see [`layout`](super::layout)).
 //!
 //! Per chunk of 4 values × 16 rows: decode the two halves' unsigned codes (2-bit: a 16-byte
-//! broadcast, a variable shift and an `and` per half; Q1_0: a byte spread, `and`, compare and
-//! `and` per half), then `vpmaddubsw` against the chunk's 4 activation codes broadcast from
-//! memory. Per activation group (four chunks) the 16-bit pair sums are added, widened once by
-//! `vpmaddwd`, offset by the group's `−Σq`, converted and scaled: the same integer sums and the
-//! same float steps in the same order as the AVX-512 kernels and the scalar twin, so the same
-//! bits.
+//! broadcast, a variable shift and an `and` per half), then `vpmaddubsw` against the chunk's 4
+//! activation codes broadcast from memory; Q1_0 keeps its bits in place and selects the
+//! activations with `vpsignb` instead (see `Q1`). Per activation group (four chunks) the
+//! 16-bit pair sums are added, widened once by `vpmaddwd`, offset by the group's `−Σq`,
+//! converted and scaled: the same integer sums and the same float steps in the same order as
+//! the AVX-512 kernels and the scalar twin, so the same bits.
 //!
 //! PTQ1_0 has no AVX2 decode of its base-3 bytes here: held packed, its panels take the scalar
 //! twin, so AVX2 machines hold it widened ([`Ternary::preferred`](super::Ternary::preferred)).
@@ -19,7 +19,6 @@ use std::ops::Range;
 use super::layout::{self, PANEL};
 use super::{scatter, Act, TiledMatrix, PREFETCH};
 use crate::acts::GROUPS_PER_HALF;
-use crate::gemm::x86::avx2::one_bit_codes;
 use crate::{Format, QuantizedActs};
 
 pub(super) fn available() -> bool {
@@ -38,22 +37,69 @@ pub(super) fn takes(layout: Format) -> bool {
 
 trait Chunks {
     const FORMAT: Format;
-    /// Codes of chunk `c` of the half at `h`: rows 0..8 and rows 8..16.
+    /// What `pairs` sums is this many times `Σ c·q`.
+    const PAIR_SCALE: i16 = 1;
+    /// Codes of chunk `c` of the half at `h` (rows 0..8 and rows 8..16), as `pairs` takes them.
     unsafe fn codes(h: *const u8, c: usize) -> [__m256i; 2];
+    /// A chunk's 4 activation codes (broadcast to every row) as `pairs` takes them.
+    #[inline(always)]
+    unsafe fn act(q: __m256i) -> __m256i {
+        q
+    }
+    /// 16-bit sums of adjacent products, `Σ c·q / PAIR_SCALE` per pair.
+    #[inline(always)]
+    unsafe fn pairs(codes: __m256i, q: __m256i) -> __m256i {
+        _mm256_maddubs_epi16(codes, q)
+    }
 }
 
 struct Q1;
 struct Q2<const G128: bool>;
 
+/// Q1_0 without expanding its bits to codes: byte j of a half keeps bit j % 8 of its source
+/// byte in place (`and`), and `vpsignb` passes the activation where that bit is set (zero
+/// elsewhere), so the pairs sum the selected codes, half of `Σ c·q` for codes 0 or 2. Bit 7 in
+/// place reads as negative: the activation is pre-negated at those bytes (value 3 of odd rows).
 impl Chunks for Q1 {
     const FORMAT: Format = Format::Q1_0;
+    const PAIR_SCALE: i16 = 2;
     #[inline(always)]
     unsafe fn codes(h: *const u8, c: usize) -> [__m256i; 2] {
+        let spread = |at: usize| {
+            let bits = _mm256_set1_epi32((h.add(at) as *const i32).read_unaligned());
+            _mm256_and_si256(
+                _mm256_shuffle_epi8(
+                    bits,
+                    _mm256_loadu_si256(SPREAD.0.as_ptr() as *const __m256i),
+                ),
+                _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64),
+            )
+        };
         // Register byte j ↔ bit j: the low 32 bits are rows 0..8.
-        let bits = |at: usize| one_bit_codes((h.add(at) as *const i32).read_unaligned());
-        [bits(8 * c), bits(8 * c + 4)]
+        [spread(8 * c), spread(8 * c + 4)]
+    }
+    #[inline(always)]
+    unsafe fn act(q: __m256i) -> __m256i {
+        _mm256_sign_epi8(q, _mm256_set1_epi64x(0xff01_0101_0101_0101u64 as i64))
+    }
+    #[inline(always)]
+    unsafe fn pairs(codes: __m256i, q: __m256i) -> __m256i {
+        _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_sign_epi8(q, codes))
     }
 }
+
+/// `vpshufb` indices: byte j takes source byte j / 8.
+#[repr(align(32))]
+struct Spread([u8; 32]);
+static SPREAD: Spread = {
+    let mut t = [0u8; 32];
+    let mut j = 0;
+    while j < 32 {
+        t[j] = (j / 8) as u8;
+        j += 1;
+    }
+    Spread(t)
+};
 
 impl<const G128: bool> Chunks for Q2<G128> {
     const FORMAT: Format = if G128 { Format::Q2_0G128 } else { Format::Q2_0 };
@@ -84,7 +130,7 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
 ) -> Sums<R, T> {
     let pbb = layout::panel_block_bytes(C::FORMAT);
     let (halves, hb) = (layout::halves(C::FORMAT), layout::half_bytes(C::FORMAT));
-    let ones = _mm256_set1_epi16(1);
+    let widen = _mm256_set1_epi16(C::PAIR_SCALE);
     let mut tot = [[[_mm256_setzero_ps(); 2]; T]; R];
     for b in 0..blocks {
         let mut blk = [[[_mm256_setzero_ps(); 2]; T]; R];
@@ -108,10 +154,11 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
                     for r in 0..R {
                         let codes = C::codes(p.add(r * stride + at), c);
                         for t in 0..T {
-                            let q =
-                                _mm256_set1_epi32(acts[t].q.add(16 * half + c).read_unaligned());
+                            let q = C::act(_mm256_set1_epi32(
+                                acts[t].q.add(16 * half + c).read_unaligned(),
+                            ));
                             for e in 0..2 {
-                                let pairs = _mm256_maddubs_epi16(codes[e], q);
+                                let pairs = C::pairs(codes[e], q);
                                 acc[r][t][e] = _mm256_add_epi16(acc[r][t][e], pairs);
                             }
                         }
@@ -122,7 +169,7 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
                     let s = _mm256_set1_ps(*acts[t].scale.add(g));
                     for r in 0..R {
                         for e in 0..2 {
-                            let sum = _mm256_add_epi32(neg, _mm256_madd_epi16(acc[r][t][e], ones));
+                            let sum = _mm256_add_epi32(neg, _mm256_madd_epi16(acc[r][t][e], widen));
                             blk[r][t][e] =
                                 _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), s, blk[r][t][e]);
                         }
