@@ -39,8 +39,8 @@ trait Chunks {
     const FORMAT: Format;
     /// What `pairs` sums is this many times `Σ c·q`.
     const PAIR_SCALE: i16 = 1;
-    /// Codes of chunk `c` of the half at `h` (rows 0..8 and rows 8..16), as `pairs` takes them.
-    unsafe fn codes(h: *const u8, c: usize) -> [__m256i; 2];
+    /// Codes of chunk `c` of the half at `h`, rows `8e..8e + 8`, as `pairs` takes them.
+    unsafe fn codes(h: *const u8, c: usize, e: usize) -> __m256i;
     /// A chunk's 4 activation codes (broadcast to every row) as `pairs` takes them.
     #[inline(always)]
     unsafe fn act(q: __m256i) -> __m256i {
@@ -64,19 +64,11 @@ impl Chunks for Q1 {
     const FORMAT: Format = Format::Q1_0;
     const PAIR_SCALE: i16 = 2;
     #[inline(always)]
-    unsafe fn codes(h: *const u8, c: usize) -> [__m256i; 2] {
-        let spread = |at: usize| {
-            let bits = _mm256_set1_epi32((h.add(at) as *const i32).read_unaligned());
-            _mm256_and_si256(
-                _mm256_shuffle_epi8(
-                    bits,
-                    _mm256_loadu_si256(SPREAD.0.as_ptr() as *const __m256i),
-                ),
-                _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64),
-            )
-        };
-        // Register byte j ↔ bit j: the low 32 bits are rows 0..8.
-        [spread(8 * c), spread(8 * c + 4)]
+    unsafe fn codes(h: *const u8, c: usize, e: usize) -> __m256i {
+        _mm256_and_si256(
+            spread_bits(h, c, e),
+            _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64),
+        )
     }
     #[inline(always)]
     unsafe fn act(q: __m256i) -> __m256i {
@@ -86,6 +78,32 @@ impl Chunks for Q1 {
     unsafe fn pairs(codes: __m256i, q: __m256i) -> __m256i {
         _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_sign_epi8(q, codes))
     }
+}
+
+/// Q1_0 with its bits expanded to codes 0 or 2, for several tokens: the expansion (two more
+/// operations per half-chunk than `Q1`'s) is shared by the tokens, and each token then pays one
+/// `vpmaddubsw` instead of a `vpsignb` and one.
+struct Q1Codes;
+
+impl Chunks for Q1Codes {
+    const FORMAT: Format = Format::Q1_0;
+    #[inline(always)]
+    unsafe fn codes(h: *const u8, c: usize, e: usize) -> __m256i {
+        let select = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread_bits(h, c, e), select), select);
+        _mm256_and_si256(set, _mm256_set1_epi8(2))
+    }
+}
+
+/// Mask bits `32e..32e + 32` of chunk `c` (register byte `j` ↔ bit `j`: the low 32 bits are
+/// rows 0..8), byte `j` holding the source byte of bit `j`.
+#[inline(always)]
+unsafe fn spread_bits(h: *const u8, c: usize, e: usize) -> __m256i {
+    let bits = _mm256_set1_epi32((h.add(8 * c + 4 * e) as *const i32).read_unaligned());
+    _mm256_shuffle_epi8(
+        bits,
+        _mm256_loadu_si256(SPREAD.0.as_ptr() as *const __m256i),
+    )
 }
 
 /// `vpshufb` indices: byte j takes source byte j / 8.
@@ -104,15 +122,13 @@ static SPREAD: Spread = {
 impl<const G128: bool> Chunks for Q2<G128> {
     const FORMAT: Format = if G128 { Format::Q2_0G128 } else { Format::Q2_0 };
     #[inline(always)]
-    unsafe fn codes(h: *const u8, c: usize) -> [__m256i; 2] {
+    unsafe fn codes(h: *const u8, c: usize, e: usize) -> __m256i {
         // Register byte j is field j / 16 of source byte j % 16: each 128-bit lane of a half
         // shifts the broadcast by its field.
         let x = _mm256_broadcastsi128_si256(_mm_loadu_si128(h.add(16 * c) as *const __m128i));
-        let three = _mm256_set1_epi8(3);
-        [
-            _mm256_and_si256(_mm256_srlv_epi64(x, _mm256_setr_epi64x(0, 0, 2, 2)), three),
-            _mm256_and_si256(_mm256_srlv_epi64(x, _mm256_setr_epi64x(4, 4, 6, 6)), three),
-        ]
+        let f = 4 * e as i64;
+        let shift = _mm256_setr_epi64x(f, f, f + 2, f + 2);
+        _mm256_and_si256(_mm256_srlv_epi64(x, shift), _mm256_set1_epi8(3))
     }
 }
 
@@ -147,31 +163,39 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
             let at = b * pbb + layout::SCALES + h * hb;
             for k in 0..GROUPS_PER_HALF {
                 let g = GROUPS_PER_HALF * half + k;
-                // Pair sums of the group's four chunks: at most 4·2·3·127, no overflow.
-                let mut acc = [[[_mm256_setzero_si256(); 2]; T]; R];
-                for i in 0..layout::CHUNKS / GROUPS_PER_HALF {
-                    let c = k + GROUPS_PER_HALF * i;
-                    for r in 0..R {
-                        let codes = C::codes(p.add(r * stride + at), c);
+                // Several tokens take one half of the panel at a time (their accumulators
+                // then fit the 16 registers beside the block sums); one token both at once
+                // (its activation operand made once per chunk).
+                let (passes, per) = if T > 1 { (2, 1) } else { (1, 2) };
+                for pass in 0..passes {
+                    // Pair sums of the group's four chunks: at most 4·2·3·127, no overflow.
+                    let mut acc = [[[_mm256_setzero_si256(); 2]; T]; R];
+                    for i in 0..layout::CHUNKS / GROUPS_PER_HALF {
+                        let c = k + GROUPS_PER_HALF * i;
+                        let mut q = [_mm256_setzero_si256(); T];
                         for t in 0..T {
-                            let q = C::act(_mm256_set1_epi32(
-                                acts[t].q.add(16 * half + c).read_unaligned(),
-                            ));
-                            for e in 0..2 {
-                                let pairs = C::pairs(codes[e], q);
-                                acc[r][t][e] = _mm256_add_epi16(acc[r][t][e], pairs);
+                            let at = acts[t].q.add(16 * half + c);
+                            q[t] = C::act(_mm256_set1_epi32(at.read_unaligned()));
+                        }
+                        for r in 0..R {
+                            for e in pass..pass + per {
+                                let codes = C::codes(p.add(r * stride + at), c, e);
+                                for t in 0..T {
+                                    let pairs = C::pairs(codes, q[t]);
+                                    acc[r][t][e] = _mm256_add_epi16(acc[r][t][e], pairs);
+                                }
                             }
                         }
                     }
-                }
-                for t in 0..T {
-                    let neg = _mm256_set1_epi32(*acts[t].neg.add(g));
-                    let s = _mm256_set1_ps(*acts[t].scale.add(g));
-                    for r in 0..R {
-                        for e in 0..2 {
-                            let sum = _mm256_add_epi32(neg, _mm256_madd_epi16(acc[r][t][e], widen));
-                            blk[r][t][e] =
-                                _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), s, blk[r][t][e]);
+                    for t in 0..T {
+                        let neg = _mm256_set1_epi32(*acts[t].neg.add(g));
+                        let s = _mm256_set1_ps(*acts[t].scale.add(g));
+                        for r in 0..R {
+                            for e in pass..pass + per {
+                                let sum = _mm256_madd_epi16(acc[r][t][e], widen);
+                                let sum = _mm256_cvtepi32_ps(_mm256_add_epi32(neg, sum));
+                                blk[r][t][e] = _mm256_fmadd_ps(sum, s, blk[r][t][e]);
+                            }
                         }
                     }
                 }
@@ -206,8 +230,17 @@ unsafe fn store(
     scatter(&lanes, p, t, nt, rows, out);
 }
 
+/// Tokens a multi-token pass takes at once.
+const MULTI: usize = 4;
+
+/// One token on `C`'s chunks, several on `M`'s (the same format).
 #[inline(always)]
-unsafe fn run<C: Chunks>(m: &TiledMatrix, panels: Range<usize>, acts: &[Act], out: &mut [f32]) {
+unsafe fn run<C: Chunks, M: Chunks>(
+    m: &TiledMatrix,
+    panels: Range<usize>,
+    acts: &[Act],
+    out: &mut [f32],
+) {
     let rows = m.row_range(&panels);
     let blocks = m.blocks();
     let stride = blocks * layout::panel_block_bytes(C::FORMAT);
@@ -229,8 +262,15 @@ unsafe fn run<C: Chunks>(m: &TiledMatrix, panels: Range<usize>, acts: &[Act], ou
         let pp = base.add(p * stride);
         let mut t = 0;
         while t < nt {
-            if nt - t >= 2 {
-                let v = tile::<C, 1, 2>(pp, stride, blocks, &[acts[t], acts[t + 1]]);
+            if nt - t >= MULTI {
+                let a: [Act; MULTI] = std::array::from_fn(|k| acts[t + k]);
+                let v = tile::<M, 1, MULTI>(pp, stride, blocks, &a);
+                for (k, &v) in v[0].iter().enumerate() {
+                    store(v, p, t + k, nt, &rows, out);
+                }
+                t += MULTI;
+            } else if nt - t >= 2 {
+                let v = tile::<M, 1, 2>(pp, stride, blocks, &[acts[t], acts[t + 1]]);
                 store(v[0][0], p, t, nt, &rows, out);
                 store(v[0][1], p, t + 1, nt, &rows, out);
                 t += 2;
@@ -259,9 +299,9 @@ pub(super) unsafe fn gemm(
     }
     let acts = Act::all(acts);
     match m.layout {
-        Format::Q1_0 => run::<Q1>(m, panels, &acts, out),
-        Format::Q2_0 => run::<Q2<false>>(m, panels, &acts, out),
-        Format::Q2_0G128 | Format::PQ2_0 => run::<Q2<true>>(m, panels, &acts, out),
+        Format::Q1_0 => run::<Q1, Q1Codes>(m, panels, &acts, out),
+        Format::Q2_0 => run::<Q2<false>, Q2<false>>(m, panels, &acts, out),
+        Format::Q2_0G128 | Format::PQ2_0 => run::<Q2<true>, Q2<true>>(m, panels, &acts, out),
         other => unreachable!("{other} is not a layout the AVX2 kernels take"),
     }
 }
