@@ -10,7 +10,8 @@
 //!
 //! Writes `cuda-results.md` to the folder given as the first argument (default `.`).
 //! `NIWAKI_HARNESS_27B=Q2_0,Q1_0` picks the 27B formats (empty: skip);
-//! `NIWAKI_HARNESS_ONLY=gemm` times the prefill GEMMs and nothing else (for a profiler).
+//! `NIWAKI_HARNESS_ONLY=gemm` times the prefill GEMMs and nothing else (for a profiler);
+//! `NIWAKI_HARNESS_ONLY=gemv-b1` runs the binary decode GEMV's check alone.
 
 use std::fmt::Write as _;
 
@@ -96,6 +97,14 @@ fn run(rep: &mut Report) -> R<()> {
         // For a profiler: the GEMM timings alone.
         Ok("gemm") => return gemm_speed(rep, &gpu),
         // A new GEMM kernel's first run: its checks, then its timings.
+        // The binary decode GEMV's check alone (with its NIWAKI_CUDA_B1_* knobs).
+        Ok("gemv-b1") => {
+            rep.line("| kernel | shape | result | error |");
+            rep.line("|---|---|---|---|");
+            let (xq, xs) = (gpu.alloc(17408, "xq")?, gpu.alloc(8 * 17408 / 64, "xs")?);
+            let mut rng = rand::SeedableRng::seed_from_u64(7);
+            return gemv_b1::gemv_b1_checks(rep, &gpu, xq.ptr, xs.ptr, &mut rng);
+        }
         Ok("gemm-checks") => {
             rep.line("| kernel | shape | result | error |");
             rep.line("|---|---|---|---|");
