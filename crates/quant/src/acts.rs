@@ -23,6 +23,8 @@
 //! Kernels start an integer accumulator at `neg·k` to turn unsigned weight codes `c` into the
 //! signed weight `c − k`. Codes are zero-padded to a multiple of 128 values (a whole span).
 
+use std::sync::OnceLock;
+
 /// Values per activation group (one f32 scale each).
 pub const ACT_GROUP: usize = 16;
 
@@ -47,6 +49,8 @@ pub struct QuantizedActs {
     neg_sum: Vec<i32>,
     lane_scale: Vec<f32>,
     neg_lane_sum: Vec<i32>,
+    /// The 1-bit lookup tables (see [`QuantizedActs::sign_tables`]), made on first use.
+    sign_tables: OnceLock<Vec<u8>>,
 }
 
 /// `(d, codes)` of one group with `d = amax/127` (f32) and `q = round(x/d)`. Non-finite inputs
@@ -243,6 +247,7 @@ impl QuantizedActs {
             neg_sum,
             lane_scale,
             neg_lane_sum,
+            sign_tables: OnceLock::new(),
         }
     }
 
@@ -283,6 +288,42 @@ impl QuantizedActs {
         &self.neg_lane_sum
     }
 
+    /// For each 4-value run (chunk) of the codes, `Σ ±q` over its values for each of the 16 sign
+    /// patterns `m` (bit `i` set: `+q[i]`), as 16-bit numbers split into a table of low bytes and
+    /// one of high bytes: what a 1-bit row's 4 bits look up. Per 64-value half, 8 blocks of 64
+    /// bytes, block `2k + j` for chunks `c = k + 8j` and `c + 4` (`k < 4`):
+    /// `[low(c), low(c + 4), high(c), high(c + 4)]`, 16 bytes each. Made once, on first use.
+    pub(crate) fn sign_tables(&self) -> &[u8] {
+        self.sign_tables.get_or_init(|| {
+            let mut out = vec![0u8; 8 * self.q.len()];
+            for (half, block) in self.q.chunks_exact(64).zip(out.chunks_exact_mut(512)) {
+                for (b, tb) in block.chunks_exact_mut(64).enumerate() {
+                    let (k, j) = (b / 2, b % 2);
+                    for (slot, c) in [k + 8 * j, k + 8 * j + 4].into_iter().enumerate() {
+                        let run = &half[4 * c..4 * c + 4];
+                        for m in 0..16 {
+                            let v: i16 = run
+                                .iter()
+                                .enumerate()
+                                .map(|(i, &q)| {
+                                    if m >> i & 1 == 1 {
+                                        i16::from(q)
+                                    } else {
+                                        -i16::from(q)
+                                    }
+                                })
+                                .sum();
+                            let [lo, hi] = v.to_le_bytes();
+                            tb[16 * slot + m] = lo;
+                            tb[32 + 16 * slot + m] = hi;
+                        }
+                    }
+                }
+            }
+            out
+        })
+    }
+
     /// The values the codes stand for, `q·d`, into `out` (`out.len() == self.len()`).
     pub fn dequantize(&self, out: &mut [f32]) {
         assert_eq!(out.len(), self.len(), "dequantize: output length");
@@ -295,6 +336,30 @@ impl QuantizedActs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sign_tables_hold_every_signed_sum_of_each_run() {
+        let x: Vec<f32> = (0..200)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.3)
+            .collect();
+        let a = QuantizedActs::new(&x);
+        let t = a.sign_tables();
+        assert_eq!(t.len(), 8 * a.codes().len());
+        for (h, half) in a.codes().chunks_exact(64).enumerate() {
+            for c in 0..16 {
+                // Block 2k + j holds chunks k + 8j (slot 0) and k + 8j + 4 (slot 1).
+                let (k, j, slot) = (c % 4, (c / 8) % 2, (c / 4) % 2);
+                let tb = &t[512 * h + 64 * (2 * k + j)..][..64];
+                for m in 0..16 {
+                    let want: i16 = (0..4)
+                        .map(|i| i16::from(half[4 * c + i]) * if m >> i & 1 == 1 { 1 } else { -1 })
+                        .sum();
+                    let got = i16::from_le_bytes([tb[16 * slot + m], tb[32 + 16 * slot + m]]);
+                    assert_eq!(got, want, "half {h} chunk {c} pattern {m}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn groups_partition_each_span() {

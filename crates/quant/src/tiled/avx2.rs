@@ -214,6 +214,83 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
     tot
 }
 
+/// One token × one Q1_0 panel by table lookups: each row's 4 bits of a chunk index the chunk's
+/// 16 sums `Σ ±q` ([`QuantizedActs::sign_tables`], low and high bytes by one `vpshufb` each),
+/// two chunks a register (a 128-bit lane each), 16 rows a lookup (the low nibbles of a chunk's
+/// 8 bytes are the even rows, the high nibbles the odd ones). Per group, the two lanes' 16-bit
+/// sums are added and widened once: the group's exact sum per row, as the other kernels form
+/// it. Returns the even rows' and the odd rows' totals.
+#[inline(always)]
+unsafe fn q1_lookup_panel(
+    p: *const u8,
+    blocks: usize,
+    act: &Act,
+    tables: *const u8,
+) -> [__m256; 2] {
+    let pbb = layout::panel_block_bytes(Format::Q1_0);
+    let halves = layout::halves(Format::Q1_0);
+    let hb = layout::half_bytes(Format::Q1_0);
+    let low4 = _mm256_set1_epi8(0x0f);
+    // Scales of rows 0..16 → even rows in the low 128 bits, odd rows in the high.
+    let split = _mm256_setr_epi8(
+        0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7,
+        10, 11, 14, 15,
+    );
+    let mut tot = [_mm256_setzero_ps(); 2];
+    for b in 0..blocks {
+        let next = p.wrapping_add(b * pbb + PREFETCH);
+        let mut off = 0;
+        while off < pbb {
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(off) as *const i8);
+            off += 64;
+        }
+        let mut blk = [_mm256_setzero_ps(); 2];
+        for h in 0..halves {
+            let half = b * halves + h;
+            let at = p.add(b * pbb + layout::SCALES + h * hb);
+            for k in 0..GROUPS_PER_HALF {
+                let g = GROUPS_PER_HALF * half + k;
+                let mut acc = [_mm256_setzero_si256(); 2];
+                for j in 0..2 {
+                    let c = k + 8 * j;
+                    let x = _mm256_set_m128i(
+                        _mm_loadl_epi64(at.add(8 * (c + 4)) as *const __m128i),
+                        _mm_loadl_epi64(at.add(8 * c) as *const __m128i),
+                    );
+                    let idx =
+                        _mm256_and_si256(_mm256_unpacklo_epi64(x, _mm256_srli_epi16::<4>(x)), low4);
+                    let tb = tables.add((8 * half + 2 * k + j) * 64);
+                    let lo = _mm256_shuffle_epi8(_mm256_loadu_si256(tb as *const __m256i), idx);
+                    let hi =
+                        _mm256_shuffle_epi8(_mm256_loadu_si256(tb.add(32) as *const __m256i), idx);
+                    acc[0] = _mm256_add_epi16(acc[0], _mm256_unpacklo_epi8(lo, hi));
+                    acc[1] = _mm256_add_epi16(acc[1], _mm256_unpackhi_epi8(lo, hi));
+                }
+                let s = _mm256_set1_ps(*act.scale.add(g));
+                for e in 0..2 {
+                    let sum = _mm_add_epi16(
+                        _mm256_castsi256_si128(acc[e]),
+                        _mm256_extracti128_si256::<1>(acc[e]),
+                    );
+                    let sum = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(sum));
+                    blk[e] = _mm256_fmadd_ps(sum, s, blk[e]);
+                }
+            }
+        }
+        let scales = _mm256_loadu_si256(p.add(b * pbb) as *const __m256i);
+        let d = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(scales, split));
+        for e in 0..2 {
+            let half16 = if e == 0 {
+                _mm256_castsi256_si128(d)
+            } else {
+                _mm256_extracti128_si256::<1>(d)
+            };
+            tot[e] = _mm256_fmadd_ps(blk[e], _mm256_cvtph_ps(half16), tot[e]);
+        }
+    }
+    tot
+}
+
 /// Writes the two halves `v` for the rows of panel `p` that lie in `rows`, token `t` of `nt`.
 #[inline(always)]
 unsafe fn store(
@@ -239,6 +316,7 @@ unsafe fn run<C: Chunks, M: Chunks>(
     m: &TiledMatrix,
     panels: Range<usize>,
     acts: &[Act],
+    tables: *const u8,
     out: &mut [f32],
 ) {
     let rows = m.row_range(&panels);
@@ -247,6 +325,18 @@ unsafe fn run<C: Chunks, M: Chunks>(
     let base = m.data.as_ptr();
     let nt = acts.len();
     let mut panels = panels;
+    if nt == 1 && C::FORMAT == Format::Q1_0 {
+        for p in panels {
+            let [even, odd] = q1_lookup_panel(base.add(p * stride), blocks, &acts[0], tables);
+            let (mut e, mut o) = ([0f32; 8], [0f32; 8]);
+            _mm256_storeu_ps(e.as_mut_ptr(), even);
+            _mm256_storeu_ps(o.as_mut_ptr(), odd);
+            let lanes: [f32; PANEL] =
+                std::array::from_fn(|l| if l % 2 == 0 { e[l / 2] } else { o[l / 2] });
+            scatter(&lanes, p, 0, 1, &rows, out);
+        }
+        return;
+    }
     if nt == 1 {
         // Two panels per pass, as the AVX-512 kernels pair them (see there).
         let half = panels.len() / 2;
@@ -297,11 +387,18 @@ pub(super) unsafe fn gemm(
         out.fill(0.0);
         return;
     }
+    // One token of Q1_0 looks its rows up in the token's sign tables (made once per token).
+    let tables = match (m.layout, acts) {
+        (Format::Q1_0, [one]) => one.sign_tables().as_ptr(),
+        _ => std::ptr::null(),
+    };
     let acts = Act::all(acts);
     match m.layout {
-        Format::Q1_0 => run::<Q1, Q1Codes>(m, panels, &acts, out),
-        Format::Q2_0 => run::<Q2<false>, Q2<false>>(m, panels, &acts, out),
-        Format::Q2_0G128 | Format::PQ2_0 => run::<Q2<true>, Q2<true>>(m, panels, &acts, out),
+        Format::Q1_0 => run::<Q1, Q1Codes>(m, panels, &acts, tables, out),
+        Format::Q2_0 => run::<Q2<false>, Q2<false>>(m, panels, &acts, tables, out),
+        Format::Q2_0G128 | Format::PQ2_0 => {
+            run::<Q2<true>, Q2<true>>(m, panels, &acts, tables, out)
+        }
         other => unreachable!("{other} is not a layout the AVX2 kernels take"),
     }
 }
