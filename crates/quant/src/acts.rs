@@ -99,6 +99,13 @@ unsafe fn quantize_halves_avx512(x: &[f32], q: &mut [i8], scale: &mut [f32], neg
     quantize_halves(x, q, scale, neg_sum)
 }
 
+/// [`quantize_halves`] compiled for AVX2: the same arithmetic on 8-lane vectors.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_halves_avx2(x: &[f32], q: &mut [i8], scale: &mut [f32], neg_sum: &mut [i32]) {
+    quantize_halves(x, q, scale, neg_sum)
+}
+
 /// Codes, scales and negated group sums, 64 values at a time. Written so each step is a loop
 /// over 16 independent lanes (value `16r + l` of a half is in group `l / 4`), which the compiler
 /// turns into vector code; `max` ignores NaN like the group-by-group definition's comparison.
@@ -169,6 +176,12 @@ impl QuantizedActs {
         if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
             // SAFETY: the CPU has the features the function is compiled with.
             unsafe { quantize_halves_avx512(x, &mut q, &mut scale, &mut neg_sum) };
+            return Self::with_group_sums(x.to_vec(), q, scale, neg_sum);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has the features the function is compiled with.
+            unsafe { quantize_halves_avx2(x, &mut q, &mut scale, &mut neg_sum) };
             return Self::with_group_sums(x.to_vec(), q, scale, neg_sum);
         }
         quantize_halves(x, &mut q, &mut scale, &mut neg_sum);
@@ -301,18 +314,15 @@ impl QuantizedActs {
                     let (k, j) = (b / 2, b % 2);
                     for (slot, c) in [k + 8 * j, k + 8 * j + 4].into_iter().enumerate() {
                         let run = &half[4 * c..4 * c + 4];
-                        for m in 0..16 {
-                            let v: i16 = run
-                                .iter()
-                                .enumerate()
-                                .map(|(i, &q)| {
-                                    if m >> i & 1 == 1 {
-                                        i16::from(q)
-                                    } else {
-                                        -i16::from(q)
-                                    }
-                                })
-                                .sum();
+                        // All minus, then each pattern from the one without its top bit: one
+                        // add per entry.
+                        let mut v = [0i16; 16];
+                        v[0] = -run.iter().map(|&q| i16::from(q)).sum::<i16>();
+                        for m in 1..16usize {
+                            let top = m.ilog2() as usize;
+                            v[m] = v[m & !(1 << top)] + 2 * i16::from(run[top]);
+                        }
+                        for (m, &v) in v.iter().enumerate() {
                             let [lo, hi] = v.to_le_bytes();
                             tb[16 * slot + m] = lo;
                             tb[32 + 16 * slot + m] = hi;
