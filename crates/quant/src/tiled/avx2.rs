@@ -3,12 +3,12 @@
 //! AVX-512 kernels (see [`layout`](super::layout)).
 //!
 //! Per chunk of 4 values × 16 rows: decode the two halves' unsigned codes (2-bit: a 16-byte
-//! broadcast, a variable shift and an `and` per half), then `vpmaddubsw` against the chunk's 4
-//! activation codes broadcast from memory; Q1_0 keeps its bits in place and selects the
-//! activations with `vpsignb` instead (see `Q1`). Per activation group (four chunks) the
-//! 16-bit pair sums are added, widened once by `vpmaddwd`, offset by the group's `−Σq`,
-//! converted and scaled: the same integer sums and the same float steps in the same order as
-//! the AVX-512 kernels and the scalar twin, so the same bits.
+//! broadcast, a variable shift and an `and` per half; Q1_0: a byte spread, `and`, compare and
+//! `and`), then `vpmaddubsw` against the chunk's 4 activation codes broadcast from memory. Per
+//! activation group (four chunks) the 16-bit pair sums are added, widened once by `vpmaddwd`,
+//! offset by the group's `−Σq`, converted and scaled: the same integer sums and the same float
+//! steps in the same order as the AVX-512 kernels and the scalar twin, so the same bits. One
+//! token of Q1_0 goes by table lookups instead (`q1_lookup_panel`).
 //!
 //! PTQ1_0 has no AVX2 decode of its base-3 bytes here: held packed, its panels take the scalar
 //! twin, so AVX2 machines hold it widened ([`Ternary::preferred`](super::Ternary::preferred)).
@@ -17,8 +17,9 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::layout::{self, PANEL};
-use super::{scatter, Act, TiledMatrix, PREFETCH};
+use super::{prefetch_ahead, scatter, Act, TiledMatrix};
 use crate::acts::GROUPS_PER_HALF;
+use crate::gemm::x86::avx2::one_bit_codes;
 use crate::{Format, QuantizedActs};
 
 pub(super) fn available() -> bool {
@@ -37,87 +38,21 @@ pub(super) fn takes(layout: Format) -> bool {
 
 trait Chunks {
     const FORMAT: Format;
-    /// What `pairs` sums is this many times `Σ c·q`.
-    const PAIR_SCALE: i16 = 1;
-    /// Codes of chunk `c` of the half at `h`, rows `8e..8e + 8`, as `pairs` takes them.
+    /// Unsigned codes of chunk `c` of the half at `h`, rows `8e..8e + 8`.
     unsafe fn codes(h: *const u8, c: usize, e: usize) -> __m256i;
-    /// A chunk's 4 activation codes (broadcast to every row) as `pairs` takes them.
-    #[inline(always)]
-    unsafe fn act(q: __m256i) -> __m256i {
-        q
-    }
-    /// 16-bit sums of adjacent products, `Σ c·q / PAIR_SCALE` per pair.
-    #[inline(always)]
-    unsafe fn pairs(codes: __m256i, q: __m256i) -> __m256i {
-        _mm256_maddubs_epi16(codes, q)
-    }
 }
 
 struct Q1;
 struct Q2<const G128: bool>;
 
-/// Q1_0 without expanding its bits to codes: byte j of a half keeps bit j % 8 of its source
-/// byte in place (`and`), and `vpsignb` passes the activation where that bit is set (zero
-/// elsewhere), so the pairs sum the selected codes, half of `Σ c·q` for codes 0 or 2. Bit 7 in
-/// place reads as negative: the activation is pre-negated at those bytes (value 3 of odd rows).
 impl Chunks for Q1 {
     const FORMAT: Format = Format::Q1_0;
-    const PAIR_SCALE: i16 = 2;
+    /// Register byte j ↔ bit j: bits `32e..32e + 32` are rows `8e..8e + 8`.
     #[inline(always)]
     unsafe fn codes(h: *const u8, c: usize, e: usize) -> __m256i {
-        _mm256_and_si256(
-            spread_bits(h, c, e),
-            _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64),
-        )
-    }
-    #[inline(always)]
-    unsafe fn act(q: __m256i) -> __m256i {
-        _mm256_sign_epi8(q, _mm256_set1_epi64x(0xff01_0101_0101_0101u64 as i64))
-    }
-    #[inline(always)]
-    unsafe fn pairs(codes: __m256i, q: __m256i) -> __m256i {
-        _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_sign_epi8(q, codes))
+        one_bit_codes((h.add(8 * c + 4 * e) as *const i32).read_unaligned())
     }
 }
-
-/// Q1_0 with its bits expanded to codes 0 or 2, for several tokens: the expansion (two more
-/// operations per half-chunk than `Q1`'s) is shared by the tokens, and each token then pays one
-/// `vpmaddubsw` instead of a `vpsignb` and one.
-struct Q1Codes;
-
-impl Chunks for Q1Codes {
-    const FORMAT: Format = Format::Q1_0;
-    #[inline(always)]
-    unsafe fn codes(h: *const u8, c: usize, e: usize) -> __m256i {
-        let select = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-        let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread_bits(h, c, e), select), select);
-        _mm256_and_si256(set, _mm256_set1_epi8(2))
-    }
-}
-
-/// Mask bits `32e..32e + 32` of chunk `c` (register byte `j` ↔ bit `j`: the low 32 bits are
-/// rows 0..8), byte `j` holding the source byte of bit `j`.
-#[inline(always)]
-unsafe fn spread_bits(h: *const u8, c: usize, e: usize) -> __m256i {
-    let bits = _mm256_set1_epi32((h.add(8 * c + 4 * e) as *const i32).read_unaligned());
-    _mm256_shuffle_epi8(
-        bits,
-        _mm256_loadu_si256(SPREAD.0.as_ptr() as *const __m256i),
-    )
-}
-
-/// `vpshufb` indices: byte j takes source byte j / 8.
-#[repr(align(32))]
-struct Spread([u8; 32]);
-static SPREAD: Spread = {
-    let mut t = [0u8; 32];
-    let mut j = 0;
-    while j < 32 {
-        t[j] = (j / 8) as u8;
-        j += 1;
-    }
-    Spread(t)
-};
 
 impl<const G128: bool> Chunks for Q2<G128> {
     const FORMAT: Format = if G128 { Format::Q2_0G128 } else { Format::Q2_0 };
@@ -146,17 +81,12 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
 ) -> Sums<R, T> {
     let pbb = layout::panel_block_bytes(C::FORMAT);
     let (halves, hb) = (layout::halves(C::FORMAT), layout::half_bytes(C::FORMAT));
-    let widen = _mm256_set1_epi16(C::PAIR_SCALE);
+    let ones = _mm256_set1_epi16(1);
     let mut tot = [[[_mm256_setzero_ps(); 2]; T]; R];
     for b in 0..blocks {
         let mut blk = [[[_mm256_setzero_ps(); 2]; T]; R];
         for r in 0..R {
-            let next = p.wrapping_add(r * stride + b * pbb + PREFETCH);
-            let mut off = 0;
-            while off < pbb {
-                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(off) as *const i8);
-                off += 64;
-            }
+            prefetch_ahead(p.wrapping_add(r * stride + b * pbb), pbb);
         }
         for h in 0..halves {
             let half = b * halves + h;
@@ -175,13 +105,13 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
                         let mut q = [_mm256_setzero_si256(); T];
                         for t in 0..T {
                             let at = acts[t].q.add(16 * half + c);
-                            q[t] = C::act(_mm256_set1_epi32(at.read_unaligned()));
+                            q[t] = _mm256_set1_epi32(at.read_unaligned());
                         }
                         for r in 0..R {
                             for e in pass..pass + per {
                                 let codes = C::codes(p.add(r * stride + at), c, e);
                                 for t in 0..T {
-                                    let pairs = C::pairs(codes, q[t]);
+                                    let pairs = _mm256_maddubs_epi16(codes, q[t]);
                                     acc[r][t][e] = _mm256_add_epi16(acc[r][t][e], pairs);
                                 }
                             }
@@ -192,7 +122,7 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
                         let s = _mm256_set1_ps(*acts[t].scale.add(g));
                         for r in 0..R {
                             for e in pass..pass + per {
-                                let sum = _mm256_madd_epi16(acc[r][t][e], widen);
+                                let sum = _mm256_madd_epi16(acc[r][t][e], ones);
                                 let sum = _mm256_cvtepi32_ps(_mm256_add_epi32(neg, sum));
                                 blk[r][t][e] = _mm256_fmadd_ps(sum, s, blk[r][t][e]);
                             }
@@ -238,12 +168,7 @@ unsafe fn q1_lookup_panel(
     );
     let mut tot = [_mm256_setzero_ps(); 2];
     for b in 0..blocks {
-        let next = p.wrapping_add(b * pbb + PREFETCH);
-        let mut off = 0;
-        while off < pbb {
-            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(off) as *const i8);
-            off += 64;
-        }
+        prefetch_ahead(p.wrapping_add(b * pbb), pbb);
         let mut blk = [_mm256_setzero_ps(); 2];
         for h in 0..halves {
             let half = b * halves + h;
@@ -310,33 +235,14 @@ unsafe fn store(
 /// Tokens a multi-token pass takes at once.
 const MULTI: usize = 4;
 
-/// One token on `C`'s chunks, several on `M`'s (the same format).
 #[inline(always)]
-unsafe fn run<C: Chunks, M: Chunks>(
-    m: &TiledMatrix,
-    panels: Range<usize>,
-    acts: &[Act],
-    tables: *const u8,
-    out: &mut [f32],
-) {
+unsafe fn run<C: Chunks>(m: &TiledMatrix, panels: Range<usize>, acts: &[Act], out: &mut [f32]) {
     let rows = m.row_range(&panels);
     let blocks = m.blocks();
     let stride = blocks * layout::panel_block_bytes(C::FORMAT);
     let base = m.data.as_ptr();
     let nt = acts.len();
     let mut panels = panels;
-    if nt == 1 && C::FORMAT == Format::Q1_0 {
-        for p in panels {
-            let [even, odd] = q1_lookup_panel(base.add(p * stride), blocks, &acts[0], tables);
-            let (mut e, mut o) = ([0f32; 8], [0f32; 8]);
-            _mm256_storeu_ps(e.as_mut_ptr(), even);
-            _mm256_storeu_ps(o.as_mut_ptr(), odd);
-            let lanes: [f32; PANEL] =
-                std::array::from_fn(|l| if l % 2 == 0 { e[l / 2] } else { o[l / 2] });
-            scatter(&lanes, p, 0, 1, &rows, out);
-        }
-        return;
-    }
     if nt == 1 {
         // Two panels per pass, as the AVX-512 kernels pair them (see there).
         let half = panels.len() / 2;
@@ -354,13 +260,13 @@ unsafe fn run<C: Chunks, M: Chunks>(
         while t < nt {
             if nt - t >= MULTI {
                 let a: [Act; MULTI] = std::array::from_fn(|k| acts[t + k]);
-                let v = tile::<M, 1, MULTI>(pp, stride, blocks, &a);
+                let v = tile::<C, 1, MULTI>(pp, stride, blocks, &a);
                 for (k, &v) in v[0].iter().enumerate() {
                     store(v, p, t + k, nt, &rows, out);
                 }
                 t += MULTI;
             } else if nt - t >= 2 {
-                let v = tile::<M, 1, 2>(pp, stride, blocks, &[acts[t], acts[t + 1]]);
+                let v = tile::<C, 1, 2>(pp, stride, blocks, &[acts[t], acts[t + 1]]);
                 store(v[0][0], p, t, nt, &rows, out);
                 store(v[0][1], p, t + 1, nt, &rows, out);
                 t += 2;
@@ -370,6 +276,31 @@ unsafe fn run<C: Chunks, M: Chunks>(
                 t += 1;
             }
         }
+    }
+}
+
+/// One token of Q1_0 over `panels` by table lookups (`q1_lookup_panel`).
+#[inline(always)]
+unsafe fn run_q1_lookup(
+    m: &TiledMatrix,
+    panels: Range<usize>,
+    act: &QuantizedActs,
+    out: &mut [f32],
+) {
+    let rows = m.row_range(&panels);
+    let blocks = m.blocks();
+    let stride = blocks * layout::panel_block_bytes(Format::Q1_0);
+    let base = m.data.as_ptr();
+    let tables = act.sign_tables().as_ptr();
+    let a = Act::all(std::slice::from_ref(act))[0];
+    for p in panels {
+        let [even, odd] = q1_lookup_panel(base.add(p * stride), blocks, &a, tables);
+        let (mut e, mut o) = ([0f32; 8], [0f32; 8]);
+        _mm256_storeu_ps(e.as_mut_ptr(), even);
+        _mm256_storeu_ps(o.as_mut_ptr(), odd);
+        let lanes: [f32; PANEL] =
+            std::array::from_fn(|l| if l % 2 == 0 { e[l / 2] } else { o[l / 2] });
+        scatter(&lanes, p, 0, 1, &rows, out);
     }
 }
 
@@ -388,17 +319,14 @@ pub(super) unsafe fn gemm(
         return;
     }
     // One token of Q1_0 looks its rows up in the token's sign tables (made once per token).
-    let tables = match (m.layout, acts) {
-        (Format::Q1_0, [one]) => one.sign_tables().as_ptr(),
-        _ => std::ptr::null(),
-    };
+    if let (Format::Q1_0, [one]) = (m.layout, acts) {
+        return run_q1_lookup(m, panels, one, out);
+    }
     let acts = Act::all(acts);
     match m.layout {
-        Format::Q1_0 => run::<Q1, Q1Codes>(m, panels, &acts, tables, out),
-        Format::Q2_0 => run::<Q2<false>, Q2<false>>(m, panels, &acts, tables, out),
-        Format::Q2_0G128 | Format::PQ2_0 => {
-            run::<Q2<true>, Q2<true>>(m, panels, &acts, tables, out)
-        }
+        Format::Q1_0 => run::<Q1>(m, panels, &acts, out),
+        Format::Q2_0 => run::<Q2<false>>(m, panels, &acts, out),
+        Format::Q2_0G128 | Format::PQ2_0 => run::<Q2<true>>(m, panels, &acts, out),
         other => unreachable!("{other} is not a layout the AVX2 kernels take"),
     }
 }

@@ -94,6 +94,19 @@ impl Act {
 #[cfg(target_arch = "x86_64")]
 const PREFETCH: usize = 4096;
 
+/// Asks for the `bytes` that lie [`PREFETCH`] bytes past `block` (a panel block about to be
+/// read), one cache line at a time.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_ahead(block: *const u8, bytes: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    let next = block.wrapping_add(PREFETCH);
+    for off in (0..bytes).step_by(64) {
+        // SAFETY: a prefetch never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(off) as *const i8) };
+    }
+}
+
 /// Writes lane `l` of a panel's results for the rows of panel `p` that lie in `rows`, token `t`
 /// of `nt`.
 #[cfg(target_arch = "x86_64")]

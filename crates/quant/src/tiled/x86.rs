@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::layout::{self, PANEL};
-use super::{scatter, Act, TiledMatrix, PREFETCH};
+use super::{prefetch_ahead, scatter, Act, TiledMatrix};
 use crate::acts::GROUPS_PER_HALF;
 use crate::{Format, QuantizedActs};
 
@@ -187,12 +187,7 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
     for b in 0..blocks {
         let mut blk = [[_mm512_setzero_ps(); T]; R];
         for r in 0..R {
-            let next = p.wrapping_add(r * stride + b * pbb + PREFETCH);
-            let mut off = 0;
-            while off < pbb {
-                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(off) as *const i8);
-                off += 64;
-            }
+            prefetch_ahead(p.wrapping_add(r * stride + b * pbb), pbb);
         }
         for h in 0..halves {
             let half = b * halves + h;

@@ -44,9 +44,10 @@ impl Dot256 for Vnni512 {
     }
 }
 
-/// 32 bits as 32 byte codes: byte j is 2 where bit j is set, else 0.
+/// 32 bits as 32 byte codes: byte j is 2 where bit j is set, else 0 (also the tiled AVX2
+/// kernels' Q1_0 decode).
 #[inline(always)]
-unsafe fn one_bit_codes(bits: i32) -> __m256i {
+pub(crate) unsafe fn one_bit_codes(bits: i32) -> __m256i {
     // Byte j takes source byte j / 8, then tests its bit j % 8.
     let spread = _mm256_shuffle_epi8(
         _mm256_set1_epi32(bits),

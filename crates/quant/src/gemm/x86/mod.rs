@@ -1,6 +1,6 @@
 //! x86-64 kernels, compiled with `#[target_feature]` and chosen at run time.
 
-mod avx2;
+pub(crate) mod avx2;
 mod avx512;
 
 use super::Isa;
