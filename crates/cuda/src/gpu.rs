@@ -462,25 +462,16 @@ impl Gpu {
             attn_blocks_per_sm.insert(k, occupancy(&funcs[k], k, a.threads, a.smem_bytes)?);
         }
         if hopper {
-            for k in compile::KERNELS
-                .iter()
-                .filter(|k| k.starts_with("gemv1_") || k.starts_with("gemv_chain_"))
-            {
-                raise_dynamic_smem(
-                    &funcs[*k],
-                    k,
-                    smem_limit.saturating_sub(plan::GEMV1_STATIC_SMEM),
-                )?;
-            }
-            for k in compile::KERNELS
-                .iter()
-                .filter(|k| k.starts_with("gemv_b1_"))
-            {
-                raise_dynamic_smem(
-                    &funcs[*k],
-                    k,
-                    smem_limit.saturating_sub(plan::GEMV_B1_STATIC_SMEM),
-                )?;
+            // The bulk-copy kernels: all the shared memory their static part leaves.
+            for k in compile::KERNELS {
+                let fixed = if k.starts_with("gemv_b1_") {
+                    plan::GEMV_B1_STATIC_SMEM
+                } else if k.starts_with("gemv1_") || k.starts_with("gemv_chain_") {
+                    plan::GEMV1_STATIC_SMEM
+                } else {
+                    continue;
+                };
+                raise_dynamic_smem(&funcs[k], k, smem_limit.saturating_sub(fixed))?;
             }
         }
         Ok(Gpu {
