@@ -304,15 +304,14 @@ impl QuantizedActs {
     /// For each 4-value run (chunk) of the codes, `Σ ±q` over its values for each of the 16 sign
     /// patterns `m` (bit `i` set: `+q[i]`), as 16-bit numbers split into a table of low bytes and
     /// one of high bytes: what a 1-bit row's 4 bits look up. Per 64-value half, 8 blocks of 64
-    /// bytes, block `2k + j` for chunks `c = k + 8j` and `c + 4` (`k < 4`):
-    /// `[low(c), low(c + 4), high(c), high(c + 4)]`, 16 bytes each. Made once, on first use.
+    /// bytes, block `m` for chunks `2m` and `2m + 1`: `[low(2m), low(2m + 1), high(2m),
+    /// high(2m + 1)]`, 16 bytes each. Made once, on first use.
     pub(crate) fn sign_tables(&self) -> &[u8] {
         self.sign_tables.get_or_init(|| {
             let mut out = vec![0u8; 8 * self.q.len()];
             for (half, block) in self.q.chunks_exact(64).zip(out.chunks_exact_mut(512)) {
-                for (b, tb) in block.chunks_exact_mut(64).enumerate() {
-                    let (k, j) = (b / 2, b % 2);
-                    for (slot, c) in [k + 8 * j, k + 8 * j + 4].into_iter().enumerate() {
+                for (m, tb) in block.chunks_exact_mut(64).enumerate() {
+                    for (slot, c) in [2 * m, 2 * m + 1].into_iter().enumerate() {
                         let run = &half[4 * c..4 * c + 4];
                         // All minus, then each pattern from the one without its top bit: one
                         // add per entry.
@@ -357,9 +356,9 @@ mod tests {
         assert_eq!(t.len(), 8 * a.codes().len());
         for (h, half) in a.codes().chunks_exact(64).enumerate() {
             for c in 0..16 {
-                // Block 2k + j holds chunks k + 8j (slot 0) and k + 8j + 4 (slot 1).
-                let (k, j, slot) = (c % 4, (c / 8) % 2, (c / 4) % 2);
-                let tb = &t[512 * h + 64 * (2 * k + j)..][..64];
+                // Block m holds chunks 2m (slot 0) and 2m + 1 (slot 1).
+                let slot = c % 2;
+                let tb = &t[512 * h + 64 * (c / 2)..][..64];
                 for m in 0..16 {
                     let want: i16 = (0..4)
                         .map(|i| i16::from(half[4 * c + i]) * if m >> i & 1 == 1 { 1 } else { -1 })

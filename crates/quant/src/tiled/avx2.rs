@@ -2,13 +2,13 @@
 //! 256-bit halves of 8 rows, one 32-bit lane a row, read from the same panel layout as the
 //! AVX-512 kernels (see [`layout`](super::layout)).
 //!
-//! Per chunk of 4 values × 16 rows: decode the two halves' unsigned codes (2-bit: a 16-byte
-//! broadcast, a variable shift and an `and` per half; Q1_0: a byte spread, `and`, compare and
-//! `and`), then `vpmaddubsw` against the chunk's 4 activation codes broadcast from memory. Per
-//! activation group (four chunks) the 16-bit pair sums are added, widened once by `vpmaddwd`,
-//! offset by the group's `−Σq`, converted and scaled: the same integer sums and the same float
-//! steps in the same order as the AVX-512 kernels and the scalar twin, so the same bits. One
-//! token of Q1_0 goes by table lookups instead (`q1_lookup_panel`).
+//! 2-bit formats, per chunk of 4 values × 16 rows: decode the two halves' unsigned codes (a
+//! 16-byte broadcast, a variable shift and an `and` per half), then `vpmaddubsw` against the
+//! chunk's 4 activation codes broadcast from memory. Per activation group (four chunks) the
+//! 16-bit pair sums are added, widened once by `vpmaddwd`, offset by the group's `−Σq`,
+//! converted and scaled: the same integer sums and the same float steps in the same order as
+//! the AVX-512 kernels and the scalar twin, so the same bits. Q1_0 goes by table lookups
+//! instead (`q1_lookup_tile`): the same exact group sums, the same float steps.
 //!
 //! PTQ1_0 has no AVX2 decode of its base-3 bytes here: held packed, its panels take the scalar
 //! twin, so AVX2 machines hold it widened ([`Ternary::preferred`](super::Ternary::preferred)).
@@ -19,7 +19,6 @@ use std::ops::Range;
 use super::layout::{self, PANEL};
 use super::{prefetch_ahead, scatter, Act, TiledMatrix};
 use crate::acts::GROUPS_PER_HALF;
-use crate::gemm::x86::avx2::one_bit_codes;
 use crate::{Format, QuantizedActs};
 
 pub(super) fn available() -> bool {
@@ -42,17 +41,7 @@ trait Chunks {
     unsafe fn codes(h: *const u8, c: usize, e: usize) -> __m256i;
 }
 
-struct Q1;
 struct Q2<const G128: bool>;
-
-impl Chunks for Q1 {
-    const FORMAT: Format = Format::Q1_0;
-    /// Register byte j ↔ bit j: bits `32e..32e + 32` are rows `8e..8e + 8`.
-    #[inline(always)]
-    unsafe fn codes(h: *const u8, c: usize, e: usize) -> __m256i {
-        one_bit_codes((h.add(8 * c + 4 * e) as *const i32).read_unaligned())
-    }
-}
 
 impl<const G128: bool> Chunks for Q2<G128> {
     const FORMAT: Format = if G128 { Format::Q2_0G128 } else { Format::Q2_0 };
@@ -144,73 +133,78 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
     tot
 }
 
-/// One token × one Q1_0 panel by table lookups: each row's 4 bits of a chunk index the chunk's
-/// 16 sums `Σ ±q` ([`QuantizedActs::sign_tables`], low and high bytes by one `vpshufb` each),
-/// two chunks a register (a 128-bit lane each), 16 rows a lookup (the low nibbles of a chunk's
-/// 8 bytes are the even rows, the high nibbles the odd ones). Per group, the two lanes' 16-bit
-/// sums are added and widened once: the group's exact sum per row, as the other kernels form
-/// it. Returns the even rows' and the odd rows' totals.
+/// `T` tokens × one Q1_0 panel by table lookups: each row's 4 bits of a chunk index the
+/// chunk's 16 sums `Σ ±q` ([`QuantizedActs::sign_tables`], low and high bytes by one `vpshufb`
+/// each). A register holds two neighbouring chunks (a 128-bit lane each), which belong to two
+/// neighbouring activation groups, 16 rows each: the rows' indices are shared by the tokens, and
+/// each lane's 16-bit sums are the exact sum of its group once the group's four chunks are
+/// added, widened and scaled as the other kernels do it, in the same group order.
 #[inline(always)]
-unsafe fn q1_lookup_panel(
+#[allow(clippy::needless_range_loop)] // the t/e loops index several arrays at once
+unsafe fn q1_lookup_tile<const T: usize>(
     p: *const u8,
     blocks: usize,
-    act: &Act,
-    tables: *const u8,
-) -> [__m256; 2] {
+    acts: &[Act; T],
+    tables: &[*const u8; T],
+) -> [[__m256; 2]; T] {
     let pbb = layout::panel_block_bytes(Format::Q1_0);
     let halves = layout::halves(Format::Q1_0);
     let hb = layout::half_bytes(Format::Q1_0);
-    let low4 = _mm256_set1_epi8(0x0f);
-    // Scales of rows 0..16 → even rows in the low 128 bits, odd rows in the high.
-    let split = _mm256_setr_epi8(
-        0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7,
-        10, 11, 14, 15,
-    );
-    let mut tot = [_mm256_setzero_ps(); 2];
+    let nibbles = _mm256_set1_epi16(0x0f0f);
+    let mut tot = [[_mm256_setzero_ps(); 2]; T];
     for b in 0..blocks {
         prefetch_ahead(p.wrapping_add(b * pbb), pbb);
-        let mut blk = [_mm256_setzero_ps(); 2];
+        let mut blk = [[_mm256_setzero_ps(); 2]; T];
         for h in 0..halves {
             let half = b * halves + h;
             let at = p.add(b * pbb + layout::SCALES + h * hb);
-            for k in 0..GROUPS_PER_HALF {
-                let g = GROUPS_PER_HALF * half + k;
-                let mut acc = [_mm256_setzero_si256(); 2];
-                for j in 0..2 {
-                    let c = k + 8 * j;
-                    let x = _mm256_set_m128i(
-                        _mm_loadl_epi64(at.add(8 * (c + 4)) as *const __m128i),
-                        _mm_loadl_epi64(at.add(8 * c) as *const __m128i),
-                    );
+            // Groups 2·pair and 2·pair + 1 hold chunks 2m and 2m + 1 for m = pair + 2i.
+            for pair in 0..GROUPS_PER_HALF / 2 {
+                let mut acc = [[_mm256_setzero_si256(); 2]; T];
+                for i in 0..layout::CHUNKS / GROUPS_PER_HALF {
+                    let m = pair + 2 * i;
+                    // Byte b of a chunk holds row 2b in its low nibble, row 2b + 1 in its high
+                    // one: as 16-bit words, low nibble to the low byte and high to the high byte
+                    // gives each lane's 16 rows in order.
+                    let w = _mm256_cvtepu8_epi16(_mm_loadu_si128(at.add(16 * m) as *const __m128i));
                     let idx =
-                        _mm256_and_si256(_mm256_unpacklo_epi64(x, _mm256_srli_epi16::<4>(x)), low4);
-                    let tb = tables.add((8 * half + 2 * k + j) * 64);
-                    let lo = _mm256_shuffle_epi8(_mm256_loadu_si256(tb as *const __m256i), idx);
-                    let hi =
-                        _mm256_shuffle_epi8(_mm256_loadu_si256(tb.add(32) as *const __m256i), idx);
-                    acc[0] = _mm256_add_epi16(acc[0], _mm256_unpacklo_epi8(lo, hi));
-                    acc[1] = _mm256_add_epi16(acc[1], _mm256_unpackhi_epi8(lo, hi));
+                        _mm256_and_si256(_mm256_or_si256(w, _mm256_slli_epi16::<4>(w)), nibbles);
+                    for t in 0..T {
+                        let tb = tables[t].add((8 * half + m) * 64);
+                        let lo = _mm256_shuffle_epi8(_mm256_loadu_si256(tb as *const __m256i), idx);
+                        let hi = _mm256_shuffle_epi8(
+                            _mm256_loadu_si256(tb.add(32) as *const __m256i),
+                            idx,
+                        );
+                        acc[t][0] = _mm256_add_epi16(acc[t][0], _mm256_unpacklo_epi8(lo, hi));
+                        acc[t][1] = _mm256_add_epi16(acc[t][1], _mm256_unpackhi_epi8(lo, hi));
+                    }
                 }
-                let s = _mm256_set1_ps(*act.scale.add(g));
-                for e in 0..2 {
-                    let sum = _mm_add_epi16(
-                        _mm256_castsi256_si128(acc[e]),
-                        _mm256_extracti128_si256::<1>(acc[e]),
-                    );
-                    let sum = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(sum));
-                    blk[e] = _mm256_fmadd_ps(sum, s, blk[e]);
+                let g = GROUPS_PER_HALF * half + 2 * pair;
+                for t in 0..T {
+                    let s = [
+                        _mm256_set1_ps(*acts[t].scale.add(g)),
+                        _mm256_set1_ps(*acts[t].scale.add(g + 1)),
+                    ];
+                    for e in 0..2 {
+                        let lanes = [
+                            _mm256_castsi256_si128(acc[t][e]),
+                            _mm256_extracti128_si256::<1>(acc[t][e]),
+                        ];
+                        for l in 0..2 {
+                            let sum = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(lanes[l]));
+                            blk[t][e] = _mm256_fmadd_ps(sum, s[l], blk[t][e]);
+                        }
+                    }
                 }
             }
         }
-        let scales = _mm256_loadu_si256(p.add(b * pbb) as *const __m256i);
-        let d = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(scales, split));
+        let scales = p.add(b * pbb);
         for e in 0..2 {
-            let half16 = if e == 0 {
-                _mm256_castsi256_si128(d)
-            } else {
-                _mm256_extracti128_si256::<1>(d)
-            };
-            tot[e] = _mm256_fmadd_ps(blk[e], _mm256_cvtph_ps(half16), tot[e]);
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(scales.add(16 * e) as *const __m128i));
+            for t in 0..T {
+                tot[t][e] = _mm256_fmadd_ps(blk[t][e], d, tot[t][e]);
+            }
         }
     }
     tot
@@ -279,30 +273,53 @@ unsafe fn run<C: Chunks>(m: &TiledMatrix, panels: Range<usize>, acts: &[Act], ou
     }
 }
 
-/// One token of Q1_0 over `panels` by table lookups (`q1_lookup_panel`).
+/// Tokens of Q1_0 over `panels` by table lookups (`q1_lookup_tile`), [`LOOKUP_TOKENS`] at a time.
 #[inline(always)]
 unsafe fn run_q1_lookup(
     m: &TiledMatrix,
     panels: Range<usize>,
-    act: &QuantizedActs,
+    acts: &[QuantizedActs],
     out: &mut [f32],
 ) {
     let rows = m.row_range(&panels);
     let blocks = m.blocks();
     let stride = blocks * layout::panel_block_bytes(Format::Q1_0);
     let base = m.data.as_ptr();
-    let tables = act.sign_tables().as_ptr();
-    let a = Act::all(std::slice::from_ref(act))[0];
-    for p in panels {
-        let [even, odd] = q1_lookup_panel(base.add(p * stride), blocks, &a, tables);
-        let (mut e, mut o) = ([0f32; 8], [0f32; 8]);
-        _mm256_storeu_ps(e.as_mut_ptr(), even);
-        _mm256_storeu_ps(o.as_mut_ptr(), odd);
-        let lanes: [f32; PANEL] =
-            std::array::from_fn(|l| if l % 2 == 0 { e[l / 2] } else { o[l / 2] });
-        scatter(&lanes, p, 0, 1, &rows, out);
+    let tables: Vec<*const u8> = acts.iter().map(|a| a.sign_tables().as_ptr()).collect();
+    let a = Act::all(acts);
+    let nt = acts.len();
+    // Tokens outer, panels inner: a pass's tables (8 bytes a value a token, far more than the
+    // panels' weights) are then read once per task rather than once per panel.
+    let mut t = 0;
+    while t < nt {
+        let take = if nt - t >= LOOKUP_TOKENS {
+            LOOKUP_TOKENS
+        } else {
+            1
+        };
+        for p in panels.clone() {
+            let pp = base.add(p * stride);
+            if take == LOOKUP_TOKENS {
+                let v = q1_lookup_tile::<LOOKUP_TOKENS>(
+                    pp,
+                    blocks,
+                    &std::array::from_fn(|k| a[t + k]),
+                    &std::array::from_fn(|k| tables[t + k]),
+                );
+                for (k, &v) in v.iter().enumerate() {
+                    store(v, p, t + k, nt, &rows, out);
+                }
+            } else {
+                let v = q1_lookup_tile::<1>(pp, blocks, &[a[t]], &[tables[t]]);
+                store(v[0], p, t, nt, &rows, out);
+            }
+        }
+        t += take;
     }
 }
+
+/// Tokens a Q1_0 lookup pass takes at once.
+const LOOKUP_TOKENS: usize = 4;
 
 /// # Safety
 /// The CPU has the features [`available`] checks, [`takes`] holds for the matrix's layout, and
@@ -318,13 +335,12 @@ pub(super) unsafe fn gemm(
         out.fill(0.0);
         return;
     }
-    // One token of Q1_0 looks its rows up in the token's sign tables (made once per token).
-    if let (Format::Q1_0, [one]) = (m.layout, acts) {
-        return run_q1_lookup(m, panels, one, out);
+    // Q1_0 looks its rows up in each token's sign tables (made once per token).
+    if m.layout == Format::Q1_0 {
+        return run_q1_lookup(m, panels, acts, out);
     }
     let acts = Act::all(acts);
     match m.layout {
-        Format::Q1_0 => run::<Q1>(m, panels, &acts, out),
         Format::Q2_0 => run::<Q2<false>>(m, panels, &acts, out),
         Format::Q2_0G128 | Format::PQ2_0 => run::<Q2<true>>(m, panels, &acts, out),
         other => unreachable!("{other} is not a layout the AVX2 kernels take"),

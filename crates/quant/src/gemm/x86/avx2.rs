@@ -44,10 +44,9 @@ impl Dot256 for Vnni512 {
     }
 }
 
-/// 32 bits as 32 byte codes: byte j is 2 where bit j is set, else 0 (also the tiled AVX2
-/// kernels' Q1_0 decode).
+/// 32 bits as 32 byte codes: byte j is 2 where bit j is set, else 0.
 #[inline(always)]
-pub(crate) unsafe fn one_bit_codes(bits: i32) -> __m256i {
+unsafe fn one_bit_codes(bits: i32) -> __m256i {
     // Byte j takes source byte j / 8, then tests its bit j % 8.
     let spread = _mm256_shuffle_epi8(
         _mm256_set1_epi32(bits),
