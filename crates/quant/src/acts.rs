@@ -301,36 +301,10 @@ impl QuantizedActs {
         &self.neg_lane_sum
     }
 
-    /// For each 4-value run (chunk) of the codes, `Σ ±q` over its values for each of the 16 sign
-    /// patterns `m` (bit `i` set: `+q[i]`), as 16-bit numbers split into a table of low bytes and
-    /// one of high bytes: what a 1-bit row's 4 bits look up. Per 64-value half, 8 blocks of 64
-    /// bytes, block `m` for chunks `2m` and `2m + 1`: `[low(2m), low(2m + 1), high(2m),
-    /// high(2m + 1)]`, 16 bytes each. Made once, on first use.
+    /// The 1-bit lookup tables of the codes ([`crate::sign_tables`]), made once, on first use.
     pub(crate) fn sign_tables(&self) -> &[u8] {
-        self.sign_tables.get_or_init(|| {
-            let mut out = vec![0u8; 8 * self.q.len()];
-            for (half, block) in self.q.chunks_exact(64).zip(out.chunks_exact_mut(512)) {
-                for (m, tb) in block.chunks_exact_mut(64).enumerate() {
-                    for (slot, c) in [2 * m, 2 * m + 1].into_iter().enumerate() {
-                        let run = &half[4 * c..4 * c + 4];
-                        // All minus, then each pattern from the one without its top bit: one
-                        // add per entry.
-                        let mut v = [0i16; 16];
-                        v[0] = -run.iter().map(|&q| i16::from(q)).sum::<i16>();
-                        for m in 1..16usize {
-                            let top = m.ilog2() as usize;
-                            v[m] = v[m & !(1 << top)] + 2 * i16::from(run[top]);
-                        }
-                        for (m, &v) in v.iter().enumerate() {
-                            let [lo, hi] = v.to_le_bytes();
-                            tb[16 * slot + m] = lo;
-                            tb[32 + 16 * slot + m] = hi;
-                        }
-                    }
-                }
-            }
-            out
-        })
+        self.sign_tables
+            .get_or_init(|| crate::sign_tables::build(&self.q))
     }
 
     /// The values the codes stand for, `q·d`, into `out` (`out.len() == self.len()`).
@@ -345,30 +319,6 @@ impl QuantizedActs {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sign_tables_hold_every_signed_sum_of_each_run() {
-        let x: Vec<f32> = (0..200)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.3)
-            .collect();
-        let a = QuantizedActs::new(&x);
-        let t = a.sign_tables();
-        assert_eq!(t.len(), 8 * a.codes().len());
-        for (h, half) in a.codes().chunks_exact(64).enumerate() {
-            for c in 0..16 {
-                // Block m holds chunks 2m (slot 0) and 2m + 1 (slot 1).
-                let slot = c % 2;
-                let tb = &t[512 * h + 64 * (c / 2)..][..64];
-                for m in 0..16 {
-                    let want: i16 = (0..4)
-                        .map(|i| i16::from(half[4 * c + i]) * if m >> i & 1 == 1 { 1 } else { -1 })
-                        .sum();
-                    let got = i16::from_le_bytes([tb[16 * slot + m], tb[32 + 16 * slot + m]]);
-                    assert_eq!(got, want, "half {h} chunk {c} pattern {m}");
-                }
-            }
-        }
-    }
 
     #[test]
     fn groups_partition_each_span() {

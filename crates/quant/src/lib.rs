@@ -31,6 +31,7 @@ mod q1_0;
 mod q2_0;
 mod q4_1;
 mod q8_0;
+mod sign_tables;
 mod tiled;
 
 pub use acts::{act_group, QuantizedActs, ACT_GROUP};
