@@ -91,8 +91,9 @@ fn int8_row_tasks(
             let nt = t1 - t0;
             let buf = &mut local[..(r1 - r0) * nt];
             gemm(r0..r1, t0..t1, buf);
-            for r in r0..r1 {
-                for t in t0..t1 {
+            // Tokens outer: each token's rows land in consecutive places of `out`.
+            for t in t0..t1 {
+                for r in r0..r1 {
                     // SAFETY: row `r` belongs to this task alone and `t < tokens`, so the index
                     // is inside `out` (asserted by the caller) and written by no other task.
                     unsafe { dst.write(t * rows + r, buf[(r - r0) * nt + (t - t0)]) };
