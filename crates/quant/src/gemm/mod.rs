@@ -32,7 +32,7 @@ use crate::{Format, QuantizedActs};
 
 pub(crate) mod scalar;
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod x86;
+mod x86;
 
 /// An instruction set a kernel is compiled for, chosen at run time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -1,6 +1,6 @@
 //! x86-64 kernels, compiled with `#[target_feature]` and chosen at run time.
 
-pub(crate) mod avx2;
+mod avx2;
 mod avx512;
 
 use super::Isa;
