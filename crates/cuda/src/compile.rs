@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{CudaError, Result};
 
 /// The kernel sources in the order they are concatenated.
-pub const SOURCES: [(&str, &str); 12] = [
+pub const SOURCES: [(&str, &str); 13] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("quant.cu", include_str!("../kernels/quant.cu")),
     ("gemv.cu", include_str!("../kernels/gemv.cu")),
@@ -17,6 +17,7 @@ pub const SOURCES: [(&str, &str); 12] = [
     ("gdn.cu", include_str!("../kernels/gdn.cu")),
     ("gdn_chunk.cu", include_str!("../kernels/gdn_chunk.cu")),
     ("sync.cu", include_str!("../kernels/sync.cu")),
+    ("topk.cu", include_str!("../kernels/topk.cu")),
     // After gemv.cu (its chunk dot and staging) and sync.cu (the grid barrier).
     ("gemv_chain.cu", include_str!("../kernels/gemv_chain.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
@@ -27,7 +28,7 @@ pub const SOURCES: [(&str, &str); 12] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 58] = [
+pub const KERNELS: [&str; 60] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -77,6 +78,8 @@ pub const KERNELS: [&str; 58] = [
     "gdn_step_r8",
     "gdn_decode",
     "grid_barrier_rounds",
+    "topk_logits",
+    "topk_keys",
     "attn_prep",
     "attn_prep_q8",
     "attn_split_t4",

@@ -288,6 +288,9 @@ pub struct Gpu {
     /// (`gdn_decode`; on by default, `NIWAKI_CUDA_FUSE_GDN=0` runs the three kernels: the same
     /// bits, 5.9 against 4.4 µs per layer on the H200).
     fuse_gdn: AtomicBool,
+    /// Select the candidates of a draw with a top-k limit on the GPU (`kernels/topk.cu`;
+    /// `NIWAKI_CUDA_TOPK=0` copies the row to the host instead, for measuring it).
+    topk: AtomicBool,
     /// Cache positions per warp tile of the attention split (one of [`plan::ATTN_TILES`]).
     attn_tile: AtomicUsize,
     /// Blocks of each attention-split kernel this device runs that one multiprocessor holds at
@@ -499,6 +502,7 @@ impl Gpu {
             ),
             fuse_norm: AtomicBool::new(env_opt_in("NIWAKI_CUDA_FUSE_NORM")),
             fuse_gdn: AtomicBool::new(env_on("NIWAKI_CUDA_FUSE_GDN")),
+            topk: AtomicBool::new(env_on("NIWAKI_CUDA_TOPK")),
             attn_tile: AtomicUsize::new(8),
             attn_blocks_per_sm,
             attn_ring,
@@ -518,6 +522,16 @@ impl Gpu {
             ),
             smem_limit,
         })
+    }
+
+    /// Whether draws with a top-k limit select their candidates on the GPU.
+    pub fn topk(&self) -> bool {
+        self.topk.load(Ordering::Relaxed)
+    }
+
+    /// Sets [`Gpu::topk`] (for measuring the host's selection against it).
+    pub fn set_topk(&self, on: bool) {
+        self.topk.store(on, Ordering::Relaxed);
     }
 
     /// Whether kernels are launched with programmatic dependent launch.

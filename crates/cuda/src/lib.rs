@@ -5,7 +5,8 @@
 //!   kernels for the device with NVRTC (cached on disk, see [`compile::cache_dir`]).
 //! - [`CudaModel::new_state`] sizes a sequence's recurrent state and f16 KV cache for a context.
 //! - [`CudaModel::forward`] has the contract of `model::Model::forward`;
-//!   [`CudaModel::forward_greedy`] returns the argmax token computed on the GPU.
+//!   [`CudaModel::forward_greedy`] returns the argmax token computed on the GPU, and
+//!   [`CudaModel::forward_top_k`] the best k candidates for sampling, selected there.
 //!
 //! The driver and NVRTC are loaded at run time, so the crate builds and its CPU-side logic
 //! (re-tiling, memory sizing, launch plans, the kernel cache) is tested on machines without CUDA.
@@ -19,12 +20,14 @@ mod model;
 pub mod plan;
 pub mod repack;
 pub mod tma;
+mod topk;
 pub mod twin;
 
 pub use error::{CudaError, Result};
 pub use gpu::{available, DeviceInfo};
-pub use model::{CudaModel, CudaState};
+pub use model::{CudaModel, CudaState, TopK};
 pub use plan::KvCache;
+pub use topk::{Selected, TopkScratch};
 
 #[cfg(test)]
 mod tests {

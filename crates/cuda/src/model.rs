@@ -17,6 +17,7 @@ use crate::plan::{
     Scratch, StateBytes, MAX_CHUNK,
 };
 use crate::repack::{self, GpuFormat, Packed};
+use crate::topk::{Selected, TopkScratch};
 
 /// Tokens from which a pass's embedding rows are dequantized on several host threads.
 const EMBED_PARALLEL_MIN: usize = 16;
@@ -74,6 +75,28 @@ pub struct CudaModel {
     signs: Vec<(usize, DevBuf)>,
 }
 
+/// What [`CudaModel::forward_top_k`] returns.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TopK {
+    /// `(id, logit / temperature)` of the best k finite logits, best first, ties to the lower id.
+    Top(Vec<(u32, f32)>),
+    /// The row of logits.
+    Row(Vec<f32>),
+}
+
+/// What a pass computes on the GPU after the logits of its last token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tail {
+    None,
+    /// The argmax (8 bytes back).
+    Argmax,
+    /// Sampling's best `k` by logit / temperature (`t`: its bits), `k + 1` keys back.
+    TopK {
+        k: usize,
+        t: u32,
+    },
+}
+
 /// One sequence on the GPU: recurrent state, KV cache (f16 or q8_0) sized for `ctx` tokens, scratch
 /// buffers and the captured decode graphs.
 pub struct CudaState {
@@ -84,7 +107,7 @@ pub struct CudaState {
     scratch: DevBuf,
     layout: Scratch,
     bytes: StateBytes,
-    graphs: Vec<(Head, bool, CudaGraph)>,
+    graphs: Vec<(Head, Tail, CudaGraph)>,
     /// Page-locked landing place for one row of logits: a decode step's copy to the host then
     /// runs at bus speed instead of through the driver's pageable staging.
     host_row: PinnedHostSlice<f32>,
@@ -125,6 +148,14 @@ impl CudaState {
 
     fn s(&self, region: &str) -> u64 {
         self.scratch.at(self.layout.offset(region))
+    }
+
+    fn topk_scratch(&self) -> TopkScratch {
+        let half = (self.layout.size("topk") / 2) as u64;
+        TopkScratch {
+            keys: [self.s("topk"), self.s("topk") + half],
+            flag: self.s("topk_flag"),
+        }
     }
 }
 
@@ -372,7 +403,7 @@ impl CudaModel {
                 Logits::Last if last => Head::Last,
                 Logits::Last => Head::None,
             };
-            self.run(st, &tokens[s..s + len], head, false)?;
+            self.run(st, &tokens[s..s + len], head, Tail::None)?;
             let rows = match head {
                 Head::None => 0,
                 Head::Last => 1,
@@ -410,12 +441,65 @@ impl CudaModel {
         let n = tokens.len();
         for (s, len) in plan::chunks(n) {
             let last = s + len == n;
-            let head = if last { Head::Last } else { Head::None };
-            self.run(st, &tokens[s..s + len], head, last)?;
+            let (head, tail) = if last {
+                (Head::Last, Tail::Argmax)
+            } else {
+                (Head::None, Tail::None)
+            };
+            self.run(st, &tokens[s..s + len], head, tail)?;
         }
         let mut key = [0u64; 1];
         self.gpu.read(&st.stream, st.s("argmax"), &mut key)?;
         Ok(!(key[0] as u32))
+    }
+
+    /// Runs `tokens` and returns the `k` best next tokens by logit / `temperature` as
+    /// `model::rank::top_k` gives them, selected on the GPU (only the k candidates come back),
+    /// or the row of logits when it holds ±∞, `k` is more than [`plan::TOPK_MAX`] or the
+    /// selection is off ([`Gpu::topk`]): the contract of `engine::Backend::forward_top_k`.
+    pub fn forward_top_k(
+        &self,
+        st: &mut CudaState,
+        tokens: &[u32],
+        k: usize,
+        temperature: f32,
+    ) -> Result<TopK> {
+        let selectable =
+            self.gpu.topk() && k <= plan::TOPK_MAX && temperature > 0.0 && temperature.is_finite();
+        if !selectable {
+            return Ok(TopK::Row(self.forward(st, tokens, Logits::Last)?));
+        }
+        self.check(st, tokens)?;
+        let n = tokens.len();
+        let tail = Tail::TopK {
+            k,
+            t: temperature.to_bits(),
+        };
+        for (s, len) in plan::chunks(n) {
+            let (head, tail) = if s + len == n {
+                (Head::Last, tail)
+            } else {
+                (Head::None, Tail::None)
+            };
+            self.run(st, &tokens[s..s + len], head, tail)?;
+        }
+        // The k keys and the flag, through the page-locked row (8 KiB at most).
+        let at = st.topk_scratch().answer(self.dims.vocab, k);
+        let words = 2 * (k + 1);
+        let row = st.host_row.as_mut_slice().ctx(|| "host logits".into())?;
+        self.gpu.read(&st.stream, at, &mut row[..words])?;
+        let keys: Vec<u64> = row[..words]
+            .chunks_exact(2)
+            .map(|w| u64::from(w[0].to_bits()) | (u64::from(w[1].to_bits()) << 32))
+            .collect();
+        match Selected::from_keys(&keys) {
+            Selected::Top(top) => Ok(TopK::Top(top)),
+            Selected::Infinite => {
+                let mut row = vec![0f32; self.dims.vocab];
+                self.gpu.read(&st.stream, st.s("logits"), &mut row)?;
+                Ok(TopK::Row(row))
+            }
+        }
     }
 
     /// Dequantizes the embedding rows of `tokens` into `x` (`[tokens][hidden]`), spread over the
@@ -462,7 +546,7 @@ impl CudaModel {
     }
 
     /// One GPU pass over at most `MAX_CHUNK` tokens.
-    fn run(&self, st: &mut CudaState, tokens: &[u32], head: Head, argmax: bool) -> Result<()> {
+    fn run(&self, st: &mut CudaState, tokens: &[u32], head: Head, tail: Tail) -> Result<()> {
         let n = tokens.len();
         let dst = st.s("x");
         let x = st.host_x.as_mut_slice().ctx(|| "host embeddings".into())?;
@@ -470,7 +554,7 @@ impl CudaModel {
         // From page-locked memory the copy runs after this returns: the stream is synchronized
         // below whatever happens in between, before `host_x` can be written again.
         let copied = self.gpu.write(&st.stream, dst, &x[..n * self.dims.hidden]);
-        let launched = copied.and_then(|()| self.launch_pass(st, n, head, argmax));
+        let launched = copied.and_then(|()| self.launch_pass(st, n, head, tail));
         let synced = st.stream.synchronize().ctx(|| "forward pass".into());
         launched?;
         synced?;
@@ -479,14 +563,14 @@ impl CudaModel {
     }
 
     /// Enqueues one pass of `n` tokens (a captured graph for one token).
-    fn launch_pass(&self, st: &mut CudaState, n: usize, head: Head, argmax: bool) -> Result<()> {
+    fn launch_pass(&self, st: &mut CudaState, n: usize, head: Head, tail: Tail) -> Result<()> {
         let pos = [st.pos as u32, 0];
         self.gpu.write(&st.stream, st.s("pos"), &pos)?;
         if n == 1 && self.use_graphs {
             let found = st
                 .graphs
                 .iter()
-                .position(|(h, a, _)| *h == head && *a == argmax);
+                .position(|(h, t, _)| *h == head && *t == tail);
             let i = match found {
                 Some(i) => i,
                 None => {
@@ -495,7 +579,7 @@ impl CudaModel {
                             sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
                         )
                         .ctx(|| "beginning graph capture".into())?;
-                    let res = self.exec_all(st, 1, head, argmax);
+                    let res = self.exec_all(st, 1, head, tail);
                     let g = st
                         .stream
                         .end_capture(sys::CUgraphInstantiate_flags(0))
@@ -504,7 +588,12 @@ impl CudaModel {
                     let g = g.ok_or_else(|| {
                         CudaError::Unsupported("graph capture produced no graph".into())
                     })?;
-                    st.graphs.push((head, argmax, g));
+                    // One top-k graph at a time: its k and temperature are baked in, and a
+                    // server's requests may each bring their own.
+                    if matches!(tail, Tail::TopK { .. }) {
+                        st.graphs.retain(|g| !matches!(g.1, Tail::TopK { .. }));
+                    }
+                    st.graphs.push((head, tail, g));
                     st.graphs.len() - 1
                 }
             };
@@ -513,7 +602,7 @@ impl CudaModel {
                 .launch()
                 .ctx(|| "launching the decode graph".into())
         } else {
-            self.exec_all(st, n, head, argmax)
+            self.exec_all(st, n, head, tail)
         }
     }
 
@@ -718,9 +807,31 @@ impl CudaModel {
             .time(&st.stream, 5, || g.launch().ctx(|| "graph launch".into()))
     }
 
-    fn exec_all(&self, st: &CudaState, n: usize, head: Head, argmax: bool) -> Result<()> {
+    /// Sampling's top-k selection after a pass's logits. Its launches are plainly
+    /// stream-ordered: resident early beside the LM head (programmatic dependent launch), its
+    /// blocks of 1024 threads would wait there for nothing, and kernels resident early beside
+    /// long ones have measured slower (see `gpu::serial_launches`).
+    fn topk_tail(&self, st: &CudaState, k: usize, t: u32) -> Result<()> {
+        let scratch = st.topk_scratch();
+        let logits = st.s("logits");
+        let t = f32::from_bits(t);
+        crate::gpu::serial_launches(|| {
+            self.gpu
+                .top_k_enqueue(&st.stream, logits, self.dims.vocab, k, t, scratch)
+        })?;
+        Ok(())
+    }
+
+    fn exec_all(&self, st: &CudaState, n: usize, head: Head, tail: Tail) -> Result<()> {
+        let argmax = tail == Tail::Argmax;
         let ops = forward_ops(&self.dims, n, head, argmax, self.gpu.fusion());
-        let all = || ops.iter().try_for_each(|op| self.exec(st, op));
+        let all = || {
+            ops.iter().try_for_each(|op| self.exec(st, op))?;
+            if let Tail::TopK { k, t } = tail {
+                self.topk_tail(st, k, t)?;
+            }
+            Ok(())
+        };
         if n == 1 {
             all()
         } else {

@@ -28,6 +28,42 @@ pub trait Backend {
         let best = argmax(&logits).ok_or(SamplerError::NoFiniteLogit)?;
         Ok(best as u32)
     }
+
+    /// Runs `tokens` and returns what a draw with a top-k limit needs
+    /// ([`crate::Sampler::ranked_draw`]): by default the row of logits. A device that can select
+    /// the `k` best where the logits are computed overrides this (the GPU: k candidates back per
+    /// token instead of the vocabulary's row).
+    fn forward_top_k(
+        &self,
+        state: &mut Self::State,
+        tokens: &[u32],
+        k: usize,
+        temperature: f32,
+    ) -> Result<Ranked> {
+        let _ = (k, temperature);
+        Ok(Ranked::Row(self.forward(state, tokens, Logits::Last)?))
+    }
+}
+
+/// What [`Backend::forward_top_k`] returns.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Ranked {
+    /// [`model::rank::top_k`] of the row: the row's logits are all finite or NaN.
+    Top(Vec<(u32, f32)>),
+    /// The row of logits: the device does not select, or the row holds an infinite logit (for
+    /// which the sampler's rule is not a top-k one).
+    Row(Vec<f32>),
+}
+
+impl Ranked {
+    /// The device's side of the contract, on the host: `Top` unless the row holds ±∞.
+    pub fn of_row(row: Vec<f32>, k: usize, temperature: f32) -> Ranked {
+        if row.iter().any(|v| v.is_infinite()) {
+            Ranked::Row(row)
+        } else {
+            Ranked::Top(model::rank::top_k(&row, k, temperature))
+        }
+    }
 }
 
 impl Backend for Model {
@@ -61,6 +97,21 @@ impl Backend for niwaki_cuda::CudaModel {
     fn forward(&self, state: &mut Self::State, tokens: &[u32], logits: Logits) -> Result<Vec<f32>> {
         niwaki_cuda::CudaModel::forward(self, state, tokens, logits)
             .map_err(|e| crate::EngineError::Backend(e.to_string()))
+    }
+
+    fn forward_top_k(
+        &self,
+        state: &mut Self::State,
+        tokens: &[u32],
+        k: usize,
+        temperature: f32,
+    ) -> Result<Ranked> {
+        let got = niwaki_cuda::CudaModel::forward_top_k(self, state, tokens, k, temperature)
+            .map_err(|e| crate::EngineError::Backend(e.to_string()))?;
+        Ok(match got {
+            niwaki_cuda::TopK::Top(top) => Ranked::Top(top),
+            niwaki_cuda::TopK::Row(row) => Ranked::Row(row),
+        })
     }
 
     fn forward_argmax(&self, state: &mut Self::State, tokens: &[u32]) -> Result<u32> {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use model::Logits;
 use tokenizer::Tokenizer;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Ranked};
 use crate::error::{EngineError, Result};
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::stop::{Scan, StopMatcher};
@@ -63,7 +63,8 @@ pub trait Hooks {
     }
 
     /// Whether `mask` or `on_token` read the logits. When neither does and sampling is plain
-    /// greedy, the device picks each token itself and `on_token` gets an empty slice.
+    /// greedy (or has a top-k limit and no penalties), the device picks each token (or selects
+    /// its candidates) itself and `on_token` gets an empty slice.
     fn wants_logits(&self) -> bool {
         true
     }
@@ -173,9 +174,11 @@ impl<F: FnMut(&str) -> Flow> Hooks for TextOnly<F> {
     }
 }
 
-/// What the next token is drawn from: the logits, or the token the device already picked.
+/// What the next token is drawn from: the logits, the best candidates the device selected, or
+/// the token the device already picked.
 enum Next {
     Logits(Vec<f32>),
+    Ranked(Vec<(u32, f32)>),
     Picked(u32),
 }
 
@@ -194,6 +197,8 @@ pub fn generate_with<B: Backend>(
     // Greedy decoding whose hooks need no logits lets the device pick each token: on a GPU
     // only the token comes back instead of the vocabulary's row of logits.
     let device_picks = sampler.is_plain_greedy() && !hooks.wants_logits();
+    // Likewise a draw with a top-k limit: the device may select the k candidates.
+    let device_ranks = sampler.ranked_draw().filter(|_| !hooks.wants_logits());
     let t0 = Instant::now();
     let mut next_from = Next::Logits(prefill(model, state, prompt, params.prefill_chunk)?);
     let prefill_time = t0.elapsed();
@@ -228,6 +233,7 @@ pub fn generate_with<B: Backend>(
                 hooks.mask(logits)?;
                 (sampler.sample(logits, &history)?, logits)
             }
+            Next::Ranked(top) => (sampler.sample_ranked(top)?, &[]),
             Next::Picked(next) => (*next, &[]),
         };
         if hooks.on_token(next, seen) == Flow::Stop {
@@ -259,6 +265,11 @@ pub fn generate_with<B: Backend>(
         }
         next_from = if device_picks {
             Next::Picked(model.forward_argmax(state, &[next])?)
+        } else if let Some((k, t)) = device_ranks {
+            match model.forward_top_k(state, &[next], k, t)? {
+                Ranked::Top(top) => Next::Ranked(top),
+                Ranked::Row(logits) => Next::Logits(logits),
+            }
         } else {
             Next::Logits(model.forward(state, &[next], Logits::Last)?)
         };

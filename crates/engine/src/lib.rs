@@ -8,7 +8,7 @@ pub mod logprobs;
 pub mod sampler;
 mod stop;
 
-pub use backend::Backend;
+pub use backend::{Backend, Ranked};
 pub use error::{EngineError, Result};
 pub use generate::{
     generate, generate_with, prefill, FinishReason, Flow, GenerateParams, Generation, Hooks,

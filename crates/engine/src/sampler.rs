@@ -1,7 +1,9 @@
 //! Turning logits into a token: penalties, greedy or seeded random sampling with temperature,
 //! top-k, top-p and min-p.
 
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
+
+use model::rank::{rank_keys, top_k};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -126,17 +128,37 @@ impl Sampler {
     /// Whether every pick is the largest raw logit (greedy, no penalties): the device may then
     /// pick it itself ([`crate::Backend::forward_argmax`]).
     pub fn is_plain_greedy(&self) -> bool {
+        self.cfg.temperature == 0.0 && !self.has_penalties()
+    }
+
+    fn has_penalties(&self) -> bool {
         let c = &self.cfg;
-        c.temperature == 0.0
-            && c.repetition_penalty == 1.0
-            && c.presence_penalty == 0.0
-            && c.frequency_penalty == 0.0
+        c.repetition_penalty != 1.0 || c.presence_penalty != 0.0 || c.frequency_penalty != 0.0
+    }
+
+    /// `(k, temperature)` when every draw needs only the `k` best candidates of the raw logits by
+    /// logit / temperature (random sampling with a top-k limit and no penalties): the device may
+    /// then select them itself ([`crate::Backend::forward_top_k`]) and the draw is made by
+    /// [`Sampler::sample_ranked`].
+    pub fn ranked_draw(&self) -> Option<(usize, f32)> {
+        let c = &self.cfg;
+        (c.temperature > 0.0 && c.top_k > 0 && !self.has_penalties())
+            .then(|| (c.top_k, c.temperature.max(f32::MIN_POSITIVE)))
+    }
+
+    /// The token [`Sampler::sample`] picks from a row of logits, every one finite or NaN, given
+    /// only `top`: [`model::rank::top_k`] of that row with [`Sampler::ranked_draw`]'s `k` and
+    /// temperature. The same random draw, the same candidates, the same arithmetic on them.
+    pub fn sample_ranked(&mut self, top: &[(u32, f32)]) -> Result<u32, SamplerError> {
+        let &(first, _) = top.first().ok_or(SamplerError::NoFiniteLogit)?;
+        let r: f32 = self.rng.gen();
+        Ok(pick(&self.probabilities(top.to_vec()), r).unwrap_or(first))
     }
 
     /// Applies repetition, presence and frequency penalties for the tokens in `history`.
     pub fn apply_penalties(&self, logits: &mut [f32], history: &[u32]) {
         let c = &self.cfg;
-        if c.repetition_penalty == 1.0 && c.presence_penalty == 0.0 && c.frequency_penalty == 0.0 {
+        if !self.has_penalties() {
             return;
         }
         let window = if c.penalty_window == 0 {
@@ -190,12 +212,7 @@ impl Sampler {
         let c = &self.cfg;
         let t = c.temperature.max(f32::MIN_POSITIVE);
         let x = |id: u32| logits[id as usize] / t;
-        let mut keys: Vec<u64> = logits
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| v.is_finite())
-            .map(|(i, &v)| rank_key(i as u32, v / t))
-            .collect();
+        let mut keys: Vec<u64> = rank_keys(logits, t).collect();
         let max = keys.iter().min().map(|&k| x(k as u32))?;
         let weight = |id: u32| (x(id) - max).exp();
         // min-p keeps weights of at least min_p times the largest (1).
@@ -252,39 +269,25 @@ impl Sampler {
     pub fn distribution(&self, logits: &[f32]) -> Vec<(u32, f32)> {
         let c = &self.cfg;
         let t = c.temperature.max(f32::MIN_POSITIVE);
-        let finite = logits
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| v.is_finite())
-            .map(|(i, &v)| rank_key(i as u32, v / t));
-        let keys: Vec<u64> = if c.top_k > 0 {
-            // Only the k best are kept: one pass with a heap of k, where sorting all 248k
-            // candidates held a GPU decode step to 60 tok/s (10 ms per token on the host; the
-            // heap: well under one). The rank order is total (ids are unique), so the k kept
-            // are those a full sort would keep.
-            let mut heap = BinaryHeap::with_capacity(c.top_k + 1);
-            for k in finite {
-                if heap.len() < c.top_k {
-                    heap.push(k);
-                } else if heap.peek().is_some_and(|&worst| k < worst) {
-                    heap.pop();
-                    heap.push(k);
-                }
-            }
-            heap.into_sorted_vec()
+        let cand: Vec<(u32, f32)> = if c.top_k > 0 {
+            top_k(logits, c.top_k, t)
         } else {
             // Every candidate: integer keys sort several times faster than compared pairs.
-            let mut keys: Vec<u64> = finite.collect();
+            let mut keys: Vec<u64> = rank_keys(logits, t).collect();
             keys.sort_unstable();
-            keys
+            keys.into_iter()
+                .map(|k| {
+                    let id = k as u32;
+                    (id, logits[id as usize] / t)
+                })
+                .collect()
         };
-        let mut cand: Vec<(u32, f32)> = keys
-            .into_iter()
-            .map(|k| {
-                let id = k as u32;
-                (id, logits[id as usize] / t)
-            })
-            .collect();
+        self.probabilities(cand)
+    }
+
+    /// [`Sampler::distribution`] from its candidates: `(id, logit / temperature)` in rank order.
+    fn probabilities(&self, mut cand: Vec<(u32, f32)>) -> Vec<(u32, f32)> {
+        let c = &self.cfg;
         let max = cand[0].1;
         let mut sum = 0f32;
         for x in cand.iter_mut() {
@@ -373,15 +376,6 @@ impl<'a> RankedPrefix<'a> {
         }
         Some(self.keys[i] as u32)
     }
-}
-
-/// A key whose ascending order is the rank order of candidate `id` with scaled logit `x`:
-/// larger values first (the bits mapped so that integer order is `total_cmp`'s, inverted), then
-/// the lower id.
-fn rank_key(id: u32, x: f32) -> u64 {
-    let b = x.to_bits();
-    let ordered = if b >> 31 == 1 { !b } else { b | 0x8000_0000 };
-    (u64::from(!ordered) << 32) | u64::from(id)
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ mod input;
 mod model;
 pub mod ops;
 pub mod pool;
+pub mod rank;
 pub mod requant;
 mod state;
 pub mod synth;

@@ -11,7 +11,8 @@
 //! Writes `cuda-results.md` to the folder given as the first argument (default `.`).
 //! `NIWAKI_HARNESS_27B=Q2_0,Q1_0` picks the 27B formats (empty: skip);
 //! `NIWAKI_HARNESS_ONLY=gemm` times the prefill GEMMs and nothing else (for a profiler);
-//! `NIWAKI_HARNESS_ONLY=gemv-b1` runs the binary decode GEMV's check alone.
+//! `NIWAKI_HARNESS_ONLY=gemv-b1` runs the binary decode GEMV's check alone,
+//! `NIWAKI_HARNESS_ONLY=topk` sampling's top-k selection alone.
 
 use std::fmt::Write as _;
 
@@ -29,6 +30,7 @@ mod gemv_b1;
 mod kernels;
 mod models;
 mod report;
+mod sampling;
 
 use bench::bench_27b;
 use gemm::gemm_speed;
@@ -105,6 +107,14 @@ fn run(rep: &mut Report) -> R<()> {
             let mut rng = rand::SeedableRng::seed_from_u64(7);
             return gemv_b1::gemv_b1_checks(rep, &gpu, xq.ptr, xs.ptr, &mut rng);
         }
+        Ok("topk") => {
+            rep.line("| kernel | shape | result | error |");
+            rep.line("|---|---|---|---|");
+            let timing =
+                sampling::topk_checks(rep, &gpu, &mut rand::SeedableRng::seed_from_u64(5))?;
+            rep.line(format!("\n{timing}\n"));
+            return sampling::model_topk(rep);
+        }
         Ok("gemm-checks") => {
             rep.line("| kernel | shape | result | error |");
             rep.line("|---|---|---|---|");
@@ -137,6 +147,7 @@ fn run(rep: &mut Report) -> R<()> {
     kernel_checks(rep, &gpu, bw)?;
     attention::attention_checks(rep, &gpu, &dims)?;
     gdn::gdn_chunk_checks(rep, &gpu, &dims)?;
+    let topk_timing = sampling::topk_checks(rep, &gpu, &mut rand::SeedableRng::seed_from_u64(5))?;
     {
         // The same on kernels compiled for the 27B shapes (head dim 256, GQA 6; 48 value
         // heads over 16 key heads).
@@ -146,6 +157,8 @@ fn run(rep: &mut Report) -> R<()> {
         gdn::gdn_chunk_checks(rep, &g27, &d27)?;
     }
     drop(gpu);
+    rep.line("");
+    rep.line(topk_timing);
 
     rep.line("");
     rep.line("## Whole model against `model::Model::forward` (CPU)");
@@ -167,6 +180,8 @@ fn run(rep: &mut Report) -> R<()> {
     fused_recurrence(rep)?;
     rep.line("");
     determinism(rep)?;
+    rep.line("");
+    sampling::model_topk(rep)?;
 
     let formats = std::env::var("NIWAKI_HARNESS_27B").unwrap_or_else(|_| "Q2_0,Q1_0".into());
     let formats: Vec<Format> = formats

@@ -129,6 +129,10 @@ impl Scratch {
             ("part", 4 * t * d.n_head * ATTN_SPLITS * (d.head_dim + 2)),
             ("logits", 4 * t * d.vocab),
             ("argmax", 8 * t),
+            // Two alternating key buffers of the sampling top-k, whose first pass keeps the
+            // most (of one row).
+            ("topk", 2 * 8 * topk_scratch_keys(d.vocab, TOPK_MAX)),
+            ("topk_flag", 4),
             ("gemm_part", 4 * GEMM_MAX_SPLITS * t * d.hidden),
             ("pos", 8),
         ];

@@ -10,6 +10,7 @@ mod ops;
 mod rotation;
 #[cfg(test)]
 pub(crate) mod tests;
+mod topk;
 
 pub use attention::*;
 pub use dims::*;
@@ -18,6 +19,7 @@ pub use gemv::*;
 pub use memory::*;
 pub use ops::*;
 pub use rotation::*;
+pub use topk::*;
 
 use model::{Config, LayerKind};
 
