@@ -1,6 +1,7 @@
 //! Generation on top of the model: sampling, stop conditions and streamed text.
 
 pub mod backend;
+mod bands;
 mod error;
 pub mod eval;
 mod generate;

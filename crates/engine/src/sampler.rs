@@ -3,7 +3,9 @@
 
 use std::collections::HashMap;
 
-use model::rank::{rank_keys, top_k};
+use model::rank::{exp_weight, rank_keys, top_k, weight_sums};
+
+use crate::bands::RankedBands;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -196,30 +198,31 @@ impl Sampler {
         Ok(if self.cfg.top_k > 0 {
             pick(&self.distribution(logits), r)
         } else {
-            self.pick_unlimited(logits, r)
+            self.pick_unlimited(logits, logits[best], r)
         }
         .unwrap_or(best as u32))
     }
 
     /// The token a uniform draw `r` selects from [`Sampler::distribution`] without a top-k
-    /// limit, without ordering the whole vocabulary: sampling from a 248k-token vocabulary
-    /// sorted it every token (9–17 ms on the host against a 4 ms GPU step). The weights
-    /// exp(x − max) are summed in id order; the candidates are visited in rank order, extracted
-    /// in growing blocks (a partial selection each), only as far as the nucleus (top-p) and the
-    /// draw reach — for a peaked distribution one block of 64. The same distribution as
-    /// `distribution`'s; a draw within float rounding of a boundary may land on the neighbour.
-    fn pick_unlimited(&self, logits: &[f32], r: f32) -> Option<u32> {
+    /// limit, without ordering the whole vocabulary (`best`: the largest logit, finite):
+    /// sampling from a 248k-token vocabulary sorted it every token (9–17 ms on the host against
+    /// a 4 ms GPU step). The weights exp(x − max) are summed as `model::rank::weight_sums`
+    /// orders it; the candidates are visited in rank order, gathered in bands below the best
+    /// ([`RankedBands`]) only as far as the nucleus (top-p) and the draw reach. The same
+    /// distribution as `distribution`'s; a draw within float rounding of a boundary may land on
+    /// the neighbour.
+    fn pick_unlimited(&self, logits: &[f32], best: f32, r: f32) -> Option<u32> {
         let c = &self.cfg;
         let t = c.temperature.max(f32::MIN_POSITIVE);
         let x = |id: u32| logits[id as usize] / t;
-        let mut keys: Vec<u64> = rank_keys(logits, t).collect();
-        let max = keys.iter().min().map(|&k| x(k as u32))?;
-        let weight = |id: u32| (x(id) - max).exp();
+        // Division by t > 0 is monotone: the best scaled logit is the best logit scaled.
+        let max = best / t;
+        let weight = |id: u32| exp_weight(x(id) - max);
         // min-p keeps weights of at least min_p times the largest (1).
         let floor = c.min_p;
-        let mut ranked = RankedPrefix::new(&mut keys);
+        let (total, all_kept) = weight_sums(logits, t, max, floor);
+        let mut ranked = RankedBands::new(logits, t, max);
         let kept_sum = if c.top_p < 1.0 {
-            let total: f32 = ranked.all().iter().map(|&k| weight(k as u32)).sum();
             let mut acc = 0f32;
             let mut kept = 0f32;
             let mut i = 0;
@@ -237,12 +240,7 @@ impl Sampler {
             ranked.limit(i);
             kept
         } else {
-            ranked
-                .all()
-                .iter()
-                .map(|&k| weight(k as u32))
-                .filter(|&w| w >= floor)
-                .sum()
+            all_kept
         };
         let target = r * kept_sum;
         let mut acc = 0f32;
@@ -291,7 +289,7 @@ impl Sampler {
         let max = cand[0].1;
         let mut sum = 0f32;
         for x in cand.iter_mut() {
-            x.1 = (x.1 - max).exp();
+            x.1 = exp_weight(x.1 - max);
             sum += x.1;
         }
         cand.iter_mut().for_each(|x| x.1 /= sum);
@@ -326,56 +324,6 @@ fn pick(probs: &[(u32, f32)], r: f32) -> Option<u32> {
         }
     }
     probs.last().map(|&(id, _)| id)
-}
-
-/// Rank keys (see [`rank_key`]) put in order from the front only as far as they are read:
-/// each time the ordered prefix runs out, the next block (4 times the last, from 64) is
-/// selected from the rest and sorted.
-struct RankedPrefix<'a> {
-    keys: &'a mut [u64],
-    sorted: usize,
-    block: usize,
-    end: usize,
-}
-
-impl<'a> RankedPrefix<'a> {
-    fn new(keys: &'a mut [u64]) -> Self {
-        let end = keys.len();
-        RankedPrefix {
-            keys,
-            sorted: 0,
-            block: 64,
-            end,
-        }
-    }
-
-    /// Every key, in no particular order.
-    fn all(&self) -> &[u64] {
-        &self.keys[..self.end]
-    }
-
-    /// Considers only the first `n` in rank order from now on.
-    fn limit(&mut self, n: usize) {
-        self.end = self.end.min(n);
-    }
-
-    /// The id ranked `i`-th (0: the best), if there are that many.
-    fn get(&mut self, i: usize) -> Option<u32> {
-        if i >= self.end {
-            return None;
-        }
-        while i >= self.sorted {
-            let rest = &mut self.keys[self.sorted..];
-            let m = self.block.min(rest.len());
-            if m < rest.len() {
-                rest.select_nth_unstable(m - 1);
-            }
-            rest[..m].sort_unstable();
-            self.sorted += m;
-            self.block *= 4;
-        }
-        Some(self.keys[i] as u32)
-    }
 }
 
 #[cfg(test)]
@@ -468,10 +416,11 @@ mod tests {
                     c.min_p = min_p;
                 });
                 let probs = s.distribution(&logits);
+                let best = logits[argmax(&logits).unwrap()];
                 for i in 0..400 {
                     let r = (i as f32 + 0.5) / 400.0;
                     let want = pick(&probs, r);
-                    let got = s.pick_unlimited(&logits, r);
+                    let got = s.pick_unlimited(&logits, best, r);
                     draws += 1;
                     if got != want {
                         // Only where float rounding of the sums can move the boundary.
