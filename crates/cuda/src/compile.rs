@@ -28,7 +28,7 @@ pub const SOURCES: [(&str, &str); 13] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 60] = [
+pub const KERNELS: [&str; 62] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -80,6 +80,8 @@ pub const KERNELS: [&str; 60] = [
     "grid_barrier_rounds",
     "topk_logits",
     "topk_keys",
+    "weight_chunks",
+    "weight_total",
     "attn_prep",
     "attn_prep_q8",
     "attn_split_t4",

@@ -291,6 +291,10 @@ pub struct Gpu {
     /// Select the candidates of a draw with a top-k limit on the GPU (`kernels/topk.cu`;
     /// `NIWAKI_CUDA_TOPK=0` copies the row to the host instead, for measuring it).
     topk: AtomicBool,
+    /// Also the weight sums of a draw without a top-k limit (`NIWAKI_CUDA_TOPK_SUMS=1`; off by
+    /// default: the kernels' check failed on the device under programmatic dependent launch,
+    /// and the fix, plain stream order, has not run on a GPU yet).
+    topk_sums: AtomicBool,
     /// Cache positions per warp tile of the attention split (one of [`plan::ATTN_TILES`]).
     attn_tile: AtomicUsize,
     /// Blocks of each attention-split kernel this device runs that one multiprocessor holds at
@@ -503,6 +507,7 @@ impl Gpu {
             fuse_norm: AtomicBool::new(env_opt_in("NIWAKI_CUDA_FUSE_NORM")),
             fuse_gdn: AtomicBool::new(env_on("NIWAKI_CUDA_FUSE_GDN")),
             topk: AtomicBool::new(env_on("NIWAKI_CUDA_TOPK")),
+            topk_sums: AtomicBool::new(env_opt_in("NIWAKI_CUDA_TOPK_SUMS")),
             attn_tile: AtomicUsize::new(8),
             attn_blocks_per_sm,
             attn_ring,
@@ -527,6 +532,16 @@ impl Gpu {
     /// Whether draws with a top-k limit select their candidates on the GPU.
     pub fn topk(&self) -> bool {
         self.topk.load(Ordering::Relaxed)
+    }
+
+    /// Whether draws without a top-k limit get their candidates and weight sums on the GPU.
+    pub fn topk_sums(&self) -> bool {
+        self.topk() && self.topk_sums.load(Ordering::Relaxed)
+    }
+
+    /// Sets the sums' part of [`Gpu::topk_sums`] (the harness checks them).
+    pub fn set_topk_sums(&self, on: bool) {
+        self.topk_sums.store(on, Ordering::Relaxed);
     }
 
     /// Sets [`Gpu::topk`] (for measuring the host's selection against it).

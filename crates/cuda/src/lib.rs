@@ -27,7 +27,7 @@ pub use error::{CudaError, Result};
 pub use gpu::{available, DeviceInfo};
 pub use model::{CudaModel, CudaState, TopK};
 pub use plan::KvCache;
-pub use topk::{Selected, TopkScratch};
+pub use topk::{Selected, TopkJob, TopkScratch};
 
 #[cfg(test)]
 mod tests {

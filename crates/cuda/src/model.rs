@@ -17,7 +17,7 @@ use crate::plan::{
     Scratch, StateBytes, MAX_CHUNK,
 };
 use crate::repack::{self, GpuFormat, Packed};
-use crate::topk::{Selected, TopkScratch};
+use crate::topk::{Selected, TopkJob, TopkScratch};
 
 /// Tokens from which a pass's embedding rows are dequantized on several host threads.
 const EMBED_PARALLEL_MIN: usize = 16;
@@ -78,8 +78,12 @@ pub struct CudaModel {
 /// What [`CudaModel::forward_top_k`] returns.
 #[derive(Clone, Debug, PartialEq)]
 pub enum TopK {
-    /// `(id, logit / temperature)` of the best k finite logits, best first, ties to the lower id.
-    Top(Vec<(u32, f32)>),
+    /// `(id, logit / temperature)` of the best k finite logits, best first, ties to the lower id,
+    /// and, when asked for, `model::rank::weight_sums` of the row (total, kept).
+    Top {
+        top: Vec<(u32, f32)>,
+        sums: Option<(f32, f32)>,
+    },
     /// The row of logits.
     Row(Vec<f32>),
 }
@@ -90,10 +94,12 @@ enum Tail {
     None,
     /// The argmax (8 bytes back).
     Argmax,
-    /// Sampling's best `k` by logit / temperature (`t`: its bits), `k + 1` keys back.
+    /// Sampling's best `k` by logit / temperature (`t`: its bits), `k + 1` keys back, and the
+    /// weight sums with min-p's floor (its bits) when asked for.
     TopK {
         k: usize,
         t: u32,
+        floor: Option<u32>,
     },
 }
 
@@ -155,6 +161,7 @@ impl CudaState {
         TopkScratch {
             keys: [self.s("topk"), self.s("topk") + half],
             flag: self.s("topk_flag"),
+            chunks: self.s("weight_chunks"),
         }
     }
 }
@@ -455,17 +462,22 @@ impl CudaModel {
 
     /// Runs `tokens` and returns the `k` best next tokens by logit / `temperature` as
     /// `model::rank::top_k` gives them, selected on the GPU (only the k candidates come back),
-    /// or the row of logits when it holds ±∞, `k` is more than [`plan::TOPK_MAX`] or the
-    /// selection is off ([`Gpu::topk`]): the contract of `engine::Backend::forward_top_k`.
+    /// and with `floor` the row's `model::rank::weight_sums` too; or the row of logits when it
+    /// holds ±∞, `k` is more than [`plan::TOPK_MAX`] or the selection is off ([`Gpu::topk`],
+    /// [`Gpu::topk_sums`] for the sums): the contract of `engine::Backend::forward_top_k`.
     pub fn forward_top_k(
         &self,
         st: &mut CudaState,
         tokens: &[u32],
         k: usize,
         temperature: f32,
+        floor: Option<f32>,
     ) -> Result<TopK> {
-        let selectable =
-            self.gpu.topk() && k <= plan::TOPK_MAX && temperature > 0.0 && temperature.is_finite();
+        let selectable = self.gpu.topk()
+            && (floor.is_none() || self.gpu.topk_sums())
+            && k <= plan::TOPK_MAX
+            && temperature > 0.0
+            && temperature.is_finite();
         if !selectable {
             return Ok(TopK::Row(self.forward(st, tokens, Logits::Last)?));
         }
@@ -474,6 +486,7 @@ impl CudaModel {
         let tail = Tail::TopK {
             k,
             t: temperature.to_bits(),
+            floor: floor.map(f32::to_bits),
         };
         for (s, len) in plan::chunks(n) {
             let (head, tail) = if s + len == n {
@@ -483,23 +496,27 @@ impl CudaModel {
             };
             self.run(st, &tokens[s..s + len], head, tail)?;
         }
-        // The k keys and the flag, through the page-locked row (8 KiB at most).
+        // The k keys, the flag and the sums, through the page-locked row (8 KiB at most).
         let at = st.topk_scratch().answer(self.dims.vocab, k);
-        let words = 2 * (k + 1);
+        let words = 2 * (k + 1 + usize::from(floor.is_some()));
         let row = st.host_row.as_mut_slice().ctx(|| "host logits".into())?;
         self.gpu.read(&st.stream, at, &mut row[..words])?;
         let keys: Vec<u64> = row[..words]
             .chunks_exact(2)
             .map(|w| u64::from(w[0].to_bits()) | (u64::from(w[1].to_bits()) << 32))
             .collect();
-        match Selected::from_keys(&keys) {
-            Selected::Top(top) => Ok(TopK::Top(top)),
-            Selected::Infinite => {
-                let mut row = vec![0f32; self.dims.vocab];
-                self.gpu.read(&st.stream, st.s("logits"), &mut row)?;
-                Ok(TopK::Row(row))
-            }
+        let sums = floor.map(|_| crate::topk::unpack_sums(keys[k + 1]));
+        match Selected::from_keys(&keys[..k + 1]) {
+            Selected::Top(top) => Ok(TopK::Top { top, sums }),
+            Selected::Infinite => Ok(TopK::Row(self.last_row(st)?)),
         }
+    }
+
+    /// The logits row of the last token of the last call that computed one.
+    pub fn last_row(&self, st: &mut CudaState) -> Result<Vec<f32>> {
+        let mut row = vec![0f32; self.dims.vocab];
+        self.gpu.read(&st.stream, st.s("logits"), &mut row)?;
+        Ok(row)
     }
 
     /// Dequantizes the embedding rows of `tokens` into `x` (`[tokens][hidden]`), spread over the
@@ -807,19 +824,22 @@ impl CudaModel {
             .time(&st.stream, 5, || g.launch().ctx(|| "graph launch".into()))
     }
 
-    /// Sampling's top-k selection after a pass's logits. Its launches are plainly
-    /// stream-ordered: resident early beside the LM head (programmatic dependent launch), its
-    /// blocks of 1024 threads would wait there for nothing, and kernels resident early beside
-    /// long ones have measured slower (see `gpu::serial_launches`).
-    fn topk_tail(&self, st: &CudaState, k: usize, t: u32) -> Result<()> {
+    /// Sampling's selection after a pass's logits (stream-ordered launches: `Gpu::top_k_enqueue`).
+    fn topk_tail(&self, st: &CudaState, k: usize, t: u32, floor: Option<u32>) -> Result<()> {
         let scratch = st.topk_scratch();
-        let logits = st.s("logits");
-        let t = f32::from_bits(t);
-        crate::gpu::serial_launches(|| {
-            self.gpu
-                .top_k_enqueue(&st.stream, logits, self.dims.vocab, k, t, scratch)
-        })?;
-        Ok(())
+        let job = TopkJob {
+            logits: st.s("logits"),
+            n: self.dims.vocab,
+            k,
+            temperature: f32::from_bits(t),
+        };
+        self.gpu.top_k_enqueue(&st.stream, job, scratch)?;
+        match floor {
+            Some(f) => self
+                .gpu
+                .weight_sums_enqueue(&st.stream, job, f32::from_bits(f), scratch),
+            None => Ok(()),
+        }
     }
 
     fn exec_all(&self, st: &CudaState, n: usize, head: Head, tail: Tail) -> Result<()> {
@@ -827,8 +847,8 @@ impl CudaModel {
         let ops = forward_ops(&self.dims, n, head, argmax, self.gpu.fusion());
         let all = || {
             ops.iter().try_for_each(|op| self.exec(st, op))?;
-            if let Tail::TopK { k, t } = tail {
-                self.topk_tail(st, k, t)?;
+            if let Tail::TopK { k, t, floor } = tail {
+                self.topk_tail(st, k, t, floor)?;
             }
             Ok(())
         };

@@ -3,8 +3,8 @@
 
 use model::{Logits, Model, State};
 
-use crate::error::Result;
-use crate::sampler::{argmax, SamplerError};
+use crate::error::{EngineError, Result};
+use crate::sampler::{argmax, RankedRequest, SamplerError};
 
 pub trait Backend {
     /// Per-sequence state (KV cache and recurrent state) on this device.
@@ -29,40 +29,57 @@ pub trait Backend {
         Ok(best as u32)
     }
 
-    /// Runs `tokens` and returns what a draw with a top-k limit needs
+    /// Runs `tokens` and returns what a draw from the best candidates needs
     /// ([`crate::Sampler::ranked_draw`]): by default the row of logits. A device that can select
-    /// the `k` best where the logits are computed overrides this (the GPU: k candidates back per
-    /// token instead of the vocabulary's row).
+    /// them where the logits are computed overrides this (the GPU: k candidates back per token
+    /// instead of the vocabulary's row), and [`Backend::last_row`] with it.
     fn forward_top_k(
         &self,
         state: &mut Self::State,
         tokens: &[u32],
-        k: usize,
-        temperature: f32,
+        request: RankedRequest,
     ) -> Result<Ranked> {
-        let _ = (k, temperature);
+        let _ = request;
         Ok(Ranked::Row(self.forward(state, tokens, Logits::Last)?))
+    }
+
+    /// The row of logits of the last [`Backend::forward_top_k`] that returned
+    /// [`Ranked::Top`], for a draw that reads past its candidates.
+    fn last_row(&self, state: &mut Self::State) -> Result<Vec<f32>> {
+        let _ = state;
+        Err(EngineError::Backend(
+            "this device returns whole rows only".into(),
+        ))
     }
 }
 
 /// What [`Backend::forward_top_k`] returns.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Ranked {
-    /// [`model::rank::top_k`] of the row: the row's logits are all finite or NaN.
-    Top(Vec<(u32, f32)>),
+    /// [`model::rank::top_k`] of the row, and the weight sums when asked for (the row's logits
+    /// are all finite or NaN).
+    Top {
+        top: Vec<(u32, f32)>,
+        sums: Option<(f32, f32)>,
+    },
     /// The row of logits: the device does not select, or the row holds an infinite logit (for
-    /// which the sampler's rule is not a top-k one).
+    /// which the sampler's rule is not a ranked one).
     Row(Vec<f32>),
 }
 
 impl Ranked {
     /// The device's side of the contract, on the host: `Top` unless the row holds ±∞.
-    pub fn of_row(row: Vec<f32>, k: usize, temperature: f32) -> Ranked {
+    pub fn of_row(row: &[f32], request: RankedRequest) -> Ranked {
         if row.iter().any(|v| v.is_infinite()) {
-            Ranked::Row(row)
-        } else {
-            Ranked::Top(model::rank::top_k(&row, k, temperature))
+            return Ranked::Row(row.to_vec());
         }
+        let t = request.temperature;
+        let top = model::rank::top_k(row, request.k, t);
+        let sums = match (request.floor, top.first()) {
+            (Some(floor), Some(&(_, max))) => Some(model::rank::weight_sums(row, t, max, floor)),
+            _ => None,
+        };
+        Ranked::Top { top, sums }
     }
 }
 
@@ -103,15 +120,24 @@ impl Backend for niwaki_cuda::CudaModel {
         &self,
         state: &mut Self::State,
         tokens: &[u32],
-        k: usize,
-        temperature: f32,
+        request: RankedRequest,
     ) -> Result<Ranked> {
-        let got = niwaki_cuda::CudaModel::forward_top_k(self, state, tokens, k, temperature)
+        let RankedRequest {
+            k,
+            temperature,
+            floor,
+        } = request;
+        let got = niwaki_cuda::CudaModel::forward_top_k(self, state, tokens, k, temperature, floor)
             .map_err(|e| crate::EngineError::Backend(e.to_string()))?;
         Ok(match got {
-            niwaki_cuda::TopK::Top(top) => Ranked::Top(top),
+            niwaki_cuda::TopK::Top { top, sums } => Ranked::Top { top, sums },
             niwaki_cuda::TopK::Row(row) => Ranked::Row(row),
         })
+    }
+
+    fn last_row(&self, state: &mut Self::State) -> Result<Vec<f32>> {
+        niwaki_cuda::CudaModel::last_row(self, state)
+            .map_err(|e| crate::EngineError::Backend(e.to_string()))
     }
 
     fn forward_argmax(&self, state: &mut Self::State, tokens: &[u32]) -> Result<u32> {

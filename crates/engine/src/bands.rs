@@ -5,6 +5,8 @@ use std::f32::consts::LN_2;
 
 use model::rank::rank_key;
 
+use crate::sampler::{Ranking, Unknown};
+
 /// How far below the best scaled logit each band reaches: weights down to 2^-8, 2^-16, 2^-32
 /// and 2^-64 of the best, then the rest. A peaked distribution's draw ends in the first band, a
 /// few dozen candidates gathered by one comparison per token of the vocabulary (selecting the
@@ -19,7 +21,6 @@ pub(crate) struct RankedBands<'a> {
     max: f32,
     ranked: Vec<u64>,
     bands: usize,
-    end: usize,
 }
 
 impl<'a> RankedBands<'a> {
@@ -31,20 +32,11 @@ impl<'a> RankedBands<'a> {
             max,
             ranked: Vec::new(),
             bands: 0,
-            end: usize::MAX,
         }
-    }
-
-    /// Considers only the first `n` in rank order from now on.
-    pub(crate) fn limit(&mut self, n: usize) {
-        self.end = self.end.min(n);
     }
 
     /// The id ranked `i`-th (0: the best), if there are that many.
     pub(crate) fn get(&mut self, i: usize) -> Option<u32> {
-        if i >= self.end {
-            return None;
-        }
         while i >= self.ranked.len() {
             if self.bands > BAND_DEPTHS.len() {
                 return None;
@@ -81,6 +73,12 @@ impl<'a> RankedBands<'a> {
         }
         self.ranked[start..].sort_unstable();
         self.bands += 1;
+    }
+}
+
+impl Ranking for RankedBands<'_> {
+    fn get(&mut self, i: usize) -> Result<Option<(u32, f32)>, Unknown> {
+        Ok(RankedBands::get(self, i).map(|id| (id, self.logits[id as usize] / self.t)))
     }
 }
 
@@ -122,7 +120,7 @@ mod tests {
         let mut bands = RankedBands::new(&logits, 1.0, 10.0);
         assert_eq!((bands.get(0), bands.get(1)), (Some(1), Some(2)));
         assert_eq!(bands.bands, 1);
-        bands.limit(2);
-        assert_eq!(bands.get(2), None);
+        let rest: Vec<Option<u32>> = (2..6).map(|i| bands.get(i)).collect();
+        assert_eq!(rest, [Some(4), Some(0), Some(3), None]);
     }
 }

@@ -9,7 +9,7 @@ use tokenizer::Tokenizer;
 
 use crate::backend::{Backend, Ranked};
 use crate::error::{EngineError, Result};
-use crate::sampler::{Sampler, SamplerConfig};
+use crate::sampler::{Drawn, Sampler, SamplerConfig};
 use crate::stop::{Scan, StopMatcher};
 
 /// Tokens per prefill chunk by default: large enough that weights are read once for many tokens,
@@ -178,7 +178,10 @@ impl<F: FnMut(&str) -> Flow> Hooks for TextOnly<F> {
 /// the token the device already picked.
 enum Next {
     Logits(Vec<f32>),
-    Ranked(Vec<(u32, f32)>),
+    Ranked {
+        top: Vec<(u32, f32)>,
+        sums: Option<(f32, f32)>,
+    },
     Picked(u32),
 }
 
@@ -197,7 +200,7 @@ pub fn generate_with<B: Backend>(
     // Greedy decoding whose hooks need no logits lets the device pick each token: on a GPU
     // only the token comes back instead of the vocabulary's row of logits.
     let device_picks = sampler.is_plain_greedy() && !hooks.wants_logits();
-    // Likewise a draw with a top-k limit: the device may select the k candidates.
+    // Likewise a random draw without penalties: the device may select the best candidates.
     let device_ranks = sampler.ranked_draw().filter(|_| !hooks.wants_logits());
     let t0 = Instant::now();
     let mut next_from = Next::Logits(prefill(model, state, prompt, params.prefill_chunk)?);
@@ -233,7 +236,10 @@ pub fn generate_with<B: Backend>(
                 hooks.mask(logits)?;
                 (sampler.sample(logits, &history)?, logits)
             }
-            Next::Ranked(top) => (sampler.sample_ranked(top)?, &[]),
+            Next::Ranked { top, sums } => match sampler.sample_ranked(top, *sums)? {
+                Drawn::Token(id) => (id, &[]),
+                Drawn::NeedsRow => (sampler.sample_from_row(&model.last_row(state)?)?, &[]),
+            },
             Next::Picked(next) => (*next, &[]),
         };
         if hooks.on_token(next, seen) == Flow::Stop {
@@ -265,9 +271,9 @@ pub fn generate_with<B: Backend>(
         }
         next_from = if device_picks {
             Next::Picked(model.forward_argmax(state, &[next])?)
-        } else if let Some((k, t)) = device_ranks {
-            match model.forward_top_k(state, &[next], k, t)? {
-                Ranked::Top(top) => Next::Ranked(top),
+        } else if let Some(request) = device_ranks {
+            match model.forward_top_k(state, &[next], request)? {
+                Ranked::Top { top, sums } => Next::Ranked { top, sums },
                 Ranked::Row(logits) => Next::Logits(logits),
             }
         } else {

@@ -15,5 +15,5 @@ pub use generate::{
     generate, generate_with, prefill, FinishReason, Flow, GenerateParams, Generation, Hooks,
     DEFAULT_PREFILL_CHUNK,
 };
-pub use sampler::{Sampler, SamplerConfig};
+pub use sampler::{Drawn, RankedRequest, Sampler, SamplerConfig};
 pub use stop::{Scan, StopMatcher};

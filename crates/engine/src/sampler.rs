@@ -114,13 +114,67 @@ pub use model::ops::argmax;
 pub struct Sampler {
     cfg: SamplerConfig,
     rng: ChaCha8Rng,
+    /// The random number of a draw [`Sampler::sample_ranked`] left to the row.
+    pending: Option<f32>,
+}
+
+/// Candidates a device returns for a draw without a top-k limit: enough for a peaked
+/// distribution's nucleus and draw; a draw that reads past them takes the row.
+pub const RANKED_CANDIDATES: usize = 256;
+
+/// What [`Sampler::ranked_draw`] asks of a device.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RankedRequest {
+    /// Candidates: the best `k` by logit / temperature.
+    pub k: usize,
+    pub temperature: f32,
+    /// With `Some(floor)`, the row's weight sums too (`model::rank::weight_sums` with that
+    /// floor, the best candidate's scaled logit as the maximum).
+    pub floor: Option<f32>,
+}
+
+/// What [`Sampler::sample_ranked`] gives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drawn {
+    Token(u32),
+    /// The draw reads past the candidates: [`Sampler::sample_from_row`] finishes it.
+    NeedsRow,
+}
+
+/// A walk read past what a ranking knows.
+pub(crate) struct Unknown;
+
+/// Candidates in rank order, as far as a walk reads them: the `i`-th as (id, logit /
+/// temperature), `None` past the last finite logit.
+pub(crate) trait Ranking {
+    fn get(&mut self, i: usize) -> Result<Option<(u32, f32)>, Unknown>;
+}
+
+/// The best candidates a device selected: all there are when `complete`.
+struct Listed<'a> {
+    top: &'a [(u32, f32)],
+    complete: bool,
+}
+
+impl Ranking for Listed<'_> {
+    fn get(&mut self, i: usize) -> Result<Option<(u32, f32)>, Unknown> {
+        match self.top.get(i) {
+            Some(&c) => Ok(Some(c)),
+            None if self.complete => Ok(None),
+            None => Err(Unknown),
+        }
+    }
 }
 
 impl Sampler {
     pub fn new(cfg: SamplerConfig) -> Result<Sampler, SamplerError> {
         cfg.validate()?;
         let rng = ChaCha8Rng::seed_from_u64(cfg.seed);
-        Ok(Sampler { cfg, rng })
+        Ok(Sampler {
+            cfg,
+            rng,
+            pending: None,
+        })
     }
 
     pub fn config(&self) -> &SamplerConfig {
@@ -138,23 +192,77 @@ impl Sampler {
         c.repetition_penalty != 1.0 || c.presence_penalty != 0.0 || c.frequency_penalty != 0.0
     }
 
-    /// `(k, temperature)` when every draw needs only the `k` best candidates of the raw logits by
-    /// logit / temperature (random sampling with a top-k limit and no penalties): the device may
-    /// then select them itself ([`crate::Backend::forward_top_k`]) and the draw is made by
-    /// [`Sampler::sample_ranked`].
-    pub fn ranked_draw(&self) -> Option<(usize, f32)> {
+    /// What a device must return for a draw to be made from the best candidates alone (random
+    /// sampling without penalties): with a top-k limit, its k best by logit / temperature; without
+    /// one, [`RANKED_CANDIDATES`] of them and the row's weight sums
+    /// (`model::rank::weight_sums`, `floor` min-p's). The device may then select them itself
+    /// ([`crate::Backend::forward_top_k`]) and the draw is made by [`Sampler::sample_ranked`].
+    pub fn ranked_draw(&self) -> Option<RankedRequest> {
         let c = &self.cfg;
-        (c.temperature > 0.0 && c.top_k > 0 && !self.has_penalties())
-            .then(|| (c.top_k, c.temperature.max(f32::MIN_POSITIVE)))
+        if c.temperature <= 0.0 || self.has_penalties() {
+            return None;
+        }
+        let temperature = c.temperature.max(f32::MIN_POSITIVE);
+        Some(if c.top_k > 0 {
+            RankedRequest {
+                k: c.top_k,
+                temperature,
+                floor: None,
+            }
+        } else {
+            RankedRequest {
+                k: RANKED_CANDIDATES,
+                temperature,
+                floor: Some(c.min_p),
+            }
+        })
     }
 
     /// The token [`Sampler::sample`] picks from a row of logits, every one finite or NaN, given
-    /// only `top`: [`model::rank::top_k`] of that row with [`Sampler::ranked_draw`]'s `k` and
-    /// temperature. The same random draw, the same candidates, the same arithmetic on them.
-    pub fn sample_ranked(&mut self, top: &[(u32, f32)]) -> Result<u32, SamplerError> {
-        let &(first, _) = top.first().ok_or(SamplerError::NoFiniteLogit)?;
+    /// only what [`Sampler::ranked_draw`] asked of it: `top`, [`model::rank::top_k`] of that
+    /// row, and without a top-k limit `sums`, its weight sums. The same random draw, the same
+    /// candidates, the same arithmetic on them. Without a top-k limit, a draw that reads past
+    /// the candidates needs the row ([`Drawn::NeedsRow`], then [`Sampler::sample_from_row`]).
+    pub fn sample_ranked(
+        &mut self,
+        top: &[(u32, f32)],
+        sums: Option<(f32, f32)>,
+    ) -> Result<Drawn, SamplerError> {
+        let &(first, max) = top.first().ok_or(SamplerError::NoFiniteLogit)?;
         let r: f32 = self.rng.gen();
-        Ok(pick(&self.probabilities(top.to_vec()), r).unwrap_or(first))
+        if self.cfg.top_k > 0 {
+            return Ok(Drawn::Token(
+                pick(&self.probabilities(top.to_vec()), r).unwrap_or(first),
+            ));
+        }
+        let Some((total, kept)) = sums else {
+            self.pending = Some(r);
+            return Ok(Drawn::NeedsRow);
+        };
+        let mut listed = Listed {
+            top,
+            complete: top.len() < RANKED_CANDIDATES,
+        };
+        match self.walk(&mut listed, max, total, kept, r) {
+            Ok(id) => Ok(Drawn::Token(id.unwrap_or(first))),
+            Err(Unknown) => {
+                self.pending = Some(r);
+                Ok(Drawn::NeedsRow)
+            }
+        }
+    }
+
+    /// Finishes the draw [`Sampler::sample_ranked`] began when it needed the row: the same
+    /// random number, the row it was drawn against.
+    pub fn sample_from_row(&mut self, logits: &[f32]) -> Result<u32, SamplerError> {
+        let best = argmax(logits).ok_or(SamplerError::NoFiniteLogit)?;
+        let r = match self.pending.take() {
+            Some(r) => r,
+            None => self.rng.gen(),
+        };
+        Ok(self
+            .pick_unlimited(logits, logits[best], r)
+            .unwrap_or(best as u32))
     }
 
     /// Applies repetition, presence and frequency penalties for the tokens in `history`.
@@ -212,22 +320,34 @@ impl Sampler {
     /// distribution as `distribution`'s; a draw within float rounding of a boundary may land on
     /// the neighbour.
     fn pick_unlimited(&self, logits: &[f32], best: f32, r: f32) -> Option<u32> {
-        let c = &self.cfg;
-        let t = c.temperature.max(f32::MIN_POSITIVE);
-        let x = |id: u32| logits[id as usize] / t;
+        let t = self.cfg.temperature.max(f32::MIN_POSITIVE);
         // Division by t > 0 is monotone: the best scaled logit is the best logit scaled.
         let max = best / t;
-        let weight = |id: u32| exp_weight(x(id) - max);
+        let (total, kept) = weight_sums(logits, t, max, self.cfg.min_p);
+        let mut ranked = RankedBands::new(logits, t, max);
+        self.walk(&mut ranked, max, total, kept, r).unwrap_or(None)
+    }
+
+    /// The draw `r` over candidates in rank order, weighted exp(x − max) (`total`, `all_kept`:
+    /// [`weight_sums`] of the row): through the nucleus (top-p) first, then to the candidate
+    /// where the running weight passes `r` times the kept weight (min-p's floor applied).
+    fn walk(
+        &self,
+        ranked: &mut impl Ranking,
+        max: f32,
+        total: f32,
+        all_kept: f32,
+        r: f32,
+    ) -> Result<Option<u32>, Unknown> {
+        let c = &self.cfg;
+        let weight = |x: f32| exp_weight(x - max);
         // min-p keeps weights of at least min_p times the largest (1).
         let floor = c.min_p;
-        let (total, all_kept) = weight_sums(logits, t, max, floor);
-        let mut ranked = RankedBands::new(logits, t, max);
+        let mut end = usize::MAX;
         let kept_sum = if c.top_p < 1.0 {
-            let mut acc = 0f32;
-            let mut kept = 0f32;
-            let mut i = 0;
-            while let Some(id) = ranked.get(i) {
-                let w = weight(id);
+            let (mut acc, mut kept, mut i) = (0f32, 0f32, 0);
+            while let Some((_, x)) = ranked.get(i)? {
+                let w = weight(x);
                 acc += w;
                 if w >= floor {
                     kept += w;
@@ -237,17 +357,18 @@ impl Sampler {
                     break;
                 }
             }
-            ranked.limit(i);
+            end = i;
             kept
         } else {
             all_kept
         };
         let target = r * kept_sum;
-        let mut acc = 0f32;
-        let mut last = None;
-        let mut i = 0;
-        while let Some(id) = ranked.get(i) {
-            let w = weight(id);
+        let (mut acc, mut last, mut i) = (0f32, None, 0);
+        while i < end {
+            let Some((id, x)) = ranked.get(i)? else {
+                break;
+            };
+            let w = weight(x);
             if w < floor {
                 // Rank order: every later weight is smaller still.
                 break;
@@ -255,11 +376,11 @@ impl Sampler {
             acc += w;
             last = Some(id);
             if target < acc {
-                return Some(id);
+                return Ok(Some(id));
             }
             i += 1;
         }
-        last
+        Ok(last)
     }
 
     /// The candidate tokens and their probabilities after temperature, top-k, top-p and min-p,

@@ -1,12 +1,14 @@
-//! Sampling with a top-k limit from the k candidates a device selected
-//! (`Backend::forward_top_k`) against sampling from the whole row: the same tokens, draw for
-//! draw, and the device path taken only where nothing needs the logits.
+//! Random sampling from the best candidates a device selected (`Backend::forward_top_k`: with a
+//! top-k limit its k best, without one 256 and the row's weight sums) against sampling from the
+//! whole row: the same tokens, draw for draw, and the device path taken only where nothing
+//! needs the logits.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::path::PathBuf;
 
 use engine::{
-    generate, generate_with, Backend, Flow, GenerateParams, Hooks, Ranked, Sampler, SamplerConfig,
+    generate, generate_with, Backend, Drawn, Flow, GenerateParams, Hooks, Ranked, RankedRequest,
+    Sampler, SamplerConfig,
 };
 use model::{Logits, Model, State};
 use tokenizer::Tokenizer;
@@ -35,6 +37,8 @@ fn rows(n: usize, len: usize, seed: u32) -> Vec<Vec<f32>> {
                     0 => f32::NAN,
                     1 if r % 4 == 3 => f32::INFINITY,
                     2 if r % 4 == 2 => f32::NEG_INFINITY,
+                    // Half the rows peaked: a few logits far above the rest.
+                    3..=5 if r % 2 == 0 => 25.0 + (r % 3) as f32,
                     v => (v % 53) as f32 * 0.37 - 9.0,
                 })
                 .collect()
@@ -42,16 +46,45 @@ fn rows(n: usize, len: usize, seed: u32) -> Vec<Vec<f32>> {
         .collect()
 }
 
+/// A draw as the generation loop makes it from what a device returns for `row`.
+fn device_draw(s: &mut Sampler, row: &[f32], counts: &mut [usize; 3]) -> u32 {
+    let request = s.ranked_draw().unwrap();
+    match Ranked::of_row(row, request) {
+        Ranked::Top { top, sums } => match s.sample_ranked(&top, sums).unwrap() {
+            Drawn::Token(id) => {
+                counts[0] += 1;
+                id
+            }
+            Drawn::NeedsRow => {
+                counts[1] += 1;
+                s.sample_from_row(row).unwrap()
+            }
+        },
+        Ranked::Row(mut r) => {
+            counts[2] += 1;
+            s.sample(&mut r, &[]).unwrap()
+        }
+    }
+}
+
 #[test]
-fn a_draw_from_the_top_k_is_the_draw_from_the_row() {
+fn a_draw_from_the_best_candidates_is_the_draw_from_the_row() {
+    // (top_k, temperature, top_p, min_p); top_k 0: the candidates and the weight sums.
     let configs = [
         (20, 0.6, 0.95, 0.0),
         (1, 1.0, 1.0, 0.0),
         (5, 1.3, 1.0, 0.05),
         (300, 0.8, 0.9, 0.01),
         (4000, 2.0, 1.0, 0.0),
+        (0, 1.0, 1.0, 0.0),
+        (0, 0.7, 0.8, 0.0),
+        (0, 0.5, 0.95, 0.02),
+        (0, 1.5, 1.0, 0.001),
+        // Flat: most draws read past the candidates.
+        (0, 4.0, 1.0, 0.0),
+        (0, 3.0, 0.99, 0.0),
     ];
-    let mut ranked_draws = 0;
+    let mut counts = [0usize; 3];
     for (i, &(top_k, temperature, top_p, min_p)) in configs.iter().enumerate() {
         let cfg = SamplerConfig {
             temperature,
@@ -63,20 +96,14 @@ fn a_draw_from_the_top_k_is_the_draw_from_the_row() {
         };
         let mut whole = Sampler::new(cfg.clone()).unwrap();
         let mut ranked = Sampler::new(cfg).unwrap();
-        let (k, t) = ranked.ranked_draw().unwrap();
-        assert_eq!((k, t), (top_k, temperature));
         for mut row in rows(40, 3000, 11 + i as u32) {
-            let got = match Ranked::of_row(row.clone(), k, t) {
-                Ranked::Top(top) => {
-                    ranked_draws += 1;
-                    ranked.sample_ranked(&top).unwrap()
-                }
-                Ranked::Row(mut r) => ranked.sample(&mut r, &[]).unwrap(),
-            };
-            assert_eq!(got, whole.sample(&mut row, &[]).unwrap());
+            let got = device_draw(&mut ranked, &row, &mut counts);
+            assert_eq!(got, whole.sample(&mut row, &[]).unwrap(), "config {i}");
         }
     }
-    assert!(ranked_draws > 100, "{ranked_draws}");
+    // Every way a draw can go was taken: from the candidates alone, past them to the row, and
+    // the whole row for rows with ±∞.
+    assert!(counts.iter().all(|&c| c > 20), "{counts:?}");
     // No finite logit: both refuse.
     let mut s = Sampler::new(SamplerConfig {
         temperature: 1.0,
@@ -84,16 +111,16 @@ fn a_draw_from_the_top_k_is_the_draw_from_the_row() {
         ..SamplerConfig::default()
     })
     .unwrap();
-    let top = match Ranked::of_row(vec![f32::NAN; 4], 3, 1.0) {
-        Ranked::Top(top) => top,
-        Ranked::Row(_) => panic!("a row of NaN has no infinity"),
+    let request = s.ranked_draw().unwrap();
+    let Ranked::Top { top, sums } = Ranked::of_row(&[f32::NAN; 4], request) else {
+        panic!("a row of NaN has no infinity");
     };
-    assert!(s.sample_ranked(&top).is_err());
+    assert!(s.sample_ranked(&top, sums).is_err());
     assert!(s.sample(&mut [f32::NAN; 4], &[]).is_err());
 }
 
 #[test]
-fn only_random_draws_with_a_top_k_and_no_penalties_are_ranked_draws() {
+fn only_random_draws_without_penalties_are_ranked_draws() {
     let with = |f: fn(&mut SamplerConfig)| {
         let mut c = SamplerConfig {
             temperature: 0.7,
@@ -103,19 +130,34 @@ fn only_random_draws_with_a_top_k_and_no_penalties_are_ranked_draws() {
         f(&mut c);
         Sampler::new(c).unwrap().ranked_draw()
     };
-    assert_eq!(with(|_| {}), Some((20, 0.7)));
+    let top_k = |k, floor| {
+        Some(RankedRequest {
+            k,
+            temperature: 0.7,
+            floor,
+        })
+    };
+    assert_eq!(with(|_| {}), top_k(20, None));
     assert_eq!(with(|c| c.temperature = 0.0), None);
-    assert_eq!(with(|c| c.top_k = 0), None);
+    assert_eq!(
+        with(|c| {
+            c.top_k = 0;
+            c.min_p = 0.1;
+        }),
+        top_k(engine::sampler::RANKED_CANDIDATES, Some(0.1))
+    );
     assert_eq!(with(|c| c.repetition_penalty = 1.1), None);
     assert_eq!(with(|c| c.presence_penalty = 0.5), None);
     assert_eq!(with(|c| c.frequency_penalty = -0.5), None);
 }
 
-/// The CPU model as a device that selects the top k itself, counting the calls.
+/// The CPU model as a device that selects the best candidates itself, counting the calls.
 struct Selecting<'a> {
     m: &'a Model,
     rows: Cell<usize>,
     ranked: Cell<usize>,
+    last: RefCell<Vec<f32>>,
+    last_rows: Cell<usize>,
 }
 
 impl Backend for Selecting<'_> {
@@ -134,12 +176,17 @@ impl Backend for Selecting<'_> {
         &self,
         s: &mut State,
         t: &[u32],
-        k: usize,
-        temperature: f32,
+        request: RankedRequest,
     ) -> engine::Result<Ranked> {
         self.ranked.set(self.ranked.get() + 1);
         let row = Backend::forward(self.m, s, t, Logits::Last)?;
-        Ok(Ranked::of_row(row, k, temperature))
+        let got = Ranked::of_row(&row, request);
+        *self.last.borrow_mut() = row;
+        Ok(got)
+    }
+    fn last_row(&self, _: &mut State) -> engine::Result<Vec<f32>> {
+        self.last_rows.set(self.last_rows.get() + 1);
+        Ok(self.last.borrow().clone())
     }
 }
 
@@ -156,38 +203,52 @@ impl Hooks for ReadsLogits {
 fn generation_from_device_candidates_equals_generation_from_rows() {
     let (m, tok) = tiny();
     let prompt = tok.encode("Once upon a time", false).unwrap();
-    let params = GenerateParams {
-        max_tokens: 32,
-        sampler: SamplerConfig {
-            temperature: 1.2,
-            top_k: 40,
-            top_p: 0.95,
-            seed: 3,
-            ..SamplerConfig::default()
-        },
-        ..GenerateParams::default()
-    };
     let b = Selecting {
         m: &m,
         rows: Cell::new(0),
         ranked: Cell::new(0),
+        last: RefCell::new(Vec::new()),
+        last_rows: Cell::new(0),
     };
-    let mut st = m.new_state();
-    let fast = generate(&b, &tok, &mut st, &prompt, &params, |_| Flow::Continue).unwrap();
-    assert!(fast.tokens.len() > 4, "{:?}", fast.tokens);
-    // The prompt's logits come as a row; every later draw from the device's candidates.
-    assert_eq!(b.rows.get(), 1);
-    assert!(b.ranked.get() + 1 >= fast.tokens.len());
+    let mut last_rows = 0;
+    // With a top-k limit; without one (candidates and weight sums, this tiny random model's
+    // flat rows sending some draws past the candidates to the row).
+    for (top_k, temperature) in [(40, 1.2), (0, 1.0), (0, 0.3)] {
+        let params = GenerateParams {
+            max_tokens: 32,
+            sampler: SamplerConfig {
+                temperature,
+                top_k,
+                top_p: 0.95,
+                seed: 3,
+                ..SamplerConfig::default()
+            },
+            ..GenerateParams::default()
+        };
+        b.rows.set(0);
+        b.ranked.set(0);
+        let mut st = m.new_state();
+        let fast = generate(&b, &tok, &mut st, &prompt, &params, |_| Flow::Continue).unwrap();
+        assert!(fast.tokens.len() > 4, "{:?}", fast.tokens);
+        // The prompt's logits come as a row; every later draw from the device's candidates.
+        assert_eq!(b.rows.get(), 1);
+        assert!(b.ranked.get() + 1 >= fast.tokens.len());
+        last_rows += b.last_rows.get();
 
-    let mut st = m.new_state();
-    let plain = generate(&m, &tok, &mut st, &prompt, &params, |_| Flow::Continue).unwrap();
-    assert_eq!(fast.tokens, plain.tokens);
-    assert_eq!(fast.text, plain.text);
+        let mut st = m.new_state();
+        let plain = generate(&m, &tok, &mut st, &prompt, &params, |_| Flow::Continue).unwrap();
+        assert_eq!(
+            fast.tokens, plain.tokens,
+            "top-k {top_k}, temperature {temperature}"
+        );
+        assert_eq!(fast.text, plain.text);
 
-    // Hooks that read the logits keep the rows.
-    b.ranked.set(0);
-    let mut st = m.new_state();
-    let read = generate_with(&b, &tok, &mut st, &prompt, &params, &mut ReadsLogits).unwrap();
-    assert_eq!(b.ranked.get(), 0);
-    assert_eq!(read.tokens, plain.tokens);
+        // Hooks that read the logits keep the rows.
+        b.ranked.set(0);
+        let mut st = m.new_state();
+        let read = generate_with(&b, &tok, &mut st, &prompt, &params, &mut ReadsLogits).unwrap();
+        assert_eq!(b.ranked.get(), 0);
+        assert_eq!(read.tokens, plain.tokens);
+    }
+    assert!(last_rows > 0);
 }

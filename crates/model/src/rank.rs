@@ -30,57 +30,60 @@ pub fn rank_keys(logits: &[f32], temperature: f32) -> impl Iterator<Item = u64> 
 /// (and for NaN).
 #[inline(always)]
 pub fn exp_weight(d: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    // ln 2 split so that k · LN2_HI is exact for the |k| ≤ 126 used here.
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
+    // Constants by their bits, as `kernels/topk.cu` spells them.
+    let log2e = f32::from_bits(0x3fb8_aa3b);
+    // ln 2 split so that k · ln2_hi is exact for the |k| ≤ 126 used here.
+    let ln2_hi = f32::from_bits(0x3f31_7200);
+    let ln2_lo = f32::from_bits(0x35bf_be8e);
     // Adding 1.5 · 2^23 rounds to an integer (ties to even) and leaves it in the low bits.
-    const MAGIC: f32 = 12_582_912.0;
-    let z = d * LOG2E + MAGIC;
-    let kf = z - MAGIC;
-    let k = (z.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
-    let r = (d - kf * LN2_HI) - kf * LN2_LO;
+    let magic = f32::from_bits(0x4b40_0000);
+    let (c6, c24, c120, c720) = (
+        f32::from_bits(0x3e2a_aaab),
+        f32::from_bits(0x3d2a_aaab),
+        f32::from_bits(0x3c08_8889),
+        f32::from_bits(0x3ab6_0b61),
+    );
+    let z = d * log2e + magic;
+    let kf = z - magic;
+    let k = (z.to_bits() as i32).wrapping_sub(magic.to_bits() as i32);
+    let r = (d - kf * ln2_hi) - kf * ln2_lo;
     // Taylor to degree 6 on |r| ≤ ln 2 / 2 (truncation under 1.1e-7 relative).
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    let p = 1.0 + r * (1.0 + r * (0.5 + r * (c6 + r * (c24 + r * (c120 + r * c720)))));
     let scale = f32::from_bits(((k.wrapping_add(127) as u32) & 0xff) << 23);
-    if d > -87.3 {
+    if d > f32::from_bits(0xc2ae_999a) {
         p * scale
     } else {
         0.0
     }
 }
 
-/// Lanes of [`weight_sums`]: finite logit i is added to lane i mod 16, in id order, and the
-/// lanes are then added first to last.
+/// The order of [`weight_sums`]: the row in chunks of `WEIGHT_CHUNK` ids; within a chunk, id i
+/// goes to lane i mod `WEIGHT_LANES`, each lane summed in id order from zero and the lanes
+/// added first to last; the chunks' sums added first to last. A vectorized loop on the host and
+/// a kernel of one thread per lane and chunk on the GPU add in exactly this order.
 pub const WEIGHT_LANES: usize = 16;
+pub const WEIGHT_CHUNK: usize = 1024;
 
 /// Σ exp_weight(logit / temperature − max) over the finite logits (the softmax's denominator),
 /// and the same over the weights of at least `floor` (min-p's kept mass), in the order
-/// [`WEIGHT_LANES`] describes.
+/// [`WEIGHT_CHUNK`] describes.
 pub fn weight_sums(logits: &[f32], temperature: f32, max: f32, floor: f32) -> (f32, f32) {
-    let mut total = [0f32; WEIGHT_LANES];
-    let mut kept = [0f32; WEIGHT_LANES];
-    let lane = |tot: &mut [f32; WEIGHT_LANES], kep: &mut [f32; WEIGHT_LANES], j: usize, v: f32| {
-        let w = exp_weight(v / temperature - max);
-        let w = if v.is_finite() { w } else { 0.0 };
-        tot[j] += w;
-        kep[j] += if w >= floor { w } else { 0.0 };
-    };
-    let chunks = logits.chunks_exact(WEIGHT_LANES);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for (j, &v) in c.iter().enumerate() {
-            lane(&mut total, &mut kept, j, v);
+    let (mut total, mut kept) = (0f32, 0f32);
+    for chunk in logits.chunks(WEIGHT_CHUNK) {
+        let mut lt = [0f32; WEIGHT_LANES];
+        let mut lk = [0f32; WEIGHT_LANES];
+        for part in chunk.chunks(WEIGHT_LANES) {
+            for (j, &v) in part.iter().enumerate() {
+                let w = exp_weight(v / temperature - max);
+                let w = if v.is_finite() { w } else { 0.0 };
+                lt[j] += w;
+                lk[j] += if w >= floor { w } else { 0.0 };
+            }
         }
+        total += lt.iter().fold(0f32, |a, &b| a + b);
+        kept += lk.iter().fold(0f32, |a, &b| a + b);
     }
-    for (j, &v) in rest.iter().enumerate() {
-        lane(&mut total, &mut kept, j, v);
-    }
-    let add = |l: [f32; WEIGHT_LANES]| l.iter().fold(0f32, |a, &b| a + b);
-    (add(total), add(kept))
+    (total, kept)
 }
 
 /// The `k` best finite logits by `logit / temperature`, as `(id, logit / temperature)`, best
@@ -168,8 +171,8 @@ mod tests {
     }
 
     #[test]
-    fn weight_sums_add_lane_by_lane_and_skip_non_finite_logits() {
-        let logits: Vec<f32> = (0..1000)
+    fn weight_sums_add_by_chunk_and_lane_and_skip_non_finite_logits() {
+        let logits: Vec<f32> = (0..3000)
             .map(|i| match i % 97 {
                 0 => f32::NAN,
                 1 => f32::INFINITY,
@@ -177,18 +180,22 @@ mod tests {
             })
             .collect();
         let (t, max, floor) = (0.8, 1.6 / 0.8 + 0.1, 0.05);
-        let mut lanes = [[0f32; 2]; WEIGHT_LANES];
-        for (i, &v) in logits.iter().enumerate() {
-            if v.is_finite() {
-                let w = exp_weight(v / t - max);
-                lanes[i % WEIGHT_LANES][0] += w;
-                if w >= floor {
-                    lanes[i % WEIGHT_LANES][1] += w;
+        let (mut total, mut kept) = (0f32, 0f32);
+        for c in 0..logits.len().div_ceil(WEIGHT_CHUNK) {
+            let mut lanes = [[0f32; 2]; WEIGHT_LANES];
+            for i in c * WEIGHT_CHUNK..logits.len().min((c + 1) * WEIGHT_CHUNK) {
+                let v = logits[i];
+                if v.is_finite() {
+                    let w = exp_weight(v / t - max);
+                    lanes[i % WEIGHT_LANES][0] += w;
+                    if w >= floor {
+                        lanes[i % WEIGHT_LANES][1] += w;
+                    }
                 }
             }
+            total += lanes.iter().fold(0f32, |a, l| a + l[0]);
+            kept += lanes.iter().fold(0f32, |a, l| a + l[1]);
         }
-        let total = lanes.iter().fold(0f32, |a, l| a + l[0]);
-        let kept = lanes.iter().fold(0f32, |a, l| a + l[1]);
         let (gt, gk) = weight_sums(&logits, t, max, floor);
         assert_eq!(
             (gt.to_bits(), gk.to_bits()),

@@ -4,12 +4,21 @@
 use std::time::Instant;
 
 use niwaki_cuda::gpu::Gpu;
-use niwaki_cuda::plan::{topk_scratch_keys, TOPK_MAX};
-use niwaki_cuda::{Selected, TopkScratch};
+use niwaki_cuda::plan::{topk_scratch_keys, weight_chunks, TOPK_MAX};
+use niwaki_cuda::{Selected, TopkJob, TopkScratch};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::report::*;
+
+fn job(logits: u64, n: usize, k: usize, temperature: f32) -> TopkJob {
+    TopkJob {
+        logits,
+        n,
+        k,
+        temperature,
+    }
+}
 
 /// A row of `n` logits: normal-ish values on a coarse grid (many exact ties), some NaN.
 fn row(n: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
@@ -28,9 +37,11 @@ pub(crate) fn topk_checks(rep: &mut Report, gpu: &Gpu, rng: &mut ChaCha8Rng) -> 
     let half = topk_scratch_keys(vocab, TOPK_MAX);
     let keys = gpu.alloc(2 * 8 * half, "topk keys")?;
     let flag = gpu.alloc(4, "topk flag")?;
+    let chunks = gpu.alloc(8 * weight_chunks(vocab), "weight chunks")?;
     let scratch = TopkScratch {
         keys: [keys.ptr, keys.ptr + 8 * half as u64],
         flag: flag.ptr,
+        chunks: chunks.ptr,
     };
     let (mut runs, mut wrong) = (0, Vec::new());
     for n in [vocab, 5001, 2048, 7] {
@@ -40,7 +51,7 @@ pub(crate) fn topk_checks(rep: &mut Report, gpu: &Gpu, rng: &mut ChaCha8Rng) -> 
             for t in [0.6f32, 1.0, 1.7] {
                 runs += 1;
                 let want = model::rank::top_k(&x, k, t);
-                match gpu.top_k(s, xd.ptr, n, k, t, scratch)? {
+                match gpu.top_k(s, job(xd.ptr, n, k, t), scratch)? {
                     Selected::Top(got) => {
                         let same = got.len() == want.len()
                             && got
@@ -56,22 +67,43 @@ pub(crate) fn topk_checks(rep: &mut Report, gpu: &Gpu, rng: &mut ChaCha8Rng) -> 
             }
         }
     }
+    // The weight sums (a draw without a top-k limit) against model::rank::weight_sums.
+    let mut sums_runs = 0;
+    for n in [vocab, 5001, 1000] {
+        let x = row(n, rng);
+        let xd = gpu.upload(&x, "logits")?;
+        for (t, floor) in [(1.0f32, 0.0f32), (0.7, 0.05), (2.3, 1e-4)] {
+            sums_runs += 1;
+            let (sel, total, kept) = gpu.top_k_sums(s, job(xd.ptr, n, 256, t), floor, scratch)?;
+            let want_top = model::rank::top_k(&x, 256, t);
+            let (wt, wk) = model::rank::weight_sums(&x, t, want_top[0].1, floor);
+            let same = sel == Selected::Top(want_top)
+                && total.to_bits() == wt.to_bits()
+                && kept.to_bits() == wk.to_bits();
+            if !same {
+                wrong.push(format!(
+                    "sums n {n} t {t} floor {floor}: {total} / {kept} against {wt} / {wk}"
+                ));
+            }
+        }
+    }
+    runs += sums_runs;
     // A row with ±∞ anywhere is reported, not ranked.
     for (at, v) in [(5, f32::INFINITY), (248_000, f32::NEG_INFINITY)] {
         runs += 1;
         let mut x = row(vocab, rng);
         x[at] = v;
         let xd = gpu.upload(&x, "logits")?;
-        if gpu.top_k(s, xd.ptr, vocab, 20, 0.7, scratch)? != Selected::Infinite {
+        if gpu.top_k(s, job(xd.ptr, vocab, 20, 0.7), scratch)? != Selected::Infinite {
             wrong.push(format!("{v} at {at} not reported"));
         }
     }
     let ok = wrong.is_empty();
     rep.line(format!(
-        "| topk (sampling's top-k selection) | {runs} rows and settings: 248,320 / 5001 / 2048 / 7 logits with ties and NaN, k 1–{TOPK_MAX}, temperature 0.6–1.7; rows with ±∞ | {} | {} |",
+        "| topk (sampling's top-k selection, and the weight sums of a draw without one) | {runs} rows and settings: 248,320 / 5001 / 2048 / 7 logits with ties and NaN, k 1–{TOPK_MAX}, temperature 0.6–1.7; {sums_runs} weight sums (k 256, floors 0–0.05); rows with ±∞ | {} | {} |",
         if ok { "PASS" } else { "FAIL" },
         if ok {
-            "ids and scaled logits equal to `model::rank::top_k`'s in every bit".to_string()
+            "ids and scaled logits equal to `model::rank::top_k`'s, sums to `model::rank::weight_sums`'s, in every bit".to_string()
         } else {
             wrong.join("; ")
         }
@@ -88,12 +120,20 @@ pub(crate) fn topk_checks(rep: &mut Report, gpu: &Gpu, rng: &mut ChaCha8Rng) -> 
         v[v.len() / 2]
     };
     let mut line = String::from("Top-k selection per token, 248,320 logits, median of 50:");
+    let sums = gpu.time(s, 20, || {
+        gpu.top_k_enqueue(s, job(xd.ptr, vocab, 256, 0.6), scratch)?;
+        gpu.weight_sums_enqueue(s, job(xd.ptr, vocab, 256, 0.6), 0.0, scratch)
+    })?;
+    line.push_str(&format!(
+        " k 256 with the weight sums (a draw without a top-k limit): its kernels {:.1} µs;",
+        sums * 1e6
+    ));
     for k in [20, 64, 1000] {
         let mut dev = Vec::new();
         let mut host = Vec::new();
         for _ in 0..50 {
             let t = Instant::now();
-            gpu.top_k(s, xd.ptr, vocab, k, 0.6, scratch)?;
+            gpu.top_k(s, job(xd.ptr, vocab, k, 0.6), scratch)?;
             dev.push(t.elapsed().as_secs_f64());
             let t = Instant::now();
             gpu.read(s, xd.ptr, &mut host_row)?;
@@ -101,7 +141,7 @@ pub(crate) fn topk_checks(rep: &mut Report, gpu: &Gpu, rng: &mut ChaCha8Rng) -> 
             host.push(t.elapsed().as_secs_f64());
         }
         let kernels = gpu.time(s, 20, || {
-            gpu.top_k_enqueue(s, xd.ptr, vocab, k, 0.6, scratch)
+            gpu.top_k_enqueue(s, job(xd.ptr, vocab, k, 0.6), scratch)
                 .map(|_| ())
         })?;
         line.push_str(&format!(
@@ -127,19 +167,30 @@ pub(crate) fn model_topk(rep: &mut Report) -> R<()> {
     let t = synth::random_f32_tensors(&shape, Format::Q2_0, 8);
     let m = open(&synth::writer_from_f32(&shape, &t, Format::Q2_0, "h")?)?;
     let g = CudaModel::load(&m)?;
+    // The weight sums are off by default (opt-in until checked on a device): on for the check.
+    g.gpu().set_topk_sums(true);
     let mut next: Vec<u32> = (0..37).map(|i| (i * 101 % vocab) as u32).collect();
     let (mut a, mut b) = (g.new_state(512)?, g.new_state(512)?);
     let (mut steps, mut equal) = (0, 0);
     for _ in 0..17 {
         let row = g.forward(&mut b, &next, Logits::Last)?;
-        let want = model::rank::top_k(&row, 40, 0.8);
         steps += 1;
-        if let TopK::Top(got) = g.forward_top_k(&mut a, &next, 40, 0.8)? {
-            if got.len() == 40
-                && got
+        // Alternate steps ask for the weight sums too (with 256 candidates).
+        let (k, floor) = if steps % 2 == 0 {
+            (40, None)
+        } else {
+            (256, Some(0.01))
+        };
+        let want = model::rank::top_k(&row, k, 0.8);
+        let want_sums = floor.map(|f| model::rank::weight_sums(&row, 0.8, want[0].1, f));
+        let bits = |v: Option<(f32, f32)>| v.map(|(a, b)| (a.to_bits(), b.to_bits()));
+        if let TopK::Top { top, sums } = g.forward_top_k(&mut a, &next, k, 0.8, floor)? {
+            if top.len() == k
+                && top
                     .iter()
                     .zip(&want)
                     .all(|(x, y)| x.0 == y.0 && x.1.to_bits() == y.1.to_bits())
+                && bits(sums) == bits(want_sums)
             {
                 equal += 1;
             }
@@ -148,8 +199,11 @@ pub(crate) fn model_topk(rep: &mut Report) -> R<()> {
     }
     let ok = equal == steps;
     rep.line(format!(
-        "Sampling's top-k on the GPU (small, Q2_0, `forward_top_k` k 40 at temperature 0.8 against the top 40 of `forward`'s row, a 37-token prompt and 16 steps): {equal} of {steps} steps equal in every bit"
+        "Sampling's candidates on the GPU (small, Q2_0, `forward_top_k` at temperature 0.8 against `forward`'s row on the host: k 40, and k 256 with the weight sums at min-p 0.01, on alternate steps; a 37-token prompt and 16 steps): {equal} of {steps} steps equal in every bit"
     ));
+    if std::env::var("NIWAKI_HARNESS_TOPK_TIMING").as_deref() == Ok("0") {
+        return Ok(());
+    }
     // Wall time per decode step, each way of getting what the draw needs, on a tiny model with
     // the 27B vocabulary (the row is what differs).
     let shape = Preset::Tiny.shape(248_320);
@@ -157,6 +211,7 @@ pub(crate) fn model_topk(rep: &mut Report) -> R<()> {
     let m = open(&synth::writer_from_f32(&shape, &t, Format::Q2_0, "h")?)?;
     drop(t);
     let g = CudaModel::load(&m)?;
+    g.gpu().set_topk_sums(true);
     let per_step = |f: &mut dyn FnMut(&mut niwaki_cuda::CudaState) -> R<()>| -> R<f64> {
         let mut st = g.new_state(512)?;
         g.forward_greedy(&mut st, &[1, 2, 3])?;
@@ -179,11 +234,15 @@ pub(crate) fn model_topk(rep: &mut Report) -> R<()> {
         Ok(())
     })?;
     let top = per_step(&mut |st| {
-        std::hint::black_box(g.forward_top_k(st, &[5], 40, 0.8)?);
+        std::hint::black_box(g.forward_top_k(st, &[5], 40, 0.8, None)?);
+        Ok(())
+    })?;
+    let unlimited = per_step(&mut |st| {
+        std::hint::black_box(g.forward_top_k(st, &[5], 256, 0.8, Some(0.0))?);
         Ok(())
     })?;
     rep.line(format!(
-        "Per decode step of a tiny model with the 248,320-token vocabulary (µs, 200 steps): argmax on the GPU {greedy:.1}; row to the host and its top 40 there {row:.1}; top 40 on the GPU {top:.1}"
+        "Per decode step of a tiny model with the 248,320-token vocabulary (µs, 200 steps): argmax on the GPU {greedy:.1}; row to the host and its top 40 there {row:.1}; top 40 on the GPU {top:.1}; 256 candidates and the weight sums on the GPU {unlimited:.1}"
     ));
     rep.check(ok, "forward_top_k".into());
     Ok(())

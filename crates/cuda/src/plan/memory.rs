@@ -133,6 +133,7 @@ impl Scratch {
             // most (of one row).
             ("topk", 2 * 8 * topk_scratch_keys(d.vocab, TOPK_MAX)),
             ("topk_flag", 4),
+            ("weight_chunks", 8 * weight_chunks(d.vocab)),
             ("gemm_part", 4 * GEMM_MAX_SPLITS * t * d.hidden),
             ("pos", 8),
         ];

@@ -35,12 +35,18 @@ pub fn topk_passes(n: usize, k: usize) -> Option<Vec<TopkPass>> {
     }
 }
 
-/// Keys of the largest pass's output (the last pass adds the ±∞ flag after its k): the scratch
-/// each of the two alternating key buffers needs.
+/// Keys of the largest pass's output (the last pass adds the ±∞ flag after its k, and the
+/// weight sums, when asked for, take the slot after that): the scratch each of the two
+/// alternating key buffers needs.
 pub fn topk_scratch_keys(n: usize, k: usize) -> usize {
     topk_passes(n, k)
-        .map(|p| p.iter().map(|p| p.blocks * k).max().unwrap_or(0) + 1)
+        .map(|p| p.iter().map(|p| p.blocks * k).max().unwrap_or(0) + 2)
         .unwrap_or(0)
+}
+
+/// Chunks of `model::rank::weight_sums` over `n` logits (one partial sum pair each).
+pub fn weight_chunks(n: usize) -> usize {
+    n.div_ceil(model::rank::WEIGHT_CHUNK)
 }
 
 /// The candidate a key names: its id and its scaled logit (the inverse of the kernel's
@@ -96,7 +102,8 @@ mod tests {
                 },
             ]
         );
-        assert_eq!(topk_scratch_keys(248_320, 20), 2441);
+        assert_eq!(topk_scratch_keys(248_320, 20), 2442);
+        assert_eq!(weight_chunks(248_320), 243);
     }
 
     #[test]
