@@ -63,8 +63,8 @@ pub trait Hooks {
     }
 
     /// Whether `mask` or `on_token` read the logits. When neither does and sampling is plain
-    /// greedy (or has a top-k limit and no penalties), the device picks each token (or selects
-    /// its candidates) itself and `on_token` gets an empty slice.
+    /// greedy (or random without penalties), the device picks each token (or may select its
+    /// candidates) itself and `on_token` gets an empty slice.
     fn wants_logits(&self) -> bool {
         true
     }
