@@ -205,26 +205,64 @@ pub(crate) fn tile_block(
         let bits = row.map_or(0, |b| scale_bits(format, b));
         out[2 * l..2 * l + 2].copy_from_slice(&bits.to_le_bytes());
     }
-    let hb = half_bytes(layout);
     if format == Format::Q1_0 {
         debug_assert_eq!(layout, format);
         // Chunk word `16h + c` takes nibble `16h + c` of each row's 128 bits at nibble `L`.
+        let mut words = [0u64; 32];
         for (l, row) in rows.iter().enumerate() {
             let Some(b) = row else { continue };
             let mut x = [0u8; 16];
             x.copy_from_slice(&b[2..18]);
             let x = u128::from_le_bytes(x);
-            for k in 0..32 {
-                let at = SCALES + 8 * k;
-                let nib = ((x >> (4 * k)) & 0xf) as u64;
-                let mut w = [0u8; 8];
-                w.copy_from_slice(&out[at..at + 8]);
-                let w = u64::from_le_bytes(w) | nib << (4 * l);
-                out[at..at + 8].copy_from_slice(&w.to_le_bytes());
+            for (k, w) in words.iter_mut().enumerate() {
+                *w |= (((x >> (4 * k)) & 0xf) as u64) << (4 * l);
             }
+        }
+        for (k, w) in words.iter().enumerate() {
+            out[SCALES + 8 * k..SCALES + 8 * k + 8].copy_from_slice(&w.to_le_bytes());
         }
         return;
     }
+    if format == layout && format != Format::PTQ1_0 {
+        tile_two_bit(format, rows, out);
+        return;
+    }
+    tile_codes(format, layout, rows, out);
+}
+
+/// The codes of a 2-bit block straight into its own layout. Chunk `c` of half `h` is one native
+/// byte per row (values `64h + 4c ..`, field `s` at bits `2s`); its panel byte `4q + s` holds
+/// field `s` of rows `q, q + 4, q + 8, q + 12` at bits `2r` (see `two_bit_place`): a transpose of
+/// 4 × 4 two-bit fields per four rows, by two exchanges of bit groups in a 32-bit word.
+fn tile_two_bit(format: Format, rows: &[Option<&[u8]>; PANEL], out: &mut [u8]) {
+    // A padding row holds code 1 (weight 0) in every field.
+    let byte = |l: usize, at: usize| rows[l].map_or(0x55, |b| b[at]);
+    let hb = half_bytes(format);
+    for h in 0..halves(format) {
+        for c in 0..CHUNKS {
+            let src = 2 + 16 * h + c;
+            let at = SCALES + h * hb + 16 * c;
+            for q in 0..4 {
+                // Field (r, s) at bit 8r + 2s; moved to 8s + 2r.
+                let mut x = u32::from_le_bytes([
+                    byte(q, src),
+                    byte(q + 4, src),
+                    byte(q + 8, src),
+                    byte(q + 12, src),
+                ]);
+                let t = ((x >> 6) ^ x) & 0x00cc_00cc;
+                x ^= t ^ (t << 6);
+                let t = ((x >> 12) ^ x) & 0x0000_f0f0;
+                x ^= t ^ (t << 12);
+                out[at + 4 * q..at + 4 * q + 4].copy_from_slice(&x.to_le_bytes());
+            }
+        }
+    }
+}
+
+/// [`tile_block`] by way of every value's code: any format into any layout that holds it.
+fn tile_codes(format: Format, layout: Format, rows: &[Option<&[u8]>; PANEL], out: &mut [u8]) {
+    let hb = half_bytes(layout);
     let mut codes = [[1u8; 128]; PANEL];
     for (c, row) in codes.iter_mut().zip(rows) {
         if let Some(b) = row {
@@ -267,6 +305,42 @@ pub(crate) fn native_block(format: Format, codes: &[u8], scale: u16, out: &mut [
             out[..2].copy_from_slice(&s);
             for (j, &c) in codes.iter().enumerate() {
                 out[2 + j / 4] |= c << (2 * (j % 4));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_bit_blocks_tile_as_their_codes_do() {
+        let mut s = 0x9e37_79b9_u32;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            s
+        };
+        for format in [Format::Q2_0, Format::Q2_0G128, Format::PQ2_0] {
+            let bb = format.block_bytes();
+            let native: Vec<u8> = (0..PANEL * bb).map(|_| next() as u8).collect();
+            for present in [PANEL, 11, 1] {
+                let mut rows = [None; PANEL];
+                for (l, r) in rows.iter_mut().enumerate().take(present) {
+                    *r = Some(&native[l * bb..(l + 1) * bb]);
+                }
+                let n = panel_block_bytes(format);
+                let (mut fast, mut slow) = (vec![0xa5u8; n], vec![0x5au8; n]);
+                tile_block(format, format, &rows, &mut fast);
+                slow.fill(0);
+                for (l, row) in rows.iter().enumerate() {
+                    let bits = row.map_or(0, |b| scale_bits(format, b));
+                    slow[2 * l..2 * l + 2].copy_from_slice(&bits.to_le_bytes());
+                }
+                tile_codes(format, format, &rows, &mut slow);
+                assert_eq!(fast, slow, "{format}, {present} rows");
             }
         }
     }
