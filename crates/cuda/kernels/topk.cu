@@ -45,10 +45,11 @@ __device__ __forceinline__ void topk_keep(const u64* s, int k, u64* __restrict__
     for (int i = threadIdx.x; i < k; i += TOPK_THREADS) out[(size_t)blockIdx.x * k + i] = s[i];
 }
 
-// Inputs that earlier kernels write are not `const __restrict__` here: a load through such a
-// pointer may be treated as invariant and moved above the wait for those kernels. (The first
-// run of the weight sums launched with programmatic dependence read the previous selection's
-// best key; the host now launches these kernels plainly stream-ordered as well.)
+// Inputs that earlier kernels write are not `const __restrict__` here: loads through such a
+// pointer take the non-coherent path, whose contract is data that does not change while the
+// kernel runs, and a predecessor still running under programmatic launch breaks it. (The first
+// run of the weight sums launched that way read the previous selection's best key, although the
+// PTX loads it after the wait; the host now launches these kernels plainly stream-ordered too.)
 
 // First pass, over the logits row. Its one block, when it is the only pass, writes whether the
 // row holds ±∞ after the k keys; otherwise each block that saw one sets `flag`, which the last
