@@ -4,7 +4,8 @@
 use model::{Logits, Model, State};
 
 use crate::error::{EngineError, Result};
-use crate::sampler::{argmax, RankedRequest, SamplerError};
+use crate::ranking::RankedRequest;
+use crate::sampler::{argmax, SamplerError};
 
 pub trait Backend {
     /// Per-sequence state (KV cache and recurrent state) on this device.
@@ -37,16 +38,14 @@ pub trait Backend {
         &self,
         state: &mut Self::State,
         tokens: &[u32],
-        request: RankedRequest,
+        _request: RankedRequest,
     ) -> Result<Ranked> {
-        let _ = request;
         Ok(Ranked::Row(self.forward(state, tokens, Logits::Last)?))
     }
 
     /// The row of logits of the last [`Backend::forward_top_k`] that returned
     /// [`Ranked::Top`], for a draw that reads past its candidates.
-    fn last_row(&self, state: &mut Self::State) -> Result<Vec<f32>> {
-        let _ = state;
+    fn last_row(&self, _state: &mut Self::State) -> Result<Vec<f32>> {
         Err(EngineError::Backend(
             "this device returns whole rows only".into(),
         ))

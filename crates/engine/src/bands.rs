@@ -5,7 +5,7 @@ use std::f32::consts::LN_2;
 
 use model::rank::rank_key;
 
-use crate::sampler::{Ranking, Unknown};
+use crate::ranking::{Ranking, Unknown};
 
 /// How far below the best scaled logit each band reaches: weights down to 2^-8, 2^-16, 2^-32
 /// and 2^-64 of the best, then the rest. A peaked distribution's draw ends in the first band, a

@@ -9,7 +9,8 @@ use tokenizer::Tokenizer;
 
 use crate::backend::{Backend, Ranked};
 use crate::error::{EngineError, Result};
-use crate::sampler::{Drawn, Sampler, SamplerConfig};
+use crate::ranking::Drawn;
+use crate::sampler::{Sampler, SamplerConfig};
 use crate::stop::{Scan, StopMatcher};
 
 /// Tokens per prefill chunk by default: large enough that weights are read once for many tokens,

@@ -6,6 +6,7 @@ mod error;
 pub mod eval;
 mod generate;
 pub mod logprobs;
+mod ranking;
 pub mod sampler;
 mod stop;
 
@@ -15,5 +16,6 @@ pub use generate::{
     generate, generate_with, prefill, FinishReason, Flow, GenerateParams, Generation, Hooks,
     DEFAULT_PREFILL_CHUNK,
 };
-pub use sampler::{Drawn, RankedRequest, Sampler, SamplerConfig};
+pub use ranking::{Drawn, RankedRequest, RANKED_CANDIDATES};
+pub use sampler::{Sampler, SamplerConfig};
 pub use stop::{Scan, StopMatcher};

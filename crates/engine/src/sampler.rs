@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use model::rank::{exp_weight, rank_keys, top_k, weight_sums};
 
 use crate::bands::RankedBands;
+use crate::ranking::{Drawn, Listed, RankedRequest, Ranking, Unknown, RANKED_CANDIDATES};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -116,54 +117,6 @@ pub struct Sampler {
     rng: ChaCha8Rng,
     /// The random number of a draw [`Sampler::sample_ranked`] left to the row.
     pending: Option<f32>,
-}
-
-/// Candidates a device returns for a draw without a top-k limit: enough for a peaked
-/// distribution's nucleus and draw; a draw that reads past them takes the row.
-pub const RANKED_CANDIDATES: usize = 256;
-
-/// What [`Sampler::ranked_draw`] asks of a device.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RankedRequest {
-    /// Candidates: the best `k` by logit / temperature.
-    pub k: usize,
-    pub temperature: f32,
-    /// With `Some(floor)`, the row's weight sums too (`model::rank::weight_sums` with that
-    /// floor, the best candidate's scaled logit as the maximum).
-    pub floor: Option<f32>,
-}
-
-/// What [`Sampler::sample_ranked`] gives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Drawn {
-    Token(u32),
-    /// The draw reads past the candidates: [`Sampler::sample_from_row`] finishes it.
-    NeedsRow,
-}
-
-/// A walk read past what a ranking knows.
-pub(crate) struct Unknown;
-
-/// Candidates in rank order, as far as a walk reads them: the `i`-th as (id, logit /
-/// temperature), `None` past the last finite logit.
-pub(crate) trait Ranking {
-    fn get(&mut self, i: usize) -> Result<Option<(u32, f32)>, Unknown>;
-}
-
-/// The best candidates a device selected: all there are when `complete`.
-struct Listed<'a> {
-    top: &'a [(u32, f32)],
-    complete: bool,
-}
-
-impl Ranking for Listed<'_> {
-    fn get(&mut self, i: usize) -> Result<Option<(u32, f32)>, Unknown> {
-        match self.top.get(i) {
-            Some(&c) => Ok(Some(c)),
-            None if self.complete => Ok(None),
-            None => Err(Unknown),
-        }
-    }
 }
 
 impl Sampler {

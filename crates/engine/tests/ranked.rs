@@ -144,7 +144,7 @@ fn only_random_draws_without_penalties_are_ranked_draws() {
             c.top_k = 0;
             c.min_p = 0.1;
         }),
-        top_k(engine::sampler::RANKED_CANDIDATES, Some(0.1))
+        top_k(engine::RANKED_CANDIDATES, Some(0.1))
     );
     assert_eq!(with(|c| c.repetition_penalty = 1.1), None);
     assert_eq!(with(|c| c.presence_penalty = 0.5), None);
