@@ -544,11 +544,6 @@ impl Gpu {
         self.topk_sums.store(on, Ordering::Relaxed);
     }
 
-    /// Sets [`Gpu::topk`] (for measuring the host's selection against it).
-    pub fn set_topk(&self, on: bool) {
-        self.topk.store(on, Ordering::Relaxed);
-    }
-
     /// Whether kernels are launched with programmatic dependent launch.
     pub fn pdl(&self) -> bool {
         self.pdl.load(Ordering::Relaxed)

@@ -7,6 +7,7 @@ use rayon::prelude::*;
 
 use cudarc::driver::{result, sys, CudaGraph, CudaStream, PinnedHostSlice};
 use gguf::Gguf;
+use model::rank::Ranked;
 use model::{LayerKind, Logits, Model, ModelError};
 use quant::Format;
 
@@ -73,19 +74,6 @@ pub struct CudaModel {
     /// vectors of the rotated activations, by width.
     hadamard: Option<model::hadamard::Hadamard>,
     signs: Vec<(usize, DevBuf)>,
-}
-
-/// What [`CudaModel::forward_top_k`] returns.
-#[derive(Clone, Debug, PartialEq)]
-pub enum TopK {
-    /// `(id, logit / temperature)` of the best k finite logits, best first, ties to the lower id,
-    /// and, when asked for, `model::rank::weight_sums` of the row (total, kept).
-    Top {
-        top: Vec<(u32, f32)>,
-        sums: Option<(f32, f32)>,
-    },
-    /// The row of logits.
-    Row(Vec<f32>),
 }
 
 /// What a pass computes on the GPU after the logits of its last token.
@@ -444,17 +432,7 @@ impl CudaModel {
     /// back). Ties go to the lowest id and NaN logits are skipped, as `model::ops::argmax`; a
     /// row of NaNs gives `u32::MAX`.
     pub fn forward_greedy(&self, st: &mut CudaState, tokens: &[u32]) -> Result<u32> {
-        self.check(st, tokens)?;
-        let n = tokens.len();
-        for (s, len) in plan::chunks(n) {
-            let last = s + len == n;
-            let (head, tail) = if last {
-                (Head::Last, Tail::Argmax)
-            } else {
-                (Head::None, Tail::None)
-            };
-            self.run(st, &tokens[s..s + len], head, tail)?;
-        }
+        self.run_to_last(st, tokens, Tail::Argmax)?;
         let mut key = [0u64; 1];
         self.gpu.read(&st.stream, st.s("argmax"), &mut key)?;
         Ok(!(key[0] as u32))
@@ -472,30 +450,21 @@ impl CudaModel {
         k: usize,
         temperature: f32,
         floor: Option<f32>,
-    ) -> Result<TopK> {
+    ) -> Result<Ranked> {
         let selectable = self.gpu.topk()
             && (floor.is_none() || self.gpu.topk_sums())
             && k <= plan::TOPK_MAX
             && temperature > 0.0
             && temperature.is_finite();
         if !selectable {
-            return Ok(TopK::Row(self.forward(st, tokens, Logits::Last)?));
+            return Ok(Ranked::Row(self.forward(st, tokens, Logits::Last)?));
         }
-        self.check(st, tokens)?;
-        let n = tokens.len();
         let tail = Tail::TopK {
             k,
             t: temperature.to_bits(),
             floor: floor.map(f32::to_bits),
         };
-        for (s, len) in plan::chunks(n) {
-            let (head, tail) = if s + len == n {
-                (Head::Last, tail)
-            } else {
-                (Head::None, Tail::None)
-            };
-            self.run(st, &tokens[s..s + len], head, tail)?;
-        }
+        self.run_to_last(st, tokens, tail)?;
         // The k keys, the flag and the sums, through the page-locked row (8 KiB at most).
         let at = st.topk_scratch().answer(self.dims.vocab, k);
         let words = 2 * (k + 1 + usize::from(floor.is_some()));
@@ -507,9 +476,24 @@ impl CudaModel {
             .collect();
         let sums = floor.map(|_| crate::topk::unpack_sums(keys[k + 1]));
         match Selected::from_keys(&keys[..k + 1]) {
-            Selected::Top(top) => Ok(TopK::Top { top, sums }),
-            Selected::Infinite => Ok(TopK::Row(self.last_row(st)?)),
+            Selected::Top(top) => Ok(Ranked::Top { top, sums }),
+            Selected::Infinite => Ok(Ranked::Row(self.last_row(st)?)),
         }
+    }
+
+    /// Runs `tokens` in passes, the last token's logits and then `tail` computed by the last.
+    fn run_to_last(&self, st: &mut CudaState, tokens: &[u32], tail: Tail) -> Result<()> {
+        self.check(st, tokens)?;
+        let n = tokens.len();
+        for (s, len) in plan::chunks(n) {
+            let (head, tail) = if s + len == n {
+                (Head::Last, tail)
+            } else {
+                (Head::None, Tail::None)
+            };
+            self.run(st, &tokens[s..s + len], head, tail)?;
+        }
+        Ok(())
     }
 
     /// The logits row of the last token of the last call that computed one.

@@ -47,11 +47,11 @@ impl TopkScratch {
 
 impl Gpu {
     /// Enqueues the selection `job` (k as `plan::topk_passes` allows, temperature > 0) on
-    /// `stream`, its
-    /// launches plainly stream-ordered (see `kernels/topk.cu`; resident early beside the LM
-    /// head, its blocks of 1024 threads would only wait there). Returns where the `k + 1` keys of the answer will be: the k best (0 past the finite ones), then
-    /// whether the row holds ±∞ ([`Selected::from_keys`] reads them). The flag must be zero
-    /// (as the selection leaves it).
+    /// `stream`, its launches plainly stream-ordered (see `kernels/topk.cu`; resident early
+    /// beside the LM head, its blocks of 1024 threads would only wait there). Returns where the
+    /// `k + 1` keys of the answer will be: the k best (0 past the finite ones), then whether the
+    /// row holds ±∞ ([`Selected::from_keys`] reads them). The flag must be zero (as the
+    /// selection leaves it).
     pub fn top_k_enqueue(
         &self,
         stream: &CudaStream,

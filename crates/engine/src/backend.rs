@@ -53,34 +53,7 @@ pub trait Backend {
 }
 
 /// What [`Backend::forward_top_k`] returns.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Ranked {
-    /// [`model::rank::top_k`] of the row, and the weight sums when asked for (the row's logits
-    /// are all finite or NaN).
-    Top {
-        top: Vec<(u32, f32)>,
-        sums: Option<(f32, f32)>,
-    },
-    /// The row of logits: the device does not select, or the row holds an infinite logit (for
-    /// which the sampler's rule is not a ranked one).
-    Row(Vec<f32>),
-}
-
-impl Ranked {
-    /// The device's side of the contract, on the host: `Top` unless the row holds ±∞.
-    pub fn of_row(row: &[f32], request: RankedRequest) -> Ranked {
-        if row.iter().any(|v| v.is_infinite()) {
-            return Ranked::Row(row.to_vec());
-        }
-        let t = request.temperature;
-        let top = model::rank::top_k(row, request.k, t);
-        let sums = match (request.floor, top.first()) {
-            (Some(floor), Some(&(_, max))) => Some(model::rank::weight_sums(row, t, max, floor)),
-            _ => None,
-        };
-        Ranked::Top { top, sums }
-    }
-}
+pub use model::rank::Ranked;
 
 impl Backend for Model {
     type State = State;
@@ -126,12 +99,8 @@ impl Backend for niwaki_cuda::CudaModel {
             temperature,
             floor,
         } = request;
-        let got = niwaki_cuda::CudaModel::forward_top_k(self, state, tokens, k, temperature, floor)
-            .map_err(|e| crate::EngineError::Backend(e.to_string()))?;
-        Ok(match got {
-            niwaki_cuda::TopK::Top { top, sums } => Ranked::Top { top, sums },
-            niwaki_cuda::TopK::Row(row) => Ranked::Row(row),
-        })
+        niwaki_cuda::CudaModel::forward_top_k(self, state, tokens, k, temperature, floor)
+            .map_err(|e| crate::EngineError::Backend(e.to_string()))
     }
 
     fn last_row(&self, state: &mut Self::State) -> Result<Vec<f32>> {

@@ -2,6 +2,8 @@
 //! ([`crate::Sampler::ranked_draw`], [`crate::Sampler::sample_ranked`]), and the rank orders a
 //! draw walks: the device's list of candidates, or the row's bands (`bands.rs`).
 
+use model::rank::Ranked;
+
 /// Candidates a device returns for a draw without a top-k limit: enough for a peaked
 /// distribution's nucleus and draw; a draw that reads past them takes the row.
 pub const RANKED_CANDIDATES: usize = 256;
@@ -15,6 +17,13 @@ pub struct RankedRequest {
     /// With `Some(floor)`, the row's weight sums too (`model::rank::weight_sums` with that
     /// floor, the best candidate's scaled logit as the maximum).
     pub floor: Option<f32>,
+}
+
+impl RankedRequest {
+    /// What a selecting device answers for `row` ([`Ranked::of_row`]), computed on the host.
+    pub fn answer(&self, row: &[f32]) -> Ranked {
+        Ranked::of_row(row, self.k, self.temperature, self.floor)
+    }
 }
 
 /// What [`crate::Sampler::sample_ranked`] gives.

@@ -2,47 +2,13 @@
 //! sampling from the logits, on the tiny oracle model: the same tokens, and the device path taken
 //! only where nothing needs the logits.
 
-use std::cell::Cell;
-use std::path::PathBuf;
+mod common;
 
+use common::{tiny, Counting};
 use engine::{
     generate, generate_with, Backend, FinishReason, Flow, GenerateParams, Hooks, SamplerConfig,
 };
-use model::{Logits, Model, State};
-use tokenizer::Tokenizer;
-
-fn tiny() -> (Model, Tokenizer) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/oracle/tiny-exact-q1.Q1_0.gguf");
-    let model = Model::open(path).unwrap();
-    let spec = tokenizer::spec_from_metadata(model.file().metadata()).unwrap();
-    (model, Tokenizer::new(&spec).unwrap())
-}
-
-/// The CPU model, counting which kind of forward call the generation loop makes.
-struct Counting<'a> {
-    m: &'a Model,
-    with_logits: Cell<usize>,
-    picked: Cell<usize>,
-}
-
-impl Backend for Counting<'_> {
-    type State = State;
-    fn state_len(&self, s: &State) -> usize {
-        s.len()
-    }
-    fn context_length(&self, s: &State) -> usize {
-        self.m.context_length(s)
-    }
-    fn forward(&self, s: &mut State, t: &[u32], l: Logits) -> engine::Result<Vec<f32>> {
-        self.with_logits.set(self.with_logits.get() + 1);
-        Backend::forward(self.m, s, t, l)
-    }
-    fn forward_argmax(&self, s: &mut State, t: &[u32]) -> engine::Result<u32> {
-        self.picked.set(self.picked.get() + 1);
-        self.m.forward_argmax(s, t)
-    }
-}
+use model::Logits;
 
 /// Text-only hooks that nonetheless read the logits (as logprobs or a grammar would).
 struct ReadsLogits(usize);
@@ -69,11 +35,7 @@ fn params(sampler: SamplerConfig) -> GenerateParams {
 fn the_device_picks_greedy_tokens_only_where_no_one_reads_the_logits() {
     let (m, tok) = tiny();
     let prompt = tok.encode("The quick brown fox", false).unwrap();
-    let b = Counting {
-        m: &m,
-        with_logits: Cell::new(0),
-        picked: Cell::new(0),
-    };
+    let b = Counting::new(&m);
     let greedy = params(SamplerConfig::default());
 
     let mut st = m.new_state();
@@ -81,11 +43,11 @@ fn the_device_picks_greedy_tokens_only_where_no_one_reads_the_logits() {
     assert!(fast.tokens.len() > 1, "{:?}", fast.tokens);
     // One forward for the prompt (one chunk), then the device picks every later token (an
     // end-of-generation token that stopped it included).
-    assert_eq!(b.with_logits.get(), 1);
+    assert_eq!(b.rows.get(), 1);
     let ended = usize::from(fast.finish == FinishReason::Stop);
     assert_eq!(b.picked.get(), fast.tokens.len() - 1 + ended);
 
-    b.with_logits.set(0);
+    b.rows.set(0);
     b.picked.set(0);
     let mut st = m.new_state();
     let mut hooks = ReadsLogits(0);

@@ -3,23 +3,13 @@
 //! whole row: the same tokens, draw for draw, and the device path taken only where nothing
 //! needs the logits.
 
-use std::cell::{Cell, RefCell};
-use std::path::PathBuf;
+mod common;
 
+use common::{tiny, Counting};
 use engine::{
-    generate, generate_with, Backend, Drawn, Flow, GenerateParams, Hooks, Ranked, RankedRequest,
-    Sampler, SamplerConfig,
+    generate, generate_with, Drawn, Flow, GenerateParams, Hooks, Ranked, RankedRequest, Sampler,
+    SamplerConfig,
 };
-use model::{Logits, Model, State};
-use tokenizer::Tokenizer;
-
-fn tiny() -> (Model, Tokenizer) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/oracle/tiny-exact-q1.Q1_0.gguf");
-    let model = Model::open(path).unwrap();
-    let spec = tokenizer::spec_from_metadata(model.file().metadata()).unwrap();
-    (model, Tokenizer::new(&spec).unwrap())
-}
 
 /// xorshift rows with few distinct values (ties), some NaN, some rows with ±∞.
 fn rows(n: usize, len: usize, seed: u32) -> Vec<Vec<f32>> {
@@ -49,7 +39,7 @@ fn rows(n: usize, len: usize, seed: u32) -> Vec<Vec<f32>> {
 /// A draw as the generation loop makes it from what a device returns for `row`.
 fn device_draw(s: &mut Sampler, row: &[f32], counts: &mut [usize; 3]) -> u32 {
     let request = s.ranked_draw().unwrap();
-    match Ranked::of_row(row, request) {
+    match request.answer(row) {
         Ranked::Top { top, sums } => match s.sample_ranked(&top, sums).unwrap() {
             Drawn::Token(id) => {
                 counts[0] += 1;
@@ -112,7 +102,7 @@ fn a_draw_from_the_best_candidates_is_the_draw_from_the_row() {
     })
     .unwrap();
     let request = s.ranked_draw().unwrap();
-    let Ranked::Top { top, sums } = Ranked::of_row(&[f32::NAN; 4], request) else {
+    let Ranked::Top { top, sums } = request.answer(&[f32::NAN; 4]) else {
         panic!("a row of NaN has no infinity");
     };
     assert!(s.sample_ranked(&top, sums).is_err());
@@ -151,45 +141,6 @@ fn only_random_draws_without_penalties_are_ranked_draws() {
     assert_eq!(with(|c| c.frequency_penalty = -0.5), None);
 }
 
-/// The CPU model as a device that selects the best candidates itself, counting the calls.
-struct Selecting<'a> {
-    m: &'a Model,
-    rows: Cell<usize>,
-    ranked: Cell<usize>,
-    last: RefCell<Vec<f32>>,
-    last_rows: Cell<usize>,
-}
-
-impl Backend for Selecting<'_> {
-    type State = State;
-    fn state_len(&self, s: &State) -> usize {
-        s.len()
-    }
-    fn context_length(&self, s: &State) -> usize {
-        self.m.context_length(s)
-    }
-    fn forward(&self, s: &mut State, t: &[u32], l: Logits) -> engine::Result<Vec<f32>> {
-        self.rows.set(self.rows.get() + 1);
-        Backend::forward(self.m, s, t, l)
-    }
-    fn forward_top_k(
-        &self,
-        s: &mut State,
-        t: &[u32],
-        request: RankedRequest,
-    ) -> engine::Result<Ranked> {
-        self.ranked.set(self.ranked.get() + 1);
-        let row = Backend::forward(self.m, s, t, Logits::Last)?;
-        let got = Ranked::of_row(&row, request);
-        *self.last.borrow_mut() = row;
-        Ok(got)
-    }
-    fn last_row(&self, _: &mut State) -> engine::Result<Vec<f32>> {
-        self.last_rows.set(self.last_rows.get() + 1);
-        Ok(self.last.borrow().clone())
-    }
-}
-
 /// Text-only hooks that nonetheless read the logits (as logprobs or a grammar would).
 struct ReadsLogits;
 
@@ -203,13 +154,7 @@ impl Hooks for ReadsLogits {
 fn generation_from_device_candidates_equals_generation_from_rows() {
     let (m, tok) = tiny();
     let prompt = tok.encode("Once upon a time", false).unwrap();
-    let b = Selecting {
-        m: &m,
-        rows: Cell::new(0),
-        ranked: Cell::new(0),
-        last: RefCell::new(Vec::new()),
-        last_rows: Cell::new(0),
-    };
+    let b = Counting::new(&m);
     let mut last_rows = 0;
     // With a top-k limit; without one (candidates and weight sums, this tiny random model's
     // flat rows sending some draws past the candidates to the row).

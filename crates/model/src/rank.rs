@@ -127,6 +127,35 @@ pub fn top_k(logits: &[f32], k: usize, temperature: f32) -> Vec<(u32, f32)> {
         .collect()
 }
 
+/// What a device gives a draw from the best candidates (the engine's `Backend::forward_top_k`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Ranked {
+    /// [`top_k`] of the row, and with a floor asked for its [`weight_sums`] (total, kept), the
+    /// best candidate's scaled logit as the maximum. The row's logits are all finite or NaN.
+    Top {
+        top: Vec<(u32, f32)>,
+        sums: Option<(f32, f32)>,
+    },
+    /// The row of logits: the device does not select, or the row holds an infinite logit (for
+    /// which the sampler's rule is not a ranked one).
+    Row(Vec<f32>),
+}
+
+impl Ranked {
+    /// A selecting device's answer, computed on the host from the row: `Top` unless it holds ±∞.
+    pub fn of_row(row: &[f32], k: usize, temperature: f32, floor: Option<f32>) -> Ranked {
+        if row.iter().any(|v| v.is_infinite()) {
+            return Ranked::Row(row.to_vec());
+        }
+        let top = top_k(row, k, temperature);
+        let sums = match (floor, top.first()) {
+            (Some(floor), Some(&(_, max))) => Some(weight_sums(row, temperature, max, floor)),
+            _ => None,
+        };
+        Ranked::Top { top, sums }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -157,9 +157,10 @@ pub(crate) fn topk_checks(rep: &mut Report, gpu: &Gpu, rng: &mut ChaCha8Rng) -> 
 /// `CudaModel::forward_top_k` against the top k of `CudaModel::forward`'s row on a second state
 /// fed the same tokens (small Q2_0 model, a 37-token prompt then 16 steps).
 pub(crate) fn model_topk(rep: &mut Report) -> R<()> {
+    use model::rank::Ranked;
     use model::synth::{self, Preset};
     use model::Logits;
-    use niwaki_cuda::{CudaModel, TopK};
+    use niwaki_cuda::CudaModel;
     use quant::Format;
 
     let vocab = 4096;
@@ -184,7 +185,7 @@ pub(crate) fn model_topk(rep: &mut Report) -> R<()> {
         let want = model::rank::top_k(&row, k, 0.8);
         let want_sums = floor.map(|f| model::rank::weight_sums(&row, 0.8, want[0].1, f));
         let bits = |v: Option<(f32, f32)>| v.map(|(a, b)| (a.to_bits(), b.to_bits()));
-        if let TopK::Top { top, sums } = g.forward_top_k(&mut a, &next, k, 0.8, floor)? {
+        if let Ranked::Top { top, sums } = g.forward_top_k(&mut a, &next, k, 0.8, floor)? {
             if top.len() == k
                 && top
                     .iter()
