@@ -19,7 +19,7 @@ use std::ops::Range;
 use super::layout::{self, PANEL};
 use super::{prefetch_ahead, scatter, Act, TiledMatrix};
 use crate::acts::GROUPS_PER_HALF;
-use crate::{Format, QuantizedActs};
+use crate::{sign_tables, Format, QuantizedActs};
 
 pub(super) fn available() -> bool {
     is_x86_feature_detected!("avx2")
@@ -133,51 +133,60 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
     tot
 }
 
-/// `T` tokens × one Q1_0 panel by table lookups: each row's 4 bits of a chunk index the
-/// chunk's 16 sums `Σ ±q` ([`QuantizedActs::sign_tables`], low and high bytes by one `vpshufb`
+/// `T` tokens × `R` Q1_0 panels by table lookups: each row's 4 bits of a chunk index the
+/// chunk's 16 sums `Σ ±q` ([`QuantizedActs::sign_tables`], as two small digits, one `vpshufb`
 /// each). A register holds two neighbouring chunks (a 128-bit lane each), which belong to two
-/// neighbouring activation groups, 16 rows each: the rows' indices are shared by the tokens, and
-/// each lane's 16-bit sums are the exact sum of its group once the group's four chunks are
-/// added, widened and scaled as the other kernels do it, in the same group order.
+/// neighbouring activation groups, 16 rows each: the rows' indices are shared by the tokens, a
+/// token's tables by the panels. The digits of a group's four chunks add up as bytes; once per
+/// group they are joined into the exact 16-bit group sum (`vpmaddubsw`), widened and scaled as
+/// the other kernels do it, in the same group order.
 #[inline(always)]
-#[allow(clippy::needless_range_loop)] // the t/e loops index several arrays at once
-unsafe fn q1_lookup_tile<const T: usize>(
-    p: *const u8,
+#[allow(clippy::needless_range_loop)] // the r/t/e loops index several arrays at once
+unsafe fn q1_lookup_tile<const R: usize, const T: usize>(
+    p: [*const u8; R],
     blocks: usize,
     acts: &[Act; T],
     tables: &[*const u8; T],
-) -> [[__m256; 2]; T] {
+) -> Sums<R, T> {
     let pbb = layout::panel_block_bytes(Format::Q1_0);
     let halves = layout::halves(Format::Q1_0);
     let hb = layout::half_bytes(Format::Q1_0);
     let nibbles = _mm256_set1_epi16(0x0f0f);
-    let mut tot = [[_mm256_setzero_ps(); 2]; T];
+    // Digit pairs (L, H) joined as L + RADIX·H.
+    let join = _mm256_set1_epi16(1 | (sign_tables::RADIX << 8));
+    let bias = _mm256_set1_epi16(-4 * sign_tables::BIAS);
+    let mut tot = [[[_mm256_setzero_ps(); 2]; T]; R];
     for b in 0..blocks {
-        prefetch_ahead(p.wrapping_add(b * pbb), pbb);
-        let mut blk = [[_mm256_setzero_ps(); 2]; T];
+        for r in 0..R {
+            prefetch_ahead(p[r].wrapping_add(b * pbb), pbb);
+        }
+        let mut blk = [[[_mm256_setzero_ps(); 2]; T]; R];
         for h in 0..halves {
             let half = b * halves + h;
-            let at = p.add(b * pbb + layout::SCALES + h * hb);
+            let at = b * pbb + layout::SCALES + h * hb;
             // Groups 2·pair and 2·pair + 1 hold chunks 2m and 2m + 1 for m = pair + 2i.
             for pair in 0..GROUPS_PER_HALF / 2 {
-                let mut acc = [[_mm256_setzero_si256(); 2]; T];
+                // Digit sums of the groups' four chunks: at most 4·63 and 4·15, no carry.
+                let mut lo = [[_mm256_setzero_si256(); T]; R];
+                let mut hi = [[_mm256_setzero_si256(); T]; R];
                 for i in 0..layout::CHUNKS / GROUPS_PER_HALF {
                     let m = pair + 2 * i;
                     // Byte b of a chunk holds row 2b in its low nibble, row 2b + 1 in its high
                     // one: as 16-bit words, low nibble to the low byte and high to the high byte
                     // gives each lane's 16 rows in order.
-                    let w = _mm256_cvtepu8_epi16(_mm_loadu_si128(at.add(16 * m) as *const __m128i));
-                    let idx =
-                        _mm256_and_si256(_mm256_or_si256(w, _mm256_slli_epi16::<4>(w)), nibbles);
+                    let idx: [__m256i; R] = std::array::from_fn(|r| {
+                        let src = p[r].add(at + 16 * m) as *const __m128i;
+                        let w = _mm256_cvtepu8_epi16(_mm_loadu_si128(src));
+                        _mm256_and_si256(_mm256_or_si256(w, _mm256_slli_epi16::<4>(w)), nibbles)
+                    });
                     for t in 0..T {
                         let tb = tables[t].add((8 * half + m) * 64);
-                        let lo = _mm256_shuffle_epi8(_mm256_loadu_si256(tb as *const __m256i), idx);
-                        let hi = _mm256_shuffle_epi8(
-                            _mm256_loadu_si256(tb.add(32) as *const __m256i),
-                            idx,
-                        );
-                        acc[t][0] = _mm256_add_epi16(acc[t][0], _mm256_unpacklo_epi8(lo, hi));
-                        acc[t][1] = _mm256_add_epi16(acc[t][1], _mm256_unpackhi_epi8(lo, hi));
+                        let tl = _mm256_loadu_si256(tb as *const __m256i);
+                        let th = _mm256_loadu_si256(tb.add(32) as *const __m256i);
+                        for r in 0..R {
+                            lo[r][t] = _mm256_add_epi8(lo[r][t], _mm256_shuffle_epi8(tl, idx[r]));
+                            hi[r][t] = _mm256_add_epi8(hi[r][t], _mm256_shuffle_epi8(th, idx[r]));
+                        }
                     }
                 }
                 let g = GROUPS_PER_HALF * half + 2 * pair;
@@ -186,24 +195,35 @@ unsafe fn q1_lookup_tile<const T: usize>(
                         _mm256_set1_ps(*acts[t].scale.add(g)),
                         _mm256_set1_ps(*acts[t].scale.add(g + 1)),
                     ];
-                    for e in 0..2 {
-                        let lanes = [
-                            _mm256_castsi256_si128(acc[t][e]),
-                            _mm256_extracti128_si256::<1>(acc[t][e]),
+                    for r in 0..R {
+                        // Each row's digits side by side, joined to its 16-bit group sum.
+                        let sums =
+                            |pairs| _mm256_add_epi16(_mm256_maddubs_epi16(pairs, join), bias);
+                        let acc = [
+                            sums(_mm256_unpacklo_epi8(lo[r][t], hi[r][t])),
+                            sums(_mm256_unpackhi_epi8(lo[r][t], hi[r][t])),
                         ];
-                        for l in 0..2 {
-                            let sum = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(lanes[l]));
-                            blk[t][e] = _mm256_fmadd_ps(sum, s[l], blk[t][e]);
+                        for e in 0..2 {
+                            let lanes = [
+                                _mm256_castsi256_si128(acc[e]),
+                                _mm256_extracti128_si256::<1>(acc[e]),
+                            ];
+                            for l in 0..2 {
+                                let sum = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(lanes[l]));
+                                blk[r][t][e] = _mm256_fmadd_ps(sum, s[l], blk[r][t][e]);
+                            }
                         }
                     }
                 }
             }
         }
-        let scales = p.add(b * pbb);
-        for e in 0..2 {
-            let d = _mm256_cvtph_ps(_mm_loadu_si128(scales.add(16 * e) as *const __m128i));
-            for t in 0..T {
-                tot[t][e] = _mm256_fmadd_ps(blk[t][e], d, tot[t][e]);
+        for r in 0..R {
+            let scales = p[r].add(b * pbb);
+            for e in 0..2 {
+                let d = _mm256_cvtph_ps(_mm_loadu_si128(scales.add(16 * e) as *const __m128i));
+                for t in 0..T {
+                    tot[r][t][e] = _mm256_fmadd_ps(blk[r][t][e], d, tot[r][t][e]);
+                }
             }
         }
     }
@@ -273,7 +293,8 @@ unsafe fn run<C: Chunks>(m: &TiledMatrix, panels: Range<usize>, acts: &[Act], ou
     }
 }
 
-/// Tokens of Q1_0 over `panels` by table lookups (`q1_lookup_tile`), [`LOOKUP_TOKENS`] at a time.
+/// Tokens of Q1_0 over `panels` by table lookups (`q1_lookup_tile`): one token two panels at a
+/// time, several tokens [`LOOKUP_TOKENS`] at a time.
 #[inline(always)]
 unsafe fn run_q1_lookup(
     m: &TiledMatrix,
@@ -288,6 +309,23 @@ unsafe fn run_q1_lookup(
     let tables: Vec<*const u8> = acts.iter().map(|a| a.sign_tables().as_ptr()).collect();
     let a = Act::all(acts);
     let nt = acts.len();
+    let mut panels = panels;
+    if nt == 1 {
+        // Two panels per pass, as the other kernels pair them: each table load serves both.
+        let half = panels.len() / 2;
+        for i in 0..half {
+            let (pa, pb) = (panels.start + i, panels.start + half + i);
+            let v = q1_lookup_tile::<2, 1>(
+                [base.add(pa * stride), base.add(pb * stride)],
+                blocks,
+                &[a[0]],
+                &[tables[0]],
+            );
+            store(v[0][0], pa, 0, 1, &rows, out);
+            store(v[1][0], pb, 0, 1, &rows, out);
+        }
+        panels.start += 2 * half;
+    }
     // Tokens outer, panels inner: a pass's tables (8 bytes a value a token, far more than the
     // panels' weights) are then read once per task rather than once per panel.
     let mut t = 0;
@@ -298,20 +336,20 @@ unsafe fn run_q1_lookup(
             1
         };
         for p in panels.clone() {
-            let pp = base.add(p * stride);
+            let pp = [base.add(p * stride)];
             if take == LOOKUP_TOKENS {
-                let v = q1_lookup_tile::<LOOKUP_TOKENS>(
+                let v = q1_lookup_tile::<1, LOOKUP_TOKENS>(
                     pp,
                     blocks,
                     &std::array::from_fn(|k| a[t + k]),
                     &std::array::from_fn(|k| tables[t + k]),
                 );
-                for (k, &v) in v.iter().enumerate() {
+                for (k, &v) in v[0].iter().enumerate() {
                     store(v, p, t + k, nt, &rows, out);
                 }
             } else {
-                let v = q1_lookup_tile::<1>(pp, blocks, &[a[t]], &[tables[t]]);
-                store(v[0], p, t, nt, &rows, out);
+                let v = q1_lookup_tile::<1, 1>(pp, blocks, &[a[t]], &[tables[t]]);
+                store(v[0][0], p, t, nt, &rows, out);
             }
         }
         t += take;
