@@ -1,25 +1,21 @@
 //! The 1-bit lookup tables of a token's int8 activation codes: for each 4-value run (chunk), the
 //! 16 sums `S = Σ ±q` over its values, one per sign pattern `m` (bit `i` set: `+q[i]`), as the
-//! two unsigned digits of `S + BIAS = RADIX·H + L` (`L` < 64, `H` < 16): one table of `L`, one
-//! of `H`, what a 1-bit row's 4 bits look up with one `vpshufb` each. Digits this small add up
-//! as bytes over a group's four chunks without carrying out of their byte, so a kernel joins
-//! and widens them once per group, not once per chunk. Per 64-value half, 8 blocks of 64 bytes,
-//! block `m` for chunks `2m` and `2m + 1`: `[L(2m), L(2m + 1), H(2m), H(2m + 1)]`, 16 bytes each.
+//! two digits of `S = RADIX·H + L` (`0 ≤ L < 32`, `−16 ≤ H < 16`, bytes): one table of `L`, one of
+//! `H`, what a 1-bit row's 4 bits look up with one `vpshufb` each. Digits this small add up as
+//! bytes over a group's four chunks and stay signed bytes (`ΣL` ≤ 124, `|ΣH|` ≤ 64), so a kernel
+//! joins them (`vpmaddubsw` by `[1, RADIX]`) and widens them once per group, not once per chunk.
+//! Per 64-value half, 8 blocks of 64 bytes, block `m` for chunks `2m` and `2m + 1`:
+//! `[L(2m), L(2m + 1), H(2m), H(2m + 1)]`, 16 bytes each.
 
 /// Bytes of table per activation code.
 pub(crate) const BYTES_PER_CODE: usize = 8;
 
-/// What a chunk's sums are offset by (`4 · 127`), so that `S + BIAS` ≥ 0.
-pub(crate) const BIAS: i16 = 4 * 127;
-
 /// The weight of the high digit `H`.
-pub(crate) const RADIX: i16 = 64;
+pub(crate) const RADIX: i16 = 32;
 
-/// The two digits of a chunk's sum `v`.
+/// The two digits of a chunk's sum `v` (|v| ≤ 4·127), `H` as a two's-complement byte.
 fn digits(v: i16) -> [u8; 2] {
-    let u = v + BIAS;
-    // 0 ≤ u ≤ 2·BIAS < 16·RADIX: both digits fit their byte.
-    [(u % RADIX) as u8, (u / RADIX) as u8]
+    [v.rem_euclid(RADIX) as u8, v.div_euclid(RADIX) as i8 as u8]
 }
 
 /// The tables of `q` (a whole number of 64-value halves).
@@ -66,8 +62,8 @@ fn build_scalar(q: &[i8], out: &mut [u8]) {
 
 /// Per chunk: its 4 codes in every 32-bit lane, signed by two registers of sign patterns, the 4
 /// products of each lane summed (`vpmaddubsw` by ones, `vpmaddwd` by ones) and packed to 16
-/// bits, offset by [`BIAS`] and split into their digits; per chunk pair, the low and the high
-/// digits packed into one register each.
+/// bits and split into their digits (the low bits; an arithmetic shift); per chunk pair, the
+/// low and the high digits packed into one register each.
 ///
 /// # Safety
 /// The CPU has AVX2; `q.len()` is a multiple of 64 and `out.len() == 8 · q.len()`.
@@ -103,7 +99,6 @@ unsafe fn build_avx2(q: &[i8], out: &mut [u8]) {
     let second = signs([4, 5, 6, 7, 12, 13, 14, 15]);
     let ones8 = _mm256_set1_epi8(1);
     let ones16 = _mm256_set1_epi16(1);
-    let bias = _mm256_set1_epi16(BIAS);
     let low = _mm256_set1_epi16(RADIX - 1);
     const RADIX_BITS: i32 = RADIX.trailing_zeros() as i32;
     let sums = |c: *const i8| {
@@ -114,17 +109,17 @@ unsafe fn build_avx2(q: &[i8], out: &mut [u8]) {
                 ones16,
             )
         };
-        _mm256_add_epi16(_mm256_packs_epi32(lanes(first), lanes(second)), bias)
+        _mm256_packs_epi32(lanes(first), lanes(second))
     };
     for (c, tb) in (0..q.len()).step_by(8).zip(out.chunks_exact_mut(64)) {
         let (x, y) = (sums(q.as_ptr().add(c)), sums(q.as_ptr().add(c + 4)));
         // Per 128-bit lane the pack gives [x, y] of 8 patterns each: lanes reordered, x's 16
         // then y's 16.
-        let bytes = |a, b| _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(a, b));
+        let bytes = |a, b| _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi16(a, b));
         let lo = bytes(_mm256_and_si256(x, low), _mm256_and_si256(y, low));
         let hi = bytes(
-            _mm256_srli_epi16::<RADIX_BITS>(x),
-            _mm256_srli_epi16::<RADIX_BITS>(y),
+            _mm256_srai_epi16::<RADIX_BITS>(x),
+            _mm256_srai_epi16::<RADIX_BITS>(y),
         );
         _mm256_storeu_si256(tb.as_mut_ptr() as *mut __m256i, lo);
         _mm256_storeu_si256(tb.as_mut_ptr().add(32) as *mut __m256i, hi);
@@ -161,12 +156,12 @@ mod tests {
                     let want: i16 = (0..4)
                         .map(|i| i16::from(half[4 * c + i]) * if m >> i & 1 == 1 { 1 } else { -1 })
                         .sum();
-                    let (l, hd) = (tb[16 * slot + m], tb[32 + 16 * slot + m]);
+                    let (l, hd) = (tb[16 * slot + m], tb[32 + 16 * slot + m] as i8);
                     assert!(
-                        l < 64 && hd < 16,
+                        l < 32 && (-16..16).contains(&hd),
                         "half {h} chunk {c} pattern {m}: {l}, {hd}"
                     );
-                    let got = RADIX * i16::from(hd) + i16::from(l) - BIAS;
+                    let got = RADIX * i16::from(hd) + i16::from(l);
                     assert_eq!(got, want, "half {h} chunk {c} pattern {m}");
                 }
             }

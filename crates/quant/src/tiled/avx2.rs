@@ -152,9 +152,8 @@ unsafe fn q1_lookup_tile<const R: usize, const T: usize>(
     let halves = layout::halves(Format::Q1_0);
     let hb = layout::half_bytes(Format::Q1_0);
     let nibbles = _mm256_set1_epi16(0x0f0f);
-    // Digit pairs (L, H) joined as L + RADIX·H.
+    // Digit pairs (L, H) joined as L + RADIX·H: the digits are the signed operand.
     let join = _mm256_set1_epi16(1 | (sign_tables::RADIX << 8));
-    let bias = _mm256_set1_epi16(-4 * sign_tables::BIAS);
     let mut tot = [[[_mm256_setzero_ps(); 2]; T]; R];
     for b in 0..blocks {
         for r in 0..R {
@@ -166,7 +165,7 @@ unsafe fn q1_lookup_tile<const R: usize, const T: usize>(
             let at = b * pbb + layout::SCALES + h * hb;
             // Groups 2·pair and 2·pair + 1 hold chunks 2m and 2m + 1 for m = pair + 2i.
             for pair in 0..GROUPS_PER_HALF / 2 {
-                // Digit sums of the groups' four chunks: at most 4·63 and 4·15, no carry.
+                // Digit sums of the groups' four chunks: at most 4·31 and 4·16 in size, no carry.
                 let mut lo = [[_mm256_setzero_si256(); T]; R];
                 let mut hi = [[_mm256_setzero_si256(); T]; R];
                 for i in 0..layout::CHUNKS / GROUPS_PER_HALF {
@@ -197,8 +196,7 @@ unsafe fn q1_lookup_tile<const R: usize, const T: usize>(
                     ];
                     for r in 0..R {
                         // Each row's digits side by side, joined to its 16-bit group sum.
-                        let sums =
-                            |pairs| _mm256_add_epi16(_mm256_maddubs_epi16(pairs, join), bias);
+                        let sums = |pairs| _mm256_maddubs_epi16(join, pairs);
                         let acc = [
                             sums(_mm256_unpacklo_epi8(lo[r][t], hi[r][t])),
                             sums(_mm256_unpackhi_epi8(lo[r][t], hi[r][t])),
