@@ -3,7 +3,7 @@
 
 use std::f32::consts::LN_2;
 
-use model::rank::rank_key;
+use model::rank::{rank_key, raw_bound_below};
 
 use crate::ranking::{Ranking, Unknown};
 
@@ -57,11 +57,9 @@ impl<'a> RankedBands<'a> {
         let b = self.bands;
         let lo = self.floor_of(b);
         let above = (b > 0).then(|| self.floor_of(b - 1));
-        // A bound on the raw logit below every member (division is monotone; the margin covers
-        // the rounding of both the product and the quotient), so that most of the vocabulary
-        // costs one comparison.
-        let lt = lo * self.t;
-        let raw_lo = lt - lt.abs() * 1e-6 - f32::MIN_POSITIVE;
+        // A bound on the raw logit below every member, so that most of the vocabulary costs
+        // one comparison.
+        let raw_lo = raw_bound_below(lo * self.t);
         let start = self.ranked.len();
         for (id, &v) in self.logits.iter().enumerate() {
             if v >= raw_lo && v.is_finite() {

@@ -86,6 +86,14 @@ pub fn weight_sums(logits: &[f32], temperature: f32, max: f32, floor: f32) -> (f
     (total, kept)
 }
 
+/// A bound under which no raw logit `v` can have `v / temperature` at or above the scaled value
+/// whose raw counterpart is `raw` (a raw logit, or a scaled one times the temperature): it
+/// sits below `raw` by more than the rounding of the division and of that product, so that a
+/// pass can reject most of the vocabulary by one comparison and still reach every tie.
+pub fn raw_bound_below(raw: f32) -> f32 {
+    raw - raw.abs() * 1e-6 - f32::MIN_POSITIVE
+}
+
 /// The `k` best finite logits by `logit / temperature`, as `(id, logit / temperature)`, best
 /// first, ties to the lower id (fewer when fewer are finite).
 ///
@@ -95,8 +103,7 @@ pub fn weight_sums(logits: &[f32], temperature: f32, max: f32, floor: f32) -> (f
 pub fn top_k(logits: &[f32], k: usize, temperature: f32) -> Vec<(u32, f32)> {
     let mut heap = BinaryHeap::with_capacity(k + 1);
     // Once the heap is full, a raw logit under this bound cannot enter it: one comparison
-    // instead of a division for most of the vocabulary (the bound sits below the worst kept
-    // logit by more than the rounding of the division, so ties still reach the key compare).
+    // instead of a division for most of the vocabulary.
     let mut raw_lo = f32::NEG_INFINITY;
     for (id, &v) in logits.iter().enumerate() {
         if v < raw_lo || !v.is_finite() {
@@ -113,8 +120,7 @@ pub fn top_k(logits: &[f32], k: usize, temperature: f32) -> Vec<(u32, f32)> {
         }
         if heap.len() == k {
             if let Some(&worst) = heap.peek() {
-                let lt = logits[worst as u32 as usize];
-                raw_lo = lt - lt.abs() * 1e-6 - f32::MIN_POSITIVE;
+                raw_lo = raw_bound_below(logits[worst as u32 as usize]);
             }
         }
     }
