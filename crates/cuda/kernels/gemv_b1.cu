@@ -12,9 +12,14 @@
 // Tiles are 16 rows, streamed by the tensor-map copy in boxes of 128 bytes × 16 rows with the
 // 128-byte swizzle (16-byte unit u of row r lands at unit u ^ (r & 7)), so that the lanes of a
 // fragment (row g and g + 8, word t of chunk c) hit 32 different banks. A tile's row scales
-// follow by bulk copy. Warp w of GEMV1_WARPS multiplies chunks w, w + 8, … of every tile; the
-// last warp to finish a tile adds the warps' partial sums in warp order: results are
-// deterministic (though not the dp4a kernel's bits: the float sums run in another order).
+// follow by bulk copy. Warp w of GEMV1_WARPS multiplies chunks w, w + 8, … of every tile,
+// leaves its partial sums in shared memory and frees the stage; the producer warp, once every
+// consumer has freed it, adds the partial sums in warp order, writes the rows and refills the
+// stage (b1_produce). Results are deterministic (though not the dp4a kernel's bits: the float
+// sums run in another order). Per 16 rows × 128 values a consumer issues about 33 instructions
+// (two MMAs, five shared loads, the counts' scaling) where the dp4a kernel's lanes issue about
+// 54 per as many weight bytes: on matrices of many tiles the binary kernel is ~22% faster, on
+// those of a few tiles per multiprocessor slower (plan::prefers_b1).
 //
 // Fragments (PTX ISA, mma .b1 m16n8k128): lane (g = lane / 4, t = lane % 4) holds A's rows g
 // and g + 8 and B's column g over k = 32t … 32t + 31, and gets C's rows g, g + 8 at columns 2t,
@@ -40,8 +45,60 @@ __device__ __forceinline__ u32 plane_word(const uint4& lo, const uint4& hi, int 
     return r;
 }
 
-// J: the most chunks one warp takes per tile (ceil(chunks / GEMV1_WARPS)).
-template <int J>
+// The producer warp of the binary GEMV: lane 0 keeps the ring full, as ring_produce does, and
+// the warp adds each tile's partial sums once every consumer warp has arrived on the tile's
+// `empty` barrier (lane r: row r, the warps in order, so the sums are deterministic), writes
+// the rows and then refills the stage. The consumers thus end a tile with no fence, counter or
+// reduction of their own.
+template <class Issue>
+__device__ __forceinline__ void b1_produce(u64* empty, const float (*part)[GEMV1_WARPS][16], int stages,
+                                           int mine, int rows, Issue issue, float* __restrict__ out,
+                                           int accumulate, u64* __restrict__ amax,
+                                           const unsigned char* pf_codes, int pf_code_bytes,
+                                           const unsigned char* pf_scales, int pf_scale_bytes) {
+    const int lane = threadIdx.x & 31;
+    // The copies are all issued once tile mine − 1 − stages is freed (at once when the ring
+    // holds every tile): then the L2 cache may take the next GEMV's first bytes.
+    const int last_issue = max(mine - 1 - stages, 0);
+    if (mine == 0 && lane == 0) {
+        prefetch_l2_share(pf_codes, pf_code_bytes);
+        prefetch_l2_share(pf_scales, pf_scale_bytes);
+    }
+    u64 best = 0;
+    // Stage s of tile i and the parity of its use, counted rather than divided.
+    for (int i = 0, s = 0, ph = 0; i < mine; i++) {
+        mbar_wait(smem_addr(&empty[s]), (u32)ph);
+        if (lane < 16) {
+            float v = 0.0f;
+#pragma unroll
+            for (int w = 0; w < GEMV1_WARPS; w++) v += part[s][w][lane];
+            const int row = ((int)blockIdx.x + i * (int)gridDim.x) * 16 + lane;
+            if (row < rows) {
+                v = accumulate ? v + out[row] : v;
+                out[row] = v;
+                best = max(best, argmax_key(v, (u32)row));
+            }
+        }
+        // Every lane has read stage s's partial sums before its tile's copy may land on them.
+        __syncwarp();
+        if (lane == 0) {
+            if (i + stages < mine) issue(i + stages);
+            if (i == last_issue) {
+                prefetch_l2_share(pf_codes, pf_code_bytes);
+                prefetch_l2_share(pf_scales, pf_scale_bytes);
+            }
+        }
+        if (++s == stages) {
+            s = 0;
+            ph ^= 1;
+        }
+    }
+    if (amax && best) atomicMax(amax, best);
+}
+
+// J: chunks per warp and tile (EXACT: every warp has exactly J, so no chunk is guarded; else at
+// most J).
+template <int J, bool EXACT>
 __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned char* __restrict__ scales,
                                              int rows, int cols, const uint4* __restrict__ xq,
                                              const float2* __restrict__ xs, float* __restrict__ out,
@@ -55,7 +112,6 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     __shared__ __align__(8) u64 empty[GEMV1_MAX_STAGES];
     __shared__ float red[32];
     __shared__ float part[GEMV1_MAX_STAGES][GEMV1_WARPS][16];
-    __shared__ int done[GEMV1_MAX_STAGES];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int chunks = cols / 128, groups = cols / 64;
@@ -82,10 +138,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         bulk_g2s(dst + code_bytes, scales + (size_t)tile * scale_bytes, scale_bytes, bar);
     };
 
-    if (tid == 0) {
-        ring_init(bars, empty, stages);
-        for (int s = 0; s < stages; s++) done[s] = 0;
-    }
+    if (tid == 0) ring_init(bars, empty, stages);
     __syncthreads();
     if (tid == 0)
         for (int i = 0; i < min(stages, mine); i++) issue(i);
@@ -98,7 +151,8 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     __syncthreads();
 
     if (warp == GEMV1_WARPS) {
-        if (lane == 0) ring_produce(empty, stages, mine, issue, pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes);
+        b1_produce(empty, part, stages, mine, rows, issue, out, accumulate, amax, pf_codes, pf_code_bytes,
+                   pf_scales, pf_scale_bytes);
         return;
     }
 
@@ -115,37 +169,38 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         blo[j] = t < 2 ? b : 0u;
         bhi[j] = t < 2 ? 0u : b;
     }
-    // Planes 2t and 2t + 1 (C's columns of this lane) weigh these; the sign plane −128.
-    const int w0 = 1 << (2 * t), w1 = t == 3 ? -128 : 2 << (2 * t);
+    // C's columns of this lane are planes 2t and 2t + 1, of weights 2^2t and 2^(2t+1) (the
+    // sign plane −128): a row's count over a group is 2^2t·(c0 + sgn·c1), the power of two
+    // exact in float, so it is applied with the group's 2 of 2·Σ − Σq.
+    const int sgn = t == 3 ? -2 : 2;
+    const float k2 = (float)(2 << (2 * t));
     // Σ q of both groups enters a row's sum once: through lane t = 0.
     const float ysel = t == 0 ? 1.0f : 0.0f;
-    const int nj = (chunks - warp + GEMV1_WARPS - 1) / GEMV1_WARPS;
+    const int nj = EXACT ? J : (chunks - warp + GEMV1_WARPS - 1) / GEMV1_WARPS;
     // Row g's word t of unit `warp` (swizzled) in slab 0; row g + 8 is 1024 bytes on.
     const int aoff = g * 128 + ((warp ^ g) << 4) + 4 * t;
     const float4* sc4 = (const float4*)ssm + warp;
 
-    u64 best = 0;
-    for (int i = 0; i < mine; i++) {
-        const int s = i % stages;
+    for (int i = 0, s = 0, ph = 0; i < mine; i++) {
         const unsigned char* st = stage0 + (size_t)s * stage_bytes;
-        mbar_wait(smem_addr(&bars[s]), (u32)(i / stages) & 1u);
+        mbar_wait(smem_addr(&bars[s]), (u32)ph);
         const unsigned char* a = st + aoff;
         const u16* d0p = (const u16*)(st + code_bytes) + g * chunks + warp;
         const u16* d1p = d0p + 8 * chunks;
         float acc0 = 0.0f, acc1 = 0.0f;
 #pragma unroll
         for (int j = 0; j < J; j++) {
-            if (j < nj) {
+            if (EXACT || j < nj) {
                 const u32 a0 = *(const u32*)(a + j * 2048), a1 = *(const u32*)(a + j * 2048 + 1024);
                 int lo[4], hi[4];
                 bmma_and_popc(lo, a0, a1, blo[j]);
                 bmma_and_popc(hi, a0, a1, bhi[j]);
                 const float4 sc = sc4[j * GEMV1_WARPS];
                 const float y = ysel * (sc.y + sc.w);
-                const float f0 = sc.x * (float)(lo[0] * w0 + lo[1] * w1) + sc.z * (float)(hi[0] * w0 + hi[1] * w1);
-                const float f1 = sc.x * (float)(lo[2] * w0 + lo[3] * w1) + sc.z * (float)(hi[2] * w0 + hi[3] * w1);
-                acc0 += h2f(d0p[j * GEMV1_WARPS]) * (2.0f * f0 - y);
-                acc1 += h2f(d1p[j * GEMV1_WARPS]) * (2.0f * f1 - y);
+                const float f0 = sc.x * (float)(lo[0] + sgn * lo[1]) + sc.z * (float)(hi[0] + sgn * hi[1]);
+                const float f1 = sc.x * (float)(lo[2] + sgn * lo[3]) + sc.z * (float)(hi[2] + sgn * hi[3]);
+                acc0 += h2f(d0p[j * GEMV1_WARPS]) * (k2 * f0 - y);
+                acc1 += h2f(d1p[j * GEMV1_WARPS]) * (k2 * f1 - y);
             }
         }
         acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
@@ -156,48 +211,29 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
             part[s][warp][g] = acc0;
             part[s][warp][g + 8] = acc1;
         }
-        __threadfence_block();
-        __syncwarp();
-        int last = 0;
-        if (lane == 0) last = atomicAdd(&done[s], 1) == GEMV1_WARPS - 1;
-        last = __shfl_sync(0xffffffffu, last, 0);
-        // The last warp to finish the tile takes every warp's partial sums (lane r: row r),
-        // frees the stage, then adds them in warp order and writes the row.
-        float v = 0.0f;
-        if (last) {
-            __threadfence_block();
-            if (lane < 16) {
-                const volatile float* p = &part[s][0][lane];
-#pragma unroll
-                for (int w = 0; w < GEMV1_WARPS; w++) v += p[w * 16];
-            }
-            if (lane == 0) done[s] = 0;
-        }
+        // Every lane is done with stage s, and its partial sums are written, before the warp
+        // arrives (a release the producer's wait acquires).
         __syncwarp();
         if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
-        if (last && lane < 16) {
-            const int row = ((int)blockIdx.x + i * (int)gridDim.x) * 16 + lane;
-            if (row < rows) {
-                v = accumulate ? v + out[row] : v;
-                out[row] = v;
-                best = max(best, argmax_key(v, (u32)row));
-            }
+        if (++s == stages) {
+            s = 0;
+            ph ^= 1;
         }
     }
-    if (amax && best) atomicMax(amax, best);
 }
 #endif
 
 #if __CUDA_ARCH__ >= 900
-#define GEMV_B1_CALL(J)                                                                                    \
-    gemv_b1_body<J>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
+#define GEMV_B1_CALL(J, EXACT)                                                                             \
+    gemv_b1_body<J, EXACT>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
                     pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes)
 #else
-#define GEMV_B1_CALL(J) __trap()
+#define GEMV_B1_CALL(J, EXACT) __trap()
 #endif
 
-// J: chunks per warp and tile at most, so 128·8·J columns (gemv_b1_j6: up to 6144).
-#define GEMV_B1_KERNEL(name, J, MINB)                                                            \
+// J: chunks per warp and tile (EXACT) or at most (else), so 128·8·J columns. The exact kernels
+// take the 27B's widths (5120, 6144, 17408 columns: 5, 6, 17 chunks per warp) with no guard.
+#define GEMV_B1_KERNEL(name, J, EXACT, MINB)                                                     \
     extern "C" __global__ void __launch_bounds__(32 * (GEMV1_WARPS + 1), MINB)                   \
         name(const __grid_constant__ TmaMap cmap, const unsigned char* __restrict__ scales,       \
              int rows, int cols, const uint4* __restrict__ xq, const float2* __restrict__ xs,     \
@@ -205,8 +241,11 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
              const float* __restrict__ xres, int tok0, const float* __restrict__ nw, float eps,   \
              const unsigned char* __restrict__ pf_codes, int pf_code_bytes,                       \
              const unsigned char* __restrict__ pf_scales, int pf_scale_bytes) {                   \
-        GEMV_B1_CALL(J);                                                                         \
+        GEMV_B1_CALL(J, EXACT);                                                                  \
     }
 
-GEMV_B1_KERNEL(gemv_b1_j6, 6, 4)
-GEMV_B1_KERNEL(gemv_b1_j17, 17, 2)
+GEMV_B1_KERNEL(gemv_b1_j5x, 5, true, 4)
+GEMV_B1_KERNEL(gemv_b1_j6x, 6, true, 4)
+GEMV_B1_KERNEL(gemv_b1_j6, 6, false, 4)
+GEMV_B1_KERNEL(gemv_b1_j17x, 17, true, 2)
+GEMV_B1_KERNEL(gemv_b1_j17, 17, false, 2)

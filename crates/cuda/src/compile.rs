@@ -28,7 +28,7 @@ pub const SOURCES: [(&str, &str); 13] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 62] = [
+pub const KERNELS: [&str; 65] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -50,7 +50,10 @@ pub const KERNELS: [&str; 62] = [
     "gemv1_q1_r2_nodot",
     "gemv1_q2g64_r1_nodot",
     "gemv1_q2g64_r2_nodot",
+    "gemv_b1_j5x",
+    "gemv_b1_j6x",
     "gemv_b1_j6",
+    "gemv_b1_j17x",
     "gemv_b1_j17",
     "gemv_chain_q1",
     "gemv_chain_q2g64",

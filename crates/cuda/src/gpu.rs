@@ -257,9 +257,8 @@ pub struct Gpu {
     /// The decode GEMV's consumers release each tile without multiplying (wrong results: a
     /// probe for the harness, [`Gpu::set_gemv1_probe`]).
     gemv1_nodot: AtomicBool,
-    /// 1-bit decode GEMVs on the binary tensor cores (`gemv_b1_*`) rather than dp4a: off
-    /// unless `NIWAKI_CUDA_B1=1`, since they measured slower on the H200 (Q1_0 tg128 260-262
-    /// against 272-281 tok/s; `bench/results/cuda-h200.md`).
+    /// 1-bit decode GEMVs on the binary tensor cores (`gemv_b1_*`) rather than dp4a, for the
+    /// matrices [`plan::prefers_b1`] gives them (sm_90; `NIWAKI_CUDA_B1=0` turns them off).
     b1: AtomicBool,
     /// Blocks per multiprocessor and shared-memory budget of the binary decode GEMV in place of
     /// its defaults (`NIWAKI_CUDA_B1_BLOCKS`, `NIWAKI_CUDA_B1_SMEM_KIB`; 0: default), for
@@ -494,7 +493,7 @@ impl Gpu {
             pdl: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_PDL")),
             gemv1: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_GEMV1")),
             gemv1_nodot: AtomicBool::new(false),
-            b1: AtomicBool::new(hopper && env_opt_in("NIWAKI_CUDA_B1")),
+            b1: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_B1")),
             mma: AtomicBool::new(ampere && env_on("NIWAKI_CUDA_MMA")),
             gemm_kernel: Mutex::new(None),
             gdn_chunked: AtomicBool::new(gdn_chunks_fit && env_opt_in("NIWAKI_CUDA_GDN_CHUNK")),
@@ -1165,6 +1164,7 @@ impl Gpu {
         }
         if m.format == GpuFormat::Q1
             && self.b1.load(Ordering::Relaxed)
+            && plan::prefers_b1(m.rows, self.info.multiprocessors.max(1) as usize)
             && !self.gemv1_nodot.load(Ordering::Relaxed)
             && self.gemv_b1(stream, m, io, pre)?
         {

@@ -12,7 +12,8 @@
 //! `NIWAKI_HARNESS_27B=Q2_0,Q1_0` picks the 27B formats (empty: skip);
 //! `NIWAKI_HARNESS_ONLY=gemm` times the prefill GEMMs and nothing else (for a profiler);
 //! `NIWAKI_HARNESS_ONLY=gemv-b1` runs the binary decode GEMV's check alone,
-//! `NIWAKI_HARNESS_ONLY=topk` sampling's top-k selection alone.
+//! `NIWAKI_HARNESS_ONLY=topk` sampling's top-k selection alone, `NIWAKI_HARNESS_ONLY=27b` the
+//! 27B section alone.
 
 use std::fmt::Write as _;
 
@@ -105,7 +106,9 @@ fn run(rep: &mut Report) -> R<()> {
             rep.line("|---|---|---|---|");
             let (xq, xs) = (gpu.alloc(17408, "xq")?, gpu.alloc(8 * 17408 / 64, "xs")?);
             let mut rng = rand::SeedableRng::seed_from_u64(7);
-            return gemv_b1::gemv_b1_checks(rep, &gpu, xq.ptr, xs.ptr, &mut rng);
+            gemv_b1::gemv_b1_checks(rep, &gpu, xq.ptr, xs.ptr, &mut rng)?;
+            drop(gpu);
+            return gemv_b1::wide_model_b1(rep);
         }
         Ok("topk") => {
             rep.line("| kernel | shape | result | error |");
@@ -128,6 +131,11 @@ fn run(rep: &mut Report) -> R<()> {
         "Device-to-device copy: {:.0} GB/s (read + write)",
         bw / 1e9
     ));
+    // The 27B decode, prefill and per-op figures alone (for comparing settings quickly).
+    if std::env::var("NIWAKI_HARNESS_ONLY").as_deref() == Ok("27b") {
+        drop(gpu);
+        return bench_27b_section(rep, bw);
+    }
     // What a persistent decode kernel would pay per dependence instead of a kernel boundary
     // (a decode step's small kernels take 0.7-1.8 µs each inside its graph).
     let us = |per_sm| -> R<String> {
@@ -182,7 +190,19 @@ fn run(rep: &mut Report) -> R<()> {
     determinism(rep)?;
     rep.line("");
     sampling::model_topk(rep)?;
+    rep.line("");
+    rep.line("| check | shape | result | error |");
+    rep.line("|---|---|---|---|");
+    gemv_b1::wide_model_b1(rep)?;
 
+    bench_27b_section(rep, bw)?;
+    let _ = writeln!(rep.md);
+    Ok(())
+}
+
+/// The 27B section: decode, prefill, depth and per-op profiles of each format
+/// `NIWAKI_HARNESS_27B` names (default Q2_0 and Q1_0; empty: none).
+fn bench_27b_section(rep: &mut Report, bw: f64) -> R<()> {
     let formats = std::env::var("NIWAKI_HARNESS_27B").unwrap_or_else(|_| "Q2_0,Q1_0".into());
     let formats: Vec<Format> = formats
         .split(',')
@@ -211,6 +231,5 @@ fn run(rep: &mut Report) -> R<()> {
             rep.line(p);
         }
     }
-    let _ = writeln!(rep.md);
     Ok(())
 }

@@ -189,8 +189,13 @@ pub fn gemv_b1_launch(
         return None;
     }
     let per_warp = (cols / 128).div_ceil(GEMV1_WARPS);
+    // Every warp takes exactly `per_warp` chunks (`cols` is a multiple of 8 chunks): the
+    // kernels made for a count run it unguarded.
     let (kernel, blocks_per_sm, budget) = match per_warp {
+        5 => ("gemv_b1_j5x", 3, 72 << 10),
+        6 => ("gemv_b1_j6x", 3, 72 << 10),
         0..=6 => ("gemv_b1_j6", 3, 72 << 10),
+        17 => ("gemv_b1_j17x", 2, 100 << 10),
         7..=17 => ("gemv_b1_j17", 2, 100 << 10),
         _ => return None,
     };
@@ -210,6 +215,22 @@ pub fn gemv_b1_launch(
         smem_bytes: 1024 + x_bytes + stages * stage_bytes,
         stage_bytes,
     })
+}
+
+/// Tiles of 16 rows per multiprocessor from which a 1-bit decode GEMV goes to the binary tensor
+/// cores rather than dp4a. Measured per op inside the 27B Q1_0 decode graph on the H200 (µs,
+/// dp4a against binary): 34816 rows (ffn gate | up) 16.24 against 12.60, the 248,320-row LM
+/// head 76.1 against 58.5, 16480 rows 8.96 against 7.59, 14336 rows 7.69 against 6.85; but
+/// the 5120-row matrices (2.4 tiles per multiprocessor) 5.05 against 7.30 (6144 columns) and
+/// 10.07 against 10.71 (17408). Each warp of a binary tile takes a slice of every row, so a
+/// tile is a longer chain of work than dp4a's: it pays only where there are tiles enough to
+/// overlap.
+pub const B1_MIN_TILES_PER_SM: usize = 4;
+
+/// Whether a one-token GEMV of a 1-bit `rows`-row matrix on `sms` multiprocessors goes to the
+/// binary tensor cores (where [`gemv_b1_launch`] takes its shape).
+pub fn prefers_b1(rows: usize, sms: usize) -> bool {
+    rows.div_ceil(16) >= B1_MIN_TILES_PER_SM * sms
 }
 
 /// Consumer warps of the persistent-step probe (`kernels/gemv_chain.cu`: one row each, so a

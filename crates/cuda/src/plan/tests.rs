@@ -501,22 +501,22 @@ fn a_row_too_wide_for_two_stages_falls_back_to_the_plain_kernel() {
 #[test]
 fn the_binary_decode_gemv_takes_whole_boxes_and_fits_its_budget() {
     let limit = 227 << 10;
-    // The 27B's 1-bit shapes: 5120 and 6144 wide on the six-word kernel, ffn_down on the other.
+    // The 27B's 1-bit shapes, each on the kernel made for its chunks per warp; other widths on
+    // the guarded kernels.
     for (rows, cols, kernel) in [
-        (34816, 5120, "gemv_b1_j6"),
-        (5120, 6144, "gemv_b1_j6"),
-        (5120, 17408, "gemv_b1_j17"),
-        (248_320, 5120, "gemv_b1_j6"),
+        (34816, 5120, "gemv_b1_j5x"),
+        (5120, 6144, "gemv_b1_j6x"),
+        (5120, 17408, "gemv_b1_j17x"),
+        (248_320, 5120, "gemv_b1_j5x"),
+        (40, 4096, "gemv_b1_j6"),
+        (40, 9216, "gemv_b1_j17"),
     ] {
+        let wide = kernel.starts_with("gemv_b1_j17");
         for fused in [false, true] {
             let l = gemv_b1_launch(rows, cols, 132, limit, fused, (0, 0)).unwrap();
             assert_eq!(l.kernel, kernel);
             assert!(l.stages >= 2 && l.stages <= GEMV1_MAX_STAGES);
-            let budget = if kernel == "gemv_b1_j6" {
-                72 << 10
-            } else {
-                100 << 10
-            };
+            let budget = if wide { 100 << 10 } else { 72 << 10 };
             assert!(l.smem_bytes <= budget, "{rows}×{cols}: {l:?}");
             assert_eq!(
                 l.smem_bytes,
@@ -527,8 +527,7 @@ fn the_binary_decode_gemv_takes_whole_boxes_and_fits_its_budget() {
             assert!(l.stage_bytes >= (cols / 1024) * 2048 + 16 * (cols / 128) * 2);
             assert_eq!(
                 l.grid,
-                rows.div_ceil(16)
-                    .min(132 * if kernel == "gemv_b1_j6" { 3 } else { 2 })
+                rows.div_ceil(16).min(132 * if wide { 2 } else { 3 })
             );
         }
     }
@@ -843,4 +842,16 @@ fn the_cpu_twin_refuses_rotated_files_rather_than_ignoring_the_rotation() {
         .expect("refused")
         .to_string();
     assert!(e.contains("Hadamard"), "{e}");
+}
+
+#[test]
+fn the_binary_decode_gemv_takes_the_matrices_of_many_rows() {
+    // The 27B's 1-bit matrices on the H200's 132 multiprocessors: gate | up, the recurrent and
+    // attention inputs and the LM head on the binary kernel, the 5120-row ones on dp4a.
+    for rows in [34816, 16480, 14336, 248_320] {
+        assert!(prefers_b1(rows, 132), "{rows}");
+    }
+    assert!(!prefers_b1(5120, 132));
+    // The bound scales with the device: 4 tiles of 16 rows per multiprocessor.
+    assert!(prefers_b1(64 * 10, 10) && !prefers_b1(64 * 10 - 16, 10));
 }
