@@ -50,8 +50,8 @@ __device__ __forceinline__ u32 plane_word(const uint4& lo, const uint4& hi, int 
 // `empty` barrier (lane r: row r, the warps in order, so the sums are deterministic), writes
 // the rows and then refills the stage. The consumers thus end a tile with no fence, counter or
 // reduction of their own.
-template <class Issue>
-__device__ __forceinline__ void b1_produce(u64* empty, const float (*part)[GEMV1_WARPS][16], int stages,
+template <int TR, class Issue>
+__device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS][TR], int stages,
                                            int mine, int rows, Issue issue, float* __restrict__ out,
                                            int accumulate, u64* __restrict__ amax,
                                            const unsigned char* pf_codes, int pf_code_bytes,
@@ -68,11 +68,11 @@ __device__ __forceinline__ void b1_produce(u64* empty, const float (*part)[GEMV1
     // Stage s of tile i and the parity of its use, counted rather than divided.
     for (int i = 0, s = 0, ph = 0; i < mine; i++) {
         mbar_wait(smem_addr(&empty[s]), (u32)ph);
-        if (lane < 16) {
+        if (lane < TR) {
             float v = 0.0f;
 #pragma unroll
             for (int w = 0; w < GEMV1_WARPS; w++) v += part[s][w][lane];
-            const int row = ((int)blockIdx.x + i * (int)gridDim.x) * 16 + lane;
+            const int row = ((int)blockIdx.x + i * (int)gridDim.x) * TR + lane;
             if (row < rows) {
                 v = accumulate ? v + out[row] : v;
                 out[row] = v;
@@ -97,8 +97,10 @@ __device__ __forceinline__ void b1_produce(u64* empty, const float (*part)[GEMV1
 }
 
 // J: chunks per warp and tile (EXACT: every warp has exactly J, so no chunk is guarded; else at
-// most J).
-template <int J, bool EXACT>
+// most J). RG: MMA row groups of 16 per tile (tiles of 16·RG rows): with two, each plane word
+// and activation scale a warp loads serves twice the rows, and the tile's own work (its wait,
+// shuffles and arrival) is shared by them.
+template <int J, bool EXACT, int RG>
 __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned char* __restrict__ scales,
                                              int rows, int cols, const uint4* __restrict__ xq,
                                              const float2* __restrict__ xs, float* __restrict__ out,
@@ -111,14 +113,17 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     __shared__ __align__(8) u64 bars[GEMV1_MAX_STAGES];
     __shared__ __align__(8) u64 empty[GEMV1_MAX_STAGES];
     __shared__ float red[32];
-    __shared__ float part[GEMV1_MAX_STAGES][GEMV1_WARPS][16];
+    constexpr int TR = 16 * RG;
+    // Tiles of 32 rows keep at most half the stages (plan::gemv_b1_launch), so the partial sums
+    // take the same static memory.
+    __shared__ float part[GEMV1_MAX_STAGES / RG][GEMV1_WARPS][TR];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int chunks = cols / 128, groups = cols / 64;
     const int slabs = (chunks * 16 + 127) / 128;
-    const u32 code_bytes = (u32)slabs * 2048, scale_bytes = 16u * chunks * 2;
+    const u32 code_bytes = (u32)slabs * 2048 * RG, scale_bytes = (u32)TR * chunks * 2;
     const u32 stage_bytes = (code_bytes + scale_bytes + 1023) & ~1023u;
-    const int ntiles = (rows + 15) / 16;
+    const int ntiles = (rows + TR - 1) / TR;
     const int mine = (int)blockIdx.x < ntiles ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
     // The dynamic block starts after the static one: rounded up here to the 1024 bytes the
     // swizzle's boxes need (the host adds them to the launch).
@@ -134,7 +139,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         const u32 bar = smem_addr(&bars[s]);
         const u32 dst = smem_addr(stage0 + (size_t)s * stage_bytes);
         mbar_expect_tx(bar, code_bytes + scale_bytes);
-        for (int sl = 0; sl < slabs; sl++) tma_2d(dst + sl * 2048, cmap, sl * 128, tile * 16, bar);
+        for (int sl = 0; sl < slabs; sl++) tma_2d(dst + sl * 2048 * RG, cmap, sl * 128, tile * TR, bar);
         bulk_g2s(dst + code_bytes, scales + (size_t)tile * scale_bytes, scale_bytes, bar);
     };
 
@@ -151,7 +156,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     __syncthreads();
 
     if (warp == GEMV1_WARPS) {
-        b1_produce(empty, part, stages, mine, rows, issue, out, accumulate, amax, pf_codes, pf_code_bytes,
+        b1_produce<TR>(empty, part, stages, mine, rows, issue, out, accumulate, amax, pf_codes, pf_code_bytes,
                    pf_scales, pf_scale_bytes);
         return;
     }
@@ -177,7 +182,8 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     // Σ q of both groups enters a row's sum once: through lane t = 0.
     const float ysel = t == 0 ? 1.0f : 0.0f;
     const int nj = EXACT ? J : (chunks - warp + GEMV1_WARPS - 1) / GEMV1_WARPS;
-    // Row g's word t of unit `warp` (swizzled) in slab 0; row g + 8 is 1024 bytes on.
+    // Row g's word t of unit `warp` (swizzled) in slab 0; row g + 8q is 1024·q bytes on (the
+    // swizzle repeats every 8 rows).
     const int aoff = g * 128 + ((warp ^ g) << 4) + 4 * t;
     const float4* sc4 = (const float4*)ssm + warp;
 
@@ -185,31 +191,37 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         const unsigned char* st = stage0 + (size_t)s * stage_bytes;
         mbar_wait(smem_addr(&bars[s]), (u32)ph);
         const unsigned char* a = st + aoff;
-        const u16* d0p = (const u16*)(st + code_bytes) + g * chunks + warp;
-        const u16* d1p = d0p + 8 * chunks;
-        float acc0 = 0.0f, acc1 = 0.0f;
+        const u16* dp = (const u16*)(st + code_bytes) + g * chunks + warp;
+        float acc[2 * RG];
+#pragma unroll
+        for (int r = 0; r < 2 * RG; r++) acc[r] = 0.0f;
 #pragma unroll
         for (int j = 0; j < J; j++) {
             if (EXACT || j < nj) {
-                const u32 a0 = *(const u32*)(a + j * 2048), a1 = *(const u32*)(a + j * 2048 + 1024);
-                int lo[4], hi[4];
-                bmma_and_popc(lo, a0, a1, blo[j]);
-                bmma_and_popc(hi, a0, a1, bhi[j]);
                 const float4 sc = sc4[j * GEMV1_WARPS];
                 const float y = ysel * (sc.y + sc.w);
-                const float f0 = sc.x * (float)(lo[0] + sgn * lo[1]) + sc.z * (float)(hi[0] + sgn * hi[1]);
-                const float f1 = sc.x * (float)(lo[2] + sgn * lo[3]) + sc.z * (float)(hi[2] + sgn * hi[3]);
-                acc0 += h2f(d0p[j * GEMV1_WARPS]) * (k2 * f0 - y);
-                acc1 += h2f(d1p[j * GEMV1_WARPS]) * (k2 * f1 - y);
+#pragma unroll
+                for (int q = 0; q < RG; q++) {
+                    const unsigned char* aq = a + j * 2048 * RG + q * 2048;
+                    const u32 a0 = *(const u32*)aq, a1 = *(const u32*)(aq + 1024);
+                    int lo[4], hi[4];
+                    bmma_and_popc(lo, a0, a1, blo[j]);
+                    bmma_and_popc(hi, a0, a1, bhi[j]);
+                    const float f0 = sc.x * (float)(lo[0] + sgn * lo[1]) + sc.z * (float)(hi[0] + sgn * hi[1]);
+                    const float f1 = sc.x * (float)(lo[2] + sgn * lo[3]) + sc.z * (float)(hi[2] + sgn * hi[3]);
+                    acc[2 * q] += h2f(dp[(16 * q) * chunks + j * GEMV1_WARPS]) * (k2 * f0 - y);
+                    acc[2 * q + 1] += h2f(dp[(16 * q + 8) * chunks + j * GEMV1_WARPS]) * (k2 * f1 - y);
+                }
             }
         }
-        acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
-        acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
-        acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
-        acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
+#pragma unroll
+        for (int r = 0; r < 2 * RG; r++) {
+            acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 1);
+            acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 2);
+        }
         if (t == 0) {
-            part[s][warp][g] = acc0;
-            part[s][warp][g + 8] = acc1;
+#pragma unroll
+            for (int r = 0; r < 2 * RG; r++) part[s][warp][g + 8 * r] = acc[r];
         }
         // Every lane is done with stage s, and its partial sums are written, before the warp
         // arrives (a release the producer's wait acquires).
@@ -224,16 +236,16 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 #endif
 
 #if __CUDA_ARCH__ >= 900
-#define GEMV_B1_CALL(J, EXACT)                                                                             \
-    gemv_b1_body<J, EXACT>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
+#define GEMV_B1_CALL(J, EXACT, RG)                                                                         \
+    gemv_b1_body<J, EXACT, RG>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
                     pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes)
 #else
-#define GEMV_B1_CALL(J, EXACT) __trap()
+#define GEMV_B1_CALL(J, EXACT, RG) __trap()
 #endif
 
 // J: chunks per warp and tile (EXACT) or at most (else), so 128·8·J columns. The exact kernels
 // take the 27B's widths (5120, 6144, 17408 columns: 5, 6, 17 chunks per warp) with no guard.
-#define GEMV_B1_KERNEL(name, J, EXACT, MINB)                                                     \
+#define GEMV_B1_KERNEL(name, J, EXACT, RG, MINB)                                                     \
     extern "C" __global__ void __launch_bounds__(32 * (GEMV1_WARPS + 1), MINB)                   \
         name(const __grid_constant__ TmaMap cmap, const unsigned char* __restrict__ scales,       \
              int rows, int cols, const uint4* __restrict__ xq, const float2* __restrict__ xs,     \
@@ -241,11 +253,14 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
              const float* __restrict__ xres, int tok0, const float* __restrict__ nw, float eps,   \
              const unsigned char* __restrict__ pf_codes, int pf_code_bytes,                       \
              const unsigned char* __restrict__ pf_scales, int pf_scale_bytes) {                   \
-        GEMV_B1_CALL(J, EXACT);                                                                  \
+        GEMV_B1_CALL(J, EXACT, RG);                                                                  \
     }
 
-GEMV_B1_KERNEL(gemv_b1_j5x, 5, true, 4)
-GEMV_B1_KERNEL(gemv_b1_j6x, 6, true, 4)
-GEMV_B1_KERNEL(gemv_b1_j6, 6, false, 4)
-GEMV_B1_KERNEL(gemv_b1_j17x, 17, true, 2)
-GEMV_B1_KERNEL(gemv_b1_j17, 17, false, 2)
+GEMV_B1_KERNEL(gemv_b1_j5x, 5, true, 1, 4)
+GEMV_B1_KERNEL(gemv_b1_j6x, 6, true, 1, 4)
+GEMV_B1_KERNEL(gemv_b1_j6, 6, false, 1, 4)
+GEMV_B1_KERNEL(gemv_b1_j17x, 17, true, 1, 2)
+GEMV_B1_KERNEL(gemv_b1_j17, 17, false, 1, 2)
+// Tiles of 32 rows (row counts a multiple of 32: plan::gemv_b1_launch).
+GEMV_B1_KERNEL(gemv_b1_j5x_r32, 5, true, 2, 3)
+GEMV_B1_KERNEL(gemv_b1_j6x_r32, 6, true, 2, 3)

@@ -28,7 +28,7 @@ pub const SOURCES: [(&str, &str); 13] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 65] = [
+pub const KERNELS: [&str; 67] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -55,6 +55,8 @@ pub const KERNELS: [&str; 65] = [
     "gemv_b1_j6",
     "gemv_b1_j17x",
     "gemv_b1_j17",
+    "gemv_b1_j5x_r32",
+    "gemv_b1_j6x_r32",
     "gemv_chain_q1",
     "gemv_chain_q2g64",
     "gemv_chain_q1_nodot",

@@ -264,6 +264,12 @@ pub struct Gpu {
     /// its defaults (`NIWAKI_CUDA_B1_BLOCKS`, `NIWAKI_CUDA_B1_SMEM_KIB`; 0: default), for
     /// measuring them.
     b1_knobs: (usize, usize),
+    /// Rows per tile the binary decode GEMV asks for: 16, or 32 with `NIWAKI_CUDA_B1_TILE_ROWS=32`
+    /// ([`plan::gemv_b1_launch`] says where it is taken). Measured on the H200, 27B Q1_0, in one
+    /// call: 32-row tiles made gate | up 12.20 → 11.19 µs and the LM head 56.9 → 53.8 inside
+    /// the decode graph, yet decode 333.3 → 330.2 tok/s (harness) and `niwaki bench` 318.4-322.2
+    /// → 317.6-319.7: no faster, so not the default.
+    b1_tile_rows: usize,
     /// Multiply passes of [`plan::GEMM_MIN_TOKENS`] tokens or more on the tensor cores (sm_80
     /// and later). `NIWAKI_CUDA_MMA=0` turns it off.
     mma: AtomicBool,
@@ -526,6 +532,10 @@ impl Gpu {
                 env_usize("NIWAKI_CUDA_B1_BLOCKS"),
                 env_usize("NIWAKI_CUDA_B1_SMEM_KIB") << 10,
             ),
+            b1_tile_rows: match env_usize("NIWAKI_CUDA_B1_TILE_ROWS") {
+                32 => 32,
+                _ => 16,
+            },
             smem_limit,
         })
     }
@@ -1195,6 +1205,7 @@ impl Gpu {
             self.smem_limit,
             pre.is_some(),
             self.b1_knobs,
+            self.b1_tile_rows,
         ) else {
             return Ok(false);
         };
@@ -1207,7 +1218,7 @@ impl Gpu {
                 rows: m.rows.div_ceil(TILE_PAD_ROWS) * TILE_PAD_ROWS,
                 row_bytes,
                 box_cols: 128,
-                box_rows: 16,
+                box_rows: l.tile_rows,
                 swizzle: tma::Swizzle::B128,
             },
         )?;

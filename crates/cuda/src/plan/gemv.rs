@@ -144,10 +144,11 @@ pub fn gemv1_launch(
 pub const GEMV_B1_STATIC_SMEM: usize = 5 << 10;
 
 /// A decode GEMV of 1-bit rows on the binary tensor cores (`kernels/gemv_b1.cu`): kernel,
-/// stages of 16-row tiles, grid and dynamic shared memory.
+/// rows per tile, stages of tiles, grid and dynamic shared memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GemvB1Launch {
     pub kernel: &'static str,
+    pub tile_rows: usize,
     pub stages: usize,
     pub grid: usize,
     pub smem_bytes: usize,
@@ -158,11 +159,12 @@ fn round1024(n: usize) -> usize {
     n.div_ceil(1024) * 1024
 }
 
-/// Shared memory of one stage of the binary decode GEMV: 16 rows of codes in 128-byte boxes of
-/// 2 KiB (the tensor map's swizzle needs them 1 KiB-aligned), then the rows' scales.
-pub fn gemv_b1_stage_bytes(cols: usize) -> usize {
+/// Shared memory of one stage of the binary decode GEMV: a tile's `tile_rows` rows of codes in
+/// boxes of 128 bytes a row (the tensor map's swizzle needs them 1 KiB-aligned), then the rows'
+/// scales.
+pub fn gemv_b1_stage_bytes(cols: usize, tile_rows: usize) -> usize {
     let chunks = cols / 128;
-    round1024((chunks * 16).div_ceil(128) * 2048 + 16 * chunks * 2)
+    round1024((chunks * 16).div_ceil(128) * 128 * tile_rows + tile_rows * chunks * 2)
 }
 
 /// Shared memory before the binary decode GEMV's stages: the activation group pairs, and the
@@ -176,7 +178,9 @@ pub fn gemv_b1_x_bytes(cols: usize, fused_norm: bool) -> usize {
 /// 17 chunks per warp (17408 columns). Up to 6144 columns: three blocks per multiprocessor of
 /// 72 KiB (the kernel that keeps six plane words per lane); beyond, two of 100 KiB.
 /// `knobs`: blocks per multiprocessor and shared-memory budget in place of the defaults (0:
-/// default), for measuring them.
+/// default), for measuring them. `tile_rows`: 32 asks for tiles of two row groups, taken where
+/// the rows are a multiple of 32 and the width is one of the exact kernels' (5120 or 6144
+/// columns), 16 elsewhere.
 pub fn gemv_b1_launch(
     rows: usize,
     cols: usize,
@@ -184,19 +188,24 @@ pub fn gemv_b1_launch(
     smem_limit: usize,
     fused_norm: bool,
     knobs: (usize, usize),
+    tile_rows: usize,
 ) -> Option<GemvB1Launch> {
     if rows == 0 || cols == 0 || !cols.is_multiple_of(1024) {
         return None;
     }
     let per_warp = (cols / 128).div_ceil(GEMV1_WARPS);
+    let wide_tiles = tile_rows == 32 && rows.is_multiple_of(32);
     // Every warp takes exactly `per_warp` chunks (`cols` is a multiple of 8 chunks): the
-    // kernels made for a count run it unguarded.
-    let (kernel, blocks_per_sm, budget) = match per_warp {
-        5 => ("gemv_b1_j5x", 3, 72 << 10),
-        6 => ("gemv_b1_j6x", 3, 72 << 10),
-        0..=6 => ("gemv_b1_j6", 3, 72 << 10),
-        17 => ("gemv_b1_j17x", 2, 100 << 10),
-        7..=17 => ("gemv_b1_j17", 2, 100 << 10),
+    // kernels made for a count run it unguarded. Tiles of 32 rows take at most half the stages
+    // (their partial sums' static memory), and 66 KiB so that three blocks fit beside it.
+    let (kernel, tile_rows, blocks_per_sm, budget) = match per_warp {
+        5 if wide_tiles => ("gemv_b1_j5x_r32", 32, 3, 66 << 10),
+        6 if wide_tiles => ("gemv_b1_j6x_r32", 32, 3, 66 << 10),
+        5 => ("gemv_b1_j5x", 16, 3, 72 << 10),
+        6 => ("gemv_b1_j6x", 16, 3, 72 << 10),
+        0..=6 => ("gemv_b1_j6", 16, 3, 72 << 10),
+        17 => ("gemv_b1_j17x", 16, 2, 100 << 10),
+        7..=17 => ("gemv_b1_j17", 16, 2, 100 << 10),
         _ => return None,
     };
     let blocks_per_sm = if knobs.0 > 0 { knobs.0 } else { blocks_per_sm };
@@ -204,12 +213,14 @@ pub fn gemv_b1_launch(
     // Less the 1 KiB the kernel may skip to align its boxes.
     let budget =
         usize::min(budget, smem_limit.saturating_sub(GEMV_B1_STATIC_SMEM)).saturating_sub(1024);
-    let stage_bytes = gemv_b1_stage_bytes(cols);
+    let stage_bytes = gemv_b1_stage_bytes(cols, tile_rows);
     let x_bytes = gemv_b1_x_bytes(cols, fused_norm);
-    let tiles = rows.div_ceil(16);
-    let stages = ring_stages(budget, x_bytes, stage_bytes, tiles)?;
+    let tiles = rows.div_ceil(tile_rows);
+    let stages =
+        ring_stages(budget, x_bytes, stage_bytes, tiles)?.min(GEMV1_MAX_STAGES * 16 / tile_rows);
     Some(GemvB1Launch {
         kernel,
+        tile_rows,
         stages,
         grid: tiles.min(sms.max(1) * blocks_per_sm),
         smem_bytes: 1024 + x_bytes + stages * stage_bytes,

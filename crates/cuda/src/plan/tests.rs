@@ -513,7 +513,7 @@ fn the_binary_decode_gemv_takes_whole_boxes_and_fits_its_budget() {
     ] {
         let wide = kernel.starts_with("gemv_b1_j17");
         for fused in [false, true] {
-            let l = gemv_b1_launch(rows, cols, 132, limit, fused, (0, 0)).unwrap();
+            let l = gemv_b1_launch(rows, cols, 132, limit, fused, (0, 0), 16).unwrap();
             assert_eq!(l.kernel, kernel);
             assert!(l.stages >= 2 && l.stages <= GEMV1_MAX_STAGES);
             let budget = if wide { 100 << 10 } else { 72 << 10 };
@@ -525,6 +525,7 @@ fn the_binary_decode_gemv_takes_whole_boxes_and_fits_its_budget() {
             assert!(l.stage_bytes.is_multiple_of(1024));
             // 16-row tiles: the codes in 2 KiB boxes, then a scale per row and chunk.
             assert!(l.stage_bytes >= (cols / 1024) * 2048 + 16 * (cols / 128) * 2);
+            assert_eq!(l.stage_bytes, gemv_b1_stage_bytes(cols, 16));
             assert_eq!(
                 l.grid,
                 rows.div_ceil(16).min(132 * if wide { 2 } else { 3 })
@@ -534,17 +535,17 @@ fn the_binary_decode_gemv_takes_whole_boxes_and_fits_its_budget() {
     // Rows not of whole 128-byte boxes, past 17 chunks a warp, or no rows: not taken.
     for (rows, cols) in [(20, 256), (20, 5000), (20, 18432), (0, 5120)] {
         assert!(
-            gemv_b1_launch(rows, cols, 132, limit, false, (0, 0)).is_none(),
+            gemv_b1_launch(rows, cols, 132, limit, false, (0, 0), 16).is_none(),
             "{rows}×{cols}"
         );
     }
     // Knobs replace the defaults; a budget under two stages is refused.
-    let l = gemv_b1_launch(5120, 5120, 132, limit, false, (4, 56 << 10)).unwrap();
+    let l = gemv_b1_launch(5120, 5120, 132, limit, false, (4, 56 << 10), 16).unwrap();
     assert_eq!(l.grid, 320);
     assert!(l.smem_bytes <= 56 << 10);
-    assert!(gemv_b1_launch(5120, 17408, 132, limit, false, (4, 56 << 10)).is_none());
+    assert!(gemv_b1_launch(5120, 17408, 132, limit, false, (4, 56 << 10), 16).is_none());
     // A device limit below the default budget is what counts.
-    let small = gemv_b1_launch(5120, 5120, 132, 48 << 10, false, (0, 0)).unwrap();
+    let small = gemv_b1_launch(5120, 5120, 132, 48 << 10, false, (0, 0), 16).unwrap();
     assert!(small.smem_bytes + GEMV_B1_STATIC_SMEM <= 48 << 10);
 }
 
@@ -854,4 +855,32 @@ fn the_binary_decode_gemv_takes_the_matrices_of_many_rows() {
     assert!(!prefers_b1(5120, 132));
     // The bound scales with the device: 4 tiles of 16 rows per multiprocessor.
     assert!(prefers_b1(64 * 10, 10) && !prefers_b1(64 * 10 - 16, 10));
+}
+
+#[test]
+fn the_binary_decode_gemv_takes_tiles_of_32_rows_where_asked_and_possible() {
+    let limit = 227 << 10;
+    // The 27B's gate | up, recurrent and attention inputs and LM head: 32-row tiles, at most
+    // half the stages, and three blocks that fit a multiprocessor's 228 KiB with their static
+    // memory and the reserved kilobyte.
+    for (rows, cols, kernel) in [
+        (34816, 5120, "gemv_b1_j5x_r32"),
+        (16480, 5120, "gemv_b1_j5x_r32"),
+        (14336, 5120, "gemv_b1_j5x_r32"),
+        (248_320, 5120, "gemv_b1_j5x_r32"),
+        (992, 6144, "gemv_b1_j6x_r32"),
+    ] {
+        let l = gemv_b1_launch(rows, cols, 132, limit, false, (0, 0), 32).unwrap();
+        assert_eq!((l.kernel, l.tile_rows), (kernel, 32), "{rows}×{cols}");
+        assert!(l.stages >= 2 && l.stages <= GEMV1_MAX_STAGES / 2);
+        assert_eq!(l.stage_bytes, gemv_b1_stage_bytes(cols, 32));
+        assert!(3 * (l.smem_bytes + GEMV_B1_STATIC_SMEM + 1024) <= 228 << 10);
+        assert_eq!(l.grid, (rows / 32).min(3 * 132));
+    }
+    // Rows not a multiple of 32, or widths without an exact kernel: 16-row tiles.
+    for (rows, cols) in [(1001, 5120), (5120, 17408), (64, 4096)] {
+        let l = gemv_b1_launch(rows, cols, 132, limit, false, (0, 0), 32).unwrap();
+        assert_eq!(l.tile_rows, 16, "{rows}×{cols}");
+        assert!(!l.kernel.ends_with("_r32"));
+    }
 }
