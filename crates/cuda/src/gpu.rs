@@ -270,6 +270,9 @@ pub struct Gpu {
     /// the decode graph, yet decode 333.3 → 330.2 tok/s (harness) and `niwaki bench` 318.4-322.2
     /// → 317.6-319.7: no faster, so not the default.
     b1_tile_rows: usize,
+    /// Tiles per multiprocessor from which a 1-bit matrix takes the binary kernel
+    /// (`NIWAKI_CUDA_B1_MIN_TILES`; default [`plan::B1_MIN_TILES_PER_SM`]).
+    b1_min_tiles: usize,
     /// Multiply passes of [`plan::GEMM_MIN_TOKENS`] tokens or more on the tensor cores (sm_80
     /// and later). `NIWAKI_CUDA_MMA=0` turns it off.
     mma: AtomicBool,
@@ -532,6 +535,10 @@ impl Gpu {
                 env_usize("NIWAKI_CUDA_B1_BLOCKS"),
                 env_usize("NIWAKI_CUDA_B1_SMEM_KIB") << 10,
             ),
+            b1_min_tiles: std::env::var("NIWAKI_CUDA_B1_MIN_TILES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(plan::B1_MIN_TILES_PER_SM),
             b1_tile_rows: match env_usize("NIWAKI_CUDA_B1_TILE_ROWS") {
                 32 => 32,
                 _ => 16,
@@ -1174,7 +1181,11 @@ impl Gpu {
         }
         if m.format == GpuFormat::Q1
             && self.b1.load(Ordering::Relaxed)
-            && plan::prefers_b1(m.rows, self.info.multiprocessors.max(1) as usize)
+            && plan::prefers_b1(
+                m.rows,
+                self.info.multiprocessors.max(1) as usize,
+                self.b1_min_tiles,
+            )
             && !self.gemv1_nodot.load(Ordering::Relaxed)
             && self.gemv_b1(stream, m, io, pre)?
         {

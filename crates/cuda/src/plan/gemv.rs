@@ -143,6 +143,12 @@ pub fn gemv1_launch(
 /// partial sums (4 KiB), kept out of its dynamic budget.
 pub const GEMV_B1_STATIC_SMEM: usize = 5 << 10;
 
+/// Shared memory of one sm_90 multiprocessor, and what the driver reserves of it per resident
+/// block: the blocks per multiprocessor a plan asks for must fit in it with their static and
+/// dynamic memory.
+pub const SM90_SMEM_PER_SM: usize = 228 << 10;
+pub const SMEM_RESERVED_PER_BLOCK: usize = 1 << 10;
+
 /// A decode GEMV of 1-bit rows on the binary tensor cores (`kernels/gemv_b1.cu`): kernel,
 /// rows per tile, stages of tiles, grid and dynamic shared memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -210,9 +216,17 @@ pub fn gemv_b1_launch(
     };
     let blocks_per_sm = if knobs.0 > 0 { knobs.0 } else { blocks_per_sm };
     let budget = if knobs.1 > 0 { knobs.1 } else { budget };
+    // No more than `blocks_per_sm` blocks can hold: three of 72 KiB with their static memory
+    // do not fit a multiprocessor, and the 6144-wide kernel's five stages of that budget then
+    // ran two blocks a multiprocessor (Nsight Compute on the H200: 73.7 KB each, "block limit
+    // shared mem 2", 320 blocks in 1.21 waves).
+    let fit = (SM90_SMEM_PER_SM / blocks_per_sm.max(1))
+        .saturating_sub(GEMV_B1_STATIC_SMEM + SMEM_RESERVED_PER_BLOCK);
     // Less the 1 KiB the kernel may skip to align its boxes.
-    let budget =
-        usize::min(budget, smem_limit.saturating_sub(GEMV_B1_STATIC_SMEM)).saturating_sub(1024);
+    let budget = budget
+        .min(fit)
+        .min(smem_limit.saturating_sub(GEMV_B1_STATIC_SMEM))
+        .saturating_sub(1024);
     let stage_bytes = gemv_b1_stage_bytes(cols, tile_rows);
     let x_bytes = gemv_b1_x_bytes(cols, fused_norm);
     let tiles = rows.div_ceil(tile_rows);
@@ -239,9 +253,10 @@ pub fn gemv_b1_launch(
 pub const B1_MIN_TILES_PER_SM: usize = 4;
 
 /// Whether a one-token GEMV of a 1-bit `rows`-row matrix on `sms` multiprocessors goes to the
-/// binary tensor cores (where [`gemv_b1_launch`] takes its shape).
-pub fn prefers_b1(rows: usize, sms: usize) -> bool {
-    rows.div_ceil(16) >= B1_MIN_TILES_PER_SM * sms
+/// binary tensor cores (where [`gemv_b1_launch`] takes its shape), from `min_tiles` tiles of 16
+/// rows per multiprocessor ([`B1_MIN_TILES_PER_SM`] by default).
+pub fn prefers_b1(rows: usize, sms: usize, min_tiles: usize) -> bool {
+    rows.div_ceil(16) >= min_tiles * sms
 }
 
 /// Consumer warps of the persistent-step probe (`kernels/gemv_chain.cu`: one row each, so a

@@ -518,6 +518,13 @@ fn the_binary_decode_gemv_takes_whole_boxes_and_fits_its_budget() {
             assert!(l.stages >= 2 && l.stages <= GEMV1_MAX_STAGES);
             let budget = if wide { 100 << 10 } else { 72 << 10 };
             assert!(l.smem_bytes <= budget, "{rows}×{cols}: {l:?}");
+            // The blocks a multiprocessor is to run fit in it with their static memory.
+            let blocks = if wide { 2 } else { 3 };
+            assert!(
+                blocks * (l.smem_bytes + GEMV_B1_STATIC_SMEM + SMEM_RESERVED_PER_BLOCK)
+                    <= SM90_SMEM_PER_SM,
+                "{rows}×{cols}: {l:?}"
+            );
             assert_eq!(
                 l.smem_bytes,
                 1024 + gemv_b1_x_bytes(cols, fused) + l.stages * l.stage_bytes
@@ -850,11 +857,11 @@ fn the_binary_decode_gemv_takes_the_matrices_of_many_rows() {
     // The 27B's 1-bit matrices on the H200's 132 multiprocessors: gate | up, the recurrent and
     // attention inputs and the LM head on the binary kernel, the 5120-row ones on dp4a.
     for rows in [34816, 16480, 14336, 248_320] {
-        assert!(prefers_b1(rows, 132), "{rows}");
+        assert!(prefers_b1(rows, 132, B1_MIN_TILES_PER_SM), "{rows}");
     }
-    assert!(!prefers_b1(5120, 132));
+    assert!(!prefers_b1(5120, 132, B1_MIN_TILES_PER_SM));
     // The bound scales with the device: 4 tiles of 16 rows per multiprocessor.
-    assert!(prefers_b1(64 * 10, 10) && !prefers_b1(64 * 10 - 16, 10));
+    assert!(prefers_b1(64 * 10, 10, 4) && !prefers_b1(64 * 10 - 16, 10, 4));
 }
 
 #[test]
