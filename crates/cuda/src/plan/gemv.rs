@@ -182,7 +182,8 @@ pub fn gemv_b1_x_bytes(cols: usize, fused_norm: bool) -> usize {
 /// Plans a binary decode GEMV of a `rows × cols` 1-bit matrix, or `None` where the kernel does
 /// not take the shape: rows of whole 128-byte boxes (`cols` a multiple of 1024) and at most
 /// 17 chunks per warp (17408 columns). Up to 6144 columns: three blocks per multiprocessor of
-/// 72 KiB (the kernel that keeps six plane words per lane); beyond, two of 100 KiB.
+/// up to 72 KiB (the kernels that keep five or six plane words per lane); beyond, two of up to
+/// 100 KiB; each as many stages as fit beside the blocks' static memory.
 /// `knobs`: blocks per multiprocessor and shared-memory budget in place of the defaults (0:
 /// default), for measuring them. `tile_rows`: 32 asks for tiles of two row groups, taken where
 /// the rows are a multiple of 32 and the width is one of the exact kernels' (5120 or 6144
@@ -246,10 +247,11 @@ pub fn gemv_b1_launch(
 /// cores rather than dp4a. Measured per op inside the 27B Q1_0 decode graph on the H200 (µs,
 /// dp4a against binary): 34816 rows (ffn gate | up) 16.24 against 12.60, the 248,320-row LM
 /// head 76.1 against 58.5, 16480 rows 8.96 against 7.59, 14336 rows 7.69 against 6.85; but
-/// the 5120-row matrices (2.4 tiles per multiprocessor) 5.05 against 7.30 (6144 columns) and
-/// 10.07 against 10.71 (17408). Each warp of a binary tile takes a slice of every row, so a
-/// tile is a longer chain of work than dp4a's: it pays only where there are tiles enough to
-/// overlap.
+/// not the 5120-row matrices (2.4 tiles per multiprocessor): 5.12 against 5.23 (6144 columns,
+/// three blocks a multiprocessor; 7.30 when its plan let it fall to two) and 10.04 against
+/// 10.58 (17408); decode with every 1-bit matrix on the binary kernel measured 319.0 against
+/// 328.4 tok/s. Where a multiprocessor has two or three tiles, one tile's chain of work is the
+/// GEMV's time, and the binary tile's is no shorter.
 pub const B1_MIN_TILES_PER_SM: usize = 4;
 
 /// Whether a one-token GEMV of a 1-bit `rows`-row matrix on `sms` multiprocessors goes to the
