@@ -9,8 +9,8 @@
 // per 16 weight bytes, the planes of a warp's chunks sit in registers for the whole launch and
 // each instruction covers 256 weight bytes.
 //
-// Tiles are 16 rows, streamed by the tensor-map copy in boxes of 128 bytes × 16 rows with the
-// 128-byte swizzle (16-byte unit u of row r lands at unit u ^ (r & 7)), so that the lanes of a
+// Tiles are 16 rows (32 with two MMA row groups, RG), streamed by the tensor-map copy in boxes
+// of 128 bytes × the tile's rows with the 128-byte swizzle (16-byte unit u of row r lands at unit u ^ (r & 7)), so that the lanes of a
 // fragment (row g and g + 8, word t of chunk c) hit 32 different banks. A tile's row scales
 // follow by bulk copy. Warp w of GEMV1_WARPS multiplies chunks w, w + 8, … of every tile,
 // leaves its partial sums in shared memory and frees the stage; the producer warp, once every
@@ -57,10 +57,10 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
                                            const unsigned char* pf_codes, int pf_code_bytes,
                                            const unsigned char* pf_scales, int pf_scale_bytes) {
     const int lane = threadIdx.x & 31;
-    // The copies are all issued once tile mine − 1 − stages is freed (at once when the ring
-    // holds every tile): then the L2 cache may take the next GEMV's first bytes.
-    const int last_issue = max(mine - 1 - stages, 0);
-    if (mine == 0 && lane == 0) {
+    // The copies are all issued once tile mine − 1 − stages is freed, or at once where the ring
+    // holds every tile: then the L2 cache may take the next GEMV's first bytes.
+    const int last_issue = mine - 1 - stages;
+    if (last_issue < 0 && lane == 0) {
         prefetch_l2_share(pf_codes, pf_code_bytes);
         prefetch_l2_share(pf_scales, pf_scale_bytes);
     }
@@ -79,7 +79,8 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
                 best = max(best, argmax_key(v, (u32)row));
             }
         }
-        // Every lane has read stage s's partial sums before its tile's copy may land on them.
+        // Every lane has read stage s's partial sums before the next tile of the stage is
+        // issued: its consumers, who wait for that copy, then write them again.
         __syncwarp();
         if (lane == 0) {
             if (i + stages < mine) issue(i + stages);

@@ -262,14 +262,14 @@ pub struct Gpu {
     b1: AtomicBool,
     /// Blocks per multiprocessor and shared-memory budget of the binary decode GEMV in place of
     /// its defaults (`NIWAKI_CUDA_B1_BLOCKS`, `NIWAKI_CUDA_B1_SMEM_KIB`; 0: default), for
-    /// measuring them.
+    /// measuring them; the budget is still lowered to what that many blocks can hold.
     b1_knobs: (usize, usize),
     /// Rows per tile the binary decode GEMV asks for: 16, or 32 with `NIWAKI_CUDA_B1_TILE_ROWS=32`
     /// ([`plan::gemv_b1_launch`] says where it is taken). Measured on the H200, 27B Q1_0, in one
     /// call: 32-row tiles made gate | up 12.20 → 11.19 µs and the LM head 56.9 → 53.8 inside
     /// the decode graph, yet decode 333.3 → 330.2 tok/s (harness) and `niwaki bench` 318.4-322.2
     /// → 317.6-319.7: no faster, so not the default.
-    b1_tile_rows: usize,
+    b1_tile_rows: AtomicUsize,
     /// Tiles per multiprocessor from which a 1-bit matrix takes the binary kernel
     /// (`NIWAKI_CUDA_B1_MIN_TILES`; default [`plan::B1_MIN_TILES_PER_SM`]).
     b1_min_tiles: usize,
@@ -539,10 +539,10 @@ impl Gpu {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(plan::B1_MIN_TILES_PER_SM),
-            b1_tile_rows: match env_usize("NIWAKI_CUDA_B1_TILE_ROWS") {
+            b1_tile_rows: AtomicUsize::new(match env_usize("NIWAKI_CUDA_B1_TILE_ROWS") {
                 32 => 32,
                 _ => 16,
-            },
+            }),
             smem_limit,
         })
     }
@@ -719,6 +719,14 @@ impl Gpu {
     pub fn set_b1(&self, on: bool) -> bool {
         let hopper = self.info.compute_capability.0 >= 9;
         self.b1.swap(on && hopper, Ordering::Relaxed)
+    }
+
+    /// Rows per tile the binary decode GEMV asks for (16 or 32); returns the previous setting.
+    /// For the harness's comparison of the two.
+    #[doc(hidden)]
+    pub fn set_b1_tile_rows(&self, rows: usize) -> usize {
+        self.b1_tile_rows
+            .swap(if rows == 32 { 32 } else { 16 }, Ordering::Relaxed)
     }
 
     /// With `nodot`, decode GEMVs (of the formats that have the probe) stream their weights and
@@ -1205,7 +1213,8 @@ impl Gpu {
         io: &GemvIo,
         pre: Option<NormIn>,
     ) -> Result<bool> {
-        if self.info.compute_capability.0 < 9 || io.ntok != 1 || m.format != GpuFormat::Q1 {
+        // sm_90 only: the plan sizes its blocks for that multiprocessor's shared memory.
+        if self.info.compute_capability.0 != 9 || io.ntok != 1 || m.format != GpuFormat::Q1 {
             return Ok(false);
         }
         let sms = self.info.multiprocessors.max(1) as usize;
@@ -1216,7 +1225,7 @@ impl Gpu {
             self.smem_limit,
             pre.is_some(),
             self.b1_knobs,
-            self.b1_tile_rows,
+            self.b1_tile_rows.load(Ordering::Relaxed),
         ) else {
             return Ok(false);
         };

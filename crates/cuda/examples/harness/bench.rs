@@ -102,8 +102,9 @@ pub(crate) fn bench_27b(
         format!("{format}: decode tokens differ with the recurrence in three kernels"),
     );
     let _ = write!(variants, "; recurrence in three kernels: {v:.1}");
-    // Three GEMV blocks of 72 KiB per multiprocessor for every matrix (the 6144-wide ones then
-    // fit in one round of blocks); the tokens must not change.
+    // Three dp4a GEMV blocks of 72 KiB per multiprocessor for every matrix they take (the
+    // 6144-wide ones then fit in one round of blocks; 1-bit matrices on the binary kernel keep
+    // its own plan); the tokens must not change.
     let (v, toks) = decode(true, true, (false, 3, 72 << 10))?;
     rep.check(
         toks == toks_serial,

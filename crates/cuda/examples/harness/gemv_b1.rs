@@ -28,11 +28,15 @@ pub(crate) fn gemv_b1_checks(
     let format = Format::Q1_0;
     let (mut worst, mut worst_dp4a) = (0f64, 0f64);
     let (mut runs, mut argmax_ok, mut repeat_diff, mut fused_diff) = (0, true, 0usize, 0usize);
+    let (mut tiles32_diff, mut tiles32_runs) = (0usize, 0usize);
     let mut refused = Vec::new();
-    // The last shape is refused (rows of whole 128-byte boxes only). Rows a multiple of 32 take
-    // tiles of two row groups where NIWAKI_CUDA_B1_TILE_ROWS=32 asks for them.
+    // The last shape is refused (rows of whole 128-byte boxes only). 34816×5120 (the 27B's
+    // gate | up) gives each block more tiles than its ring has stages, so stages are refilled
+    // and their barriers change parity; rows a multiple of 32 are also run on tiles of two row
+    // groups, which must give the same bits.
     let shapes = [
-        (1001usize, 5120usize),
+        (34816usize, 5120usize),
+        (1001, 5120),
         (992, 5120),
         (320, 6144),
         (77, 17408),
@@ -93,11 +97,24 @@ pub(crate) fn gemv_b1_checks(
         gpu.read(s, a.ptr, &mut va)?;
         gpu.read(s, b.ptr, &mut vb)?;
         gpu.read(s, c.ptr, &mut vc)?;
-        repeat_diff += va
-            .iter()
-            .zip(&vb)
-            .filter(|(x, y)| x.to_bits() != y.to_bits())
-            .count();
+        let differ = |x: &[f32], y: &[f32]| {
+            x.iter()
+                .zip(y)
+                .filter(|(p, q)| p.to_bits() != q.to_bits())
+                .count()
+        };
+        repeat_diff += differ(&va, &vb);
+        // The same launch on tiles of 32 rows where the plan takes them.
+        let prev = gpu.set_b1_tile_rows(32);
+        let wide = niwaki_cuda::plan::gemv_b1_launch(rows, cols, 132, 227 << 10, false, (0, 0), 32)
+            .is_some_and(|l| l.tile_rows == 32);
+        let ran = wide && gpu.gemv_b1(s, &m, &GemvIo::one(xq, xs, b.ptr), None)?;
+        gpu.set_b1_tile_rows(prev);
+        if ran {
+            gpu.read(s, b.ptr, &mut vb)?;
+            tiles32_diff += differ(&va, &vb);
+            tiles32_runs += 1;
+        }
         if dp4a {
             for r in 0..rows {
                 worst_dp4a = worst_dp4a.max(((va[r] - vc[r]).abs() / mag[r].max(1e-30)) as f64);
@@ -125,13 +142,16 @@ pub(crate) fn gemv_b1_checks(
         && runs == shapes.len() - 1
         && refused == ["20×256"]
         && repeat_diff == 0
-        && fused_diff == 0;
+        && fused_diff == 0
+        // 34816×5120, 992×5120 and 320×6144 take 32-row tiles.
+        && tiles32_runs == 3
+        && tiles32_diff == 0;
     let taken: Vec<String> = shapes[..shapes.len() - 1]
         .iter()
         .map(|(r, c)| format!("{r}×{c}"))
         .collect();
     rep.line(format!(
-        "| gemv_b1 Q1_0 (binary tensor cores, 1 token, += prior, argmax; norm fused) | {} (20×256 refused: {}) | {} | vs integer twin {worst:.1e} (tol 1e-5), vs the dp4a kernel {worst_dp4a:.1e} (tol 1e-5), as a fraction of Σ|w·x|; argmax {}; {runs} shapes; repeated launch: {repeat_diff} differing outputs, fused norm vs quant_rms + kernel: {fused_diff} (both must be 0) |",
+        "| gemv_b1 Q1_0 (binary tensor cores, 1 token, += prior, argmax; norm fused) | {} (20×256 refused: {}) | {} | vs integer twin {worst:.1e} (tol 1e-5), vs the dp4a kernel {worst_dp4a:.1e} (tol 1e-5), as a fraction of Σ|w·x|; argmax {}; {runs} shapes; repeated launch: {repeat_diff} differing outputs, fused norm vs quant_rms + kernel: {fused_diff}, 32-row tiles vs 16 in {tiles32_runs} shapes: {tiles32_diff} (all must be 0) |",
         taken.join(", "),
         refused.join(", "),
         if ok { "PASS" } else { "FAIL" },
@@ -188,9 +208,10 @@ pub(crate) fn wide_model_b1(rep: &mut Report) -> R<()> {
             flips.push(format!("gap {gap:.3} against max |Δ| {:.3}", max_abs(b, d)));
         }
     }
-    // Float rounding apart (the binary kernel sums in another order), or no further from the
-    // CPU than dp4a where a rounding moved an int8 activation and the change propagated.
-    let ok = vs_dp4a < 2e-3 || bin_cpu <= 1.3 * dp4a_cpu;
+    // Float rounding apart (the binary kernel sums in another order), or within 5% of dp4a's
+    // distance from the CPU where a rounding moved an int8 activation and the change propagated.
+    // Identical logits would mean the binary kernel never ran.
+    let ok = vs_dp4a > 0.0 && (vs_dp4a < 2e-3 || bin_cpu <= 1.05 * dp4a_cpu);
     rep.check(ok, format!("wide 1-bit model: binary GEMVs {vs_dp4a:.2e} from dp4a, {bin_cpu:.2e} from the CPU (dp4a {dp4a_cpu:.2e})"));
     rep.line(format!(
         "| gemv_b1 in a 1-bit model of the 27B's widths, 4 layers, vocabulary {vocab} | 4 decode steps after 6 tokens | {} | binary vs dp4a {vs_dp4a:.2e}, binary vs CPU {bin_cpu:.2e}, dp4a vs CPU {dp4a_cpu:.2e} (relative L2 of the logits, worst step); top-1 equal in {same_top} of {} steps{} |",

@@ -11,7 +11,8 @@
 //! Writes `cuda-results.md` to the folder given as the first argument (default `.`).
 //! `NIWAKI_HARNESS_27B=Q2_0,Q1_0` picks the 27B formats (empty: skip);
 //! `NIWAKI_HARNESS_ONLY=gemm` times the prefill GEMMs and nothing else (for a profiler);
-//! `NIWAKI_HARNESS_ONLY=gemv-b1` runs the binary decode GEMV's check alone,
+//! `NIWAKI_HARNESS_ONLY=gemv-b1` runs the binary decode GEMV's checks alone (the kernel's, then
+//! a 27B-wide model's against dp4a and the CPU engine),
 //! `NIWAKI_HARNESS_ONLY=topk` sampling's top-k selection alone, `NIWAKI_HARNESS_ONLY=27b` the
 //! 27B section alone.
 
@@ -100,7 +101,7 @@ fn run(rep: &mut Report) -> R<()> {
         // For a profiler: the GEMM timings alone.
         Ok("gemm") => return gemm_speed(rep, &gpu),
         // A new GEMM kernel's first run: its checks, then its timings.
-        // The binary decode GEMV's check alone (with its NIWAKI_CUDA_B1_* knobs).
+        // The binary decode GEMV's checks alone (with its NIWAKI_CUDA_B1_* knobs).
         Ok("gemv-b1") => {
             rep.line("| kernel | shape | result | error |");
             rep.line("|---|---|---|---|");

@@ -204,7 +204,8 @@ pub fn gemv_b1_launch(
     let wide_tiles = tile_rows == 32 && rows.is_multiple_of(32);
     // Every warp takes exactly `per_warp` chunks (`cols` is a multiple of 8 chunks): the
     // kernels made for a count run it unguarded. Tiles of 32 rows take at most half the stages
-    // (their partial sums' static memory), and 66 KiB so that three blocks fit beside it.
+    // (their partial sums' static memory); budgets are caps, lowered below where the blocks
+    // would not fit a multiprocessor.
     let (kernel, tile_rows, blocks_per_sm, budget) = match per_warp {
         5 if wide_tiles => ("gemv_b1_j5x_r32", 32, 3, 66 << 10),
         6 if wide_tiles => ("gemv_b1_j6x_r32", 32, 3, 66 << 10),

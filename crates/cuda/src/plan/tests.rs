@@ -884,6 +884,10 @@ fn the_binary_decode_gemv_takes_tiles_of_32_rows_where_asked_and_possible() {
         assert!(3 * (l.smem_bytes + GEMV_B1_STATIC_SMEM + 1024) <= 228 << 10);
         assert_eq!(l.grid, (rows / 32).min(3 * 132));
     }
+    // A budget for eight stages still gets at most four: the kernel keeps the partial sums of
+    // half its stages for 32-row tiles.
+    let big = gemv_b1_launch(34816, 5120, 132, limit, false, (1, 200 << 10), 32).unwrap();
+    assert_eq!((big.tile_rows, big.stages), (32, GEMV1_MAX_STAGES / 2));
     // Rows not a multiple of 32, or widths without an exact kernel: 16-row tiles.
     for (rows, cols) in [(1001, 5120), (5120, 17408), (64, 4096)] {
         let l = gemv_b1_launch(rows, cols, 132, limit, false, (0, 0), 32).unwrap();
