@@ -398,10 +398,14 @@ fn decode_args(io: &GemvIo, stages: usize, pre: Option<NormIn>) -> [Arg; 14] {
 
 /// A number from the environment (0 where unset or not a number): the knobs for measuring.
 fn env_usize(name: &str) -> usize {
+    env_usize_or(name, 0)
+}
+
+fn env_usize_or(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+        .unwrap_or(default)
 }
 
 /// Whether an off-by-default setting is turned on (`NAME=1`).
@@ -535,10 +539,7 @@ impl Gpu {
                 env_usize("NIWAKI_CUDA_B1_BLOCKS"),
                 env_usize("NIWAKI_CUDA_B1_SMEM_KIB") << 10,
             ),
-            b1_min_tiles: std::env::var("NIWAKI_CUDA_B1_MIN_TILES")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(plan::B1_MIN_TILES_PER_SM),
+            b1_min_tiles: env_usize_or("NIWAKI_CUDA_B1_MIN_TILES", plan::B1_MIN_TILES_PER_SM),
             b1_tile_rows: AtomicUsize::new(match env_usize("NIWAKI_CUDA_B1_TILE_ROWS") {
                 32 => 32,
                 _ => 16,

@@ -130,11 +130,7 @@ pub(crate) fn gemv_b1_checks(
         gpu.gemv_b1(s, &m, &GemvIo::one(0, 0, b.ptr), Some(pre))?;
         gpu.read(s, a.ptr, &mut va)?;
         gpu.read(s, b.ptr, &mut vb)?;
-        fused_diff += va
-            .iter()
-            .zip(&vb)
-            .filter(|(x, y)| x.to_bits() != y.to_bits())
-            .count();
+        fused_diff += differ(&va, &vb);
     }
     let ok = worst < 1e-5
         && worst_dp4a < 1e-5

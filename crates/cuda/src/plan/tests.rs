@@ -498,6 +498,12 @@ fn a_row_too_wide_for_two_stages_falls_back_to_the_plain_kernel() {
     assert_eq!((small.grid, small.stages), (1, 2));
 }
 
+/// Whether `blocks` blocks of a binary decode GEMV launch fit one sm_90 multiprocessor with their
+/// static memory and the driver's reserved kilobyte.
+fn fits_a_multiprocessor(l: &GemvB1Launch, blocks: usize) -> bool {
+    blocks * (l.smem_bytes + GEMV_B1_STATIC_SMEM + SMEM_RESERVED_PER_BLOCK) <= SM90_SMEM_PER_SM
+}
+
 #[test]
 fn the_binary_decode_gemv_takes_whole_boxes_and_fits_its_budget() {
     let limit = 227 << 10;
@@ -519,10 +525,8 @@ fn the_binary_decode_gemv_takes_whole_boxes_and_fits_its_budget() {
             let budget = if wide { 100 << 10 } else { 72 << 10 };
             assert!(l.smem_bytes <= budget, "{rows}×{cols}: {l:?}");
             // The blocks a multiprocessor is to run fit in it with their static memory.
-            let blocks = if wide { 2 } else { 3 };
             assert!(
-                blocks * (l.smem_bytes + GEMV_B1_STATIC_SMEM + SMEM_RESERVED_PER_BLOCK)
-                    <= SM90_SMEM_PER_SM,
+                fits_a_multiprocessor(&l, if wide { 2 } else { 3 }),
                 "{rows}×{cols}: {l:?}"
             );
             assert_eq!(
@@ -881,7 +885,7 @@ fn the_binary_decode_gemv_takes_tiles_of_32_rows_where_asked_and_possible() {
         assert_eq!((l.kernel, l.tile_rows), (kernel, 32), "{rows}×{cols}");
         assert!(l.stages >= 2 && l.stages <= GEMV1_MAX_STAGES / 2);
         assert_eq!(l.stage_bytes, gemv_b1_stage_bytes(cols, 32));
-        assert!(3 * (l.smem_bytes + GEMV_B1_STATIC_SMEM + 1024) <= 228 << 10);
+        assert!(fits_a_multiprocessor(&l, 3), "{rows}×{cols}: {l:?}");
         assert_eq!(l.grid, (rows / 32).min(3 * 132));
     }
     // A budget for eight stages still gets at most four: the kernel keeps the partial sums of
