@@ -185,19 +185,45 @@ GEMV_KERNEL(gemv_q2g128_t8, FMT_Q2G128, 8)
 // refills a stage once all eight have, so no warp waits for the others at a block barrier (an
 // earlier version synchronised the block after every tile: a third of its stall cycles).
 //
-// Shared memory: activations (int8, stored piece-major so that lanes reading consecutive chunks
-// hit consecutive 16-byte words), their (d, d*sum q) pairs, then the stages. Matrices are
-// uploaded padded to whole tiles, so every copy is a full tile.
+// Shared memory: activations (int8), their (d, d*sum q) pairs, then the stages. Matrices are
+// uploaded padded to whole tiles, so every copy is a full tile. The activations are staged in one
+// of two layouts (SWZ):
+// - piece-major (piece p of chunk c at p·chunks + c, so that lanes reading consecutive chunks hit
+//   consecutive 16-byte words), by every thread's loads and stores and a block barrier;
+// - the chunk-major row with the tensor map's 128-byte swizzle (swz128, from a 1 KiB boundary),
+//   by two copies that one thread issues once the previous kernel is done (`xmap`). Reading it
+//   costs one more instruction per 16 bytes, and the copy saves the staging's latency, which
+//   Nsight Compute put at a fifth to a third of the decode GEMVs' warp samples (mostly waiting
+//   on its global loads). So the host takes it where a block has few tiles to amortize the
+//   staging over (plan::prefers_x_copy): on the H200, every dp4a GEMV swizzled measured Q1_0
+//   (whose dp4a GEMVs are all of 5120 rows) 2-5% faster and Q2_0 3-5% slower; only the 5120-row
+//   ones, Q1_0 4% faster and Q2_0 within ±1.3%.
 //
 // With `xres` set, the block RMS-normalizes row `tok0` of the residual stream and quantizes it
 // itself (the same operations in the same order as quant_rms, so the same bits) while its first
 // tiles are in flight: a decode step then needs no separate norm kernel before this GEMV. The
-// quantized row goes through `lin` (cols bytes, before the stages) on its way to piece-major.
+// quantized row goes through `lin` (cols bytes, before the stages) on its way to the layout.
 // GEMV1_MAX_STAGES and GEMV1_WARPS come from the host's plan (plan/gemv.rs), which sizes the
 // launches with them.
 #if !defined(GEMV1_MAX_STAGES) || !defined(GEMV1_WARPS)
 #error "GEMV1_MAX_STAGES and GEMV1_WARPS must be defined by the host"
 #endif
+
+// Chunk c's row dot given its activation words `xw`, with the (d, d*sum q) pairs of its groups
+// from `ssm` (a 1-bit chunk spans two groups, read as one 16-byte load; a 2-bit chunk one).
+template <int FMT>
+__device__ __forceinline__ float staged_dot(const uint4& w, float d, const int* xw, const float2* ssm, int c) {
+    float2 s0, s1;
+    if (FMT == FMT_Q1) {
+        const float4 v = ((const float4*)ssm)[c];
+        s0 = make_float2(v.x, v.y);
+        s1 = make_float2(v.z, v.w);
+    } else {
+        s0 = ssm[c];
+        s1 = s0;
+    }
+    return row_dot<FMT>(w, d, xw, s0, s1);
+}
 
 // A row's int8 activations (`src`, chunk-major: the P 16-byte pieces of chunk c in turn) into
 // shared memory piece-major (piece p of chunk c at p·chunks + c), so that lanes reading
@@ -222,16 +248,43 @@ __device__ __forceinline__ float smem_row_dot(const uint4* xsm, const float2* ss
         const uint4 v = xsm[p * chunks + c];
         xw[4 * p] = (int)v.x; xw[4 * p + 1] = (int)v.y; xw[4 * p + 2] = (int)v.z; xw[4 * p + 3] = (int)v.w;
     }
-    float2 s0, s1;
-    if (FMT == FMT_Q1) {
-        const float4 v = ((const float4*)ssm)[c];
-        s0 = make_float2(v.x, v.y);
-        s1 = make_float2(v.z, v.w);
-    } else {
-        s0 = ssm[c];
-        s1 = s0;
+    return staged_dot<FMT>(w, d, xw, ssm, c);
+}
+
+// The other layout: the chunk-major row cut into 128-byte rows whose 16-byte units are permuted
+// as the tensor map's 128-byte swizzle lands them (unit u of row r at u ^ (r & 7), counted from a
+// 1 KiB boundary), so that lanes reading the same piece of consecutive chunks still hit distinct
+// banks. swz128 maps a byte offset of the row to its place.
+__device__ __forceinline__ u32 swz128(u32 o) { return o ^ (((o >> 7) & 7u) << 4); }
+
+// The `pieces` 16-byte pieces of a row (chunk-major, at `src`) into `xb` in that swizzled layout
+// (the fused norm's path), threads `tid` of `nthreads` sharing the copy.
+__device__ __forceinline__ void to_swizzled(unsigned char* xb, const uint4* src, int pieces, int tid, int nthreads) {
+    for (int i = tid; i < pieces; i += nthreads) *(uint4*)(xb + swz128((u32)i << 4)) = src[i];
+}
+
+// 16 bytes of shared memory at the 32-bit shared address `a`.
+__device__ __forceinline__ uint4 lds128(u32 a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+    return v;
+}
+
+// Chunk c of a row (codes `w`, scale `d`) against the activations staged swizzled at shared
+// address `xa` (1 KiB-aligned) with their group pairs `ssm`. A chunk's pieces share one 128-byte
+// row (1-bit: the whole row; 2-bit: its half), so piece p sits at swz128(first byte) ^ 16p, the
+// base adding no carry into those bits: one instruction per piece on top of the load.
+template <int FMT>
+__device__ __forceinline__ float swz_row_dot(u32 xa, const float2* ssm, int c, const uint4& w, float d) {
+    constexpr int P = (FMT == FMT_Q1 ? 128 : 64) / 16;
+    const u32 base = xa + swz128((u32)c * (16 * P));
+    int xw[4 * P];
+#pragma unroll
+    for (int p = 0; p < P; p++) {
+        const uint4 v = lds128(base ^ (u32)(p << 4));
+        xw[4 * p] = (int)v.x; xw[4 * p + 1] = (int)v.y; xw[4 * p + 2] = (int)v.z; xw[4 * p + 3] = (int)v.w;
     }
-    return row_dot<FMT>(w, d, xw, s0, s1);
+    return staged_dot<FMT>(w, d, xw, ssm, c);
 }
 
 #if __CUDA_ARCH__ >= 900
@@ -298,7 +351,7 @@ __device__ __forceinline__ void ring_produce(u64* empty, int stages, int mine, I
 
 // DOT false: the consumers wait for each tile and release it without multiplying (a probe for
 // the harness, separating the memory pipeline's time from the arithmetic's).
-template <int FMT, int RW, bool DOT>
+template <int FMT, int RW, bool DOT, bool SWZ>
 __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ codes,
                                            const unsigned char* __restrict__ scales, int rows,
                                            int cols, const uint4* __restrict__ xq,
@@ -307,10 +360,12 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
                                            const float* __restrict__ xres, int tok0,
                                            const float* __restrict__ nw, float eps,
                                            const unsigned char* __restrict__ pf_codes, int pf_code_bytes,
-                                           const unsigned char* __restrict__ pf_scales, int pf_scale_bytes) {
+                                           const unsigned char* __restrict__ pf_scales, int pf_scale_bytes,
+                                           const TmaMap& xmap) {
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ __align__(8) u64 bars[GEMV1_MAX_STAGES];
     __shared__ __align__(8) u64 empty[GEMV1_MAX_STAGES];
+    __shared__ __align__(8) u64 xbar;
     __shared__ float red[32];
     constexpr int CV = FMT == FMT_Q1 ? 128 : 64;
     constexpr int SV = FMT == FMT_Q2G64 ? 64 : 128;
@@ -323,10 +378,13 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
     const u32 stage_bytes = (code_bytes + scale_bytes + 127) & ~127u;
     const int ntiles = (rows + tr - 1) / tr;
     const int mine = (int)blockIdx.x < ntiles ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
-    uint4* xsm = (uint4*)smem;
-    float2* ssm = (float2*)(smem + cols);
-    int* lin = (int*)(smem + ((cols + 8 * groups + 127) & ~127));
-    unsigned char* stage0 = (unsigned char*)lin + (xres ? cols : 0);
+    // The swizzle counts from a 1 KiB boundary: the host adds the slack (plan::x_bytes).
+    unsigned char* xb = SWZ ? smem + ((1024u - (smem_addr(smem) & 1023u)) & 1023u) : smem;
+    uint4* xsm = (uint4*)xb;
+    const int xrow = (cols + 127) & ~127;
+    float2* ssm = (float2*)(xb + xrow);
+    int* lin = (int*)(xb + xrow + ((8 * groups + 127) & ~127));
+    unsigned char* stage0 = (unsigned char*)lin + (xres ? xrow : 0);
 
     auto issue = [&](int i) {
         const int s = i % stages;
@@ -338,7 +396,11 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
         bulk_g2s(dst + code_bytes, scales + tile * scale_bytes, scale_bytes, bar);
     };
 
-    if (tid == 0) ring_init(bars, empty, stages);
+    const bool x_copy = SWZ && !xres;
+    if (tid == 0) {
+        mbar_init(smem_addr(&xbar), 1);
+        ring_init(bars, empty, stages);
+    }
     __syncthreads();
     if (tid == 0)
         for (int i = 0; i < min(stages, mine); i++) issue(i);
@@ -346,12 +408,21 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
     if (xres) {
         norm_quant_row(xres + (size_t)tok0 * cols, cols, nw, eps, lin, ssm, red);
         __syncthreads();
-        to_piece_major<P>(xsm, (const uint4*)lin, chunks, tid, blockDim.x);
+        if (SWZ) to_swizzled(xb, (const uint4*)lin, cols / 16, tid, blockDim.x);
+        else to_piece_major<P>(xsm, (const uint4*)lin, chunks, tid, blockDim.x);
+        __syncthreads();
+    } else if (x_copy) {
+        if (tid == 0) {
+            const u32 bar = smem_addr(&xbar);
+            mbar_expect_tx(bar, (u32)(cols + 8 * groups));
+            tma_2d(smem_addr(xb), xmap, 0, 0, bar);
+            bulk_g2s(smem_addr(ssm), xs, (u32)(8 * groups), bar);
+        }
     } else {
         to_piece_major<P>(xsm, xq, chunks, tid, blockDim.x);
         for (int g = tid; g < groups; g += blockDim.x) ssm[g] = xs[g];
+        __syncthreads();
     }
-    __syncthreads();
 
     if (warp == GEMV1_WARPS) {
         // The producer: refill each stage once every consumer warp is done with it.
@@ -359,10 +430,16 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
         return;
     }
     const int rt = warp * RW + lane / L, sub = lane % L;
+    const u32 xa = smem_addr(xb);
+    if (x_copy) mbar_wait(smem_addr(&xbar), 0);
     u64 best = 0;
     for (int i = 0; i < mine; i++) {
         const int s = i % stages;
         const unsigned char* st = stage0 + (size_t)s * stage_bytes;
+        const int row = (int)(blockIdx.x + (size_t)i * gridDim.x) * tr + rt;
+        // The row's earlier value, where the product adds to it, is loaded before the tile's
+        // arithmetic rather than after it: its latency hides behind the dot products.
+        const float prev = accumulate && sub == 0 && row < rows ? out[row] : 0.0f;
         mbar_wait(smem_addr(&bars[s]), (u32)(i / stages) & 1u);
         const uint4* wc = (const uint4*)st;
         const u16* ws = (const u16*)(st + code_bytes);
@@ -370,7 +447,7 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
         auto chunk_dot = [&](int c) {
             const uint4 w = wc[(size_t)rt * chunks + c];
             const float d = h2f(ws[rt * spr + (FMT == FMT_Q2G128 ? c >> 1 : c)]);
-            return smem_row_dot<FMT>(xsm, ssm, chunks, c, w, d);
+            return SWZ ? swz_row_dot<FMT>(xa, ssm, c, w, d) : smem_row_dot<FMT>(xsm, ssm, chunks, c, w, d);
         };
         // With 16 lanes to a row, lane `sub` sums the chunks that lanes `sub` and `sub + 16` of
         // the one-warp-per-row order (gemv_body's) sum, each in its own accumulator, and the
@@ -392,9 +469,8 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
         if (L == 16) acc += acc_hi;
 #pragma unroll
         for (int o = L / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        const int row = (int)(blockIdx.x + (size_t)i * gridDim.x) * tr + rt;
         if (sub == 0 && row < rows) {
-            const float v = accumulate ? acc + out[row] : acc;
+            const float v = accumulate ? acc + prev : acc;
             out[row] = v;
             best = max(best, argmax_key(v, (u32)row));
         }
@@ -406,34 +482,42 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
 #endif
 
 #if __CUDA_ARCH__ >= 900
-#define GEMV1_CALL(FMT, RW, DOT) \
-    gemv1_body<FMT, RW, DOT>(codes, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
-                        pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes)
+#define GEMV1_CALL(FMT, RW, DOT, SWZ) \
+    gemv1_body<FMT, RW, DOT, SWZ>(codes, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
+                        pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, xmap)
 #else
-#define GEMV1_CALL(FMT, RW, DOT) __trap()
+#define GEMV1_CALL(FMT, RW, DOT, SWZ) __trap()
 #endif
 
 // MINB: blocks per SM the register budget must allow (plan/gemv.rs runs four of the 1-bit
 // kernel with two rows per warp, three of the other kernels with two rows per warp and of the
-// 1-bit one with one).
-#define GEMV1_KERNEL(name, FMT, RW, MINB, DOT)                                                   \
+// 1-bit one with one). SWZ: the activations swizzled and copied by `xmap` (the `_x` kernels), or
+// piece-major and staged by the threads (`xmap` unread).
+#define GEMV1_KERNEL(name, FMT, RW, MINB, DOT, SWZ)                                              \
     extern "C" __global__ void __launch_bounds__(32 * (GEMV1_WARPS + 1), MINB)                   \
         name(const unsigned char* __restrict__ codes, const unsigned char* __restrict__ scales,   \
              int rows, int cols, const uint4* __restrict__ xq, const float2* __restrict__ xs,     \
              float* __restrict__ out, int accumulate, u64* __restrict__ amax, int stages,         \
              const float* __restrict__ xres, int tok0, const float* __restrict__ nw, float eps,   \
              const unsigned char* __restrict__ pf_codes, int pf_code_bytes,                       \
-             const unsigned char* __restrict__ pf_scales, int pf_scale_bytes) {                   \
-        GEMV1_CALL(FMT, RW, DOT);                                                                \
+             const unsigned char* __restrict__ pf_scales, int pf_scale_bytes,                     \
+             const __grid_constant__ TmaMap xmap) {                                               \
+        GEMV1_CALL(FMT, RW, DOT, SWZ);                                                           \
     }
 
-GEMV1_KERNEL(gemv1_q1_r1, FMT_Q1, 1, 3, true)
-GEMV1_KERNEL(gemv1_q1_r2, FMT_Q1, 2, 4, true)
-GEMV1_KERNEL(gemv1_q2g64_r1, FMT_Q2G64, 1, 2, true)
-GEMV1_KERNEL(gemv1_q2g64_r2, FMT_Q2G64, 2, 3, true)
-GEMV1_KERNEL(gemv1_q2g128_r1, FMT_Q2G128, 1, 2, true)
-GEMV1_KERNEL(gemv1_q2g128_r2, FMT_Q2G128, 2, 3, true)
-GEMV1_KERNEL(gemv1_q1_r1_nodot, FMT_Q1, 1, 3, false)
-GEMV1_KERNEL(gemv1_q1_r2_nodot, FMT_Q1, 2, 4, false)
-GEMV1_KERNEL(gemv1_q2g64_r1_nodot, FMT_Q2G64, 1, 2, false)
-GEMV1_KERNEL(gemv1_q2g64_r2_nodot, FMT_Q2G64, 2, 3, false)
+GEMV1_KERNEL(gemv1_q1_r1, FMT_Q1, 1, 3, true, false)
+GEMV1_KERNEL(gemv1_q1_r2, FMT_Q1, 2, 4, true, false)
+GEMV1_KERNEL(gemv1_q2g64_r1, FMT_Q2G64, 1, 2, true, false)
+GEMV1_KERNEL(gemv1_q2g64_r2, FMT_Q2G64, 2, 3, true, false)
+GEMV1_KERNEL(gemv1_q2g128_r1, FMT_Q2G128, 1, 2, true, false)
+GEMV1_KERNEL(gemv1_q2g128_r2, FMT_Q2G128, 2, 3, true, false)
+GEMV1_KERNEL(gemv1_q1_r1_x, FMT_Q1, 1, 3, true, true)
+GEMV1_KERNEL(gemv1_q1_r2_x, FMT_Q1, 2, 4, true, true)
+GEMV1_KERNEL(gemv1_q2g64_r1_x, FMT_Q2G64, 1, 2, true, true)
+GEMV1_KERNEL(gemv1_q2g64_r2_x, FMT_Q2G64, 2, 3, true, true)
+GEMV1_KERNEL(gemv1_q2g128_r1_x, FMT_Q2G128, 1, 2, true, true)
+GEMV1_KERNEL(gemv1_q2g128_r2_x, FMT_Q2G128, 2, 3, true, true)
+GEMV1_KERNEL(gemv1_q1_r1_nodot, FMT_Q1, 1, 3, false, false)
+GEMV1_KERNEL(gemv1_q1_r2_nodot, FMT_Q1, 2, 4, false, false)
+GEMV1_KERNEL(gemv1_q2g64_r1_nodot, FMT_Q2G64, 1, 2, false, false)
+GEMV1_KERNEL(gemv1_q2g64_r2_nodot, FMT_Q2G64, 2, 3, false, false)

@@ -28,7 +28,7 @@ pub const SOURCES: [(&str, &str); 13] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 67] = [
+pub const KERNELS: [&str; 73] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -46,6 +46,12 @@ pub const KERNELS: [&str; 67] = [
     "gemv1_q2g64_r2",
     "gemv1_q2g128_r1",
     "gemv1_q2g128_r2",
+    "gemv1_q1_r1_x",
+    "gemv1_q1_r2_x",
+    "gemv1_q2g64_r1_x",
+    "gemv1_q2g64_r2_x",
+    "gemv1_q2g128_r1_x",
+    "gemv1_q2g128_r2_x",
     "gemv1_q1_r1_nodot",
     "gemv1_q1_r2_nodot",
     "gemv1_q2g64_r1_nodot",

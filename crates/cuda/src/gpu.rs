@@ -257,6 +257,10 @@ pub struct Gpu {
     /// The decode GEMV's consumers release each tile without multiplying (wrong results: a
     /// probe for the harness, [`Gpu::set_gemv1_probe`]).
     gemv1_nodot: AtomicBool,
+    /// Where the dp4a decode GEMV's activations are staged by one tensor-map copy into the
+    /// swizzled layout rather than piece-major by every thread: [`plan::prefers_x_copy`]
+    /// (`NIWAKI_CUDA_X_COPY=0`: nowhere; `=all`: wherever the row allows, for measuring).
+    x_copy: AtomicUsize,
     /// 1-bit decode GEMVs on the binary tensor cores (`gemv_b1_*`) rather than dp4a, for the
     /// matrices [`plan::prefers_b1`] gives them (sm_90; `NIWAKI_CUDA_B1=0` turns them off).
     b1: AtomicBool,
@@ -369,6 +373,11 @@ fn raise_dynamic_smem(f: &CudaFunction, name: &str, bytes: usize) -> Result<()> 
     .result()
     .ctx(|| format!("raising the shared memory limit of {name} to {bytes} bytes"))
 }
+
+/// Settings of [`Gpu`]'s `x_copy`.
+const X_COPY_OFF: usize = 0;
+const X_COPY_PLAN: usize = 1;
+const X_COPY_ALL: usize = 2;
 
 fn env_on(name: &str) -> bool {
     std::env::var(name).map_or(true, |v| v != "0")
@@ -506,6 +515,11 @@ impl Gpu {
             pdl: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_PDL")),
             gemv1: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_GEMV1")),
             gemv1_nodot: AtomicBool::new(false),
+            x_copy: AtomicUsize::new(match std::env::var("NIWAKI_CUDA_X_COPY").as_deref() {
+                Ok("0") => X_COPY_OFF,
+                Ok("all") => X_COPY_ALL,
+                _ => X_COPY_PLAN,
+            }),
             b1: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_B1")),
             mma: AtomicBool::new(ampere && env_on("NIWAKI_CUDA_MMA")),
             gemm_kernel: Mutex::new(None),
@@ -728,6 +742,23 @@ impl Gpu {
     pub fn set_b1_tile_rows(&self, rows: usize) -> usize {
         self.b1_tile_rows
             .swap(if rows == 32 { 32 } else { 16 }, Ordering::Relaxed)
+    }
+
+    /// Where the dp4a decode GEMV stages its activations by the tensor-map copy: `Some(true)`
+    /// wherever the row allows, `Some(false)` nowhere, `None` as the plan prefers (the default);
+    /// returns the previous setting. For the harness's checks of both layouts.
+    #[doc(hidden)]
+    pub fn set_x_copy(&self, everywhere: Option<bool>) -> Option<bool> {
+        let v = match everywhere {
+            Some(true) => X_COPY_ALL,
+            Some(false) => X_COPY_OFF,
+            None => X_COPY_PLAN,
+        };
+        match self.x_copy.swap(v, Ordering::Relaxed) {
+            X_COPY_ALL => Some(true),
+            X_COPY_OFF => Some(false),
+            _ => None,
+        }
     }
 
     /// With `nodot`, decode GEMVs (of the formats that have the probe) stream their weights and
@@ -1286,13 +1317,44 @@ impl Gpu {
         if self.gemv1_nodot.load(Ordering::Relaxed) && m.format != GpuFormat::Q2G128 {
             name.push_str("_nodot");
         }
+        let mode = self.x_copy.load(Ordering::Relaxed);
+        let x_rows = plan::x_copy_rows(m.cols).filter(|_| {
+            !name.ends_with("_nodot")
+                && mode != X_COPY_OFF
+                && plan::prefers_x_copy(m.rows, m.cols, sms, mode == X_COPY_ALL)
+        });
+        if x_rows.is_some() {
+            name.push_str("_x");
+        }
+        let xmap = match x_rows {
+            // A fused norm makes the activations in the block: the map goes unread.
+            Some(rows) if !fused => tma::encode(
+                io.xq,
+                &tma::Tile {
+                    elem: tma::Elem::U8,
+                    cols: 128,
+                    rows,
+                    row_bytes: 128,
+                    box_cols: 128,
+                    box_rows: rows,
+                    swizzle: tma::Swizzle::B128,
+                },
+            )?,
+            _ => TensorMap::unused(),
+        };
+        let args = [
+            &m.args()[..],
+            &decode_args(io, l.stages, pre),
+            &[Arg::Map(Box::new(xmap))],
+        ]
+        .concat();
         self.launch_smem(
             stream,
             &name,
             (l.grid as u32, 1, 1),
             (32 * (plan::GEMV1_WARPS as u32 + 1), 1, 1),
             l.smem_bytes as u32,
-            &[&m.args()[..], &decode_args(io, l.stages, pre)].concat(),
+            &args,
         )?;
         Ok(true)
     }

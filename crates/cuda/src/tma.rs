@@ -102,6 +102,14 @@ impl Tile {
 #[derive(Clone, Copy, Debug)]
 pub struct TensorMap(pub(crate) sys::CUtensorMap);
 
+impl TensorMap {
+    /// The parameter of a kernel told (by another parameter) not to read its map.
+    pub fn unused() -> TensorMap {
+        // SAFETY: CUtensorMap is an array of integers, for which all zeros is a value.
+        TensorMap(unsafe { std::mem::zeroed() })
+    }
+}
+
 /// The map of `tile` for the matrix at device address `ptr` (16-byte aligned).
 pub fn encode(ptr: u64, tile: &Tile) -> Result<TensorMap> {
     tile.check()

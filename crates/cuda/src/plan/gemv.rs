@@ -89,9 +89,35 @@ fn stage_bytes(format: GpuFormat, cols: usize, rows_per_warp: usize) -> usize {
 }
 
 /// Shared memory of the decode GEMV's activations (int8 codes and group pairs), with one more
-/// row of int8 staging where the block norms and quantizes its input itself.
+/// row of int8 staging where the block norms and quantizes its input itself, and the slack that
+/// lets the kernel start them at a 1 KiB boundary (their swizzle counts from one).
 pub(crate) fn x_bytes(cols: usize, fused_norm: bool) -> usize {
-    round128(cols + 8 * cols / X_GROUP) + if fused_norm { cols } else { 0 }
+    let row = round128(cols);
+    1024 + row + round128(8 * cols / X_GROUP) + if fused_norm { row } else { 0 }
+}
+
+/// Rows per multiprocessor under which a decode GEMV stages its activations by one tensor-map
+/// copy into the swizzled layout (the `gemv1_*_x` kernels): with few tiles a block, the staging's
+/// latency weighs more than the extra instruction per 16 bytes the layout costs its reads. On the
+/// H200 (132 multiprocessors, so 8448 rows) that takes the 27B's 5120-row matrices (ffn_down,
+/// the attention and recurrent outputs) and leaves the 14336-row and wider ones. Decode on the
+/// H200 (`niwaki bench --device cuda -p 8 -n 128 -r 3`, two rounds interleaved with the build
+/// before): with every dp4a GEMV swizzled, Q1_0 2-5% faster (its dp4a GEMVs are the 5120-row
+/// ones) and Q2_0 3-5% slower; with this bound, Q1_0 310.8-311.4 / 306.9-310.0 → 323.3-324.3 /
+/// 320.7-322.1 tok/s, Q2_0 269.2-269.8 / 264.3-265.2 → 264.6-267.7 / 266.7-267.7.
+pub const X_COPY_MAX_ROWS_PER_SM: usize = 64;
+
+/// Rows of 128 bytes in which the decode GEMV's activations of `cols` values arrive by one
+/// tensor-map copy: `None` where the row is not whole 128-byte rows, or more than a box holds
+/// (256 rows).
+pub fn x_copy_rows(cols: usize) -> Option<usize> {
+    (cols.is_multiple_of(128) && (1..=256).contains(&(cols / 128))).then_some(cols / 128)
+}
+
+/// Whether a decode GEMV of `rows` × `cols` stages its activations by the tensor-map copy on
+/// `sms` multiprocessors (`always`: wherever the row allows, for checking the kernels).
+pub fn prefers_x_copy(rows: usize, cols: usize, sms: usize, always: bool) -> bool {
+    x_copy_rows(cols).is_some() && (always || rows < X_COPY_MAX_ROWS_PER_SM * sms.max(1))
 }
 
 /// Stages of a decode GEMV's ring: as many as the budget holds beside the activations, at most

@@ -869,6 +869,32 @@ fn the_binary_decode_gemv_takes_the_matrices_of_many_rows() {
 }
 
 #[test]
+fn decode_gemvs_of_few_rows_copy_their_activations_by_the_tensor_map() {
+    let d = dims(Preset::B27);
+    // The 27B's 5120-row matrices, of each width they have, on the H200's 132 multiprocessors.
+    for cols in [d.gdn_inner(), d.ffn, d.hidden] {
+        assert!(prefers_x_copy(d.hidden, cols, 132, false), "{cols}");
+        assert_eq!(x_copy_rows(cols), Some(cols / 128));
+    }
+    for rows in [d.gdn_in_rows(), d.attn_in_rows(), d.ffn_in_rows(), d.vocab] {
+        assert!(!prefers_x_copy(rows, d.hidden, 132, false), "{rows}");
+        assert!(prefers_x_copy(rows, d.hidden, 132, true), "{rows}");
+    }
+    // One box of at most 256 rows of 128 bytes, and only whole ones, even where asked.
+    assert_eq!(x_copy_rows(256 * 128), Some(256));
+    for cols in [4160, 257 * 128, 0] {
+        assert_eq!(x_copy_rows(cols), None, "{cols}");
+        assert!(!prefers_x_copy(16, cols, 132, true), "{cols}");
+    }
+    // The bound scales with the device.
+    assert!(prefers_x_copy(639, 5120, 10, false) && !prefers_x_copy(640, 5120, 10, false));
+    // The activations' shared memory leaves the slack that aligns them to 1 KiB, and whole
+    // 128-byte rows for the int8 codes and their pairs, a fused norm's staging row too.
+    assert_eq!(x_bytes(5120, false), 1024 + 5120 + 640);
+    assert_eq!(x_bytes(4160, true), 1024 + 2 * 4224 + 640);
+}
+
+#[test]
 fn the_binary_decode_gemv_takes_tiles_of_32_rows_where_asked_and_possible() {
     let limit = 227 << 10;
     // The 27B's gate | up, recurrent and attention inputs and LM head: 32-row tiles, at most
