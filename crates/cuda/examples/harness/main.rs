@@ -13,6 +13,7 @@
 //! `NIWAKI_HARNESS_ONLY=gemm` times the prefill GEMMs and nothing else (for a profiler);
 //! `NIWAKI_HARNESS_ONLY=gemv-b1` runs the binary decode GEMV's checks alone (the kernel's, then
 //! a 27B-wide model's against dp4a and the CPU engine),
+//! `NIWAKI_HARNESS_ONLY=gemv1` the dp4a decode GEMV's checks alone,
 //! `NIWAKI_HARNESS_ONLY=topk` sampling's top-k selection alone, `NIWAKI_HARNESS_ONLY=27b` the
 //! 27B section alone.
 
@@ -103,13 +104,17 @@ fn run(rep: &mut Report) -> R<()> {
         // A new GEMM kernel's first run: its checks, then its timings.
         // The binary decode GEMV's checks alone (with its NIWAKI_CUDA_B1_* knobs).
         Ok("gemv-b1") => {
-            rep.line("| kernel | shape | result | error |");
-            rep.line("|---|---|---|---|");
-            let (xq, xs) = (gpu.alloc(17408, "xq")?, gpu.alloc(8 * 17408 / 64, "xs")?);
+            let (xq, xs) = decode_gemv_inputs(rep, &gpu)?;
             let mut rng = rand::SeedableRng::seed_from_u64(7);
             gemv_b1::gemv_b1_checks(rep, &gpu, xq.ptr, xs.ptr, &mut rng)?;
             drop(gpu);
             return gemv_b1::wide_model_b1(rep);
+        }
+        // The dp4a decode GEMV's checks alone (every activation staging).
+        Ok("gemv1") => {
+            let (xq, xs) = decode_gemv_inputs(rep, &gpu)?;
+            let mut rng = rand::SeedableRng::seed_from_u64(7);
+            return kernels::gemv1_checks(rep, &gpu, xq.ptr, xs.ptr, &mut rng);
         }
         Ok("topk") => {
             rep.line("| kernel | shape | result | error |");
@@ -202,6 +207,17 @@ fn run(rep: &mut Report) -> R<()> {
 }
 
 /// The 27B section: decode, prefill, depth and per-op profiles of each format
+/// The check table's header, and activation buffers (int8 codes and group pairs) for the decode
+/// GEMVs' checks alone, as wide as the 27B's widest input (17408 values).
+fn decode_gemv_inputs(
+    rep: &mut Report,
+    gpu: &Gpu,
+) -> R<(niwaki_cuda::gpu::DevBuf, niwaki_cuda::gpu::DevBuf)> {
+    rep.line("| kernel | shape | result | error |");
+    rep.line("|---|---|---|---|");
+    Ok((gpu.alloc(17408, "xq")?, gpu.alloc(8 * 17408 / 64, "xs")?))
+}
+
 /// `NIWAKI_HARNESS_27B` names (default Q2_0 and Q1_0; empty: none).
 fn bench_27b_section(rep: &mut Report, bw: f64) -> R<()> {
     let formats = std::env::var("NIWAKI_HARNESS_27B").unwrap_or_else(|_| "Q2_0,Q1_0".into());
