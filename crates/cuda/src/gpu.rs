@@ -261,6 +261,8 @@ pub struct Gpu {
     /// swizzled layout rather than piece-major by every thread: [`plan::prefers_x_copy`]
     /// (`NIWAKI_CUDA_X_COPY=0`: nowhere; `=all`: wherever the row allows, for measuring).
     x_copy: AtomicUsize,
+    /// Launches of the swizzled (`_x`) decode GEMVs so far, for the harness to see them run.
+    x_copy_launches: AtomicUsize,
     /// 1-bit decode GEMVs on the binary tensor cores (`gemv_b1_*`) rather than dp4a, for the
     /// matrices [`plan::prefers_b1`] gives them (sm_90; `NIWAKI_CUDA_B1=0` turns them off).
     b1: AtomicBool,
@@ -515,6 +517,7 @@ impl Gpu {
             pdl: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_PDL")),
             gemv1: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_GEMV1")),
             gemv1_nodot: AtomicBool::new(false),
+            x_copy_launches: AtomicUsize::new(0),
             x_copy: AtomicUsize::new(match std::env::var("NIWAKI_CUDA_X_COPY").as_deref() {
                 Ok("0") => X_COPY_OFF,
                 Ok("all") => X_COPY_ALL,
@@ -759,6 +762,12 @@ impl Gpu {
             X_COPY_OFF => Some(false),
             _ => None,
         }
+    }
+
+    /// Launches of the swizzled decode GEMVs (`gemv1_*_x`) this device has made.
+    #[doc(hidden)]
+    pub fn x_copy_launches(&self) -> usize {
+        self.x_copy_launches.load(Ordering::Relaxed)
     }
 
     /// With `nodot`, decode GEMVs (of the formats that have the probe) stream their weights and
@@ -1309,23 +1318,27 @@ impl Gpu {
         }
         let sms = self.info.multiprocessors.max(1) as usize;
         let fused = pre.is_some();
+        let nodot = self.gemv1_nodot.load(Ordering::Relaxed) && m.format != GpuFormat::Q2G128;
+        let mode = self.x_copy.load(Ordering::Relaxed);
+        let x_rows = plan::x_copy_rows(m.cols).filter(|_| {
+            !nodot
+                && mode != X_COPY_OFF
+                && plan::prefers_x_copy(m.rows, m.cols, sms, mode == X_COPY_ALL)
+        });
         let Some(l) = plan::gemv1_launch(m.format, m.rows, m.cols, t, sms, self.smem_limit, fused)
         else {
             return Ok(false);
         };
-        let mut name = format!("gemv1_{}_r{}", m.format.kernel_name(), l.rows_per_warp);
-        if self.gemv1_nodot.load(Ordering::Relaxed) && m.format != GpuFormat::Q2G128 {
-            name.push_str("_nodot");
-        }
-        let mode = self.x_copy.load(Ordering::Relaxed);
-        let x_rows = plan::x_copy_rows(m.cols).filter(|_| {
-            !name.ends_with("_nodot")
-                && mode != X_COPY_OFF
-                && plan::prefers_x_copy(m.rows, m.cols, sms, mode == X_COPY_ALL)
-        });
-        if x_rows.is_some() {
-            name.push_str("_x");
-        }
+        let variant = match (nodot, x_rows) {
+            (true, _) => "_nodot",
+            (false, Some(_)) => "_x",
+            (false, None) => "",
+        };
+        let name = format!(
+            "gemv1_{}_r{}{variant}",
+            m.format.kernel_name(),
+            l.rows_per_warp
+        );
         let xmap = match x_rows {
             // A fused norm makes the activations in the block: the map goes unread.
             Some(rows) if !fused => tma::encode(
@@ -1356,6 +1369,9 @@ impl Gpu {
             l.smem_bytes as u32,
             &args,
         )?;
+        if x_rows.is_some() {
+            self.x_copy_launches.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(true)
     }
 
