@@ -16,6 +16,10 @@ use crate::plan::{self, Dims, Gemv1Tuning, GEMV_ROWS, GEMV_TOKENS, TILE_PAD_ROWS
 use crate::repack::{GpuFormat, Packed, X_GROUP};
 use crate::tma::{self, TensorMap};
 
+mod decode_gemv;
+
+use decode_gemv::{X_COPY_ALL, X_COPY_OFF, X_COPY_PLAN};
+
 /// What `available()` reports about the first GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceInfo {
@@ -376,35 +380,8 @@ fn raise_dynamic_smem(f: &CudaFunction, name: &str, bytes: usize) -> Result<()> 
     .ctx(|| format!("raising the shared memory limit of {name} to {bytes} bytes"))
 }
 
-/// Settings of [`Gpu`]'s `x_copy`.
-const X_COPY_OFF: usize = 0;
-const X_COPY_PLAN: usize = 1;
-const X_COPY_ALL: usize = 2;
-
 fn env_on(name: &str) -> bool {
     std::env::var(name).map_or(true, |v| v != "0")
-}
-
-/// The arguments the decode GEMVs (`gemv1_*`, `gemv_b1_*`) take after the matrix: the
-/// activations, output and argmax, the ring's stages, the fused norm's input (or nulls) and the
-/// next matrix to prefetch (or nulls).
-fn decode_args(io: &GemvIo, stages: usize, pre: Option<NormIn>) -> [Arg; 14] {
-    [
-        Arg::Ptr(io.xq),
-        Arg::Ptr(io.xs),
-        Arg::Ptr(io.out),
-        Arg::I32(i32::from(io.accumulate)),
-        Arg::Ptr(io.argmax.unwrap_or(0)),
-        Arg::I32(stages as i32),
-        Arg::Ptr(pre.map_or(0, |p| p.x)),
-        Arg::I32(pre.map_or(0, |p| p.tok0 as i32)),
-        Arg::Ptr(pre.map_or(0, |p| p.weight)),
-        Arg::F32(pre.map_or(0.0, |p| p.eps)),
-        Arg::Ptr(io.prefetch.map_or(0, |p| p.codes)),
-        Arg::I32(io.prefetch.map_or(0, |p| p.code_bytes as i32)),
-        Arg::Ptr(io.prefetch.map_or(0, |p| p.scales)),
-        Arg::I32(io.prefetch.map_or(0, |p| p.scale_bytes as i32)),
-    ]
 }
 
 /// A number from the environment (0 where unset or not a number): the knobs for measuring.
@@ -1213,166 +1190,6 @@ impl Gpu {
             t0 += n;
         }
         Ok(())
-    }
-
-    /// The one-token GEMV of the sm_90 paths, where they are on and take the matrix: 1-bit rows
-    /// on the binary tensor cores, else the bulk-copy dp4a kernel with its default tuning.
-    /// `false`: nothing launched. With `pre`, the kernel norms and quantizes its input itself.
-    pub fn gemv_decode(
-        &self,
-        stream: &CudaStream,
-        m: &DevMat,
-        io: &GemvIo,
-        pre: Option<NormIn>,
-    ) -> Result<bool> {
-        if io.ntok != 1 || !self.gemv1() {
-            return Ok(false);
-        }
-        if m.format == GpuFormat::Q1
-            && self.b1.load(Ordering::Relaxed)
-            && plan::prefers_b1(
-                m.rows,
-                self.info.multiprocessors.max(1) as usize,
-                self.b1_min_tiles,
-            )
-            && !self.gemv1_nodot.load(Ordering::Relaxed)
-            && self.gemv_b1(stream, m, io, pre)?
-        {
-            return Ok(true);
-        }
-        let t = self.gemv1_tuning(m.format, m.cols);
-        self.gemv1_tuned(stream, m, io, t, pre)
-    }
-
-    /// One-token GEMV of a 1-bit matrix on the binary tensor cores (`kernels/gemv_b1.cu`);
-    /// `false` (nothing launched) where the plan does not take the shape or the device lacks
-    /// the kernel.
-    pub fn gemv_b1(
-        &self,
-        stream: &CudaStream,
-        m: &DevMat,
-        io: &GemvIo,
-        pre: Option<NormIn>,
-    ) -> Result<bool> {
-        // sm_90 only: the plan sizes its blocks for that multiprocessor's shared memory.
-        if self.info.compute_capability.0 != 9 || io.ntok != 1 || m.format != GpuFormat::Q1 {
-            return Ok(false);
-        }
-        let sms = self.info.multiprocessors.max(1) as usize;
-        let Some(l) = plan::gemv_b1_launch(
-            m.rows,
-            m.cols,
-            sms,
-            self.smem_limit,
-            pre.is_some(),
-            self.b1_knobs,
-            self.b1_tile_rows.load(Ordering::Relaxed),
-        ) else {
-            return Ok(false);
-        };
-        let row_bytes = m.cols / 128 * 16;
-        let map = tma::encode(
-            m.codes.ptr,
-            &tma::Tile {
-                elem: tma::Elem::U8,
-                cols: row_bytes,
-                rows: m.rows.div_ceil(TILE_PAD_ROWS) * TILE_PAD_ROWS,
-                row_bytes,
-                box_cols: 128,
-                box_rows: l.tile_rows,
-                swizzle: tma::Swizzle::B128,
-            },
-        )?;
-        self.launch_smem(
-            stream,
-            l.kernel,
-            (l.grid as u32, 1, 1),
-            (32 * (plan::GEMV1_WARPS as u32 + 1), 1, 1),
-            l.smem_bytes as u32,
-            &[
-                Arg::Map(Box::new(map)),
-                Arg::Ptr(m.scales.ptr),
-                Arg::I32(m.rows as i32),
-                Arg::I32(m.cols as i32),
-            ]
-            .into_iter()
-            .chain(decode_args(io, l.stages, pre))
-            .collect::<Vec<_>>(),
-        )?;
-        Ok(true)
-    }
-
-    /// One-token GEMV through the bulk-copy kernel with explicit tuning; `false` (nothing
-    /// launched) when the plan does not fit or the device lacks the kernel. With `pre`, the
-    /// kernel norms and quantizes its input row itself and `xq`, `xs` are not read.
-    pub fn gemv1_tuned(
-        &self,
-        stream: &CudaStream,
-        m: &DevMat,
-        io: &GemvIo,
-        t: Gemv1Tuning,
-        pre: Option<NormIn>,
-    ) -> Result<bool> {
-        if self.info.compute_capability.0 < 9 || io.ntok != 1 {
-            return Ok(false);
-        }
-        let sms = self.info.multiprocessors.max(1) as usize;
-        let fused = pre.is_some();
-        let nodot = self.gemv1_nodot.load(Ordering::Relaxed) && m.format != GpuFormat::Q2G128;
-        let mode = self.x_copy.load(Ordering::Relaxed);
-        let x_rows = plan::x_copy_rows(m.cols).filter(|_| {
-            !nodot
-                && mode != X_COPY_OFF
-                && plan::prefers_x_copy(m.rows, m.cols, sms, mode == X_COPY_ALL)
-        });
-        let Some(l) = plan::gemv1_launch(m.format, m.rows, m.cols, t, sms, self.smem_limit, fused)
-        else {
-            return Ok(false);
-        };
-        let variant = match (nodot, x_rows) {
-            (true, _) => "_nodot",
-            (false, Some(_)) => "_x",
-            (false, None) => "",
-        };
-        let name = format!(
-            "gemv1_{}_r{}{variant}",
-            m.format.kernel_name(),
-            l.rows_per_warp
-        );
-        let xmap = match x_rows {
-            // A fused norm makes the activations in the block: the map goes unread.
-            Some(rows) if !fused => tma::encode(
-                io.xq,
-                &tma::Tile {
-                    elem: tma::Elem::U8,
-                    cols: 128,
-                    rows,
-                    row_bytes: 128,
-                    box_cols: 128,
-                    box_rows: rows,
-                    swizzle: tma::Swizzle::B128,
-                },
-            )?,
-            _ => TensorMap::unused(),
-        };
-        let args = [
-            &m.args()[..],
-            &decode_args(io, l.stages, pre),
-            &[Arg::Map(Box::new(xmap))],
-        ]
-        .concat();
-        self.launch_smem(
-            stream,
-            &name,
-            (l.grid as u32, 1, 1),
-            (32 * (plan::GEMV1_WARPS as u32 + 1), 1, 1),
-            l.smem_bytes as u32,
-            &args,
-        )?;
-        if x_rows.is_some() {
-            self.x_copy_launches.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(true)
     }
 
     /// Median seconds per call of `f` over `iters` calls timed with events on `stream`.
