@@ -166,18 +166,7 @@ impl Gpu {
         );
         let xmap = match x_rows {
             // A fused norm makes the activations in the block: the map goes unread.
-            Some(rows) if !fused => tma::encode(
-                io.xq,
-                &tma::Tile {
-                    elem: tma::Elem::U8,
-                    cols: 128,
-                    rows,
-                    row_bytes: 128,
-                    box_cols: 128,
-                    box_rows: rows,
-                    swizzle: tma::Swizzle::B128,
-                },
-            )?,
+            Some(rows) if !fused => tma::encode(io.xq, &plan::x_copy_tile(rows))?,
             _ => TensorMap::unused(),
         };
         let args = [

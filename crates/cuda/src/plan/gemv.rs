@@ -114,6 +114,22 @@ pub fn x_copy_rows(cols: usize) -> Option<usize> {
     (cols.is_multiple_of(128) && (1..=256).contains(&(cols / 128))).then_some(cols / 128)
 }
 
+/// The tensor map's view of a decode GEMV's activation row of `rows` 128-byte rows
+/// ([`x_copy_rows`]): one box of all of them, landing with the 128-byte swizzle that the `_x`
+/// kernels read.
+pub fn x_copy_tile(rows: usize) -> crate::tma::Tile {
+    use crate::tma::{Elem, Swizzle, Tile};
+    Tile {
+        elem: Elem::U8,
+        cols: 128,
+        rows,
+        row_bytes: 128,
+        box_cols: 128,
+        box_rows: rows,
+        swizzle: Swizzle::B128,
+    }
+}
+
 /// Whether a decode GEMV of `rows` × `cols` stages its activations by the tensor-map copy on
 /// `sms` multiprocessors (`always`: wherever the row allows, for checking the kernels).
 pub fn prefers_x_copy(rows: usize, cols: usize, sms: usize, always: bool) -> bool {

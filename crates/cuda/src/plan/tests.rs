@@ -880,8 +880,14 @@ fn decode_gemvs_of_few_rows_copy_their_activations_by_the_tensor_map() {
         assert!(!prefers_x_copy(rows, d.hidden, 132, false), "{rows}");
         assert!(prefers_x_copy(rows, d.hidden, 132, true), "{rows}");
     }
-    // One box of at most 256 rows of 128 bytes, and only whole ones, even where asked.
+    // One box of at most 256 rows of 128 bytes, and only whole ones, even where asked; the
+    // map of every row it takes keeps the driver's rules and brings the whole row.
     assert_eq!(x_copy_rows(256 * 128), Some(256));
+    for cols in [128, d.hidden, d.gdn_inner(), d.ffn, 256 * 128] {
+        let tile = x_copy_tile(x_copy_rows(cols).unwrap());
+        assert_eq!(tile.check(), Ok(()), "{cols}");
+        assert_eq!(tile.box_bytes(), cols);
+    }
     for cols in [4160, 257 * 128, 0] {
         assert_eq!(x_copy_rows(cols), None, "{cols}");
         assert!(!prefers_x_copy(16, cols, 132, true), "{cols}");
