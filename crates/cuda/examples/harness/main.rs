@@ -117,16 +117,14 @@ fn run(rep: &mut Report) -> R<()> {
             return kernels::gemv1_checks(rep, &gpu, xq.ptr, xs.ptr, &mut rng);
         }
         Ok("topk") => {
-            rep.line("| kernel | shape | result | error |");
-            rep.line("|---|---|---|---|");
+            kernel_table(rep);
             let timing =
                 sampling::topk_checks(rep, &gpu, &mut rand::SeedableRng::seed_from_u64(5))?;
             rep.line(format!("\n{timing}\n"));
             return sampling::model_topk(rep);
         }
         Ok("gemm-checks") => {
-            rep.line("| kernel | shape | result | error |");
-            rep.line("|---|---|---|---|");
+            kernel_table(rep);
             gemm::gemm_checks(rep, &gpu, &mut rand::SeedableRng::seed_from_u64(7))?;
             return gemm_speed(rep, &gpu);
         }
@@ -156,8 +154,7 @@ fn run(rep: &mut Report) -> R<()> {
     rep.line("");
     rep.line("## Kernels against the CPU reference");
     rep.line("");
-    rep.line("| kernel | shape | result | error |");
-    rep.line("|---|---|---|---|");
+    kernel_table(rep);
     kernel_checks(rep, &gpu, bw)?;
     attention::attention_checks(rep, &gpu, &dims)?;
     gdn::gdn_chunk_checks(rep, &gpu, &dims)?;
@@ -206,18 +203,23 @@ fn run(rep: &mut Report) -> R<()> {
     Ok(())
 }
 
-/// The 27B section: decode, prefill, depth and per-op profiles of each format
-/// The check table's header, and activation buffers (int8 codes and group pairs) for the decode
-/// GEMVs' checks alone, as wide as the 27B's widest input (17408 values).
+/// The header of the kernel checks' table.
+fn kernel_table(rep: &mut Report) {
+    rep.line("| kernel | shape | result | error |");
+    rep.line("|---|---|---|---|");
+}
+
+/// The kernel checks' table header, and activation buffers (int8 codes and group pairs) for the
+/// decode GEMVs' checks alone, as wide as the 27B's widest input (17408 values).
 fn decode_gemv_inputs(
     rep: &mut Report,
     gpu: &Gpu,
 ) -> R<(niwaki_cuda::gpu::DevBuf, niwaki_cuda::gpu::DevBuf)> {
-    rep.line("| kernel | shape | result | error |");
-    rep.line("|---|---|---|---|");
+    kernel_table(rep);
     Ok((gpu.alloc(17408, "xq")?, gpu.alloc(8 * 17408 / 64, "xs")?))
 }
 
+/// The 27B section: decode, prefill, depth and per-op profiles of each format;
 /// `NIWAKI_HARNESS_27B` names (default Q2_0 and Q1_0; empty: none).
 fn bench_27b_section(rep: &mut Report, bw: f64) -> R<()> {
     let formats = std::env::var("NIWAKI_HARNESS_27B").unwrap_or_else(|_| "Q2_0,Q1_0".into());
