@@ -236,6 +236,39 @@ __device__ __forceinline__ void to_piece_major(uint4* xsm, const uint4* src, int
     }
 }
 
+// The decode GEMV's staging: the row piece-major as to_piece_major puts it, and its `groups`
+// (d, d*sum q) pairs into `ssm`. A thread's first STAGE_LOADS pieces and its pair are all
+// loaded before any is stored: as a loop, the compiler waited for each load in turn (and for
+// the pairs after the pieces), two or three round trips to L2 between the previous kernel's end
+// and the block's barrier where one does.
+template <int P>
+__device__ __forceinline__ void stage_row(uint4* xsm, float2* ssm, const uint4* src, const float2* xs, int chunks,
+                                          int groups, int tid, int nthreads) {
+    constexpr int STAGE_LOADS = 4;
+    const int n = chunks * P;
+    uint4 v[STAGE_LOADS];
+    const float2 pair = tid < groups ? xs[tid] : make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int k = 0; k < STAGE_LOADS; k++) {
+        const int idx = tid + k * nthreads;
+        if (idx < n) v[k] = src[idx];
+    }
+#pragma unroll
+    for (int k = 0; k < STAGE_LOADS; k++) {
+        const int idx = tid + k * nthreads;
+        if (idx < n) {
+            const int c = idx / P, i = idx - c * P;
+            xsm[i * chunks + c] = v[k];
+        }
+    }
+    for (int idx = tid + STAGE_LOADS * nthreads; idx < n; idx += nthreads) {
+        const int c = idx / P, i = idx - c * P;
+        xsm[i * chunks + c] = src[idx];
+    }
+    if (tid < groups) ssm[tid] = pair;
+    for (int g = tid + nthreads; g < groups; g += nthreads) ssm[g] = xs[g];
+}
+
 // Chunk c of a row (codes `w`, scale `d`) against activations staged in shared memory piece-major
 // (`xsm`: piece p of chunk c at p·chunks + c) with their group pairs `ssm`.
 template <int FMT>
@@ -419,8 +452,7 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
             bulk_g2s(smem_addr(ssm), xs, (u32)(8 * groups), bar);
         }
     } else {
-        to_piece_major<P>(xsm, xq, chunks, tid, blockDim.x);
-        for (int g = tid; g < groups; g += blockDim.x) ssm[g] = xs[g];
+        stage_row<P>(xsm, ssm, xq, xs, chunks, groups, tid, blockDim.x);
         __syncthreads();
     }
 

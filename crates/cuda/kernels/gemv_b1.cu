@@ -18,8 +18,9 @@
 // stage (b1_produce). Results are deterministic (though not the dp4a kernel's bits: the float
 // sums run in another order). Per 16 rows × 128 values a consumer issues about 33 instructions
 // (two MMAs, five shared loads, the counts' scaling) where the dp4a kernel's lanes issue about
-// 54 per as many weight bytes: on matrices of many tiles the binary kernel is ~22% faster, on
-// those of a few tiles per multiprocessor slower (plan::prefers_b1).
+// 54 per as many weight bytes: on matrices of many tiles the binary kernel is ~22% faster, and
+// since its start waits for one round trip to L2 rather than one per chunk, it takes every
+// 1-bit matrix (plan::prefers_b1).
 //
 // Fragments (PTX ISA, mma .b1 m16n8k128): lane (g = lane / 4, t = lane % 4) holds A's rows g
 // and g + 8 and B's column g over k = 32t … 32t + 31, and gets C's rows g, g + 8 at columns 2t,
@@ -151,10 +152,8 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     PDL_ENTRY();
     if (xres) {
         norm_quant_row(xres + (size_t)tok0 * cols, cols, nw, eps, lin, ssm, red);
-    } else {
-        for (int i = tid; i < groups; i += blockDim.x) ssm[i] = xs[i];
+        __syncthreads();
     }
-    __syncthreads();
 
     if (warp == GEMV1_WARPS) {
         b1_produce<TR>(empty, part, stages, mine, rows, issue, out, accumulate, amax, pf_codes, pf_code_bytes,
@@ -162,19 +161,50 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         return;
     }
 
+    // A consumer warp reads only its own chunks' group pairs (chunk c's two at float4 c of
+    // `ssm`): it copies them itself, their loads in flight with its activations' below, so that
+    // no block barrier and no second round trip to L2 stand between the previous kernel's end
+    // and the first tile.
+    static_assert(GEMV1_WARPS == 8, "warp w takes chunks w + 8j: slab j, unit w of each row");
+    const int pc = warp + GEMV1_WARPS * lane;
+    float2 pair0 = make_float2(0.0f, 0.0f), pair1 = pair0;
+    if (!xres && lane < J && pc < chunks) {
+        pair0 = xs[2 * pc];
+        pair1 = xs[2 * pc + 1];
+    }
     // This warp's chunks as plane words, kept for every tile: a lane's 32 values lie in one of
     // the chunk's two activation groups, so its word goes to that group's MMA and a zero to
     // the other's.
-    static_assert(GEMV1_WARPS == 8, "warp w takes chunks w + 8j: slab j, unit w of each row");
+    // The loads of a batch of chunks are all issued before the first plane word is formed
+    // (guarded per chunk, each chunk's loads waited for the one before: five or more round
+    // trips to L2 in a row, Nsight Compute's largest share of the kernel's stalls); a chunk past
+    // the row's end reads the last one and is dropped.
     const uint4* src = xres ? (const uint4*)lin : xq;
     u32 blo[J], bhi[J];
+    constexpr int BATCH = 6;
 #pragma unroll
-    for (int j = 0; j < J; j++) {
-        const int c = warp + GEMV1_WARPS * j;
-        const u32 b = c < chunks ? plane_word(src[c * 8 + 2 * t], src[c * 8 + 2 * t + 1], g) : 0u;
-        blo[j] = t < 2 ? b : 0u;
-        bhi[j] = t < 2 ? 0u : b;
+    for (int j0 = 0; j0 < J; j0 += BATCH) {
+        uint4 x0[BATCH], x1[BATCH];
+#pragma unroll
+        for (int j = j0; j < j0 + BATCH && j < J; j++) {
+            const int c = warp + GEMV1_WARPS * j;
+            const int cc = EXACT ? c : min(c, chunks - 1);
+            x0[j - j0] = src[cc * 8 + 2 * t];
+            x1[j - j0] = src[cc * 8 + 2 * t + 1];
+        }
+#pragma unroll
+        for (int j = j0; j < j0 + BATCH && j < J; j++) {
+            const int c = warp + GEMV1_WARPS * j;
+            const u32 b = EXACT || c < chunks ? plane_word(x0[j - j0], x1[j - j0], g) : 0u;
+            blo[j] = t < 2 ? b : 0u;
+            bhi[j] = t < 2 ? 0u : b;
+        }
     }
+    if (!xres && lane < J && pc < chunks) {
+        ssm[2 * pc] = pair0;
+        ssm[2 * pc + 1] = pair1;
+    }
+    __syncwarp();
     // C's columns of this lane are planes 2t and 2t + 1, of weights 2^2t and 2^(2t+1) (the
     // sign plane −128): a row's count over a group is 2^2t·(c0 + sgn·c1), the power of two
     // exact in float, so it is applied with the group's 2 of 2·Σ − Σq.

@@ -104,7 +104,9 @@ pub(crate) fn x_bytes(cols: usize, fused_norm: bool) -> usize {
 /// H200 (`niwaki bench --device cuda -p 8 -n 128 -r 3`, two rounds interleaved with the build
 /// before): with every dp4a GEMV swizzled, Q1_0 2-5% faster (its dp4a GEMVs are the 5120-row
 /// ones) and Q2_0 3-5% slower; with this bound, Q1_0 310.8-311.4 / 306.9-310.0 → 323.3-324.3 /
-/// 320.7-322.1 tok/s, Q2_0 269.2-269.8 / 264.3-265.2 → 264.6-267.7 / 266.7-267.7.
+/// 320.7-322.1 tok/s, Q2_0 269.2-269.8 / 264.3-265.2 → 264.6-267.7 / 266.7-267.7. (The 1-bit
+/// matrices have since gone to the binary kernel, [`B1_MIN_TILES_PER_SM`]: on sm_90 the swizzled
+/// kernels serve the 2-bit formats.)
 pub const X_COPY_MAX_ROWS_PER_SM: usize = 64;
 
 /// Rows of 128 bytes in which the decode GEMV's activations of `cols` values arrive by one
@@ -287,15 +289,17 @@ pub fn gemv_b1_launch(
 }
 
 /// Tiles of 16 rows per multiprocessor from which a 1-bit decode GEMV goes to the binary tensor
-/// cores rather than dp4a. Measured per op inside the 27B Q1_0 decode graph on the H200 (µs,
-/// dp4a against binary): 34816 rows (ffn gate | up) 16.24 against 12.60, the 248,320-row LM
-/// head 76.1 against 58.5, 16480 rows 8.96 against 7.59, 14336 rows 7.69 against 6.85; but
-/// not the 5120-row matrices (2.4 tiles per multiprocessor): 5.12 against 5.23 (6144 columns,
-/// three blocks a multiprocessor; 7.30 when its plan let it fall to two) and 10.04 against
-/// 10.58 (17408); decode with every 1-bit matrix on the binary kernel measured 319.0 against
-/// 328.4 tok/s. Where a multiprocessor has two or three tiles, one tile's chain of work is the
-/// GEMV's time, and the binary tile's is no shorter.
-pub const B1_MIN_TILES_PER_SM: usize = 4;
+/// cores rather than dp4a: every matrix. Measured first per op inside the 27B Q1_0 decode graph
+/// on the H200 (µs, dp4a against binary): 34816 rows (ffn gate | up) 16.24 against 12.60, the
+/// 248,320-row LM head 76.1 against 58.5, 16480 rows 8.96 against 7.59, 14336 rows 7.69
+/// against 6.85; but then not the 5120-row matrices (2.4 tiles per multiprocessor): 5.12
+/// against 5.23 (6144 columns) and 10.04 against 10.58 (17408), so the bound was 4 tiles. Those
+/// kernels then still waited for each of a warp's chunks of activations in turn before their
+/// first tile (17 round trips to L2 for ffn_down's rows); with the loads issued together, decode
+/// with every 1-bit matrix on the binary kernel measured 344.0-348.6 tok/s against 327.8-339.9
+/// with the bound of 4 (`niwaki bench --device cuda -p 8 -n 128 -r 3`, two rounds interleaved,
+/// same binary). `NIWAKI_CUDA_B1_MIN_TILES=4` restores the bound for measuring.
+pub const B1_MIN_TILES_PER_SM: usize = 0;
 
 /// Whether a one-token GEMV of a 1-bit `rows`-row matrix on `sms` multiprocessors goes to the
 /// binary tensor cores (where [`gemv_b1_launch`] takes its shape), from `min_tiles` tiles of 16

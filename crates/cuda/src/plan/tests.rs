@@ -857,14 +857,14 @@ fn the_cpu_twin_refuses_rotated_files_rather_than_ignoring_the_rotation() {
 }
 
 #[test]
-fn the_binary_decode_gemv_takes_the_matrices_of_many_rows() {
-    // The 27B's 1-bit matrices on the H200's 132 multiprocessors: gate | up, the recurrent and
-    // attention inputs and the LM head on the binary kernel, the 5120-row ones on dp4a.
-    for rows in [34816, 16480, 14336, 248_320] {
+fn the_binary_decode_gemv_takes_every_1bit_matrix_by_default() {
+    // The 27B's 1-bit matrices on the H200's 132 multiprocessors, the 5120-row ones included.
+    for rows in [34816, 16480, 14336, 248_320, 5120] {
         assert!(prefers_b1(rows, 132, B1_MIN_TILES_PER_SM), "{rows}");
     }
-    assert!(!prefers_b1(5120, 132, B1_MIN_TILES_PER_SM));
-    // The bound scales with the device: 4 tiles of 16 rows per multiprocessor.
+    // A bound set by NIWAKI_CUDA_B1_MIN_TILES scales with the device: 4 tiles of 16 rows per
+    // multiprocessor leaves the 5120-row matrices to dp4a.
+    assert!(!prefers_b1(5120, 132, 4));
     assert!(prefers_b1(64 * 10, 10, 4) && !prefers_b1(64 * 10 - 16, 10, 4));
 }
 
