@@ -929,7 +929,8 @@ impl CudaModel {
             split_scratch: Some((st.s("gemm_part"), st.layout.size("gemm_part") / 4)),
             prefetch: match self.next_mat.iter().find(|p| p.0 == mat) {
                 Some(&(_, next)) if ntok == 1 => {
-                    Prefetch::of(self.mat(next), self.gpu.prefetch_bytes())
+                    let next = self.mat(next);
+                    Prefetch::of(next, self.gpu.prefetch_for(next))
                 }
                 _ => None,
             },

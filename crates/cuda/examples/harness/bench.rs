@@ -75,9 +75,9 @@ pub(crate) fn bench_27b(
     let mut variants = String::new();
     // The next GEMV's first bytes pulled into the L2 cache by each decode GEMV (0: off), and
     // the norms folded into the GEMVs; the tokens must not change.
-    let default_prefetch = g.gpu().prefetch_bytes();
-    for (fuse, mb) in [(false, 0), (false, 16), (true, 8)] {
-        g.gpu().set_prefetch_bytes(mb << 20);
+    let default_prefetch = g.gpu().prefetch_setting();
+    for (fuse, mb) in [(false, 0), (false, 8), (false, 16), (true, 8)] {
+        g.gpu().set_prefetch(Some(mb << 20));
         let (v, toks) = decode(true, true, (fuse, 0, 0))?;
         rep.check(
             toks == toks_serial,
@@ -90,7 +90,7 @@ pub(crate) fn bench_27b(
             if fuse { "fused" } else { "separate" }
         );
     }
-    g.gpu().set_prefetch_bytes(default_prefetch);
+    g.gpu().set_prefetch(default_prefetch);
     // The recurrence as three kernels per layer (conv, step, gated norm) instead of one: the
     // same arithmetic, so the same tokens.
     let fused = g.gpu().set_fuse_gdn(false);

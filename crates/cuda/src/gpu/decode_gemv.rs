@@ -53,7 +53,17 @@ impl Gpu {
         if io.ntok != 1 || !self.gemv1() {
             return Ok(false);
         }
-        if m.format == GpuFormat::Q1
+        if self.takes_b1(m) && self.gemv_b1(stream, m, io, pre)? {
+            return Ok(true);
+        }
+        let t = self.gemv1_tuning(m.format, m.cols);
+        self.gemv1_tuned(stream, m, io, t, pre)
+    }
+
+    /// Whether `m`'s one-token GEMV goes to the binary tensor cores, where [`Gpu::gemv_b1`]
+    /// takes its shape.
+    pub(super) fn takes_b1(&self, m: &DevMat) -> bool {
+        m.format == GpuFormat::Q1
             && self.b1.load(Ordering::Relaxed)
             && plan::prefers_b1(
                 m.rows,
@@ -61,12 +71,6 @@ impl Gpu {
                 self.b1_min_tiles,
             )
             && !self.gemv1_nodot.load(Ordering::Relaxed)
-            && self.gemv_b1(stream, m, io, pre)?
-        {
-            return Ok(true);
-        }
-        let t = self.gemv1_tuning(m.format, m.cols);
-        self.gemv1_tuned(stream, m, io, t, pre)
     }
 
     /// One-token GEMV of a 1-bit matrix on the binary tensor cores (`kernels/gemv_b1.cu`);

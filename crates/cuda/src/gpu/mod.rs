@@ -20,6 +20,9 @@ mod decode_gemv;
 
 use decode_gemv::{X_COPY_ALL, X_COPY_OFF, X_COPY_PLAN};
 
+/// The prefetch setting that leaves each matrix its default ([`Gpu::prefetch_for`]).
+const PREFETCH_BY_MATRIX: usize = usize::MAX;
+
 /// What `available()` reports about the first GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceInfo {
@@ -322,8 +325,9 @@ pub struct Gpu {
     attn_blocks_per_sm: HashMap<&'static str, usize>,
     /// Cache positions in flight per warp of the SIMT attention split (compiled in).
     attn_ring: usize,
-    /// Bytes of the next matrix a one-token GEMV pulls into the L2 cache (sm_90; 0: none).
-    /// `NIWAKI_CUDA_PREFETCH_MB` sets it.
+    /// Bytes of the next matrix a one-token GEMV pulls into the L2 cache, where set for every
+    /// matrix (`NIWAKI_CUDA_PREFETCH_MB`, or [`Gpu::set_prefetch`]); [`PREFETCH_BY_MATRIX`]:
+    /// each matrix's default, [`plan::default_prefetch_bytes`]. Always 0 before sm_90.
     prefetch_bytes: AtomicUsize,
     /// Decode-GEMV blocks per multiprocessor and shared-memory budget (0: the defaults of
     /// [`Gemv1Tuning::for_shape`]).
@@ -523,7 +527,7 @@ impl Gpu {
                 std::env::var("NIWAKI_CUDA_PREFETCH_MB")
                     .ok()
                     .and_then(|v| v.parse::<usize>().ok())
-                    .map_or(plan::DEFAULT_PREFETCH_BYTES, |mb| mb << 20)
+                    .map_or(PREFETCH_BY_MATRIX, |mb| mb << 20)
             } else {
                 0
             }),
@@ -649,17 +653,32 @@ impl Gpu {
         (a, plan::attn_decode_splits(bps, sms, dims.n_head_kv))
     }
 
-    /// Bytes of the next matrix a one-token GEMV pulls into the L2 cache (0: none).
-    pub fn prefetch_bytes(&self) -> usize {
-        self.prefetch_bytes.load(Ordering::Relaxed)
+    /// Bytes of `next` that the one-token GEMV before it pulls into the L2 cache (0: none).
+    pub fn prefetch_for(&self, next: &DevMat) -> usize {
+        match self.prefetch_bytes.load(Ordering::Relaxed) {
+            PREFETCH_BY_MATRIX => plan::default_prefetch_bytes(self.takes_b1(next)),
+            bytes => bytes,
+        }
     }
 
-    /// Sets [`Gpu::prefetch_bytes`] (for measuring it; never on before sm_90, and captured
+    /// The prefetch's setting: bytes for every matrix, or `None` for each matrix's default.
+    pub fn prefetch_setting(&self) -> Option<usize> {
+        match self.prefetch_bytes.load(Ordering::Relaxed) {
+            PREFETCH_BY_MATRIX => None,
+            bytes => Some(bytes),
+        }
+    }
+
+    /// Sets [`Gpu::prefetch_setting`] (for measuring it; never on before sm_90, and captured
     /// graphs keep what they were built with).
-    pub fn set_prefetch_bytes(&self, bytes: usize) {
+    pub fn set_prefetch(&self, bytes: Option<usize>) {
         let hopper = self.info.compute_capability.0 >= 9;
-        self.prefetch_bytes
-            .store(if hopper { bytes } else { 0 }, Ordering::Relaxed);
+        let v = match bytes {
+            _ if !hopper => 0,
+            None => PREFETCH_BY_MATRIX,
+            Some(b) => b.min(PREFETCH_BY_MATRIX - 1),
+        };
+        self.prefetch_bytes.store(v, Ordering::Relaxed);
     }
 
     /// Which ops of a one-token pass run merged.

@@ -325,5 +325,19 @@ pub fn chain_tile_bytes(format: GpuFormat, cols: usize) -> usize {
 
 /// Bytes of the next matrix a one-token GEMV pulls into the L2 cache by default (0: none).
 /// Measured on the H200 (tg128, Q2_0 / Q1_0): none 243.6 / 264.5, 8 MiB 249.6 / 273.7,
-/// 16 MiB 245.7 / 271.2, 32 MiB 241.6 / 269.1 tok/s.
+/// 16 MiB 245.7 / 271.2, 32 MiB 241.6 / 269.1 tok/s. Matrices on the binary kernel
+/// ([`default_prefetch_bytes`]) take none.
 pub const DEFAULT_PREFETCH_BYTES: usize = 8 << 20;
+
+/// The L2 prefetch a matrix gets by default from the GEMV before it: none where its own GEMV
+/// runs on the binary tensor cores. Since those kernels start with one round trip to L2, the
+/// prefetch slows them: same binary, `NIWAKI_CUDA_PREFETCH_MB=0` against 8 on the H200, two
+/// rounds interleaved, tg128 Q1_0 354.5-356.5 against 341.2-348.3 tok/s, Q2_0 (dp4a) 269.4-275.8
+/// against 269.6-275.9.
+pub fn default_prefetch_bytes(binary: bool) -> usize {
+    if binary {
+        0
+    } else {
+        DEFAULT_PREFETCH_BYTES
+    }
+}
