@@ -19,8 +19,8 @@
 // sums run in another order). Per 16 rows × 128 values a consumer issues about 33 instructions
 // (two MMAs, five shared loads, the counts' scaling) where the dp4a kernel's lanes issue about
 // 54 per as many weight bytes: on matrices of many tiles the binary kernel is ~22% faster, and
-// since its start waits for one round trip to L2 rather than one per chunk, it takes every
-// 1-bit matrix (plan::prefers_b1).
+// since its start waits for one round trip to L2 per six chunks rather than one per chunk, it
+// takes every 1-bit matrix (plan::prefers_b1).
 //
 // Fragments (PTX ISA, mma .b1 m16n8k128): lane (g = lane / 4, t = lane % 4) holds A's rows g
 // and g + 8 and B's column g over k = 32t … 32t + 31, and gets C's rows g, g + 8 at columns 2t,
@@ -164,8 +164,9 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     // A consumer warp reads only its own chunks' group pairs (chunk c's two at float4 c of
     // `ssm`): it copies them itself, their loads in flight with its activations' below, so that
     // no block barrier and no second round trip to L2 stand between the previous kernel's end
-    // and the first tile.
+    // and the first tile. Lane j copies chunk j's, so a warp has at most 32 chunks.
     static_assert(GEMV1_WARPS == 8, "warp w takes chunks w + 8j: slab j, unit w of each row");
+    static_assert(J <= 32, "a lane per chunk copies the group pairs");
     const int pc = warp + GEMV1_WARPS * lane;
     float2 pair0 = make_float2(0.0f, 0.0f), pair1 = pair0;
     if (!xres && lane < J && pc < chunks) {
@@ -175,10 +176,14 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     // This warp's chunks as plane words, kept for every tile: a lane's 32 values lie in one of
     // the chunk's two activation groups, so its word goes to that group's MMA and a zero to
     // the other's.
-    // The loads of a batch of chunks are all issued before the first plane word is formed
-    // (guarded per chunk, each chunk's loads waited for the one before: five or more round
-    // trips to L2 in a row, Nsight Compute's largest share of the kernel's stalls); a chunk past
-    // the row's end reads the last one and is dropped.
+    //
+    // The loads of up to BATCH chunks are issued before the first of their plane words is
+    // formed: one round trip to L2 per six chunks. (An earlier form guarded each chunk's loads
+    // with its own branch, so a warp waited for them chunk after chunk: five round trips in a row
+    // for the 5120-wide rows, seventeen for ffn_down's, Nsight Compute's largest share of the
+    // kernel's stalls.) Unguarded kernels may read past a warp's last chunk: they read the row's
+    // last chunk instead (the plan's widths are whole multiples of 8 chunks, so there is one) and
+    // drop it.
     const uint4* src = xres ? (const uint4*)lin : xq;
     u32 blo[J], bhi[J];
     constexpr int BATCH = 6;

@@ -33,7 +33,8 @@ pub(crate) fn gemv_b1_checks(
     // The last shape is refused (rows of whole 128-byte boxes only). 34816×5120 (the 27B's
     // gate | up) gives each block more tiles than its ring has stages, so stages are refilled
     // and their barriers change parity; rows a multiple of 32 are also run on tiles of two row
-    // groups, which must give the same bits.
+    // groups, which must give the same bits. 9216 columns (nine chunks a warp) take the guarded
+    // kernel of up to 17 chunks, whose loads past a warp's last chunk are clamped.
     let shapes = [
         (34816usize, 5120usize),
         (1001, 5120),
@@ -42,6 +43,7 @@ pub(crate) fn gemv_b1_checks(
         (77, 17408),
         (333, 6144),
         (40, 1024),
+        (77, 9216),
         (20, 256),
     ];
     for (rows, cols) in shapes {

@@ -53,24 +53,42 @@ impl Gpu {
         if io.ntok != 1 || !self.gemv1() {
             return Ok(false);
         }
-        if self.takes_b1(m) && self.gemv_b1(stream, m, io, pre)? {
+        if self.takes_b1(m, pre.is_some()) && self.gemv_b1(stream, m, io, pre)? {
             return Ok(true);
         }
         let t = self.gemv1_tuning(m.format, m.cols);
         self.gemv1_tuned(stream, m, io, t, pre)
     }
 
-    /// Whether `m`'s one-token GEMV goes to the binary tensor cores, where [`Gpu::gemv_b1`]
-    /// takes its shape.
-    pub(super) fn takes_b1(&self, m: &DevMat) -> bool {
-        m.format == GpuFormat::Q1
-            && self.b1.load(Ordering::Relaxed)
+    /// Whether `m`'s one-token GEMV (its norm fused or not) goes to the binary tensor cores:
+    /// they are on, the matrix has the rows [`plan::prefers_b1`] asks for, and the kernel's plan
+    /// takes its shape ([`Gpu::b1_plan`]).
+    pub(super) fn takes_b1(&self, m: &DevMat, fused: bool) -> bool {
+        self.b1.load(Ordering::Relaxed)
+            && !self.gemv1_nodot.load(Ordering::Relaxed)
             && plan::prefers_b1(
                 m.rows,
                 self.info.multiprocessors.max(1) as usize,
                 self.b1_min_tiles,
             )
-            && !self.gemv1_nodot.load(Ordering::Relaxed)
+            && self.b1_plan(m, fused).is_some()
+    }
+
+    /// The binary kernel's launch for `m`: sm_90 only (its plan sizes blocks for that
+    /// multiprocessor's shared memory), 1-bit rows of a width the plan takes.
+    fn b1_plan(&self, m: &DevMat, fused: bool) -> Option<plan::GemvB1Launch> {
+        if self.info.compute_capability.0 != 9 || m.format != GpuFormat::Q1 {
+            return None;
+        }
+        plan::gemv_b1_launch(
+            m.rows,
+            m.cols,
+            self.info.multiprocessors.max(1) as usize,
+            self.smem_limit,
+            fused,
+            self.b1_knobs,
+            self.b1_tile_rows.load(Ordering::Relaxed),
+        )
     }
 
     /// One-token GEMV of a 1-bit matrix on the binary tensor cores (`kernels/gemv_b1.cu`);
@@ -83,20 +101,7 @@ impl Gpu {
         io: &GemvIo,
         pre: Option<NormIn>,
     ) -> Result<bool> {
-        // sm_90 only: the plan sizes its blocks for that multiprocessor's shared memory.
-        if self.info.compute_capability.0 != 9 || io.ntok != 1 || m.format != GpuFormat::Q1 {
-            return Ok(false);
-        }
-        let sms = self.info.multiprocessors.max(1) as usize;
-        let Some(l) = plan::gemv_b1_launch(
-            m.rows,
-            m.cols,
-            sms,
-            self.smem_limit,
-            pre.is_some(),
-            self.b1_knobs,
-            self.b1_tile_rows.load(Ordering::Relaxed),
-        ) else {
+        let Some(l) = self.b1_plan(m, pre.is_some()).filter(|_| io.ntok == 1) else {
             return Ok(false);
         };
         let row_bytes = m.cols / 128 * 16;

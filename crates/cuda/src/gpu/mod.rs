@@ -653,10 +653,13 @@ impl Gpu {
         (a, plan::attn_decode_splits(bps, sms, dims.n_head_kv))
     }
 
-    /// Bytes of `next` that the one-token GEMV before it pulls into the L2 cache (0: none).
+    /// Bytes of `next` that the one-token GEMV before it pulls into the L2 cache (0: none). By
+    /// default, where `next` runs without a fused norm: the kernel it goes to with one, where
+    /// the norm is folded in (`NIWAKI_CUDA_FUSE_NORM`), differs only where its shared memory
+    /// does not fit.
     pub fn prefetch_for(&self, next: &DevMat) -> usize {
         match self.prefetch_bytes.load(Ordering::Relaxed) {
-            PREFETCH_BY_MATRIX => plan::default_prefetch_bytes(self.takes_b1(next)),
+            PREFETCH_BY_MATRIX => plan::default_prefetch_bytes(self.takes_b1(next, false)),
             bytes => bytes,
         }
     }

@@ -295,9 +295,9 @@ pub fn gemv_b1_launch(
 /// against 6.85; but then not the 5120-row matrices (2.4 tiles per multiprocessor): 5.12
 /// against 5.23 (6144 columns) and 10.04 against 10.58 (17408), so the bound was 4 tiles. Those
 /// kernels then still waited for each of a warp's chunks of activations in turn before their
-/// first tile (17 round trips to L2 for ffn_down's rows); with the loads issued together, decode
-/// with every 1-bit matrix on the binary kernel measured 344.0-348.6 tok/s against 327.8-339.9
-/// with the bound of 4 (`niwaki bench --device cuda -p 8 -n 128 -r 3`, two rounds interleaved,
+/// first tile (17 round trips to L2 for ffn_down's rows, now 3); with the loads issued together,
+/// decode with every 1-bit matrix on the binary kernel measured 344.0-348.6 tok/s against
+/// 327.8-339.9 with the bound of 4 (`niwaki bench --device cuda -p 8 -n 128 -r 3`, two rounds interleaved,
 /// same binary). `NIWAKI_CUDA_B1_MIN_TILES=4` restores the bound for measuring.
 pub const B1_MIN_TILES_PER_SM: usize = 0;
 
@@ -330,8 +330,8 @@ pub fn chain_tile_bytes(format: GpuFormat, cols: usize) -> usize {
 pub const DEFAULT_PREFETCH_BYTES: usize = 8 << 20;
 
 /// The L2 prefetch a matrix gets by default from the GEMV before it: none where its own GEMV
-/// runs on the binary tensor cores. Since those kernels start with one round trip to L2, the
-/// prefetch slows them: same binary, `NIWAKI_CUDA_PREFETCH_MB=0` against 8 on the H200, two
+/// runs on the binary tensor cores. Since those kernels wait for one round trip to L2 per six
+/// chunks of a warp before their first tile (rather than one per chunk), the prefetch slows them: same binary, `NIWAKI_CUDA_PREFETCH_MB=0` against 8 on the H200, two
 /// rounds interleaved, tg128 Q1_0 354.5-356.5 against 341.2-348.3 tok/s, Q2_0 (dp4a) 269.4-275.8
 /// against 269.6-275.9.
 pub fn default_prefetch_bytes(binary: bool) -> usize {
