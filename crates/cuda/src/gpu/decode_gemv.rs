@@ -33,9 +33,16 @@ fn decode_args(io: &GemvIo, stages: usize, pre: Option<NormIn>) -> [Arg; 14] {
         Arg::Ptr(pre.map_or(0, |p| p.weight)),
         Arg::F32(pre.map_or(0.0, |p| p.eps)),
         Arg::Ptr(io.prefetch.map_or(0, |p| p.codes)),
-        Arg::I32(io.prefetch.map_or(0, |p| p.code_bytes as i32)),
+        // The kernels take byte counts as i32: a larger prefetch is cut to what that holds.
+        Arg::I32(
+            io.prefetch
+                .map_or(0, |p| p.code_bytes.min(i32::MAX as usize) as i32),
+        ),
         Arg::Ptr(io.prefetch.map_or(0, |p| p.scales)),
-        Arg::I32(io.prefetch.map_or(0, |p| p.scale_bytes as i32)),
+        Arg::I32(
+            io.prefetch
+                .map_or(0, |p| p.scale_bytes.min(i32::MAX as usize) as i32),
+        ),
     ]
 }
 

@@ -527,7 +527,9 @@ impl Gpu {
                 std::env::var("NIWAKI_CUDA_PREFETCH_MB")
                     .ok()
                     .and_then(|v| v.parse::<usize>().ok())
-                    .map_or(PREFETCH_BY_MATRIX, |mb| mb << 20)
+                    .map_or(PREFETCH_BY_MATRIX, |mb| {
+                        mb.saturating_mul(1 << 20).min(PREFETCH_BY_MATRIX - 1)
+                    })
             } else {
                 0
             }),
