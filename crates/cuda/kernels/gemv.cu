@@ -225,15 +225,20 @@ __device__ __forceinline__ float staged_dot(const uint4& w, float d, const int* 
     return row_dot<FMT>(w, d, xw, s0, s1);
 }
 
-// A row's int8 activations (`src`, chunk-major: the P 16-byte pieces of chunk c in turn) into
-// shared memory piece-major (piece p of chunk c at p·chunks + c), so that lanes reading
-// consecutive chunks hit consecutive 16-byte words; threads `tid` of `nthreads` share the copy.
+// Where 16-byte piece `idx` of a chunk-major row (piece idx % P of chunk idx / P) goes in the
+// piece-major layout: piece p of chunk c at p·chunks + c, so that lanes reading consecutive chunks
+// hit consecutive 16-byte words.
+template <int P>
+__device__ __forceinline__ int piece_major_slot(int idx, int chunks) {
+    const int c = idx / P, i = idx - c * P;
+    return i * chunks + c;
+}
+
+// A row's int8 activations (`src`, chunk-major) into shared memory piece-major; threads `tid`
+// of `nthreads` share the copy.
 template <int P>
 __device__ __forceinline__ void to_piece_major(uint4* xsm, const uint4* src, int chunks, int tid, int nthreads) {
-    for (int idx = tid; idx < chunks * P; idx += nthreads) {
-        const int c = idx / P, i = idx - c * P;
-        xsm[i * chunks + c] = src[idx];
-    }
+    for (int idx = tid; idx < chunks * P; idx += nthreads) xsm[piece_major_slot<P>(idx, chunks)] = src[idx];
 }
 
 // The decode GEMV's staging: the row piece-major as to_piece_major puts it, and its `groups`
@@ -256,15 +261,10 @@ __device__ __forceinline__ void stage_row(uint4* xsm, float2* ssm, const uint4* 
 #pragma unroll
     for (int k = 0; k < STAGE_LOADS; k++) {
         const int idx = tid + k * nthreads;
-        if (idx < n) {
-            const int c = idx / P, i = idx - c * P;
-            xsm[i * chunks + c] = v[k];
-        }
+        if (idx < n) xsm[piece_major_slot<P>(idx, chunks)] = v[k];
     }
-    for (int idx = tid + STAGE_LOADS * nthreads; idx < n; idx += nthreads) {
-        const int c = idx / P, i = idx - c * P;
-        xsm[i * chunks + c] = src[idx];
-    }
+    for (int idx = tid + STAGE_LOADS * nthreads; idx < n; idx += nthreads)
+        xsm[piece_major_slot<P>(idx, chunks)] = src[idx];
     if (tid < groups) ssm[tid] = pair;
     for (int g = tid + nthreads; g < groups; g += nthreads) ssm[g] = xs[g];
 }

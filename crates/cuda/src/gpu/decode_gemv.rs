@@ -21,6 +21,8 @@ pub(super) const X_COPY_ALL: usize = 2;
 /// activations, output and argmax, the ring's stages, the fused norm's input (or nulls) and the
 /// next matrix to prefetch (or nulls).
 fn decode_args(io: &GemvIo, stages: usize, pre: Option<NormIn>) -> [Arg; 14] {
+    // The kernels take byte counts as i32: a larger prefetch is cut to what that holds.
+    let bytes = |n: usize| Arg::I32(n.min(i32::MAX as usize) as i32);
     [
         Arg::Ptr(io.xq),
         Arg::Ptr(io.xs),
@@ -33,16 +35,9 @@ fn decode_args(io: &GemvIo, stages: usize, pre: Option<NormIn>) -> [Arg; 14] {
         Arg::Ptr(pre.map_or(0, |p| p.weight)),
         Arg::F32(pre.map_or(0.0, |p| p.eps)),
         Arg::Ptr(io.prefetch.map_or(0, |p| p.codes)),
-        // The kernels take byte counts as i32: a larger prefetch is cut to what that holds.
-        Arg::I32(
-            io.prefetch
-                .map_or(0, |p| p.code_bytes.min(i32::MAX as usize) as i32),
-        ),
+        bytes(io.prefetch.map_or(0, |p| p.code_bytes)),
         Arg::Ptr(io.prefetch.map_or(0, |p| p.scales)),
-        Arg::I32(
-            io.prefetch
-                .map_or(0, |p| p.scale_bytes.min(i32::MAX as usize) as i32),
-        ),
+        bytes(io.prefetch.map_or(0, |p| p.scale_bytes)),
     ]
 }
 
@@ -60,7 +55,8 @@ impl Gpu {
         if io.ntok != 1 || !self.gemv1() {
             return Ok(false);
         }
-        if self.takes_b1(m, pre.is_some()) && self.gemv_b1(stream, m, io, pre)? {
+        // gemv_b1 declines (launching nothing) where its plan does not take the matrix.
+        if self.prefers_b1(m) && self.gemv_b1(stream, m, io, pre)? {
             return Ok(true);
         }
         let t = self.gemv1_tuning(m.format, m.cols);
@@ -68,9 +64,13 @@ impl Gpu {
     }
 
     /// Whether `m`'s one-token GEMV (its norm fused or not) goes to the binary tensor cores:
-    /// they are on, the matrix has the rows [`plan::prefers_b1`] asks for, and the kernel's plan
-    /// takes its shape ([`Gpu::b1_plan`]).
+    /// [`Gpu::prefers_b1`], and the kernel's plan takes its shape ([`Gpu::b1_plan`]).
     pub(super) fn takes_b1(&self, m: &DevMat, fused: bool) -> bool {
+        self.prefers_b1(m) && self.b1_plan(m, fused).is_some()
+    }
+
+    /// Whether the binary kernels are on and `m` has the rows [`plan::prefers_b1`] asks for.
+    fn prefers_b1(&self, m: &DevMat) -> bool {
         self.b1.load(Ordering::Relaxed)
             && !self.gemv1_nodot.load(Ordering::Relaxed)
             && plan::prefers_b1(
@@ -78,7 +78,6 @@ impl Gpu {
                 self.info.multiprocessors.max(1) as usize,
                 self.b1_min_tiles,
             )
-            && self.b1_plan(m, fused).is_some()
     }
 
     /// The binary kernel's launch for `m`: sm_90 only (its plan sizes blocks for that
