@@ -38,12 +38,69 @@ __device__ __forceinline__ void bmma_and_popc(int* c, u32 a0, u32 a1, u32 b) {
 
 // Plane p of the 32 activation bytes `lo`, `hi` (values 32t … 32t + 31 of a chunk) in the
 // chunk's bit order: bit 8b + k is plane p of value 4k + b, i.e. of byte b of word k.
-__device__ __forceinline__ u32 plane_word(const uint4& lo, const uint4& hi, int p) {
-    const u32 x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+__device__ __forceinline__ u32 plane_word(const u32 (&x)[8], int p) {
     u32 r = 0;
 #pragma unroll
     for (int k = 0; k < 8; k++) r |= ((x[k] >> p) & 0x01010101u) << k;
     return r;
+}
+
+__device__ __forceinline__ u32 plane_word(const uint4& lo, const uint4& hi, int p) {
+    const u32 x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    return plane_word(x, p);
+}
+
+// The norm folded into the binary GEMV (NORM kernels), done by the consumer warps alone: warp
+// w's chunks c = w + 8j are the values 4·tid + 1024·j that thread tid = 32w + lane of quant_rms
+// holds, so each consumer thread loads exactly those (one round trip to L2, the norm's weights
+// having been loaded before the wait), sums their squares in quant_rms's order and the eight
+// warps' sums are added as block_sum adds them: the same scale. Each chunk is then quantized
+// in registers by quant128's arithmetic (the same codes and pairs as quant_rms writes), and a
+// lane gathers its plane word's eight code words from the lanes holding them. Against the
+// kernel reading quant_rms's output, no separate launch, no second read of the row, and no block
+// barrier beyond the one the sum needs, which the producer warp does not join.
+template <int J, bool EXACT>
+__device__ __forceinline__ void b1_norm_planes(const float* __restrict__ row, int cols, const float4 (&gw)[J],
+                                               float eps, float2* ssm, float* red, u32 (&blo)[J], u32 (&bhi)[J]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int chunks = cols / 128, i0 = 4 * (int)threadIdx.x;
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 v[J];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        v[j] = EXACT || warp + GEMV1_WARPS * j < chunks ? *(const float4*)(row + i0 + 1024 * j) : zero;
+        ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) red[warp] = ss;
+    asm volatile("bar.sync 1, %0;" ::"n"(32 * GEMV1_WARPS) : "memory");
+    float tot = 0.0f;
+#pragma unroll
+    for (int w = 0; w < GEMV1_WARPS; w++) tot += red[w];
+    const float scale = 1.0f / sqrtf(tot / (float)cols + eps);
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const int c = warp + GEMV1_WARPS * j;
+        u32 b = 0u;
+        // Warp-uniform: the shuffles below see every lane.
+        if (EXACT || c < chunks) {
+            float4 u = v[j];
+            const float4 gk = gw[j];
+            u.x = u.x * scale * gk.x; u.y = u.y * scale * gk.y; u.z = u.z * scale * gk.z; u.w = u.w * scale * gk.w;
+            float2 pair;
+            const u32 packed = quant128_regs(u, pair);
+            if ((lane & 15) == 0) ssm[2 * c + (lane >> 4)] = pair;
+            // Word k of the lane's 32 values (32t … 32t + 31) is lane 8t + k's.
+            u32 x[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) x[k] = __shfl_sync(0xffffffffu, packed, 8 * t + k);
+            b = plane_word(x, g);
+        }
+        blo[j] = t < 2 ? b : 0u;
+        bhi[j] = t < 2 ? 0u : b;
+    }
 }
 
 // The producer warp of the binary GEMV: lane 0 keeps the ring full, as ring_produce does, and
@@ -68,14 +125,17 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
     u64 best = 0;
     // Stage s of tile i and the parity of its use, counted rather than divided.
     for (int i = 0, s = 0, ph = 0; i < mine; i++) {
+        const int row = ((int)blockIdx.x + i * (int)gridDim.x) * TR + lane;
+        // The row's earlier value, where the product adds to it, is requested before the wait
+        // for the consumers: its round trip to L2 overlaps their tile instead of following it.
+        const float prior = accumulate && lane < TR && row < rows ? out[row] : 0.0f;
         mbar_wait(smem_addr(&empty[s]), (u32)ph);
         if (lane < TR) {
             float v = 0.0f;
 #pragma unroll
             for (int w = 0; w < GEMV1_WARPS; w++) v += part[s][w][lane];
-            const int row = ((int)blockIdx.x + i * (int)gridDim.x) * TR + lane;
             if (row < rows) {
-                v = accumulate ? v + out[row] : v;
+                v = accumulate ? v + prior : v;
                 out[row] = v;
                 best = max(best, argmax_key(v, (u32)row));
             }
@@ -102,7 +162,7 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
 // most J). RG: MMA row groups of 16 per tile (tiles of 16·RG rows): with two, each plane word
 // and activation scale a warp loads serves twice the rows, and the tile's own work (its wait,
 // shuffles and arrival) is shared by them.
-template <int J, bool EXACT, int RG>
+template <int J, bool EXACT, int RG, bool NORM>
 __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned char* __restrict__ scales,
                                              int rows, int cols, const uint4* __restrict__ xq,
                                              const float2* __restrict__ xs, float* __restrict__ out,
@@ -131,9 +191,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     // swizzle's boxes need (the host adds them to the launch).
     unsigned char* base = smem + ((1024u - (smem_addr(smem) & 1023u)) & 1023u);
     float2* ssm = (float2*)base;
-    const int lin_off = (8 * groups + 127) & ~127;
-    int* lin = (int*)(base + lin_off);
-    unsigned char* stage0 = base + ((lin_off + (xres ? cols : 0) + 1023) & ~1023);
+    unsigned char* stage0 = base + ((((8 * groups + 127) & ~127) + 1023) & ~1023);
 
     auto issue = [&](int i) {
         const int s = i % stages;
@@ -149,11 +207,15 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     __syncthreads();
     if (tid == 0)
         for (int i = 0; i < min(stages, mine); i++) issue(i);
-    PDL_ENTRY();
-    if (xres) {
-        norm_quant_row(xres + (size_t)tok0 * cols, cols, nw, eps, lin, ssm, red);
-        __syncthreads();
+    // The norm's weights are constant: a consumer's share is read before the wait.
+    float4 gw[NORM ? J : 1];
+    if (NORM && warp < GEMV1_WARPS) {
+#pragma unroll
+        for (int j = 0; j < J; j++)
+            gw[j] = EXACT || warp + GEMV1_WARPS * j < chunks ? *(const float4*)(nw + 4 * tid + 1024 * j)
+                                                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
+    PDL_ENTRY();
 
     if (warp == GEMV1_WARPS) {
         b1_produce<TR>(empty, part, stages, mine, rows, issue, out, accumulate, amax, pf_codes, pf_code_bytes,
@@ -161,53 +223,56 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         return;
     }
 
-    // A consumer warp reads only its own chunks' group pairs (chunk c's two at float4 c of
-    // `ssm`): it copies them itself, their loads in flight with its activations' below, so that
-    // no block barrier and no second round trip to L2 stand between the previous kernel's end
-    // and the first tile. Lane j copies chunk j's, so a warp has at most 32 chunks.
     static_assert(GEMV1_WARPS == 8, "warp w takes chunks w + 8j: slab j, unit w of each row");
     static_assert(J <= 32, "a lane per chunk copies the group pairs");
-    const int pc = warp + GEMV1_WARPS * lane;
-    float2 pair0 = make_float2(0.0f, 0.0f), pair1 = pair0;
-    if (!xres && lane < J && pc < chunks) {
-        pair0 = xs[2 * pc];
-        pair1 = xs[2 * pc + 1];
-    }
-    // This warp's chunks as plane words, kept for every tile: a lane's 32 values lie in one of
-    // the chunk's two activation groups, so its word goes to that group's MMA and a zero to
-    // the other's.
-    //
-    // The loads of up to BATCH chunks are issued before the first of their plane words is
-    // formed: one round trip to L2 per six chunks. (An earlier form guarded each chunk's loads
-    // with its own branch, so a warp waited for them chunk after chunk: five round trips in a row
-    // for the 5120-wide rows, seventeen for ffn_down's, Nsight Compute's largest share of the
-    // kernel's stalls.) Unguarded kernels may read past a warp's last chunk: they read the row's
-    // last chunk instead (the plan's widths are whole multiples of 8 chunks, so there is one) and
-    // drop it.
-    const uint4* src = xres ? (const uint4*)lin : xq;
     u32 blo[J], bhi[J];
-    constexpr int BATCH = 6;
-#pragma unroll
-    for (int j0 = 0; j0 < J; j0 += BATCH) {
-        uint4 x0[BATCH], x1[BATCH];
-#pragma unroll
-        for (int j = j0; j < j0 + BATCH && j < J; j++) {
-            const int c = warp + GEMV1_WARPS * j;
-            const int cc = EXACT ? c : min(c, chunks - 1);
-            x0[j - j0] = src[cc * 8 + 2 * t];
-            x1[j - j0] = src[cc * 8 + 2 * t + 1];
+    if constexpr (NORM) {
+        b1_norm_planes<J, EXACT>(xres + (size_t)tok0 * cols, cols, gw, eps, ssm, red, blo, bhi);
+    } else {
+        // A consumer warp reads only its own chunks' group pairs (chunk c's two at float4 c of
+        // `ssm`): it copies them itself, their loads in flight with its activations' below, so that
+        // no block barrier and no second round trip to L2 stand between the previous kernel's end
+        // and the first tile. Lane j copies chunk j's, so a warp has at most 32 chunks.
+        const int pc = warp + GEMV1_WARPS * lane;
+        float2 pair0 = make_float2(0.0f, 0.0f), pair1 = pair0;
+        if (lane < J && pc < chunks) {
+            pair0 = xs[2 * pc];
+            pair1 = xs[2 * pc + 1];
         }
-#pragma unroll
-        for (int j = j0; j < j0 + BATCH && j < J; j++) {
-            const int c = warp + GEMV1_WARPS * j;
-            const u32 b = EXACT || c < chunks ? plane_word(x0[j - j0], x1[j - j0], g) : 0u;
-            blo[j] = t < 2 ? b : 0u;
-            bhi[j] = t < 2 ? 0u : b;
+        // This warp's chunks as plane words, kept for every tile: a lane's 32 values lie in one of
+        // the chunk's two activation groups, so its word goes to that group's MMA and a zero to
+        // the other's.
+        //
+        // The loads of up to BATCH chunks are issued before the first of their plane words is
+        // formed: one round trip to L2 per six chunks. (An earlier form guarded each chunk's loads
+        // with its own branch, so a warp waited for them chunk after chunk: five round trips in a row
+        // for the 5120-wide rows, seventeen for ffn_down's, Nsight Compute's largest share of the
+        // kernel's stalls.) Unguarded kernels may read past a warp's last chunk: they read the row's
+        // last chunk instead (the plan's widths are whole multiples of 8 chunks, so there is one) and
+        // drop it.
+        constexpr int BATCH = 6;
+    #pragma unroll
+        for (int j0 = 0; j0 < J; j0 += BATCH) {
+            uint4 x0[BATCH], x1[BATCH];
+    #pragma unroll
+            for (int j = j0; j < j0 + BATCH && j < J; j++) {
+                const int c = warp + GEMV1_WARPS * j;
+                const int cc = EXACT ? c : min(c, chunks - 1);
+                x0[j - j0] = xq[cc * 8 + 2 * t];
+                x1[j - j0] = xq[cc * 8 + 2 * t + 1];
+            }
+    #pragma unroll
+            for (int j = j0; j < j0 + BATCH && j < J; j++) {
+                const int c = warp + GEMV1_WARPS * j;
+                const u32 b = EXACT || c < chunks ? plane_word(x0[j - j0], x1[j - j0], g) : 0u;
+                blo[j] = t < 2 ? b : 0u;
+                bhi[j] = t < 2 ? 0u : b;
+            }
         }
-    }
-    if (!xres && lane < J && pc < chunks) {
-        ssm[2 * pc] = pair0;
-        ssm[2 * pc + 1] = pair1;
+        if (lane < J && pc < chunks) {
+            ssm[2 * pc] = pair0;
+            ssm[2 * pc + 1] = pair1;
+        }
     }
     __syncwarp();
     // C's columns of this lane are planes 2t and 2t + 1, of weights 2^2t and 2^(2t+1) (the
@@ -272,16 +337,16 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 #endif
 
 #if __CUDA_ARCH__ >= 900
-#define GEMV_B1_CALL(J, EXACT, RG)                                                                         \
-    gemv_b1_body<J, EXACT, RG>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
+#define GEMV_B1_CALL(J, EXACT, RG, NORM)                                                                   \
+    gemv_b1_body<J, EXACT, RG, NORM>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
                     pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes)
 #else
-#define GEMV_B1_CALL(J, EXACT, RG) __trap()
+#define GEMV_B1_CALL(J, EXACT, RG, NORM) __trap()
 #endif
 
 // J: chunks per warp and tile (EXACT) or at most (else), so 128·8·J columns. The exact kernels
 // take the 27B's widths (5120, 6144, 17408 columns: 5, 6, 17 chunks per warp) with no guard.
-#define GEMV_B1_KERNEL(name, J, EXACT, RG, MINB)                                                     \
+#define GEMV_B1_KERNEL(name, J, EXACT, RG, NORM, MINB)                                                   \
     extern "C" __global__ void __launch_bounds__(32 * (GEMV1_WARPS + 1), MINB)                   \
         name(const __grid_constant__ TmaMap cmap, const unsigned char* __restrict__ scales,       \
              int rows, int cols, const uint4* __restrict__ xq, const float2* __restrict__ xs,     \
@@ -289,14 +354,21 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
              const float* __restrict__ xres, int tok0, const float* __restrict__ nw, float eps,   \
              const unsigned char* __restrict__ pf_codes, int pf_code_bytes,                       \
              const unsigned char* __restrict__ pf_scales, int pf_scale_bytes) {                   \
-        GEMV_B1_CALL(J, EXACT, RG);                                                                  \
+        GEMV_B1_CALL(J, EXACT, RG, NORM);                                                                \
     }
 
-GEMV_B1_KERNEL(gemv_b1_j5x, 5, true, 1, 4)
-GEMV_B1_KERNEL(gemv_b1_j6x, 6, true, 1, 4)
-GEMV_B1_KERNEL(gemv_b1_j6, 6, false, 1, 4)
-GEMV_B1_KERNEL(gemv_b1_j17x, 17, true, 1, 2)
-GEMV_B1_KERNEL(gemv_b1_j17, 17, false, 1, 2)
+GEMV_B1_KERNEL(gemv_b1_j5x, 5, true, 1, false, 4)
+GEMV_B1_KERNEL(gemv_b1_j6x, 6, true, 1, false, 4)
+GEMV_B1_KERNEL(gemv_b1_j6, 6, false, 1, false, 4)
+GEMV_B1_KERNEL(gemv_b1_j17x, 17, true, 1, false, 2)
+GEMV_B1_KERNEL(gemv_b1_j17, 17, false, 1, false, 2)
 // Tiles of 32 rows (row counts a multiple of 32: plan::gemv_b1_launch).
-GEMV_B1_KERNEL(gemv_b1_j5x_r32, 5, true, 2, 3)
-GEMV_B1_KERNEL(gemv_b1_j6x_r32, 6, true, 2, 3)
+GEMV_B1_KERNEL(gemv_b1_j5x_r32, 5, true, 2, false, 3)
+GEMV_B1_KERNEL(gemv_b1_j6x_r32, 6, true, 2, false, 3)
+// The norm folded in (up to six chunks a warp: the row's values and the norm's weights stay in
+// registers, so three blocks a multiprocessor rather than four bound their registers).
+GEMV_B1_KERNEL(gemv_b1_j5x_n, 5, true, 1, true, 3)
+GEMV_B1_KERNEL(gemv_b1_j6x_n, 6, true, 1, true, 3)
+GEMV_B1_KERNEL(gemv_b1_j6_n, 6, false, 1, true, 3)
+GEMV_B1_KERNEL(gemv_b1_j5x_r32_n, 5, true, 2, true, 3)
+GEMV_B1_KERNEL(gemv_b1_j6x_r32_n, 6, true, 2, true, 3)

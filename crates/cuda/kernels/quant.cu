@@ -29,6 +29,24 @@ __device__ __forceinline__ int half_warp_isum(int v) {
     return v;
 }
 
+// The arithmetic of one 128-value piece, held four values a lane (lanes 0-15: the first group
+// of 64, 16-31: the second): this lane's four codes packed in a word, and its group's pair
+// (d, d·Σq). Every quantization of the kernels goes through it, so a piece gets the same bits
+// wherever it is quantized.
+__device__ __forceinline__ u32 quant128_regs(float4 v, float2& pair) {
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    amax = half_warp_max(amax);
+    const float d = amax / 127.0f;
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    const int q0 = __float2int_rn(__fmul_rn(v.x, id));
+    const int q1 = __float2int_rn(__fmul_rn(v.y, id));
+    const int q2 = __float2int_rn(__fmul_rn(v.z, id));
+    const int q3 = __float2int_rn(__fmul_rn(v.w, id));
+    const int s = half_warp_isum(q0 + q1 + q2 + q3);
+    pair = make_float2(d, __fmul_rn(d, (float)s));
+    return (q0 & 0xff) | ((q1 & 0xff) << 8) | ((q2 & 0xff) << 16) | ((u32)(q3 & 0xff) << 24);
+}
+
 // Quantizes the 128 values [base, base+128) of a token; `v` holds this lane's 4 values. With
 // `xh_tok`, also stores them as f16 in the f16 GEMM's order.
 __device__ __forceinline__ void quant128(float4 v, int base, int* xq_tok, float2* xs_tok, u16* xh_tok) {
@@ -39,17 +57,9 @@ __device__ __forceinline__ void quant128(float4 v, int base, int* xq_tok, float2
         *(u32*)(o + hgemm_slot(v0)) = f16_sat(v.x) | (f16_sat(v.z) << 16);
         *(u32*)(o + hgemm_slot(v0 + 1)) = f16_sat(v.y) | (f16_sat(v.w) << 16);
     }
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-    amax = half_warp_max(amax);
-    const float d = amax / 127.0f;
-    const float id = d > 0.0f ? 1.0f / d : 0.0f;
-    const int q0 = __float2int_rn(__fmul_rn(v.x, id));
-    const int q1 = __float2int_rn(__fmul_rn(v.y, id));
-    const int q2 = __float2int_rn(__fmul_rn(v.z, id));
-    const int q3 = __float2int_rn(__fmul_rn(v.w, id));
-    xq_tok[base / 4 + lane] = (q0 & 0xff) | ((q1 & 0xff) << 8) | ((q2 & 0xff) << 16) | ((u32)(q3 & 0xff) << 24);
-    const int s = half_warp_isum(q0 + q1 + q2 + q3);
-    if ((lane & 15) == 0) xs_tok[base / 64 + (lane >> 4)] = make_float2(d, __fmul_rn(d, (float)s));
+    float2 pair;
+    xq_tok[base / 4 + lane] = quant128_regs(v, pair);
+    if ((lane & 15) == 0) xs_tok[base / 64 + (lane >> 4)] = pair;
 }
 
 // Hadamard rotation R·v of the 1024 values a block of 256 threads holds (warp w, lane l: values

@@ -28,7 +28,7 @@ pub const SOURCES: [(&str, &str); 13] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 73] = [
+pub const KERNELS: [&str; 78] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -63,6 +63,11 @@ pub const KERNELS: [&str; 73] = [
     "gemv_b1_j17",
     "gemv_b1_j5x_r32",
     "gemv_b1_j6x_r32",
+    "gemv_b1_j5x_n",
+    "gemv_b1_j6x_n",
+    "gemv_b1_j6_n",
+    "gemv_b1_j5x_r32_n",
+    "gemv_b1_j6x_r32_n",
     "gemv_chain_q1",
     "gemv_chain_q2g64",
     "gemv_chain_q1_nodot",

@@ -8,7 +8,7 @@ use std::time::Instant;
 use gguf::Gguf;
 use model::synth::{self, Preset};
 use model::{Logits, Model};
-use niwaki_cuda::plan::Op;
+use niwaki_cuda::plan::{NormFusion, Op};
 use niwaki_cuda::{CudaModel, KvCache};
 use quant::Format;
 
@@ -56,52 +56,58 @@ pub(crate) fn bench_27b(
     // left on for everything after).
     // Decode: GPU argmax (8 bytes back per token), graph per token, under several settings of
     // the sm_90 paths (the previous kernels first); the defaults are set again afterwards.
-    let decode = |pdl: bool, gemv1: bool, knobs: (bool, usize, usize)| -> R<(f64, Vec<u32>)> {
-        g.gpu().set_fast_paths(pdl, gemv1);
-        g.gpu().set_gemv1_knobs(knobs.0, knobs.1, knobs.2);
-        let mut st = g.new_state(4096)?;
-        let mut toks = vec![g.forward_greedy(&mut st, &[1, 2, 3, 4])?];
-        for _ in 0..8 {
-            toks.push(g.forward_greedy(&mut st, &[*toks.last().unwrap()])?);
-        }
-        let t = Instant::now();
-        for _ in 0..128 {
-            toks.push(g.forward_greedy(&mut st, &[*toks.last().unwrap()])?);
-        }
-        Ok((128.0 / t.elapsed().as_secs_f64(), toks))
-    };
-    let (tg_plain, _) = decode(false, false, (false, 0, 0))?;
-    let (tg_gemv1, toks_serial) = decode(false, true, (false, 0, 0))?;
+    let decode =
+        |pdl: bool, gemv1: bool, knobs: (NormFusion, usize, usize)| -> R<(f64, Vec<u32>)> {
+            g.gpu().set_fast_paths(pdl, gemv1);
+            g.gpu().set_gemv1_knobs(knobs.0, knobs.1, knobs.2);
+            let mut st = g.new_state(4096)?;
+            let mut toks = vec![g.forward_greedy(&mut st, &[1, 2, 3, 4])?];
+            for _ in 0..8 {
+                toks.push(g.forward_greedy(&mut st, &[*toks.last().unwrap()])?);
+            }
+            let t = Instant::now();
+            for _ in 0..128 {
+                toks.push(g.forward_greedy(&mut st, &[*toks.last().unwrap()])?);
+            }
+            Ok((128.0 / t.elapsed().as_secs_f64(), toks))
+        };
+    let (tg_plain, _) = decode(false, false, (NormFusion::Apart, 0, 0))?;
+    let (tg_gemv1, toks_serial) = decode(false, true, (NormFusion::Apart, 0, 0))?;
     let mut variants = String::new();
     // The next GEMV's first bytes pulled into the L2 cache by each decode GEMV (0: off), and
     // the norms folded into the GEMVs; the tokens must not change.
     // None: each matrix's default (plan::default_prefetch_bytes).
     let default_prefetch = g.gpu().prefetch_setting();
     for (fuse, mb) in [
-        (false, Some(0)),
-        (false, Some(8)),
-        (false, Some(16)),
-        (true, None),
+        (NormFusion::Binary, None),
+        (NormFusion::Apart, Some(0)),
+        (NormFusion::Apart, Some(8)),
+        (NormFusion::Apart, Some(16)),
+        (NormFusion::All, None),
     ] {
         g.gpu().set_prefetch(mb.map(|mb| mb << 20));
         let (v, toks) = decode(true, true, (fuse, 0, 0))?;
         let mb = mb.map_or("by matrix".to_string(), |mb| format!("{mb} MB"));
         rep.check(
             toks == toks_serial,
-            format!("{format}: decode tokens differ with prefetch {mb}, fused norms {fuse}"),
+            format!("{format}: decode tokens differ with prefetch {mb}, norms {fuse:?}"),
         );
         let _ = write!(
             variants,
             "{}norm {}, L2 prefetch {mb}: {v:.1}",
             if variants.is_empty() { "" } else { "; " },
-            if fuse { "fused" } else { "separate" }
+            match fuse {
+                NormFusion::Apart => "separate",
+                NormFusion::Binary => "in the binary GEMVs",
+                NormFusion::All => "in every GEMV",
+            }
         );
     }
     g.gpu().set_prefetch(default_prefetch);
     // The recurrence as three kernels per layer (conv, step, gated norm) instead of one: the
     // same arithmetic, so the same tokens.
     let fused = g.gpu().set_fuse_gdn(false);
-    let unfused = decode(true, true, (false, 0, 0));
+    let unfused = decode(true, true, (NormFusion::Apart, 0, 0));
     g.gpu().set_fuse_gdn(fused);
     let (v, toks) = unfused?;
     rep.check(
@@ -112,7 +118,7 @@ pub(crate) fn bench_27b(
     // Three dp4a GEMV blocks of 72 KiB per multiprocessor for every matrix they take (the
     // 6144-wide ones then fit in one round of blocks; 1-bit matrices on the binary kernel keep
     // its own plan); the tokens must not change.
-    let (v, toks) = decode(true, true, (false, 3, 72 << 10))?;
+    let (v, toks) = decode(true, true, (NormFusion::Apart, 3, 72 << 10))?;
     rep.check(
         toks == toks_serial,
         format!("{format}: decode tokens differ with three GEMV blocks per multiprocessor"),
@@ -122,13 +128,13 @@ pub(crate) fn bench_27b(
     // differ at a near-tie, so they are not compared).
     if format == Format::Q1_0 {
         let b1 = g.gpu().set_b1(false);
-        let off = decode(true, true, (false, 0, 0));
+        let off = decode(true, true, (NormFusion::Apart, 0, 0));
         g.gpu().set_b1(b1);
         let _ = write!(variants, "; binary GEMVs off (dp4a only): {:.1}", off?.0);
     }
     // The defaults (PDL, gemv1, separate norms, the recurrence in one kernel, blocks per SM and
     // shared memory by format as the plan chooses) last: every figure below uses them.
-    let (tg, toks) = decode(true, true, (false, 0, 0))?;
+    let (tg, toks) = decode(true, true, (NormFusion::Apart, 0, 0))?;
     variants.push_str(&format!("; defaults: {tg:.1}"));
     decode_variants.push(format!("{format}: {variants}"));
     // PDL changes when kernels start, never what they compute: the tokens must be identical.

@@ -44,7 +44,9 @@ fn decode_args(io: &GemvIo, stages: usize, pre: Option<NormIn>) -> [Arg; 14] {
 impl Gpu {
     /// The one-token GEMV of the sm_90 paths, where they are on and take the matrix: 1-bit rows
     /// on the binary tensor cores, else the bulk-copy dp4a kernel with its default tuning.
-    /// `false`: nothing launched. With `pre`, the kernel norms and quantizes its input itself.
+    /// `false`: nothing launched. With `pre`, the kernel norms and quantizes its input itself
+    /// where [`Gpu::norm_fusion`] folds the norm into that kernel and it takes it; else
+    /// nothing is launched and the caller runs the norm apart.
     pub fn gemv_decode(
         &self,
         stream: &CudaStream,
@@ -56,8 +58,15 @@ impl Gpu {
             return Ok(false);
         }
         // gemv_b1 declines (launching nothing) where its plan does not take the matrix.
-        if self.prefers_b1(m) && self.gemv_b1(stream, m, io, pre)? {
+        let binary = self.prefers_b1(m);
+        if pre.is_some() && !self.norm_fusion().folds(binary) {
+            return Ok(false);
+        }
+        if binary && self.gemv_b1(stream, m, io, pre)? {
             return Ok(true);
+        }
+        if pre.is_some() && !self.norm_fusion().folds(false) {
+            return Ok(false);
         }
         let t = self.gemv1_tuning(m.format, m.cols);
         self.gemv1_tuned(stream, m, io, t, pre)

@@ -301,10 +301,11 @@ pub struct Gpu {
     /// Key rows per lane of the recurrent step in multi-token passes (one of
     /// [`plan::GDN_STEP_ROWS`]; `NIWAKI_CUDA_GDN_ROWS` sets it).
     gdn_rows: AtomicUsize,
-    /// Fold the RMS norms into the decode GEMVs (`NIWAKI_CUDA_FUSE_NORM=1`; off by default:
-    /// measured 1-8% slower decode on the H200, the per-block norm delaying each GEMV's start
-    /// by more than the separate kernel costs).
-    fuse_norm: AtomicBool,
+    /// Which decode GEMVs norm their input themselves ([`plan::NormFusion`]; none by default,
+    /// `NIWAKI_CUDA_FUSE_NORM=binary` or `=1`). Into the dp4a kernels it measured 1-8% slower
+    /// decode on the H200 (their every block norms and stages the whole row before its first
+    /// tile), into the binary ones 2-3%.
+    norm_fusion: Mutex<plan::NormFusion>,
     /// A decode step's conv, recurrent step and gated norm in one kernel per layer
     /// (`gdn_decode`; on by default, `NIWAKI_CUDA_FUSE_GDN=0` runs the three kernels: the same
     /// bits, 5.9 against 4.4 µs per layer on the H200).
@@ -516,7 +517,9 @@ impl Gpu {
                     .filter(|r| plan::GDN_STEP_ROWS.contains(r))
                     .unwrap_or(plan::GDN_STEP_DEFAULT_ROWS),
             ),
-            fuse_norm: AtomicBool::new(env_opt_in("NIWAKI_CUDA_FUSE_NORM")),
+            norm_fusion: Mutex::new(plan::NormFusion::from_setting(
+                std::env::var("NIWAKI_CUDA_FUSE_NORM").ok().as_deref(),
+            )),
             fuse_gdn: AtomicBool::new(env_on("NIWAKI_CUDA_FUSE_GDN")),
             topk: AtomicBool::new(env_on("NIWAKI_CUDA_TOPK")),
             topk_sums: AtomicBool::new(env_on("NIWAKI_CUDA_TOPK_SUMS")),
@@ -656,9 +659,9 @@ impl Gpu {
     }
 
     /// Bytes of `next` that the one-token GEMV before it pulls into the L2 cache (0: none). By
-    /// default, where `next` runs without a fused norm: the kernel it goes to with one, where
-    /// the norm is folded in (`NIWAKI_CUDA_FUSE_NORM`), differs only where its shared memory
-    /// does not fit.
+    /// default, by the kernel `next` goes to without a folded norm: with one it goes to the
+    /// same kind (a binary kernel declining the norm runs it apart), except with the norm
+    /// folded into every GEMV (`NIWAKI_CUDA_FUSE_NORM=1`), where ffn_down-wide rows go to dp4a.
     pub fn prefetch_for(&self, next: &DevMat) -> usize {
         match self.prefetch_bytes.load(Ordering::Relaxed) {
             PREFETCH_BY_MATRIX => plan::default_prefetch_bytes(self.takes_b1(next, false)),
@@ -689,7 +692,7 @@ impl Gpu {
     /// Which ops of a one-token pass run merged.
     pub fn fusion(&self) -> plan::Fusion {
         plan::Fusion {
-            norm: self.gemv1() && self.fuse_norm.load(Ordering::Relaxed),
+            norm: self.gemv1() && self.norm_fusion() != plan::NormFusion::Apart,
             gdn: self.fuse_gdn.load(Ordering::Relaxed),
         }
     }
@@ -716,10 +719,26 @@ impl Gpu {
         t
     }
 
-    /// Sets norm fusion and the decode GEMV's blocks per multiprocessor and shared-memory
+    /// Which decode GEMVs norm their input themselves.
+    pub fn norm_fusion(&self) -> plan::NormFusion {
+        *self
+            .norm_fusion
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Sets norm fusion and the dp4a decode GEMV's blocks per multiprocessor and shared-memory
     /// budget (0: default), for measuring them; captured graphs keep what they were built with.
-    pub fn set_gemv1_knobs(&self, fuse_norm: bool, blocks_per_sm: usize, smem_budget: usize) {
-        self.fuse_norm.store(fuse_norm, Ordering::Relaxed);
+    pub fn set_gemv1_knobs(
+        &self,
+        norm: plan::NormFusion,
+        blocks_per_sm: usize,
+        smem_budget: usize,
+    ) {
+        *self
+            .norm_fusion
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = norm;
         self.blocks_per_sm.store(blocks_per_sm, Ordering::Relaxed);
         self.smem_budget.store(smem_budget, Ordering::Relaxed);
     }

@@ -217,17 +217,18 @@ pub fn gemv_b1_stage_bytes(cols: usize, tile_rows: usize) -> usize {
     round1024((chunks * 16).div_ceil(128) * 128 * tile_rows + tile_rows * chunks * 2)
 }
 
-/// Shared memory before the binary decode GEMV's stages: the activation group pairs, and the
-/// int8 row where the block norms and quantizes its input itself.
-pub fn gemv_b1_x_bytes(cols: usize, fused_norm: bool) -> usize {
-    round1024(round128(8 * cols / X_GROUP) + if fused_norm { cols } else { 0 })
+/// Shared memory before the binary decode GEMV's stages: the activation group pairs (the
+/// kernels with the norm folded in keep their codes in registers too).
+pub fn gemv_b1_x_bytes(cols: usize) -> usize {
+    round1024(round128(8 * cols / X_GROUP))
 }
 
 /// Plans a binary decode GEMV of a `rows × cols` 1-bit matrix, or `None` where the kernel does
 /// not take the shape: rows of whole 128-byte boxes (`cols` a multiple of 1024) and at most
 /// 17 chunks per warp (17408 columns). Up to 6144 columns: three blocks per multiprocessor of
 /// up to 72 KiB (the kernels that keep five or six plane words per lane); beyond, two of up to
-/// 100 KiB; each as many stages as fit beside the blocks' static memory.
+/// 100 KiB; each as many stages as fit beside the blocks' static memory. `fused_norm`: the
+/// kernel norms and quantizes its input itself, taken up to 6144 columns.
 /// `knobs`: blocks per multiprocessor and shared-memory budget in place of the defaults (0:
 /// default), for measuring them. `tile_rows`: 32 asks for tiles of two row groups, taken where
 /// the rows are a multiple of 32 and the width is one of the exact kernels' (5120 or 6144
@@ -250,14 +251,21 @@ pub fn gemv_b1_launch(
     // kernels made for a count run it unguarded. Tiles of 32 rows take at most half the stages
     // (their partial sums' static memory); budgets are caps, lowered below where the blocks
     // would not fit a multiprocessor.
-    let (kernel, tile_rows, blocks_per_sm, budget) = match per_warp {
-        5 if wide_tiles => ("gemv_b1_j5x_r32", 32, 3, 66 << 10),
-        6 if wide_tiles => ("gemv_b1_j6x_r32", 32, 3, 66 << 10),
-        5 => ("gemv_b1_j5x", 16, 3, 72 << 10),
-        6 => ("gemv_b1_j6x", 16, 3, 72 << 10),
-        0..=6 => ("gemv_b1_j6", 16, 3, 72 << 10),
-        17 => ("gemv_b1_j17x", 16, 2, 100 << 10),
-        7..=17 => ("gemv_b1_j17", 16, 2, 100 << 10),
+    // The norm is folded in up to six chunks a warp (the `_n` kernels hold the row's values in
+    // registers); wider rows run it apart.
+    let (kernel, tile_rows, blocks_per_sm, budget) = match (per_warp, fused_norm) {
+        (5, false) if wide_tiles => ("gemv_b1_j5x_r32", 32, 3, 66 << 10),
+        (6, false) if wide_tiles => ("gemv_b1_j6x_r32", 32, 3, 66 << 10),
+        (5, true) if wide_tiles => ("gemv_b1_j5x_r32_n", 32, 3, 66 << 10),
+        (6, true) if wide_tiles => ("gemv_b1_j6x_r32_n", 32, 3, 66 << 10),
+        (5, false) => ("gemv_b1_j5x", 16, 3, 72 << 10),
+        (6, false) => ("gemv_b1_j6x", 16, 3, 72 << 10),
+        (0..=6, false) => ("gemv_b1_j6", 16, 3, 72 << 10),
+        (5, true) => ("gemv_b1_j5x_n", 16, 3, 72 << 10),
+        (6, true) => ("gemv_b1_j6x_n", 16, 3, 72 << 10),
+        (0..=6, true) => ("gemv_b1_j6_n", 16, 3, 72 << 10),
+        (17, false) => ("gemv_b1_j17x", 16, 2, 100 << 10),
+        (7..=17, false) => ("gemv_b1_j17", 16, 2, 100 << 10),
         _ => return None,
     };
     let blocks_per_sm = if knobs.0 > 0 { knobs.0 } else { blocks_per_sm };
@@ -274,7 +282,7 @@ pub fn gemv_b1_launch(
         .min(smem_limit.saturating_sub(GEMV_B1_STATIC_SMEM))
         .saturating_sub(1024);
     let stage_bytes = gemv_b1_stage_bytes(cols, tile_rows);
-    let x_bytes = gemv_b1_x_bytes(cols, fused_norm);
+    let x_bytes = gemv_b1_x_bytes(cols);
     let tiles = rows.div_ceil(tile_rows);
     let stages =
         ring_stages(budget, x_bytes, stage_bytes, tiles)?.min(GEMV1_MAX_STAGES * 16 / tile_rows);

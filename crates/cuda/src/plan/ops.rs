@@ -119,6 +119,47 @@ pub enum Head {
     All,
 }
 
+/// Which one-token GEMVs norm and quantize their input themselves ([`Op::NormGemv`]), the
+/// others' norms running as their own kernel.
+///
+/// Apart is the default. Folded into the binary GEMVs (whose consumer warps norm and quantize
+/// their own chunks in registers, the same bits as the norm kernel), 27B Q1_0 decode on the H200
+/// measured 346.1, 346.3 and 343.0 tok/s against 358.8, 350.7 and 353.2 with the norms apart
+/// (`niwaki bench --device cuda -p 8 -n 128 -r 3`, medians, rounds interleaved): each of a
+/// GEMV's ~400 blocks then reads the whole row in f32 (20 KB, four times the int8 codes it
+/// reads otherwise) where one small kernel read it once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormFusion {
+    /// Every norm its own kernel.
+    Apart,
+    /// Folded into the binary 1-bit GEMVs (`kernels/gemv_b1.cu`, up to six chunks a warp).
+    Binary,
+    /// Into the dp4a GEMVs too, whose every block norms and stages the whole row first.
+    All,
+}
+
+impl NormFusion {
+    /// From `NIWAKI_CUDA_FUSE_NORM`: `binary` into the binary GEMVs, `1` or `all` into every
+    /// GEMV, else apart.
+    pub fn from_setting(v: Option<&str>) -> NormFusion {
+        match v {
+            Some("binary") => NormFusion::Binary,
+            Some("1" | "all") => NormFusion::All,
+            _ => NormFusion::Apart,
+        }
+    }
+
+    /// Whether a one-token GEMV whose matrix goes to the binary kernel (`binary`) or not
+    /// takes its norm.
+    pub fn folds(self, binary: bool) -> bool {
+        match self {
+            NormFusion::Apart => false,
+            NormFusion::Binary => binary,
+            NormFusion::All => true,
+        }
+    }
+}
+
 /// Which of a one-token pass's ops are merged into fewer kernels (multi-token passes keep
 /// them apart). The default merges nothing, the plain op list; what a device runs is
 /// `Gpu::fusion` (the recurrence merged unless turned off).
