@@ -959,3 +959,43 @@ fn norm_fusion_is_apart_unless_asked_and_binary_folds_only_into_binary_gemvs() {
         assert!(NormFusion::All.folds(binary));
     }
 }
+
+#[test]
+fn the_2bit_binary_decode_gemv_takes_the_27b_inputs_and_outputs_in_both_layouts() {
+    let limit = 227 << 10;
+    for format in [GpuFormat::Q2G64, GpuFormat::Q2G128] {
+        let g = if format == GpuFormat::Q2G64 {
+            "g64"
+        } else {
+            "g128"
+        };
+        for (rows, cols, j) in [
+            (34816, 5120, 10),
+            (16480, 5120, 10),
+            (248_320, 5120, 10),
+            (5120, 6144, 12),
+            (333, 6144, 12),
+        ] {
+            let l = gemv_b2_launch(format, rows, cols, 132, limit, (0, 0)).unwrap();
+            assert_eq!(l.kernel, format!("gemv_b2_{g}_j{j}"));
+            assert_eq!(l.tile_rows, 16);
+            assert!(l.stages >= 2 && l.stages <= GEMV1_MAX_STAGES);
+            assert!(l.smem_bytes <= 72 << 10, "{rows}×{cols}: {l:?}");
+            assert!(fits_a_multiprocessor(&l, 3), "{rows}×{cols}: {l:?}");
+            assert_eq!(
+                l.smem_bytes,
+                1024 + gemv_b1_x_bytes(cols) + l.stages * l.stage_bytes
+            );
+            // 16 rows of codes (a quarter byte a value) in whole boxes, then a scale per row
+            // and block.
+            assert_eq!(l.stage_bytes % 1024, 0);
+            assert!(l.stage_bytes >= 16 * cols / 4 + 16 * (cols / format.scale_values()) * 2);
+            assert_eq!(l.grid, rows.div_ceil(16).min(3 * 132));
+        }
+        // ffn_down's width, other widths, 1-bit rows and no rows: not taken.
+        for (rows, cols) in [(5120, 17408), (40, 1024), (40, 5632), (0, 5120)] {
+            assert!(gemv_b2_launch(format, rows, cols, 132, limit, (0, 0)).is_none());
+        }
+    }
+    assert!(gemv_b2_launch(GpuFormat::Q1, 5120, 5120, 132, limit, (0, 0)).is_none());
+}
