@@ -6,14 +6,12 @@ use std::path::{Path, PathBuf};
 use crate::error::{CudaError, Result};
 
 /// The kernel sources in the order they are concatenated.
-pub const SOURCES: [(&str, &str); 14] = [
+pub const SOURCES: [(&str, &str); 13] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("quant.cu", include_str!("../kernels/quant.cu")),
     ("gemv.cu", include_str!("../kernels/gemv.cu")),
     // After gemv.cu (the fused norm, the L2 prefetch).
     ("gemv_b1.cu", include_str!("../kernels/gemv_b1.cu")),
-    // After gemv_b1.cu (its producer and MMA).
-    ("gemv_b2.cu", include_str!("../kernels/gemv_b2.cu")),
     ("gemm.cu", include_str!("../kernels/gemm.cu")),
     ("hgemm.cu", include_str!("../kernels/hgemm.cu")),
     ("gdn.cu", include_str!("../kernels/gdn.cu")),
@@ -30,7 +28,7 @@ pub const SOURCES: [(&str, &str); 14] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 82] = [
+pub const KERNELS: [&str; 78] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -70,10 +68,6 @@ pub const KERNELS: [&str; 82] = [
     "gemv_b1_j6_n",
     "gemv_b1_j5x_r32_n",
     "gemv_b1_j6x_r32_n",
-    "gemv_b2_g64_j10",
-    "gemv_b2_g64_j12",
-    "gemv_b2_g128_j10",
-    "gemv_b2_g128_j12",
     "gemv_chain_q1",
     "gemv_chain_q2g64",
     "gemv_chain_q1_nodot",

@@ -11,7 +11,6 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::gemm::{gemm_checks, gemm_speed};
 use crate::gemv_b1::gemv_b1_checks;
-use crate::gemv_b2::gemv_b2_checks;
 use crate::report::*;
 
 pub(crate) fn kernel_checks(rep: &mut Report, gpu: &Gpu, bw: f64) -> R<()> {
@@ -113,7 +112,6 @@ pub(crate) fn kernel_checks(rep: &mut Report, gpu: &Gpu, bw: f64) -> R<()> {
 
     gemv1_checks(rep, gpu, xq.ptr, xs.ptr, &mut rng)?;
     gemv_b1_checks(rep, gpu, xq.ptr, xs.ptr, &mut rng)?;
-    gemv_b2_checks(rep, gpu, xq.ptr, xs.ptr, &mut rng)?;
     gemm_checks(rep, gpu, &mut rng)?;
     // GEMV throughput on 27B shapes, rotating over copies so that L2 (60 MB) does not serve it:
     // the register-streaming kernel, the bulk-copy kernel with its default tuning, and the best

@@ -30,7 +30,6 @@ mod bench;
 mod gdn;
 mod gemm;
 mod gemv_b1;
-mod gemv_b2;
 mod kernels;
 mod models;
 mod report;
@@ -103,15 +102,13 @@ fn run(rep: &mut Report) -> R<()> {
         // For a profiler: the GEMM timings alone.
         Ok("gemm") => return gemm_speed(rep, &gpu),
         // A new GEMM kernel's first run: its checks, then its timings.
-        // The binary decode GEMVs' checks alone (with their NIWAKI_CUDA_B1_* knobs).
+        // The binary decode GEMV's checks alone (with its NIWAKI_CUDA_B1_* knobs).
         Ok("gemv-b1") => {
             let (xq, xs) = decode_gemv_inputs(rep, &gpu)?;
             let mut rng = rand::SeedableRng::seed_from_u64(7);
             gemv_b1::gemv_b1_checks(rep, &gpu, xq.ptr, xs.ptr, &mut rng)?;
-            gemv_b2::gemv_b2_checks(rep, &gpu, xq.ptr, xs.ptr, &mut rng)?;
             drop(gpu);
-            gemv_b1::wide_model_binary(rep, Format::Q1_0)?;
-            return gemv_b1::wide_model_binary(rep, Format::Q2_0);
+            return gemv_b1::wide_model_b1(rep);
         }
         // The dp4a decode GEMV's checks alone (every activation staging).
         Ok("gemv1") => {
@@ -199,8 +196,7 @@ fn run(rep: &mut Report) -> R<()> {
     rep.line("");
     rep.line("| check | shape | result | error |");
     rep.line("|---|---|---|---|");
-    gemv_b1::wide_model_binary(rep, Format::Q1_0)?;
-    gemv_b1::wide_model_binary(rep, Format::Q2_0)?;
+    gemv_b1::wide_model_b1(rep)?;
 
     bench_27b_section(rep, bw)?;
     let _ = writeln!(rep.md);

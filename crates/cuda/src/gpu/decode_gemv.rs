@@ -78,14 +78,9 @@ impl Gpu {
         self.prefers_b1(m) && self.b1_plan(m, fused).is_some()
     }
 
-    /// Whether the binary kernels of `m`'s format are on and `m` has the rows
-    /// [`plan::prefers_b1`] asks for.
+    /// Whether the binary kernels are on and `m` has the rows [`plan::prefers_b1`] asks for.
     fn prefers_b1(&self, m: &DevMat) -> bool {
-        let on = match m.format {
-            GpuFormat::Q1 => &self.b1,
-            GpuFormat::Q2G64 | GpuFormat::Q2G128 => &self.b2,
-        };
-        on.load(Ordering::Relaxed)
+        self.b1.load(Ordering::Relaxed)
             && !self.gemv1_nodot.load(Ordering::Relaxed)
             && plan::prefers_b1(
                 m.rows,
@@ -95,38 +90,25 @@ impl Gpu {
     }
 
     /// The binary kernel's launch for `m`: sm_90 only (its plan sizes blocks for that
-    /// multiprocessor's shared memory), rows of a width the plan takes; 2-bit rows with their
-    /// norm apart.
+    /// multiprocessor's shared memory), 1-bit rows of a width the plan takes.
     fn b1_plan(&self, m: &DevMat, fused: bool) -> Option<plan::GemvB1Launch> {
-        if self.info.compute_capability.0 != 9 {
+        if self.info.compute_capability.0 != 9 || m.format != GpuFormat::Q1 {
             return None;
         }
-        let sms = self.info.multiprocessors.max(1) as usize;
-        match m.format {
-            GpuFormat::Q1 => plan::gemv_b1_launch(
-                m.rows,
-                m.cols,
-                sms,
-                self.smem_limit,
-                fused,
-                self.b1_knobs,
-                self.b1_tile_rows.load(Ordering::Relaxed),
-            ),
-            GpuFormat::Q2G64 | GpuFormat::Q2G128 if !fused => plan::gemv_b2_launch(
-                m.format,
-                m.rows,
-                m.cols,
-                sms,
-                self.smem_limit,
-                self.b1_knobs,
-            ),
-            GpuFormat::Q2G64 | GpuFormat::Q2G128 => None,
-        }
+        plan::gemv_b1_launch(
+            m.rows,
+            m.cols,
+            self.info.multiprocessors.max(1) as usize,
+            self.smem_limit,
+            fused,
+            self.b1_knobs,
+            self.b1_tile_rows.load(Ordering::Relaxed),
+        )
     }
 
-    /// One-token GEMV on the binary tensor cores (`kernels/gemv_b1.cu` for 1-bit rows,
-    /// `gemv_b2.cu` for 2-bit ones); `false` (nothing launched) where the plan does not take
-    /// the shape or the device lacks the kernel.
+    /// One-token GEMV of a 1-bit matrix on the binary tensor cores (`kernels/gemv_b1.cu`);
+    /// `false` (nothing launched) where the plan does not take the shape or the device lacks
+    /// the kernel.
     pub fn gemv_b1(
         &self,
         stream: &CudaStream,
@@ -137,7 +119,7 @@ impl Gpu {
         let Some(l) = self.b1_plan(m, pre.is_some()).filter(|_| io.ntok == 1) else {
             return Ok(false);
         };
-        let row_bytes = m.cols / m.format.chunk_values() * 16;
+        let row_bytes = m.cols / 128 * 16;
         let map = tma::encode(
             m.codes.ptr,
             &tma::Tile {

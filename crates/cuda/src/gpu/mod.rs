@@ -273,9 +273,6 @@ pub struct Gpu {
     /// 1-bit decode GEMVs on the binary tensor cores (`gemv_b1_*`) rather than dp4a, for the
     /// matrices [`plan::prefers_b1`] gives them (sm_90; `NIWAKI_CUDA_B1=0` turns them off).
     b1: AtomicBool,
-    /// 2-bit decode GEMVs on the binary tensor cores (`gemv_b2_*`) where their plan takes the
-    /// matrix ([`plan::gemv_b2_launch`]; sm_90; off by default, `NIWAKI_CUDA_B2=1`: no faster than dp4a).
-    b2: AtomicBool,
     /// Blocks per multiprocessor and shared-memory budget of the binary decode GEMV in place of
     /// its defaults (`NIWAKI_CUDA_B1_BLOCKS`, `NIWAKI_CUDA_B1_SMEM_KIB`; 0: default), for
     /// measuring them; the budget is still lowered to what that many blocks can hold.
@@ -481,7 +478,7 @@ impl Gpu {
         if hopper {
             // The bulk-copy kernels: all the shared memory their static part leaves.
             for k in compile::KERNELS {
-                let fixed = if k.starts_with("gemv_b1_") || k.starts_with("gemv_b2_") {
+                let fixed = if k.starts_with("gemv_b1_") {
                     plan::GEMV_B1_STATIC_SMEM
                 } else if k.starts_with("gemv1_") || k.starts_with("gemv_chain_") {
                     plan::GEMV1_STATIC_SMEM
@@ -509,7 +506,6 @@ impl Gpu {
                 _ => X_COPY_PLAN,
             }),
             b1: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_B1")),
-            b2: AtomicBool::new(hopper && env_opt_in("NIWAKI_CUDA_B2")),
             mma: AtomicBool::new(ampere && env_on("NIWAKI_CUDA_MMA")),
             gemm_kernel: Mutex::new(None),
             gdn_chunked: AtomicBool::new(gdn_chunks_fit && env_opt_in("NIWAKI_CUDA_GDN_CHUNK")),
@@ -761,13 +757,6 @@ impl Gpu {
     pub fn set_b1(&self, on: bool) -> bool {
         let hopper = self.info.compute_capability.0 >= 9;
         self.b1.swap(on && hopper, Ordering::Relaxed)
-    }
-
-    /// Turns the 2-bit binary decode GEMVs on or off (for comparing them with dp4a); returns the
-    /// previous setting. Never on before sm_90.
-    pub fn set_b2(&self, on: bool) -> bool {
-        let hopper = self.info.compute_capability.0 >= 9;
-        self.b2.swap(on && hopper, Ordering::Relaxed)
     }
 
     /// Rows per tile the binary decode GEMV asks for (16 or 32); returns the previous setting.

@@ -296,58 +296,6 @@ pub fn gemv_b1_launch(
     })
 }
 
-/// Plans a binary decode GEMV of a `rows × cols` 2-bit matrix (`kernels/gemv_b2.cu`, the dp4a
-/// layout as it is), or `None` where no kernel takes it: the kernels are made for 10 and 12
-/// chunks of 64 values a warp (5120 and 6144 columns, the 27B's inputs and outputs); wider rows
-/// (ffn_down's 17408, whose 16-row tiles of 77 KB do not fit two stages beside two more blocks)
-/// stay on dp4a. Three blocks per multiprocessor of up to 72 KiB, as the 1-bit kernels of these
-/// widths; `knobs` as for [`gemv_b1_launch`].
-pub fn gemv_b2_launch(
-    format: GpuFormat,
-    rows: usize,
-    cols: usize,
-    sms: usize,
-    smem_limit: usize,
-    knobs: (usize, usize),
-) -> Option<GemvB1Launch> {
-    let kernel = match (format, cols) {
-        (GpuFormat::Q2G64, 5120) => "gemv_b2_g64_j10",
-        (GpuFormat::Q2G64, 6144) => "gemv_b2_g64_j12",
-        (GpuFormat::Q2G128, 5120) => "gemv_b2_g128_j10",
-        (GpuFormat::Q2G128, 6144) => "gemv_b2_g128_j12",
-        _ => return None,
-    };
-    if rows == 0 {
-        return None;
-    }
-    let blocks_per_sm = if knobs.0 > 0 { knobs.0 } else { 3 };
-    let budget = if knobs.1 > 0 { knobs.1 } else { 72 << 10 };
-    let fit = (SM90_SMEM_PER_SM / blocks_per_sm.max(1))
-        .saturating_sub(GEMV_B1_STATIC_SMEM + SMEM_RESERVED_PER_BLOCK);
-    let budget = budget
-        .min(fit)
-        .min(smem_limit.saturating_sub(GEMV_B1_STATIC_SMEM))
-        .saturating_sub(1024);
-    let stage_bytes = gemv_b2_stage_bytes(format, cols);
-    let x_bytes = gemv_b1_x_bytes(cols);
-    let tiles = rows.div_ceil(16);
-    let stages = ring_stages(budget, x_bytes, stage_bytes, tiles)?;
-    Some(GemvB1Launch {
-        kernel,
-        tile_rows: 16,
-        stages,
-        grid: tiles.min(sms.max(1) * blocks_per_sm),
-        smem_bytes: 1024 + x_bytes + stages * stage_bytes,
-        stage_bytes,
-    })
-}
-
-/// Shared memory of one stage of the 2-bit binary decode GEMV: 16 rows of codes in 128-byte
-/// boxes, then their scales.
-pub fn gemv_b2_stage_bytes(format: GpuFormat, cols: usize) -> usize {
-    round1024(cols / 4 * 16 + 16 * (cols / format.scale_values()) * 2)
-}
-
 /// Tiles of 16 rows per multiprocessor from which a 1-bit decode GEMV goes to the binary tensor
 /// cores rather than dp4a: every matrix. Measured first per op inside the 27B Q1_0 decode graph
 /// on the H200 (µs, dp4a against binary): 34816 rows (ffn gate | up) 16.24 against 12.60, the
