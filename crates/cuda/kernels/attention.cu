@@ -372,6 +372,28 @@ ATTN_SPLIT_KERNEL(attn_split_q8_t4, true, 4, ARING / 4)
 ATTN_SPLIT_KERNEL(attn_split_t8, false, 8, ARING / 8)
 ATTN_SPLIT_KERNEL(attn_split_q8_t8, true, 8, ARING / 8)
 
+// The merge's weights of a head's splits: f[s] = exp(m_s − M) and ls[s] its share of the
+// softmax sum (0 for a split the context did not reach), M the largest split maximum (fmaxf is
+// exact and order-free: any reduction order gives the same M). Every thread of the block calls
+// it (it synchronizes); `mred` holds a float per warp.
+__device__ __forceinline__ void combine_weights(const float* __restrict__ src, int used, float* f, float* ls,
+                                                float* mred) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float mloc = NEG_INF;
+    for (int s = threadIdx.x; s < used; s += blockDim.x) mloc = fmaxf(mloc, src[s * (HD + 2) + HD]);
+    mloc = warp_max(mloc);
+    if (lane == 0) mred[warp] = mloc;
+    __syncthreads();
+    float M = NEG_INF;
+    for (int w = 0; w < nw; w++) M = fmaxf(M, mred[w]);
+    for (int s = threadIdx.x; s < used; s += blockDim.x) {
+        const float ms = src[s * (HD + 2) + HD];
+        f[s] = ms == NEG_INF ? 0.0f : expf(ms - M);
+        ls[s] = ms == NEG_INF ? 0.0f : src[s * (HD + 2) + HD + 1];
+    }
+    __syncthreads();
+}
+
 // grid (NH, ntok, HD / 32), block 256: merge the splits the token's context filled, and gate.
 // The split weights exp(m_s - M) go to shared memory once; warp w then sums splits w, w + 8, ...
 // of 32 dimensions (coalesced rows, eight loads in flight per thread where one thread summed
@@ -388,20 +410,7 @@ extern "C" __global__ void __launch_bounds__(CW * 32)
     const int n_ctx = (int)*pos_ptr + t + 1;
     const int len = attn_split_len(n_ctx, nsplit);
     const int used = (n_ctx + len - 1) / len;
-    float mloc = NEG_INF;
-    for (int s = threadIdx.x; s < used; s += blockDim.x) mloc = fmaxf(mloc, src[s * (HD + 2) + HD]);
-    // fmaxf is exact and order-free: any reduction order gives the same M.
-    mloc = warp_max(mloc);
-    if (lane == 0) mred[warp] = mloc;
-    __syncthreads();
-    float M = NEG_INF;
-    for (int w = 0; w < CW; w++) M = fmaxf(M, mred[w]);
-    for (int s = threadIdx.x; s < used; s += blockDim.x) {
-        const float ms = src[s * (HD + 2) + HD];
-        f[s] = ms == NEG_INF ? 0.0f : expf(ms - M);
-        ls[s] = ms == NEG_INF ? 0.0f : src[s * (HD + 2) + HD + 1];
-    }
-    __syncthreads();
+    combine_weights(src, used, f, ls, mred);
     float A = 0.0f, Lw = 0.0f;
 #pragma unroll 4
     for (int s = warp; s < used; s += CW) {
@@ -422,6 +431,67 @@ extern "C" __global__ void __launch_bounds__(CW * 32)
     }
 }
 
+// attn_combine for a one-token pass with the quantization of the attention output folded in
+// (no quant_plain launch after it): grid (NH, 1, HD / 128), block 256, each block 128 dimensions
+// of a head, four a lane. Every dimension's sums run in attn_combine's order (warp w the splits
+// w, w + CW, …, then the warps in order), so `attn` gets the same bits, and warp 0 quantizes
+// its 128 values by quant128 as quant_plain would: the same codes and pairs. Models whose
+// attention output is Hadamard-rotated, or whose heads are not whole 128-value pieces
+// (plan::forward_ops), keep the two kernels (the rotation spans four heads).
+extern "C" __global__ void __launch_bounds__(CW * 32)
+    attn_combine_quant(const float* __restrict__ part, int nsplit, const u32* __restrict__ pos_ptr,
+                       const float* __restrict__ proj, int stride, float* __restrict__ attn,
+                       int* __restrict__ xq, float2* __restrict__ xs) {
+#if HD % 128 != 0
+    __trap();
+#else
+    PDL_ENTRY();
+    __shared__ float f[NSPLIT], ls[NSPLIT], mred[CW], lred[CW];
+    __shared__ float4 red[CW][32];
+    const int head = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int i = blockIdx.z * 128 + 4 * lane;
+    const float* src = part + (size_t)head * nsplit * (HD + 2);
+    const int n_ctx = (int)*pos_ptr + 1;
+    const int len = attn_split_len(n_ctx, nsplit);
+    const int used = (n_ctx + len - 1) / len;
+    combine_weights(src, used, f, ls, mred);
+    // A split's row is HD + 2 floats: 8-byte aligned at every split, so two float2 loads.
+    float4 A = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float Lw = 0.0f;
+#pragma unroll 4
+    for (int s = warp; s < used; s += CW) {
+        const float2 lo = *(const float2*)(src + s * (HD + 2) + i);
+        const float2 hi = *(const float2*)(src + s * (HD + 2) + i + 2);
+        A.x += lo.x * f[s];
+        A.y += lo.y * f[s];
+        A.z += hi.x * f[s];
+        A.w += hi.y * f[s];
+        Lw += ls[s] * f[s];
+    }
+    red[warp][lane] = A;
+    if (lane == 0) lred[warp] = Lw;
+    __syncthreads();
+    if (warp == 0) {
+        float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float L = 0.0f;
+        for (int w = 0; w < CW; w++) {
+            const float4 r = red[w][lane];
+            a.x += r.x;
+            a.y += r.y;
+            a.z += r.z;
+            a.w += r.w;
+            L += lred[w];
+        }
+        const float4 gate = *(const float4*)(proj + head * 2 * HD + HD + i);
+        const float4 v = make_float4((a.x / L) * sigmoidf_(gate.x), (a.y / L) * sigmoidf_(gate.y),
+                                     (a.z / L) * sigmoidf_(gate.z), (a.w / L) * sigmoidf_(gate.w));
+        const int base = head * HD + blockIdx.z * 128;
+        *(float4*)(attn + base + 4 * lane) = v;
+        quant128(v, base, xq, xs, nullptr);
+    }
+#endif
+}
+
 // The same merge for multi-token passes, one block of HD threads per (head, token): grid (NH,
 // ntok). attn_combine's 8·HD/32 small blocks per token spend their time in block scheduling and
 // three dependent round trips each (prefill: 77 µs per layer for 256 tokens); here one block
@@ -439,19 +509,7 @@ extern "C" __global__ void __launch_bounds__(HD)
     const int n_ctx = (int)*pos_ptr + t + 1;
     const int len = attn_split_len(n_ctx, nsplit);
     const int used = (n_ctx + len - 1) / len;
-    float mloc = NEG_INF;
-    for (int s = i; s < used; s += HD) mloc = fmaxf(mloc, src[s * (HD + 2) + HD]);
-    mloc = warp_max(mloc);
-    if (lane == 0) mred[warp] = mloc;
-    __syncthreads();
-    float M = NEG_INF;
-    for (int w = 0; w < HD / 32; w++) M = fmaxf(M, mred[w]);
-    for (int s = i; s < used; s += HD) {
-        const float ms = src[s * (HD + 2) + HD];
-        f[s] = ms == NEG_INF ? 0.0f : expf(ms - M);
-        ls[s] = ms == NEG_INF ? 0.0f : src[s * (HD + 2) + HD + 1];
-    }
-    __syncthreads();
+    combine_weights(src, used, f, ls, mred);
     float a = 0.0f, L = 0.0f;
     for (int w = 0; w < CW; w++) {
         float A = 0.0f, Lw = 0.0f;

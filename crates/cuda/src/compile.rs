@@ -28,7 +28,7 @@ pub const SOURCES: [(&str, &str); 13] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 78] = [
+pub const KERNELS: [&str; 79] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -106,6 +106,7 @@ pub const KERNELS: [&str; 78] = [
     "attn_split_q8_t8",
     "attn_split_mma",
     "attn_combine",
+    "attn_combine_quant",
     "attn_combine_rows",
 ];
 

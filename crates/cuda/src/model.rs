@@ -1300,6 +1300,22 @@ impl CudaModel {
                     ],
                 )
             }
+            Op::AttnCombineQuant { .. } => g.launch(
+                s,
+                "attn_combine_quant",
+                (d.n_head as u32, 1, (d.head_dim / 128) as u32),
+                (256, 1, 1),
+                &[
+                    Arg::Ptr(st.s("part")),
+                    Arg::I32(self.attn_split_plan(st, 1).1 as i32),
+                    Arg::Ptr(pos),
+                    Arg::Ptr(proj),
+                    Arg::I32(d.attn_in_rows() as i32),
+                    Arg::Ptr(st.s("attn")),
+                    Arg::Ptr(xq),
+                    Arg::Ptr(xs),
+                ],
+            ),
             Op::PlainQuant { ntok } => {
                 let w = d.n_head * d.head_dim;
                 let signs = self.signs_if(d.rotation.attn_out, w)?;

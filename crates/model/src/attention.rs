@@ -1,8 +1,10 @@
 //! Gated full attention with QK-norm, partial NEOX RoPE and a growing KV cache.
 
 use crate::config::Config;
+use crate::disjoint::Disjoint;
 use crate::input::{Ctx, Input};
-use crate::ops::{matmul, rms_norm_heads, rope_neox, sigmoid};
+use crate::ops::{dot, matmul, rms_norm_heads, rope_neox, sigmoid};
+use crate::pool;
 use crate::state::KvCache;
 use crate::weights::AttnWeights;
 
@@ -57,33 +59,34 @@ pub fn forward(
 
     let scale = 1.0 / (hd as f32).sqrt();
     let mut attn = vec![0f32; tokens * nh * hd];
-    let mut scores = Vec::new();
-    for t in 0..tokens {
+    let dst = Disjoint::new(&mut attn);
+    // Every (token, head) on its own: in parallel, each computed the same way whatever the
+    // thread count.
+    pool::global().run(tokens * nh, |task| {
+        let (t, head) = (task / nh, task % nh);
         let n_ctx = pos0 + t + 1;
-        for head in 0..nh {
-            let kvh = head / group;
-            let qh = &q[(t * nh + head) * hd..(t * nh + head + 1) * hd];
-            scores.clear();
-            scores.extend((0..n_ctx).map(|p| {
-                let kp = &k_cache[p * kvw + kvh * hd..p * kvw + (kvh + 1) * hd];
-                qh.iter().zip(kp).map(|(a, b)| a * b).sum::<f32>() * scale
-            }));
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            scores.iter_mut().for_each(|s| {
-                *s = (*s - max).exp();
-                sum += *s;
-            });
-            let out = &mut attn[(t * nh + head) * hd..(t * nh + head + 1) * hd];
-            for (p, &s) in scores.iter().enumerate() {
-                let vp = &v_cache[p * kvw + kvh * hd..p * kvw + (kvh + 1) * hd];
-                let wgt = s / sum;
-                out.iter_mut().zip(vp).for_each(|(o, &x)| *o += wgt * x);
-            }
-            let gh = &gate[(t * nh + head) * hd..(t * nh + head + 1) * hd];
-            out.iter_mut().zip(gh).for_each(|(o, &g)| *o *= sigmoid(g));
+        let kvh = head / group;
+        let qh = &q[(t * nh + head) * hd..(t * nh + head + 1) * hd];
+        let mut scores: Vec<f32> = (0..n_ctx)
+            .map(|p| dot(qh, &k_cache[p * kvw + kvh * hd..p * kvw + (kvh + 1) * hd]) * scale)
+            .collect();
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f32;
+        scores.iter_mut().for_each(|s| {
+            *s = (*s - max).exp();
+            sum += *s;
+        });
+        // SAFETY: head `head` of token `t` is this task's alone, and the range lies within
+        // `tokens · nh · hd`.
+        let out = unsafe { dst.slice_mut((t * nh + head) * hd..(t * nh + head + 1) * hd) };
+        for (p, &s) in scores.iter().enumerate() {
+            let vp = &v_cache[p * kvw + kvh * hd..p * kvw + (kvh + 1) * hd];
+            let wgt = s / sum;
+            out.iter_mut().zip(vp).for_each(|(o, &x)| *o += wgt * x);
         }
-    }
+        let gh = &gate[(t * nh + head) * hd..(t * nh + head + 1) * hd];
+        out.iter_mut().zip(gh).for_each(|(o, &g)| *o *= sigmoid(g));
+    });
     let mut out = vec![0f32; tokens * c.hidden];
     let attn = Input::new(&attn, tokens, ctx);
     matmul(&w.out, &attn, &mut out);

@@ -150,6 +150,28 @@ pub fn rms_norm_heads(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
+/// Σ a·b over the shorter of the two, in eight interleaved partial sums (element i into sum
+/// i mod 8) added pairwise at the end: independent adds the compiler vectorizes, where one
+/// running sum is a chain of dependent adds (attention's scores ran at that chain's latency).
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for j in 0..8 {
+            acc[j] += x[j] * y[j];
+        }
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
 /// `x · rsqrt(Σx² + eps)`, as the gated delta net normalises q and k.
 pub fn l2_norm(x: &mut [f32], eps: f32) {
     let ss: f32 = x.iter().map(|v| v * v).sum();
@@ -307,5 +329,31 @@ mod tests {
             zip_in_place(&mut got, &y, |a, b| silu(a) * b);
             assert_eq!(got, want, "{n} values");
         }
+    }
+
+    #[test]
+    fn dot_is_the_f64_sum_within_float_rounding_and_exact_on_integers() {
+        for n in [0usize, 1, 7, 8, 9, 16, 255, 256, 257, 1000] {
+            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+            let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+            let exact: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
+            let mag: f64 = a
+                .iter()
+                .zip(&b)
+                .map(|(&x, &y)| (x as f64 * y as f64).abs())
+                .sum();
+            let got = dot(&a, &b) as f64;
+            assert!(
+                (got - exact).abs() <= 1e-6 * mag.max(1e-30),
+                "{n}: {got} vs {exact}"
+            );
+            // Small integers: every partial sum is exact, so any order gives the same answer.
+            let ai: Vec<f32> = (0..n).map(|i| (i % 7) as f32 - 3.0).collect();
+            let bi: Vec<f32> = (0..n).map(|i| (i % 5) as f32 - 2.0).collect();
+            let want: f32 = ai.iter().zip(&bi).map(|(x, y)| x * y).sum();
+            assert_eq!(dot(&ai, &bi), want, "{n} integers");
+        }
+        // Only the common length counts.
+        assert_eq!(dot(&[1.0, 2.0, 3.0], &[4.0, 5.0]), 14.0);
     }
 }

@@ -114,7 +114,19 @@ pub(crate) fn bench_27b(
         toks == toks_serial,
         format!("{format}: decode tokens differ with the recurrence in three kernels"),
     );
+    let merged = g.gpu().set_fuse_attn(false);
+    let apart = decode(true, true, (NormFusion::Apart, 0, 0));
+    g.gpu().set_fuse_attn(merged);
+    let (va, toks) = apart?;
+    rep.check(
+        toks == toks_serial,
+        format!("{format}: decode tokens differ with the attention merge and quantization apart"),
+    );
     let _ = write!(variants, "; recurrence in three kernels: {v:.1}");
+    let _ = write!(
+        variants,
+        "; attention merge and quantization apart: {va:.1}"
+    );
     // Three dp4a GEMV blocks of 72 KiB per multiprocessor for every matrix they take (the
     // 6144-wide ones then fit in one round of blocks; 1-bit matrices on the binary kernel keep
     // its own plan); the tokens must not change.

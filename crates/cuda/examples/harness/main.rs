@@ -14,8 +14,9 @@
 //! `NIWAKI_HARNESS_ONLY=gemv-b1` runs the binary decode GEMV's checks alone (the kernel's, then
 //! a 27B-wide model's against dp4a and the CPU engine),
 //! `NIWAKI_HARNESS_ONLY=gemv1` the dp4a decode GEMV's checks alone,
-//! `NIWAKI_HARNESS_ONLY=topk` sampling's top-k selection alone, `NIWAKI_HARNESS_ONLY=27b` the
-//! 27B section alone.
+//! `NIWAKI_HARNESS_ONLY=topk` sampling's top-k selection alone, `NIWAKI_HARNESS_ONLY=fused` the
+//! merged decode kernels against the kernels they replace, `NIWAKI_HARNESS_ONLY=27b` the 27B
+//! section alone.
 
 use std::fmt::Write as _;
 
@@ -122,6 +123,11 @@ fn run(rep: &mut Report) -> R<()> {
                 sampling::topk_checks(rep, &gpu, &mut rand::SeedableRng::seed_from_u64(5))?;
             rep.line(format!("\n{timing}\n"));
             return sampling::model_topk(rep);
+        }
+        // The merged decode kernels against the kernels they replace, bit for bit.
+        Ok("fused") => {
+            drop(gpu);
+            return fused_recurrence(rep);
         }
         Ok("gemm-checks") => {
             kernel_table(rep);

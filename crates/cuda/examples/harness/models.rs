@@ -246,9 +246,11 @@ pub(crate) fn kv_q8_checks(rep: &mut Report) -> R<()> {
     Ok(())
 }
 
-/// The one-kernel recurrence of decode steps (`gdn_decode`) against the conv, step and gated
-/// norm kernels it replaces: logits bit for bit over calls of 20, 1, 1, 1, 5, 1, 1, 2, 1, 1, 1
-/// tokens (odd and even passes move the conv state between its two buffers).
+/// The merged kernels of decode steps against the kernels they replace, logits bit for bit over
+/// calls of 20, 1, 1, 1, 5, 1, 1, 2, 1, 1, 1 tokens (odd and even passes move the conv state
+/// between its two buffers): the one-kernel recurrence (`gdn_decode`) against conv, step and
+/// gated norm, and the attention merge with its quantization (`attn_combine_quant`) against
+/// `attn_combine` and `quant_plain`.
 pub(crate) fn fused_recurrence(rep: &mut Report) -> R<()> {
     for (preset, vocab) in [(Preset::Tiny, 1000usize), (Preset::Small, 4096)] {
         let shape = preset.shape(vocab);
@@ -261,8 +263,8 @@ pub(crate) fn fused_recurrence(rep: &mut Report) -> R<()> {
             .iter()
             .map(|&n| (0..n).map(|_| tok()).collect())
             .collect();
-        let run = |fused: bool| -> R<Vec<f32>> {
-            let before = g.gpu().set_fuse_gdn(fused);
+        let run = |gdn: bool, attn: bool| -> R<Vec<f32>> {
+            let (g0, a0) = (g.gpu().set_fuse_gdn(gdn), g.gpu().set_fuse_attn(attn));
             let out = (|| -> R<Vec<f32>> {
                 let mut st = g.new_state(256)?;
                 let mut out = Vec::new();
@@ -271,22 +273,42 @@ pub(crate) fn fused_recurrence(rep: &mut Report) -> R<()> {
                 }
                 Ok(out)
             })();
-            g.gpu().set_fuse_gdn(before);
+            g.gpu().set_fuse_gdn(g0);
+            g.gpu().set_fuse_attn(a0);
             out
         };
-        let (a, b) = (run(false)?, run(true)?);
-        let differing = a
-            .iter()
-            .zip(&b)
-            .filter(|(x, y)| x.to_bits() != y.to_bits())
-            .count();
-        let ok = a.len() == b.len() && differing == 0;
-        rep.line(format!(
-            "One-kernel decode recurrence against conv + step + gated norm ({preset:?}, Q2_0, {} calls): {differing} of {} logits differ in any bit",
-            calls.len(),
-            a.len()
-        ));
-        rep.check(ok, format!("fused recurrence {preset:?}"));
+        let plain = run(false, false)?;
+        // Heads of 64 values (Tiny) keep attn_combine and quant_plain: nothing to compare.
+        let merges_attn = shape.head_dim % 128 == 0;
+        for (what, gdn, attn) in [
+            (
+                "One-kernel decode recurrence against conv + step + gated norm",
+                true,
+                false,
+            ),
+            (
+                "One-kernel decode attention merge + quantization against the two kernels",
+                false,
+                true,
+            ),
+        ] {
+            if attn && !merges_attn {
+                continue;
+            }
+            let b = run(gdn, attn)?;
+            let differing = plain
+                .iter()
+                .zip(&b)
+                .filter(|(x, y)| x.to_bits() != y.to_bits())
+                .count();
+            let ok = plain.len() == b.len() && differing == 0;
+            rep.line(format!(
+                "{what} ({preset:?}, Q2_0, {} calls): {differing} of {} logits differ in any bit",
+                calls.len(),
+                plain.len()
+            ));
+            rep.check(ok, format!("{what} {preset:?}"));
+        }
     }
     Ok(())
 }

@@ -310,6 +310,10 @@ pub struct Gpu {
     /// (`gdn_decode`; on by default, `NIWAKI_CUDA_FUSE_GDN=0` runs the three kernels: the same
     /// bits, 5.9 against 4.4 µs per layer on the H200).
     fuse_gdn: AtomicBool,
+    /// A decode step's attention merge and its output's quantization in one kernel
+    /// (`attn_combine_quant`; on by default, `NIWAKI_CUDA_FUSE_ATTN=0` runs the two: the same
+    /// bits).
+    fuse_attn: AtomicBool,
     /// Select the candidates of a draw with a top-k limit on the GPU (`kernels/topk.cu`;
     /// `NIWAKI_CUDA_TOPK=0` copies the row to the host instead, for measuring it).
     topk: AtomicBool,
@@ -521,6 +525,7 @@ impl Gpu {
                 std::env::var("NIWAKI_CUDA_FUSE_NORM").ok().as_deref(),
             )),
             fuse_gdn: AtomicBool::new(env_on("NIWAKI_CUDA_FUSE_GDN")),
+            fuse_attn: AtomicBool::new(env_on("NIWAKI_CUDA_FUSE_ATTN")),
             topk: AtomicBool::new(env_on("NIWAKI_CUDA_TOPK")),
             topk_sums: AtomicBool::new(env_on("NIWAKI_CUDA_TOPK_SUMS")),
             attn_tile: AtomicUsize::new(8),
@@ -694,6 +699,7 @@ impl Gpu {
         plan::Fusion {
             norm: self.gemv1() && self.norm_fusion() != plan::NormFusion::Apart,
             gdn: self.fuse_gdn.load(Ordering::Relaxed),
+            attn: self.fuse_attn.load(Ordering::Relaxed),
         }
     }
 
@@ -702,6 +708,12 @@ impl Gpu {
     /// keep what they were captured with.
     pub fn set_fuse_gdn(&self, on: bool) -> bool {
         self.fuse_gdn.swap(on, Ordering::Relaxed)
+    }
+
+    /// Turns the one-kernel attention merge and quantization of one-token passes on or off;
+    /// returns the previous setting (as [`Gpu::set_fuse_gdn`]).
+    pub fn set_fuse_attn(&self, on: bool) -> bool {
+        self.fuse_attn.swap(on, Ordering::Relaxed)
     }
 
     /// The decode-GEMV tuning for a matrix: the defaults, or the knobs set by

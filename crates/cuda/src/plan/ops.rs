@@ -98,6 +98,10 @@ pub enum Op {
         layer: usize,
         ntok: usize,
     },
+    /// One token: AttnCombine and PlainQuant in one kernel.
+    AttnCombineQuant {
+        layer: usize,
+    },
     /// Quantizes the attention output for its projection.
     PlainQuant {
         ntok: usize,
@@ -169,6 +173,9 @@ pub struct Fusion {
     pub norm: bool,
     /// A recurrent layer's conv, step and gated norm in one kernel ([`Op::GdnDecode`]).
     pub gdn: bool,
+    /// An attention layer's split merge and its output's quantization in one kernel
+    /// ([`Op::AttnCombineQuant`]; heads of a multiple of 128 values).
+    pub attn: bool,
 }
 
 /// The launches of one forward pass over `ntok` tokens (at most [`MAX_CHUNK`]), a one-token
@@ -216,8 +223,13 @@ pub fn forward_ops(d: &Dims, ntok: usize, head: Head, argmax: bool, fusion: Fusi
                 ops.push(gemv(Mat::AttnIn(il), Out::Proj));
                 ops.push(Op::AttnPrep { layer: il, ntok });
                 ops.push(Op::AttnSplit { layer: il, ntok });
-                ops.push(Op::AttnCombine { layer: il, ntok });
-                ops.push(Op::PlainQuant { ntok });
+                // The merged kernel quantizes whole 128-value pieces of a head.
+                if fusion.attn && ntok == 1 && d.head_dim.is_multiple_of(128) {
+                    ops.push(Op::AttnCombineQuant { layer: il });
+                } else {
+                    ops.push(Op::AttnCombine { layer: il, ntok });
+                    ops.push(Op::PlainQuant { ntok });
+                }
                 ops.push(gemv(Mat::AttnOut(il), Out::Residual));
             }
         }

@@ -154,18 +154,20 @@ fn fusing_the_norms_removes_one_launch_per_norm_and_keeps_the_order() {
 const NORM_ONLY: Fusion = Fusion {
     norm: true,
     gdn: false,
+    attn: false,
 };
 const ALL: Fusion = Fusion {
     norm: true,
     gdn: true,
+    attn: true,
 };
 
 #[test]
 fn the_fused_recurrence_takes_the_place_of_conv_step_and_gated_norm_in_decode_only() {
     let d = dims(Preset::B27);
     let gdn = Fusion {
-        norm: false,
         gdn: true,
+        ..Fusion::default()
     };
     let plain = forward_ops(&d, 1, Head::Last, true, Fusion::default());
     let fused = forward_ops(&d, 1, Head::Last, true, gdn);
@@ -958,4 +960,40 @@ fn norm_fusion_is_apart_unless_asked_and_binary_folds_only_into_binary_gemvs() {
         assert_eq!(NormFusion::Binary.folds(binary), binary);
         assert!(NormFusion::All.folds(binary));
     }
+}
+
+#[test]
+fn the_merged_attention_combine_takes_the_place_of_combine_and_quantization_in_decode_only() {
+    let d = dims(Preset::B27);
+    let attn = Fusion {
+        attn: true,
+        ..Fusion::default()
+    };
+    let plain = forward_ops(&d, 1, Head::Last, true, Fusion::default());
+    let fused = forward_ops(&d, 1, Head::Last, true, attn);
+    assert_eq!(plain.len() - fused.len(), d.n_attention());
+    let expanded: Vec<Op> = fused
+        .iter()
+        .flat_map(|op| match *op {
+            Op::AttnCombineQuant { layer } => vec![
+                Op::AttnCombine { layer, ntok: 1 },
+                Op::PlainQuant { ntok: 1 },
+            ],
+            op => vec![op],
+        })
+        .collect();
+    assert_eq!(expanded, plain);
+    for ntok in [2, 256] {
+        assert_eq!(
+            forward_ops(&d, ntok, Head::Last, false, attn),
+            forward_ops(&d, ntok, Head::Last, false, Fusion::default())
+        );
+    }
+    // Heads of 64 values are not whole pieces of the quantization: the two kernels stay.
+    let tiny = dims(Preset::Tiny);
+    assert_eq!(tiny.head_dim, 64);
+    assert_eq!(
+        forward_ops(&tiny, 1, Head::Last, true, attn),
+        forward_ops(&tiny, 1, Head::Last, true, Fusion::default())
+    );
 }
