@@ -372,13 +372,16 @@ ATTN_SPLIT_KERNEL(attn_split_q8_t4, true, 4, ARING / 4)
 ATTN_SPLIT_KERNEL(attn_split_t8, false, 8, ARING / 8)
 ATTN_SPLIT_KERNEL(attn_split_q8_t8, true, 8, ARING / 8)
 
-// The merge's weights of a head's splits: f[s] = exp(m_s − M) and ls[s] its share of the
-// softmax sum (0 for a split the context did not reach), M the largest split maximum (fmaxf is
-// exact and order-free: any reduction order gives the same M). Every thread of the block calls
-// it (it synchronizes); `mred` holds a float per warp.
-__device__ __forceinline__ void combine_weights(const float* __restrict__ src, int used, float* f, float* ls,
-                                                float* mred) {
+// The merge's weights of a head's splits for a context of n_ctx positions split nsplit ways:
+// f[s] = exp(m_s − M) and ls[s] its share of the softmax sum (0 for a split the context did not
+// reach), M the largest split maximum (fmaxf is exact and order-free: any reduction order gives
+// the same M). Returns how many splits the context filled. Every thread of the block calls it
+// (it synchronizes); `mred` holds a float per warp.
+__device__ __forceinline__ int combine_weights(const float* __restrict__ src, int n_ctx, int nsplit, float* f,
+                                               float* ls, float* mred) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int len = attn_split_len(n_ctx, nsplit);
+    const int used = (n_ctx + len - 1) / len;
     float mloc = NEG_INF;
     for (int s = threadIdx.x; s < used; s += blockDim.x) mloc = fmaxf(mloc, src[s * (HD + 2) + HD]);
     mloc = warp_max(mloc);
@@ -392,6 +395,7 @@ __device__ __forceinline__ void combine_weights(const float* __restrict__ src, i
         ls[s] = ms == NEG_INF ? 0.0f : src[s * (HD + 2) + HD + 1];
     }
     __syncthreads();
+    return used;
 }
 
 // grid (NH, ntok, HD / 32), block 256: merge the splits the token's context filled, and gate.
@@ -407,10 +411,7 @@ extern "C" __global__ void __launch_bounds__(CW * 32)
     const int head = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int i = blockIdx.z * 32 + lane;
     const float* src = part + ((size_t)t * NH + head) * nsplit * (HD + 2);
-    const int n_ctx = (int)*pos_ptr + t + 1;
-    const int len = attn_split_len(n_ctx, nsplit);
-    const int used = (n_ctx + len - 1) / len;
-    combine_weights(src, used, f, ls, mred);
+    const int used = combine_weights(src, (int)*pos_ptr + t + 1, nsplit, f, ls, mred);
     float A = 0.0f, Lw = 0.0f;
 #pragma unroll 4
     for (int s = warp; s < used; s += CW) {
@@ -451,10 +452,7 @@ extern "C" __global__ void __launch_bounds__(CW * 32)
     const int head = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int i = blockIdx.z * 128 + 4 * lane;
     const float* src = part + (size_t)head * nsplit * (HD + 2);
-    const int n_ctx = (int)*pos_ptr + 1;
-    const int len = attn_split_len(n_ctx, nsplit);
-    const int used = (n_ctx + len - 1) / len;
-    combine_weights(src, used, f, ls, mred);
+    const int used = combine_weights(src, (int)*pos_ptr + 1, nsplit, f, ls, mred);
     // A split's row is HD + 2 floats: 8-byte aligned at every split, so two float2 loads.
     float4 A = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float Lw = 0.0f;
@@ -504,12 +502,9 @@ extern "C" __global__ void __launch_bounds__(HD)
                       const float* __restrict__ proj, int stride, float* __restrict__ attn) {
     PDL_ENTRY();
     __shared__ float f[NSPLIT], ls[NSPLIT], mred[HD / 32];
-    const int head = blockIdx.x, t = blockIdx.y, i = threadIdx.x, lane = i & 31, warp = i >> 5;
+    const int head = blockIdx.x, t = blockIdx.y, i = threadIdx.x;
     const float* src = part + ((size_t)t * NH + head) * nsplit * (HD + 2);
-    const int n_ctx = (int)*pos_ptr + t + 1;
-    const int len = attn_split_len(n_ctx, nsplit);
-    const int used = (n_ctx + len - 1) / len;
-    combine_weights(src, used, f, ls, mred);
+    const int used = combine_weights(src, (int)*pos_ptr + t + 1, nsplit, f, ls, mred);
     float a = 0.0f, L = 0.0f;
     for (int w = 0; w < CW; w++) {
         float A = 0.0f, Lw = 0.0f;

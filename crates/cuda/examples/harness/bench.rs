@@ -104,29 +104,28 @@ pub(crate) fn bench_27b(
         );
     }
     g.gpu().set_prefetch(default_prefetch);
-    // The recurrence as three kernels per layer (conv, step, gated norm) instead of one: the
-    // same arithmetic, so the same tokens.
-    let fused = g.gpu().set_fuse_gdn(false);
-    let unfused = decode(true, true, (NormFusion::Apart, 0, 0));
-    g.gpu().set_fuse_gdn(fused);
-    let (v, toks) = unfused?;
-    rep.check(
-        toks == toks_serial,
-        format!("{format}: decode tokens differ with the recurrence in three kernels"),
-    );
-    let merged = g.gpu().set_fuse_attn(false);
-    let apart = decode(true, true, (NormFusion::Apart, 0, 0));
-    g.gpu().set_fuse_attn(merged);
-    let (va, toks) = apart?;
-    rep.check(
-        toks == toks_serial,
-        format!("{format}: decode tokens differ with the attention merge and quantization apart"),
-    );
-    let _ = write!(variants, "; recurrence in three kernels: {v:.1}");
-    let _ = write!(
-        variants,
-        "; attention merge and quantization apart: {va:.1}"
-    );
+    // Each merged decode kernel run as the kernels it replaces (the recurrence as conv, step
+    // and gated norm; the attention merge and its quantization as two): the same arithmetic,
+    // so the same tokens.
+    let toggles: [(&str, &dyn Fn(bool) -> bool); 2] = [
+        ("recurrence in three kernels", &|on| {
+            g.gpu().set_fuse_gdn(on)
+        }),
+        ("attention merge and quantization apart", &|on| {
+            g.gpu().set_fuse_attn(on)
+        }),
+    ];
+    for (what, set) in toggles {
+        let merged = set(false);
+        let apart = decode(true, true, (NormFusion::Apart, 0, 0));
+        set(merged);
+        let (v, toks) = apart?;
+        rep.check(
+            toks == toks_serial,
+            format!("{format}: decode tokens differ with the {what}"),
+        );
+        let _ = write!(variants, "; {what}: {v:.1}");
+    }
     // Three dp4a GEMV blocks of 72 KiB per multiprocessor for every matrix they take (the
     // 6144-wide ones then fit in one round of blocks; 1-bit matrices on the binary kernel keep
     // its own plan); the tokens must not change.
