@@ -35,7 +35,7 @@ __device__ __forceinline__ void attn_prep_body(const float* __restrict__ proj, i
     const int kvh = head - NH;
     // The norms' weights are constant: read before waiting for the previous kernel.
     const float w = isq ? qn[i] : kn[i];
-    PDL_ENTRY();
+    TRACE_ENTRY();
     const u32 pos = *pos_ptr + t;
     const float* p = proj + (size_t)t * stride;
     float v = isq ? p[head * 2 * HD + i] : p[2 * NH * HD + kvh * HD + i];
@@ -59,6 +59,7 @@ __device__ __forceinline__ void attn_prep_body(const float* __restrict__ proj, i
         kv_store<Q8>(kc, ks, at, v);
         kv_store<Q8>(vc, vs, at, p[2 * NH * HD + NKV * HD + kvh * HD + i]);
     }
+    if (i == 0) TRACE_EXIT(TRACE_ATTN_PREP, kc);
 }
 
 #define ATTN_PREP_KERNEL(name, Q8)                                                                        \
@@ -250,7 +251,7 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
     constexpr int NF = rs_count(NS, 16);
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ float sw[AWARPS][NS + GQA];
-    PDL_ENTRY();
+    TRACE_ENTRY();
     const int kvh = blockIdx.x, sp = blockIdx.y, t = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int p0, p1, mine;
@@ -356,6 +357,7 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
     }
     __syncthreads();
     attn_merge_warps(sm_acc, sm_ml, AWARPS, part, t, kvh, sp, nsplit);
+    if (threadIdx.x == 0) TRACE_EXIT(TRACE_ATTN_SPLIT, kc);
 }
 
 #define ATTN_SPLIT_KERNEL(name, Q8, TILE, STAGES)                                                           \
@@ -446,7 +448,7 @@ extern "C" __global__ void __launch_bounds__(CW * 32)
 #if HD % 128 != 0
     __trap();
 #else
-    PDL_ENTRY();
+    TRACE_ENTRY();
     __shared__ float f[NSPLIT], ls[NSPLIT], mred[CW], lred[CW];
     __shared__ float4 red[CW][32];
     const int head = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -486,6 +488,7 @@ extern "C" __global__ void __launch_bounds__(CW * 32)
         const int base = head * HD + blockIdx.z * 128;
         *(float4*)(attn + base + 4 * lane) = v;
         quant128(v, base, xq, xs, nullptr);
+        if (lane == 0) TRACE_EXIT(TRACE_ATTN_MERGE, 0);
     }
 #endif
 }

@@ -94,6 +94,62 @@ __device__ __forceinline__ void pdl_launch() {
         pdl_wait();  \
     } while (0)
 
+// A timeline of the traced kernels, for measuring only: compiled in where the host defines
+// NIWAKI_TRACE (the records' capacity; `NIWAKI_CUDA_TRACE`), else the macros are PDL_ENTRY
+// and nothing. One record per block: the kernel's kind (TRACE_* below) and a tag telling its
+// launches apart (a pointer argument particular to the layer or matrix), the global timer
+// (ns) when the block began and ended its wait for the previous kernel, and at its end.
+#define TRACE_NORM 1
+#define TRACE_SWIGLU 2
+#define TRACE_GEMV_B1 3
+#define TRACE_GEMV_DP4A 4
+#define TRACE_GDN 5
+#define TRACE_ATTN_PREP 6
+#define TRACE_ATTN_SPLIT 7
+#define TRACE_ATTN_MERGE 8
+#ifdef NIWAKI_TRACE
+struct TraceRec {
+    u64 tag, wait0, wait1, end;
+    u32 kind, block, sm, pad;
+};
+extern "C" {
+__device__ TraceRec niwaki_trace[NIWAKI_TRACE];
+__device__ u32 niwaki_trace_n;
+}
+__device__ __forceinline__ u64 global_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ void trace_put(u32 kind, u64 tag, u64 wait0, u64 wait1) {
+    const u32 i = atomicAdd(&niwaki_trace_n, 1u);
+    if (i >= NIWAKI_TRACE) return;
+    u32 sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    TraceRec r;
+    r.tag = tag;
+    r.wait0 = wait0;
+    r.wait1 = wait1;
+    r.end = global_ns();
+    r.kind = kind;
+    r.block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    r.sm = sm;
+    r.pad = 0;
+    niwaki_trace[i] = r;
+}
+#define TRACE_ENTRY()                 \
+    const u64 trace_w0 = global_ns(); \
+    PDL_ENTRY();                      \
+    const u64 trace_w1 = global_ns()
+// Called by one thread of each block, the block's last to finish where it can be told.
+#define TRACE_EXIT(kind, tag) trace_put(kind, (u64)(tag), trace_w0, trace_w1)
+#else
+#define TRACE_ENTRY() PDL_ENTRY()
+#define TRACE_EXIT(kind, tag) \
+    do {                      \
+    } while (0)
+#endif
+
 __device__ __forceinline__ u32 smem_addr(const void* p) {
     u32 r;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));

@@ -303,7 +303,7 @@ gdn_decode(const float* __restrict__ proj, int aoff, int boff, int zoff, const u
     const float4 g = w == 0 ? *(const float4*)(nw + lane * 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     // The state, the conv state and the position are written by this layer's previous pass
     // (or the host, before the pass): read before waiting for the previous kernel.
-    PDL_ENTRY();
+    TRACE_ENTRY();
     // Everything this block reads of the projection, requested at once: the gate inputs and z
     // wait in registers through the conv and the step.
     const float ga = proj[aoff + h], gb = proj[boff + h];
@@ -342,5 +342,6 @@ gdn_decode(const float* __restrict__ proj, int aoff, int boff, int zoff, const u
         const int base = h * DV;
         const float4 v = gated_norm(*(const float4*)(os + lane * 4), z, g, eps);
         quant128(v, base, xq, xs, xh);
+        if (lane == 0) TRACE_EXIT(TRACE_GDN, S);
     }
 }

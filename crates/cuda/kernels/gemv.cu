@@ -394,7 +394,7 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
                                            const float* __restrict__ nw, float eps,
                                            const unsigned char* __restrict__ pf_codes, int pf_code_bytes,
                                            const unsigned char* __restrict__ pf_scales, int pf_scale_bytes,
-                                           const TmaMap& xmap) {
+                                           int early, const TmaMap& xmap) {
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ __align__(8) u64 bars[GEMV1_MAX_STAGES];
     __shared__ __align__(8) u64 empty[GEMV1_MAX_STAGES];
@@ -435,9 +435,14 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
         ring_init(bars, empty, stages);
     }
     __syncthreads();
+    // The ring's first tiles: `early` of them requested before the wait for the previous kernel
+    // (weights depend on nothing), the rest once it has ended.
+    const int first = min(stages, mine), before = min(first, early);
     if (tid == 0)
-        for (int i = 0; i < min(stages, mine); i++) issue(i);
-    PDL_ENTRY();
+        for (int i = 0; i < before; i++) issue(i);
+    TRACE_ENTRY();
+    if (tid == 0)
+        for (int i = before; i < first; i++) issue(i);
     if (xres) {
         norm_quant_row(xres + (size_t)tok0 * cols, cols, nw, eps, lin, ssm, red);
         __syncthreads();
@@ -510,13 +515,15 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
     // One atomic per row group: a vocabulary of rows each hitting one address serializes
     // (measured at ~190 µs for the 248k-row LM head).
     if (amax && sub == 0 && best) atomicMax(amax, best);
+    // Consumer warps end together, give or take a tile's arithmetic.
+    if (tid == 0) TRACE_EXIT(TRACE_GEMV_DP4A, scales);
 }
 #endif
 
 #if __CUDA_ARCH__ >= 900
 #define GEMV1_CALL(FMT, RW, DOT, SWZ) \
     gemv1_body<FMT, RW, DOT, SWZ>(codes, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
-                        pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, xmap)
+                        pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, early, xmap)
 #else
 #define GEMV1_CALL(FMT, RW, DOT, SWZ) __trap()
 #endif
@@ -532,7 +539,7 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
              float* __restrict__ out, int accumulate, u64* __restrict__ amax, int stages,         \
              const float* __restrict__ xres, int tok0, const float* __restrict__ nw, float eps,   \
              const unsigned char* __restrict__ pf_codes, int pf_code_bytes,                       \
-             const unsigned char* __restrict__ pf_scales, int pf_scale_bytes,                     \
+             const unsigned char* __restrict__ pf_scales, int pf_scale_bytes, int early,          \
              const __grid_constant__ TmaMap xmap) {                                               \
         GEMV1_CALL(FMT, RW, DOT, SWZ);                                                           \
     }

@@ -170,7 +170,8 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
                                              const float* __restrict__ xres, int tok0,
                                              const float* __restrict__ nw, float eps,
                                              const unsigned char* __restrict__ pf_codes, int pf_code_bytes,
-                                             const unsigned char* __restrict__ pf_scales, int pf_scale_bytes) {
+                                             const unsigned char* __restrict__ pf_scales, int pf_scale_bytes,
+                                             int early) {
     extern __shared__ __align__(1024) unsigned char smem[];
     __shared__ __align__(8) u64 bars[GEMV1_MAX_STAGES];
     __shared__ __align__(8) u64 empty[GEMV1_MAX_STAGES];
@@ -205,8 +206,11 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 
     if (tid == 0) ring_init(bars, empty, stages);
     __syncthreads();
+    // The ring's first tiles: `early` of them requested before the wait for the previous kernel
+    // (weights depend on nothing), the rest once it has ended.
+    const int first = min(stages, mine), before = min(first, early);
     if (tid == 0)
-        for (int i = 0; i < min(stages, mine); i++) issue(i);
+        for (int i = 0; i < before; i++) issue(i);
     // The norm's weights are constant: a consumer's share is read before the wait.
     float4 gw[NORM ? J : 1];
     if (NORM && warp < GEMV1_WARPS) {
@@ -215,11 +219,15 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
             gw[j] = EXACT || warp + GEMV1_WARPS * j < chunks ? *(const float4*)(nw + 4 * tid + 1024 * j)
                                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    PDL_ENTRY();
+    TRACE_ENTRY();
+    if (tid == 0)
+        for (int i = before; i < first; i++) issue(i);
 
     if (warp == GEMV1_WARPS) {
         b1_produce<TR>(empty, part, stages, mine, rows, issue, out, accumulate, amax, pf_codes, pf_code_bytes,
                    pf_scales, pf_scale_bytes);
+        // The producer writes the block's last rows.
+        if (lane == 0) TRACE_EXIT(TRACE_GEMV_B1, scales);
         return;
     }
 
@@ -339,7 +347,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 #if __CUDA_ARCH__ >= 900
 #define GEMV_B1_CALL(J, EXACT, RG, NORM)                                                                   \
     gemv_b1_body<J, EXACT, RG, NORM>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
-                    pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes)
+                    pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, early)
 #else
 #define GEMV_B1_CALL(J, EXACT, RG, NORM) __trap()
 #endif
@@ -353,7 +361,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
              float* __restrict__ out, int accumulate, u64* __restrict__ amax, int stages,         \
              const float* __restrict__ xres, int tok0, const float* __restrict__ nw, float eps,   \
              const unsigned char* __restrict__ pf_codes, int pf_code_bytes,                       \
-             const unsigned char* __restrict__ pf_scales, int pf_scale_bytes) {                   \
+             const unsigned char* __restrict__ pf_scales, int pf_scale_bytes, int early) {        \
         GEMV_B1_CALL(J, EXACT, RG, NORM);                                                                \
     }
 

@@ -125,7 +125,7 @@ extern "C" __global__ void __launch_bounds__(256) quant_rms(const float* __restr
     float4 g[RMS_REGS], v[RMS_REGS];
 #pragma unroll
     for (int k = 0; k < RMS_REGS; k++) g[k] = mine(k) ? *(const float4*)(w + i0 + 1024 * k) : zero;
-    PDL_ENTRY();
+    TRACE_ENTRY();
     const float* row = x + (size_t)(tok0 + t) * cols;
     float ss = 0.0f;
 #pragma unroll
@@ -156,6 +156,7 @@ extern "C" __global__ void __launch_bounds__(256) quant_rms(const float* __restr
         if (mine(k)) put(k, v[k], g[k]);
     for (int k = RMS_REGS; warp_base + 1024 * k < cols; k++)
         if (k % nb == b) put(k, *(const float4*)(row + i0 + 1024 * k), *(const float4*)(w + i0 + 1024 * k));
+    if (threadIdx.x == 0) TRACE_EXIT(TRACE_NORM, w);
 }
 
 // silu(gate) * up from the stacked gate|up projection. grid (ceil(ffn/1024), ntok), block 256.
@@ -164,7 +165,7 @@ extern "C" __global__ void quant_swiglu(const float* __restrict__ gu, int stride
                                         int* __restrict__ xq, float2* __restrict__ xs, u16* __restrict__ xh,
                                         const float* __restrict__ signs) {
     __shared__ float4 rot[256];
-    PDL_ENTRY();
+    TRACE_ENTRY();
     const int t = blockIdx.y;
     const int base = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 128;
     if (base >= ffn) return;
@@ -175,6 +176,8 @@ extern "C" __global__ void quant_swiglu(const float* __restrict__ gu, int stride
     float4 v = make_float4(siluf_(a.x) * u.x, siluf_(a.y) * u.y, siluf_(a.z) * u.z, siluf_(a.w) * u.w);
     if (signs) v = rot1024(v, signs + 1024 * blockIdx.x, (float*)rot);
     quant128(v, base, xq + (size_t)t * ffn / 4, xs + (size_t)t * ffn / 64, xh ? xh + (size_t)t * ffn : nullptr);
+    // Warp 0 of every block has values (the grid is the values' 1024-value blocks).
+    if (threadIdx.x == 0) TRACE_EXIT(TRACE_SWIGLU, 0);
 }
 
 // One 128-wide head of the gated delta net's output, four values per lane of a warp: RMS norm

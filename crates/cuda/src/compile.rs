@@ -277,17 +277,23 @@ mod tests {
         }
         use crate::plan::{ATTN_RING_POSITIONS, ATTN_RING_POSITIONS_SMALL};
         use model::synth::Preset;
-        // The 27B shapes also with the small attention ring (devices of 64 KiB per block).
-        for (p, ring) in [
-            (Preset::Tiny, ATTN_RING_POSITIONS),
-            (Preset::Small, ATTN_RING_POSITIONS),
-            (Preset::B27, ATTN_RING_POSITIONS),
-            (Preset::B27, ATTN_RING_POSITIONS_SMALL),
+        // The 27B shapes also with the small attention ring (devices of 64 KiB per block); the
+        // tiny ones also with the timeline records (`NIWAKI_CUDA_TRACE`).
+        for (p, ring, trace) in [
+            (Preset::Tiny, ATTN_RING_POSITIONS, false),
+            (Preset::Tiny, ATTN_RING_POSITIONS, true),
+            (Preset::Small, ATTN_RING_POSITIONS, false),
+            (Preset::B27, ATTN_RING_POSITIONS, false),
+            (Preset::B27, ATTN_RING_POSITIONS_SMALL, false),
         ] {
             let d = crate::plan::tests::dims(p);
             let src = source();
+            let mut defines = d.defines_for(ring);
+            if trace {
+                defines.push("-DNIWAKI_TRACE=16".into());
+            }
             // sm_90a, as an H100/H200 compiles them (with the warpgroup MMA of the f16 GEMM).
-            let opts = options("sm_90a", &d.defines_for(ring));
+            let opts = options("sm_90a", &defines);
             let ptx = cudarc::nvrtc::compile_ptx_with_opts(
                 &src,
                 cudarc::nvrtc::CompileOptions {
@@ -300,7 +306,7 @@ mod tests {
                     let text = ptx.to_src();
                     if let Some(dir) = std::env::var_os("NIWAKI_PTX_DUMP") {
                         let _ = std::fs::write(
-                            std::path::Path::new(&dir).join(format!("{p:?}-{ring}.ptx")),
+                            std::path::Path::new(&dir).join(format!("{p:?}-{ring}-{trace}.ptx")),
                             &text,
                         );
                     }
@@ -310,6 +316,7 @@ mod tests {
                             "{k} missing from PTX"
                         );
                     }
+                    assert_eq!(text.contains("niwaki_trace_n"), trace, "{p:?}: records");
                 }
                 Err(cudarc::nvrtc::CompileError::CompileError { log, .. }) => {
                     panic!("{p:?}: {}", log.to_string_lossy())

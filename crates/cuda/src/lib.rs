@@ -19,6 +19,7 @@ pub mod gpu;
 mod model;
 pub mod plan;
 pub mod repack;
+pub mod timeline;
 pub mod tma;
 mod topk;
 pub mod twin;

@@ -678,6 +678,40 @@ impl CudaModel {
         Ok(secs)
     }
 
+    /// Where a decode step's time goes, from the kernels' timeline records: per kind of op,
+    /// its launches and their mean run, the dependence's latency before each and how early
+    /// its blocks were resident ([`crate::timeline`]), over the replays of the step's graph
+    /// that [`CudaModel::time_decode_subset`] times. `None` where the kernels keep no records
+    /// (`NIWAKI_CUDA_TRACE` unset). GEMVs are named by matrix, other ops by kernel.
+    #[doc(hidden)]
+    pub fn trace_decode(
+        &self,
+        st: &mut CudaState,
+    ) -> Result<Option<Vec<crate::timeline::OpTimes>>> {
+        if !self.gpu.tracing() {
+            return Ok(None);
+        }
+        self.gpu.take_trace()?;
+        self.time_decode_subset(st, &|_| true)?;
+        let Some(records) = self.gpu.take_trace()? else {
+            return Ok(None);
+        };
+        let mut gemvs = std::collections::HashMap::new();
+        for op in forward_ops(&self.dims, 1, Head::Last, true, self.gpu.fusion()) {
+            if let Op::Gemv { mat, .. } | Op::NormGemv { mat, .. } = op {
+                // "FfnIn(3)" → "FfnIn": one line per kind of matrix.
+                let kind = format!("{mat:?}");
+                let kind = kind.split('(').next().unwrap_or_default().to_string();
+                gemvs.insert(self.mat(mat).scales.ptr, format!("Gemv {kind}"));
+            }
+        }
+        let name = |k: crate::gpu::TraceKind, tag: u64| {
+            gemvs.get(&tag).cloned().unwrap_or_else(|| format!("{k:?}"))
+        };
+        let launches = crate::timeline::launches(&records, name);
+        Ok(Some(crate::timeline::summarize(&launches)))
+    }
+
     /// The persistent-step probe (`kernels/gemv_chain.cu`) on a decode step's GEMVs, in the
     /// step's order, in tiles of [`plan::CHAIN_WARPS`] rows: seconds per replay of a graph launching
     /// the probe once per GEMV, and of one launching it once for all of them with a grid-wide

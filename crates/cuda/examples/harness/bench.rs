@@ -32,6 +32,29 @@ pub(crate) fn op_table(title: &str, per: &str, prof: &[(String, usize, f64)]) ->
     t
 }
 
+/// The decode step's timeline (`niwaki_cuda::timeline`) as a table, per token: the LM head
+/// runs once a token, so its launches count the replays.
+fn timeline_table(format: Format, ops: &[niwaki_cuda::timeline::OpTimes]) -> String {
+    let replays = ops
+        .iter()
+        .find(|o| o.name == "Gemv Output")
+        .map_or(1, |o| o.launches.max(1));
+    let mut t = format!(
+        "\n{format} decode step from the kernels' timestamps (`NIWAKI_CUDA_TRACE`, {replays} replays of the step's graph; GEMVs by matrix, other ops by kernel; untraced kernels fall into the gaps): per launch, *run* from its first block's wait ending to its last block's end, *gap* from the previous launch's last block ending to that wait ending, *early* how long its first block was resident before\n\n| op | per token | run µs | gap µs | early µs | (run + gap) per token µs |\n|---|---|---|---|---|---|\n"
+    );
+    let mut total = 0.0;
+    for o in ops {
+        let per = o.launches as f64 / replays as f64;
+        let sum = per * (o.active_us + o.gap_us);
+        total += sum;
+        t += &format!(
+            "| {} | {per:.0} | {:.2} | {:.2} | {:.2} | {sum:.0} |\n",
+            o.name, o.active_us, o.gap_us, o.early_us
+        );
+    }
+    t + &format!("| all | | | | | {total:.0} |\n")
+}
+
 pub(crate) fn bench_27b(
     rep: &mut Report,
     format: Format,
@@ -177,6 +200,10 @@ pub(crate) fn bench_27b(
     let every = g.time_decode_subset(&mut sst, &|_| true)?;
     let gemvs = g.time_decode_subset(&mut sst, &is_gemv)?;
     let rest = g.time_decode_subset(&mut sst, &|op| !is_gemv(op))?;
+    // The kernels' own timestamps, where they keep them (`NIWAKI_CUDA_TRACE`).
+    if let Some(ops) = g.trace_decode(&mut sst)? {
+        profiles.push(timeline_table(format, &ops));
+    }
     let prev = g.gpu().set_gemv1_probe(true);
     let nodot = g.time_decode_subset(&mut sst, &is_gemv);
     g.gpu().set_gemv1_probe(prev);

@@ -160,9 +160,9 @@ pub(crate) fn gemv_b1_checks(
         "| gemv_b1 Q1_0 (binary tensor cores, 1 token, += prior, argmax; norm fused) | {} (20×256 refused: {}) | {} | vs integer twin {worst:.1e} (tol 1e-5), vs the dp4a kernel {worst_dp4a:.1e} (tol 1e-5), as a fraction of Σ|w·x|; argmax {}; {runs} shapes; repeated launch: {repeat_diff} differing outputs, fused norm vs quant_rms + kernel: {fused_diff} in {fused_runs} shapes (refused past 6 chunks a warp: {}), 32-row tiles vs 16 in {tiles32_runs} shapes: {tiles32_diff} (all must be 0) |",
         taken.join(", "),
         refused.join(", "),
-        fused_refused.join(", "),
         if ok { "PASS" } else { "FAIL" },
-        if argmax_ok { "matches" } else { "WRONG" }
+        if argmax_ok { "matches" } else { "WRONG" },
+        fused_refused.join(", "),
     ));
     rep.check(ok, "gemv_b1 Q1_0".to_string());
     Ok(())

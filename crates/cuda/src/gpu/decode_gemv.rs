@@ -18,9 +18,10 @@ pub(super) const X_COPY_PLAN: usize = 1;
 pub(super) const X_COPY_ALL: usize = 2;
 
 /// The arguments the decode GEMVs (`gemv1_*`, `gemv_b1_*`) take after the matrix: the
-/// activations, output and argmax, the ring's stages, the fused norm's input (or nulls) and the
-/// next matrix to prefetch (or nulls).
-fn decode_args(io: &GemvIo, stages: usize, pre: Option<NormIn>) -> [Arg; 14] {
+/// activations, output and argmax, the ring's stages, the fused norm's input (or nulls), the
+/// next matrix to prefetch (or nulls) and how many of the ring's first tiles are requested
+/// before the wait for the previous kernel.
+fn decode_args(io: &GemvIo, stages: usize, pre: Option<NormIn>, early: usize) -> [Arg; 15] {
     // The kernels take byte counts as i32: a larger prefetch is cut to what that holds.
     let bytes = |n: usize| Arg::I32(n.min(i32::MAX as usize) as i32);
     [
@@ -38,6 +39,7 @@ fn decode_args(io: &GemvIo, stages: usize, pre: Option<NormIn>) -> [Arg; 14] {
         bytes(io.prefetch.map_or(0, |p| p.code_bytes)),
         Arg::Ptr(io.prefetch.map_or(0, |p| p.scales)),
         bytes(io.prefetch.map_or(0, |p| p.scale_bytes)),
+        Arg::I32(early.min(i32::MAX as usize) as i32),
     ]
 }
 
@@ -145,7 +147,7 @@ impl Gpu {
                 Arg::I32(m.cols as i32),
             ]
             .into_iter()
-            .chain(decode_args(io, l.stages, pre))
+            .chain(decode_args(io, l.stages, pre, self.early_tiles()))
             .collect::<Vec<_>>(),
         )?;
         Ok(true)
@@ -195,7 +197,7 @@ impl Gpu {
         };
         let args = [
             &m.args()[..],
-            &decode_args(io, l.stages, pre),
+            &decode_args(io, l.stages, pre, self.early_tiles()),
             &[Arg::Map(Box::new(xmap))],
         ]
         .concat();

@@ -17,6 +17,9 @@ use crate::repack::{GpuFormat, Packed, X_GROUP};
 use crate::tma::{self, TensorMap};
 
 mod decode_gemv;
+mod trace;
+
+pub use trace::{TraceKind, TraceRecord};
 
 use decode_gemv::{X_COPY_ALL, X_COPY_OFF, X_COPY_PLAN};
 
@@ -250,7 +253,9 @@ pub enum Arg {
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
-    _module: Arc<CudaModule>,
+    module: Arc<CudaModule>,
+    /// Timeline records the kernels hold (0: compiled without them; `gpu/trace.rs`).
+    trace_capacity: usize,
     funcs: HashMap<&'static str, CudaFunction>,
     pub info: DeviceInfo,
     /// Seconds NVRTC took (0 when the PTX came from the cache).
@@ -283,6 +288,9 @@ pub struct Gpu {
     /// the decode graph, yet decode 333.3 → 330.2 tok/s (harness) and `niwaki bench` 318.4-322.2
     /// → 317.6-319.7: no faster, so not the default.
     b1_tile_rows: AtomicUsize,
+    /// How many of a decode GEMV's first tiles are requested before its wait for the previous
+    /// kernel (`NIWAKI_CUDA_EARLY_TILES`; default [`plan::EARLY_TILES`]).
+    early_tiles: AtomicUsize,
     /// Tiles per multiprocessor from which a 1-bit matrix takes the binary kernel
     /// (`NIWAKI_CUDA_B1_MIN_TILES`; default [`plan::B1_MIN_TILES_PER_SM`]).
     b1_min_tiles: usize,
@@ -423,7 +431,12 @@ impl Gpu {
             .max(0) as usize;
         let attn_ring = plan::attn_ring_positions(dims, smem_limit);
         let t = std::time::Instant::now();
-        let (ptx, from_cache) = compile::nvrtc_compile(&info.arch(), &dims.defines_for(attn_ring))?;
+        let trace_capacity = trace::capacity_from_env();
+        let mut defines = dims.defines_for(attn_ring);
+        if trace_capacity > 0 {
+            defines.push(format!("-DNIWAKI_TRACE={trace_capacity}"));
+        }
+        let (ptx, from_cache) = compile::nvrtc_compile(&info.arch(), &defines)?;
         let compile_secs = t.elapsed().as_secs_f64();
         let module = ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
@@ -495,7 +508,8 @@ impl Gpu {
         Ok(Gpu {
             ctx,
             stream,
-            _module: module,
+            module,
+            trace_capacity,
             funcs,
             info,
             compile_secs,
@@ -552,6 +566,10 @@ impl Gpu {
                 32 => 32,
                 _ => 16,
             }),
+            early_tiles: AtomicUsize::new(env_usize_or(
+                "NIWAKI_CUDA_EARLY_TILES",
+                plan::EARLY_TILES,
+            )),
             smem_limit,
         })
     }
@@ -769,6 +787,18 @@ impl Gpu {
     pub fn set_b1(&self, on: bool) -> bool {
         let hopper = self.info.compute_capability.0 >= 9;
         self.b1.swap(on && hopper, Ordering::Relaxed)
+    }
+
+    /// How many of a decode GEMV's first tiles are requested before its wait for the previous
+    /// kernel.
+    pub(super) fn early_tiles(&self) -> usize {
+        self.early_tiles.load(Ordering::Relaxed)
+    }
+
+    /// Sets [`Gpu::early_tiles`]; returns the previous setting. For the harness's comparisons.
+    #[doc(hidden)]
+    pub fn set_early_tiles(&self, n: usize) -> usize {
+        self.early_tiles.swap(n, Ordering::Relaxed)
     }
 
     /// Rows per tile the binary decode GEMV asks for (16 or 32); returns the previous setting.

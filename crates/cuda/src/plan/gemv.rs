@@ -296,6 +296,18 @@ pub fn gemv_b1_launch(
     })
 }
 
+/// How many of its ring's first tiles a decode GEMV requests before waiting for the previous
+/// kernel (the rest once that has ended). Requesting all of them (up to five stages of three
+/// blocks a multiprocessor, ~24 MB for gate | up) made the small kernel in between, whose
+/// blocks share the multiprocessors and the memory system with those copies, run longer:
+/// the kernels' own timestamps inside the 27B Q1_0 decode graph on the H200 put a norm at 3.91
+/// µs from its wait ending to its last block's end with every tile early and 2.30 with one
+/// (the GEMVs' own runs 0.2–1 µs longer). `niwaki bench --device cuda -p 8 -n 128 -r 3`, two
+/// rounds interleaved (medians, tok/s): Q1_0 348.0 / 360.2 with all, 363.1 / 376.2 with one,
+/// 374.8 / 371.2 with two, 344.4 / 353.4 with none; Q2_0 272.9 / 273.1 with all, 273.9 /
+/// 273.5 with one, 271.8 / 271.8 with two, 238.9 / 246.4 with none.
+pub const EARLY_TILES: usize = 1;
+
 /// Tiles of 16 rows per multiprocessor from which a 1-bit decode GEMV goes to the binary tensor
 /// cores rather than dp4a: every matrix. Measured first per op inside the 27B Q1_0 decode graph
 /// on the H200 (µs, dp4a against binary): 34816 rows (ffn gate | up) 16.24 against 12.60, the

@@ -1,0 +1,153 @@
+//! The kernels' timeline records (`kernels/common.cuh`, `TRACE_*`), for measuring where a decode
+//! step's time goes: compiled in only when `NIWAKI_CUDA_TRACE` is set.
+
+use cudarc::driver::{result, DevicePtr};
+
+use super::Gpu;
+use crate::error::{Context, Result};
+
+/// Records the device holds when tracing is asked for without a number.
+const DEFAULT_CAPACITY: usize = 1 << 20;
+
+/// The record capacity `NIWAKI_CUDA_TRACE` asks for: none where unset or `0`, its number where
+/// that is at least [`MIN_CAPACITY`], else (`1`, `on`, …) the default.
+pub(super) fn capacity_from_env() -> usize {
+    capacity(std::env::var("NIWAKI_CUDA_TRACE").ok().as_deref())
+}
+
+/// A decode step of the 27B writes about 10⁵ records: a smaller number is taken for "on".
+const MIN_CAPACITY: usize = 4096;
+
+fn capacity(v: Option<&str>) -> usize {
+    match v {
+        None | Some("0") => 0,
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n >= MIN_CAPACITY)
+            .unwrap_or(DEFAULT_CAPACITY),
+    }
+}
+
+/// The traced kernels, by the `kind` of their records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TraceKind {
+    Norm,
+    Swiglu,
+    GemvBinary,
+    GemvDp4a,
+    Gdn,
+    AttnPrep,
+    AttnSplit,
+    AttnMerge,
+    Other(u32),
+}
+
+impl TraceKind {
+    fn of(kind: u32) -> TraceKind {
+        match kind {
+            1 => TraceKind::Norm,
+            2 => TraceKind::Swiglu,
+            3 => TraceKind::GemvBinary,
+            4 => TraceKind::GemvDp4a,
+            5 => TraceKind::Gdn,
+            6 => TraceKind::AttnPrep,
+            7 => TraceKind::AttnSplit,
+            8 => TraceKind::AttnMerge,
+            k => TraceKind::Other(k),
+        }
+    }
+}
+
+/// One block's record: the kernel, the tag telling its launches apart (a pointer argument),
+/// and the global timer (ns) when the block began and ended its wait for the previous kernel,
+/// and when it ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TraceRecord {
+    pub kind: TraceKind,
+    pub tag: u64,
+    pub block: u32,
+    pub sm: u32,
+    pub wait0: u64,
+    pub wait1: u64,
+    pub end: u64,
+}
+
+/// The device's layout of a record (`struct TraceRec`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct RawRecord {
+    tag: u64,
+    wait0: u64,
+    wait1: u64,
+    end: u64,
+    kind: u32,
+    block: u32,
+    sm: u32,
+    pad: u32,
+}
+
+impl Gpu {
+    /// Whether the kernels were compiled with timeline records.
+    pub fn tracing(&self) -> bool {
+        self.trace_capacity > 0
+    }
+
+    /// The records written since the last call (up to the capacity; `None` where the kernels
+    /// keep none), clearing them.
+    pub fn take_trace(&self) -> Result<Option<Vec<TraceRecord>>> {
+        if !self.tracing() {
+            return Ok(None);
+        }
+        let s = &self.stream;
+        s.synchronize()
+            .ctx(|| "synchronising before the trace".into())?;
+        let count = self
+            .module
+            .get_global("niwaki_trace_n", s)
+            .ctx(|| "finding the trace's count".into())?;
+        let recs = self
+            .module
+            .get_global("niwaki_trace", s)
+            .ctx(|| "finding the trace's records".into())?;
+        let (count_ptr, _c) = count.device_ptr(s);
+        let (recs_ptr, _r) = recs.device_ptr(s);
+        let mut n = [0u32];
+        self.read(s, count_ptr, &mut n)?;
+        let n = (n[0] as usize).min(self.trace_capacity);
+        let mut raw = vec![RawRecord::default(); n];
+        // SAFETY: the records' symbol holds `trace_capacity` records of this layout; the
+        // stream is synchronised before `raw` is read.
+        unsafe { result::memcpy_dtoh_async(&mut raw[..], recs_ptr, s.cu_stream()) }
+            .ctx(|| "reading the trace".into())?;
+        self.write(s, count_ptr, &[0u32])?;
+        s.synchronize().ctx(|| "clearing the trace".into())?;
+        Ok(Some(
+            raw.iter()
+                .map(|r| TraceRecord {
+                    kind: TraceKind::of(r.kind),
+                    tag: r.tag,
+                    block: r.block,
+                    sm: r.sm,
+                    wait0: r.wait0,
+                    wait1: r.wait1,
+                    end: r.end,
+                })
+                .collect(),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tracing_is_off_unless_asked_and_small_numbers_mean_on() {
+        assert_eq!(capacity(None), 0);
+        assert_eq!(capacity(Some("0")), 0);
+        assert_eq!(capacity(Some("1")), DEFAULT_CAPACITY);
+        assert_eq!(capacity(Some("on")), DEFAULT_CAPACITY);
+        assert_eq!(capacity(Some("5000")), 5000);
+    }
+}
