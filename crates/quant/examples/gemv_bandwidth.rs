@@ -8,12 +8,12 @@
 //! With `--tiled 1` the Bonsai formats are re-tiled into 16-row panels first and run on the tiled
 //! kernels (`gemm_tiled`).
 //!
-//! `cargo run --release -p quant --example gemv_bandwidth [-- --isa avx2 --formats Q1_0,Q2_0 --tokens N --gib 1 --tiled 1]`
+//! `cargo run --release -p quant --example gemv_bandwidth [-- --isa avx2 --formats Q1_0,Q2_0 --tokens N --gib 1 --tiled 1 --q1 nibbles|spread]`
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use quant::{Format, Isa, QuantizedActs, TiledMatrix, PANEL};
+use quant::{Format, Isa, Q1Bits, QuantizedActs, Ternary, TiledMatrix, PANEL};
 
 const COLS: usize = 5120;
 const ROWS: usize = 17408;
@@ -24,6 +24,8 @@ struct Args {
     tokens: usize,
     gib: f64,
     tiled: bool,
+    /// The bit order of tiled Q1_0 chunk words.
+    q1: Q1Bits,
 }
 
 fn parse_args() -> Args {
@@ -41,6 +43,7 @@ fn parse_args() -> Args {
     let mut tokens = 1;
     let mut gib = 1.0;
     let mut tiled = false;
+    let mut q1 = Q1Bits::preferred();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i + 1 < args.len() {
@@ -60,6 +63,13 @@ fn parse_args() -> Args {
             "--tokens" => tokens = args[i + 1].parse().expect("a token count"),
             "--gib" => gib = args[i + 1].parse().expect("GiB of weights"),
             "--tiled" => tiled = args[i + 1] == "1",
+            "--q1" => {
+                q1 = match args[i + 1].as_str() {
+                    "nibbles" => Q1Bits::Nibbles,
+                    "spread" => Q1Bits::Spread,
+                    other => panic!("--q1 nibbles|spread, not {other}"),
+                }
+            }
             other => panic!("unknown argument {other}"),
         }
         i += 2;
@@ -70,6 +80,7 @@ fn parse_args() -> Args {
         tokens,
         gib,
         tiled,
+        q1,
     }
 }
 
@@ -236,9 +247,10 @@ fn main() {
         tokens,
         gib,
         tiled,
+        q1,
     } = parse_args();
     println!(
-        "ISA {}, {tokens} token(s), {COLS} columns × {ROWS} rows per matrix",
+        "ISA {}, {tokens} token(s), {COLS} columns × {ROWS} rows per matrix (tiled Q1_0: {q1:?})",
         isa.name()
     );
     println!(
@@ -259,8 +271,10 @@ fn main() {
         let rows = ROWS * copies;
         let w = random_weights(format, row_bytes * rows);
         let t0 = Instant::now();
-        let tiled = (tiled && TiledMatrix::supports(format))
-            .then(|| TiledMatrix::new(format, &w, rows, COLS).expect("a tileable matrix"));
+        let tiled = (tiled && TiledMatrix::supports(format)).then(|| {
+            TiledMatrix::with_layout(format, &w, rows, COLS, Ternary::Packed, q1)
+                .expect("a tileable matrix")
+        });
         if tiled.is_some() {
             eprintln!("{format}: tiled in {:.2} s", t0.elapsed().as_secs_f64());
         }

@@ -6,7 +6,7 @@
 mod common;
 
 use proptest::prelude::*;
-use quant::{Format, QuantizedActs, Ternary, TileError, TiledMatrix, PANEL};
+use quant::{Format, Q1Bits, QuantizedActs, Ternary, TileError, TiledMatrix, PANEL};
 use rand::Rng;
 
 const TILED: [Format; 5] = [
@@ -48,11 +48,25 @@ fn random_acts(cols: usize, tokens: usize, seed: u64) -> Vec<QuantizedActs> {
         .collect()
 }
 
-fn case(format: Format, ternary: Ternary, rows: usize, blocks: usize, tokens: usize, seed: u64) {
+fn case(
+    format: Format,
+    ternary: Ternary,
+    q1: Q1Bits,
+    rows: usize,
+    blocks: usize,
+    tokens: usize,
+    seed: u64,
+) {
     let cols = blocks * format.block_len();
     let native = random_matrix(format, rows, cols, seed);
     let acts = random_acts(cols, tokens, seed);
-    let m = TiledMatrix::with_ternary(format, &native, rows, cols, ternary).unwrap();
+    let m = TiledMatrix::with_layout(format, &native, rows, cols, ternary, q1).unwrap();
+    let q1_held = if format == Format::Q1_0 {
+        q1
+    } else {
+        Q1Bits::Nibbles
+    };
+    assert_eq!(m.q1_bits(), q1_held);
     // Packed, as large as the file's rows; widened PTQ1_0, as large as Q2_0 g128 rows.
     let held = match (format, ternary) {
         (Format::PTQ1_0, Ternary::Wide) => Format::Q2_0G128,
@@ -132,9 +146,13 @@ proptest! {
         seed in any::<u64>(),
     ) {
         for format in TILED {
-            case(format, Ternary::Packed, rows, blocks, tokens, seed);
+            case(format, Ternary::Packed, Q1Bits::preferred(), rows, blocks, tokens, seed);
         }
-        case(Format::PTQ1_0, Ternary::Wide, rows, blocks, tokens, seed);
+        case(Format::PTQ1_0, Ternary::Wide, Q1Bits::Nibbles, rows, blocks, tokens, seed);
+        // Q1_0 in both bit orders, whichever this CPU prefers.
+        for q1 in [Q1Bits::Nibbles, Q1Bits::Spread] {
+            case(Format::Q1_0, Ternary::Packed, q1, rows, blocks, tokens, seed);
+        }
     }
 }
 

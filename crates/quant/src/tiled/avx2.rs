@@ -16,7 +16,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::layout::{self, PANEL};
+use super::layout::{self, Q1Bits, PANEL};
 use super::{prefetch_ahead, scatter, Act, TiledMatrix};
 use crate::acts::GROUPS_PER_HALF;
 use crate::{sign_tables, Format, QuantizedActs};
@@ -27,12 +27,14 @@ pub(super) fn available() -> bool {
         && is_x86_feature_detected!("f16c")
 }
 
-/// Whether the kernels take matrices in `layout` (every panel layout but packed PTQ1_0).
-pub(super) fn takes(layout: Format) -> bool {
-    matches!(
-        layout,
-        Format::Q1_0 | Format::Q2_0 | Format::Q2_0G128 | Format::PQ2_0
-    )
+/// Whether the kernels take matrices in `layout` (every panel layout but packed PTQ1_0, and
+/// Q1_0 only with its bits in nibbles).
+pub(super) fn takes(layout: Format, q1: Q1Bits) -> bool {
+    match layout {
+        Format::Q1_0 => q1 == Q1Bits::Nibbles,
+        Format::Q2_0 | Format::Q2_0G128 | Format::PQ2_0 => true,
+        _ => false,
+    }
 }
 
 trait Chunks {

@@ -8,8 +8,10 @@
 //! value `4c + i` of the half (codes: Q1_0 0 or 2, the 2-bit formats 0..=3, PTQ1_0 trits 0..=2;
 //! the weight is `code − 1`). How a chunk is stored depends on the format:
 //!
-//! - Q1_0 (128 B per half): chunk `c` is a little-endian u64 at `8c`, bit `j` set for code 2 —
-//!   a mask register, expanded by one masked move.
+//! - Q1_0 (128 B per half): chunk `c` is a little-endian u64 at `8c`, one bit per register byte
+//!   set for code 2, in one of two orders ([`Q1Bits`]): bit `j` (a mask register, expanded by
+//!   one masked move; a row's bits a nibble, for the AVX2 lookups), or bit `j / 8` of byte
+//!   `j mod 8` (a broadcast and one `and`).
 //! - 2-bit (256 B per half): chunk `c` is 16 bytes at `16c`; byte `m` holds, at bits `2r..2r+2`,
 //!   the code of register byte `m + 16r` — a 16-byte broadcast, one `vpmultishiftqb`, one `and`.
 //! - PTQ1_0 (208 B per half): chunks `5s + n` (s < 3, n < 5) are trit `n` of the 64 bytes at
@@ -59,6 +61,45 @@ pub(crate) const fn panel_block_bytes(format: Format) -> usize {
     SCALES + halves(format) * half_bytes(format)
 }
 
+/// How a Q1_0 chunk word orders its 64 bits, one per register byte `j = 4L + i` (row `L`,
+/// value `i`): which kernels read it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Q1Bits {
+    /// Bit `j`: a row's four bits side by side (a nibble), as the AVX2 kernels' table lookups
+    /// index them; AVX-512 expands the word by a mask load and a masked move.
+    #[default]
+    Nibbles,
+    /// Bit `j / 8` of word byte `j mod 8`: a broadcast of the word and one `and` with a constant
+    /// leave each register byte its own bit, at place `j / 8` (row `L` at place `L / 2`). For the
+    /// AVX-512 kernels, whose masked moves took the shuffle port.
+    Spread,
+}
+
+/// The bit of a Q1_0 chunk word that holds register byte `j`.
+pub(crate) const fn q1_bit(q1: Q1Bits, j: usize) -> usize {
+    match q1 {
+        Q1Bits::Nibbles => j,
+        Q1Bits::Spread => 8 * (j % 8) + j / 8,
+    }
+}
+
+/// A nibble's four bits spread to bit 0 of bytes 0..4.
+const NIBBLE_BYTES: [u64; 16] = {
+    let mut t = [0u64; 16];
+    let mut n = 0;
+    while n < 16 {
+        let mut i = 0;
+        while i < 4 {
+            if n >> i & 1 != 0 {
+                t[n] |= 1 << (8 * i);
+            }
+            i += 1;
+        }
+        n += 1;
+    }
+    t
+};
+
 /// Register byte `j` of a 2-bit chunk: its source byte and bit shift.
 const fn two_bit_place(j: usize) -> (usize, u32) {
     (j % 16, 2 * (j / 16) as u32)
@@ -83,14 +124,14 @@ fn decode_two_bit_chunk(src: &[u8], c: usize, codes: &mut HalfCodes) {
 }
 
 /// Writes one half of a panel block.
-pub(crate) fn encode_half(format: Format, codes: &HalfCodes, out: &mut [u8]) {
+pub(crate) fn encode_half(format: Format, q1: Q1Bits, codes: &HalfCodes, out: &mut [u8]) {
     match format {
         Format::Q1_0 => {
             for c in 0..CHUNKS {
                 let mut word = 0u64;
                 for j in 0..64 {
                     if codes[j / 4][4 * c + j % 4] == 2 {
-                        word |= 1 << j;
+                        word |= 1 << q1_bit(q1, j);
                     }
                 }
                 out[8 * c..8 * c + 8].copy_from_slice(&word.to_le_bytes());
@@ -116,7 +157,7 @@ pub(crate) fn encode_half(format: Format, codes: &HalfCodes, out: &mut [u8]) {
 }
 
 /// Reads one half of a panel block back into codes.
-pub(crate) fn decode_half(format: Format, src: &[u8], codes: &mut HalfCodes) {
+pub(crate) fn decode_half(format: Format, q1: Q1Bits, src: &[u8], codes: &mut HalfCodes) {
     match format {
         Format::Q1_0 => {
             for c in 0..CHUNKS {
@@ -124,7 +165,8 @@ pub(crate) fn decode_half(format: Format, src: &[u8], codes: &mut HalfCodes) {
                 word.copy_from_slice(&src[8 * c..8 * c + 8]);
                 let word = u64::from_le_bytes(word);
                 for j in 0..64 {
-                    codes[j / 4][4 * c + j % 4] = if word >> j & 1 != 0 { 2 } else { 0 };
+                    codes[j / 4][4 * c + j % 4] =
+                        if word >> q1_bit(q1, j) & 1 != 0 { 2 } else { 0 };
                 }
             }
         }
@@ -197,6 +239,7 @@ fn native_codes(format: Format, block: &[u8], codes: &mut [u8; 128]) {
 pub(crate) fn tile_block(
     format: Format,
     layout: Format,
+    q1: Q1Bits,
     rows: &[Option<&[u8]>; PANEL],
     out: &mut [u8],
 ) {
@@ -207,7 +250,8 @@ pub(crate) fn tile_block(
     }
     if format == Format::Q1_0 {
         debug_assert_eq!(layout, format);
-        // Chunk word `16h + c` takes nibble `16h + c` of each row's 128 bits at nibble `L`.
+        // Chunk word `16h + c` takes nibble `16h + c` of each row's 128 bits: at nibble `L`, or
+        // spread one bit a byte, at place `L / 2` of bytes `4 (L mod 2)..` (see `q1_bit`).
         let mut words = [0u64; 32];
         for (l, row) in rows.iter().enumerate() {
             let Some(b) = row else { continue };
@@ -215,7 +259,11 @@ pub(crate) fn tile_block(
             x.copy_from_slice(&b[2..18]);
             let x = u128::from_le_bytes(x);
             for (k, w) in words.iter_mut().enumerate() {
-                *w |= (((x >> (4 * k)) & 0xf) as u64) << (4 * l);
+                let nibble = ((x >> (4 * k)) & 0xf) as usize;
+                *w |= match q1 {
+                    Q1Bits::Nibbles => (nibble as u64) << (4 * l),
+                    Q1Bits::Spread => NIBBLE_BYTES[nibble] << (32 * (l % 2) + l / 2),
+                };
             }
         }
         for (k, w) in words.iter().enumerate() {
@@ -227,7 +275,7 @@ pub(crate) fn tile_block(
         tile_two_bit(format, rows, out);
         return;
     }
-    tile_codes(format, layout, rows, out);
+    tile_codes(format, layout, q1, rows, out);
 }
 
 /// The codes of a 2-bit block straight into its own layout. Chunk `c` of half `h` is one native
@@ -261,7 +309,13 @@ fn tile_two_bit(format: Format, rows: &[Option<&[u8]>; PANEL], out: &mut [u8]) {
 }
 
 /// [`tile_block`] by way of every value's code: any format into any layout that holds it.
-fn tile_codes(format: Format, layout: Format, rows: &[Option<&[u8]>; PANEL], out: &mut [u8]) {
+fn tile_codes(
+    format: Format,
+    layout: Format,
+    q1: Q1Bits,
+    rows: &[Option<&[u8]>; PANEL],
+    out: &mut [u8],
+) {
     let hb = half_bytes(layout);
     let mut codes = [[1u8; 128]; PANEL];
     for (c, row) in codes.iter_mut().zip(rows) {
@@ -275,7 +329,7 @@ fn tile_codes(format: Format, layout: Format, rows: &[Option<&[u8]>; PANEL], out
             dst.copy_from_slice(&src[HALF * h..HALF * (h + 1)]);
         }
         let at = SCALES + h * hb;
-        encode_half(layout, &half, &mut out[at..at + hb]);
+        encode_half(layout, q1, &half, &mut out[at..at + hb]);
     }
 }
 
@@ -334,12 +388,12 @@ mod tests {
                 let n = panel_block_bytes(format);
                 // The fast path must write every byte: it starts from a pattern, not zeros.
                 let (mut fast, mut slow) = (vec![0xa5u8; n], vec![0u8; n]);
-                tile_block(format, format, &rows, &mut fast);
+                tile_block(format, format, Q1Bits::Nibbles, &rows, &mut fast);
                 for (l, row) in rows.iter().enumerate() {
                     let bits = row.map_or(0, |b| scale_bits(format, b));
                     slow[2 * l..2 * l + 2].copy_from_slice(&bits.to_le_bytes());
                 }
-                tile_codes(format, format, &rows, &mut slow);
+                tile_codes(format, format, Q1Bits::Nibbles, &rows, &mut slow);
                 assert_eq!(fast, slow, "{format}, {present} rows");
             }
         }

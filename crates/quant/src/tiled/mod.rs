@@ -24,7 +24,7 @@ mod x86;
 
 use std::ops::Range;
 
-pub use layout::PANEL;
+pub use layout::{Q1Bits, PANEL};
 
 use crate::{Format, QuantError, QuantizedActs};
 
@@ -40,6 +40,27 @@ pub enum Ternary {
     /// AVX-512 machine, a 27B PTQ1_0 file decoded at 2.2–2.6 tok/s instead of 2.0–2.1 and
     /// prefilled at 5.8–6.1 instead of 3.2–3.6, for 1.2 GB more resident memory.
     Wide,
+}
+
+impl Q1Bits {
+    /// The order this CPU's kernels read fastest: spread where the AVX-512 kernels run on an AMD
+    /// CPU, else nibbles (the AVX2 lookups read only those).
+    ///
+    /// On a 2-core Zen 4 (EPYC) the spread kernel multiplied 16.0–18.9 GB/s of L2-resident Q1_0
+    /// weights with one thread against 12.7–13.7 for the masked moves, streamed 14.5–17.2
+    /// against 11.6–13.2 from memory (`examples/gemv_bandwidth --tiled 1 --q1 …`), and decoded
+    /// the 27B Q1_0 file at a median 4.67 tok/s against 4.44 over seven alternated runs each
+    /// (3.8–5.3 all told: the machine's read bandwidth moved between 29 and 53 GB/s), prefill
+    /// level (pp64 6.43–7.35 against 6.75–7.14). On a 2-core Xeon (AVX-512 VNNI) the same
+    /// decode measured a doubled kernel but a level decode and prefill 20% slower (the per-group
+    /// scaling back is work per token): nibbles stay there.
+    pub fn preferred() -> Q1Bits {
+        #[cfg(target_arch = "x86_64")]
+        if x86::available() && x86::amd() {
+            return Q1Bits::Spread;
+        }
+        Q1Bits::Nibbles
+    }
 }
 
 impl Ternary {
@@ -62,6 +83,8 @@ pub struct TiledMatrix {
     format: Format,
     /// The format whose panel layout holds them: `format`, or Q2_0 g128 for widened PTQ1_0.
     layout: Format,
+    /// The bit order of Q1_0 chunk words (`Nibbles` for every other format).
+    q1: Q1Bits,
     rows: usize,
     cols: usize,
     data: buffer::Buffer,
@@ -165,13 +188,27 @@ impl TiledMatrix {
     }
 
     /// Re-tiles `rows` native rows of `cols` values each, PTQ1_0 rows held as `ternary` says
-    /// (other formats ignore it).
+    /// (other formats ignore it), Q1_0 chunk words in the order this CPU's kernels prefer.
     pub fn with_ternary(
         format: Format,
         native: &[u8],
         rows: usize,
         cols: usize,
         ternary: Ternary,
+    ) -> Result<TiledMatrix, TileError> {
+        Self::with_layout(format, native, rows, cols, ternary, Q1Bits::preferred())
+    }
+
+    /// [`TiledMatrix::with_ternary`] with Q1_0 chunk words in order `q1` (other formats ignore
+    /// it): for testing and measuring each kernel on either order.
+    #[doc(hidden)]
+    pub fn with_layout(
+        format: Format,
+        native: &[u8],
+        rows: usize,
+        cols: usize,
+        ternary: Ternary,
+        q1: Q1Bits,
     ) -> Result<TiledMatrix, TileError> {
         if !Self::supports(format) {
             return Err(TileError::Unsupported(format));
@@ -193,6 +230,11 @@ impl TiledMatrix {
             (Format::PTQ1_0, Ternary::Wide) => Format::Q2_0G128,
             _ => format,
         };
+        let q1 = if format == Format::Q1_0 {
+            q1
+        } else {
+            Q1Bits::Nibbles
+        };
         debug_assert_eq!(layout.block_len(), format.block_len());
         let blocks = cols / format.block_len();
         let pbb = layout::panel_block_bytes(layout);
@@ -213,7 +255,7 @@ impl TiledMatrix {
                             *s = Some(&native[at..at + bb]);
                         }
                     }
-                    layout::tile_block(format, layout, &src, out);
+                    layout::tile_block(format, layout, q1, &src, out);
                 }
             }
         };
@@ -231,6 +273,7 @@ impl TiledMatrix {
         Ok(TiledMatrix {
             format,
             layout,
+            q1,
             rows,
             cols,
             data,
@@ -261,7 +304,7 @@ impl TiledMatrix {
         let hb = layout::half_bytes(self.layout);
         for h in 0..layout::halves(self.layout) {
             let at = layout::SCALES + h * hb;
-            layout::decode_half(self.layout, &pb[at..at + hb], &mut half);
+            layout::decode_half(self.layout, self.q1, &pb[at..at + hb], &mut half);
             codes[layout::HALF * h..layout::HALF * (h + 1)].copy_from_slice(&half[l]);
         }
         u16::from_le_bytes([pb[2 * l], pb[2 * l + 1]])
@@ -284,6 +327,11 @@ impl TiledMatrix {
         } else {
             Ternary::Wide
         }
+    }
+
+    /// The bit order of Q1_0 chunk words (`Nibbles` for every other format).
+    pub fn q1_bits(&self) -> Q1Bits {
+        self.q1
     }
 
     pub fn rows(&self) -> usize {
@@ -354,7 +402,7 @@ pub fn gemm_tiled(m: &TiledMatrix, panels: Range<usize>, acts: &[QuantizedActs],
 
 /// [`gemm_tiled`] on the AVX2 kernels whatever else the CPU has (for their tests on AVX-512
 /// machines); `false`, with nothing written, where the CPU lacks AVX2 or the kernels do not
-/// take the matrix's layout (packed PTQ1_0).
+/// take the matrix's layout (packed PTQ1_0, spread Q1_0).
 ///
 /// # Panics
 /// As [`gemm_tiled`].
@@ -376,7 +424,7 @@ fn gemm_tiled_avx2_checked(
     out: &mut [f32],
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if avx2::available() && avx2::takes(m.layout) {
+    if avx2::available() && avx2::takes(m.layout, m.q1) {
         // SAFETY: `available` confirmed the CPU features, `takes` the layout; the caller
         // checked the shapes.
         unsafe { avx2::gemm(m, panels, acts, out) };

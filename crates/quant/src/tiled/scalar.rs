@@ -21,7 +21,7 @@ pub(super) fn gemm(m: &TiledMatrix, panels: Range<usize>, acts: &[QuantizedActs]
             let mut blk = vec![[0f32; PANEL]; nt];
             for h in 0..layout::halves(f) {
                 let at = layout::SCALES + h * hb;
-                layout::decode_half(f, &pb[at..at + hb], &mut codes);
+                layout::decode_half(f, m.q1, &pb[at..at + hb], &mut codes);
                 let base = b * f.block_len() + h * HALF;
                 for (t, a) in acts.iter().enumerate() {
                     let q = a.codes();

@@ -1,17 +1,18 @@
 //! The AVX-512 tiled kernels (F/BW/VNNI/VBMI): one 512-bit register is one panel, 16 rows.
 //!
-//! Per chunk of 4 values × 16 rows: decode 64 unsigned codes (Q1_0: a mask load and a masked
-//! move; 2-bit: `vpmultishiftqb` + `and`; PTQ1_0: a shift and an `and` of trits that each
-//! 64-byte base-3 block had looked up once for its five chunks, by `vpermt2b` on the low 7 bits
-//! of each byte, blended by its top bit) and one `vpdpbusd` against the chunk's 4
-//! activation codes broadcast from memory. Per activation group (two chunks, 32 values apart),
+//! Per chunk of 4 values × 16 rows: decode 64 unsigned codes (Q1_0: a broadcast and an `and`
+//! that leave row `L`'s codes scaled by `2^(L/2)`, undone per group in floats, or with its bits
+//! in nibbles a mask load and a masked move; 2-bit: `vpmultishiftqb` + `and`; PTQ1_0: a shift
+//! and an `and` of trits that each 64-byte base-3 block had looked up once for its five chunks,
+//! by `vpermt2b` on the low 7 bits of each byte, blended by its top bit) and one `vpdpbusd`
+//! against the chunk's 4 activation codes broadcast from memory. Per activation group (two chunks, 32 values apart),
 //! the accumulator starts at the group's `−Σq`, and one conversion and one FMA by the group
 //! scale add it to the block sum; per block, one FMA by the 16 rows' weight scales.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::layout::{self, PANEL};
+use super::layout::{self, Q1Bits, PANEL};
 use super::{prefetch_ahead, scatter, Act, TiledMatrix};
 use crate::acts::GROUPS_PER_HALF;
 use crate::{Format, QuantizedActs};
@@ -25,6 +26,16 @@ pub(super) fn available() -> bool {
         && is_x86_feature_detected!("fma")
 }
 
+/// Whether the CPU's vendor is AMD (its vector units favour other decodes than Intel's).
+pub(super) fn amd() -> bool {
+    let id = __cpuid(0);
+    let vendor: Vec<u8> = [id.ebx, id.edx, id.ecx]
+        .iter()
+        .flat_map(|r| r.to_le_bytes())
+        .collect();
+    vendor == b"AuthenticAMD"
+}
+
 trait Chunks {
     const FORMAT: Format;
     /// Tokens a multi-token tile takes at once: 8 where decoding a chunk takes more than one
@@ -32,6 +43,10 @@ trait Chunks {
     /// cores, PTQ1_0 3.3–3.7 → 4.5–5.0 tok/s, Q2_0 5.9–6.5 → 6.8–7.1), else 4 (Q1_0's one masked
     /// move per chunk: 8 tokens measured 20% slower there, from register pressure).
     const TOKENS: usize = 4;
+    /// Whether decoded codes are 0 or `2^(L/2)` in lane `L` (Q1_0's one `and`) rather than the
+    /// weight's code: the group's sum is then scaled back per lane in floats (exactly: powers
+    /// of two, integers under 2^24) and `−Σq` added there.
+    const LANE_SCALED: bool = false;
     /// What one row's pass over a half keeps between its chunks: the half's address, or what
     /// several chunks share decoded once.
     type Half: Copy;
@@ -41,9 +56,35 @@ trait Chunks {
     unsafe fn codes(h: &Self::Half, c: usize) -> __m512i;
 }
 
+/// Q1_0 with its bits in nibbles ([`Q1Bits::Nibbles`]).
 struct Q1;
+/// Q1_0 with its bits spread ([`Q1Bits::Spread`]).
+struct Q1Spread;
 struct Q2<const G128: bool>;
 struct Ptq;
+
+/// Register byte `j` of a Q1_0 chunk keeps bit `j / 8` of its byte of the broadcast word
+/// (`layout::q1_bit`).
+const Q1_PLACES: [u8; 64] = {
+    let mut t = [0u8; 64];
+    let mut j = 0;
+    while j < 64 {
+        t[j] = 1 << (j / 8);
+        j += 1;
+    }
+    t
+};
+
+/// Lane `L`'s factor from a Q1_0 sum of `2^(L/2)·Σ c·q` (c = 0, 1) to `2·Σ c·q`.
+const Q1_LANE_SCALE: [f32; 16] = {
+    let mut t = [0f32; 16];
+    let mut l = 0;
+    while l < 16 {
+        t[l] = 2.0 / (1u32 << (l / 2)) as f32;
+        l += 1;
+    }
+    t
+};
 
 impl Chunks for Q1 {
     const FORMAT: Format = Format::Q1_0;
@@ -56,6 +97,22 @@ impl Chunks for Q1 {
     unsafe fn codes(h: &*const u8, c: usize) -> __m512i {
         let bits = (h.add(8 * c) as *const u64).read_unaligned();
         _mm512_maskz_mov_epi8(bits, _mm512_set1_epi8(2))
+    }
+}
+
+impl Chunks for Q1Spread {
+    const FORMAT: Format = Format::Q1_0;
+    const LANE_SCALED: bool = true;
+    type Half = *const u8;
+    #[inline(always)]
+    unsafe fn half(h: *const u8) -> *const u8 {
+        h
+    }
+    #[inline(always)]
+    unsafe fn codes(h: &*const u8, c: usize) -> __m512i {
+        let word = (h.add(8 * c) as *const i64).read_unaligned();
+        let places = _mm512_loadu_si512(Q1_PLACES.as_ptr() as *const __m512i);
+        _mm512_and_si512(_mm512_set1_epi64(word), places)
     }
 }
 
@@ -200,10 +257,12 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
             for k in 0..GROUPS_PER_HALF {
                 let g = GROUPS_PER_HALF * half + k;
                 let mut acc = [[_mm512_setzero_si512(); T]; R];
-                for t in 0..T {
-                    let neg = _mm512_set1_epi32(*acts[t].neg.add(g));
-                    for r in 0..R {
-                        acc[r][t] = neg;
+                if !C::LANE_SCALED {
+                    for t in 0..T {
+                        let neg = _mm512_set1_epi32(*acts[t].neg.add(g));
+                        for r in 0..R {
+                            acc[r][t] = neg;
+                        }
                     }
                 }
                 for i in 0..layout::CHUNKS / GROUPS_PER_HALF {
@@ -219,8 +278,14 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
                 }
                 for t in 0..T {
                     let s = _mm512_set1_ps(*acts[t].scale.add(g));
+                    let neg = _mm512_set1_ps(*acts[t].neg.add(g) as f32);
                     for r in 0..R {
-                        blk[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][t]), s, blk[r][t]);
+                        let mut sum = _mm512_cvtepi32_ps(acc[r][t]);
+                        if C::LANE_SCALED {
+                            let back = _mm512_loadu_ps(Q1_LANE_SCALE.as_ptr());
+                            sum = _mm512_fmadd_ps(sum, back, neg);
+                        }
+                        blk[r][t] = _mm512_fmadd_ps(sum, s, blk[r][t]);
                     }
                 }
             }
@@ -309,6 +374,7 @@ pub(super) unsafe fn gemm(
     }
     let acts = Act::all(acts);
     match m.layout {
+        Format::Q1_0 if m.q1 == Q1Bits::Spread => run::<Q1Spread>(m, panels, &acts, out),
         Format::Q1_0 => run::<Q1>(m, panels, &acts, out),
         Format::Q2_0 => run::<Q2<false>>(m, panels, &acts, out),
         Format::Q2_0G128 | Format::PQ2_0 => run::<Q2<true>>(m, panels, &acts, out),
