@@ -71,7 +71,7 @@ pub enum Q1Bits {
     Nibbles,
     /// Bit `j / 8` of word byte `j mod 8`: a broadcast of the word and one `and` with a constant
     /// leave each register byte its own bit, at place `j / 8` (row `L` at place `L / 2`). For the
-    /// AVX-512 kernels, whose masked moves took the shuffle port.
+    /// AVX-512 kernels where that measured faster than the masked move ([`Q1Bits::preferred`]).
     Spread,
 }
 
