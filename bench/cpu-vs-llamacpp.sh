@@ -19,6 +19,9 @@ work=${WORK:-bench/work}
 peer=${PEER:-$work/peer}
 mkdir -p "$work" "$(dirname "$out")"
 
+# The binary is built from the working tree: name uncommitted source changes in the table.
+rev=$(git rev-parse --short HEAD)
+[ -z "$(git status --porcelain --untracked-files=no -- crates Cargo.toml Cargo.lock)" ] || rev="$rev with uncommitted changes"
 cargo build --release -p niwaki >/dev/null
 nw=target/release/niwaki
 
@@ -30,7 +33,7 @@ row() { printf '| %s | %s | %s | %s | %s | %s |\n' "$@"; }
   echo "# niwaki vs llama.cpp, CPU, synthetic Bonsai-27B files"
   echo
   echo "- date: $(date -u +%Y-%m-%dT%H:%MZ); machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; threads: $threads"
-  echo "- niwaki $(git rev-parse --short HEAD) (--kernels $kernels); llama-bench: ${lb#"$root"/}"
+  echo "- niwaki $rev (--kernels $kernels); llama-bench: ${lb#"$root"/}"
   echo "- command: PP=$pp TG=$tg REPS=$reps KERNELS=$kernels FORMATS=\"$formats\" bench/cpu-vs-llamacpp.sh"
   echo
   echo "| file | test | llama.cpp tok/s | niwaki tok/s | ratio | niwaki decode / bandwidth floor |"
