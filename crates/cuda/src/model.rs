@@ -627,8 +627,8 @@ impl CudaModel {
         let argmax = ntok == 1;
         for op in forward_ops(&self.dims, ntok, Head::Last, argmax, self.gpu.fusion()) {
             let name = match op {
-                Op::Gemv { mat, .. } => format!("Gemv {mat:?}"),
-                Op::NormGemv { mat, .. } => format!("NormGemv {mat:?}"),
+                Op::Gemv { mat, .. } => format!("Gemv {}", mat.kind()),
+                Op::NormGemv { mat, .. } => format!("NormGemv {}", mat.kind()),
                 other => format!("{other:?}"),
             };
             let key: String = name
@@ -699,10 +699,7 @@ impl CudaModel {
         let mut gemvs = std::collections::HashMap::new();
         for op in forward_ops(&self.dims, 1, Head::Last, true, self.gpu.fusion()) {
             if let Op::Gemv { mat, .. } | Op::NormGemv { mat, .. } = op {
-                // "FfnIn(3)" → "FfnIn": one line per kind of matrix.
-                let kind = format!("{mat:?}");
-                let kind = kind.split('(').next().unwrap_or_default().to_string();
-                gemvs.insert(self.mat(mat).scales.ptr, format!("Gemv {kind}"));
+                gemvs.insert(self.mat(mat).scales.ptr, format!("Gemv {}", mat.kind()));
             }
         }
         let name = |k: crate::gpu::TraceKind, tag: u64| {

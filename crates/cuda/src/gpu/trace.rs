@@ -1,7 +1,7 @@
 //! The kernels' timeline records (`kernels/common.cuh`, `TRACE_*`), for measuring where a decode
 //! step's time goes: compiled in only when `NIWAKI_CUDA_TRACE` is set.
 
-use cudarc::driver::{result, DevicePtr};
+use cudarc::driver::DevicePtr;
 
 use super::Gpu;
 use crate::error::{Context, Result};
@@ -115,11 +115,9 @@ impl Gpu {
         let mut n = [0u32];
         self.read(s, count_ptr, &mut n)?;
         let n = (n[0] as usize).min(self.trace_capacity);
+        // The records' symbol holds `trace_capacity` records of this layout.
         let mut raw = vec![RawRecord::default(); n];
-        // SAFETY: the records' symbol holds `trace_capacity` records of this layout; the
-        // stream is synchronised before `raw` is read.
-        unsafe { result::memcpy_dtoh_async(&mut raw[..], recs_ptr, s.cu_stream()) }
-            .ctx(|| "reading the trace".into())?;
+        self.read(s, recs_ptr, &mut raw)?;
         self.write(s, count_ptr, &[0u32])?;
         s.synchronize().ctx(|| "clearing the trace".into())?;
         Ok(Some(

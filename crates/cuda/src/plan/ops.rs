@@ -20,6 +20,22 @@ pub enum Mat {
     Output,
 }
 
+impl Mat {
+    /// The matrix's role without its layer, for tables of time per kind of op.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Mat::GdnIn(_) => "GdnIn",
+            Mat::GdnAb(_) => "GdnAb",
+            Mat::GdnOut(_) => "GdnOut",
+            Mat::AttnIn(_) => "AttnIn",
+            Mat::AttnOut(_) => "AttnOut",
+            Mat::FfnIn(_) => "FfnIn",
+            Mat::FfnDown(_) => "FfnDown",
+            Mat::Output => "Output",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Norm {
     Attn(usize),

@@ -69,7 +69,7 @@ const Q1_PLACES: [u8; 64] = {
     let mut t = [0u8; 64];
     let mut j = 0;
     while j < 64 {
-        t[j] = 1 << (j / 8);
+        t[j] = 1 << (layout::q1_bit(Q1Bits::Spread, j) % 8);
         j += 1;
     }
     t
@@ -278,11 +278,11 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
                 }
                 for t in 0..T {
                     let s = _mm512_set1_ps(*acts[t].scale.add(g));
-                    let neg = _mm512_set1_ps(*acts[t].neg.add(g) as f32);
                     for r in 0..R {
                         let mut sum = _mm512_cvtepi32_ps(acc[r][t]);
                         if C::LANE_SCALED {
                             let back = _mm512_loadu_ps(Q1_LANE_SCALE.as_ptr());
+                            let neg = _mm512_set1_ps(*acts[t].neg.add(g) as f32);
                             sum = _mm512_fmadd_ps(sum, back, neg);
                         }
                         blk[r][t] = _mm512_fmadd_ps(sum, s, blk[r][t]);
