@@ -448,7 +448,7 @@ extern "C" __global__ void __launch_bounds__(CW * 32)
 #if HD % 128 != 0
     __trap();
 #else
-    TRACE_ENTRY_AS(LATE_ATTN_MERGE);
+    TRACE_ENTRY();
     __shared__ float f[NSPLIT], ls[NSPLIT], mred[CW], lred[CW];
     __shared__ float4 red[CW][32];
     const int head = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -470,7 +470,6 @@ extern "C" __global__ void __launch_bounds__(CW * 32)
     }
     red[warp][lane] = A;
     if (lane == 0) lred[warp] = Lw;
-    PDL_LATE_POINT(LATE_ATTN_MERGE, Lw);
     __syncthreads();
     if (warp == 0) {
         float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);

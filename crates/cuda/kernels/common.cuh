@@ -94,40 +94,6 @@ __device__ __forceinline__ void pdl_launch() {
         pdl_wait();  \
     } while (0)
 
-// The small kernels between two GEMVs may instead let their dependents launch only once their
-// own reads of the previous kernel's output have arrived (NIWAKI_LATE_LAUNCH, a mask by kernel:
-// the LATE_* bits), so that the next GEMV's first weight copies do not queue in front of those
-// reads. Where the launch is signalled changes no result: a dependent still waits for this
-// kernel's completion.
-#ifndef NIWAKI_LATE_LAUNCH
-#define NIWAKI_LATE_LAUNCH 0
-#endif
-#define LATE_NORM 1
-#define LATE_SWIGLU 2
-#define LATE_GDN 4
-#define LATE_ATTN_MERGE 8
-#define LATE(bit) ((NIWAKI_LATE_LAUNCH & (bit)) != 0)
-#define PDL_ENTRY_AS(bit)      \
-    do {                       \
-        if (!LATE(bit)) pdl_launch(); \
-        pdl_wait();            \
-    } while (0)
-// The launch once `v`, a value computed from those reads, exists, for a kernel entered with
-// PDL_ENTRY_AS / TRACE_ENTRY_AS: the instruction is predicated on a test of `v` (either way it
-// runs), so that neither compiler can issue it before the loads have returned.
-__device__ __forceinline__ void pdl_launch_after(float v) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile(
-        "{\n\t.reg .pred p;\n\tsetp.eq.f32 p, %0, %0;\n\t@p griddepcontrol.launch_dependents;\n\t"
-        "@!p griddepcontrol.launch_dependents;\n\t}" ::"f"(v)
-        : "memory");
-#endif
-}
-#define PDL_LATE_POINT(bit, v)          \
-    do {                                \
-        if (LATE(bit)) pdl_launch_after(v); \
-    } while (0)
-
 // A timeline of the traced kernels, for measuring only: compiled in where the host defines
 // NIWAKI_TRACE (the records' capacity; `NIWAKI_CUDA_TRACE`), else the macros are PDL_ENTRY
 // and nothing. One record per block: the kernel's kind (TRACE_* below) and a tag telling its
@@ -175,15 +141,10 @@ __device__ __forceinline__ void trace_put(u32 kind, u64 tag, u64 wait0, u64 wait
     const u64 trace_w0 = global_ns(); \
     PDL_ENTRY();                      \
     const u64 trace_w1 = global_ns()
-#define TRACE_ENTRY_AS(bit)           \
-    const u64 trace_w0 = global_ns(); \
-    PDL_ENTRY_AS(bit);                \
-    const u64 trace_w1 = global_ns()
 // Called by one thread of each block, the block's last to finish where it can be told.
 #define TRACE_EXIT(kind, tag) trace_put(kind, (u64)(tag), trace_w0, trace_w1)
 #else
 #define TRACE_ENTRY() PDL_ENTRY()
-#define TRACE_ENTRY_AS(bit) PDL_ENTRY_AS(bit)
 #define TRACE_EXIT(kind, tag) \
     do {                      \
     } while (0)

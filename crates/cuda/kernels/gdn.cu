@@ -303,7 +303,7 @@ gdn_decode(const float* __restrict__ proj, int aoff, int boff, int zoff, const u
     const float4 g = w == 0 ? *(const float4*)(nw + lane * 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     // The state, the conv state and the position are written by this layer's previous pass
     // (or the host, before the pass): read before waiting for the previous kernel.
-    TRACE_ENTRY_AS(LATE_GDN);
+    TRACE_ENTRY();
     // Everything this block reads of the projection, requested at once: the gate inputs and z
     // wait in registers through the conv and the step.
     const float ga = proj[aoff + h], gb = proj[boff + h];
@@ -323,7 +323,6 @@ gdn_decode(const float* __restrict__ proj, int aoff, int boff, int zoff, const u
         }
     }
     __syncthreads();
-    PDL_LATE_POINT(LATE_GDN, ga + gb);
     float cur[11];
 #pragma unroll
     for (int m = 0; m < 4; m++) {

@@ -125,7 +125,7 @@ extern "C" __global__ void __launch_bounds__(256) quant_rms(const float* __restr
     float4 g[RMS_REGS], v[RMS_REGS];
 #pragma unroll
     for (int k = 0; k < RMS_REGS; k++) g[k] = mine(k) ? *(const float4*)(w + i0 + 1024 * k) : zero;
-    TRACE_ENTRY_AS(LATE_NORM);
+    TRACE_ENTRY();
     const float* row = x + (size_t)(tok0 + t) * cols;
     float ss = 0.0f;
 #pragma unroll
@@ -137,7 +137,6 @@ extern "C" __global__ void __launch_bounds__(256) quant_rms(const float* __restr
         const float4 u = *(const float4*)(row + i);
         ss += u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w;
     }
-    PDL_LATE_POINT(LATE_NORM, ss);
     ss = block_sum(ss, red);
     const float scale = 1.0f / sqrtf(ss / (float)cols + eps);
     int* xq_t = xq + (size_t)t * cols / 4;
@@ -166,7 +165,7 @@ extern "C" __global__ void quant_swiglu(const float* __restrict__ gu, int stride
                                         int* __restrict__ xq, float2* __restrict__ xs, u16* __restrict__ xh,
                                         const float* __restrict__ signs) {
     __shared__ float4 rot[256];
-    TRACE_ENTRY_AS(LATE_SWIGLU);
+    TRACE_ENTRY();
     const int t = blockIdx.y;
     const int base = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 128;
     if (base >= ffn) return;
@@ -175,7 +174,6 @@ extern "C" __global__ void quant_swiglu(const float* __restrict__ gu, int stride
     float4 a = *(const float4*)(g + i);
     float4 u = *(const float4*)(g + ffn + i);
     float4 v = make_float4(siluf_(a.x) * u.x, siluf_(a.y) * u.y, siluf_(a.z) * u.z, siluf_(a.w) * u.w);
-    PDL_LATE_POINT(LATE_SWIGLU, v.x + v.y + v.z + v.w);
     if (signs) v = rot1024(v, signs + 1024 * blockIdx.x, (float*)rot);
     quant128(v, base, xq + (size_t)t * ffn / 4, xs + (size_t)t * ffn / 64, xh ? xh + (size_t)t * ffn : nullptr);
     // Warp 0 of every block has values (the grid is the values' 1024-value blocks).

@@ -278,15 +278,13 @@ mod tests {
         use crate::plan::{ATTN_RING_POSITIONS, ATTN_RING_POSITIONS_SMALL};
         use model::synth::Preset;
         // The 27B shapes also with the small attention ring (devices of 64 KiB per block); the
-        // tiny ones also with the timeline records (`NIWAKI_CUDA_TRACE`), and the 27B's with
-        // every small kernel's launch signalled late (`NIWAKI_CUDA_LATE_LAUNCH`).
-        for (p, ring, trace, late) in [
-            (Preset::Tiny, ATTN_RING_POSITIONS, false, 0),
-            (Preset::Tiny, ATTN_RING_POSITIONS, true, 0),
-            (Preset::Small, ATTN_RING_POSITIONS, false, 0),
-            (Preset::B27, ATTN_RING_POSITIONS, false, 0),
-            (Preset::B27, ATTN_RING_POSITIONS, false, 15),
-            (Preset::B27, ATTN_RING_POSITIONS_SMALL, false, 0),
+        // tiny ones also with the timeline records (`NIWAKI_CUDA_TRACE`).
+        for (p, ring, trace) in [
+            (Preset::Tiny, ATTN_RING_POSITIONS, false),
+            (Preset::Tiny, ATTN_RING_POSITIONS, true),
+            (Preset::Small, ATTN_RING_POSITIONS, false),
+            (Preset::B27, ATTN_RING_POSITIONS, false),
+            (Preset::B27, ATTN_RING_POSITIONS_SMALL, false),
         ] {
             let d = crate::plan::tests::dims(p);
             let src = source();
@@ -294,7 +292,6 @@ mod tests {
             if trace {
                 defines.push("-DNIWAKI_TRACE=16".into());
             }
-            defines.push(format!("-DNIWAKI_LATE_LAUNCH={late}"));
             // sm_90a, as an H100/H200 compiles them (with the warpgroup MMA of the f16 GEMM).
             let opts = options("sm_90a", &defines);
             let ptx = cudarc::nvrtc::compile_ptx_with_opts(
@@ -309,8 +306,7 @@ mod tests {
                     let text = ptx.to_src();
                     if let Some(dir) = std::env::var_os("NIWAKI_PTX_DUMP") {
                         let _ = std::fs::write(
-                            std::path::Path::new(&dir)
-                                .join(format!("{p:?}-{ring}-{trace}-{late}.ptx")),
+                            std::path::Path::new(&dir).join(format!("{p:?}-{ring}-{trace}.ptx")),
                             &text,
                         );
                     }

@@ -436,10 +436,6 @@ impl Gpu {
         if trace_capacity > 0 {
             defines.push(format!("-DNIWAKI_TRACE={trace_capacity}"));
         }
-        // Which small kernels signal their dependents' launch only after their reads
-        // (kernels/common.cuh, LATE_*).
-        let late = env_usize_or("NIWAKI_CUDA_LATE_LAUNCH", plan::LATE_LAUNCH);
-        defines.push(format!("-DNIWAKI_LATE_LAUNCH={late}"));
         let (ptx, from_cache) = compile::nvrtc_compile(&info.arch(), &defines)?;
         let compile_secs = t.elapsed().as_secs_f64();
         let module = ctx

@@ -361,9 +361,3 @@ pub fn default_prefetch_bytes(binary: bool) -> usize {
         DEFAULT_PREFETCH_BYTES
     }
 }
-
-/// The small kernels that let their dependents launch only once their own reads of the
-/// previous kernel's output have arrived (kernels/common.cuh's LATE_* mask: 1 the norm, 2
-/// SwiGLU, 4 the recurrence's decode step, 8 the attention merge); the others signal at entry.
-/// `NIWAKI_CUDA_LATE_LAUNCH` overrides it for measuring.
-pub const LATE_LAUNCH: usize = 0;
