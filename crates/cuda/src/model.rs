@@ -959,15 +959,6 @@ impl CudaModel {
             argmax,
             split_scratch: Some((st.s("gemm_part"), st.layout.size("gemm_part") / 4)),
             prefetch: match self.next_mat.iter().find(|p| p.0 == mat) {
-                _ if ntok == 1 && state_prefetch() && matches!(mat, Mat::GdnIn(_)) => {
-                    let Mat::GdnIn(l) = mat else { unreachable!() };
-                    Some(Prefetch {
-                        codes: self.ssm_state(st, l),
-                        code_bytes: StateBytes::ssm_per_layer(&self.dims),
-                        scales: 0,
-                        scale_bytes: 0,
-                    })
-                }
                 Some(&(_, next)) if ntok == 1 => {
                     let next = self.mat(next);
                     Prefetch::of(next, self.gpu.prefetch_for(next))
@@ -1394,9 +1385,4 @@ impl CudaModel {
             ),
         }
     }
-}
-
-/// Experiment: the recurrent layers' input GEMV asks the L2 cache for the layer's state.
-fn state_prefetch() -> bool {
-    std::env::var("NIWAKI_CUDA_STATE_PREFETCH").is_ok_and(|v| v == "1")
 }
