@@ -268,31 +268,3 @@ __device__ __forceinline__ void tma_2d(u32 dst, const TmaMap& map, int x, int y,
         : "memory");
 }
 #endif
-
-// Asks the L2 cache to fetch this block's share of `bytes` at p (16-byte pieces; a tail under 16
-// bytes is left out): the next GEMV's weights arrive while the kernels in between run.
-__device__ __forceinline__ void prefetch_l2_share(const unsigned char* p, int bytes) {
-    if (bytes <= 0) return;
-    const u32 share = (((u32)bytes + gridDim.x - 1) / gridDim.x + 15) & ~15u;
-    const u32 off = blockIdx.x * share;
-    if (off >= (u32)bytes) return;
-    const u32 n = min(share, (u32)bytes - off) & ~15u;
-    if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(n) : "memory");
-}
-
-// The same once `v`, a value computed from this block's reads of the previous kernel's output,
-// exists: the copies are predicated on a test of `v` (either way they are issued), so that they
-// do not queue in front of those reads.
-__device__ __forceinline__ void prefetch_l2_share_after(float v, const unsigned char* p, int bytes) {
-    if (bytes <= 0) return;
-    const u32 share = (((u32)bytes + gridDim.x - 1) / gridDim.x + 15) & ~15u;
-    const u32 off = blockIdx.x * share;
-    if (off >= (u32)bytes) return;
-    const u32 n = min(share, (u32)bytes - off) & ~15u;
-    if (n)
-        asm volatile(
-            "{\n\t.reg .pred p;\n\tsetp.eq.f32 p, %0, %0;\n\t@p cp.async.bulk.prefetch.L2.global [%1], %2;\n\t"
-            "@!p cp.async.bulk.prefetch.L2.global [%1], %2;\n\t}" ::"f"(v),
-            "l"(p + off), "r"(n)
-            : "memory");
-}

@@ -345,6 +345,17 @@ __device__ __forceinline__ void norm_quant_row(const float* row, int cols, const
     }
 }
 
+// Asks the L2 cache to fetch this block's share of `bytes` at p (16-byte pieces; a tail under 16
+// bytes is left out): the next GEMV's weights arrive while the kernels in between run.
+__device__ __forceinline__ void prefetch_l2_share(const unsigned char* p, int bytes) {
+    if (bytes <= 0) return;
+    const u32 share = (((u32)bytes + gridDim.x - 1) / gridDim.x + 15) & ~15u;
+    const u32 off = blockIdx.x * share;
+    if (off >= (u32)bytes) return;
+    const u32 n = min(share, (u32)bytes - off) & ~15u;
+    if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(n) : "memory");
+}
+
 // The copy ring of a decode GEMV: `stages` full barriers (one arrival: the copy's) and empty
 // ones (one arrival per consumer warp). Thread 0 calls it before the block's first barrier.
 __device__ __forceinline__ void ring_init(u64* full, u64* empty, int stages) {

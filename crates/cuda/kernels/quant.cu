@@ -113,9 +113,7 @@ __device__ __forceinline__ float4 rot1024(float4 v, const float* __restrict__ si
 extern "C" __global__ void __launch_bounds__(256) quant_rms(const float* __restrict__ x, int cols, int tok0,
                                                             const float* __restrict__ w, float eps,
                                                             int* __restrict__ xq, float2* __restrict__ xs,
-                                                            u16* __restrict__ xh, const float* __restrict__ signs,
-                                                            const unsigned char* __restrict__ pf_codes, int pf_code_bytes,
-                                                            const unsigned char* __restrict__ pf_scales, int pf_scale_bytes) {
+                                                            u16* __restrict__ xh, const float* __restrict__ signs) {
     __shared__ float red[32];
     __shared__ float4 rot[256];
     const int t = blockIdx.y, i0 = threadIdx.x * 4, b = blockIdx.x, nb = gridDim.x;
@@ -138,11 +136,6 @@ extern "C" __global__ void __launch_bounds__(256) quant_rms(const float* __restr
     for (int i = i0 + 1024 * RMS_REGS; i < cols; i += 1024) {
         const float4 u = *(const float4*)(row + i);
         ss += u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w;
-    }
-    // The next GEMV's first bytes, asked of the L2 cache once this block's reads are in.
-    if (threadIdx.x == 0) {
-        prefetch_l2_share_after(ss, pf_codes, pf_code_bytes);
-        prefetch_l2_share_after(ss, pf_scales, pf_scale_bytes);
     }
     ss = block_sum(ss, red);
     const float scale = 1.0f / sqrtf(ss / (float)cols + eps);

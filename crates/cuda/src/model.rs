@@ -903,18 +903,6 @@ impl CudaModel {
         }
     }
 
-    /// The matrix multiplied right after a norm.
-    fn mat_after(&self, norm: Norm) -> Mat {
-        match norm {
-            Norm::Attn(l) => match self.layers[l].mix {
-                MixW::Gdn(_) => Mat::GdnIn(l),
-                MixW::Attn(_) => Mat::AttnIn(l),
-            },
-            Norm::Post(l) => Mat::FfnIn(l),
-            Norm::Output => Mat::Output,
-        }
-    }
-
     fn norm_weight(&self, norm: Norm) -> &DevBuf {
         match norm {
             Norm::Attn(l) => &self.layers[l].attn_norm,
@@ -1090,14 +1078,7 @@ impl CudaModel {
                         Arg::Ptr(xs),
                         Arg::Ptr(xh(ntok).unwrap_or(0)),
                         Arg::Ptr(self.signs_if(rot, e)?),
-                    ]
-                    .into_iter()
-                    .chain(prefetch_args(if ntok == 1 {
-                        Prefetch::of(self.mat(self.mat_after(norm)), small_prefetch_bytes())
-                    } else {
-                        None
-                    }))
-                    .collect::<Vec<_>>(),
+                    ],
                 )
             }
             Op::Gemv { mat, ntok, out } => {
@@ -1404,25 +1385,4 @@ impl CudaModel {
             ),
         }
     }
-}
-
-/// Experiment: bytes of the next GEMV's matrix a decode step's norm asks of the L2 cache once
-/// its reads are in (`NIWAKI_CUDA_SMALL_PREFETCH_MB`).
-fn small_prefetch_bytes() -> usize {
-    std::env::var("NIWAKI_CUDA_SMALL_PREFETCH_MB")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(0)
-        << 20
-}
-
-/// A prefetch as kernel arguments: codes, their bytes, scales, their bytes (zeros for none).
-fn prefetch_args(p: Option<Prefetch>) -> [Arg; 4] {
-    let bytes = |b: usize| Arg::I32(b.min(i32::MAX as usize) as i32);
-    [
-        Arg::Ptr(p.map_or(0, |p| p.codes)),
-        bytes(p.map_or(0, |p| p.code_bytes)),
-        Arg::Ptr(p.map_or(0, |p| p.scales)),
-        bytes(p.map_or(0, |p| p.scale_bytes)),
-    ]
 }

@@ -263,10 +263,6 @@ pub(crate) fn quant_rms_row1(
             Arg::Ptr(xs),
             Arg::Ptr(0),
             Arg::Ptr(0),
-            Arg::Ptr(0),
-            Arg::I32(0),
-            Arg::Ptr(0),
-            Arg::I32(0),
         ],
     )?;
     Ok(NormIn {
