@@ -273,8 +273,7 @@ gdn_decode(const float* __restrict__ proj, int aoff, int boff, int zoff, const u
            float* __restrict__ conv_state, const float* __restrict__ taps,
            const float* __restrict__ a_neg, const float* __restrict__ dt_bias, float* __restrict__ S,
            const float* __restrict__ nw, float eps, int* __restrict__ xq, float2* __restrict__ xs,
-           u16* __restrict__ xh, const unsigned char* __restrict__ pf_codes, int pf_code_bytes,
-           const unsigned char* __restrict__ pf_scales, int pf_scale_bytes) {
+           u16* __restrict__ xh) {
     constexpr int RPL = 32, C = 32 / (DK / RPL);
     __shared__ __align__(16) float qks[16][2][DK];
     // The conv's outputs: q and k of key head kh, then v of head h; then the step's outputs.
@@ -338,12 +337,6 @@ gdn_decode(const float* __restrict__ proj, int aoff, int boff, int zoff, const u
     if (r == 0) os[j] = oo;
 #pragma unroll
     for (int i = 0; i < RPL; i++) Sh[(size_t)(r * RPL + i) * DV + j] = s[i];
-    // A later GEMV's first bytes (the layer's gate | up), asked of the L2 cache now that the
-    // state has been read: the memory is otherwise idle through the output GEMV and the norm.
-    if (tid == 0) {
-        prefetch_l2_share(pf_codes, pf_code_bytes);
-        prefetch_l2_share(pf_scales, pf_scale_bytes);
-    }
     __syncthreads();
     if (w == 0) {
         const int base = h * DV;

@@ -1238,13 +1238,7 @@ impl CudaModel {
                         Arg::Ptr(xq),
                         Arg::Ptr(xs),
                         Arg::Ptr(xh(1).unwrap_or(0)),
-                    ]
-                    .into_iter()
-                    .chain(prefetch_args(Prefetch::of(
-                        self.mat(Mat::FfnIn(layer)),
-                        gdn_prefetch_bytes(),
-                    )))
-                    .collect::<Vec<_>>(),
+                    ],
                 )
             }
             Op::GatedQuant { layer, ntok } => g.launch(
@@ -1391,25 +1385,4 @@ impl CudaModel {
             ),
         }
     }
-}
-
-/// Experiment: bytes of a recurrent layer's gate | up matrix its decode step asks of the L2
-/// cache (`NIWAKI_CUDA_GDN_PREFETCH_MB`).
-fn gdn_prefetch_bytes() -> usize {
-    std::env::var("NIWAKI_CUDA_GDN_PREFETCH_MB")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(0)
-        << 20
-}
-
-/// A prefetch as kernel arguments: codes, their bytes, scales, their bytes (zeros for none).
-fn prefetch_args(p: Option<Prefetch>) -> [Arg; 4] {
-    let bytes = |b: usize| Arg::I32(b.min(i32::MAX as usize) as i32);
-    [
-        Arg::Ptr(p.map_or(0, |p| p.codes)),
-        bytes(p.map_or(0, |p| p.code_bytes)),
-        Arg::Ptr(p.map_or(0, |p| p.scales)),
-        bytes(p.map_or(0, |p| p.scale_bytes)),
-    ]
 }
