@@ -107,6 +107,18 @@ fn matmul_int8(w: &Matrix, acts: &[QuantizedActs], out: &mut [f32]) {
     let tokens = acts.len();
     match w.tiled() {
         // Tasks start on panel boundaries, so each covers whole panels.
+        Some(m) if tokens == 1 && guided_on() => {
+            let tasks = guided_panel_tasks(m.panels(), pool::global().threads());
+            let dst = Disjoint::new(out);
+            pool::global().run(tasks.len(), |i| {
+                let p = tasks[i].clone();
+                let rows = p.start * PANEL..(p.end * PANEL).min(m.rows());
+                // SAFETY: the tasks' panel ranges are disjoint, so are their rows, and they lie
+                // inside `out` (one token: `out.len() == rows`, asserted by `matmul`).
+                let rows_out = unsafe { dst.slice_mut(rows) };
+                quant::gemm_tiled(m, p, acts, rows_out);
+            });
+        }
         Some(m) => int8_row_tasks(
             m.rows(),
             tokens,
@@ -125,6 +137,45 @@ fn matmul_int8(w: &Matrix, acts: &[QuantizedActs], out: &mut [f32]) {
             })
         }
     }
+}
+
+static KNOBS: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+static GUIDED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Experiment switch.
+fn guided_on() -> bool {
+    GUIDED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Experiment switch.
+pub fn set_guided(on: bool) {
+    GUIDED.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Panel ranges of a one-token pass over `panels` panels on `threads` threads, in the order
+/// the pool hands them out: each a share 1 / (2·threads) of the panels left, but at least
+/// [`DECODE_PANELS_PER_TASK`]. The first tasks are long, so the kernel's two weight streams
+/// run on through many consecutive panels; the last are short, so the cores still finish
+/// together.
+fn guided_panel_tasks(panels: usize, threads: usize) -> Vec<Range<usize>> {
+    let mut tasks = Vec::new();
+    let mut at = 0;
+    while at < panels {
+        let left = panels - at;
+        let (div, min) = *KNOBS.get_or_init(|| {
+            let v = |n: &str, d: usize| {
+                std::env::var(n)
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(d)
+            };
+            (v("GUIDED_DIV", 2), v("GUIDED_MIN", DECODE_PANELS_PER_TASK))
+        });
+        let size = left.div_ceil(div * threads.max(1)).max(min).min(left);
+        tasks.push(at..at + size);
+        at += size;
+    }
+    tasks
 }
 
 /// Tokens one task multiplies per pass over its rows (bounded so the scratch stays on the stack).

@@ -26,6 +26,11 @@ struct Args {
     tiled: bool,
     /// The bit order of tiled Q1_0 chunk words.
     q1: Q1Bits,
+    /// Panels per task where threads take tasks in turn (as the engine's pool hands them out),
+    /// rather than a contiguous share each (0).
+    task_panels: usize,
+    /// With `task_panels`: tasks that shrink from a share of what is left down to that size.
+    guided: bool,
 }
 
 fn parse_args() -> Args {
@@ -44,6 +49,8 @@ fn parse_args() -> Args {
     let mut gib = 1.0;
     let mut tiled = false;
     let mut q1 = Q1Bits::preferred();
+    let mut task_panels = 0;
+    let mut guided = false;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i + 1 < args.len() {
@@ -63,6 +70,8 @@ fn parse_args() -> Args {
             "--tokens" => tokens = args[i + 1].parse().expect("a token count"),
             "--gib" => gib = args[i + 1].parse().expect("GiB of weights"),
             "--tiled" => tiled = args[i + 1] == "1",
+            "--task-panels" => task_panels = args[i + 1].parse().expect("panels per task"),
+            "--guided" => guided = args[i + 1] == "1",
             "--q1" => {
                 q1 = match args[i + 1].as_str() {
                     "nibbles" => Q1Bits::Nibbles,
@@ -81,6 +90,8 @@ fn parse_args() -> Args {
         gib,
         tiled,
         q1,
+        task_panels,
+        guided,
     }
 }
 
@@ -248,6 +259,8 @@ fn main() {
         gib,
         tiled,
         q1,
+        task_panels,
+        guided,
     } = parse_args();
     println!(
         "ISA {}, {tokens} token(s), {COLS} columns × {ROWS} rows per matrix (tiled Q1_0: {q1:?})",
@@ -300,15 +313,32 @@ fn main() {
             });
             let out_ptr = out.as_mut_ptr() as usize;
             let kern = time(threads, 3, |k, n| {
-                let (lo, hi) = share(k, n);
-                // SAFETY: each thread writes its own disjoint range of `out`.
-                let o = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        (out_ptr as *mut f32).add(lo * tokens),
-                        (hi - lo) * tokens,
-                    )
+                let ranges: Vec<(usize, usize)> = if task_panels == 0 {
+                    vec![share(k, n)]
+                } else if guided {
+                    guided_tasks(rows.div_ceil(PANEL), n, task_panels)
+                        .into_iter()
+                        .skip(k)
+                        .step_by(n)
+                        .map(|(a, b)| (a * PANEL, (b * PANEL).min(rows)))
+                        .collect()
+                } else {
+                    let step = task_panels * PANEL;
+                    (k * step..rows)
+                        .step_by(n * step)
+                        .map(|lo| (lo, (lo + step).min(rows)))
+                        .collect()
                 };
-                mat.multiply((lo, hi), &acts, o);
+                for (lo, hi) in ranges {
+                    // SAFETY: each thread writes its own disjoint ranges of `out`.
+                    let o = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            (out_ptr as *mut f32).add(lo * tokens),
+                            (hi - lo) * tokens,
+                        )
+                    };
+                    mat.multiply((lo, hi), &acts, o);
+                }
             });
             black_box(&out);
             let gbs = |s: f64| w.len() as f64 / s / 1e9;
@@ -342,4 +372,19 @@ fn main() {
         "to other processes time-sharing the cores); % = kern ÷ read. L2 1t = GB per CPU-second"
     );
     println!("of one thread on an L2-resident slice: the compute ceiling.");
+}
+
+/// Panel ranges of a guided split: each task a share 1 / (2·threads) of the panels left, but
+/// at least `min` panels.
+fn guided_tasks(panels: usize, threads: usize, min: usize) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < panels {
+        let size = ((panels - at).div_ceil(2 * threads))
+            .max(min)
+            .min(panels - at);
+        out.push((at, at + size));
+        at += size;
+    }
+    out
 }
