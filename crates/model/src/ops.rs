@@ -49,10 +49,12 @@ fn matmul_exact(w: &Matrix, x: &[f32], tokens: usize, out: &mut [f32]) {
 
 /// Panels handed out per task on tiled weights (the decode kernel runs two at a time).
 const PANELS_PER_TASK: usize = 2;
-/// Panels per task of a one-token pass: the kernel's two weight streams then each run on
-/// through four consecutive panels (see `quant::tiled`), and a task is still only ~170 KB of a
-/// 5120-wide 2-bit matrix, so the last tasks of a matrix balance across cores.
-const DECODE_PANELS_PER_TASK: usize = 8;
+/// The fewest panels a task of a one-token pass takes ([`decode_panel_tasks`]): ~340 KB of a
+/// 5120-wide 2-bit matrix, ~190 KB of a 1-bit one. 27B files on 2 Zen 4 cores, decode steps
+/// alternated in one process with fixed tasks of 8 panels (the split before): Q1_0 −6.4% and
+/// Q2_0 −5.8% per token (medians) at 16; at 8, −2 to −6% (Q1_0); at 32 level on Q2_0; fixed
+/// tasks of 16 panels level with 8.
+const DECODE_MIN_PANELS: usize = 16;
 
 /// The most rows a task of [`int8_row_tasks`] takes.
 const MAX_TASK_ROWS: usize = if ROWS_PER_TASK > PANELS_PER_TASK * PANEL {
@@ -107,26 +109,11 @@ fn matmul_int8(w: &Matrix, acts: &[QuantizedActs], out: &mut [f32]) {
     let tokens = acts.len();
     match w.tiled() {
         // Tasks start on panel boundaries, so each covers whole panels.
-        Some(m) if tokens == 1 && guided_on() => {
-            let tasks = guided_panel_tasks(m.panels(), pool::global().threads());
-            let dst = Disjoint::new(out);
-            pool::global().run(tasks.len(), |i| {
-                let p = tasks[i].clone();
-                let rows = p.start * PANEL..(p.end * PANEL).min(m.rows());
-                // SAFETY: the tasks' panel ranges are disjoint, so are their rows, and they lie
-                // inside `out` (one token: `out.len() == rows`, asserted by `matmul`).
-                let rows_out = unsafe { dst.slice_mut(rows) };
-                quant::gemm_tiled(m, p, acts, rows_out);
-            });
-        }
+        Some(m) if tokens == 1 => decode_tiled(m, acts, out),
         Some(m) => int8_row_tasks(
             m.rows(),
             tokens,
-            if tokens == 1 {
-                DECODE_PANELS_PER_TASK
-            } else {
-                PANELS_PER_TASK
-            } * PANEL,
+            PANELS_PER_TASK * PANEL,
             out,
             |r, t, buf| quant::gemm_tiled(m, r.start / PANEL..r.end.div_ceil(PANEL), &acts[t], buf),
         ),
@@ -139,43 +126,38 @@ fn matmul_int8(w: &Matrix, acts: &[QuantizedActs], out: &mut [f32]) {
     }
 }
 
-static KNOBS: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
-static GUIDED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Experiment switch.
-fn guided_on() -> bool {
-    GUIDED.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Experiment switch.
-pub fn set_guided(on: bool) {
-    GUIDED.store(on, std::sync::atomic::Ordering::Relaxed);
-}
-
 /// Panel ranges of a one-token pass over `panels` panels on `threads` threads, in the order
 /// the pool hands them out: each a share 1 / (2·threads) of the panels left, but at least
-/// [`DECODE_PANELS_PER_TASK`]. The first tasks are long, so the kernel's two weight streams
-/// run on through many consecutive panels; the last are short, so the cores still finish
-/// together.
-fn guided_panel_tasks(panels: usize, threads: usize) -> Vec<Range<usize>> {
+/// [`DECODE_MIN_PANELS`]. The first tasks are long, so each thread's two weight streams (see
+/// `quant::tiled`) run on through many consecutive panels; the last are short, so the cores
+/// still finish together.
+fn decode_panel_tasks(panels: usize, threads: usize) -> Vec<Range<usize>> {
     let mut tasks = Vec::new();
     let mut at = 0;
     while at < panels {
         let left = panels - at;
-        let (div, min) = *KNOBS.get_or_init(|| {
-            let v = |n: &str, d: usize| {
-                std::env::var(n)
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(d)
-            };
-            (v("GUIDED_DIV", 2), v("GUIDED_MIN", DECODE_PANELS_PER_TASK))
-        });
-        let size = left.div_ceil(div * threads.max(1)).max(min).min(left);
+        let size = left
+            .div_ceil(2 * threads.max(1))
+            .max(DECODE_MIN_PANELS)
+            .min(left);
         tasks.push(at..at + size);
         at += size;
     }
     tasks
+}
+
+/// One token times a tiled matrix, over [`decode_panel_tasks`].
+fn decode_tiled(m: &quant::TiledMatrix, acts: &[QuantizedActs], out: &mut [f32]) {
+    let tasks = decode_panel_tasks(m.panels(), pool::global().threads());
+    let dst = Disjoint::new(out);
+    pool::global().run(tasks.len(), |i| {
+        let p = tasks[i].clone();
+        let rows = p.start * PANEL..(p.end * PANEL).min(m.rows());
+        // SAFETY: the tasks' panel ranges are disjoint, so are their rows, and they lie inside
+        // `out` (one token: `out.len() == rows`, asserted by `matmul`).
+        let rows_out = unsafe { dst.slice_mut(rows) };
+        quant::gemm_tiled(m, p, acts, rows_out);
+    });
 }
 
 /// Tokens one task multiplies per pass over its rows (bounded so the scratch stays on the stack).
@@ -346,6 +328,46 @@ fn argmax_serial(x: &[f32]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decode_tasks_cover_every_panel_once_shrinking_to_the_minimum() {
+        for threads in [1, 2, 3, 8] {
+            for panels in [0, 1, 15, 16, 17, 320, 384, 1088, 15520] {
+                let tasks = decode_panel_tasks(panels, threads);
+                let mut at = 0;
+                for (i, t) in tasks.iter().enumerate() {
+                    assert_eq!(
+                        t.start, at,
+                        "{panels} panels, {threads} threads: contiguous"
+                    );
+                    assert!(
+                        !t.is_empty(),
+                        "{panels} panels, {threads} threads: empty task"
+                    );
+                    let left = panels - at;
+                    let want = left.div_ceil(2 * threads).max(DECODE_MIN_PANELS).min(left);
+                    assert_eq!(
+                        t.len(),
+                        want,
+                        "{panels} panels, {threads} threads, task {i}"
+                    );
+                    if let Some(next) = tasks.get(i + 1) {
+                        assert!(next.len() <= t.len(), "sizes never grow");
+                        assert!(t.len() >= DECODE_MIN_PANELS, "only the last is short");
+                    }
+                    at = t.end;
+                }
+                assert_eq!(
+                    at, panels,
+                    "{panels} panels, {threads} threads: all covered"
+                );
+            }
+        }
+        // 320 panels (a 5120-row matrix) on 2 threads: a quarter of what is left each time,
+        // then 16 at a time, the rest last.
+        let sizes: Vec<usize> = decode_panel_tasks(320, 2).iter().map(|t| t.len()).collect();
+        assert_eq!(sizes, [80, 60, 45, 34, 26, 19, 16, 16, 16, 8]);
+    }
 
     #[test]
     fn argmax_equals_its_serial_twin() {
