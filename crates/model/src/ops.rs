@@ -55,6 +55,14 @@ const PANELS_PER_TASK: usize = 2;
 /// Q2_0 −5.8% per token (medians) at 16; at 8, −2 to −6% (Q1_0); at 32 level on Q2_0; fixed
 /// tasks of 16 panels level with 8.
 const DECODE_MIN_PANELS: usize = 16;
+/// Where a matrix has fewer than four such tasks per thread, the minimum drops towards this
+/// (the fixed task size before), so that many cores still share a small matrix.
+const DECODE_MIN_PANELS_FLOOR: usize = 8;
+
+/// The fewest panels a task takes for a matrix of `panels` panels on `threads` threads.
+fn decode_min_panels(panels: usize, threads: usize) -> usize {
+    (panels / (4 * threads.max(1))).clamp(DECODE_MIN_PANELS_FLOOR, DECODE_MIN_PANELS)
+}
 
 /// The most rows a task of [`int8_row_tasks`] takes.
 const MAX_TASK_ROWS: usize = if ROWS_PER_TASK > PANELS_PER_TASK * PANEL {
@@ -128,18 +136,16 @@ fn matmul_int8(w: &Matrix, acts: &[QuantizedActs], out: &mut [f32]) {
 
 /// Panel ranges of a one-token pass over `panels` panels on `threads` threads, in the order
 /// the pool hands them out: each a share 1 / (2·threads) of the panels left, but at least
-/// [`DECODE_MIN_PANELS`]. The first tasks are long, so each thread's two weight streams (see
+/// [`decode_min_panels`]. The first tasks are long, so each thread's two weight streams (see
 /// `quant::tiled`) run on through many consecutive panels; the last are short, so the cores
 /// still finish together.
 fn decode_panel_tasks(panels: usize, threads: usize) -> Vec<Range<usize>> {
+    let min = decode_min_panels(panels, threads);
     let mut tasks = Vec::new();
     let mut at = 0;
     while at < panels {
         let left = panels - at;
-        let size = left
-            .div_ceil(2 * threads.max(1))
-            .max(DECODE_MIN_PANELS)
-            .min(left);
+        let size = left.div_ceil(2 * threads.max(1)).max(min).min(left);
         tasks.push(at..at + size);
         at += size;
     }
@@ -345,7 +351,8 @@ mod tests {
                         "{panels} panels, {threads} threads: empty task"
                     );
                     let left = panels - at;
-                    let want = left.div_ceil(2 * threads).max(DECODE_MIN_PANELS).min(left);
+                    let min = decode_min_panels(panels, threads);
+                    let want = left.div_ceil(2 * threads).max(min).min(left);
                     assert_eq!(
                         t.len(),
                         want,
@@ -353,7 +360,7 @@ mod tests {
                     );
                     if let Some(next) = tasks.get(i + 1) {
                         assert!(next.len() <= t.len(), "sizes never grow");
-                        assert!(t.len() >= DECODE_MIN_PANELS, "only the last is short");
+                        assert!(t.len() >= min, "only the last is short");
                     }
                     at = t.end;
                 }
@@ -367,6 +374,9 @@ mod tests {
         // then 16 at a time, the rest last.
         let sizes: Vec<usize> = decode_panel_tasks(320, 2).iter().map(|t| t.len()).collect();
         assert_eq!(sizes, [80, 60, 45, 34, 26, 19, 16, 16, 16, 8]);
+        // The same matrix on 32 threads: tasks of 8 (40 of them), as many as before.
+        assert_eq!(decode_panel_tasks(320, 32).len(), 40);
+        assert!(decode_panel_tasks(320, 32).iter().all(|t| t.len() == 8));
     }
 
     #[test]
