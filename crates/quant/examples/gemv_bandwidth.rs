@@ -231,16 +231,17 @@ fn time<F: Fn(usize, usize) + Sync>(threads: usize, reps: usize, f: F) -> (f64, 
     (wall, cpu)
 }
 
-/// Compute-bound throughput: a ~1 MiB slice of the matrix (L2-resident) run repeatedly on one
-/// thread, in GB per CPU-second of the thread.
+/// Compute-bound throughput: a 384 KiB slice of the matrix (well inside a 1 MiB L2 cache beside
+/// the activations) run repeatedly on one thread, in GB per CPU-second of the thread (the best
+/// of several timings).
 fn hot(m: &Mat, acts: &[QuantizedActs]) -> f64 {
     let row_bytes = m.row_bytes;
-    let rows = ((1 << 20) / row_bytes).max(1) / PANEL * PANEL;
+    let rows = ((384 << 10) / row_bytes).max(PANEL) / PANEL * PANEL;
     let mut out = vec![0.0f32; rows * acts.len()];
     let mut best = 0.0f64;
-    for _ in 0..5 {
+    for _ in 0..20 {
         let start = thread_cpu_seconds();
-        let reps = 50;
+        let reps = 100;
         for _ in 0..reps {
             m.multiply((0, rows), acts, &mut out);
             black_box(&out);

@@ -47,6 +47,8 @@ pub struct QuantizedActs {
     q: Vec<i8>,
     scale: Vec<f32>,
     neg_sum: Vec<i32>,
+    /// Per 128-value span, `Σ_g (−Σq_g)·d_g` over its groups (see [`QuantizedActs::neg_span_terms`]).
+    neg_span: Vec<f32>,
     lane_scale: Vec<f32>,
     neg_lane_sum: Vec<i32>,
     /// The 1-bit lookup tables (see [`QuantizedActs::sign_tables`]), made on first use.
@@ -253,11 +255,21 @@ impl QuantizedActs {
             .chunks_exact(4)
             .map(|l| -l.iter().map(|&v| i32::from(v)).sum::<i32>())
             .collect();
+        let neg_span = neg_sum
+            .chunks(2 * GROUPS_PER_HALF)
+            .zip(scale.chunks(2 * GROUPS_PER_HALF))
+            .map(|(n, d)| {
+                n.iter()
+                    .zip(d)
+                    .fold(0.0f32, |acc, (&n, &d)| (n as f32).mul_add(d, acc))
+            })
+            .collect();
         QuantizedActs {
             x,
             q,
             scale,
             neg_sum,
+            neg_span,
             lane_scale,
             neg_lane_sum,
             sign_tables: OnceLock::new(),
@@ -291,6 +303,13 @@ impl QuantizedActs {
     /// `−Σ q` of each group, in group order.
     pub(crate) fn neg_group_sums(&self) -> &[i32] {
         &self.neg_sum
+    }
+
+    /// Per 128-value span, the float term the 1-bit kernels add once per span:
+    /// `Σ_g (−Σq_g)·d_g` over the span's groups in order, each step one fused multiply-add from
+    /// 0 (the codes' sums are exact in f32).
+    pub(crate) fn neg_span_terms(&self) -> &[f32] {
+        &self.neg_span
     }
 
     pub(crate) fn lane_scales(&self) -> &[f32] {

@@ -12,6 +12,9 @@
 //! sum `S = Σ w_int·q` (`w_int` is the weight's code: ±1 for Q1_0, code − 1 for the 2-bit formats,
 //! trit − 1 for PTQ1_0, the int8 for Q8_0, the nibble for Q4_1), then combine in f32:
 //! `row · act = Σ_blocks d_w · Σ_act-blocks d_a·S` (Q4_1 adds `m · d_a · Σq` per block).
+//! Q1_0 splits `S = 2·Σ_{bit set} q − Σq`: per block, `2·Σ_{bit set} q` scaled by `d_a` group
+//! by group, then the block's `Σ_g (−Σq_g)·d_g` ([`QuantizedActs`] keeps it per 128-value span)
+//! added once, so its fastest kernels spend one float step per group instead of two.
 //! The scalar twin ([`gemm_rows_scalar`]) does exactly this in block order; the SIMD kernels form
 //! the same integer sums four values per 32-bit lane and add the lane terms `d_w·d_a·S_lane` in a
 //! different order. The integer parts are bit-identical, so with scales whose products are exact

@@ -78,10 +78,17 @@ pub(crate) fn dot_row(format: Format, row: &[u8], a: &QuantizedActs) -> f32 {
             let dg = scales[first + g];
             if format == Format::Q4_1 {
                 f += dg * (d * s[g] as f32 + m * qsum[g] as f32);
+            } else if format == Format::Q1_0 {
+                // `2·Σ_{bit set} q`: the −Σq half joins once per block, below.
+                f = ((s[g] + qsum[g]) as f32).mul_add(dg, f);
             } else {
                 // Fused, in this order: what the tiled kernels compute lane by lane.
                 f = (s[g] as f32).mul_add(dg, f);
             }
+        }
+        if format == Format::Q1_0 {
+            // A Q1_0 block is one whole span.
+            f += a.neg_span_terms()[first / per_span];
         }
         if format == Format::Q4_1 {
             total += f;

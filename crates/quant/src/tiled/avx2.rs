@@ -140,8 +140,8 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
 /// each). A register holds two neighbouring chunks (a 128-bit lane each), which belong to two
 /// neighbouring activation groups, 16 rows each: the rows' indices are shared by the tokens, a
 /// token's tables by the panels. The digits of a group's four chunks add up as bytes; once per
-/// group they are joined into the exact 16-bit group sum (`vpmaddubsw`), widened and scaled as
-/// the other kernels do it, in the same group order.
+/// group they are joined into the exact 16-bit group sum (`vpmaddubsw`), widened, turned into
+/// the other kernels' `2·Σ_{bit set} q` and scaled as they do it, in the same group order.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // the r/t/e loops index several arrays at once
 unsafe fn q1_lookup_tile<const R: usize, const T: usize>(
@@ -196,6 +196,12 @@ unsafe fn q1_lookup_tile<const R: usize, const T: usize>(
                         _mm256_set1_ps(*acts[t].scale.add(g)),
                         _mm256_set1_ps(*acts[t].scale.add(g + 1)),
                     ];
+                    // The tables' `Σ ±q` less the group's `−Σq` is the `2·Σ_{bit set} q` the
+                    // other Q1_0 kernels scale; the `−Σq` terms join once per block, below.
+                    let neg = [
+                        _mm256_set1_epi32(*acts[t].neg.add(g)),
+                        _mm256_set1_epi32(*acts[t].neg.add(g + 1)),
+                    ];
                     for r in 0..R {
                         // Each row's digits side by side, joined to its 16-bit group sum.
                         let sums = |pairs| _mm256_maddubs_epi16(join, pairs);
@@ -209,7 +215,8 @@ unsafe fn q1_lookup_tile<const R: usize, const T: usize>(
                                 _mm256_extracti128_si256::<1>(acc[e]),
                             ];
                             for l in 0..2 {
-                                let sum = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(lanes[l]));
+                                let two = _mm256_sub_epi32(_mm256_cvtepi16_epi32(lanes[l]), neg[l]);
+                                let sum = _mm256_cvtepi32_ps(two);
                                 blk[r][t][e] = _mm256_fmadd_ps(sum, s[l], blk[r][t][e]);
                             }
                         }
@@ -222,7 +229,9 @@ unsafe fn q1_lookup_tile<const R: usize, const T: usize>(
             for e in 0..2 {
                 let d = _mm256_cvtph_ps(_mm_loadu_si128(scales.add(16 * e) as *const __m128i));
                 for t in 0..T {
-                    tot[r][t][e] = _mm256_fmadd_ps(blk[r][t][e], d, tot[r][t][e]);
+                    let n = _mm256_set1_ps(*acts[t].span_neg.add(b));
+                    let sum = _mm256_add_ps(blk[r][t][e], n);
+                    tot[r][t][e] = _mm256_fmadd_ps(sum, d, tot[r][t][e]);
                 }
             }
         }

@@ -98,6 +98,8 @@ struct Act {
     q: *const i32,
     scale: *const f32,
     neg: *const i32,
+    /// Per span, the 1-bit kernels' float term (`QuantizedActs::neg_span_terms`).
+    span_neg: *const f32,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -108,6 +110,7 @@ impl Act {
                 q: a.codes().as_ptr() as *const i32,
                 scale: a.scales().as_ptr(),
                 neg: a.neg_group_sums().as_ptr(),
+                span_neg: a.neg_span_terms().as_ptr(),
             })
             .collect()
     }

@@ -6,7 +6,7 @@ use std::ops::Range;
 use super::layout::{self, HALF, PANEL};
 use super::TiledMatrix;
 use crate::acts::GROUPS_PER_HALF;
-use crate::{act_group, QuantizedActs};
+use crate::{act_group, Format, QuantizedActs};
 
 pub(super) fn gemm(m: &TiledMatrix, panels: Range<usize>, acts: &[QuantizedActs], out: &mut [f32]) {
     let rows = m.row_range(&panels);
@@ -28,13 +28,22 @@ pub(super) fn gemm(m: &TiledMatrix, panels: Range<usize>, acts: &[QuantizedActs]
                     for k in 0..GROUPS_PER_HALF {
                         let g = act_group(base + 4 * k);
                         for (l, row) in codes.iter().enumerate() {
+                            // Q1_0's codes 0 and 2 give `2·Σ_{bit set} q`; its −Σq joins
+                            // once per block, below.
+                            let offset = i32::from(f != Format::Q1_0);
                             let s: i32 = (0..HALF)
                                 .filter(|v| (v / 4) % GROUPS_PER_HALF == k)
-                                .map(|v| (i32::from(row[v]) - 1) * i32::from(q[base + v]))
+                                .map(|v| (i32::from(row[v]) - offset) * i32::from(q[base + v]))
                                 .sum();
                             blk[t][l] = (s as f32).mul_add(a.scales()[g], blk[t][l]);
                         }
                     }
+                }
+            }
+            if f == Format::Q1_0 {
+                for (t, a) in acts.iter().enumerate() {
+                    let n = a.neg_span_terms()[b];
+                    blk[t].iter_mut().for_each(|v| *v += n);
                 }
             }
             for (l, bits) in pb[..layout::SCALES].chunks_exact(2).enumerate() {

@@ -5,9 +5,10 @@
 //! in nibbles a mask load and a masked move; 2-bit: `vpmultishiftqb` + `and`; PTQ1_0: a shift
 //! and an `and` of trits that each 64-byte base-3 block had looked up once for its five chunks,
 //! by `vpermt2b` on the low 7 bits of each byte, blended by its top bit) and one `vpdpbusd`
-//! against the chunk's 4 activation codes broadcast from memory. Per activation group (two chunks, 32 values apart),
-//! the accumulator starts at the group's `−Σq`, and one conversion and one FMA by the group
-//! scale add it to the block sum; per block, one FMA by the 16 rows' weight scales.
+//! against the chunk's 4 activation codes broadcast from memory. Per activation
+//! group (four chunks, 16 values apart), the accumulator starts at the group's `−Σq` (Q1_0: at
+//! 0, its `−Σq` terms joining once per block in floats), and one conversion and one FMA by the
+//! group scale add it to the block sum; per block, one FMA by the 16 rows' weight scales.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -43,9 +44,14 @@ trait Chunks {
     /// cores, PTQ1_0 3.3–3.7 → 4.5–5.0 tok/s, Q2_0 5.9–6.5 → 6.8–7.1), else 4 (Q1_0's one masked
     /// move per chunk: 8 tokens measured 20% slower there, from register pressure).
     const TOKENS: usize = 4;
+    /// Whether the accumulators start at 0 rather than the group's `−Σq` (Q1_0): its codes 0
+    /// and 2 sum to `2·Σ_{bit set} q`, and the span's `Σ_g (−Σq_g)·d_g` joins the block sum
+    /// once per block, a float step per block instead of an integer one per group (the group
+    /// steps' fused multiply-adds and `vpdpbusd` share the same two pipes on Zen 4).
+    const SPAN_NEG: bool = false;
     /// Whether decoded codes are 0 or `2^(L/2)` in lane `L` (Q1_0's one `and`) rather than the
-    /// weight's code: the group's sum is then scaled back per lane in floats (exactly: powers
-    /// of two, integers under 2^24) and `−Σq` added there.
+    /// weight's code (with [`Chunks::SPAN_NEG`]): the block sum is then scaled back per lane
+    /// once per block, by a power of two, so exactly where no product is subnormal.
     const LANE_SCALED: bool = false;
     /// What one row's pass over a half keeps between its chunks: the half's address, or what
     /// several chunks share decoded once.
@@ -75,7 +81,7 @@ const Q1_PLACES: [u8; 64] = {
     t
 };
 
-/// Lane `L`'s factor from a Q1_0 sum of `2^(L/2)·Σ c·q` (c = 0, 1) to `2·Σ c·q`.
+/// Lane `L`'s factor from a Q1_0 sum of `2^(L/2)·x` to `2·x`.
 const Q1_LANE_SCALE: [f32; 16] = {
     let mut t = [0f32; 16];
     let mut l = 0;
@@ -88,6 +94,7 @@ const Q1_LANE_SCALE: [f32; 16] = {
 
 impl Chunks for Q1 {
     const FORMAT: Format = Format::Q1_0;
+    const SPAN_NEG: bool = true;
     type Half = *const u8;
     #[inline(always)]
     unsafe fn half(h: *const u8) -> *const u8 {
@@ -102,6 +109,7 @@ impl Chunks for Q1 {
 
 impl Chunks for Q1Spread {
     const FORMAT: Format = Format::Q1_0;
+    const SPAN_NEG: bool = true;
     const LANE_SCALED: bool = true;
     type Half = *const u8;
     #[inline(always)]
@@ -257,7 +265,7 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
             for k in 0..GROUPS_PER_HALF {
                 let g = GROUPS_PER_HALF * half + k;
                 let mut acc = [[_mm512_setzero_si512(); T]; R];
-                if !C::LANE_SCALED {
+                if !C::SPAN_NEG {
                     for t in 0..T {
                         let neg = _mm512_set1_epi32(*acts[t].neg.add(g));
                         for r in 0..R {
@@ -279,12 +287,7 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
                 for t in 0..T {
                     let s = _mm512_set1_ps(*acts[t].scale.add(g));
                     for r in 0..R {
-                        let mut sum = _mm512_cvtepi32_ps(acc[r][t]);
-                        if C::LANE_SCALED {
-                            let back = _mm512_loadu_ps(Q1_LANE_SCALE.as_ptr());
-                            let neg = _mm512_set1_ps(*acts[t].neg.add(g) as f32);
-                            sum = _mm512_fmadd_ps(sum, back, neg);
-                        }
+                        let sum = _mm512_cvtepi32_ps(acc[r][t]);
                         blk[r][t] = _mm512_fmadd_ps(sum, s, blk[r][t]);
                     }
                 }
@@ -294,6 +297,15 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
             let bits = _mm256_loadu_si256(p.add(r * stride + b * pbb) as *const __m256i);
             let d = _mm512_cvtph_ps(bits);
             for t in 0..T {
+                if C::SPAN_NEG {
+                    let n = _mm512_set1_ps(*acts[t].span_neg.add(b));
+                    blk[r][t] = if C::LANE_SCALED {
+                        let back = _mm512_loadu_ps(Q1_LANE_SCALE.as_ptr());
+                        _mm512_fmadd_ps(blk[r][t], back, n)
+                    } else {
+                        _mm512_add_ps(blk[r][t], n)
+                    };
+                }
                 tot[r][t] = _mm512_fmadd_ps(blk[r][t], d, tot[r][t]);
             }
         }
