@@ -49,6 +49,10 @@ pub struct QuantizedActs {
     neg_sum: Vec<i32>,
     /// Per 128-value span, `Σ_g (−Σq_g)·d_g` over its groups (see [`QuantizedActs::neg_span_terms`]).
     neg_span: Vec<f32>,
+    /// Group `g`'s scale times `4^−(g mod 4)` and its `−Σq` times `4^(g mod 4)` (see
+    /// [`QuantizedActs::field_scales`]).
+    field_scale: Vec<f32>,
+    field_neg: Vec<i32>,
     lane_scale: Vec<f32>,
     neg_lane_sum: Vec<i32>,
     /// The 1-bit lookup tables (see [`QuantizedActs::sign_tables`]), made on first use.
@@ -264,12 +268,25 @@ impl QuantizedActs {
                     .fold(0.0f32, |acc, (&n, &d)| (n as f32).mul_add(d, acc))
             })
             .collect();
+        let field = |g: usize| (2 * (g % GROUPS_PER_HALF)) as i32;
+        let field_scale = scale
+            .iter()
+            .enumerate()
+            .map(|(g, &d)| d * f32::powi(2.0, -field(g)))
+            .collect();
+        let field_neg = neg_sum
+            .iter()
+            .enumerate()
+            .map(|(g, &n)| n << field(g))
+            .collect();
         QuantizedActs {
             x,
             q,
             scale,
             neg_sum,
             neg_span,
+            field_scale,
+            field_neg,
             lane_scale,
             neg_lane_sum,
             sign_tables: OnceLock::new(),
@@ -310,6 +327,19 @@ impl QuantizedActs {
     /// 0 (the codes' sums are exact in f32).
     pub(crate) fn neg_span_terms(&self) -> &[f32] {
         &self.neg_span
+    }
+
+    /// Group `g`'s scale times `4^−k` (`k = g mod 4`, its place in its half): for kernels
+    /// whose codes of group `g` come times `4^k` (the 2-bit quads of the tiled layout). Exact
+    /// (a power of two) unless the product is subnormal, that is, for groups whose largest
+    /// value is under about 1e−34.
+    pub(crate) fn field_scales(&self) -> &[f32] {
+        &self.field_scale
+    }
+
+    /// Group `g`'s `−Σq` times `4^k` (`k = g mod 4`), the start of such a kernel's sum.
+    pub(crate) fn field_neg_sums(&self) -> &[i32] {
+        &self.field_neg
     }
 
     pub(crate) fn lane_scales(&self) -> &[f32] {

@@ -3,7 +3,7 @@
 //! AVX-512 kernels (see [`layout`](super::layout)).
 //!
 //! 2-bit formats, per chunk of 4 values × 16 rows: decode the two halves' unsigned codes (a
-//! 16-byte broadcast, a variable shift and an `and` per half), then `vpmaddubsw` against the
+//! load of the chunk's quad, a shift and an `and` per half), then `vpmaddubsw` against the
 //! chunk's 4 activation codes broadcast from memory. Per activation group (four chunks) the
 //! 16-bit pair sums are added, widened once by `vpmaddwd`, offset by the group's `−Σq`,
 //! converted and scaled: the same integer sums and the same float steps in the same order as
@@ -49,12 +49,17 @@ impl<const G128: bool> Chunks for Q2<G128> {
     const FORMAT: Format = if G128 { Format::Q2_0G128 } else { Format::Q2_0 };
     #[inline(always)]
     unsafe fn codes(h: *const u8, c: usize, e: usize) -> __m256i {
-        // Register byte j is field j / 16 of source byte j % 16: each 128-bit lane of a half
-        // shifts the broadcast by its field.
-        let x = _mm256_broadcastsi128_si256(_mm_loadu_si128(h.add(16 * c) as *const __m128i));
-        let f = 4 * e as i64;
-        let shift = _mm256_setr_epi64x(f, f, f + 2, f + 2);
-        _mm256_and_si256(_mm256_srlv_epi64(x, shift), _mm256_set1_epi8(3))
+        // Rows 8e.. are the quad's bytes 32e..; chunk c's codes are field c mod 4 of each
+        // (shifted down, not scaled: `vpmaddubsw`'s pair sums would overflow 16 bits).
+        let quad = h.add(layout::QUAD * (c / 4) + 32 * e);
+        let x = _mm256_loadu_si256(quad as *const __m256i);
+        let x = match c % 4 {
+            0 => x,
+            1 => _mm256_srli_epi16::<2>(x),
+            2 => _mm256_srli_epi16::<4>(x),
+            _ => _mm256_srli_epi16::<6>(x),
+        };
+        _mm256_and_si256(x, _mm256_set1_epi8(3))
     }
 }
 

@@ -12,12 +12,17 @@
 //!   set for code 2, in one of two orders ([`Q1Bits`]): bit `j` (a mask register, expanded by
 //!   one masked move; a row's bits a nibble, for the AVX2 lookups), or bit `j / 8` of byte
 //!   `j mod 8` (a broadcast and one `and`).
-//! - 2-bit (256 B per half): chunk `c` is 16 bytes at `16c`; byte `m` holds, at bits `2r..2r+2`,
-//!   the code of register byte `m + 16r` — a 16-byte broadcast, one `vpmultishiftqb`, one `and`.
+//! - 2-bit (256 B per half): four 64-byte *quads*; quad `i` holds chunks `4i + k` (k < 4, the
+//!   `i`-th chunk of activation group `k`), byte `j` of the quad holding register byte `j` of
+//!   chunk `4i + k` at bits `2k..2k+2`. One load and one `and` with `3 << 2k` give a chunk's
+//!   codes times `4^k` (the same factor for a whole activation group, undone by its scale), or
+//!   a shift and an `and` the codes themselves.
 //! - PTQ1_0 (208 B per half): chunks `5s + n` (s < 3, n < 5) are trit `n` of the 64 bytes at
 //!   `64s`, each byte the base-3 number `Σ 3ⁿ·tₙ` (at most 242) — decoded by table lookups;
-//!   chunk 15 is stored as a 2-bit chunk at 192. That is 13 bytes per row and half, the 26 of a
-//!   PTQ1_0 block, so a tiled matrix is exactly as large as the file's. Widened
+//!   chunk 15 is stored at 192 as 16 bytes, byte `m` holding at bits `2r..2r+2` the code of
+//!   register byte `m + 16r` (a 16-byte broadcast, one `vpmultishiftqb`, one `and`). That is 13
+//!   bytes per row and half, the 26 of a PTQ1_0 block, so a tiled matrix is exactly as large as
+//!   the file's. Widened
 //!   ([`Ternary::Wide`](super::Ternary)), PTQ1_0 rows take the 2-bit layout of Q2_0 g128
 //!   instead (same codes, same scales).
 //!
@@ -100,10 +105,13 @@ const NIBBLE_BYTES: [u64; 16] = {
     t
 };
 
-/// Register byte `j` of a 2-bit chunk: its source byte and bit shift.
+/// Register byte `j` of PTQ1_0's 2-bit chunk: its source byte and bit shift.
 const fn two_bit_place(j: usize) -> (usize, u32) {
     (j % 16, 2 * (j / 16) as u32)
 }
+
+/// Bytes of a 2-bit quad (four chunks, one of each activation group of a half).
+pub(crate) const QUAD: usize = 64;
 
 /// The codes of one half: `codes[L][v]` for row `L`, value `v` of the half.
 pub(crate) type HalfCodes = [[u8; HALF]; PANEL];
@@ -149,8 +157,10 @@ pub(crate) fn encode_half(format: Format, q1: Q1Bits, codes: &HalfCodes, out: &m
             encode_two_bit_chunk(codes, 15, &mut out[192..208]);
         }
         _ => {
-            for c in 0..CHUNKS {
-                encode_two_bit_chunk(codes, c, &mut out[16 * c..16 * c + 16]);
+            out[..4 * QUAD].fill(0);
+            for (c, v) in (0..CHUNKS).flat_map(|c| (0..64).map(move |j| (c, j))) {
+                let (i, k) = (c / 4, c % 4);
+                out[QUAD * i + v] |= codes[v / 4][4 * c + v % 4] << (2 * k);
             }
         }
     }
@@ -183,8 +193,9 @@ pub(crate) fn decode_half(format: Format, q1: Q1Bits, src: &[u8], codes: &mut Ha
             decode_two_bit_chunk(&src[192..208], 15, codes);
         }
         _ => {
-            for c in 0..CHUNKS {
-                decode_two_bit_chunk(&src[16 * c..16 * c + 16], c, codes);
+            for (c, v) in (0..CHUNKS).flat_map(|c| (0..64).map(move |j| (c, j))) {
+                let (i, k) = (c / 4, c % 4);
+                codes[v / 4][4 * c + v % 4] = (src[QUAD * i + v] >> (2 * k)) & 3;
             }
         }
     }
@@ -278,31 +289,27 @@ pub(crate) fn tile_block(
     tile_codes(format, layout, q1, rows, out);
 }
 
-/// The codes of a 2-bit block straight into its own layout. Chunk `c` of half `h` is one native
-/// byte per row (values `64h + 4c ..`, field `s` at bits `2s`); its panel byte `4q + s` holds
-/// field `s` of rows `q, q + 4, q + 8, q + 12` at bits `2r` (see `two_bit_place`): a transpose of
-/// 4 × 4 two-bit fields per four rows, by two exchanges of bit groups in a 32-bit word.
+/// The codes of a 2-bit block straight into its own layout. A row's native bytes `4i..4i + 4` of
+/// a half (byte `4i + k` holding value `16i + 4k + m` at bits `2m`) become its four bytes of quad
+/// `i` (byte `m` holding that value at bits `2k`): a transpose of 4 × 4 two-bit fields in one
+/// 32-bit word, by two exchanges of bit groups.
 fn tile_two_bit(format: Format, rows: &[Option<&[u8]>; PANEL], out: &mut [u8]) {
-    // A padding row holds code 1 (weight 0) in every field.
-    let byte = |l: usize, at: usize| rows[l].map_or(0x55, |b| b[at]);
     let hb = half_bytes(format);
     for h in 0..halves(format) {
-        for c in 0..CHUNKS {
-            let src = 2 + 16 * h + c;
-            let at = SCALES + h * hb + 16 * c;
-            for q in 0..4 {
-                // Field (r, s) at bit 8r + 2s; moved to 8s + 2r.
-                let mut x = u32::from_le_bytes([
-                    byte(q, src),
-                    byte(q + 4, src),
-                    byte(q + 8, src),
-                    byte(q + 12, src),
-                ]);
+        for (l, row) in rows.iter().enumerate() {
+            for i in 0..CHUNKS / 4 {
+                let src = 2 + 16 * h + 4 * i;
+                // A padding row holds code 1 (weight 0) in every field.
+                let mut x = row.map_or(0x5555_5555, |b| {
+                    u32::from_le_bytes([b[src], b[src + 1], b[src + 2], b[src + 3]])
+                });
+                // Field (k, m) at bit 8k + 2m; moved to 8m + 2k.
                 let t = ((x >> 6) ^ x) & 0x00cc_00cc;
                 x ^= t ^ (t << 6);
                 let t = ((x >> 12) ^ x) & 0x0000_f0f0;
                 x ^= t ^ (t << 12);
-                out[at + 4 * q..at + 4 * q + 4].copy_from_slice(&x.to_le_bytes());
+                let at = SCALES + h * hb + QUAD * i + 4 * l;
+                out[at..at + 4].copy_from_slice(&x.to_le_bytes());
             }
         }
     }

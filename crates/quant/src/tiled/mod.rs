@@ -100,6 +100,9 @@ struct Act {
     neg: *const i32,
     /// Per span, the 1-bit kernels' float term (`QuantizedActs::neg_span_terms`).
     span_neg: *const f32,
+    /// Per group, the 2-bit quads' scale and start (`QuantizedActs::field_scales`).
+    field_scale: *const f32,
+    field_neg: *const i32,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -111,6 +114,8 @@ impl Act {
                 scale: a.scales().as_ptr(),
                 neg: a.neg_group_sums().as_ptr(),
                 span_neg: a.neg_span_terms().as_ptr(),
+                field_scale: a.field_scales().as_ptr(),
+                field_neg: a.field_neg_sums().as_ptr(),
             })
             .collect()
     }
@@ -123,9 +128,20 @@ const PREFETCH: usize = 4096;
 /// Asks for the `bytes` that lie [`PREFETCH`] bytes past `block` (a panel block about to be
 /// read), one cache line at a time.
 #[cfg(target_arch = "x86_64")]
+static PF_MODE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+/// Experiment: 0 prefetcht0, 4 none.
+#[doc(hidden)]
+pub fn set_prefetch_mode(m: u8) {
+    #[cfg(target_arch = "x86_64")]
+    PF_MODE.store(m, std::sync::atomic::Ordering::Relaxed);
+}
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn prefetch_ahead(block: *const u8, bytes: usize) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    if PF_MODE.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+        return;
+    }
     let next = block.wrapping_add(PREFETCH);
     for off in (0..bytes).step_by(64) {
         // SAFETY: a prefetch never faults, whatever the address.
