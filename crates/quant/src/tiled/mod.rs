@@ -128,20 +128,9 @@ const PREFETCH: usize = 4096;
 /// Asks for the `bytes` that lie [`PREFETCH`] bytes past `block` (a panel block about to be
 /// read), one cache line at a time.
 #[cfg(target_arch = "x86_64")]
-static PF_MODE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-/// Experiment: 0 prefetcht0, 4 none.
-#[doc(hidden)]
-pub fn set_prefetch_mode(m: u8) {
-    #[cfg(target_arch = "x86_64")]
-    PF_MODE.store(m, std::sync::atomic::Ordering::Relaxed);
-}
-#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn prefetch_ahead(block: *const u8, bytes: usize) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-    if PF_MODE.load(std::sync::atomic::Ordering::Relaxed) != 0 {
-        return;
-    }
     let next = block.wrapping_add(PREFETCH);
     for off in (0..bytes).step_by(64) {
         // SAFETY: a prefetch never faults, whatever the address.
