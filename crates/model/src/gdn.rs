@@ -119,29 +119,35 @@ fn conv(
     let mut out = vec![0f32; tokens * ch];
     let (dst, st) = (Disjoint::new(&mut out), Disjoint::new(state));
     pool::global().run(ch.div_ceil(CONV_CHUNK), |task| {
-        let mut hist = vec![0f32; kern - 1];
         for cc in task * CONV_CHUNK..((task + 1) * CONV_CHUNK).min(ch) {
             let taps = &taps[cc * kern..(cc + 1) * kern];
-            for (j, h) in hist.iter_mut().enumerate() {
-                // SAFETY: channel `cc` of every state row belongs to this task alone, and
-                // `j * ch + cc` lies inside `state` (asserted).
-                *h = unsafe { st.read(j * ch + cc) };
-            }
-            for t in 0..tokens {
-                let xv = x[t * ch + cc];
-                let mut acc = 0f32;
-                for (&tap, &h) in taps.iter().zip(&hist) {
-                    acc += tap * h;
+            // The channel's inputs in time order: the state's kern − 1, then the tokens'.
+            // Read by index rather than shifted through a window: shifting three floats by
+            // `rotate_left` was a `memmove` call per channel and token.
+            let seq = |i: usize| {
+                if i < kern - 1 {
+                    // SAFETY: channel `cc` of every state row belongs to this task alone, and
+                    // `i * ch + cc` lies inside `state` (asserted).
+                    unsafe { st.read(i * ch + cc) }
+                } else {
+                    x[(i - (kern - 1)) * ch + cc]
                 }
-                acc += taps[kern - 1] * xv;
-                hist.rotate_left(1);
-                hist[kern - 2] = xv;
+            };
+            for t in 0..tokens {
+                let mut acc = 0f32;
+                for (j, &tap) in taps[..kern - 1].iter().enumerate() {
+                    acc += tap * seq(t + j);
+                }
+                acc += taps[kern - 1] * x[t * ch + cc];
                 // SAFETY: channel `cc` belongs to this task alone and `t < tokens`.
                 unsafe { dst.write(t * ch + cc, silu(acc)) };
             }
-            for (j, &h) in hist.iter().enumerate() {
+            // The last kern − 1 inputs become the state; read before any is overwritten,
+            // oldest first (a state value moves to an earlier row only).
+            for j in 0..kern - 1 {
+                let v = seq(tokens + j);
                 // SAFETY: as above; `j < kern − 1`, inside `state` (asserted).
-                unsafe { st.write(j * ch + cc, h) };
+                unsafe { st.write(j * ch + cc, v) };
             }
         }
     });
