@@ -269,10 +269,11 @@ impl QuantizedActs {
             })
             .collect();
         let field = |g: usize| (2 * (g % GROUPS_PER_HALF)) as i32;
+        const QUARTERS: [f32; GROUPS_PER_HALF] = [1.0, 0.25, 0.0625, 0.015625];
         let field_scale = scale
             .iter()
             .enumerate()
-            .map(|(g, &d)| d * f32::powi(2.0, -field(g)))
+            .map(|(g, &d)| d * QUARTERS[g % GROUPS_PER_HALF])
             .collect();
         let field_neg = neg_sum
             .iter()
