@@ -128,10 +128,22 @@ const PREFETCH: usize = 4096;
 /// Asks for the `bytes` that lie [`PREFETCH`] bytes past `block` (a panel block about to be
 /// read), one cache line at a time.
 #[cfg(target_arch = "x86_64")]
+static PF_DIST: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(PREFETCH);
+/// Experiment: the prefetch distance (0: none).
+#[doc(hidden)]
+pub fn set_prefetch_distance(d: usize) {
+    #[cfg(target_arch = "x86_64")]
+    PF_DIST.store(d, std::sync::atomic::Ordering::Relaxed);
+}
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn prefetch_ahead(block: *const u8, bytes: usize) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-    let next = block.wrapping_add(PREFETCH);
+    let d = PF_DIST.load(std::sync::atomic::Ordering::Relaxed);
+    if d == 0 {
+        return;
+    }
+    let next = block.wrapping_add(d);
     for off in (0..bytes).step_by(64) {
         // SAFETY: a prefetch never faults, whatever the address.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(off) as *const i8) };
