@@ -40,8 +40,7 @@ pub use error::QuantError;
 pub use format::Format;
 pub use gemm::{gemm_rows, gemm_rows_scalar, gemm_rows_with, gemv_rows, Isa};
 pub use tiled::{
-    gemm_tiled, gemm_tiled_avx2, gemm_tiled_scalar, set_prefetch_distance, Q1Bits, Ternary,
-    TileError, TiledMatrix, PANEL,
+    gemm_tiled, gemm_tiled_avx2, gemm_tiled_scalar, Q1Bits, Ternary, TileError, TiledMatrix, PANEL,
 };
 
 /// Calls `$body` with `C` bound to the codec type of `$format`.
