@@ -109,7 +109,13 @@ impl Mat<'_> {
     /// panels (`lo`, `hi` multiples of the panel height or the end).
     fn multiply(&self, (lo, hi): (usize, usize), acts: &[QuantizedActs], out: &mut [f32]) {
         match self.tiled {
-            Some(m) => quant::gemm_tiled(m, lo / PANEL..hi.div_ceil(PANEL), acts, out),
+            Some(m) => {
+                let panels = lo / PANEL..hi.div_ceil(PANEL);
+                // `--isa avx2` runs the AVX2 tiled kernels where they take the layout.
+                if self.isa != Isa::Avx2 || !quant::gemm_tiled_avx2(m, panels.clone(), acts, out) {
+                    quant::gemm_tiled(m, panels, acts, out)
+                }
+            }
             None => quant::gemm_rows_with(
                 self.isa,
                 self.format,
