@@ -268,7 +268,7 @@ impl QuantizedActs {
                     .fold(0.0f32, |acc, (&n, &d)| (n as f32).mul_add(d, acc))
             })
             .collect();
-        let field = |g: usize| (2 * (g % GROUPS_PER_HALF)) as i32;
+        // Group g's place k = g mod 4 in its half: scales times 4^−k, starts times 4^k.
         const QUARTERS: [f32; GROUPS_PER_HALF] = [1.0, 0.25, 0.0625, 0.015625];
         let field_scale = scale
             .iter()
@@ -278,7 +278,7 @@ impl QuantizedActs {
         let field_neg = neg_sum
             .iter()
             .enumerate()
-            .map(|(g, &n)| n << field(g))
+            .map(|(g, &n)| n << (2 * (g % GROUPS_PER_HALF)))
             .collect();
         QuantizedActs {
             x,

@@ -158,9 +158,11 @@ pub(crate) fn encode_half(format: Format, q1: Q1Bits, codes: &HalfCodes, out: &m
         }
         _ => {
             out[..4 * QUAD].fill(0);
-            for (c, v) in (0..CHUNKS).flat_map(|c| (0..64).map(move |j| (c, j))) {
+            for c in 0..CHUNKS {
                 let (i, k) = (c / 4, c % 4);
-                out[QUAD * i + v] |= codes[v / 4][4 * c + v % 4] << (2 * k);
+                for j in 0..QUAD {
+                    out[QUAD * i + j] |= codes[j / 4][4 * c + j % 4] << (2 * k);
+                }
             }
         }
     }
@@ -193,9 +195,11 @@ pub(crate) fn decode_half(format: Format, q1: Q1Bits, src: &[u8], codes: &mut Ha
             decode_two_bit_chunk(&src[192..208], 15, codes);
         }
         _ => {
-            for (c, v) in (0..CHUNKS).flat_map(|c| (0..64).map(move |j| (c, j))) {
+            for c in 0..CHUNKS {
                 let (i, k) = (c / 4, c % 4);
-                codes[v / 4][4 * c + v % 4] = (src[QUAD * i + v] >> (2 * k)) & 3;
+                for j in 0..QUAD {
+                    codes[j / 4][4 * c + j % 4] = (src[QUAD * i + j] >> (2 * k)) & 3;
+                }
             }
         }
     }

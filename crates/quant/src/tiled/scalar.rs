@@ -14,6 +14,9 @@ pub(super) fn gemm(m: &TiledMatrix, panels: Range<usize>, acts: &[QuantizedActs]
     let f = m.layout;
     let hb = layout::half_bytes(f);
     let mut codes = [[0u8; HALF]; PANEL];
+    // The weight is `code − 1`, but Q1_0's codes 0 and 2 are summed as they are, to
+    // `2·Σ_{bit set} q`: its −Σq joins once per block, below.
+    let offset = i32::from(f != Format::Q1_0);
     for p in panels {
         let mut total = vec![[0f32; PANEL]; nt];
         for b in 0..m.blocks() {
@@ -28,9 +31,6 @@ pub(super) fn gemm(m: &TiledMatrix, panels: Range<usize>, acts: &[QuantizedActs]
                     for k in 0..GROUPS_PER_HALF {
                         let g = act_group(base + 4 * k);
                         for (l, row) in codes.iter().enumerate() {
-                            // Q1_0's codes 0 and 2 give `2·Σ_{bit set} q`; its −Σq joins
-                            // once per block, below.
-                            let offset = i32::from(f != Format::Q1_0);
                             let s: i32 = (0..HALF)
                                 .filter(|v| (v / 4) % GROUPS_PER_HALF == k)
                                 .map(|v| (i32::from(row[v]) - offset) * i32::from(q[base + v]))
