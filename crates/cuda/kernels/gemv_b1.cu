@@ -1,4 +1,5 @@
-// Decode GEMV (one token) of 1-bit rows on the binary tensor cores, sm_90.
+// Decode GEMV (one token) of 1-bit rows on the binary tensor cores, sm_90; 2-bit rows at the end
+// (b2_consume).
 //
 // A 1-bit weight is ±d, so a row's dot with int8 activations q (scale s) over a 64-value group
 // is d·s·(2·Σ_{bit=1} q − Σ q). The selected sum is what a binary MMA with AND and popcount
@@ -48,6 +49,25 @@ __device__ __forceinline__ u32 plane_word(const u32 (&x)[8], int p) {
 __device__ __forceinline__ u32 plane_word(const uint4& lo, const uint4& hi, int p) {
     const u32 x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
     return plane_word(x, p);
+}
+
+// c += A·B, as bmma_and_popc.
+__device__ __forceinline__ void bmma_and_popc_acc(int* c, u32 a0, u32 a1, u32 b) {
+    asm("mma.sync.aligned.m16n8k128.row.col.s32.b1.b1.s32.and.popc {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b));
+}
+
+// Plane p of the 16 activation bytes `x` (values 16t … 16t + 15 of a 2-bit chunk) in the bit
+// order of the chunk's word t, twice: the code of value 16t + 4k + b sits at bits 8b + 2k (its
+// 1) and 8b + 2k + 1 (its 2), and both get plane p of that value.
+__device__ __forceinline__ u32 plane_word2(const uint4& x, int p) {
+    const u32 w[4] = {x.x, x.y, x.z, x.w};
+    u32 r = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) r |= ((w[k] >> p) & 0x01010101u) << (2 * k);
+    return r | (r << 1);
 }
 
 // The norm folded into the binary GEMV (NORM kernels), done by the consumer warps alone: warp
@@ -158,11 +178,110 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
     if (amax && best) atomicMax(amax, best);
 }
 
+// The consumer warps of the 2-bit kernels (FMT_Q2G64, FMT_Q2G128), tiles of 16 rows. A 2-bit
+// chunk is 64 values, one activation group: lane (g, t) takes word t of rows g and g + 8, whose
+// code bits 1 and 2 of each value face the same activation bit (plane_word2). One MMA of the
+// words masked to their 2s, then one of the whole words accumulating onto it, counts
+// Σ code·bit for every plane: 2·(2s) + (1s and 2s). Per 16 rows × 64 values (256 weight bytes)
+// a warp issues two MMAs, two masks, its loads and the counts' scaling, about 25 instructions in
+// the PTX, where the dp4a kernel's warps issue about 35 (some 70 per lane and 16-byte chunk).
+// J: chunks per warp (at most, unless EXACT).
+template <int FMT, int J, bool EXACT>
+__device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stage_bytes, u32 code_bytes, u64* bars,
+                                           u64* empty, float (*part)[GEMV1_WARPS][16], float2* ssm, int mine,
+                                           int stages, int chunks, int scols, const uint4* __restrict__ xq,
+                                           const float2* __restrict__ xs) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    // A warp's chunks' group pairs, copied by its lanes (chunk j by lane j % 32), their loads in
+    // flight with the activations' below.
+    constexpr int PJ = (J + 31) / 32;
+    float2 pairs[PJ];
+#pragma unroll
+    for (int i = 0; i < PJ; i++) {
+        const int j = lane + 32 * i, c = warp + GEMV1_WARPS * j;
+        pairs[i] = j < J && c < chunks ? xs[c] : make_float2(0.0f, 0.0f);
+    }
+    // The warp's chunks as plane words, kept for every tile; the loads of BATCH chunks issued
+    // before the first word is formed (as the 1-bit kernels).
+    u32 bw[J];
+    constexpr int BATCH = 6;
+#pragma unroll
+    for (int j0 = 0; j0 < J; j0 += BATCH) {
+        uint4 x[BATCH];
+#pragma unroll
+        for (int j = j0; j < j0 + BATCH && j < J; j++) {
+            const int c = warp + GEMV1_WARPS * j;
+            x[j - j0] = xq[(EXACT ? c : min(c, chunks - 1)) * 4 + t];
+        }
+#pragma unroll
+        for (int j = j0; j < j0 + BATCH && j < J; j++) {
+            const int c = warp + GEMV1_WARPS * j;
+            bw[j] = EXACT || c < chunks ? plane_word2(x[j - j0], g) : 0u;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < PJ; i++) {
+        const int j = lane + 32 * i, c = warp + GEMV1_WARPS * j;
+        if (j < J && c < chunks) ssm[c] = pairs[i];
+    }
+    __syncwarp();
+    // C's columns of this lane are planes 2t and 2t + 1, of weights 2^2t and 2^(2t+1) (the sign
+    // plane −128): a row's Σ code·q over the chunk is 2^2t·(c0 + sgn·c1), the power of two exact
+    // in float. Σ q enters a row's sum once: through lane t = 0.
+    const int sgn = t == 3 ? -2 : 2;
+    const float k1 = (float)(1 << (2 * t));
+    const float ysel = t == 0 ? 1.0f : 0.0f;
+    const int nj = EXACT ? J : (chunks - warp + GEMV1_WARPS - 1) / GEMV1_WARPS;
+    const int aoff = g * 128 + ((warp ^ g) << 4) + 4 * t;
+    // Row g's scale of chunk warp + 8j: one per chunk (g64) or per two (g128).
+    constexpr int SSTEP = FMT == FMT_Q2G128 ? GEMV1_WARPS / 2 : GEMV1_WARPS;
+    const int soff = g * scols + (FMT == FMT_Q2G128 ? warp >> 1 : warp);
+
+    for (int i = 0, s = 0, ph = 0; i < mine; i++) {
+        const unsigned char* st = stage0 + (size_t)s * stage_bytes;
+        mbar_wait(smem_addr(&bars[s]), (u32)ph);
+        const unsigned char* a = st + aoff;
+        const u16* dp = (const u16*)(st + code_bytes) + soff;
+        float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            if (EXACT || j < nj) {
+                const float2 sc = ssm[warp + GEMV1_WARPS * j];
+                const u32 a0 = *(const u32*)(a + j * 2048), a1 = *(const u32*)(a + j * 2048 + 1024);
+                int c[4];
+                bmma_and_popc(c, a0 & 0xAAAAAAAAu, a1 & 0xAAAAAAAAu, bw[j]);
+                bmma_and_popc_acc(c, a0, a1, bw[j]);
+                // k1·d·n as (k1·d)·n: the same bits, a power of two being exact.
+                const float ks = k1 * sc.x, y = ysel * sc.y;
+                acc0 += h2f(dp[j * SSTEP]) * (ks * (float)(c[0] + sgn * c[1]) - y);
+                acc1 += h2f(dp[8 * scols + j * SSTEP]) * (ks * (float)(c[2] + sgn * c[3]) - y);
+            }
+        }
+        acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
+        acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
+        acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
+        acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
+        if (t == 0) {
+            part[s][warp][g] = acc0;
+            part[s][warp][g + 8] = acc1;
+        }
+        // As the 1-bit consumers: done with stage s, partial sums written, then the arrival.
+        __syncwarp();
+        if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
+        if (++s == stages) {
+            s = 0;
+            ph ^= 1;
+        }
+    }
+}
+
 // J: chunks per warp and tile (EXACT: every warp has exactly J, so no chunk is guarded; else at
 // most J). RG: MMA row groups of 16 per tile (tiles of 16·RG rows): with two, each plane word
 // and activation scale a warp loads serves twice the rows, and the tile's own work (its wait,
-// shuffles and arrival) is shared by them.
-template <int J, bool EXACT, int RG, bool NORM>
+// shuffles and arrival) is shared by them. FMT: FMT_Q1, or a 2-bit layout (b2_consume; tiles of
+// 16 rows, the norm apart).
+template <int FMT, int J, bool EXACT, int RG, bool NORM>
 __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned char* __restrict__ scales,
                                              int rows, int cols, const uint4* __restrict__ xq,
                                              const float2* __restrict__ xs, float* __restrict__ out,
@@ -177,14 +296,17 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     __shared__ __align__(8) u64 empty[GEMV1_MAX_STAGES];
     __shared__ float red[32];
     constexpr int TR = 16 * RG;
+    static_assert(FMT == FMT_Q1 || (RG == 1 && !NORM), "2-bit rows: tiles of 16, the norm apart");
     // Tiles of 32 rows keep at most half the stages (plan::gemv_b1_launch), so the partial sums
     // take the same static memory.
     __shared__ float part[GEMV1_MAX_STAGES / RG][GEMV1_WARPS][TR];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int chunks = cols / 128, groups = cols / 64;
+    const int chunks = cols / (FMT == FMT_Q1 ? 128 : 64), groups = cols / 64;
+    // Scales per row: one a chunk, or one per two (g128).
+    const int scols = FMT == FMT_Q2G128 ? chunks / 2 : chunks;
     const int slabs = (chunks * 16 + 127) / 128;
-    const u32 code_bytes = (u32)slabs * 2048 * RG, scale_bytes = (u32)TR * chunks * 2;
+    const u32 code_bytes = (u32)slabs * 2048 * RG, scale_bytes = (u32)TR * scols * 2;
     const u32 stage_bytes = (code_bytes + scale_bytes + 1023) & ~1023u;
     const int ntiles = (rows + TR - 1) / TR;
     const int mine = (int)blockIdx.x < ntiles ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
@@ -232,129 +354,134 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     }
 
     static_assert(GEMV1_WARPS == 8, "warp w takes chunks w + 8j: slab j, unit w of each row");
-    static_assert(J <= 32, "a lane per chunk copies the group pairs");
-    u32 blo[J], bhi[J];
-    if constexpr (NORM) {
-        b1_norm_planes<J, EXACT>(xres + (size_t)tok0 * cols, cols, gw, eps, ssm, red, blo, bhi);
+    if constexpr (FMT != FMT_Q1) {
+        b2_consume<FMT, J, EXACT>(stage0, stage_bytes, code_bytes, bars, empty, part, ssm, mine, stages, chunks,
+                                  scols, xq, xs);
     } else {
-        // A consumer warp reads only its own chunks' group pairs (chunk c's two at float4 c of
-        // `ssm`): it copies them itself, their loads in flight with its activations' below, so that
-        // no block barrier and no second round trip to L2 stand between the previous kernel's end
-        // and the first tile. Lane j copies chunk j's, so a warp has at most 32 chunks.
-        const int pc = warp + GEMV1_WARPS * lane;
-        float2 pair0 = make_float2(0.0f, 0.0f), pair1 = pair0;
-        if (lane < J && pc < chunks) {
-            pair0 = xs[2 * pc];
-            pair1 = xs[2 * pc + 1];
-        }
-        // This warp's chunks as plane words, kept for every tile: a lane's 32 values lie in one of
-        // the chunk's two activation groups, so its word goes to that group's MMA and a zero to
-        // the other's.
-        //
-        // The loads of up to BATCH chunks are issued before the first of their plane words is
-        // formed: one round trip to L2 per six chunks. (An earlier form guarded each chunk's loads
-        // with its own branch, so a warp waited for them chunk after chunk: five round trips in a row
-        // for the 5120-wide rows, seventeen for ffn_down's, Nsight Compute's largest share of the
-        // kernel's stalls.) Unguarded kernels may read past a warp's last chunk: they read the row's
-        // last chunk instead (the plan's widths are whole multiples of 8 chunks, so there is one) and
-        // drop it.
-        constexpr int BATCH = 6;
-    #pragma unroll
-        for (int j0 = 0; j0 < J; j0 += BATCH) {
-            uint4 x0[BATCH], x1[BATCH];
-    #pragma unroll
-            for (int j = j0; j < j0 + BATCH && j < J; j++) {
-                const int c = warp + GEMV1_WARPS * j;
-                const int cc = EXACT ? c : min(c, chunks - 1);
-                x0[j - j0] = xq[cc * 8 + 2 * t];
-                x1[j - j0] = xq[cc * 8 + 2 * t + 1];
+        static_assert(J <= 32, "a lane per chunk copies the group pairs");
+        u32 blo[J], bhi[J];
+        if constexpr (NORM) {
+            b1_norm_planes<J, EXACT>(xres + (size_t)tok0 * cols, cols, gw, eps, ssm, red, blo, bhi);
+        } else {
+            // A consumer warp reads only its own chunks' group pairs (chunk c's two at float4 c of
+            // `ssm`): it copies them itself, their loads in flight with its activations' below, so that
+            // no block barrier and no second round trip to L2 stand between the previous kernel's end
+            // and the first tile. Lane j copies chunk j's, so a warp has at most 32 chunks.
+            const int pc = warp + GEMV1_WARPS * lane;
+            float2 pair0 = make_float2(0.0f, 0.0f), pair1 = pair0;
+            if (lane < J && pc < chunks) {
+                pair0 = xs[2 * pc];
+                pair1 = xs[2 * pc + 1];
             }
-    #pragma unroll
-            for (int j = j0; j < j0 + BATCH && j < J; j++) {
-                const int c = warp + GEMV1_WARPS * j;
-                const u32 b = EXACT || c < chunks ? plane_word(x0[j - j0], x1[j - j0], g) : 0u;
-                blo[j] = t < 2 ? b : 0u;
-                bhi[j] = t < 2 ? 0u : b;
-            }
-        }
-        if (lane < J && pc < chunks) {
-            ssm[2 * pc] = pair0;
-            ssm[2 * pc + 1] = pair1;
-        }
-    }
-    __syncwarp();
-    // C's columns of this lane are planes 2t and 2t + 1, of weights 2^2t and 2^(2t+1) (the
-    // sign plane −128): a row's count over a group is 2^2t·(c0 + sgn·c1), the power of two
-    // exact in float, so it is applied with the group's 2 of 2·Σ − Σq.
-    const int sgn = t == 3 ? -2 : 2;
-    const float k2 = (float)(2 << (2 * t));
-    // Σ q of both groups enters a row's sum once: through lane t = 0.
-    const float ysel = t == 0 ? 1.0f : 0.0f;
-    const int nj = EXACT ? J : (chunks - warp + GEMV1_WARPS - 1) / GEMV1_WARPS;
-    // Row g's word t of unit `warp` (swizzled) in slab 0; row g + 8q is 1024·q bytes on (the
-    // swizzle repeats every 8 rows).
-    const int aoff = g * 128 + ((warp ^ g) << 4) + 4 * t;
-    const float4* sc4 = (const float4*)ssm + warp;
-
-    for (int i = 0, s = 0, ph = 0; i < mine; i++) {
-        const unsigned char* st = stage0 + (size_t)s * stage_bytes;
-        mbar_wait(smem_addr(&bars[s]), (u32)ph);
-        const unsigned char* a = st + aoff;
-        const u16* dp = (const u16*)(st + code_bytes) + g * chunks + warp;
-        float acc[2 * RG];
-#pragma unroll
-        for (int r = 0; r < 2 * RG; r++) acc[r] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < J; j++) {
-            if (EXACT || j < nj) {
-                const float4 sc = sc4[j * GEMV1_WARPS];
-                const float y = ysel * (sc.y + sc.w);
-#pragma unroll
-                for (int q = 0; q < RG; q++) {
-                    const unsigned char* aq = a + j * 2048 * RG + q * 2048;
-                    const u32 a0 = *(const u32*)aq, a1 = *(const u32*)(aq + 1024);
-                    int lo[4], hi[4];
-                    bmma_and_popc(lo, a0, a1, blo[j]);
-                    bmma_and_popc(hi, a0, a1, bhi[j]);
-                    const float f0 = sc.x * (float)(lo[0] + sgn * lo[1]) + sc.z * (float)(hi[0] + sgn * hi[1]);
-                    const float f1 = sc.x * (float)(lo[2] + sgn * lo[3]) + sc.z * (float)(hi[2] + sgn * hi[3]);
-                    acc[2 * q] += h2f(dp[(16 * q) * chunks + j * GEMV1_WARPS]) * (k2 * f0 - y);
-                    acc[2 * q + 1] += h2f(dp[(16 * q + 8) * chunks + j * GEMV1_WARPS]) * (k2 * f1 - y);
+            // This warp's chunks as plane words, kept for every tile: a lane's 32 values lie in one of
+            // the chunk's two activation groups, so its word goes to that group's MMA and a zero to
+            // the other's.
+            //
+            // The loads of up to BATCH chunks are issued before the first of their plane words is
+            // formed: one round trip to L2 per six chunks. (An earlier form guarded each chunk's loads
+            // with its own branch, so a warp waited for them chunk after chunk: five round trips in a row
+            // for the 5120-wide rows, seventeen for ffn_down's, Nsight Compute's largest share of the
+            // kernel's stalls.) Unguarded kernels may read past a warp's last chunk: they read the row's
+            // last chunk instead (the plan's widths are whole multiples of 8 chunks, so there is one) and
+            // drop it.
+            constexpr int BATCH = 6;
+        #pragma unroll
+            for (int j0 = 0; j0 < J; j0 += BATCH) {
+                uint4 x0[BATCH], x1[BATCH];
+        #pragma unroll
+                for (int j = j0; j < j0 + BATCH && j < J; j++) {
+                    const int c = warp + GEMV1_WARPS * j;
+                    const int cc = EXACT ? c : min(c, chunks - 1);
+                    x0[j - j0] = xq[cc * 8 + 2 * t];
+                    x1[j - j0] = xq[cc * 8 + 2 * t + 1];
+                }
+        #pragma unroll
+                for (int j = j0; j < j0 + BATCH && j < J; j++) {
+                    const int c = warp + GEMV1_WARPS * j;
+                    const u32 b = EXACT || c < chunks ? plane_word(x0[j - j0], x1[j - j0], g) : 0u;
+                    blo[j] = t < 2 ? b : 0u;
+                    bhi[j] = t < 2 ? 0u : b;
                 }
             }
+            if (lane < J && pc < chunks) {
+                ssm[2 * pc] = pair0;
+                ssm[2 * pc + 1] = pair1;
+            }
         }
-#pragma unroll
-        for (int r = 0; r < 2 * RG; r++) {
-            acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 1);
-            acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 2);
-        }
-        if (t == 0) {
-#pragma unroll
-            for (int r = 0; r < 2 * RG; r++) part[s][warp][g + 8 * r] = acc[r];
-        }
-        // Every lane is done with stage s, and its partial sums are written, before the warp
-        // arrives (a release the producer's wait acquires).
         __syncwarp();
-        if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
-        if (++s == stages) {
-            s = 0;
-            ph ^= 1;
+        // C's columns of this lane are planes 2t and 2t + 1, of weights 2^2t and 2^(2t+1) (the
+        // sign plane −128): a row's count over a group is 2^2t·(c0 + sgn·c1), the power of two
+        // exact in float, so it is applied with the group's 2 of 2·Σ − Σq.
+        const int sgn = t == 3 ? -2 : 2;
+        const float k2 = (float)(2 << (2 * t));
+        // Σ q of both groups enters a row's sum once: through lane t = 0.
+        const float ysel = t == 0 ? 1.0f : 0.0f;
+        const int nj = EXACT ? J : (chunks - warp + GEMV1_WARPS - 1) / GEMV1_WARPS;
+        // Row g's word t of unit `warp` (swizzled) in slab 0; row g + 8q is 1024·q bytes on (the
+        // swizzle repeats every 8 rows).
+        const int aoff = g * 128 + ((warp ^ g) << 4) + 4 * t;
+        const float4* sc4 = (const float4*)ssm + warp;
+
+        for (int i = 0, s = 0, ph = 0; i < mine; i++) {
+            const unsigned char* st = stage0 + (size_t)s * stage_bytes;
+            mbar_wait(smem_addr(&bars[s]), (u32)ph);
+            const unsigned char* a = st + aoff;
+            const u16* dp = (const u16*)(st + code_bytes) + g * chunks + warp;
+            float acc[2 * RG];
+#pragma unroll
+            for (int r = 0; r < 2 * RG; r++) acc[r] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                if (EXACT || j < nj) {
+                    const float4 sc = sc4[j * GEMV1_WARPS];
+                    const float y = ysel * (sc.y + sc.w);
+#pragma unroll
+                    for (int q = 0; q < RG; q++) {
+                        const unsigned char* aq = a + j * 2048 * RG + q * 2048;
+                        const u32 a0 = *(const u32*)aq, a1 = *(const u32*)(aq + 1024);
+                        int lo[4], hi[4];
+                        bmma_and_popc(lo, a0, a1, blo[j]);
+                        bmma_and_popc(hi, a0, a1, bhi[j]);
+                        const float f0 = sc.x * (float)(lo[0] + sgn * lo[1]) + sc.z * (float)(hi[0] + sgn * hi[1]);
+                        const float f1 = sc.x * (float)(lo[2] + sgn * lo[3]) + sc.z * (float)(hi[2] + sgn * hi[3]);
+                        acc[2 * q] += h2f(dp[(16 * q) * chunks + j * GEMV1_WARPS]) * (k2 * f0 - y);
+                        acc[2 * q + 1] += h2f(dp[(16 * q + 8) * chunks + j * GEMV1_WARPS]) * (k2 * f1 - y);
+                    }
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < 2 * RG; r++) {
+                acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 1);
+                acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 2);
+            }
+            if (t == 0) {
+#pragma unroll
+                for (int r = 0; r < 2 * RG; r++) part[s][warp][g + 8 * r] = acc[r];
+            }
+            // Every lane is done with stage s, and its partial sums are written, before the warp
+            // arrives (a release the producer's wait acquires).
+            __syncwarp();
+            if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
+            if (++s == stages) {
+                s = 0;
+                ph ^= 1;
+            }
         }
     }
 }
 #endif
 
 #if __CUDA_ARCH__ >= 900
-#define GEMV_B1_CALL(J, EXACT, RG, NORM)                                                                   \
-    gemv_b1_body<J, EXACT, RG, NORM>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
+#define GEMV_B1_CALL(FMT, J, EXACT, RG, NORM)                                                              \
+    gemv_b1_body<FMT, J, EXACT, RG, NORM>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
                     pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, early)
 #else
-#define GEMV_B1_CALL(J, EXACT, RG, NORM) __trap()
+#define GEMV_B1_CALL(FMT, J, EXACT, RG, NORM) __trap()
 #endif
 
 // J: chunks per warp and tile (EXACT) or at most (else), so 128·8·J columns. The exact kernels
 // take the 27B's widths (5120, 6144, 17408 columns: 5, 6, 17 chunks per warp) with no guard.
-#define GEMV_B1_KERNEL(name, J, EXACT, RG, NORM, MINB)                                                   \
+#define GEMV_BIN_KERNEL(name, FMT, J, EXACT, RG, NORM, MINB)                                                   \
     extern "C" __global__ void __launch_bounds__(32 * (GEMV1_WARPS + 1), MINB)                   \
         name(const __grid_constant__ TmaMap cmap, const unsigned char* __restrict__ scales,       \
              int rows, int cols, const uint4* __restrict__ xq, const float2* __restrict__ xs,     \
@@ -362,21 +489,29 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
              const float* __restrict__ xres, int tok0, const float* __restrict__ nw, float eps,   \
              const unsigned char* __restrict__ pf_codes, int pf_code_bytes,                       \
              const unsigned char* __restrict__ pf_scales, int pf_scale_bytes, int early) {        \
-        GEMV_B1_CALL(J, EXACT, RG, NORM);                                                                \
+        GEMV_B1_CALL(FMT, J, EXACT, RG, NORM);                                                                \
     }
 
-GEMV_B1_KERNEL(gemv_b1_j5x, 5, true, 1, false, 4)
-GEMV_B1_KERNEL(gemv_b1_j6x, 6, true, 1, false, 4)
-GEMV_B1_KERNEL(gemv_b1_j6, 6, false, 1, false, 4)
-GEMV_B1_KERNEL(gemv_b1_j17x, 17, true, 1, false, 2)
-GEMV_B1_KERNEL(gemv_b1_j17, 17, false, 1, false, 2)
+GEMV_BIN_KERNEL(gemv_b1_j5x, FMT_Q1, 5, true, 1, false, 4)
+GEMV_BIN_KERNEL(gemv_b1_j6x, FMT_Q1, 6, true, 1, false, 4)
+GEMV_BIN_KERNEL(gemv_b1_j6, FMT_Q1, 6, false, 1, false, 4)
+GEMV_BIN_KERNEL(gemv_b1_j17x, FMT_Q1, 17, true, 1, false, 2)
+GEMV_BIN_KERNEL(gemv_b1_j17, FMT_Q1, 17, false, 1, false, 2)
 // Tiles of 32 rows (row counts a multiple of 32: plan::gemv_b1_launch).
-GEMV_B1_KERNEL(gemv_b1_j5x_r32, 5, true, 2, false, 3)
-GEMV_B1_KERNEL(gemv_b1_j6x_r32, 6, true, 2, false, 3)
+GEMV_BIN_KERNEL(gemv_b1_j5x_r32, FMT_Q1, 5, true, 2, false, 3)
+GEMV_BIN_KERNEL(gemv_b1_j6x_r32, FMT_Q1, 6, true, 2, false, 3)
 // The norm folded in (up to six chunks a warp: the row's values and the norm's weights stay in
 // registers, so three blocks a multiprocessor rather than four bound their registers).
-GEMV_B1_KERNEL(gemv_b1_j5x_n, 5, true, 1, true, 3)
-GEMV_B1_KERNEL(gemv_b1_j6x_n, 6, true, 1, true, 3)
-GEMV_B1_KERNEL(gemv_b1_j6_n, 6, false, 1, true, 3)
-GEMV_B1_KERNEL(gemv_b1_j5x_r32_n, 5, true, 2, true, 3)
-GEMV_B1_KERNEL(gemv_b1_j6x_r32_n, 6, true, 2, true, 3)
+GEMV_BIN_KERNEL(gemv_b1_j5x_n, FMT_Q1, 5, true, 1, true, 3)
+GEMV_BIN_KERNEL(gemv_b1_j6x_n, FMT_Q1, 6, true, 1, true, 3)
+GEMV_BIN_KERNEL(gemv_b1_j6_n, FMT_Q1, 6, false, 1, true, 3)
+GEMV_BIN_KERNEL(gemv_b1_j5x_r32_n, FMT_Q1, 5, true, 2, true, 3)
+GEMV_BIN_KERNEL(gemv_b1_j6x_r32_n, FMT_Q1, 6, true, 2, true, 3)
+// 2-bit rows (g64: Q2_0; g128: Q2_0_g128, PQ2_0, widened PTQ1_0), up to 12 chunks a warp (6144
+// columns), tiles of 16 rows.
+GEMV_BIN_KERNEL(gemv_b2g64_j10x, FMT_Q2G64, 10, true, 1, false, 3)
+GEMV_BIN_KERNEL(gemv_b2g64_j12x, FMT_Q2G64, 12, true, 1, false, 3)
+GEMV_BIN_KERNEL(gemv_b2g64_j12, FMT_Q2G64, 12, false, 1, false, 3)
+GEMV_BIN_KERNEL(gemv_b2g128_j10x, FMT_Q2G128, 10, true, 1, false, 3)
+GEMV_BIN_KERNEL(gemv_b2g128_j12x, FMT_Q2G128, 12, true, 1, false, 3)
+GEMV_BIN_KERNEL(gemv_b2g128_j12, FMT_Q2G128, 12, false, 1, false, 3)

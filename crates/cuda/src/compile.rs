@@ -28,7 +28,7 @@ pub const SOURCES: [(&str, &str); 13] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 79] = [
+pub const KERNELS: [&str; 85] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -68,6 +68,12 @@ pub const KERNELS: [&str; 79] = [
     "gemv_b1_j6_n",
     "gemv_b1_j5x_r32_n",
     "gemv_b1_j6x_r32_n",
+    "gemv_b2g64_j10x",
+    "gemv_b2g64_j12x",
+    "gemv_b2g64_j12",
+    "gemv_b2g128_j10x",
+    "gemv_b2g128_j12x",
+    "gemv_b2g128_j12",
     "gemv_chain_q1",
     "gemv_chain_q2g64",
     "gemv_chain_q1_nodot",

@@ -800,7 +800,7 @@ impl CudaModel {
             launch(0, n)?;
             let chained = logits(st)?;
             // Against the dp4a decode GEMV, whose arithmetic the probe's is.
-            let b1 = g.set_b1(false);
+            let (b1, b2) = (g.set_b1(false), g.set_b2(false));
             let plain = self.exec(
                 st,
                 &Op::Gemv {
@@ -810,6 +810,7 @@ impl CudaModel {
                 },
             );
             g.set_b1(b1);
+            g.set_b2(b2);
             plain?;
             differing = chained
                 .iter()

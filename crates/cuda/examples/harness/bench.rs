@@ -165,6 +165,15 @@ pub(crate) fn bench_27b(
         let off = decode(true, true, (NormFusion::Apart, 0, 0));
         g.gpu().set_b1(b1);
         let _ = write!(variants, "; binary GEMVs off (dp4a only): {:.1}", off?.0);
+    } else {
+        // 2-bit matrices on the binary kernels flipped from the default (their float sums run
+        // in another order than dp4a's: tokens not compared).
+        let on = g.gpu().set_b2(true);
+        g.gpu().set_b2(!on);
+        let flipped = decode(true, true, (NormFusion::Apart, 0, 0));
+        g.gpu().set_b2(on);
+        let state = if on { "off" } else { "on" };
+        let _ = write!(variants, "; 2-bit binary GEMVs {state}: {:.1}", flipped?.0);
     }
     // The defaults (PDL, gemv1, separate norms, the recurrence in one kernel, blocks per SM and
     // shared memory by format as the plan chooses) last: every figure below uses them.

@@ -1,6 +1,6 @@
-//! The binary-tensor-core decode GEMV of 1-bit rows (`gemv_b1_*`) against the integer twin,
-//! the bulk-copy dp4a kernel, itself (determinism) and with its norm fused in; then in a model
-//! of the 27B's widths against dp4a and the CPU engine.
+//! The binary-tensor-core decode GEMVs of 1-bit rows (`gemv_b1_*`) and 2-bit rows (`gemv_b2*`)
+//! against the integer twin, the bulk-copy dp4a kernel, themselves (determinism) and with the
+//! norm fused in (1-bit); then in models of the 27B's widths against dp4a and the CPU engine.
 
 use model::synth::{self, BlockPool, Preset};
 use model::Logits;
@@ -13,6 +13,10 @@ use rand_chacha::ChaCha8Rng;
 use crate::kernels::quant_rms_row1;
 use crate::report::*;
 
+/// Formats whose decode GEMVs have binary kernels: one of each GPU layout, and PTQ1_0 (widened
+/// to 2-bit codes of which 3 never occurs).
+const FORMATS: [Format; 4] = [Format::Q1_0, Format::Q2_0, Format::Q2_0G128, Format::PTQ1_0];
+
 pub(crate) fn gemv_b1_checks(
     rep: &mut Report,
     gpu: &Gpu,
@@ -20,34 +24,80 @@ pub(crate) fn gemv_b1_checks(
     xs: u64,
     rng: &mut ChaCha8Rng,
 ) -> R<()> {
-    let s = &gpu.stream;
     if !gpu.gemv1() {
-        rep.line("| gemv_b1 (binary tensor cores, 1-bit decode GEMV) | — | SKIP | needs sm_90 |");
+        rep.line("| gemv_b1 (binary tensor cores, decode GEMV) | — | SKIP | needs sm_90 |");
         return Ok(());
     }
-    let format = Format::Q1_0;
+    for format in FORMATS {
+        format_checks(rep, gpu, xq, xs, rng, format)?;
+    }
+    Ok(())
+}
+
+fn format_checks(
+    rep: &mut Report,
+    gpu: &Gpu,
+    xq: u64,
+    xs: u64,
+    rng: &mut ChaCha8Rng,
+    format: Format,
+) -> R<()> {
+    let s = &gpu.stream;
+    let one_bit = format == Format::Q1_0;
     let (mut worst, mut worst_dp4a) = (0f64, 0f64);
     let (mut runs, mut argmax_ok, mut repeat_diff, mut fused_diff) = (0, true, 0usize, 0usize);
     let (mut tiles32_diff, mut tiles32_runs) = (0usize, 0usize);
     let mut refused = Vec::new();
     let (mut fused_runs, mut fused_refused) = (0usize, Vec::new());
-    // The last shape is refused (rows of whole 128-byte boxes only). 34816×5120 (the 27B's
-    // gate | up) gives each block more tiles than its ring has stages, so stages are refilled
-    // and their barriers change parity; rows a multiple of 32 are also run on tiles of two row
-    // groups, which must give the same bits. 9216 columns (nine chunks a warp) take the guarded
-    // kernel of up to 17 chunks, whose loads past a warp's last chunk are clamped.
-    let shapes = [
-        (34816usize, 5120usize),
-        (1001, 5120),
-        (992, 5120),
-        (320, 6144),
-        (77, 17408),
-        (333, 6144),
-        (40, 1024),
-        (77, 9216),
-        (20, 256),
-    ];
-    for (rows, cols) in shapes {
+    // 20×256 is refused (rows of whole 128-byte boxes only). 34816×5120 (the 27B's gate | up)
+    // gives each block more tiles than its ring has stages, so stages are refilled and their
+    // barriers change parity; 1-bit rows a multiple of 32 are also run on tiles of two row
+    // groups, which must give the same bits. 9216 1-bit columns (nine chunks a warp) take the
+    // guarded kernel of up to 17 chunks, whose loads past a warp's last chunk are clamped; 4096
+    // 2-bit ones (eight) the guarded kernel of up to 12. 2-bit rows of 17408 (ffn_down, 34
+    // chunks a warp) are refused, and 2-bit kernels never fold the norm in.
+    let shapes: &[(usize, usize)] = if one_bit {
+        &[
+            (34816, 5120),
+            (1001, 5120),
+            (992, 5120),
+            (320, 6144),
+            (77, 17408),
+            (333, 6144),
+            (40, 1024),
+            (77, 9216),
+            (20, 256),
+        ]
+    } else {
+        &[
+            (34816, 5120),
+            (1001, 5120),
+            (320, 6144),
+            (333, 6144),
+            (40, 1024),
+            (77, 4096),
+            (77, 17408),
+            (20, 256),
+        ]
+    };
+    let (want_refused, want_fused_refused, want_tiles32): (&[&str], &[&str], usize) = if one_bit {
+        // 34816×5120, 992×5120 and 320×6144 take 32-row tiles.
+        (&["20×256"], &["77×17408", "77×9216"], 3)
+    } else {
+        (
+            &["77×17408", "20×256"],
+            &[
+                "34816×5120",
+                "1001×5120",
+                "320×6144",
+                "333×6144",
+                "40×1024",
+                "77×4096",
+            ],
+            0,
+        )
+    };
+    for &(rows, cols) in shapes {
         let pool = BlockPool::new(format, cols, 13)?;
         let data = pool.fill(format.row_bytes(cols)? * rows, 7);
         let p = repack::repack("m", format, &data, rows, cols)?;
@@ -94,7 +144,7 @@ pub(crate) fn gemv_b1_checks(
         );
         gpu.gemv_b1(s, &m, &GemvIo::one(xq, xs, a.ptr), None)?;
         gpu.gemv_b1(s, &m, &GemvIo::one(xq, xs, b.ptr), None)?;
-        let t = niwaki_cuda::plan::Gemv1Tuning::for_shape(repack::GpuFormat::Q1, cols);
+        let t = niwaki_cuda::plan::Gemv1Tuning::for_shape(p.format, cols);
         let dp4a = gpu.gemv1_tuned(s, &m, &GemvIo::one(xq, xs, c.ptr), t, None)?;
         let (mut va, mut vb, mut vc) = (vec![0f32; rows], vec![0f32; rows], vec![0f32; rows]);
         gpu.read(s, a.ptr, &mut va)?;
@@ -109,8 +159,17 @@ pub(crate) fn gemv_b1_checks(
         repeat_diff += differ(&va, &vb);
         // The same launch on tiles of 32 rows where the plan takes them.
         let prev = gpu.set_b1_tile_rows(32);
-        let wide = niwaki_cuda::plan::gemv_b1_launch(rows, cols, 132, 227 << 10, false, (0, 0), 32)
-            .is_some_and(|l| l.tile_rows == 32);
+        let wide = niwaki_cuda::plan::gemv_b1_launch(
+            p.format,
+            rows,
+            cols,
+            132,
+            227 << 10,
+            false,
+            (0, 0),
+            32,
+        )
+        .is_some_and(|l| l.tile_rows == 32);
         let ran = wide && gpu.gemv_b1(s, &m, &GemvIo::one(xq, xs, b.ptr), None)?;
         gpu.set_b1_tile_rows(prev);
         if ran {
@@ -143,40 +202,44 @@ pub(crate) fn gemv_b1_checks(
     let ok = worst < 1e-5
         && worst_dp4a < 1e-5
         && argmax_ok
-        && runs == shapes.len() - 1
-        && refused == ["20×256"]
+        && runs == shapes.len() - want_refused.len()
+        && refused == want_refused
         && repeat_diff == 0
         && fused_diff == 0
-        && fused_runs == runs - 2
-        && fused_refused == ["77×17408", "77×9216"]
-        // 34816×5120, 992×5120 and 320×6144 take 32-row tiles.
-        && tiles32_runs == 3
+        && fused_refused == want_fused_refused
+        && tiles32_runs == want_tiles32
         && tiles32_diff == 0;
-    let taken: Vec<String> = shapes[..shapes.len() - 1]
+    let taken: Vec<String> = shapes
         .iter()
         .map(|(r, c)| format!("{r}×{c}"))
+        .filter(|sh| !refused.contains(sh))
         .collect();
     rep.line(format!(
-        "| gemv_b1 Q1_0 (binary tensor cores, 1 token, += prior, argmax; norm fused) | {} (20×256 refused: {}) | {} | vs integer twin {worst:.1e} (tol 1e-5), vs the dp4a kernel {worst_dp4a:.1e} (tol 1e-5), as a fraction of Σ|w·x|; argmax {}; {runs} shapes; repeated launch: {repeat_diff} differing outputs, fused norm vs quant_rms + kernel: {fused_diff} in {fused_runs} shapes (refused past 6 chunks a warp: {}), 32-row tiles vs 16 in {tiles32_runs} shapes: {tiles32_diff} (all must be 0) |",
+        "| gemv_b1 {format} (binary tensor cores, 1 token, += prior, argmax; norm fused) | {} (refused: {}) | {} | vs integer twin {worst:.1e} (tol 1e-5), vs the dp4a kernel {worst_dp4a:.1e} (tol 1e-5), as a fraction of Σ|w·x|; argmax {}; {runs} shapes; repeated launch: {repeat_diff} differing outputs, fused norm vs quant_rms + kernel: {fused_diff} in {fused_runs} shapes (refused: {}), 32-row tiles vs 16 in {tiles32_runs} shapes: {tiles32_diff} (all must be 0) |",
         taken.join(", "),
         refused.join(", "),
         if ok { "PASS" } else { "FAIL" },
         if argmax_ok { "matches" } else { "WRONG" },
         fused_refused.join(", "),
     ));
-    rep.check(ok, "gemv_b1 Q1_0".to_string());
+    rep.check(ok, format!("gemv_b1 {format}"));
     Ok(())
 }
 
-/// A 1-bit model of the 27B's widths and vocabulary but four layers (three recurrent, one
-/// attention), so that its gate | up, recurrent and attention inputs and LM head take the binary
-/// kernels as the 27B's do: six prompt tokens, then four decode steps, each step's logits with
-/// the binary kernels on and off against each other and against the CPU engine.
+/// Models of the 27B's widths and vocabulary but four layers (three recurrent, one attention),
+/// 1-bit and 2-bit, so that their gate | up, recurrent and attention inputs and LM head take the
+/// binary kernels as the 27B's do: six prompt tokens, then four decode steps, each step's logits
+/// with the binary kernels on and off against each other and against the CPU engine.
 pub(crate) fn wide_model_b1(rep: &mut Report) -> R<()> {
+    wide_model(rep, Format::Q1_0)?;
+    wide_model(rep, Format::Q2_0)
+}
+
+fn wide_model(rep: &mut Report, format: Format) -> R<()> {
     let vocab = 248_320;
     let mut shape = Preset::B27.shape(vocab);
     shape.n_layers = 4;
-    let m = open(&synth::random_packed(&shape, Format::Q1_0, 31, "wide")?)?;
+    let m = open(&synth::random_packed(&shape, format, 31, "wide")?)?;
     let g = CudaModel::load(&m)?;
     let prompt = [11u32, 222, 3333, 44_444, 5, 66];
     let steps = [7u32, 888, 9999, 123_456];
@@ -186,8 +249,15 @@ pub(crate) fn wide_model_b1(rep: &mut Report) -> R<()> {
         .iter()
         .map(|&t| m.forward(&mut cs, &[t], Logits::Last))
         .collect::<Result<_, _>>()?;
-    let gpu = |b1: bool| -> R<Vec<Vec<f32>>> {
-        let prev = g.gpu().set_b1(b1);
+    let set = |on: bool| {
+        if format == Format::Q1_0 {
+            g.gpu().set_b1(on)
+        } else {
+            g.gpu().set_b2(on)
+        }
+    };
+    let gpu = |on: bool| -> R<Vec<Vec<f32>>> {
+        let prev = set(on);
         let run = || -> R<Vec<Vec<f32>>> {
             let mut st = g.new_state(64)?;
             g.forward(&mut st, &prompt, Logits::Last)?;
@@ -197,7 +267,7 @@ pub(crate) fn wide_model_b1(rep: &mut Report) -> R<()> {
                 .collect()
         };
         let out = run();
-        g.gpu().set_b1(prev);
+        set(prev);
         out
     };
     let (bin, dp4a) = (gpu(true)?, gpu(false)?);
@@ -219,9 +289,9 @@ pub(crate) fn wide_model_b1(rep: &mut Report) -> R<()> {
     // distance from the CPU where a rounding moved an int8 activation and the change propagated.
     // Identical logits would mean the binary kernel never ran.
     let ok = vs_dp4a > 0.0 && (vs_dp4a < 2e-3 || bin_cpu <= 1.05 * dp4a_cpu);
-    rep.check(ok, format!("wide 1-bit model: binary GEMVs {vs_dp4a:.2e} from dp4a, {bin_cpu:.2e} from the CPU (dp4a {dp4a_cpu:.2e})"));
+    rep.check(ok, format!("wide {format} model: binary GEMVs {vs_dp4a:.2e} from dp4a, {bin_cpu:.2e} from the CPU (dp4a {dp4a_cpu:.2e})"));
     rep.line(format!(
-        "| gemv_b1 in a 1-bit model of the 27B's widths, 4 layers, vocabulary {vocab} | 4 decode steps after 6 tokens | {} | binary vs dp4a {vs_dp4a:.2e}, binary vs CPU {bin_cpu:.2e}, dp4a vs CPU {dp4a_cpu:.2e} (relative L2 of the logits, worst step); top-1 equal in {same_top} of {} steps{} |",
+        "| binary GEMVs in a {format} model of the 27B's widths, 4 layers, vocabulary {vocab} | 4 decode steps after 6 tokens | {} | binary vs dp4a {vs_dp4a:.2e}, binary vs CPU {bin_cpu:.2e}, dp4a vs CPU {dp4a_cpu:.2e} (relative L2 of the logits, worst step); top-1 equal in {same_top} of {} steps{} |",
         if ok { "PASS" } else { "FAIL" },
         steps.len(),
         if flips.is_empty() { String::new() } else { format!(" ({})", flips.join("; ")) }

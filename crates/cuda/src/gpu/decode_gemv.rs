@@ -80,9 +80,14 @@ impl Gpu {
         self.prefers_b1(m) && self.b1_plan(m, fused).is_some()
     }
 
-    /// Whether the binary kernels are on and `m` has the rows [`plan::prefers_b1`] asks for.
+    /// Whether the binary kernels are on for `m`'s format and `m` has the rows
+    /// [`plan::prefers_b1`] asks for.
     fn prefers_b1(&self, m: &DevMat) -> bool {
-        self.b1.load(Ordering::Relaxed)
+        let on = match m.format {
+            GpuFormat::Q1 => &self.b1,
+            GpuFormat::Q2G64 | GpuFormat::Q2G128 => &self.b2,
+        };
+        on.load(Ordering::Relaxed)
             && !self.gemv1_nodot.load(Ordering::Relaxed)
             && plan::prefers_b1(
                 m.rows,
@@ -92,12 +97,13 @@ impl Gpu {
     }
 
     /// The binary kernel's launch for `m`: sm_90 only (its plan sizes blocks for that
-    /// multiprocessor's shared memory), 1-bit rows of a width the plan takes.
+    /// multiprocessor's shared memory), rows of a width the plan takes.
     fn b1_plan(&self, m: &DevMat, fused: bool) -> Option<plan::GemvB1Launch> {
-        if self.info.compute_capability.0 != 9 || m.format != GpuFormat::Q1 {
+        if self.info.compute_capability.0 != 9 {
             return None;
         }
         plan::gemv_b1_launch(
+            m.format,
             m.rows,
             m.cols,
             self.info.multiprocessors.max(1) as usize,
@@ -108,9 +114,8 @@ impl Gpu {
         )
     }
 
-    /// One-token GEMV of a 1-bit matrix on the binary tensor cores (`kernels/gemv_b1.cu`);
-    /// `false` (nothing launched) where the plan does not take the shape or the device lacks
-    /// the kernel.
+    /// One-token GEMV on the binary tensor cores (`kernels/gemv_b1.cu`); `false` (nothing
+    /// launched) where the plan does not take the shape or the device lacks the kernel.
     pub fn gemv_b1(
         &self,
         stream: &CudaStream,
@@ -121,7 +126,7 @@ impl Gpu {
         let Some(l) = self.b1_plan(m, pre.is_some()).filter(|_| io.ntok == 1) else {
             return Ok(false);
         };
-        let row_bytes = m.cols / 128 * 16;
+        let row_bytes = m.cols / m.format.chunk_values() * 16;
         let map = tma::encode(
             m.codes.ptr,
             &tma::Tile {

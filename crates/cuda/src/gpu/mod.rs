@@ -278,6 +278,12 @@ pub struct Gpu {
     /// 1-bit decode GEMVs on the binary tensor cores (`gemv_b1_*`) rather than dp4a, for the
     /// matrices [`plan::prefers_b1`] gives them (sm_90; `NIWAKI_CUDA_B1=0` turns them off).
     b1: AtomicBool,
+    /// 2-bit decode GEMVs on the binary tensor cores too (`gemv_b2*`), for the matrices whose
+    /// shape their plan takes (sm_90; `NIWAKI_CUDA_B2=0` turns them off). Measured on the H200
+    /// against dp4a, `niwaki bench --device cuda -p 8 -n 128 -r 3` (host logits) alternated in
+    /// two calls: Q2_0 274.0 / 267.5 / 277.0 / 271.8 against 267.7 / 270.5 / 265.6 / 269.5
+    /// tok/s (+1.6% on average), PQ2_0 282.1 / 279.3 against 275.7 / 273.2 (+2.2%).
+    b2: AtomicBool,
     /// Blocks per multiprocessor and shared-memory budget of the binary decode GEMV in place of
     /// its defaults (`NIWAKI_CUDA_B1_BLOCKS`, `NIWAKI_CUDA_B1_SMEM_KIB`; 0: default), for
     /// measuring them; the budget is still lowered to what that many blocks can hold.
@@ -495,7 +501,7 @@ impl Gpu {
         if hopper {
             // The bulk-copy kernels: all the shared memory their static part leaves.
             for k in compile::KERNELS {
-                let fixed = if k.starts_with("gemv_b1_") {
+                let fixed = if k.starts_with("gemv_b1_") || k.starts_with("gemv_b2") {
                     plan::GEMV_B1_STATIC_SMEM
                 } else if k.starts_with("gemv1_") || k.starts_with("gemv_chain_") {
                     plan::GEMV1_STATIC_SMEM
@@ -524,6 +530,7 @@ impl Gpu {
                 _ => X_COPY_PLAN,
             }),
             b1: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_B1")),
+            b2: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_B2")),
             mma: AtomicBool::new(ampere && env_on("NIWAKI_CUDA_MMA")),
             gemm_kernel: Mutex::new(None),
             gdn_chunked: AtomicBool::new(gdn_chunks_fit && env_opt_in("NIWAKI_CUDA_GDN_CHUNK")),
@@ -787,6 +794,13 @@ impl Gpu {
     pub fn set_b1(&self, on: bool) -> bool {
         let hopper = self.info.compute_capability.0 >= 9;
         self.b1.swap(on && hopper, Ordering::Relaxed)
+    }
+
+    /// Turns the binary-tensor-core decode GEMV of 2-bit rows on or off (as [`Gpu::set_b1`]);
+    /// returns the previous setting.
+    pub fn set_b2(&self, on: bool) -> bool {
+        let hopper = self.info.compute_capability.0 >= 9;
+        self.b2.swap(on && hopper, Ordering::Relaxed)
     }
 
     /// How many of a decode GEMV's first tiles are requested before its wait for the previous

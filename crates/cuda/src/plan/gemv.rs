@@ -193,8 +193,8 @@ pub const GEMV_B1_STATIC_SMEM: usize = 5 << 10;
 pub const SM90_SMEM_PER_SM: usize = 228 << 10;
 pub const SMEM_RESERVED_PER_BLOCK: usize = 1 << 10;
 
-/// A decode GEMV of 1-bit rows on the binary tensor cores (`kernels/gemv_b1.cu`): kernel,
-/// rows per tile, stages of tiles, grid and dynamic shared memory.
+/// A decode GEMV on the binary tensor cores (`kernels/gemv_b1.cu`): kernel, rows per tile,
+/// stages of tiles, grid and dynamic shared memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GemvB1Launch {
     pub kernel: &'static str,
@@ -212,9 +212,10 @@ fn round1024(n: usize) -> usize {
 /// Shared memory of one stage of the binary decode GEMV: a tile's `tile_rows` rows of codes in
 /// boxes of 128 bytes a row (the tensor map's swizzle needs them 1 KiB-aligned), then the rows'
 /// scales.
-pub fn gemv_b1_stage_bytes(cols: usize, tile_rows: usize) -> usize {
-    let chunks = cols / 128;
-    round1024((chunks * 16).div_ceil(128) * 128 * tile_rows + tile_rows * chunks * 2)
+pub fn gemv_b1_stage_bytes(format: GpuFormat, cols: usize, tile_rows: usize) -> usize {
+    let row_bytes = cols / format.chunk_values() * 16;
+    let scales = cols / format.scale_values();
+    round1024(row_bytes.div_ceil(128) * 128 * tile_rows + tile_rows * scales * 2)
 }
 
 /// Shared memory before the binary decode GEMV's stages: the activation group pairs (the
@@ -223,9 +224,10 @@ pub fn gemv_b1_x_bytes(cols: usize) -> usize {
     round1024(round128(8 * cols / X_GROUP))
 }
 
-/// Plans a binary decode GEMV of a `rows × cols` 1-bit matrix, or `None` where the kernel does
-/// not take the shape: rows of whole 128-byte boxes (`cols` a multiple of 1024) and at most
-/// 17 chunks per warp (17408 columns). Up to 6144 columns: three blocks per multiprocessor of
+/// Plans a binary decode GEMV of a `rows × cols` matrix, or `None` where the kernel does not
+/// take the shape: rows of whole 128-byte boxes (`cols` a multiple of 1024) and at most 17
+/// chunks per warp (17408 columns) of 1-bit rows, 12 (6144 columns) of 2-bit rows, whose
+/// kernels take tiles of 16 rows and no norm ([`gemv_b2_kernel`]). Up to 6144 columns: three blocks per multiprocessor of
 /// up to 72 KiB (the kernels that keep five or six plane words per lane); beyond, two of up to
 /// 100 KiB; each as many stages as fit beside the blocks' static memory. `fused_norm`: the
 /// kernel norms and quantizes its input itself, taken up to 6144 columns.
@@ -233,7 +235,9 @@ pub fn gemv_b1_x_bytes(cols: usize) -> usize {
 /// default), for measuring them. `tile_rows`: 32 asks for tiles of two row groups, taken where
 /// the rows are a multiple of 32 and the width is one of the exact kernels' (5120 or 6144
 /// columns), 16 elsewhere.
+#[allow(clippy::too_many_arguments)]
 pub fn gemv_b1_launch(
+    format: GpuFormat,
     rows: usize,
     cols: usize,
     sms: usize,
@@ -245,7 +249,7 @@ pub fn gemv_b1_launch(
     if rows == 0 || cols == 0 || !cols.is_multiple_of(1024) {
         return None;
     }
-    let per_warp = (cols / 128).div_ceil(GEMV1_WARPS);
+    let per_warp = (cols / format.chunk_values()).div_ceil(GEMV1_WARPS);
     let wide_tiles = tile_rows == 32 && rows.is_multiple_of(32);
     // Every warp takes exactly `per_warp` chunks (`cols` is a multiple of 8 chunks): the
     // kernels made for a count run it unguarded. Tiles of 32 rows take at most half the stages
@@ -253,20 +257,10 @@ pub fn gemv_b1_launch(
     // would not fit a multiprocessor.
     // The norm is folded in up to six chunks a warp (the `_n` kernels hold the row's values in
     // registers); wider rows run it apart.
-    let (kernel, tile_rows, blocks_per_sm, budget) = match (per_warp, fused_norm) {
-        (5, false) if wide_tiles => ("gemv_b1_j5x_r32", 32, 3, 66 << 10),
-        (6, false) if wide_tiles => ("gemv_b1_j6x_r32", 32, 3, 66 << 10),
-        (5, true) if wide_tiles => ("gemv_b1_j5x_r32_n", 32, 3, 66 << 10),
-        (6, true) if wide_tiles => ("gemv_b1_j6x_r32_n", 32, 3, 66 << 10),
-        (5, false) => ("gemv_b1_j5x", 16, 3, 72 << 10),
-        (6, false) => ("gemv_b1_j6x", 16, 3, 72 << 10),
-        (0..=6, false) => ("gemv_b1_j6", 16, 3, 72 << 10),
-        (5, true) => ("gemv_b1_j5x_n", 16, 3, 72 << 10),
-        (6, true) => ("gemv_b1_j6x_n", 16, 3, 72 << 10),
-        (0..=6, true) => ("gemv_b1_j6_n", 16, 3, 72 << 10),
-        (17, false) => ("gemv_b1_j17x", 16, 2, 100 << 10),
-        (7..=17, false) => ("gemv_b1_j17", 16, 2, 100 << 10),
-        _ => return None,
+    let (kernel, tile_rows, blocks_per_sm, budget) = match (format, fused_norm) {
+        (GpuFormat::Q1, _) => q1_kernel(per_warp, fused_norm, wide_tiles)?,
+        (_, true) => return None,
+        (f, false) => (gemv_b2_kernel(f, per_warp)?, 16, 3, 72 << 10),
     };
     let blocks_per_sm = if knobs.0 > 0 { knobs.0 } else { blocks_per_sm };
     let budget = if knobs.1 > 0 { knobs.1 } else { budget };
@@ -281,7 +275,7 @@ pub fn gemv_b1_launch(
         .min(fit)
         .min(smem_limit.saturating_sub(GEMV_B1_STATIC_SMEM))
         .saturating_sub(1024);
-    let stage_bytes = gemv_b1_stage_bytes(cols, tile_rows);
+    let stage_bytes = gemv_b1_stage_bytes(format, cols, tile_rows);
     let x_bytes = gemv_b1_x_bytes(cols);
     let tiles = rows.div_ceil(tile_rows);
     let stages =
@@ -293,6 +287,46 @@ pub fn gemv_b1_launch(
         grid: tiles.min(sms.max(1) * blocks_per_sm),
         smem_bytes: 1024 + x_bytes + stages * stage_bytes,
         stage_bytes,
+    })
+}
+
+/// The 1-bit kernel for `per_warp` chunks a warp, the norm folded in or not, tiles of 32 rows
+/// where asked for and allowed: name, rows per tile, blocks per multiprocessor, budget.
+fn q1_kernel(
+    per_warp: usize,
+    fused_norm: bool,
+    wide_tiles: bool,
+) -> Option<(&'static str, usize, usize, usize)> {
+    Some(match (per_warp, fused_norm) {
+        (5, false) if wide_tiles => ("gemv_b1_j5x_r32", 32, 3, 66 << 10),
+        (6, false) if wide_tiles => ("gemv_b1_j6x_r32", 32, 3, 66 << 10),
+        (5, true) if wide_tiles => ("gemv_b1_j5x_r32_n", 32, 3, 66 << 10),
+        (6, true) if wide_tiles => ("gemv_b1_j6x_r32_n", 32, 3, 66 << 10),
+        (5, false) => ("gemv_b1_j5x", 16, 3, 72 << 10),
+        (6, false) => ("gemv_b1_j6x", 16, 3, 72 << 10),
+        (0..=6, false) => ("gemv_b1_j6", 16, 3, 72 << 10),
+        (5, true) => ("gemv_b1_j5x_n", 16, 3, 72 << 10),
+        (6, true) => ("gemv_b1_j6x_n", 16, 3, 72 << 10),
+        (0..=6, true) => ("gemv_b1_j6_n", 16, 3, 72 << 10),
+        (17, false) => ("gemv_b1_j17x", 16, 2, 100 << 10),
+        (7..=17, false) => ("gemv_b1_j17", 16, 2, 100 << 10),
+        _ => return None,
+    })
+}
+
+/// The 2-bit binary kernel (`gemv_b2*`) for `per_warp` chunks of 64 values a warp: the exact
+/// kernels for the 27B's 5120 and 6144 columns, the guarded one below; `None` beyond 12 (the
+/// 17408-wide ffn_down: a 16-row tile of its 2-bit rows is 78 KB, so two stages do not fit
+/// beside three blocks, and its plane words would crowd the registers).
+pub fn gemv_b2_kernel(format: GpuFormat, per_warp: usize) -> Option<&'static str> {
+    Some(match (format, per_warp) {
+        (GpuFormat::Q2G64, 10) => "gemv_b2g64_j10x",
+        (GpuFormat::Q2G64, 12) => "gemv_b2g64_j12x",
+        (GpuFormat::Q2G64, 0..=12) => "gemv_b2g64_j12",
+        (GpuFormat::Q2G128, 10) => "gemv_b2g128_j10x",
+        (GpuFormat::Q2G128, 12) => "gemv_b2g128_j12x",
+        (GpuFormat::Q2G128, 0..=12) => "gemv_b2g128_j12",
+        _ => return None,
     })
 }
 

@@ -521,7 +521,8 @@ fn the_binary_decode_gemv_takes_whole_boxes_and_fits_its_budget() {
     ] {
         let wide = kernel.starts_with("gemv_b1_j17");
         for fused in [false, true] {
-            let Some(l) = gemv_b1_launch(rows, cols, 132, limit, fused, (0, 0), 16) else {
+            let Some(l) = gemv_b1_launch(GpuFormat::Q1, rows, cols, 132, limit, fused, (0, 0), 16)
+            else {
                 // The norm is folded in up to six chunks a warp only.
                 assert!(fused && wide, "{rows}×{cols} fused {fused}");
                 continue;
@@ -548,7 +549,7 @@ fn the_binary_decode_gemv_takes_whole_boxes_and_fits_its_budget() {
             assert!(l.stage_bytes.is_multiple_of(1024));
             // 16-row tiles: the codes in 2 KiB boxes, then a scale per row and chunk.
             assert!(l.stage_bytes >= (cols / 1024) * 2048 + 16 * (cols / 128) * 2);
-            assert_eq!(l.stage_bytes, gemv_b1_stage_bytes(cols, 16));
+            assert_eq!(l.stage_bytes, gemv_b1_stage_bytes(GpuFormat::Q1, cols, 16));
             assert_eq!(
                 l.grid,
                 rows.div_ceil(16).min(132 * if wide { 2 } else { 3 })
@@ -558,18 +559,92 @@ fn the_binary_decode_gemv_takes_whole_boxes_and_fits_its_budget() {
     // Rows not of whole 128-byte boxes, past 17 chunks a warp, or no rows: not taken.
     for (rows, cols) in [(20, 256), (20, 5000), (20, 18432), (0, 5120)] {
         assert!(
-            gemv_b1_launch(rows, cols, 132, limit, false, (0, 0), 16).is_none(),
+            gemv_b1_launch(GpuFormat::Q1, rows, cols, 132, limit, false, (0, 0), 16).is_none(),
             "{rows}×{cols}"
         );
     }
     // Knobs replace the defaults; a budget under two stages is refused.
-    let l = gemv_b1_launch(5120, 5120, 132, limit, false, (4, 56 << 10), 16).unwrap();
+    let l = gemv_b1_launch(
+        GpuFormat::Q1,
+        5120,
+        5120,
+        132,
+        limit,
+        false,
+        (4, 56 << 10),
+        16,
+    )
+    .unwrap();
     assert_eq!(l.grid, 320);
     assert!(l.smem_bytes <= 56 << 10);
-    assert!(gemv_b1_launch(5120, 17408, 132, limit, false, (4, 56 << 10), 16).is_none());
+    assert!(gemv_b1_launch(
+        GpuFormat::Q1,
+        5120,
+        17408,
+        132,
+        limit,
+        false,
+        (4, 56 << 10),
+        16
+    )
+    .is_none());
     // A device limit below the default budget is what counts.
-    let small = gemv_b1_launch(5120, 5120, 132, 48 << 10, false, (0, 0), 16).unwrap();
+    let small =
+        gemv_b1_launch(GpuFormat::Q1, 5120, 5120, 132, 48 << 10, false, (0, 0), 16).unwrap();
     assert!(small.smem_bytes + GEMV_B1_STATIC_SMEM <= 48 << 10);
+}
+
+#[test]
+fn the_binary_decode_gemv_of_2_bit_rows_takes_up_to_12_chunks_a_warp_in_16_row_tiles() {
+    let limit = 227 << 10;
+    // The 27B's 2-bit shapes up to 6144 columns, on the kernel made for their chunks per warp;
+    // other widths to 6144 on the guarded one.
+    for (format, tag) in [(GpuFormat::Q2G64, "g64"), (GpuFormat::Q2G128, "g128")] {
+        for (rows, cols, j) in [
+            (34816, 5120, "j10x"),
+            (5120, 6144, "j12x"),
+            (248_320, 5120, "j10x"),
+            (40, 4096, "j12"),
+            (40, 1024, "j12"),
+        ] {
+            // Tiles of 32 rows asked for: 16 all the same.
+            for tile_rows in [16, 32] {
+                let l = gemv_b1_launch(format, rows, cols, 132, limit, false, (0, 0), tile_rows)
+                    .unwrap();
+                assert_eq!(l.kernel, format!("gemv_b2{tag}_{j}"), "{rows}×{cols}");
+                assert_eq!(l.tile_rows, 16);
+                assert!(l.stages >= 2 && l.stages <= GEMV1_MAX_STAGES);
+                assert!(l.smem_bytes <= 72 << 10, "{rows}×{cols}: {l:?}");
+                assert!(fits_a_multiprocessor(&l, 3), "{rows}×{cols}: {l:?}");
+                // 16 rows of cols / 4 code bytes in 2 KiB boxes, then a scale per row and
+                // 64 (g64) or 128 values.
+                let per_scale = format.scale_values();
+                assert_eq!(
+                    l.stage_bytes,
+                    (16 * cols / 4 + 16 * (cols / per_scale) * 2).div_ceil(1024) * 1024
+                );
+                assert_eq!(l.stage_bytes, gemv_b1_stage_bytes(format, cols, 16));
+                assert_eq!(
+                    l.smem_bytes,
+                    1024 + gemv_b1_x_bytes(cols) + l.stages * l.stage_bytes
+                );
+                assert_eq!(l.grid, rows.div_ceil(16).min(3 * 132));
+            }
+            // The norm stays apart.
+            assert!(gemv_b1_launch(format, rows, cols, 132, limit, true, (0, 0), 16).is_none());
+        }
+        // ffn_down's 17408 columns (34 chunks a warp), boxes not whole, no rows: not taken.
+        for (rows, cols) in [(5120, 17408), (20, 8192), (20, 256), (0, 5120)] {
+            assert!(
+                gemv_b1_launch(format, rows, cols, 132, limit, false, (0, 0), 16).is_none(),
+                "{rows}×{cols}"
+            );
+        }
+    }
+    // A 1-bit row's kernel never goes to a 2-bit layout, nor the reverse.
+    assert!(gemv_b2_kernel(GpuFormat::Q1, 10).is_none());
+    let q1 = gemv_b1_launch(GpuFormat::Q1, 5120, 5120, 132, limit, false, (0, 0), 16).unwrap();
+    assert!(q1.kernel.starts_with("gemv_b1_"));
 }
 
 #[test]
@@ -928,20 +1003,30 @@ fn the_binary_decode_gemv_takes_tiles_of_32_rows_where_asked_and_possible() {
         (248_320, 5120, "gemv_b1_j5x_r32"),
         (992, 6144, "gemv_b1_j6x_r32"),
     ] {
-        let l = gemv_b1_launch(rows, cols, 132, limit, false, (0, 0), 32).unwrap();
+        let l = gemv_b1_launch(GpuFormat::Q1, rows, cols, 132, limit, false, (0, 0), 32).unwrap();
         assert_eq!((l.kernel, l.tile_rows), (kernel, 32), "{rows}×{cols}");
         assert!(l.stages >= 2 && l.stages <= GEMV1_MAX_STAGES / 2);
-        assert_eq!(l.stage_bytes, gemv_b1_stage_bytes(cols, 32));
+        assert_eq!(l.stage_bytes, gemv_b1_stage_bytes(GpuFormat::Q1, cols, 32));
         assert!(fits_a_multiprocessor(&l, 3), "{rows}×{cols}: {l:?}");
         assert_eq!(l.grid, (rows / 32).min(3 * 132));
     }
     // A budget for eight stages still gets at most four: the kernel keeps the partial sums of
     // half its stages for 32-row tiles.
-    let big = gemv_b1_launch(34816, 5120, 132, limit, false, (1, 200 << 10), 32).unwrap();
+    let big = gemv_b1_launch(
+        GpuFormat::Q1,
+        34816,
+        5120,
+        132,
+        limit,
+        false,
+        (1, 200 << 10),
+        32,
+    )
+    .unwrap();
     assert_eq!((big.tile_rows, big.stages), (32, GEMV1_MAX_STAGES / 2));
     // Rows not a multiple of 32, or widths without an exact kernel: 16-row tiles.
     for (rows, cols) in [(1001, 5120), (5120, 17408), (64, 4096)] {
-        let l = gemv_b1_launch(rows, cols, 132, limit, false, (0, 0), 32).unwrap();
+        let l = gemv_b1_launch(GpuFormat::Q1, rows, cols, 132, limit, false, (0, 0), 32).unwrap();
         assert_eq!(l.tile_rows, 16, "{rows}×{cols}");
         assert!(!l.kernel.ends_with("_r32"));
     }
