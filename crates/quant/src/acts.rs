@@ -98,11 +98,83 @@ fn round_half_away(v: f32) -> i32 {
     }
 }
 
-/// [`quantize_halves`] compiled for AVX-512: the same arithmetic on 16-lane vectors.
+/// [`quantize_halves`] written out in AVX-512: the same IEEE operations in the same order on
+/// one 16-lane register per run of a half, whose lanes `4k..4k + 4` are group `k`'s; the group
+/// maximum, scale and code sum are reduced within each 128-bit lane. Compiled from the portable
+/// loops, the group steps stayed scalar: 2 ns a value, the largest serial step of a decode
+/// token (`examples/act_quant_cost`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn quantize_halves_avx512(x: &[f32], q: &mut [i8], scale: &mut [f32], neg_sum: &mut [i32]) {
-    quantize_halves(x, q, scale, neg_sum)
+    use std::arch::x86_64::*;
+    // Within each 128-bit lane: swap neighbours, then pairs.
+    const PAIRS: i32 = 0b1011_0001;
+    const HALVES: i32 = 0b0100_1110;
+    let n = x.len();
+    let mut tail = [0.0f32; 64];
+    let firsts = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    let (one, half, lo, hi) = (
+        _mm512_set1_ps(1.0),
+        _mm512_set1_ps(0.5),
+        _mm512_set1_epi32(-127),
+        _mm512_set1_epi32(127),
+    );
+    for (h, ((qh, sh), nh)) in q
+        .chunks_exact_mut(64)
+        .zip(scale.chunks_exact_mut(GROUPS_PER_HALF))
+        .zip(neg_sum.chunks_exact_mut(GROUPS_PER_HALF))
+        .enumerate()
+    {
+        let src = if 64 * h + 64 <= n {
+            x[64 * h..].as_ptr()
+        } else {
+            let part = &x[(64 * h).min(n)..];
+            tail[..part.len()].copy_from_slice(part);
+            tail[part.len()..].fill(0.0);
+            tail.as_ptr()
+        };
+        let v: [__m512; 4] = std::array::from_fn(|r| _mm512_loadu_ps(src.add(16 * r)));
+        // max(|v|, m) keeps m where |v| is NaN, as `f32::max` ignores a NaN.
+        let mut m = _mm512_setzero_ps();
+        for &vr in &v {
+            m = _mm512_max_ps(_mm512_abs_ps(vr), m);
+        }
+        m = _mm512_max_ps(m, _mm512_permute_ps::<PAIRS>(m));
+        m = _mm512_max_ps(m, _mm512_permute_ps::<HALVES>(m));
+        let d = _mm512_div_ps(m, _mm512_set1_ps(127.0));
+        let nonzero = _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(d, _mm512_setzero_ps());
+        let id = _mm512_maskz_div_ps(nonzero, one, d);
+        let mut sum = _mm512_setzero_si512();
+        for (r, &vr) in v.iter().enumerate() {
+            // round_half_away: truncate, then step away from zero on a remainder of ±½ or
+            // more; NaN (which truncates to i32::MIN here) gives 0 as `as i32` does.
+            let p = _mm512_mul_ps(vr, id);
+            let t = _mm512_cvttps_epi32(p);
+            let frac = _mm512_sub_ps(p, _mm512_cvtepi32_ps(t));
+            let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, half);
+            let down =
+                _mm512_cmp_ps_mask::<_CMP_LE_OQ>(frac, _mm512_sub_ps(_mm512_setzero_ps(), half));
+            let t = _mm512_mask_add_epi32(t, up, t, _mm512_set1_epi32(1));
+            let t = _mm512_mask_sub_epi32(t, down, t, _mm512_set1_epi32(1));
+            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(p, p);
+            let t = _mm512_mask_mov_epi32(t, nan, _mm512_setzero_si512());
+            let c = _mm512_min_epi32(_mm512_max_epi32(t, lo), hi);
+            _mm_storeu_si128(
+                qh[16 * r..].as_mut_ptr() as *mut __m128i,
+                _mm512_cvtepi32_epi8(c),
+            );
+            sum = _mm512_sub_epi32(sum, c);
+        }
+        sum = _mm512_add_epi32(sum, _mm512_shuffle_epi32::<PAIRS>(sum));
+        sum = _mm512_add_epi32(sum, _mm512_shuffle_epi32::<HALVES>(sum));
+        let scales = _mm512_permutexvar_ps(firsts, d);
+        let sums = _mm512_permutexvar_epi32(firsts, sum);
+        _mm_storeu_ps(sh.as_mut_ptr(), _mm512_castps512_ps128(scales));
+        _mm_storeu_si128(
+            nh.as_mut_ptr() as *mut __m128i,
+            _mm512_castsi512_si128(sums),
+        );
+    }
 }
 
 /// [`quantize_halves`] compiled for AVX2: the same arithmetic on 8-lane vectors.
@@ -179,10 +251,12 @@ impl QuantizedActs {
         let mut scale = vec![0.0f32; padded / ACT_GROUP];
         let mut neg_sum = vec![0i32; padded / ACT_GROUP];
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
+        if is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("fma")
+        {
             // SAFETY: the CPU has the features the function is compiled with.
-            unsafe { quantize_halves_avx512(x, &mut q, &mut scale, &mut neg_sum) };
-            return Self::with_group_sums(x.to_vec(), q, scale, neg_sum);
+            return unsafe { Self::finish_avx512(x, q, scale, neg_sum) };
         }
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
@@ -191,6 +265,20 @@ impl QuantizedActs {
             return Self::with_group_sums(x.to_vec(), q, scale, neg_sum);
         }
         quantize_halves(x, &mut q, &mut scale, &mut neg_sum);
+        Self::with_group_sums(x.to_vec(), q, scale, neg_sum)
+    }
+
+    /// [`QuantizedActs::new`]'s AVX-512 path: the codes, then the side tables compiled for the
+    /// same features (with FMA the span terms' `mul_add` is one instruction, not a call).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,fma")]
+    unsafe fn finish_avx512(
+        x: &[f32],
+        mut q: Vec<i8>,
+        mut scale: Vec<f32>,
+        mut neg_sum: Vec<i32>,
+    ) -> QuantizedActs {
+        quantize_halves_avx512(x, &mut q, &mut scale, &mut neg_sum);
         Self::with_group_sums(x.to_vec(), q, scale, neg_sum)
     }
 
@@ -248,38 +336,48 @@ impl QuantizedActs {
         Self::with_group_sums(x, q, scale, neg_sum)
     }
 
+    /// Plain loops, not iterator closures: inlined into [`QuantizedActs::finish_avx512`], they
+    /// compile with its features (a closure would not inherit them, and `mul_add` stayed a call).
+    #[inline(always)]
     fn with_group_sums(
         x: Vec<f32>,
         q: Vec<i8>,
         scale: Vec<f32>,
         neg_sum: Vec<i32>,
     ) -> QuantizedActs {
-        let lane_scale = (0..q.len() / 4).map(|l| scale[act_group(4 * l)]).collect();
-        let neg_lane_sum = q
-            .chunks_exact(4)
-            .map(|l| -l.iter().map(|&v| i32::from(v)).sum::<i32>())
-            .collect();
-        let neg_span = neg_sum
-            .chunks(2 * GROUPS_PER_HALF)
-            .zip(scale.chunks(2 * GROUPS_PER_HALF))
-            .map(|(n, d)| {
-                n.iter()
-                    .zip(d)
-                    .fold(0.0f32, |acc, (&n, &d)| (n as f32).mul_add(d, acc))
-            })
-            .collect();
+        // A half's 16 lanes are its groups' in turn (lane l: group l mod 4).
+        let lanes = q.len() / 4;
+        let mut lane_scale = vec![0.0f32; lanes];
+        let mut neg_lane_sum = vec![0i32; lanes];
+        for (((ls, ns), qh), sh) in lane_scale
+            .chunks_exact_mut(16)
+            .zip(neg_lane_sum.chunks_exact_mut(16))
+            .zip(q.chunks_exact(64))
+            .zip(scale.chunks_exact(GROUPS_PER_HALF))
+        {
+            for l in 0..16 {
+                ls[l] = sh[l % GROUPS_PER_HALF];
+                let c = &qh[4 * l..4 * l + 4];
+                ns[l] = -(i32::from(c[0]) + i32::from(c[1]) + i32::from(c[2]) + i32::from(c[3]));
+            }
+        }
+        let span_groups = 2 * GROUPS_PER_HALF;
+        let mut neg_span = vec![0.0f32; scale.len().div_ceil(span_groups)];
+        for (s, out) in neg_span.iter_mut().enumerate() {
+            let mut acc = 0.0f32;
+            for g in span_groups * s..(span_groups * (s + 1)).min(scale.len()) {
+                acc = (neg_sum[g] as f32).mul_add(scale[g], acc);
+            }
+            *out = acc;
+        }
         // Group g's place k = g mod 4 in its half: scales times 4^−k, starts times 4^k.
         const QUARTERS: [f32; GROUPS_PER_HALF] = [1.0, 0.25, 0.0625, 0.015625];
-        let field_scale = scale
-            .iter()
-            .enumerate()
-            .map(|(g, &d)| d * QUARTERS[g % GROUPS_PER_HALF])
-            .collect();
-        let field_neg = neg_sum
-            .iter()
-            .enumerate()
-            .map(|(g, &n)| n << (2 * (g % GROUPS_PER_HALF)))
-            .collect();
+        let mut field_scale = vec![0.0f32; scale.len()];
+        let mut field_neg = vec![0i32; scale.len()];
+        for g in 0..scale.len() {
+            field_scale[g] = scale[g] * QUARTERS[g % GROUPS_PER_HALF];
+            field_neg[g] = neg_sum[g] << (2 * (g % GROUPS_PER_HALF));
+        }
         QuantizedActs {
             x,
             q,
