@@ -1,5 +1,5 @@
-// Decode GEMV (one token) of 1-bit rows on the binary tensor cores, sm_90; 2-bit rows at the end
-// (b2_consume).
+// Decode GEMV (one token) of 1-bit rows on the binary tensor cores, sm_90; 2-bit rows by the
+// same ring and producer with their own consumer (b2_consume).
 //
 // A 1-bit weight is ±d, so a row's dot with int8 activations q (scale s) over a 64-value group
 // is d·s·(2·Σ_{bit=1} q − Σ q). The selected sum is what a binary MMA with AND and popcount
@@ -182,10 +182,10 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
 // chunk is 64 values, one activation group: lane (g, t) takes word t of rows g and g + 8, whose
 // code bits 1 and 2 of each value face the same activation bit (plane_word2). One MMA of the
 // words masked to their 2s, then one of the whole words accumulating onto it, counts
-// Σ code·bit for every plane: 2·(2s) + (1s and 2s). Per 16 rows × 64 values (256 weight bytes)
-// a warp issues two MMAs, two masks, its loads and the counts' scaling, about 25 instructions in
-// the PTX, where the dp4a kernel's warps issue about 35 (some 70 per lane and 16-byte chunk).
-// J: chunks per warp (at most, unless EXACT).
+// Σ code·bit for every plane: 2·(2s) + (1s and 2s). Per 256 weight bytes (16 rows × 64 values) a
+// warp issues two MMAs, two masks, its loads and the counts' scaling: about 25 instructions in
+// the PTX, against about 35 for the dp4a kernel's warps (whose lanes each spend ~70 on a 16-byte
+// chunk, 512 bytes a warp). J: chunks per warp (at most, unless EXACT).
 template <int FMT, int J, bool EXACT>
 __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stage_bytes, u32 code_bytes, u64* bars,
                                            u64* empty, float (*part)[GEMV1_WARPS][16], float2* ssm, int mine,
@@ -252,7 +252,8 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
                 int c[4];
                 bmma_and_popc(c, a0 & 0xAAAAAAAAu, a1 & 0xAAAAAAAAu, bw[j]);
                 bmma_and_popc_acc(c, a0, a1, bw[j]);
-                // k1·d·n as (k1·d)·n: the same bits, a power of two being exact.
+                // k1·s·n (s the activation scale) as (k1·s)·n: the same bits, k1 being a power of
+                // two.
                 const float ks = k1 * sc.x, y = ysel * sc.y;
                 acc0 += h2f(dp[j * SSTEP]) * (ks * (float)(c[0] + sgn * c[1]) - y);
                 acc1 += h2f(dp[8 * scols + j * SSTEP]) * (ks * (float)(c[2] + sgn * c[3]) - y);
@@ -472,15 +473,16 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 #endif
 
 #if __CUDA_ARCH__ >= 900
-#define GEMV_B1_CALL(FMT, J, EXACT, RG, NORM)                                                              \
+#define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM)                                                             \
     gemv_b1_body<FMT, J, EXACT, RG, NORM>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
                     pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, early)
 #else
-#define GEMV_B1_CALL(FMT, J, EXACT, RG, NORM) __trap()
+#define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM) __trap()
 #endif
 
-// J: chunks per warp and tile (EXACT) or at most (else), so 128·8·J columns. The exact kernels
-// take the 27B's widths (5120, 6144, 17408 columns: 5, 6, 17 chunks per warp) with no guard.
+// J: chunks per warp and tile (EXACT) or at most (else), so 8·J chunks of 128 (1-bit) or 64
+// (2-bit) columns. The exact kernels take the 27B's widths with no guard: 5120, 6144 and 17408
+// columns are 5, 6 and 17 1-bit chunks per warp, 5120 and 6144 are 10 and 12 2-bit ones.
 #define GEMV_BIN_KERNEL(name, FMT, J, EXACT, RG, NORM, MINB)                                                   \
     extern "C" __global__ void __launch_bounds__(32 * (GEMV1_WARPS + 1), MINB)                   \
         name(const __grid_constant__ TmaMap cmap, const unsigned char* __restrict__ scales,       \
@@ -489,7 +491,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
              const float* __restrict__ xres, int tok0, const float* __restrict__ nw, float eps,   \
              const unsigned char* __restrict__ pf_codes, int pf_code_bytes,                       \
              const unsigned char* __restrict__ pf_scales, int pf_scale_bytes, int early) {        \
-        GEMV_B1_CALL(FMT, J, EXACT, RG, NORM);                                                                \
+        GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM);                                                                \
     }
 
 GEMV_BIN_KERNEL(gemv_b1_j5x, FMT_Q1, 5, true, 1, false, 4)

@@ -196,6 +196,8 @@ fn conv_one(
         // SAFETY: as above; rows j and j + 1 do not overlap.
         let row = unsafe { st.slice_mut(j * ch + c0..j * ch + c0 + n) };
         if j + 1 < kern - 1 {
+            // SAFETY: channels `chans` of row j + 1 belong to this task alone, and the row does
+            // not overlap row j.
             let next = unsafe { st.slice_mut((j + 1) * ch + c0..(j + 1) * ch + c0 + n) };
             row.copy_from_slice(next);
         } else {
@@ -279,6 +281,8 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(5);
         for (ch, kern, tokens) in [
             (1037, 4, 1),
+            (3, 2, 1),
+            (2 * CONV_CHUNK + 13, 3, 1),
             (1037, 4, 5),
             (3, 2, 7),
             (2 * CONV_CHUNK, 3, 2),

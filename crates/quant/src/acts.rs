@@ -98,11 +98,24 @@ fn round_half_away(v: f32) -> i32 {
     }
 }
 
-/// [`quantize_halves`] written out in AVX-512: the same IEEE operations in the same order on
+/// The code of `v·(1/d)`: rounded half away from zero into −127..=127, NaN → 0. Clamped first:
+/// a group whose maximum is below ~3.7e-37 has a subnormal `d`, so `1/d` is infinite, and
+/// unclamped the truncation saturated and its step away from zero wrapped (`i32::MAX + 1`),
+/// flipping such a group's signs (and panicking where overflow is checked).
+#[inline(always)]
+fn code(p: f32) -> i32 {
+    round_half_away(p.clamp(-128.0, 128.0)).clamp(-127, 127)
+}
+
+/// [`quantize_halves`] written out in AVX-512, for the same codes, scales and sums bit for bit:
 /// one 16-lane register per run of a half, whose lanes `4k..4k + 4` are group `k`'s; the group
-/// maximum, scale and code sum are reduced within each 128-bit lane. Compiled from the portable
-/// loops, the group steps stayed scalar: 2 ns a value, the largest serial step of a decode
-/// token (`examples/act_quant_cost`).
+/// maximum, scale and code sum are reduced within each 128-bit lane (the maximum as a tree,
+/// which no NaN reaches, so in any order). Compiled from the portable loops, the group steps
+/// stayed scalar: 2 ns a value, the largest serial step of a decode token
+/// (`examples/act_quant_cost`).
+///
+/// # Safety
+/// The CPU has AVX-512 F and BW.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn quantize_halves_avx512(x: &[f32], q: &mut [i8], scale: &mut [f32], neg_sum: &mut [i32]) {
@@ -133,6 +146,7 @@ unsafe fn quantize_halves_avx512(x: &[f32], q: &mut [i8], scale: &mut [f32], neg
             tail[part.len()..].fill(0.0);
             tail.as_ptr()
         };
+        // SAFETY: `src` has 64 readable values: the half lies inside `x`, or it is `tail`.
         let v: [__m512; 4] = std::array::from_fn(|r| _mm512_loadu_ps(src.add(16 * r)));
         // max(|v|, m) keeps m where |v| is NaN, as `f32::max` ignores a NaN.
         let mut m = _mm512_setzero_ps();
@@ -146,9 +160,14 @@ unsafe fn quantize_halves_avx512(x: &[f32], q: &mut [i8], scale: &mut [f32], neg
         let id = _mm512_maskz_div_ps(nonzero, one, d);
         let mut sum = _mm512_setzero_si512();
         for (r, &vr) in v.iter().enumerate() {
-            // round_half_away: truncate, then step away from zero on a remainder of ±½ or
+            // `code`: clamped to ±128 (NaN kept: `max` and `min` return their second operand
+            // where one is NaN), truncated, then a step away from zero on a remainder of ±½ or
             // more; NaN (which truncates to i32::MIN here) gives 0 as `as i32` does.
             let p = _mm512_mul_ps(vr, id);
+            let p = _mm512_min_ps(
+                _mm512_set1_ps(128.0),
+                _mm512_max_ps(_mm512_set1_ps(-128.0), p),
+            );
             let t = _mm512_cvttps_epi32(p);
             let frac = _mm512_sub_ps(p, _mm512_cvtepi32_ps(t));
             let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, half);
@@ -159,6 +178,7 @@ unsafe fn quantize_halves_avx512(x: &[f32], q: &mut [i8], scale: &mut [f32], neg
             let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(p, p);
             let t = _mm512_mask_mov_epi32(t, nan, _mm512_setzero_si512());
             let c = _mm512_min_epi32(_mm512_max_epi32(t, lo), hi);
+            // SAFETY: `qh` is 64 codes, so the 16 from `16r` (r < 4) lie inside it.
             _mm_storeu_si128(
                 qh[16 * r..].as_mut_ptr() as *mut __m128i,
                 _mm512_cvtepi32_epi8(c),
@@ -169,6 +189,7 @@ unsafe fn quantize_halves_avx512(x: &[f32], q: &mut [i8], scale: &mut [f32], neg
         sum = _mm512_add_epi32(sum, _mm512_shuffle_epi32::<HALVES>(sum));
         let scales = _mm512_permutexvar_ps(firsts, d);
         let sums = _mm512_permutexvar_epi32(firsts, sum);
+        // SAFETY: `sh` and `nh` are the half's four groups.
         _mm_storeu_ps(sh.as_mut_ptr(), _mm512_castps512_ps128(scales));
         _mm_storeu_si128(
             nh.as_mut_ptr() as *mut __m128i,
@@ -229,7 +250,7 @@ fn quantize_halves(x: &[f32], q: &mut [i8], scale: &mut [f32], neg_sum: &mut [i3
                 .zip(&inv)
                 .zip(&mut lane_sum)
             {
-                let c = round_half_away(v * id).clamp(-127, 127);
+                let c = code(v * id);
                 *o = c as i8;
                 *sum -= c;
             }
@@ -256,7 +277,7 @@ impl QuantizedActs {
             && is_x86_feature_detected!("fma")
         {
             // SAFETY: the CPU has the features the function is compiled with.
-            return unsafe { Self::finish_avx512(x, q, scale, neg_sum) };
+            return unsafe { Self::new_avx512(x, q, scale, neg_sum) };
         }
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
@@ -270,9 +291,12 @@ impl QuantizedActs {
 
     /// [`QuantizedActs::new`]'s AVX-512 path: the codes, then the side tables compiled for the
     /// same features (with FMA the span terms' `mul_add` is one instruction, not a call).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F and BW, and FMA.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,fma")]
-    unsafe fn finish_avx512(
+    unsafe fn new_avx512(
         x: &[f32],
         mut q: Vec<i8>,
         mut scale: Vec<f32>,
@@ -336,8 +360,10 @@ impl QuantizedActs {
         Self::with_group_sums(x, q, scale, neg_sum)
     }
 
-    /// Plain loops, not iterator closures: inlined into [`QuantizedActs::finish_avx512`], they
-    /// compile with its features (a closure would not inherit them, and `mul_add` stayed a call).
+    /// The activations with the side tables the kernels read, made from the codes, scales and
+    /// negated group sums. Plain loops, not iterator closures: inlined into
+    /// [`QuantizedActs::new_avx512`], they compile with its features (a closure would not
+    /// inherit them, and `mul_add` stayed a call).
     #[inline(always)]
     fn with_group_sums(
         x: Vec<f32>,
@@ -542,6 +568,84 @@ mod tests {
             f32::NAN,
         ] {
             assert_eq!(round_half_away(v), v.round() as i32, "{v}");
+        }
+    }
+
+    /// Every quantizer this CPU runs, called directly, against the group-by-group definition on
+    /// the inputs that break a careless one: infinities, −0, subnormals, groups so small that
+    /// `1/d` is infinite, NaN, ties, and a partial last half.
+    #[test]
+    fn every_quantizer_equals_the_definition_at_the_edges() {
+        let specials = [
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            -0.0,
+            1e-45,
+            -3e-39,
+            1e-37,
+            -1e-37,
+            5e-38,
+            f32::MAX,
+            f32::NAN,
+            2.5,
+            -0.5,
+        ];
+        let mut seed = 0x853c_49e6_748f_ea9bu64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for n in [3usize, 64, 100, 256, 1000] {
+            for scale in [1.0f32, 1e-37, 1e-40] {
+                let x: Vec<f32> = (0..n)
+                    .map(|_| {
+                        let r = next();
+                        if r % 7 == 0 {
+                            specials[(r / 7) as usize % specials.len()]
+                        } else {
+                            ((r % 2001) as f32 / 100.0 - 10.0) * scale
+                        }
+                    })
+                    .collect();
+                let want = QuantizedActs::new_by_groups(&x);
+                let padded = n.div_ceil(SPAN) * SPAN;
+                /// A quantizer's name and its codes, scales and negated group sums.
+                type Run = (&'static str, Vec<i8>, Vec<f32>, Vec<i32>);
+                let mut runs: Vec<Run> = Vec::new();
+                let fresh = || {
+                    (
+                        vec![0i8; padded],
+                        vec![0f32; padded / ACT_GROUP],
+                        vec![0i32; padded / ACT_GROUP],
+                    )
+                };
+                let (mut q, mut s, mut ns) = fresh();
+                quantize_halves(&x, &mut q, &mut s, &mut ns);
+                runs.push(("portable", q, s, ns));
+                #[cfg(target_arch = "x86_64")]
+                {
+                    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                        let (mut q, mut s, mut ns) = fresh();
+                        // SAFETY: the CPU has the features (checked above).
+                        unsafe { quantize_halves_avx2(&x, &mut q, &mut s, &mut ns) };
+                        runs.push(("avx2", q, s, ns));
+                    }
+                    if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
+                        let (mut q, mut s, mut ns) = fresh();
+                        // SAFETY: the CPU has the features (checked above).
+                        unsafe { quantize_halves_avx512(&x, &mut q, &mut s, &mut ns) };
+                        runs.push(("avx512", q, s, ns));
+                    }
+                }
+                let bits = |v: &[f32]| v.iter().map(|s| s.to_bits()).collect::<Vec<_>>();
+                for (name, q, s, ns) in runs {
+                    assert_eq!(q, want.codes(), "{name}: codes, n = {n}, scale {scale}");
+                    assert_eq!(bits(&s), bits(want.scales()), "{name}: scales, n = {n}");
+                    assert_eq!(ns, want.neg_group_sums(), "{name}: sums, n = {n}");
+                }
+            }
         }
     }
 

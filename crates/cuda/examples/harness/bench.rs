@@ -168,11 +168,12 @@ pub(crate) fn bench_27b(
     } else {
         // 2-bit matrices on the binary kernels flipped from the default (their float sums run
         // in another order than dp4a's: tokens not compared).
-        let on = g.gpu().set_b2(true);
+        let on = g.gpu().b2();
         g.gpu().set_b2(!on);
+        let flipped_to = g.gpu().b2();
         let flipped = decode(true, true, (NormFusion::Apart, 0, 0));
         g.gpu().set_b2(on);
-        let state = if on { "off" } else { "on" };
+        let state = if flipped_to { "on" } else { "off" };
         let _ = write!(variants, "; 2-bit binary GEMVs {state}: {:.1}", flipped?.0);
     }
     // The defaults (PDL, gemv1, separate norms, the recurrence in one kernel, blocks per SM and

@@ -46,7 +46,7 @@ fn format_checks(
     let one_bit = format == Format::Q1_0;
     let (mut worst, mut worst_dp4a) = (0f64, 0f64);
     let (mut runs, mut argmax_ok, mut repeat_diff, mut fused_diff) = (0, true, 0usize, 0usize);
-    let (mut tiles32_diff, mut tiles32_runs) = (0usize, 0usize);
+    let (mut tiles32_diff, mut tiles32_runs, mut dp4a_runs) = (0usize, 0usize, 0usize);
     let mut refused = Vec::new();
     let (mut fused_runs, mut fused_refused) = (0usize, Vec::new());
     // 20×256 is refused (rows of whole 128-byte boxes only). 34816×5120 (the 27B's gate | up)
@@ -178,13 +178,15 @@ fn format_checks(
             tiles32_runs += 1;
         }
         if dp4a {
+            dp4a_runs += 1;
             for r in 0..rows {
                 worst_dp4a = worst_dp4a.max(((va[r] - vc[r]).abs() / mag[r].max(1e-30)) as f64);
             }
         }
 
         // Norm + quantize inside the kernel (its consumer warps, in registers) against
-        // quant_rms then the kernel: the same bits. Taken up to six chunks a warp.
+        // quant_rms then the kernel: the same bits. Taken up to six chunks a warp of 1-bit
+        // rows; the 2-bit kernels must refuse it.
         let res: Vec<f32> = (0..2 * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
         let nw: Vec<f32> = (0..cols).map(|_| rng.gen_range(0.5..1.5)).collect();
         let (resd, nwd) = (gpu.upload(&res, "x")?, gpu.upload(&nw, "norm")?);
@@ -201,6 +203,7 @@ fn format_checks(
     }
     let ok = worst < 1e-5
         && worst_dp4a < 1e-5
+        && dp4a_runs == runs
         && argmax_ok
         && runs == shapes.len() - want_refused.len()
         && refused == want_refused
@@ -215,7 +218,8 @@ fn format_checks(
         .filter(|sh| !refused.contains(sh))
         .collect();
     rep.line(format!(
-        "| gemv_b1 {format} (binary tensor cores, 1 token, += prior, argmax; norm fused) | {} (refused: {}) | {} | vs integer twin {worst:.1e} (tol 1e-5), vs the dp4a kernel {worst_dp4a:.1e} (tol 1e-5), as a fraction of Σ|w·x|; argmax {}; {runs} shapes; repeated launch: {repeat_diff} differing outputs, fused norm vs quant_rms + kernel: {fused_diff} in {fused_runs} shapes (refused: {}), 32-row tiles vs 16 in {tiles32_runs} shapes: {tiles32_diff} (all must be 0) |",
+        "| gemv_b1 {format} (binary tensor cores, 1 token, += prior, argmax; norm {}) | {} (refused: {}) | {} | vs integer twin {worst:.1e} (tol 1e-5), vs the dp4a kernel {worst_dp4a:.1e} (tol 1e-5) in {dp4a_runs} shapes, as a fraction of Σ|w·x|; argmax {}; {runs} shapes; repeated launch: {repeat_diff} differing outputs, fused norm vs quant_rms + kernel: {fused_diff} in {fused_runs} shapes (refused: {}), 32-row tiles vs 16 in {tiles32_runs} shapes: {tiles32_diff} (all must be 0) |",
+        if one_bit { "fused" } else { "refused" },
         taken.join(", "),
         refused.join(", "),
         if ok { "PASS" } else { "FAIL" },

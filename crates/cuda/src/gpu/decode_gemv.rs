@@ -17,7 +17,7 @@ pub(super) const X_COPY_OFF: usize = 0;
 pub(super) const X_COPY_PLAN: usize = 1;
 pub(super) const X_COPY_ALL: usize = 2;
 
-/// The arguments the decode GEMVs (`gemv1_*`, `gemv_b1_*`) take after the matrix: the
+/// The arguments the decode GEMVs (`gemv1_*`, `gemv_b1_*`, `gemv_b2*`) take after the matrix: the
 /// activations, output and argmax, the ring's stages, the fused norm's input (or nulls), the
 /// next matrix to prefetch (or nulls) and how many of the ring's first tiles are requested
 /// before the wait for the previous kernel.
@@ -44,11 +44,14 @@ fn decode_args(io: &GemvIo, stages: usize, pre: Option<NormIn>, early: usize) ->
 }
 
 impl Gpu {
-    /// The one-token GEMV of the sm_90 paths, where they are on and take the matrix: 1-bit rows
-    /// on the binary tensor cores, else the bulk-copy dp4a kernel with its default tuning.
-    /// `false`: nothing launched. With `pre`, the kernel norms and quantizes its input itself
-    /// where [`Gpu::norm_fusion`] folds the norm into that kernel and it takes it; else
-    /// nothing is launched and the caller runs the norm apart.
+    /// The one-token GEMV of the sm_90 paths, where they are on and take the matrix: the binary
+    /// tensor cores where [`Gpu::takes_b1`] (1-bit rows, 2-bit rows up to 6144 columns), else
+    /// the bulk-copy dp4a kernel with its default tuning. `false`: nothing launched. With `pre`,
+    /// the kernel norms and quantizes its input itself where [`Gpu::norm_fusion`] folds the norm
+    /// into that kernel and it takes it; else nothing is launched and the caller runs the norm
+    /// apart. A matrix the binary kernel takes only with the norm apart stays on it (the norm
+    /// then runs apart): folding a norm never moves a matrix to another kernel, whose sums
+    /// would run in another order.
     pub fn gemv_decode(
         &self,
         stream: &CudaStream,
@@ -64,8 +67,13 @@ impl Gpu {
         if pre.is_some() && !self.norm_fusion().folds(binary) {
             return Ok(false);
         }
-        if binary && self.gemv_b1(stream, m, io, pre)? {
-            return Ok(true);
+        if binary {
+            if self.gemv_b1(stream, m, io, pre)? {
+                return Ok(true);
+            }
+            if pre.is_some() && self.b1_plan(m, false).is_some() {
+                return Ok(false);
+            }
         }
         if pre.is_some() && !self.norm_fusion().folds(false) {
             return Ok(false);

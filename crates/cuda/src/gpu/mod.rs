@@ -690,8 +690,7 @@ impl Gpu {
 
     /// Bytes of `next` that the one-token GEMV before it pulls into the L2 cache (0: none). By
     /// default, by the kernel `next` goes to without a folded norm: with one it goes to the
-    /// same kind (a binary kernel declining the norm runs it apart), except with the norm
-    /// folded into every GEMV (`NIWAKI_CUDA_FUSE_NORM=1`), where ffn_down-wide rows go to dp4a.
+    /// same kernel (a binary kernel declining the norm runs it apart, [`Gpu::gemv_decode`]).
     pub fn prefetch_for(&self, next: &DevMat) -> usize {
         match self.prefetch_bytes.load(Ordering::Relaxed) {
             PREFETCH_BY_MATRIX => plan::default_prefetch_bytes(self.takes_b1(next, false)),
@@ -794,6 +793,11 @@ impl Gpu {
     pub fn set_b1(&self, on: bool) -> bool {
         let hopper = self.info.compute_capability.0 >= 9;
         self.b1.swap(on && hopper, Ordering::Relaxed)
+    }
+
+    /// Whether 2-bit decode GEMVs go to the binary tensor cores where their plan takes them.
+    pub fn b2(&self) -> bool {
+        self.b2.load(Ordering::Relaxed)
     }
 
     /// Turns the binary-tensor-core decode GEMV of 2-bit rows on or off (as [`Gpu::set_b1`]);

@@ -225,9 +225,10 @@ pub fn gemv_b1_x_bytes(cols: usize) -> usize {
 }
 
 /// Plans a binary decode GEMV of a `rows × cols` matrix, or `None` where the kernel does not
-/// take the shape: rows of whole 128-byte boxes (`cols` a multiple of 1024) and at most 17
-/// chunks per warp (17408 columns) of 1-bit rows, 12 (6144 columns) of 2-bit rows, whose
-/// kernels take tiles of 16 rows and no norm ([`gemv_b2_kernel`]). Up to 6144 columns: three blocks per multiprocessor of
+/// take the shape: `cols` a multiple of 1024 (rows of whole 128-byte boxes and of whole slabs of
+/// eight chunks a warp, for either width of codes) and at most 17 chunks per warp (17408
+/// columns) of 1-bit rows, 12 (6144 columns) of 2-bit rows, whose kernels take tiles of 16 rows
+/// and no norm ([`gemv_b2_kernel`]). Up to 6144 columns: three blocks per multiprocessor of
 /// up to 72 KiB (the kernels that keep five or six plane words per lane); beyond, two of up to
 /// 100 KiB; each as many stages as fit beside the blocks' static memory. `fused_norm`: the
 /// kernel norms and quantizes its input itself, taken up to 6144 columns.
@@ -316,8 +317,8 @@ fn q1_kernel(
 
 /// The 2-bit binary kernel (`gemv_b2*`) for `per_warp` chunks of 64 values a warp: the exact
 /// kernels for the 27B's 5120 and 6144 columns, the guarded one below; `None` beyond 12 (the
-/// 17408-wide ffn_down: a 16-row tile of its 2-bit rows is 78 KB, so two stages do not fit
-/// beside three blocks, and its plane words would crowd the registers).
+/// 17408-wide ffn_down: a 16-row tile of its 2-bit rows is 78 KB, more than a block's share
+/// when three share a multiprocessor, and its plane words would crowd the registers).
 pub fn gemv_b2_kernel(format: GpuFormat, per_warp: usize) -> Option<&'static str> {
     Some(match (format, per_warp) {
         (GpuFormat::Q2G64, 10) => "gemv_b2g64_j10x",

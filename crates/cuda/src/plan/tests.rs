@@ -633,7 +633,8 @@ fn the_binary_decode_gemv_of_2_bit_rows_takes_up_to_12_chunks_a_warp_in_16_row_t
             // The norm stays apart.
             assert!(gemv_b1_launch(format, rows, cols, 132, limit, true, (0, 0), 16).is_none());
         }
-        // ffn_down's 17408 columns (34 chunks a warp), boxes not whole, no rows: not taken.
+        // ffn_down's 17408 columns (34 chunks a warp), 8192 (16), widths not of whole 1024, no
+        // rows: not taken.
         for (rows, cols) in [(5120, 17408), (20, 8192), (20, 256), (0, 5120)] {
             assert!(
                 gemv_b1_launch(format, rows, cols, 132, limit, false, (0, 0), 16).is_none(),
