@@ -192,17 +192,16 @@ fn conv_one(
         *o = silu(a);
     }
     // The window moves on by one: each state row takes the next, the last the token's input.
-    for j in 0..kern - 1 {
-        // SAFETY: as above; rows j and j + 1 do not overlap.
-        let row = unsafe { st.slice_mut(j * ch + c0..j * ch + c0 + n) };
-        if j + 1 < kern - 1 {
-            // SAFETY: channels `chans` of row j + 1 belong to this task alone, and the row does
-            // not overlap row j.
-            let next = unsafe { st.slice_mut((j + 1) * ch + c0..(j + 1) * ch + c0 + n) };
-            row.copy_from_slice(next);
-        } else {
-            row.copy_from_slice(xs);
-        }
+    let rows = |j: usize| j * ch + c0..j * ch + c0 + n;
+    for j in 1..kern - 1 {
+        // SAFETY: channels `chans` of every state row belong to this task alone, and rows
+        // j − 1 and j do not overlap.
+        let (earlier, later) = unsafe { (st.slice_mut(rows(j - 1)), st.slice_mut(rows(j))) };
+        earlier.copy_from_slice(later);
+    }
+    if kern > 1 {
+        // SAFETY: as above, for the last row alone.
+        unsafe { st.slice_mut(rows(kern - 2)) }.copy_from_slice(xs);
     }
 }
 

@@ -530,15 +530,19 @@ mod tests {
         assert!(a.codes()[200..].iter().all(|&v| v == 0));
     }
 
-    #[test]
-    fn the_fast_quantizer_equals_the_group_by_group_definition() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
+    /// A xorshift64 stream from `seed` (nonzero): the tests' reproducible inputs.
+    fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+        move || {
             seed ^= seed << 13;
             seed ^= seed >> 7;
             seed ^= seed << 17;
             seed
-        };
+        }
+    }
+
+    #[test]
+    fn the_fast_quantizer_equals_the_group_by_group_definition() {
+        let mut next = xorshift(0x2545_f491_4f6c_dd1d);
         for n in [1, 63, 64, 127, 128, 129, 300, 5120] {
             let mut x: Vec<f32> = (0..n)
                 .map(|_| (next() % 20001) as f32 / 1000.0 - 10.0)
@@ -590,19 +594,13 @@ mod tests {
             2.5,
             -0.5,
         ];
-        let mut seed = 0x853c_49e6_748f_ea9bu64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = xorshift(0x853c_49e6_748f_ea9b);
         for n in [3usize, 64, 100, 256, 1000] {
             for scale in [1.0f32, 1e-37, 1e-40] {
                 let x: Vec<f32> = (0..n)
                     .map(|_| {
                         let r = next();
-                        if r % 7 == 0 {
+                        if r.is_multiple_of(7) {
                             specials[(r / 7) as usize % specials.len()]
                         } else {
                             ((r % 2001) as f32 / 100.0 - 10.0) * scale

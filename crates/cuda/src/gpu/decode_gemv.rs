@@ -62,21 +62,14 @@ impl Gpu {
         if io.ntok != 1 || !self.gemv1() {
             return Ok(false);
         }
-        // gemv_b1 declines (launching nothing) where its plan does not take the matrix.
-        let binary = self.prefers_b1(m);
+        let binary = self.takes_b1(m, false);
         if pre.is_some() && !self.norm_fusion().folds(binary) {
             return Ok(false);
         }
         if binary {
-            if self.gemv_b1(stream, m, io, pre)? {
-                return Ok(true);
-            }
-            if pre.is_some() && self.b1_plan(m, false).is_some() {
-                return Ok(false);
-            }
-        }
-        if pre.is_some() && !self.norm_fusion().folds(false) {
-            return Ok(false);
+            // Launched unless a folded norm is asked for and its plan declines it: the norm then
+            // runs apart, and the matrix comes back here without it.
+            return self.gemv_b1(stream, m, io, pre);
         }
         let t = self.gemv1_tuning(m.format, m.cols);
         self.gemv1_tuned(stream, m, io, t, pre)
