@@ -28,7 +28,7 @@ pub const SOURCES: [(&str, &str); 13] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 85] = [
+pub const KERNELS: [&str; 86] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -111,6 +111,7 @@ pub const KERNELS: [&str; 85] = [
     "attn_split_t8",
     "attn_split_q8_t8",
     "attn_split_mma",
+    "attn_split_q8_mma",
     "attn_combine",
     "attn_combine_quant",
     "attn_combine_rows",

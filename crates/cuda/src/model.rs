@@ -101,7 +101,9 @@ pub struct CudaState {
     scratch: DevBuf,
     layout: Scratch,
     bytes: StateBytes,
-    graphs: Vec<(Head, Tail, CudaGraph)>,
+    /// Each by its head, tail and attention tile (a context past [`plan::ATTN_MMA_FROM`] takes
+    /// another kernel, so another graph).
+    graphs: Vec<(Head, Tail, usize, CudaGraph)>,
     /// Page-locked landing place for one row of logits: a decode step's copy to the host then
     /// runs at bus speed instead of through the driver's pageable staging.
     host_row: PinnedHostSlice<f32>,
@@ -568,10 +570,11 @@ impl CudaModel {
         let pos = [st.pos as u32, 0];
         self.gpu.write(&st.stream, st.s("pos"), &pos)?;
         if n == 1 && self.use_graphs {
+            let tile = self.gpu.attn_tile_for(st.bytes.kv_cache, st.pos + 1);
             let found = st
                 .graphs
                 .iter()
-                .position(|(h, t, _)| *h == head && *t == tail);
+                .position(|(h, t, a, _)| *h == head && *t == tail && *a == tile);
             let i = match found {
                 Some(i) => i,
                 None => {
@@ -594,12 +597,12 @@ impl CudaModel {
                     if matches!(tail, Tail::TopK { .. }) {
                         st.graphs.retain(|g| !matches!(g.1, Tail::TopK { .. }));
                     }
-                    st.graphs.push((head, tail, g));
+                    st.graphs.push((head, tail, tile, g));
                     st.graphs.len() - 1
                 }
             };
             st.graphs[i]
-                .2
+                .3
                 .launch()
                 .ctx(|| "launching the decode graph".into())
         } else {
@@ -1026,7 +1029,9 @@ impl CudaModel {
     /// The attention-split launch of a pass of `ntok` tokens and its split count (the merge must
     /// use the same).
     fn attn_split_plan(&self, st: &CudaState, ntok: usize) -> (plan::AttnLaunch, usize) {
-        let (a, decode) = self.gpu.attn_launch(&self.dims, st.bytes.kv_cache);
+        let kv = st.bytes.kv_cache;
+        let tile = self.gpu.attn_tile_for(kv, st.pos + ntok);
+        let (a, decode) = self.gpu.attn_launch(&self.dims, kv, tile);
         (a, attn_splits(st.pos + ntok, ntok, decode))
     }
 

@@ -114,9 +114,7 @@ pub fn attention_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
     for (kv, tile, a) in [KvCache::F16, KvCache::Q8_0]
         .into_iter()
         .flat_map(|kv| plan::ATTN_TILES.map(|t| (kv, t)))
-        // The tensor-core kernel reads f16 caches only (q8_0 takes tiles of 8 there), and needs
-        // sm_80.
-        .filter(|&(kv, t)| kv == KvCache::F16 || t != 16)
+        // The tensor-core kernels (tiles of 16) need sm_80.
         .map(|(kv, t)| (kv, t, plan::attn_split_launch(d, kv, t, gpu.attn_ring())))
         .filter(|(_, _, a)| gpu.attn_runs(a.kernel))
     {

@@ -263,17 +263,7 @@ pub(crate) fn bench_27b(
     let default_tile = g.gpu().attn_tile();
     let mut at_depth = |kv: KvCache| -> R<f64> {
         g.kv_cache = kv;
-        let mut deep = g.new_state(32768 + 256)?;
-        deep.bench_seek(32768);
-        let mut dt = g.forward_greedy(&mut deep, &[tok])?;
-        for _ in 0..4 {
-            dt = g.forward_greedy(&mut deep, &[dt])?;
-        }
-        let t = Instant::now();
-        for _ in 0..64 {
-            dt = g.forward_greedy(&mut deep, &[dt])?;
-        }
-        let tps = 64.0 / t.elapsed().as_secs_f64();
+        let (tps, mut deep) = decode_at_depth(&g, 32768, tok)?;
         // The attention kernels at this depth (each tile variant), and the cache bytes the
         // split reads per layer.
         let d = &shape;
@@ -284,9 +274,6 @@ pub(crate) fn bench_27b(
             deep.len()
         );
         for tile in niwaki_cuda::plan::ATTN_TILES {
-            if kv == KvCache::Q8_0 && tile == 16 {
-                continue; // the tensor-core kernel reads f16 caches only
-            }
             g.gpu().set_attn_tile(tile);
             let prof = g.profile(&mut deep, 1, 20)?;
             let us = |k: &str| prof.iter().find(|p| p.0 == k).map_or(0.0, |p| p.2 * 1e6);
@@ -387,5 +374,74 @@ pub(crate) fn bench_27b(
         "   ({format}: synth {t_gen:.1}s, load+repack+upload {t_load:.1}s, kernels compiled in {:.2}s)",
         g.compile_secs()
     );
+    Ok(())
+}
+
+/// Greedy decode tok/s of a fresh state whose cache holds `depth` positions (their contents
+/// zeros: the reads are what matters), from token `first`: 64 steps after 5 of warm-up. The
+/// state comes back for profiling.
+fn decode_at_depth(g: &CudaModel, depth: usize, first: u32) -> R<(f64, niwaki_cuda::CudaState)> {
+    let mut st = g.new_state(depth + 256)?;
+    st.bench_seek(depth);
+    let mut t = g.forward_greedy(&mut st, &[first])?;
+    for _ in 0..4 {
+        t = g.forward_greedy(&mut st, &[t])?;
+    }
+    let t0 = Instant::now();
+    for _ in 0..64 {
+        t = g.forward_greedy(&mut st, &[t])?;
+    }
+    Ok((64.0 / t0.elapsed().as_secs_f64(), st))
+}
+
+/// Decode at depth alone (`NIWAKI_HARNESS_ONLY=depth`): a 27B model of `format`, decode tok/s
+/// (64 greedy steps, argmax on the GPU) near depth 0 and at 16k, 32k and 128k for each cache type
+/// and attention tile (the cache type's default first), with the split kernel's µs per layer.
+pub(crate) fn depth_27b(rep: &mut Report, format: Format) -> R<()> {
+    let shape = Preset::B27.shape(248_320);
+    let w = synth::random_packed(&shape, format, 27, "bench")?;
+    let m = Model::from_gguf(Arc::new(Gguf::from_bytes(w.to_bytes()?)?))?;
+    drop(w);
+    let mut g = CudaModel::load(&m)?;
+    rep.line(format!(
+        "\n### {format}: decode at depth (64 greedy steps, GPU argmax)\n"
+    ));
+    rep.line("| cache | tile | depth | tok/s | of depth 0 | AttnSplit µs per layer | GB/s of cache read |");
+    rep.line("|---|---|---|---|---|---|---|");
+    let by_cache = g.gpu().attn_tile();
+    for kv in [KvCache::F16, KvCache::Q8_0] {
+        g.kv_cache = kv;
+        let mut base = 0.0;
+        for depth in [64usize, 16384, 32768, 131072] {
+            let tiles = [by_cache, 8, 16];
+            for tile in tiles {
+                g.gpu().set_attn_tile(tile);
+                // A fresh state: its decode graphs are built with this tile's kernel.
+                let (tps, mut deep) = decode_at_depth(&g, depth, 1)?;
+                if depth == 64 && tile == by_cache {
+                    base = tps;
+                }
+                let prof = g.profile(&mut deep, 1, 20)?;
+                let us = prof
+                    .iter()
+                    .find(|p| p.0 == "AttnSplit")
+                    .map_or(0.0, |p| p.2 * 1e6);
+                let row = shape.head_dim * kv.value_bytes() + kv.scale_bytes(shape.head_dim);
+                let bytes = (deep.len() + 1) * shape.n_head_kv * row * 2;
+                rep.line(format!(
+                    "| {kv:?} | {} | {} | {tps:.1} | {:.3} | {us:.1} | {:.0} |",
+                    if tile == by_cache {
+                        "default".to_string()
+                    } else {
+                        tile.to_string()
+                    },
+                    deep.len(),
+                    tps / base,
+                    bytes as f64 / us.max(1e-3) / 1e3,
+                ));
+            }
+            g.gpu().set_attn_tile(by_cache);
+        }
+    }
     Ok(())
 }

@@ -15,7 +15,9 @@
 //! a 27B-wide model's against dp4a and the CPU engine),
 //! `NIWAKI_HARNESS_ONLY=gemv1` the dp4a decode GEMV's checks alone,
 //! `NIWAKI_HARNESS_ONLY=topk` sampling's top-k selection alone, `NIWAKI_HARNESS_ONLY=fused` the
-//! merged decode kernels against the kernels they replace, `NIWAKI_HARNESS_ONLY=27b` the 27B
+//! merged decode kernels against the kernels they replace, `NIWAKI_HARNESS_ONLY=attention` the
+//! attention kernels' checks and decode at depth (`=depth`: decode at depth alone),
+//! `NIWAKI_HARNESS_ONLY=27b` the 27B
 //! section alone.
 
 use std::fmt::Write as _;
@@ -129,6 +131,25 @@ fn run(rep: &mut Report) -> R<()> {
             drop(gpu);
             return fused_recurrence(rep);
         }
+        // The attention kernels' checks (both shapes, the q8_0 cache in whole models), then
+        // decode at depth on a 27B model (`NIWAKI_HARNESS_27B`, default Q2_0).
+        Ok("attention") => {
+            kernel_table(rep);
+            attention::attention_checks(rep, &gpu, &dims)?;
+            drop(gpu);
+            let d27 = attention::b27_dims()?;
+            attention::attention_checks(rep, &Gpu::new(&d27)?, &d27)?;
+            rep.line("");
+            rep.line("| preset | format | result | f16 KV vs CPU | q8_0 KV vs CPU | q8_0 vs f16 | q8_0 GPU vs its twin | greedy as f16 |");
+            rep.line("|---|---|---|---|---|---|---|---|");
+            kv_q8_checks(rep)?;
+            return depth_section(rep);
+        }
+        // Decode at depth alone.
+        Ok("depth") => {
+            drop(gpu);
+            return depth_section(rep);
+        }
         Ok("gemm-checks") => {
             kernel_table(rep);
             gemm::gemm_checks(rep, &gpu, &mut rand::SeedableRng::seed_from_u64(7))?;
@@ -223,6 +244,15 @@ fn decode_gemv_inputs(
 ) -> R<(niwaki_cuda::gpu::DevBuf, niwaki_cuda::gpu::DevBuf)> {
     kernel_table(rep);
     Ok((gpu.alloc(17408, "xq")?, gpu.alloc(8 * 17408 / 64, "xs")?))
+}
+
+/// Decode at depth on 27B models of the formats `NIWAKI_HARNESS_27B` names (default Q2_0).
+fn depth_section(rep: &mut Report) -> R<()> {
+    let formats = std::env::var("NIWAKI_HARNESS_27B").unwrap_or_else(|_| "Q2_0".into());
+    for f in formats.split(',').filter_map(Format::from_name) {
+        bench::depth_27b(rep, f)?;
+    }
+    Ok(())
 }
 
 /// The 27B section: decode, prefill, depth and per-op profiles of each format;

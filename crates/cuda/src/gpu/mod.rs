@@ -25,6 +25,8 @@ use decode_gemv::{X_COPY_ALL, X_COPY_OFF, X_COPY_PLAN};
 
 /// The prefetch setting that leaves each matrix its default ([`Gpu::prefetch_for`]).
 const PREFETCH_BY_MATRIX: usize = usize::MAX;
+/// [`Gpu::attn_tile`]'s setting for "the cache type's default tile".
+pub const ATTN_TILE_BY_CACHE: usize = 0;
 
 /// What `available()` reports about the first GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -488,7 +490,7 @@ impl Gpu {
         {
             let a = plan::attn_split_launch(dims, kv, tile, attn_ring);
             let k = a.kernel;
-            if (k == "attn_split_mma" && !ampere)
+            if (k.ends_with("_mma") && !ampere)
                 || a.smem_bytes + plan::ATTN_STATIC_SMEM > smem_limit.max(48 << 10)
             {
                 continue;
@@ -549,7 +551,13 @@ impl Gpu {
             fuse_attn: AtomicBool::new(env_on("NIWAKI_CUDA_FUSE_ATTN")),
             topk: AtomicBool::new(env_on("NIWAKI_CUDA_TOPK")),
             topk_sums: AtomicBool::new(env_on("NIWAKI_CUDA_TOPK_SUMS")),
-            attn_tile: AtomicUsize::new(8),
+            attn_tile: AtomicUsize::new(
+                std::env::var("NIWAKI_CUDA_ATTN_TILE")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|t| plan::ATTN_TILES.contains(t))
+                    .unwrap_or(ATTN_TILE_BY_CACHE),
+            ),
             attn_blocks_per_sm,
             attn_ring,
             prefetch_bytes: AtomicUsize::new(if hopper {
@@ -662,23 +670,39 @@ impl Gpu {
         self.attn_blocks_per_sm.contains_key(name)
     }
 
-    /// Cache positions per warp tile of the attention split.
+    /// Cache positions per warp tile of the attention split: one of [`plan::ATTN_TILES`], or
+    /// [`ATTN_TILE_BY_CACHE`] (the default, `NIWAKI_CUDA_ATTN_TILE` unset): by cache type and
+    /// context, [`plan::default_attn_tile`].
     pub fn attn_tile(&self) -> usize {
         self.attn_tile.load(Ordering::Relaxed)
     }
 
+    /// The tile a pass over a context of `n_ctx` positions of a `kv` cache takes.
+    pub fn attn_tile_for(&self, kv: plan::KvCache, n_ctx: usize) -> usize {
+        match self.attn_tile() {
+            ATTN_TILE_BY_CACHE => plan::default_attn_tile(kv, n_ctx),
+            t => t,
+        }
+    }
+
     /// Sets [`Gpu::attn_tile`] (for measuring the variants; others, and the tensor-core
-    /// kernel's 16 before sm_80, are ignored).
+    /// kernels' 16 before sm_80, are ignored).
     pub fn set_attn_tile(&self, tile: usize) {
-        if plan::ATTN_TILES.contains(&tile) && (tile != 16 || self.info.compute_capability.0 >= 8) {
+        let known = tile == ATTN_TILE_BY_CACHE || plan::ATTN_TILES.contains(&tile);
+        if known && (tile != 16 || self.info.compute_capability.0 >= 8) {
             self.attn_tile.store(tile, Ordering::Relaxed);
         }
     }
 
-    /// The attention-split launch for a cache type with the current tile, and its splits per kv
-    /// head in a one-token pass (one wave of blocks).
-    pub fn attn_launch(&self, dims: &Dims, kv: plan::KvCache) -> (plan::AttnLaunch, usize) {
-        let mut a = plan::attn_split_launch(dims, kv, self.attn_tile(), self.attn_ring);
+    /// The attention-split launch for a cache type and tile ([`Gpu::attn_tile_for`]), and its
+    /// splits per kv head in a one-token pass (one wave of blocks).
+    pub fn attn_launch(
+        &self,
+        dims: &Dims,
+        kv: plan::KvCache,
+        tile: usize,
+    ) -> (plan::AttnLaunch, usize) {
+        let mut a = plan::attn_split_launch(dims, kv, tile, self.attn_ring);
         if !self.attn_blocks_per_sm.contains_key(a.kernel) {
             // A variant this device cannot run: the SIMT kernel with tiles of 8, which fits.
             a = plan::attn_split_launch(dims, kv, 8, self.attn_ring);

@@ -6,11 +6,31 @@ use super::*;
 pub const ATTN_SPLITS: usize = 128;
 /// Warps of an attention-split block (the kernel's AWARPS).
 pub const ATTN_WARPS: usize = 4;
-/// Cache positions a warp of the attention split takes at a time: the kernel variants (16: the
-/// tensor-core kernel, for f16 caches on sm_80+; a q8_0 cache then takes tiles of 8). H200,
-/// 27B Q2_0 at 32k depth, µs per layer, f16 / q8_0 cache: tiles of 4 60.9 / 63.2, of 8
-/// 57.3 / 59.2.
+/// Cache positions a warp of the attention split takes at a time: the kernel variants (4 and 8:
+/// one FMA per value and head; 16: the tensor-core kernels, sm_80+). H200, 27B Q2_0 at 32k
+/// depth, µs per layer, f16 / q8_0 cache: tiles of 4 60.9 / 63.2, of 8 57.3 / 59.2.
 pub const ATTN_TILES: [usize; 3] = [4, 8, 16];
+/// Contexts from which a pass takes the tensor-core split by default (f16, q8_0 cache): below,
+/// the SIMT kernel with tiles of 8 starts and ends sooner; above, the tensor cores' cheaper
+/// arithmetic per position wins. H200, 27B Q2_0, decode tok/s (GPU argmax), SIMT against
+/// tensor cores: f16 287.3 / 278.6 at 133 positions, 256.9 / 260.0 at 16,453, 240.8 / 244.1
+/// at 32,837, 173.5 / 178.0 at 131,141; q8_0 289.5 / 279.5, 255.6 / 255.4, 238.5 / 247.4,
+/// 167.0 / 202.8 (crossing near 12k and 16k).
+pub const ATTN_MMA_FROM: [usize; 2] = [12_288, 16_384];
+
+/// The attention-split tile a pass over a context of `n_ctx` positions takes by default (a
+/// device that cannot run it falls back to the SIMT kernel with tiles of 8).
+pub fn default_attn_tile(kv: KvCache, n_ctx: usize) -> usize {
+    let from = match kv {
+        KvCache::F16 => ATTN_MMA_FROM[0],
+        KvCache::Q8_0 => ATTN_MMA_FROM[1],
+    };
+    if n_ctx >= from {
+        16
+    } else {
+        8
+    }
+}
 /// Cache positions in flight per warp of the SIMT attention split (its ring holds this many
 /// positions' keys and values: 4 tiles of 4 or 2 of 8), and the smaller ring for devices whose
 /// blocks cannot have that much shared memory (64 KiB on sm_75: a 27B f16 ring of 16 needs
@@ -20,11 +40,17 @@ pub const ATTN_RING_POSITIONS_SMALL: usize = 8;
 /// Upper bound of the attention-split kernels' static shared memory (their per-warp scores and
 /// weights: 4 × (8 × 8 + 8) floats at most).
 pub const ATTN_STATIC_SMEM: usize = 1152;
-/// Warps of a tensor-core attention-split block, positions per warp tile, tiles per ring (the
-/// kernel's MW_WARPS, MW_TILE, MW_STAGES).
+/// Warps of a tensor-core attention-split block, positions per warp tile, tiles per ring of the
+/// f16 kernel and of the q8_0 one (the kernels' MW_WARPS, MW_TILE, AM_STAGES, AQ_STAGES). The
+/// q8_0 ring holds tiles as cached (codes and scales): two stages keep four blocks of two warps
+/// on an H200 multiprocessor (three stages, three blocks: its arithmetic, not the bytes in
+/// flight, bounded it).
 pub const ATTN_MMA_WARPS: usize = 2;
 pub const ATTN_MMA_TILE: usize = 16;
 pub const ATTN_MMA_STAGES: usize = 2;
+pub const ATTN_Q8_MMA_STAGES: usize = 2;
+/// Floats per head row of a q8_0 tensor-core warp's weights (the kernel's MQ_PROW).
+const ATTN_Q8_MMA_PROW: usize = 20;
 /// Fewest cache positions per split: short contexts use few splits, and the merge reads few
 /// partial rows (at 128 splits a 100-token context merged 128 partials of one position each).
 pub const ATTN_MIN_SPLIT_LEN: usize = 32;
@@ -90,14 +116,29 @@ pub fn attn_split_launch(d: &Dims, kv: KvCache, tile: usize, ring: usize) -> Att
         threads: 32 * ATTN_WARPS,
         smem_bytes: (ATTN_WARPS * ring * 2 * row).max(merge(ATTN_WARPS)),
     };
+    let w = ATTN_MMA_WARPS;
+    // The tensor-core kernels' queries (hi, lo).
+    let queries = 2 * 8 * (d.head_dim + 8) * 2;
     match (kv, tile) {
         (KvCache::F16, 16) => {
-            let w = ATTN_MMA_WARPS;
+            // f16 tiles of keys and values, rows padded by 16 bytes.
             let rings = w * ATTN_MMA_STAGES * 2 * ATTN_MMA_TILE * (2 * d.head_dim + 16);
-            let queries = 2 * 8 * (d.head_dim + 8) * 2;
             let weights = w * 2 * 8 * 24 * 2;
             AttnLaunch {
                 kernel: "attn_split_mma",
+                threads: 32 * w,
+                smem_bytes: rings.max(merge(w)) + queries + weights,
+            }
+        }
+        (KvCache::Q8_0, 16) => {
+            // Key rows padded by 32 bytes, value rows by 16 (the kernel's MQ_KROW, MQ_VROW),
+            // then both rows' scales.
+            let hd = d.head_dim;
+            let stage = ATTN_MMA_TILE * ((hd + 32) + (hd + 16) + 2 * kv.scale_bytes(hd));
+            let rings = w * ATTN_Q8_MMA_STAGES * stage;
+            let weights = w * 8 * ATTN_Q8_MMA_PROW * 4;
+            AttnLaunch {
+                kernel: "attn_split_q8_mma",
                 threads: 32 * w,
                 smem_bytes: rings.max(merge(w)) + queries + weights,
             }

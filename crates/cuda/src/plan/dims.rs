@@ -148,6 +148,8 @@ impl Dims {
             ("NSPLIT", ATTN_SPLITS),
             ("AMINLEN", ATTN_MIN_SPLIT_LEN),
             ("ARING", ring),
+            ("AM_STAGES", ATTN_MMA_STAGES),
+            ("AQ_STAGES", ATTN_Q8_MMA_STAGES),
             ("GEMV1_WARPS", GEMV1_WARPS),
             ("GEMV1_MAX_STAGES", GEMV1_MAX_STAGES),
             ("CH_WARPS", CHAIN_WARPS),

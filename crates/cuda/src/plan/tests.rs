@@ -655,14 +655,42 @@ fn the_attention_split_memory_holds_the_rings_and_the_merge() {
     assert_eq!(l(KvCache::F16, 8).smem_bytes, 4 * 16 * 2 * 512);
     assert_eq!(l(KvCache::Q8_0, 4).smem_bytes, 4 * 16 * 2 * (256 + 16));
     assert_eq!(l(KvCache::Q8_0, 8).kernel, "attn_split_q8_t8");
-    // The tensor-core kernel reads f16 caches only: q8_0 takes the SIMT kernel.
-    assert_eq!(l(KvCache::Q8_0, 16).kernel, "attn_split_q8_t8");
     let mma = l(KvCache::F16, 16);
     assert_eq!((mma.kernel, mma.threads), ("attn_split_mma", 64));
+    // Two warps' rings of two f16 tiles (16 rows of keys, 16 of values, 528 bytes each), the
+    // queries (hi, lo), the weights (hi, lo).
     assert_eq!(
         mma.smem_bytes,
         2 * 2 * 2 * 16 * 528 + 2 * 8 * 264 * 2 + 2 * 2 * 8 * 24 * 2
     );
+    // The q8_0 one: rings of two tiles as cached (16 key rows of 288 bytes, 16 value rows of
+    // 272, 16 bytes of scales a row each), the queries, the f32 weights.
+    let q8 = l(KvCache::Q8_0, 16);
+    assert_eq!((q8.kernel, q8.threads), ("attn_split_q8_mma", 64));
+    assert_eq!(
+        q8.smem_bytes,
+        2 * 2 * 16 * (288 + 272 + 2 * 16) + 2 * 8 * 264 * 2 + 2 * 8 * 20 * 4
+    );
+    // Two f16 blocks, four q8_0 ones fit an H200 multiprocessor (228 KiB, 1 KiB reserved a
+    // block).
+    for (a, blocks) in [(mma, 2), (q8, 4)] {
+        assert!(
+            blocks * (a.smem_bytes + 1024) <= 228 << 10,
+            "{}",
+            a.smem_bytes
+        );
+    }
+    // Short contexts take the SIMT kernel, long ones the tensor cores, each cache from its own
+    // length.
+    for (kv, from) in [
+        (KvCache::F16, ATTN_MMA_FROM[0]),
+        (KvCache::Q8_0, ATTN_MMA_FROM[1]),
+    ] {
+        assert_eq!(default_attn_tile(kv, 1), 8);
+        assert_eq!(default_attn_tile(kv, from - 1), 8);
+        assert_eq!(default_attn_tile(kv, from), 16);
+        assert_eq!(default_attn_tile(kv, 262_144), 16);
+    }
     for p in [Preset::Tiny, Preset::Small, Preset::B27] {
         let d = dims(p);
         let gqa = d.n_head / d.n_head_kv;
