@@ -570,7 +570,7 @@ impl CudaModel {
         let pos = [st.pos as u32, 0];
         self.gpu.write(&st.stream, st.s("pos"), &pos)?;
         if n == 1 && self.use_graphs {
-            let tile = self.gpu.attn_tile_for(st.bytes.kv_cache, st.pos + 1);
+            let tile = self.gpu.attn_tile_for(st.bytes.kv_cache, st.pos + 1, 1);
             let found = st
                 .graphs
                 .iter()
@@ -1030,7 +1030,7 @@ impl CudaModel {
     /// use the same).
     fn attn_split_plan(&self, st: &CudaState, ntok: usize) -> (plan::AttnLaunch, usize) {
         let kv = st.bytes.kv_cache;
-        let tile = self.gpu.attn_tile_for(kv, st.pos + ntok);
+        let tile = self.gpu.attn_tile_for(kv, st.pos + ntok, ntok);
         let (a, decode) = self.gpu.attn_launch(&self.dims, kv, tile);
         (a, attn_splits(st.pos + ntok, ntok, decode))
     }

@@ -671,16 +671,17 @@ impl Gpu {
     }
 
     /// Cache positions per warp tile of the attention split: one of [`plan::ATTN_TILES`], or
-    /// [`ATTN_TILE_BY_CACHE`] (the default, `NIWAKI_CUDA_ATTN_TILE` unset): by cache type and
-    /// context, [`plan::default_attn_tile`].
+    /// [`ATTN_TILE_BY_CACHE`] (the default, `NIWAKI_CUDA_ATTN_TILE` unset): by cache type,
+    /// context and pass, [`plan::default_attn_tile`].
     pub fn attn_tile(&self) -> usize {
         self.attn_tile.load(Ordering::Relaxed)
     }
 
-    /// The tile a pass over a context of `n_ctx` positions of a `kv` cache takes.
-    pub fn attn_tile_for(&self, kv: plan::KvCache, n_ctx: usize) -> usize {
+    /// The tile a pass of `ntok` tokens over a context of `n_ctx` positions of a `kv` cache
+    /// takes.
+    pub fn attn_tile_for(&self, kv: plan::KvCache, n_ctx: usize, ntok: usize) -> usize {
         match self.attn_tile() {
-            ATTN_TILE_BY_CACHE => plan::default_attn_tile(kv, n_ctx),
+            ATTN_TILE_BY_CACHE => plan::default_attn_tile(kv, n_ctx, ntok),
             t => t,
         }
     }

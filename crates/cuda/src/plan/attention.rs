@@ -10,7 +10,7 @@ pub const ATTN_WARPS: usize = 4;
 /// one FMA per value and head; 16: the tensor-core kernels, sm_80+). H200, 27B Q2_0 at 32k
 /// depth, µs per layer, f16 / q8_0 cache: tiles of 4 60.9 / 63.2, of 8 57.3 / 59.2.
 pub const ATTN_TILES: [usize; 3] = [4, 8, 16];
-/// Contexts from which a pass takes the tensor-core split by default (f16, q8_0 cache): below,
+/// Contexts from which a decode step takes the tensor-core split by default (f16, q8_0 cache): below,
 /// the SIMT kernel with tiles of 8 starts and ends sooner; above, the tensor cores' cheaper
 /// arithmetic per position wins. H200, 27B Q2_0, decode tok/s (GPU argmax), SIMT against
 /// tensor cores: f16 287.3 / 278.6 at 133 positions, 256.9 / 260.0 at 16,453, 240.8 / 244.1
@@ -18,14 +18,16 @@ pub const ATTN_TILES: [usize; 3] = [4, 8, 16];
 /// 167.0 / 202.8 (crossing near 12k and 16k).
 pub const ATTN_MMA_FROM: [usize; 2] = [12_288, 16_384];
 
-/// The attention-split tile a pass over a context of `n_ctx` positions takes by default (a
-/// device that cannot run it falls back to the SIMT kernel with tiles of 8).
-pub fn default_attn_tile(kv: KvCache, n_ctx: usize) -> usize {
+/// The attention-split tile a pass of `ntok` tokens over a context of `n_ctx` positions takes
+/// by default (a device that cannot run it falls back to the SIMT kernel with tiles of 8).
+/// Multi-token passes keep the SIMT kernel: the tensor-core ones were measured on decode steps
+/// only.
+pub fn default_attn_tile(kv: KvCache, n_ctx: usize, ntok: usize) -> usize {
     let from = match kv {
         KvCache::F16 => ATTN_MMA_FROM[0],
         KvCache::Q8_0 => ATTN_MMA_FROM[1],
     };
-    if n_ctx >= from {
+    if ntok == 1 && n_ctx >= from {
         16
     } else {
         8

@@ -680,16 +680,17 @@ fn the_attention_split_memory_holds_the_rings_and_the_merge() {
             a.smem_bytes
         );
     }
-    // Short contexts take the SIMT kernel, long ones the tensor cores, each cache from its own
-    // length.
+    // Decode steps over short contexts take the SIMT kernel, over long ones the tensor cores,
+    // each cache from its own length; multi-token passes keep the SIMT kernel.
     for (kv, from) in [
         (KvCache::F16, ATTN_MMA_FROM[0]),
         (KvCache::Q8_0, ATTN_MMA_FROM[1]),
     ] {
-        assert_eq!(default_attn_tile(kv, 1), 8);
-        assert_eq!(default_attn_tile(kv, from - 1), 8);
-        assert_eq!(default_attn_tile(kv, from), 16);
-        assert_eq!(default_attn_tile(kv, 262_144), 16);
+        assert_eq!(default_attn_tile(kv, 1, 1), 8);
+        assert_eq!(default_attn_tile(kv, from - 1, 1), 8);
+        assert_eq!(default_attn_tile(kv, from, 1), 16);
+        assert_eq!(default_attn_tile(kv, 262_144, 1), 16);
+        assert_eq!(default_attn_tile(kv, 262_144, 512), 8);
     }
     for p in [Preset::Tiny, Preset::Small, Preset::B27] {
         let d = dims(p);
