@@ -101,15 +101,20 @@ pub fn attention_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
     let s = &gpu.stream;
     let (hd, nh, nkv) = (d.head_dim, d.n_head, d.n_head_kv);
     let mut rng = ChaCha8Rng::seed_from_u64(11);
-    // (cached positions before the pass, tokens in the pass)
+    // (cached positions before the pass, tokens in the pass, whether each 32-value block of the
+    // keys and values has its own magnitude: 2^-12 .. 2^4, one in eight zero, so that q8_0
+    // scales differ within a tile by up to 2^16 and the tensor-core kernel's per-block power
+    // of two changes from tile to tile)
     let cases = [
-        (0usize, 1usize),
-        (3, 1),
-        (40, 1),
-        (299, 1),
-        (4097, 1),
-        (5000, 3),
-        (100, 17),
+        (0usize, 1usize, false),
+        (3, 1, false),
+        (40, 1, false),
+        (299, 1, false),
+        (4097, 1, false),
+        (5000, 3, false),
+        (100, 17, false),
+        (3001, 1, true),
+        (700, 5, true),
     ];
     for (kv, tile, a) in [KvCache::F16, KvCache::Q8_0]
         .into_iter()
@@ -119,16 +124,27 @@ pub fn attention_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
         .filter(|(_, _, a)| gpu.attn_runs(a.kernel))
     {
         let (mut worst, mut worst_abs, mut repeat_ok, mut rows_same) = (0f64, 0f32, true, true);
-        for (pos, ntok) in cases {
+        for (pos, ntok, wide) in cases {
             let n = pos + ntok;
             // An uneven split count, as a device's one-wave figure may be.
             let nsplit = plan::attn_splits(n, ntok, 99);
-            let kx: Vec<f32> = (0..n * nkv * hd)
-                .map(|_| rng.gen_range(-1.0..1.0))
-                .collect();
-            let vx: Vec<f32> = (0..n * nkv * hd)
-                .map(|_| rng.gen_range(-1.0..1.0))
-                .collect();
+            let mut cache_values = || -> Vec<f32> {
+                let mut x: Vec<f32> = (0..n * nkv * hd)
+                    .map(|_| rng.gen_range(-1.0..1.0))
+                    .collect();
+                if wide {
+                    for block in x.chunks_mut(32) {
+                        let m = match rng.gen_range(0..8) {
+                            0 => 0.0,
+                            _ => 2f32.powi(rng.gen_range(-12..=4)),
+                        };
+                        block.iter_mut().for_each(|v| *v *= m);
+                    }
+                }
+                x
+            };
+            let kx = cache_values();
+            let vx = cache_values();
             let q: Vec<f32> = (0..ntok * nh * hd)
                 .map(|_| rng.gen_range(-3.0..3.0))
                 .collect();
@@ -222,7 +238,7 @@ pub fn attention_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
         }
         let ok = worst < 2e-5 && repeat_ok && rows_same;
         rep.line(format!(
-            "| attention split + merge ({}, {}) | contexts 1..5003, 1/3/17 tokens, HD {hd}, {nh}/{nkv} heads | {} | rel L2 vs f64 {worst:.1e} (tol 2e-5), max abs {worst_abs:.1e}; repeated launch bit-identical: {repeat_ok}; the multi-token merge (attn_combine_rows) bit-identical: {rows_same} |",
+            "| attention split + merge ({}, {}) | contexts 1..5003, 1/3/5/17 tokens, blocks of one magnitude and of 2^-12..2^4, HD {hd}, {nh}/{nkv} heads | {} | rel L2 vs f64 {worst:.1e} (tol 2e-5), max abs {worst_abs:.1e}; repeated launch bit-identical: {repeat_ok}; the multi-token merge (attn_combine_rows) bit-identical: {rows_same} |",
             match kv {
                 KvCache::F16 => "f16 cache",
                 KvCache::Q8_0 => "q8_0 cache",

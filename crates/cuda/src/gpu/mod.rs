@@ -28,6 +28,12 @@ const PREFETCH_BY_MATRIX: usize = usize::MAX;
 /// [`Gpu::attn_tile`]'s setting for "the cache type's default tile".
 pub const ATTN_TILE_BY_CACHE: usize = 0;
 
+/// Whether an attention tile names a kernel a device runs (the tensor-core ones, 16, from
+/// sm_80).
+fn attn_tile_runs(tile: usize, ampere: bool) -> bool {
+    plan::ATTN_TILES.contains(&tile) && (tile != 16 || ampere)
+}
+
 /// What `available()` reports about the first GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceInfo {
@@ -555,7 +561,7 @@ impl Gpu {
                 std::env::var("NIWAKI_CUDA_ATTN_TILE")
                     .ok()
                     .and_then(|v| v.parse().ok())
-                    .filter(|t| plan::ATTN_TILES.contains(t))
+                    .filter(|&t| attn_tile_runs(t, ampere))
                     .unwrap_or(ATTN_TILE_BY_CACHE),
             ),
             attn_blocks_per_sm,
@@ -689,8 +695,8 @@ impl Gpu {
     /// Sets [`Gpu::attn_tile`] (for measuring the variants; others, and the tensor-core
     /// kernels' 16 before sm_80, are ignored).
     pub fn set_attn_tile(&self, tile: usize) {
-        let known = tile == ATTN_TILE_BY_CACHE || plan::ATTN_TILES.contains(&tile);
-        if known && (tile != 16 || self.info.compute_capability.0 >= 8) {
+        let ampere = self.info.compute_capability.0 >= 8;
+        if tile == ATTN_TILE_BY_CACHE || attn_tile_runs(tile, ampere) {
             self.attn_tile.store(tile, Ordering::Relaxed);
         }
     }
