@@ -164,6 +164,36 @@ fn bench_reports_json() {
 }
 
 #[test]
+fn bench_at_depth_counts_the_cache_it_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), "t.gguf", "Q2_0");
+    let bench = |depth: &str| -> serde_json::Value {
+        let out = stdout(
+            niwaki()
+                .args(["bench", "--json", "-p", "0", "-n", "2", "-r", "1"])
+                .args(["--bw-bytes", "16777216", "-d", depth, "--model"])
+                .arg(&m),
+        );
+        serde_json::from_str(out.trim()).unwrap()
+    };
+    let (flat, deep) = (bench("0"), bench("64"));
+    assert_eq!(deep["n_depth"], 64, "{deep}");
+    assert!(deep["tg_tok_s"].as_f64().is_some_and(|x| x > 0.0), "{deep}");
+    // The same weights and state, and 64 more cached positions of keys and values.
+    let extra =
+        deep["bytes_per_token"].as_u64().unwrap() - flat["bytes_per_token"].as_u64().unwrap();
+    assert!(extra > 0 && extra % 64 == 0, "{extra}");
+    // A depth past the model's context is refused.
+    let out = niwaki()
+        .args(["bench", "-p", "0", "-n", "2", "-d", "100000000", "--model"])
+        .arg(&m)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("exceed the context"));
+}
+
+#[test]
 fn seeded_sampling_is_reproducible() {
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), "t.gguf", "PTQ1_0");

@@ -3,10 +3,13 @@
 use crate::config::Config;
 use crate::disjoint::Disjoint;
 use crate::input::{Ctx, Input};
-use crate::ops::{dot, matmul, rms_norm_heads, rope_neox, sigmoid};
+use crate::ops::{axpys, dots, matmul, prefetch, rms_norm_heads, rope_neox, sigmoid};
 use crate::pool;
 use crate::state::KvCache;
 use crate::weights::AttnWeights;
+
+/// Cached positions a head group's pass asks for ahead of the one it reads.
+const AHEAD: usize = 8;
 
 /// `h`: `[tokens][hidden]` normalised inputs at positions `pos0..pos0+tokens`; appends to the
 /// cache and returns `[tokens][hidden]`.
@@ -60,32 +63,56 @@ pub fn forward(
     let scale = 1.0 / (hd as f32).sqrt();
     let mut attn = vec![0f32; tokens * nh * hd];
     let dst = Disjoint::new(&mut attn);
-    // Every (token, head) on its own: in parallel, each computed the same way whatever the
-    // thread count.
-    pool::global().run(tokens * nh, |task| {
-        let (t, head) = (task / nh, task % nh);
+    // Every (token, kv head) on its own, its `group` query heads together: each cached key and
+    // value row is read once for all of them (a task per query head read each row `group`
+    // times: at 4096 cached positions a 27B Q1_0 decode step ran at a quarter of its speed at
+    // depth 0). Each head's arithmetic is the same as alone, whatever the thread count.
+    pool::global().run(tokens * c.n_head_kv, |task| {
+        let (t, kvh) = (task / c.n_head_kv, task % c.n_head_kv);
         let n_ctx = pos0 + t + 1;
-        let kvh = head / group;
-        let qh = &q[(t * nh + head) * hd..(t * nh + head + 1) * hd];
-        let mut scores: Vec<f32> = (0..n_ctx)
-            .map(|p| dot(qh, &k_cache[p * kvw + kvh * hd..p * kvw + (kvh + 1) * hd]) * scale)
-            .collect();
-        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f32;
-        scores.iter_mut().for_each(|s| {
-            *s = (*s - max).exp();
-            sum += *s;
-        });
-        // SAFETY: head `head` of token `t` is this task's alone, and the range lies within
-        // `tokens · nh · hd`.
-        let out = unsafe { dst.slice_mut((t * nh + head) * hd..(t * nh + head + 1) * hd) };
-        for (p, &s) in scores.iter().enumerate() {
-            let vp = &v_cache[p * kvw + kvh * hd..p * kvw + (kvh + 1) * hd];
-            let wgt = s / sum;
-            out.iter_mut().zip(vp).for_each(|(o, &x)| *o += wgt * x);
+        let head0 = t * nh + kvh * group;
+        let qs = &q[head0 * hd..(head0 + group) * hd];
+        // scores[g · n_ctx + p]: head g of the group, position p.
+        let mut scores = vec![0f32; group * n_ctx];
+        let mut s = vec![0f32; group];
+        // Where position p's row of this kv head starts in either cache.
+        let at = |p: usize| p * kvw + kvh * hd;
+        for p in 0..n_ctx {
+            if p + AHEAD < n_ctx {
+                prefetch(&k_cache[at(p + AHEAD)..at(p + AHEAD) + hd]);
+            }
+            let kr = &k_cache[at(p)..at(p) + hd];
+            dots(qs, kr, &mut s);
+            for (g, &v) in s.iter().enumerate() {
+                scores[g * n_ctx + p] = v * scale;
+            }
         }
-        let gh = &gate[(t * nh + head) * hd..(t * nh + head + 1) * hd];
-        out.iter_mut().zip(gh).for_each(|(o, &g)| *o *= sigmoid(g));
+        let mut sums = vec![0f32; group];
+        for (row, sum) in scores.chunks_exact_mut(n_ctx).zip(&mut sums) {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            row.iter_mut().for_each(|s| {
+                *s = (*s - max).exp();
+                *sum += *s;
+            });
+        }
+        // SAFETY: the group's heads of token `t` are this task's alone, and the range lies
+        // within `tokens · nh · hd`.
+        let out = unsafe { dst.slice_mut(head0 * hd..(head0 + group) * hd) };
+        let mut wgt = vec![0f32; group];
+        for p in 0..n_ctx {
+            if p + AHEAD < n_ctx {
+                prefetch(&v_cache[at(p + AHEAD)..at(p + AHEAD) + hd]);
+            }
+            let vp = &v_cache[at(p)..at(p) + hd];
+            for (g, w) in wgt.iter_mut().enumerate() {
+                *w = scores[g * n_ctx + p] / sums[g];
+            }
+            axpys(out, &wgt, vp);
+        }
+        let gates = &gate[head0 * hd..(head0 + group) * hd];
+        out.iter_mut()
+            .zip(gates)
+            .for_each(|(o, &g)| *o *= sigmoid(g));
     });
     let mut out = vec![0f32; tokens * c.hidden];
     let attn = Input::new(&attn, tokens, ctx);

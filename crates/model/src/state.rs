@@ -80,6 +80,23 @@ impl State {
             .sum()
     }
 
+    /// Pretends `depth` more tokens were consumed: every attention layer's cache grows by
+    /// `depth` positions of zeros, with room for `room` more (the recurrent state is left as it
+    /// is). For benchmarks of decode at depth, which need a context's cache reads, not its
+    /// contents, and not the cache's reallocation in the timed steps.
+    pub fn bench_seek(&mut self, c: &Config, depth: usize, room: usize) {
+        let row = c.n_head_kv * c.head_dim;
+        for l in &mut self.layers {
+            if let LayerState::Attention(kv) = l {
+                for x in [&mut kv.k, &mut kv.v] {
+                    x.reserve_exact((depth + room) * row);
+                    x.resize(x.len() + depth * row, 0.0);
+                }
+            }
+        }
+        self.pos += depth;
+    }
+
     /// Whether this state fits a model of this shape.
     pub(crate) fn matches(&self, c: &Config) -> bool {
         self.layers.len() == c.n_layers

@@ -18,6 +18,10 @@ pub struct Args {
     /// Generated tokens for the decode test (0 skips it).
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     pub n_gen: usize,
+    /// Positions already in the context when each test starts (their cache contents zeros: a
+    /// benchmark of the reads at that depth, as llama-bench's `-d`).
+    #[arg(short = 'd', long = "n-depth", default_value_t = 0)]
+    pub depth: usize,
     /// Repetitions of each test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
     pub reps: usize,
@@ -207,8 +211,9 @@ unsafe fn sum_words_avx512(words: &[u64]) -> u64 {
 }
 
 /// Bytes one decode step must move: every weight matrix except the embedding table (one row of
-/// it), plus reading and writing the recurrent state.
-fn bytes_per_token(model: &Model) -> u64 {
+/// it), reading and writing the recurrent state, and reading the f32 KV cache of `context`
+/// positions.
+fn bytes_per_token(model: &Model, context: usize) -> u64 {
     let file = model.file();
     let weights: u64 = file
         .tensors()
@@ -221,7 +226,9 @@ fn bytes_per_token(model: &Model) -> u64 {
             }
         })
         .sum();
-    weights + 2 * model.config.recurrent_state_bytes() as u64
+    let c = &model.config;
+    let kv = (c.n_attention_layers() * c.n_head_kv * c.head_dim * 2 * 4 * context) as u64;
+    weights + 2 * c.recurrent_state_bytes() as u64 + kv
 }
 
 /// Prefill and decode tok/s of every repetition, on any backend; `after_decode` runs after
@@ -272,9 +279,10 @@ pub fn main(a: Args) -> Result<ExitCode> {
     load::check_kv_cache(a.device, a.kv_cache)?;
     load::init_threads(a.threads)?;
     let model = load::open_model(&a.model, None, a.kernels)?;
-    if a.n_prompt + a.n_gen > model.config.context_length {
+    if a.depth + a.n_prompt.max(a.n_gen) > model.config.context_length {
         bail!(
-            "-p {} + -n {} exceed the context of {}",
+            "-d {} + the longer of -p {} and -n {} exceed the context of {}",
+            a.depth,
             a.n_prompt,
             a.n_gen,
             model.config.context_length
@@ -289,7 +297,11 @@ pub fn main(a: Args) -> Result<ExitCode> {
     let (pp, tg) = match a.device {
         load::DeviceArg::Cpu => measure(
             &model,
-            || Ok(model.new_state()),
+            || {
+                let mut st = model.new_state();
+                st.bench_seek(&model.config, a.depth, a.n_prompt.max(a.n_gen));
+                Ok(st)
+            },
             &prompt,
             &a,
             || beside.probe(),
@@ -297,8 +309,13 @@ pub fn main(a: Args) -> Result<ExitCode> {
         #[cfg(feature = "cuda")]
         load::DeviceArg::Cuda => {
             let gpu = load::cuda_model(&model, a.kv_cache)?;
-            let ctx = a.n_prompt + a.n_gen;
-            measure(&gpu, || Ok(gpu.new_state(ctx)?), &prompt, &a, || {})?
+            let ctx = a.depth + a.n_prompt.max(a.n_gen) + 1;
+            let new_state = || -> Result<niwaki_cuda::CudaState> {
+                let mut st = gpu.new_state(ctx)?;
+                st.bench_seek(a.depth);
+                Ok(st)
+            };
+            measure(&gpu, new_state, &prompt, &a, || {})?
         }
         #[cfg(not(feature = "cuda"))]
         load::DeviceArg::Cuda => return Err(load::no_cuda()),
@@ -309,10 +326,10 @@ pub fn main(a: Args) -> Result<ExitCode> {
         let o = serde_json::json!({
             "model": a.model.display().to_string(), "device": "cuda",
             "kv_cache": a.kv_cache.as_str(),
-            "n_prompt": a.n_prompt, "n_gen": a.n_gen, "repetitions": a.reps,
+            "n_prompt": a.n_prompt, "n_gen": a.n_gen, "n_depth": a.depth, "repetitions": a.reps,
             "pp_tok_s": pp.median, "pp_min": pp.min, "pp_max": pp.max,
             "tg_tok_s": tg.median, "tg_min": tg.min, "tg_max": tg.max,
-            "bytes_per_token": bytes_per_token(&model),
+            "bytes_per_token": bytes_per_token(&model, 0),
         });
         println!("{o}");
         return Ok(ExitCode::SUCCESS);
@@ -321,7 +338,8 @@ pub fn main(a: Args) -> Result<ExitCode> {
         beside.probe();
     }
     let rss = beside.rss;
-    let bpt = bytes_per_token(&model);
+    // The cache a decode step reads: on average the depth plus half the generated tokens.
+    let bpt = bytes_per_token(&model, a.depth + a.n_gen / 2);
     // Each decode run against the floor of the bandwidth measured around it.
     let fractions: Vec<f64> = tg
         .iter()
@@ -347,7 +365,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
         let o = serde_json::json!({
             "model": a.model.display().to_string(),
             "threads": threads,
-            "n_prompt": a.n_prompt, "n_gen": a.n_gen, "repetitions": a.reps,
+            "n_prompt": a.n_prompt, "n_gen": a.n_gen, "n_depth": a.depth, "repetitions": a.reps,
             "pp_tok_s": pp.median, "pp_min": pp.min, "pp_max": pp.max,
             "tg_tok_s": tg.median, "tg_min": tg.min, "tg_max": tg.max,
             "peak_rss_bytes": rss, "file_bytes": file_bytes,
@@ -365,15 +383,20 @@ pub fn main(a: Args) -> Result<ExitCode> {
             .file_name()
             .map(|n| n.to_string_lossy().to_string())
             .unwrap_or_default();
+        let at = if a.depth > 0 {
+            format!(" @ d{}", a.depth)
+        } else {
+            String::new()
+        };
         if a.n_prompt > 0 {
             println!(
-                "| {name} | {threads} | pp{} | {:.2} | {:.2} | {:.2} |",
+                "| {name} | {threads} | pp{}{at} | {:.2} | {:.2} | {:.2} |",
                 a.n_prompt, pp.median, pp.min, pp.max
             );
         }
         if a.n_gen > 0 {
             println!(
-                "| {name} | {threads} | tg{} | {:.2} | {:.2} | {:.2} |",
+                "| {name} | {threads} | tg{}{at} | {:.2} | {:.2} | {:.2} |",
                 a.n_gen, tg.median, tg.min, tg.max
             );
         }
