@@ -208,6 +208,13 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
             acc[j] += x[j] * y[j];
         }
     }
+    fold_sums(&acc, tail)
+}
+
+/// [`dot`]'s eight partial sums added pairwise, then the tail: the one order every form of it
+/// ([`dots`]) must keep to give the same bits.
+#[inline(always)]
+fn fold_sums(acc: &[f32; 8], tail: f32) -> f32 {
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
 
@@ -269,9 +276,7 @@ fn dots_fixed<const G: usize>(rows: &[f32], b: &[f32], out: &mut [f32]) {
     for (r, (o, acc)) in out.iter_mut().zip(&acc).enumerate() {
         let x = &rows[r * n..(r + 1) * n];
         let tail: f32 = x[body..].iter().zip(&b[body..]).map(|(x, y)| x * y).sum();
-        *o = ((acc[0] + acc[4]) + (acc[1] + acc[5]))
-            + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
-            + tail;
+        *o = fold_sums(acc, tail);
     }
 }
 

@@ -279,7 +279,9 @@ pub fn main(a: Args) -> Result<ExitCode> {
     load::check_kv_cache(a.device, a.kv_cache)?;
     load::init_threads(a.threads)?;
     let model = load::open_model(&a.model, None, a.kernels)?;
-    if a.depth + a.n_prompt.max(a.n_gen) > model.config.context_length {
+    // Positions a test adds to the depth's.
+    let room = a.n_prompt.max(a.n_gen);
+    if a.depth + room > model.config.context_length {
         bail!(
             "-d {} + the longer of -p {} and -n {} exceed the context of {}",
             a.depth,
@@ -299,7 +301,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
             &model,
             || {
                 let mut st = model.new_state();
-                st.bench_seek(&model.config, a.depth, a.n_prompt.max(a.n_gen));
+                st.bench_seek(&model.config, a.depth, room);
                 Ok(st)
             },
             &prompt,
@@ -309,7 +311,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
         #[cfg(feature = "cuda")]
         load::DeviceArg::Cuda => {
             let gpu = load::cuda_model(&model, a.kv_cache)?;
-            let ctx = a.depth + a.n_prompt.max(a.n_gen) + 1;
+            let ctx = a.depth + room + 1;
             let new_state = || -> Result<niwaki_cuda::CudaState> {
                 let mut st = gpu.new_state(ctx)?;
                 st.bench_seek(a.depth);
