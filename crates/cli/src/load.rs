@@ -153,6 +153,14 @@ impl KvCacheArg {
             KvCacheArg::Q8_0 => "q8_0",
         }
     }
+
+    /// Bytes the GPU's cache holds per 32 key or value elements.
+    pub fn bytes_per_32(self) -> usize {
+        match self {
+            KvCacheArg::F16 => 64,
+            KvCacheArg::Q8_0 => 34,
+        }
+    }
 }
 
 /// Refuses a KV-cache format the chosen device does not have: the CPU keeps its cache in f32.

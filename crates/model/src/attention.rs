@@ -56,8 +56,7 @@ pub fn forward(
             .chunks_mut(hd)
             .for_each(|x| rope_neox(x, pos, c.rope_dims, c.rope_base));
     }
-    cache.k.extend_from_slice(&k);
-    cache.v.extend_from_slice(&v);
+    cache.append(&k, &v);
     let (k_cache, v_cache) = (&cache.k, &cache.v);
 
     let scale = 1.0 / (hd as f32).sqrt();

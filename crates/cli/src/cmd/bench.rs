@@ -211,9 +211,9 @@ unsafe fn sum_words_avx512(words: &[u64]) -> u64 {
 }
 
 /// Bytes one decode step must move: every weight matrix except the embedding table (one row of
-/// it), reading and writing the recurrent state, and reading the f32 KV cache of `context`
-/// positions.
-fn bytes_per_token(model: &Model, context: usize) -> u64 {
+/// it), reading and writing the recurrent state, and reading a KV cache of `context` positions
+/// that holds 32 elements in `bytes_per_32` bytes (the CPU's f32 cache: 128).
+fn bytes_per_token(model: &Model, context: usize, bytes_per_32: usize) -> u64 {
     let file = model.file();
     let weights: u64 = file
         .tensors()
@@ -227,7 +227,8 @@ fn bytes_per_token(model: &Model, context: usize) -> u64 {
         })
         .sum();
     let c = &model.config;
-    let kv = (c.n_attention_layers() * c.n_head_kv * c.head_dim * 2 * 4 * context) as u64;
+    let kv = (c.n_attention_layers() * c.n_head_kv * c.head_dim * 2 * context * bytes_per_32 / 32)
+        as u64;
     weights + 2 * c.recurrent_state_bytes() as u64 + kv
 }
 
@@ -331,7 +332,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
             "n_prompt": a.n_prompt, "n_gen": a.n_gen, "n_depth": a.depth, "repetitions": a.reps,
             "pp_tok_s": pp.median, "pp_min": pp.min, "pp_max": pp.max,
             "tg_tok_s": tg.median, "tg_min": tg.min, "tg_max": tg.max,
-            "bytes_per_token": bytes_per_token(&model, 0),
+            "bytes_per_token": bytes_per_token(&model, a.depth + a.n_gen / 2, a.kv_cache.bytes_per_32()),
         });
         println!("{o}");
         return Ok(ExitCode::SUCCESS);
@@ -341,7 +342,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
     }
     let rss = beside.rss;
     // The cache a decode step reads: on average the depth plus half the generated tokens.
-    let bpt = bytes_per_token(&model, a.depth + a.n_gen / 2);
+    let bpt = bytes_per_token(&model, a.depth + a.n_gen / 2, 128);
     // Each decode run against the floor of the bandwidth measured around it.
     let fractions: Vec<f64> = tg
         .iter()
