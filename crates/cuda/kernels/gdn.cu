@@ -256,65 +256,49 @@ GDN_STEP_KERNEL(gdn_step_r32, 32)
 GDN_STEP_KERNEL(gdn_step_r16, 16)
 GDN_STEP_KERNEL(gdn_step_r8, 8)
 
-// A decode step's whole recurrence of value head h: the causal conv of the head's q, k and v
-// channels (gdn_conv's arithmetic), the step (gdn_step_r32's: warps of 8 value columns, 32 key
-// rows a lane), then quant_gated's norm, gate and quantization of the head — the three
+// A decode step's whole recurrence of value head h in one block: the causal conv of the head's
+// q, k and v channels (gdn_conv's arithmetic), the step (gdn_step_r32's, 16 warps of 8 columns
+// covering the head), then quant_gated's norm, gate and quantization of the head — the three
 // kernels' bits in one launch (each launch of a decode token's chain of dependent kernels costs
-// microseconds). W warps a block cover 8W of the head's 128 value columns, so a head takes
-// P = 16 / W blocks: grid (HV, P), block (32, W).
-// With P > 1 each block computes the head's q and k itself, writes its columns' outputs to `o`
-// and takes a ticket from the head's counter in `tickets`; the block drawing ticket P − 1
-// (modulo P) is the head's last and norms and quantizes the whole head. Every launch adds P to
-// each counter, so they stay multiples of P between launches (a counter row per P: the host
-// keeps them apart). The outputs are the same floats wherever they are written, so every P
-// gives the same bits. Smaller blocks each read less of the state (16 KB at W = 4, 64 KB at
-// 16) and fit beside the input GEMV's blocks, so they can be resident and reading it earlier.
+// microseconds). grid HV, block (32, 16).
 // The conv state is double-buffered by the parity of the position (`pos`): the HV / HK value
 // heads of a key head, in different blocks, all read its q and k state, which one of them
 // rewrites, so a one-token pass reads buffer pos & 1 and writes the other (gdn_conv reads
 // buffer pos & 1 and writes buffer (pos + ntok) & 1).
 // The step keeps 32 key rows per lane, as gdn_step_r32, the one-token passes' step without
 // this kernel (plan::GDN_STEP_DECODE_ROWS, asserted there): the two paths give the same bits.
-template <int W>
-__device__ __forceinline__ void gdn_decode_body(const float* __restrict__ proj, int aoff, int boff, int zoff,
-                                                const u32* __restrict__ pos, float* __restrict__ conv_state,
-                                                const float* __restrict__ taps, const float* __restrict__ a_neg,
-                                                const float* __restrict__ dt_bias, float* __restrict__ S,
-                                                const float* __restrict__ nw, float eps, int* __restrict__ xq,
-                                                float2* __restrict__ xs, u16* __restrict__ xh,
-                                                float* __restrict__ o, u32* __restrict__ tickets) {
-    constexpr int RPL = 32, C = 32 / (DK / RPL), COLS = W * C, P = DV / COLS;
-    // This block's conv channels: q and k of key head kh, then its columns of v.
-    constexpr int NT = 32 * W, NCH = 2 * DK + COLS, CPT = (NCH + NT - 1) / NT;
-    static_assert(DV == 128 && P * COLS == DV, "gdn_decode: whole heads of 128 columns");
-    __shared__ __align__(16) float qks[W][2][DK];
-    __shared__ __align__(16) float xin[NCH];
-    __shared__ __align__(16) float os[P == 1 ? DV : 4];
-    __shared__ u32 last;
-    const int h = blockIdx.x, part = blockIdx.y, kh = h % HK;
+static_assert(DV == 128 && 16 * (32 / (DK / 32)) == DV, "gdn_decode: 16 warps cover a head");
+extern "C" __global__ void __launch_bounds__(512)
+gdn_decode(const float* __restrict__ proj, int aoff, int boff, int zoff, const u32* __restrict__ pos,
+           float* __restrict__ conv_state, const float* __restrict__ taps,
+           const float* __restrict__ a_neg, const float* __restrict__ dt_bias, float* __restrict__ S,
+           const float* __restrict__ nw, float eps, int* __restrict__ xq, float2* __restrict__ xs,
+           u16* __restrict__ xh) {
+    constexpr int RPL = 32, C = 32 / (DK / RPL);
+    __shared__ __align__(16) float qks[16][2][DK];
+    // The conv's outputs: q and k of key head kh, then v of head h; then the step's outputs.
+    __shared__ __align__(16) float xin[2 * DK + DV];
+    __shared__ __align__(16) float os[DV];
+    const int h = blockIdx.x, kh = h % HK;
     const int lane = threadIdx.x, w = threadIdx.y, tid = 32 * w + lane;
-    const int r = lane / C, jl = w * C + lane % C, j = part * COLS + jl;
+    const int r = lane / C, j = w * C + lane % C;
     float* Sh = S + (size_t)h * DK * DV;
     float s[RPL];
 #pragma unroll
     for (int i = 0; i < RPL; i++) s[i] = Sh[(size_t)(r * RPL + i) * DV + j];
+    // This thread's conv channel: q, k of key head kh, v of value head h.
+    const bool conv_live = tid < 2 * DK + DV;
+    const int c = tid < DK ? kh * DK + tid
+                  : tid < 2 * DK ? HK * DK + kh * DK + tid - DK
+                                 : 2 * HK * DK + h * DV + tid - 2 * DK;
     const u32 p = *pos;
     const float* old = conv_state + (size_t)(p & 1u) * (KERN - 1) * CH;
     float* fresh = conv_state + (size_t)((p + 1u) & 1u) * (KERN - 1) * CH;
-    int ch[CPT];
-    float cs[CPT][KERN - 1], cw[CPT][KERN];
+    float cs[KERN - 1], cw[KERN];
 #pragma unroll
-    for (int k = 0; k < CPT; k++) {
-        const int e = tid + NT * k;
-        const bool live = e < NCH;
-        ch[k] = e < DK ? kh * DK + e
-                : e < 2 * DK ? HK * DK + kh * DK + e - DK
-                             : 2 * HK * DK + h * DV + part * COLS + e - 2 * DK;
+    for (int i = 0; i < KERN - 1; i++) cs[i] = conv_live ? old[i * CH + c] : 0.0f;
 #pragma unroll
-        for (int i = 0; i < KERN - 1; i++) cs[k][i] = live ? old[i * CH + ch[k]] : 0.0f;
-#pragma unroll
-        for (int i = 0; i < KERN; i++) cw[k][i] = live ? taps[ch[k] * KERN + i] : 0.0f;
-    }
+    for (int i = 0; i < KERN; i++) cw[i] = conv_live ? taps[c * KERN + i] : 0.0f;
     const float an = a_neg[h], dtb = dt_bias[h];
     const float4 g = w == 0 ? *(const float4*)(nw + lane * 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     // The state, the conv state and the position are written by this layer's previous pass
@@ -324,23 +308,18 @@ __device__ __forceinline__ void gdn_decode_body(const float* __restrict__ proj, 
     // wait in registers through the conv and the step.
     const float ga = proj[aoff + h], gb = proj[boff + h];
     const float4 z = w == 0 ? *(const float4*)(proj + zoff + h * DV + lane * 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (conv_live) {
+        const float x = proj[c];
+        float acc = 0.0f;
 #pragma unroll
-    for (int k = 0; k < CPT; k++) {
-        const int e = tid + NT * k;
-        if (e < NCH) {
-            const float x = proj[ch[k]];
-            float acc = 0.0f;
+        for (int i = 0; i < KERN - 1; i++) acc += cw[i] * cs[i];
+        acc += cw[KERN - 1] * x;
+        xin[tid] = siluf_(acc);
+        // Every value head of a key head computes its q and k from the same state; one writer
+        // per channel (the first of them) keeps the new state's bytes single-sourced.
+        if (tid >= 2 * DK || h < HK) {
 #pragma unroll
-            for (int i = 0; i < KERN - 1; i++) acc += cw[k][i] * cs[k][i];
-            acc += cw[k][KERN - 1] * x;
-            xin[e] = siluf_(acc);
-            // Every block of a key head computes its q and k from the same state; one writer
-            // per channel (the first value head's first block) keeps the new state's bytes
-            // single-sourced.
-            if (e >= 2 * DK || (h < HK && part == 0)) {
-#pragma unroll
-                for (int i = 0; i < KERN - 1; i++) fresh[i * CH + ch[k]] = i + 1 < KERN - 1 ? cs[k][i + 1] : x;
-            }
+            for (int i = 0; i < KERN - 1; i++) fresh[i * CH + c] = i + 1 < KERN - 1 ? cs[i + 1] : x;
         }
     }
     __syncthreads();
@@ -350,51 +329,19 @@ __device__ __forceinline__ void gdn_decode_body(const float* __restrict__ proj, 
         cur[m] = xin[32 * m + lane];
         cur[4 + m] = xin[DK + 32 * m + lane];
     }
-    cur[8] = xin[2 * DK + jl];
+    cur[8] = xin[2 * DK + j];
     cur[9] = ga;
     cur[10] = gb;
     const float2 gates = gdn_stage(cur, false, an, dtb, qks[w][0], qks[w][1]);
     const float oo = gdn_token<RPL>(s, qks[w][0], qks[w][1], cur[8], gates, r);
+    if (r == 0) os[j] = oo;
 #pragma unroll
     for (int i = 0; i < RPL; i++) Sh[(size_t)(r * RPL + i) * DV + j] = s[i];
-    if constexpr (P == 1) {
-        if (r == 0) os[j] = oo;
-        __syncthreads();
-    } else {
-        if (r == 0) o[h * DV + j] = oo;
-        // Each writer's outputs are visible device-wide before its block takes the ticket.
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) last = atomicAdd(tickets + h, 1u) % (u32)P == (u32)(P - 1);
-        __syncthreads();
-        if (!last) {
-            if (tid == 0) TRACE_EXIT(TRACE_GDN, S);
-            return;
-        }
-        __threadfence();
-    }
+    __syncthreads();
     if (w == 0) {
         const int base = h * DV;
-        float4 v;
-        if constexpr (P == 1) v = *(const float4*)(os + lane * 4);
-        else v = __ldcg((const float4*)(o + base + lane * 4));
-        v = gated_norm(v, z, g, eps);
+        const float4 v = gated_norm(*(const float4*)(os + lane * 4), z, g, eps);
         quant128(v, base, xq, xs, xh);
         if (lane == 0) TRACE_EXIT(TRACE_GDN, S);
     }
 }
-
-#define GDN_DECODE_KERNEL(name, W)                                                                            \
-    extern "C" __global__ void __launch_bounds__(32 * W)                                                       \
-        name(const float* __restrict__ proj, int aoff, int boff, int zoff, const u32* __restrict__ pos,        \
-             float* __restrict__ conv_state, const float* __restrict__ taps, const float* __restrict__ a_neg,  \
-             const float* __restrict__ dt_bias, float* __restrict__ S, const float* __restrict__ nw, float eps, \
-             int* __restrict__ xq, float2* __restrict__ xs, u16* __restrict__ xh, float* __restrict__ o,       \
-             u32* __restrict__ tickets) {                                                                      \
-        gdn_decode_body<W>(proj, aoff, boff, zoff, pos, conv_state, taps, a_neg, dt_bias, S, nw, eps, xq, xs,  \
-                           xh, o, tickets);                                                                    \
-    }
-
-GDN_DECODE_KERNEL(gdn_decode, 16)
-GDN_DECODE_KERNEL(gdn_decode_p4, 4)
-GDN_DECODE_KERNEL(gdn_decode_p8, 2)

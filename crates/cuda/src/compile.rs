@@ -28,7 +28,7 @@ pub const SOURCES: [(&str, &str); 13] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 88] = [
+pub const KERNELS: [&str; 86] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -99,8 +99,6 @@ pub const KERNELS: [&str; 88] = [
     "gdn_step_r16",
     "gdn_step_r8",
     "gdn_decode",
-    "gdn_decode_p4",
-    "gdn_decode_p8",
     "grid_barrier_rounds",
     "topk_logits",
     "topk_keys",

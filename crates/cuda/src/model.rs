@@ -1223,16 +1223,11 @@ impl CudaModel {
             }
             Op::GdnDecode { layer } => {
                 let [_, proj, _, aoff, boff, a, dt_bias] = self.gdn_inputs(st, layer);
-                let parts = g.gdn_parts();
-                let (kernel, block, tickets) = plan::gdn_decode_kernel(parts);
-                let tickets = tickets.map_or(0, |row| {
-                    st.s("gdn_tickets") + (4 * row * d.value_heads) as u64
-                });
                 g.launch(
                     s,
-                    kernel,
-                    (d.value_heads as u32, parts as u32, 1),
-                    block,
+                    "gdn_decode",
+                    (d.value_heads as u32, 1, 1),
+                    (32, 16, 1),
                     &[
                         proj,
                         aoff,
@@ -1249,8 +1244,6 @@ impl CudaModel {
                         Arg::Ptr(xq),
                         Arg::Ptr(xs),
                         Arg::Ptr(xh(1).unwrap_or(0)),
-                        Arg::Ptr(st.s("gdn")),
-                        Arg::Ptr(tickets),
                     ],
                 )
             }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use gguf::Gguf;
 use model::synth::{self, Preset};
 use model::{Logits, Model};
-use niwaki_cuda::plan::{self, NormFusion, Op};
+use niwaki_cuda::plan::{NormFusion, Op};
 use niwaki_cuda::{CudaModel, KvCache};
 use quant::Format;
 
@@ -148,23 +148,6 @@ pub(crate) fn bench_27b(
             format!("{format}: decode tokens differ with the {what}"),
         );
         let _ = write!(variants, "; {what}: {v:.1}");
-    }
-    // The one-kernel recurrence in each other count of blocks a head: the same bits, so the
-    // same tokens.
-    let parts0 = g.gpu().gdn_parts();
-    for parts in plan::GDN_DECODE_PARTS {
-        if parts == parts0 {
-            continue;
-        }
-        g.gpu().set_gdn_parts(parts);
-        let r = decode(true, true, (NormFusion::Apart, 0, 0));
-        g.gpu().set_gdn_parts(parts0);
-        let (v, toks) = r?;
-        rep.check(
-            toks == toks_serial,
-            format!("{format}: decode tokens differ with the recurrence in {parts} blocks a head"),
-        );
-        let _ = write!(variants, "; recurrence in {parts} blocks a head: {v:.1}");
     }
     // Three dp4a GEMV blocks of 72 KiB per multiprocessor for every matrix they take (the
     // 6144-wide ones then fit in one round of blocks; 1-bit matrices on the binary kernel keep

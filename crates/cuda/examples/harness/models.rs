@@ -263,9 +263,8 @@ pub(crate) fn fused_recurrence(rep: &mut Report) -> R<()> {
             .iter()
             .map(|&n| (0..n).map(|_| tok()).collect())
             .collect();
-        let run = |gdn: bool, attn: bool, parts: usize| -> R<Vec<f32>> {
+        let run = |gdn: bool, attn: bool| -> R<Vec<f32>> {
             let (g0, a0) = (g.gpu().set_fuse_gdn(gdn), g.gpu().set_fuse_attn(attn));
-            let p0 = g.gpu().set_gdn_parts(parts);
             let out = (|| -> R<Vec<f32>> {
                 let mut st = g.new_state(256)?;
                 let mut out = Vec::new();
@@ -276,42 +275,27 @@ pub(crate) fn fused_recurrence(rep: &mut Report) -> R<()> {
             })();
             g.gpu().set_fuse_gdn(g0);
             g.gpu().set_fuse_attn(a0);
-            g.gpu().set_gdn_parts(p0);
             out
         };
-        let plain = run(false, false, 1)?;
+        let plain = run(false, false)?;
         // Heads of 64 values (Tiny) keep attn_combine and quant_plain: nothing to compare.
         let merges_attn = shape.head_dim % 128 == 0;
-        for (what, gdn, attn, parts) in [
+        for (what, gdn, attn) in [
             (
                 "One-kernel decode recurrence against conv + step + gated norm",
                 true,
                 false,
-                1,
-            ),
-            (
-                "One-kernel decode recurrence, 4 blocks a head, against conv + step + gated norm",
-                true,
-                false,
-                4,
-            ),
-            (
-                "One-kernel decode recurrence, 8 blocks a head, against conv + step + gated norm",
-                true,
-                false,
-                8,
             ),
             (
                 "One-kernel decode attention merge + quantization against the two kernels",
                 false,
                 true,
-                1,
             ),
         ] {
             if attn && !merges_attn {
                 continue;
             }
-            let b = run(gdn, attn, parts)?;
+            let b = run(gdn, attn)?;
             let differing = plain
                 .iter()
                 .zip(&b)

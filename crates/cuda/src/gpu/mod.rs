@@ -332,9 +332,6 @@ pub struct Gpu {
     /// (`gdn_decode`; on by default, `NIWAKI_CUDA_FUSE_GDN=0` runs the three kernels: the same
     /// bits, 5.9 against 4.4 µs per layer on the H200).
     fuse_gdn: AtomicBool,
-    /// Blocks per value head of that kernel (one of [`plan::GDN_DECODE_PARTS`];
-    /// `NIWAKI_CUDA_GDN_PARTS` sets it).
-    gdn_parts: AtomicUsize,
     /// A decode step's attention merge and its output's quantization in one kernel
     /// (`attn_combine_quant`; on by default, `NIWAKI_CUDA_FUSE_ATTN=0` runs the two: the same
     /// bits).
@@ -557,13 +554,6 @@ impl Gpu {
                 std::env::var("NIWAKI_CUDA_FUSE_NORM").ok().as_deref(),
             )),
             fuse_gdn: AtomicBool::new(env_on("NIWAKI_CUDA_FUSE_GDN")),
-            gdn_parts: AtomicUsize::new(
-                std::env::var("NIWAKI_CUDA_GDN_PARTS")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .filter(|p| plan::GDN_DECODE_PARTS.contains(p))
-                    .unwrap_or(plan::GDN_DECODE_DEFAULT_PARTS),
-            ),
             fuse_attn: AtomicBool::new(env_on("NIWAKI_CUDA_FUSE_ATTN")),
             topk: AtomicBool::new(env_on("NIWAKI_CUDA_TOPK")),
             topk_sums: AtomicBool::new(env_on("NIWAKI_CUDA_TOPK_SUMS")),
@@ -773,22 +763,6 @@ impl Gpu {
     /// keep what they were captured with.
     pub fn set_fuse_gdn(&self, on: bool) -> bool {
         self.fuse_gdn.swap(on, Ordering::Relaxed)
-    }
-
-    /// Blocks per value head of the one-kernel recurrence.
-    pub fn gdn_parts(&self) -> usize {
-        self.gdn_parts.load(Ordering::Relaxed)
-    }
-
-    /// Sets [`Gpu::gdn_parts`] (one of [`plan::GDN_DECODE_PARTS`], for measuring and checking
-    /// the variants); returns the previous setting. A state's captured graphs keep what they
-    /// were captured with.
-    pub fn set_gdn_parts(&self, parts: usize) -> usize {
-        assert!(
-            plan::GDN_DECODE_PARTS.contains(&parts),
-            "no one-kernel recurrence of {parts} blocks a head"
-        );
-        self.gdn_parts.swap(parts, Ordering::Relaxed)
     }
 
     /// Turns the one-kernel attention merge and quantization of one-token passes on or off;

@@ -120,9 +120,6 @@ impl Scratch {
             ("gdn", 4 * t * d.gdn_inner()),
             ("gdn_qk", 4 * t * 2 * d.key_heads * d.key_dim),
             ("gdn_gb", 8 * t * d.value_heads),
-            // gdn_decode's ticket counters: a row of a counter per value head for each block
-            // count with counters (plan::gdn_decode_kernel).
-            ("gdn_tickets", 4 * 2 * d.value_heads),
             (
                 "gdn_chunks",
                 4 * d.value_heads * t.div_ceil(GDN_CHUNK) * gdn_chunk_floats(d),

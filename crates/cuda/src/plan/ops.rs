@@ -351,23 +351,6 @@ const _: () = assert!(
     "gdn_decode hard-codes 32 rows per lane"
 );
 
-/// Blocks a value head of `gdn_decode` takes (a kernel per count: 16, 4 or 2 warps a block).
-/// With more than one, the head's last block to finish norms and quantizes it (a ticket
-/// counter per head: a row of the scratch's `gdn_tickets` per count).
-pub const GDN_DECODE_PARTS: [usize; 3] = [1, 4, 8];
-/// Until measured: a block a head.
-pub const GDN_DECODE_DEFAULT_PARTS: usize = 1;
-
-/// The one-kernel recurrence for `parts` blocks a head (one of [`GDN_DECODE_PARTS`]), its
-/// block shape, and the row of `gdn_tickets` its counters take (None: no counters).
-pub fn gdn_decode_kernel(parts: usize) -> (&'static str, (u32, u32, u32), Option<usize>) {
-    match parts {
-        4 => ("gdn_decode_p4", (32, 4, 1), Some(0)),
-        8 => ("gdn_decode_p8", (32, 2, 1), Some(1)),
-        _ => ("gdn_decode", (32, 16, 1), None),
-    }
-}
-
 /// The recurrent step's kernel for `rows` (one of [`GDN_STEP_ROWS`]).
 pub fn gdn_step_kernel(rows: usize) -> &'static str {
     match rows {

@@ -1112,25 +1112,3 @@ fn the_merged_attention_combine_takes_the_place_of_combine_and_quantization_in_d
         forward_ops(&tiny, 1, Head::Last, true, Fusion::default())
     );
 }
-
-#[test]
-fn every_count_of_recurrence_blocks_covers_a_head_and_keeps_its_own_ticket_row() {
-    let d = dims(Preset::B27);
-    let scratch = Scratch::new(&d, MAX_CHUNK);
-    let mut rows = Vec::new();
-    for parts in GDN_DECODE_PARTS {
-        let (_, (lanes, warps, z), row) = gdn_decode_kernel(parts);
-        // 8 value columns a warp (32 key rows a lane over 4 row groups).
-        assert_eq!((lanes, z), (32, 1));
-        assert_eq!(parts * warps as usize * 8, d.value_dim, "{parts} blocks");
-        assert_eq!(row.is_some(), parts > 1, "{parts} blocks");
-        if let Some(r) = row {
-            assert!(4 * (r + 1) * d.value_heads <= scratch.size("gdn_tickets"));
-            rows.push(r);
-        }
-    }
-    rows.sort();
-    rows.dedup();
-    assert_eq!(rows.len(), GDN_DECODE_PARTS.len() - 1);
-    assert!(GDN_DECODE_PARTS.contains(&GDN_DECODE_DEFAULT_PARTS));
-}
