@@ -57,7 +57,6 @@ pub fn forward(
             .for_each(|x| rope_neox(x, pos, c.rope_dims, c.rope_base));
     }
     cache.append(&k, &v);
-    let (k_cache, v_cache) = (&cache.k, &cache.v);
 
     let scale = 1.0 / (hd as f32).sqrt();
     let mut attn = vec![0f32; tokens * nh * hd];
@@ -74,8 +73,9 @@ pub fn forward(
         // scores[g · n_ctx + p]: head g of the group, position p.
         let mut scores = vec![0f32; group * n_ctx];
         let mut s = vec![0f32; group];
-        // Where position p's row of this kv head starts in either cache.
-        let at = |p: usize| p * kvw + kvh * hd;
+        let (k_cache, v_cache) = (&cache.k[kvh], &cache.v[kvh]);
+        // Where position p's row starts in either cache.
+        let at = |p: usize| p * hd;
         for p in 0..n_ctx {
             if p + AHEAD < n_ctx {
                 prefetch(&k_cache[at(p + AHEAD)..at(p + AHEAD) + hd]);

@@ -17,28 +17,70 @@ pub enum LayerState {
     Attention(KvCache),
 }
 
-/// Keys and values of every position so far: `[position][kv_heads × head_dim]`, f32.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// Keys and values of every position so far, f32: for each kv head its rows of `head_dim`
+/// values, position after position (`k[head][position · head_dim + i]`). A decode step's
+/// attention reads one kv head's rows from first to last; with each position's heads side by
+/// side instead, a 27B head's rows lay 4 KiB apart, each on a page of its own.
+#[derive(Clone, Debug, PartialEq)]
 pub struct KvCache {
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
+    head_dim: usize,
+    pub k: Vec<Vec<f32>>,
+    pub v: Vec<Vec<f32>>,
 }
 
 impl KvCache {
-    /// Appends positions' keys and values. A full cache grows by an eighth of what it holds (or
-    /// by what is appended, if more) instead of doubling: a doubling `Vec` could hold nearly
-    /// twice the memory a long context needs (a 27B model's 262,144 positions are 34 GB of f32).
+    pub fn new(n_head_kv: usize, head_dim: usize) -> KvCache {
+        KvCache {
+            head_dim,
+            k: vec![Vec::new(); n_head_kv],
+            v: vec![Vec::new(); n_head_kv],
+        }
+    }
+
+    /// Bytes of the cached keys and values.
+    pub fn bytes(&self) -> usize {
+        4 * self.k.iter().chain(&self.v).map(Vec::len).sum::<usize>()
+    }
+
+    /// Appends positions' keys and values, `[position][kv head][head_dim]` as the projections
+    /// make them. A full head's rows grow by an eighth of what they hold (or by what is
+    /// appended, if more) instead of doubling: a doubling `Vec` could hold nearly twice the
+    /// memory a long context needs (a 27B model's 262,144 positions are 34 GB of f32).
     pub fn append(&mut self, k: &[f32], v: &[f32]) {
+        let hd = self.head_dim;
+        let row = self.k.len() * hd;
+        assert!(
+            row > 0 && k.len().is_multiple_of(row) && v.len() == k.len(),
+            "KV rows of {} values expected, got {} keys and {} values",
+            row,
+            k.len(),
+            v.len()
+        );
+        let add = k.len() / row * hd;
         for (cache, new) in [(&mut self.k, k), (&mut self.v, v)] {
-            if cache.capacity() - cache.len() < new.len() {
-                cache.reserve_exact(new.len().max(cache.len() / 8).max(KV_GROW_MIN));
+            for (h, rows) in cache.iter_mut().enumerate() {
+                if rows.capacity() - rows.len() < add {
+                    rows.reserve_exact(add.max(rows.len() / 8).max(KV_GROW_MIN));
+                }
+                for pos in new.chunks_exact(row) {
+                    rows.extend_from_slice(&pos[h * hd..(h + 1) * hd]);
+                }
             }
-            cache.extend_from_slice(new);
+        }
+    }
+
+    /// Adds `positions` positions of zeros, with room for `room` more.
+    fn seek(&mut self, positions: usize, room: usize) {
+        let hd = self.head_dim;
+        for rows in self.k.iter_mut().chain(&mut self.v) {
+            rows.reserve_exact((positions + room) * hd);
+            rows.resize(rows.len() + positions * hd, 0.0);
         }
     }
 }
 
-/// Fewest floats a KV cache grows by: short caches then grow every few tokens, not every one.
+/// Fewest floats a head's KV rows grow by: short caches then grow every few tokens, not every
+/// one.
 const KV_GROW_MIN: usize = 4096;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -65,7 +107,9 @@ impl State {
                         ssm: next - per_layer..next,
                     }
                 }
-                LayerKind::Attention => LayerState::Attention(KvCache::default()),
+                LayerKind::Attention => {
+                    LayerState::Attention(KvCache::new(c.n_head_kv, c.head_dim))
+                }
             })
             .collect();
         let mut ssm = vec![0.0; next];
@@ -92,7 +136,7 @@ impl State {
             .iter()
             .map(|l| match l {
                 LayerState::Recurrent { conv, ssm } => 4 * (conv.len() + ssm.len()),
-                LayerState::Attention(kv) => 4 * (kv.k.len() + kv.v.len()),
+                LayerState::Attention(kv) => kv.bytes(),
             })
             .sum()
     }
@@ -101,14 +145,10 @@ impl State {
     /// `depth` positions of zeros, with room for `room` more (the recurrent state is left as it
     /// is). For benchmarks of decode at depth, which need a context's cache reads, not its
     /// contents, and not the cache's reallocation in the timed steps.
-    pub fn bench_seek(&mut self, c: &Config, depth: usize, room: usize) {
-        let row = c.n_head_kv * c.head_dim;
+    pub fn bench_seek(&mut self, depth: usize, room: usize) {
         for l in &mut self.layers {
             if let LayerState::Attention(kv) = l {
-                for x in [&mut kv.k, &mut kv.v] {
-                    x.reserve_exact((depth + room) * row);
-                    x.resize(x.len() + depth * row, 0.0);
-                }
+                kv.seek(depth, room);
             }
         }
         self.pos += depth;
@@ -155,9 +195,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_growing_kv_cache_holds_every_value_and_at_most_an_eighth_more_room() {
-        let row = 2048;
-        let mut kv = KvCache::default();
+    fn a_growing_kv_cache_keeps_each_heads_rows_in_order_with_at_most_an_eighth_more_room() {
+        let (heads, hd) = (4, 256);
+        let row = heads * hd;
+        let mut kv = KvCache::new(heads, hd);
         let (mut k_all, mut v_all) = (Vec::new(), Vec::new());
         for pos in 0..3000usize {
             // Mostly single positions, now and then a prompt chunk.
@@ -167,12 +208,34 @@ mod tests {
             kv.append(&k, &v);
             k_all.extend_from_slice(&k);
             v_all.extend_from_slice(&v);
-            for c in [&kv.k, &kv.v] {
-                let bound = c.len() + (c.len() / 8).max(n * row).max(KV_GROW_MIN);
+            for c in kv.k.iter().chain(&kv.v) {
+                let bound = c.len() + (c.len() / 8).max(n * hd).max(KV_GROW_MIN);
                 assert!(c.capacity() <= bound, "{} > {bound}", c.capacity());
             }
         }
-        assert_eq!(kv.k, k_all);
-        assert_eq!(kv.v, v_all);
+        let positions = k_all.len() / row;
+        assert!(kv.k.iter().chain(&kv.v).all(|r| r.len() == positions * hd));
+        assert_eq!(kv.bytes(), 4 * 2 * k_all.len());
+        for h in 0..heads {
+            for p in [0, 1, 499, 500, 536, positions - 1] {
+                let at = p * row + h * hd;
+                assert_eq!(
+                    kv.k[h][p * hd..(p + 1) * hd],
+                    k_all[at..at + hd],
+                    "k {h} {p}"
+                );
+                assert_eq!(
+                    kv.v[h][p * hd..(p + 1) * hd],
+                    v_all[at..at + hd],
+                    "v {h} {p}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "KV rows of 1024 values")]
+    fn a_kv_cache_refuses_rows_of_another_width() {
+        KvCache::new(4, 256).append(&[0.0; 1000], &[0.0; 1000]);
     }
 }

@@ -302,7 +302,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
             &model,
             || {
                 let mut st = model.new_state();
-                st.bench_seek(&model.config, a.depth, room);
+                st.bench_seek(a.depth, room);
                 Ok(st)
             },
             &prompt,
