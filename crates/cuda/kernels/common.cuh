@@ -94,28 +94,6 @@ __device__ __forceinline__ void pdl_launch() {
         pdl_wait();  \
     } while (0)
 
-// Gates between a decode step's norm and the GEMV after it: the norm's blocks each raise a flag
-// once they have read the residual, and the GEMV's producer waits (a bounded while) for all of
-// them before requesting more of its ring than its first tiles, so that those copies do not
-// queue in front of the norm's reads. A flag holds the position + 1 of the step that last raised
-// it (`pos`, constant through a step), so none is ever reset. A gate only delays requests of
-// weights, which depend on nothing: every read of the norm's results still follows the wait for
-// the previous kernel, so a late or missing flag costs time, never a wrong value.
-#define GATE_SPIN_CYCLES 8000
-__device__ __forceinline__ void gate_raise(u32* flag, const u32* pos) {
-    if (flag) *(volatile u32*)flag = *pos + 1u;
-}
-__device__ __forceinline__ void gate_await(const u32* flags, int n, const u32* pos) {
-    const u32 want = *pos + 1u;
-    const long long t0 = clock64();
-    for (;;) {
-        bool up = true;
-        for (int b = 0; b < n; b++) up = up && *(const volatile u32*)(flags + b) == want;
-        if (up || clock64() - t0 > GATE_SPIN_CYCLES) return;
-        __nanosleep(64);
-    }
-}
-
 // A timeline of the traced kernels, for measuring only: compiled in where the host defines
 // NIWAKI_TRACE (the records' capacity; `NIWAKI_CUDA_TRACE`), else the macros are PDL_ENTRY
 // and nothing. One record per block: the kernel's kind (TRACE_* below) and a tag telling its

@@ -394,8 +394,7 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
                                            const float* __restrict__ nw, float eps,
                                            const unsigned char* __restrict__ pf_codes, int pf_code_bytes,
                                            const unsigned char* __restrict__ pf_scales, int pf_scale_bytes,
-                                           int early, const u32* __restrict__ gate, int gate_n,
-                                           const u32* __restrict__ gate_pos, int gated, const TmaMap& xmap) {
+                                           int early, const TmaMap& xmap) {
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ __align__(8) u64 bars[GEMV1_MAX_STAGES];
     __shared__ __align__(8) u64 empty[GEMV1_MAX_STAGES];
@@ -438,15 +437,9 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
     __syncthreads();
     // The ring's first tiles: `early` of them requested before the wait for the previous kernel
     // (weights depend on nothing), the rest once it has ended.
-    const int first = min(stages, mine);
-    int before = min(first, early);
+    const int first = min(stages, mine), before = min(first, early);
     if (tid == 0)
         for (int i = 0; i < before; i++) issue(i);
-    // With a gate (after a norm), up to `gated` tiles once the norm has read its input.
-    if (gate && tid == 0) {
-        gate_await(gate, gate_n, gate_pos);
-        for (; before < min(first, gated); before++) issue(before);
-    }
     TRACE_ENTRY();
     if (tid == 0)
         for (int i = before; i < first; i++) issue(i);
@@ -530,7 +523,7 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
 #if __CUDA_ARCH__ >= 900
 #define GEMV1_CALL(FMT, RW, DOT, SWZ) \
     gemv1_body<FMT, RW, DOT, SWZ>(codes, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
-                        pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, early, gate, gate_n, gate_pos, gated, xmap)
+                        pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, early, xmap)
 #else
 #define GEMV1_CALL(FMT, RW, DOT, SWZ) __trap()
 #endif
@@ -547,7 +540,6 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
              const float* __restrict__ xres, int tok0, const float* __restrict__ nw, float eps,   \
              const unsigned char* __restrict__ pf_codes, int pf_code_bytes,                       \
              const unsigned char* __restrict__ pf_scales, int pf_scale_bytes, int early,          \
-             const u32* __restrict__ gate, int gate_n, const u32* __restrict__ gate_pos, int gated, \
              const __grid_constant__ TmaMap xmap) {                                               \
         GEMV1_CALL(FMT, RW, DOT, SWZ);                                                           \
     }

@@ -291,8 +291,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
                                              const float* __restrict__ nw, float eps,
                                              const unsigned char* __restrict__ pf_codes, int pf_code_bytes,
                                              const unsigned char* __restrict__ pf_scales, int pf_scale_bytes,
-                                             int early, const u32* __restrict__ gate, int gate_n,
-                                             const u32* __restrict__ gate_pos, int gated) {
+                                             int early) {
     extern __shared__ __align__(1024) unsigned char smem[];
     __shared__ __align__(8) u64 bars[GEMV1_MAX_STAGES];
     __shared__ __align__(8) u64 empty[GEMV1_MAX_STAGES];
@@ -332,15 +331,9 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     __syncthreads();
     // The ring's first tiles: `early` of them requested before the wait for the previous kernel
     // (weights depend on nothing), the rest once it has ended.
-    const int first = min(stages, mine);
-    int before = min(first, early);
+    const int first = min(stages, mine), before = min(first, early);
     if (tid == 0)
         for (int i = 0; i < before; i++) issue(i);
-    // With a gate (after a norm), up to `gated` tiles once the norm has read its input.
-    if (gate && tid == 0) {
-        gate_await(gate, gate_n, gate_pos);
-        for (; before < min(first, gated); before++) issue(before);
-    }
     // The norm's weights are constant: a consumer's share is read before the wait.
     float4 gw[NORM ? J : 1];
     if (NORM && warp < GEMV1_WARPS) {
@@ -482,7 +475,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 #if __CUDA_ARCH__ >= 900
 #define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM)                                                             \
     gemv_b1_body<FMT, J, EXACT, RG, NORM>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
-                    pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, early, gate, gate_n, gate_pos, gated)
+                    pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, early)
 #else
 #define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM) __trap()
 #endif
@@ -497,8 +490,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
              float* __restrict__ out, int accumulate, u64* __restrict__ amax, int stages,         \
              const float* __restrict__ xres, int tok0, const float* __restrict__ nw, float eps,   \
              const unsigned char* __restrict__ pf_codes, int pf_code_bytes,                       \
-             const unsigned char* __restrict__ pf_scales, int pf_scale_bytes, int early,          \
-             const u32* __restrict__ gate, int gate_n, const u32* __restrict__ gate_pos, int gated) { \
+             const unsigned char* __restrict__ pf_scales, int pf_scale_bytes, int early) {        \
         GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM);                                                                \
     }
 

@@ -113,8 +113,7 @@ __device__ __forceinline__ float4 rot1024(float4 v, const float* __restrict__ si
 extern "C" __global__ void __launch_bounds__(256) quant_rms(const float* __restrict__ x, int cols, int tok0,
                                                             const float* __restrict__ w, float eps,
                                                             int* __restrict__ xq, float2* __restrict__ xs,
-                                                            u16* __restrict__ xh, const float* __restrict__ signs,
-                                                            u32* __restrict__ gate, const u32* __restrict__ gate_pos) {
+                                                            u16* __restrict__ xh, const float* __restrict__ signs) {
     __shared__ float red[32];
     __shared__ float4 rot[256];
     const int t = blockIdx.y, i0 = threadIdx.x * 4, b = blockIdx.x, nb = gridDim.x;
@@ -139,8 +138,6 @@ extern "C" __global__ void __launch_bounds__(256) quant_rms(const float* __restr
         ss += u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w;
     }
     ss = block_sum(ss, red);
-    // Every thread's reads of the row are in (the sum's barrier): the next GEMV may request more.
-    if (gate && threadIdx.x == 0) gate_raise(gate + b, gate_pos);
     const float scale = 1.0f / sqrtf(ss / (float)cols + eps);
     int* xq_t = xq + (size_t)t * cols / 4;
     float2* xs_t = xs + (size_t)t * cols / 64;

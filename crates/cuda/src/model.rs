@@ -12,7 +12,7 @@ use model::{LayerKind, Logits, Model, ModelError};
 use quant::Format;
 
 use crate::error::{Context, CudaError, Result};
-use crate::gpu::{Arg, DevBuf, DevMat, DeviceInfo, Gate, GemvIo, Gpu, NormIn, Prefetch};
+use crate::gpu::{Arg, DevBuf, DevMat, DeviceInfo, GemvIo, Gpu, NormIn, Prefetch};
 use crate::plan::{
     self, attn_splits, check_fits, forward_ops, Dims, Fusion, Head, KvCache, Mat, Norm, Op, Out,
     Scratch, StateBytes, MAX_CHUNK,
@@ -969,24 +969,7 @@ impl CudaModel {
                 }
                 _ => None,
             },
-            gate: plan::gated_by(mat)
-                .and_then(|norm| self.gate_flags(st, norm, ntok))
-                .map(|flags| Gate {
-                    flags,
-                    n: self.dims.hidden.div_ceil(1024),
-                    pos: st.s("pos"),
-                }),
         }
-    }
-
-    /// Where a one-token pass's norm raises its flags for the GEMV after it (None: gates off,
-    /// a multi-token pass, or a Hadamard-rotated model, whose norms may come in pairs).
-    fn gate_flags(&self, st: &CudaState, norm: Norm, ntok: usize) -> Option<u64> {
-        let on = ntok == 1 && self.gpu.gate_tiles() > 0 && !self.dims.rotation.any();
-        on.then(|| {
-            let slot = plan::gate_slot(norm, self.dims.layers.len());
-            st.s("gates") + (4 * plan::GATE_FLAGS * slot) as u64
-        })
     }
 
     /// What the recurrence's kernels read of a layer: the conv output, the projection (its row
@@ -1101,8 +1084,6 @@ impl CudaModel {
                         Arg::Ptr(xs),
                         Arg::Ptr(xh(ntok).unwrap_or(0)),
                         Arg::Ptr(self.signs_if(rot, e)?),
-                        Arg::Ptr(self.gate_flags(st, norm, ntok).unwrap_or(0)),
-                        Arg::Ptr(st.s("pos")),
                     ],
                 )
             }

@@ -263,8 +263,6 @@ pub(crate) fn quant_rms_row1(
             Arg::Ptr(xs),
             Arg::Ptr(0),
             Arg::Ptr(0),
-            Arg::Ptr(0),
-            Arg::Ptr(0),
         ],
     )?;
     Ok(NormIn {
@@ -499,8 +497,6 @@ fn rotated_quant_checks(
                 Arg::Ptr(xs.ptr),
                 Arg::Ptr(0),
                 Arg::Ptr(sd.ptr),
-                Arg::Ptr(0),
-                Arg::Ptr(0),
             ],
         )?;
         let (mut q, mut g) = (

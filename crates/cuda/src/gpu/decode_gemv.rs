@@ -19,16 +19,9 @@ pub(super) const X_COPY_ALL: usize = 2;
 
 /// The arguments the decode GEMVs (`gemv1_*`, `gemv_b1_*`, `gemv_b2*`) take after the matrix: the
 /// activations, output and argmax, the ring's stages, the fused norm's input (or nulls), the
-/// next matrix to prefetch (or nulls), how many of the ring's first tiles are requested
-/// before the wait for the previous kernel, and the gate of the norm before (or nulls) with
-/// how many tiles are requested once it opens.
-fn decode_args(
-    io: &GemvIo,
-    stages: usize,
-    pre: Option<NormIn>,
-    early: usize,
-    gated: usize,
-) -> [Arg; 19] {
+/// next matrix to prefetch (or nulls) and how many of the ring's first tiles are requested
+/// before the wait for the previous kernel.
+fn decode_args(io: &GemvIo, stages: usize, pre: Option<NormIn>, early: usize) -> [Arg; 15] {
     // The kernels take byte counts as i32: a larger prefetch is cut to what that holds.
     let bytes = |n: usize| Arg::I32(n.min(i32::MAX as usize) as i32);
     [
@@ -47,10 +40,6 @@ fn decode_args(
         Arg::Ptr(io.prefetch.map_or(0, |p| p.scales)),
         bytes(io.prefetch.map_or(0, |p| p.scale_bytes)),
         Arg::I32(early.min(i32::MAX as usize) as i32),
-        Arg::Ptr(io.gate.map_or(0, |g| g.flags)),
-        Arg::I32(io.gate.map_or(0, |g| g.n as i32)),
-        Arg::Ptr(io.gate.map_or(0, |g| g.pos)),
-        Arg::I32(gated.min(i32::MAX as usize) as i32),
     ]
 }
 
@@ -164,13 +153,7 @@ impl Gpu {
                 Arg::I32(m.cols as i32),
             ]
             .into_iter()
-            .chain(decode_args(
-                io,
-                l.stages,
-                pre,
-                self.early_tiles(),
-                self.gate_tiles(),
-            ))
+            .chain(decode_args(io, l.stages, pre, self.early_tiles()))
             .collect::<Vec<_>>(),
         )?;
         Ok(true)
@@ -220,7 +203,7 @@ impl Gpu {
         };
         let args = [
             &m.args()[..],
-            &decode_args(io, l.stages, pre, self.early_tiles(), self.gate_tiles()),
+            &decode_args(io, l.stages, pre, self.early_tiles()),
             &[Arg::Map(Box::new(xmap))],
         ]
         .concat();

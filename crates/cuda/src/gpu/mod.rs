@@ -185,17 +185,6 @@ pub struct GemvIo {
     pub split_scratch: Option<(u64, usize)>,
     /// Weights of the next GEMV for a one-token GEMV to pull into the L2 cache.
     pub prefetch: Option<Prefetch>,
-    /// The flags of the norm before a one-token GEMV, which it waits for before requesting more
-    /// than its first tiles (`kernels/common.cuh`, `gate_await`).
-    pub gate: Option<Gate>,
-}
-
-/// A norm's flags, one per block of it, and the step's position they are raised with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Gate {
-    pub flags: u64,
-    pub n: usize,
-    pub pos: u64,
 }
 
 /// The first bytes of a matrix (codes and scales in proportion, as its tiles are read), which
@@ -241,7 +230,6 @@ impl GemvIo {
             argmax: None,
             split_scratch: None,
             prefetch: None,
-            gate: None,
         }
     }
 }
@@ -317,9 +305,6 @@ pub struct Gpu {
     /// How many of a decode GEMV's first tiles are requested before its wait for the previous
     /// kernel (`NIWAKI_CUDA_EARLY_TILES`; default [`plan::EARLY_TILES`]).
     early_tiles: AtomicUsize,
-    /// How many of a decode GEMV's first tiles are requested once the norm before it has read
-    /// its input (0: no gates; `NIWAKI_CUDA_GATE_TILES`, default [`plan::GATE_TILES`]).
-    gate_tiles: AtomicUsize,
     /// Tiles per multiprocessor from which a 1-bit matrix takes the binary kernel
     /// (`NIWAKI_CUDA_B1_MIN_TILES`; default [`plan::B1_MIN_TILES_PER_SM`]).
     b1_min_tiles: usize,
@@ -606,11 +591,6 @@ impl Gpu {
                 "NIWAKI_CUDA_EARLY_TILES",
                 plan::EARLY_TILES,
             )),
-            gate_tiles: AtomicUsize::new(if hopper {
-                env_usize_or("NIWAKI_CUDA_GATE_TILES", plan::GATE_TILES)
-            } else {
-                0
-            }),
             smem_limit,
         })
     }
@@ -862,24 +842,6 @@ impl Gpu {
     /// kernel.
     pub(super) fn early_tiles(&self) -> usize {
         self.early_tiles.load(Ordering::Relaxed)
-    }
-
-    /// How many of a decode GEMV's first tiles are requested once the norm before it has read
-    /// its input (0: the norms raise no flags).
-    pub fn gate_tiles(&self) -> usize {
-        self.gate_tiles.load(Ordering::Relaxed)
-    }
-
-    /// Sets [`Gpu::gate_tiles`] (never on before sm_90, whose kernels have no dependent launch:
-    /// a GEMV never runs beside the norm before it); returns the previous setting. Captured
-    /// graphs keep what they were built with.
-    pub fn set_gate_tiles(&self, n: usize) -> usize {
-        let n = if self.info.compute_capability.0 >= 9 {
-            n
-        } else {
-            0
-        };
-        self.gate_tiles.swap(n, Ordering::Relaxed)
     }
 
     /// Sets [`Gpu::early_tiles`]; returns the previous setting. For the harness's comparisons.

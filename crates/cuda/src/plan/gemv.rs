@@ -343,33 +343,6 @@ pub fn gemv_b2_kernel(format: GpuFormat, per_warp: usize) -> Option<&'static str
 /// 273.5 with one, 271.8 / 271.8 with two, 238.9 / 246.4 with none.
 pub const EARLY_TILES: usize = 1;
 
-/// How many of its ring's first tiles a decode GEMV after a norm requests once the norm's
-/// blocks have read their input (`kernels/common.cuh`, the gates), before its wait: 0 (no
-/// gates) until measured.
-pub const GATE_TILES: usize = 0;
-/// Flags per norm (one per block of a one-token norm: a block per 1024 values).
-pub const GATE_FLAGS: usize = 8;
-
-/// The gate slot of a norm of a model of `n_layers` layers: each layer's input and
-/// post-attention norms, then the output norm.
-pub fn gate_slot(norm: Norm, n_layers: usize) -> usize {
-    match norm {
-        Norm::Attn(l) => 2 * l,
-        Norm::Post(l) => 2 * l + 1,
-        Norm::Output => 2 * n_layers,
-    }
-}
-
-/// The norm a decode GEMV reads the output of (None: its input comes from another kernel).
-pub fn gated_by(mat: Mat) -> Option<Norm> {
-    match mat {
-        Mat::GdnIn(l) | Mat::AttnIn(l) => Some(Norm::Attn(l)),
-        Mat::FfnIn(l) => Some(Norm::Post(l)),
-        Mat::Output => Some(Norm::Output),
-        Mat::GdnAb(_) | Mat::GdnOut(_) | Mat::AttnOut(_) | Mat::FfnDown(_) => None,
-    }
-}
-
 /// Tiles of 16 rows per multiprocessor from which a 1-bit decode GEMV goes to the binary tensor
 /// cores rather than dp4a: every matrix. Measured first per op inside the 27B Q1_0 decode graph
 /// on the H200 (µs, dp4a against binary): 34816 rows (ffn gate | up) 16.24 against 12.60, the

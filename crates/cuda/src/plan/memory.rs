@@ -136,8 +136,6 @@ impl Scratch {
             ("weight_chunks", 8 * weight_chunks(d.vocab)),
             ("gemm_part", 4 * GEMM_MAX_SPLITS * t * d.hidden),
             ("pos", 8),
-            // The norms' gates (plan::gate_slot), GATE_FLAGS words each.
-            ("gates", 4 * GATE_FLAGS * (2 * d.layers.len() + 1)),
         ];
         let mut regions = Vec::new();
         let mut at = 0;
