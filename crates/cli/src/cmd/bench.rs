@@ -72,16 +72,30 @@ fn stats(mut v: Vec<f64>) -> Stats {
     }
 }
 
+/// A `key:  N kB` line of a /proc file, in bytes.
+fn proc_kib(path: &str, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let line = text.lines().find(|l| l.starts_with(key))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+}
+
 /// Peak resident set size of this process, from /proc (0 where unavailable).
 fn peak_rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .map_or(0, |kib| kib * 1024)
+    proc_kib("/proc/self/status", "VmHWM:").unwrap_or(0)
+}
+
+/// Refuses a depth whose f32 KV cache (`bytes`) the machine's available memory (`avail`, where
+/// known) cannot hold, rather than letting the system kill the run partway through.
+fn check_depth_fits(depth: usize, bytes: u64, avail: Option<u64>) -> Result<()> {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    match avail {
+        Some(avail) if bytes > avail => bail!(
+            "-d {depth}: the CPU's KV cache for it needs {:.1} GiB, and {:.1} GiB of memory is available",
+            gib(bytes),
+            gib(avail)
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// The read-bandwidth test: a buffer far larger than the caches, summed with the engine's
@@ -291,6 +305,10 @@ pub fn main(a: Args) -> Result<ExitCode> {
             model.config.context_length
         );
     }
+    if a.device == load::DeviceArg::Cpu {
+        let bytes = (model.config.kv_bytes_per_token() * (a.depth + room)) as u64;
+        check_depth_fits(a.depth, bytes, proc_kib("/proc/meminfo", "MemAvailable:"))?;
+    }
     let threads = model::pool::global().threads();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(42);
     let vocab = model.config.vocab as u32;
@@ -424,4 +442,30 @@ pub fn main(a: Args) -> Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_depth_whose_cache_exceeds_the_available_memory_is_refused_with_the_numbers() {
+        let e = check_depth_fits(262_144, 34 << 30, Some(20 << 30))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("34.0 GiB") && e.contains("20.0 GiB"), "{e}");
+        assert!(check_depth_fits(4096, 1 << 30, Some(20 << 30)).is_ok());
+        // Unknown available memory: nothing to hold the depth against.
+        assert!(check_depth_fits(4096, 1 << 40, None).is_ok());
+    }
+
+    #[test]
+    fn proc_lines_are_read_in_bytes() {
+        // This process's own status always has its peak resident set on Linux.
+        if cfg!(target_os = "linux") {
+            assert!(proc_kib("/proc/self/status", "VmHWM:").unwrap_or(0) > 0);
+            assert!(proc_kib("/proc/meminfo", "MemAvailable:").unwrap_or(0) > 0);
+        }
+        assert_eq!(proc_kib("/proc/self/status", "NoSuchKey:"), None);
+    }
 }
