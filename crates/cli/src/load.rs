@@ -28,6 +28,17 @@ pub fn open_gguf(path: &Path) -> Result<Arc<Gguf>> {
 /// Opens a model for generation: the context limited to `ctx` tokens when given (never above
 /// what it was trained for) and the chosen dot kernels.
 pub fn open_model(path: &Path, ctx: Option<usize>, kernels: KernelsArg) -> Result<Model> {
+    open_model_checked(path, ctx, kernels, |_| Ok(()))
+}
+
+/// [`open_model`], refusing the model by `check` before its weights are re-tiled (which takes
+/// seconds on a 27B file).
+pub fn open_model_checked(
+    path: &Path,
+    ctx: Option<usize>,
+    kernels: KernelsArg,
+    check: impl FnOnce(&Model) -> Result<()>,
+) -> Result<Model> {
     let t = Instant::now();
     let file = open_gguf(path)?;
     let mut m = Model::from_gguf(file).with_context(|| format!("loading {}", path.display()))?;
@@ -39,6 +50,7 @@ pub fn open_model(path: &Path, ctx: Option<usize>, kernels: KernelsArg) -> Resul
     if let Some(n) = ctx {
         m.limit_context(n);
     }
+    check(&m)?;
     let t = Instant::now();
     let mut bar = None;
     m.set_ternary(kernels.ternary());

@@ -84,14 +84,16 @@ fn peak_rss_bytes() -> u64 {
     proc_kib("/proc/self/status", "VmHWM:").unwrap_or(0)
 }
 
-/// Refuses a depth whose f32 KV cache (`bytes`) the machine's available memory (`avail`, where
-/// known) cannot hold, rather than letting the system kill the run partway through.
-fn check_depth_fits(depth: usize, bytes: u64, avail: Option<u64>) -> Result<()> {
+/// Refuses a depth whose f32 KV cache (`bytes`) does not fit beside the re-tiled weights
+/// (`weights`, about the file's size) in the machine's available memory (`avail`, where known),
+/// rather than letting the system kill the run partway through.
+fn check_depth_fits(depth: usize, bytes: u64, weights: u64, avail: Option<u64>) -> Result<()> {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     match avail {
-        Some(avail) if bytes > avail => bail!(
-            "-d {depth}: the CPU's KV cache for it needs {:.1} GiB, and {:.1} GiB of memory is available",
+        Some(avail) if bytes + weights > avail => bail!(
+            "-d {depth}: the CPU's KV cache for it needs {:.1} GiB beside {:.1} GiB of weights, and {:.1} GiB of memory is available",
             gib(bytes),
+            gib(weights),
             gib(avail)
         ),
         _ => Ok(()),
@@ -293,22 +295,27 @@ pub fn main(a: Args) -> Result<ExitCode> {
     }
     load::check_kv_cache(a.device, a.kv_cache)?;
     load::init_threads(a.threads)?;
-    let model = load::open_model(&a.model, None, a.kernels)?;
     // Positions a test adds to the depth's.
     let room = a.n_prompt.max(a.n_gen);
-    if a.depth + room > model.config.context_length {
-        bail!(
-            "-d {} + the longer of -p {} and -n {} exceed the context of {}",
-            a.depth,
-            a.n_prompt,
-            a.n_gen,
-            model.config.context_length
-        );
-    }
-    if a.device == load::DeviceArg::Cpu {
-        let bytes = (model.config.kv_bytes_per_token() * (a.depth + room)) as u64;
-        check_depth_fits(a.depth, bytes, proc_kib("/proc/meminfo", "MemAvailable:"))?;
-    }
+    let model = load::open_model_checked(&a.model, None, a.kernels, |m| {
+        let c = &m.config;
+        if a.depth + room > c.context_length {
+            bail!(
+                "-d {} + the longer of -p {} and -n {} exceed the context of {}",
+                a.depth,
+                a.n_prompt,
+                a.n_gen,
+                c.context_length
+            );
+        }
+        if a.device == load::DeviceArg::Cpu {
+            let bytes = (c.kv_bytes_per_token() * (a.depth + room)) as u64;
+            let weights = std::fs::metadata(&a.model).map_or(0, |f| f.len());
+            let avail = proc_kib("/proc/meminfo", "MemAvailable:");
+            check_depth_fits(a.depth, bytes, weights, avail)?;
+        }
+        Ok(())
+    })?;
     let threads = model::pool::global().threads();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(42);
     let vocab = model.config.vocab as u32;
@@ -450,13 +457,18 @@ mod tests {
 
     #[test]
     fn a_depth_whose_cache_exceeds_the_available_memory_is_refused_with_the_numbers() {
-        let e = check_depth_fits(262_144, 34 << 30, Some(20 << 30))
+        let e = check_depth_fits(262_144, 34 << 30, 4 << 30, Some(20 << 30))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("34.0 GiB") && e.contains("20.0 GiB"), "{e}");
-        assert!(check_depth_fits(4096, 1 << 30, Some(20 << 30)).is_ok());
+        assert!(
+            e.contains("34.0 GiB") && e.contains("4.0 GiB") && e.contains("20.0 GiB"),
+            "{e}"
+        );
+        assert!(check_depth_fits(4096, 1 << 30, 4 << 30, Some(20 << 30)).is_ok());
+        // The cache alone fits, not beside the weights.
+        assert!(check_depth_fits(65_536, 17 << 30, 4 << 30, Some(20 << 30)).is_err());
         // Unknown available memory: nothing to hold the depth against.
-        assert!(check_depth_fits(4096, 1 << 40, None).is_ok());
+        assert!(check_depth_fits(4096, 1 << 40, 4 << 30, None).is_ok());
     }
 
     #[test]
