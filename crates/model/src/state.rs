@@ -44,7 +44,7 @@ impl KvCache {
 
     /// Appends positions' keys and values, `[position][kv head][head_dim]` as the projections
     /// make them. A full head's rows grow by an eighth of what they hold (or by what is
-    /// appended, if more) instead of doubling: a doubling `Vec` could hold nearly twice the
+    /// appended, or by [`KV_GROW_MIN`] floats, whichever is most) instead of doubling: a doubling `Vec` could hold nearly twice the
     /// memory a long context needs (a 27B model's 262,144 positions are 34 GB of f32).
     pub fn append(&mut self, k: &[f32], v: &[f32]) {
         let hd = self.head_dim;
@@ -157,13 +157,17 @@ impl State {
     /// Whether this state fits a model of this shape.
     pub(crate) fn matches(&self, c: &Config) -> bool {
         self.layers.len() == c.n_layers
-            && self.layers.iter().zip(&c.layers).all(|(s, k)| {
-                matches!(
-                    (s, k),
-                    (LayerState::Recurrent { .. }, LayerKind::Recurrent)
-                        | (LayerState::Attention(_), LayerKind::Attention)
-                )
-            })
+            && self
+                .layers
+                .iter()
+                .zip(&c.layers)
+                .all(|(s, k)| match (s, k) {
+                    (LayerState::Recurrent { .. }, LayerKind::Recurrent) => true,
+                    (LayerState::Attention(kv), LayerKind::Attention) => {
+                        kv.k.len() == c.n_head_kv && kv.head_dim == c.head_dim
+                    }
+                    _ => false,
+                })
     }
 }
 

@@ -265,3 +265,18 @@ fn folded_hadamard_rotation_leaves_logits_unchanged() {
         .unwrap();
     assert!(max_abs_diff(&a, &c) > 0.1);
 }
+
+#[test]
+fn a_state_of_other_attention_heads_is_refused_not_written() {
+    let (shape, t) = tiny(Format::Q2_0, 3);
+    let m = open(&synth::writer_from_f32(&shape, &t, Format::Q2_0, "t").unwrap());
+    // The same layers, the KV cache of another head count or head size.
+    for (heads, dim) in [(2, 1), (1, 2)] {
+        let mut c = m.config.clone();
+        c.n_head_kv *= heads;
+        c.head_dim *= dim;
+        let mut st = model::State::new(&c);
+        let r = m.forward(&mut st, &tokens(3), Logits::Last);
+        assert!(matches!(r, Err(ModelError::StateMismatch)), "{heads} {dim}");
+    }
+}

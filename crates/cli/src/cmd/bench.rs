@@ -84,16 +84,18 @@ fn peak_rss_bytes() -> u64 {
     proc_kib("/proc/self/status", "VmHWM:").unwrap_or(0)
 }
 
-/// Refuses a depth whose f32 KV cache (`bytes`) does not fit beside the re-tiled weights
-/// (`weights`, about the file's size) in the machine's available memory (`avail`, where known),
+/// Refuses a depth whose f32 KV cache (`bytes`) does not fit beside the rest of the run
+/// (`others`: the re-tiled weights, about the file's size, more for `--kernels int8-wide`,
+/// and the bandwidth test's buffer) in the machine's available memory (`avail`, where known),
 /// rather than letting the system kill the run partway through.
-fn check_depth_fits(depth: usize, bytes: u64, weights: u64, avail: Option<u64>) -> Result<()> {
+fn check_depth_fits(depth: usize, bytes: u64, others: u64, avail: Option<u64>) -> Result<()> {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     match avail {
-        Some(avail) if bytes + weights > avail => bail!(
-            "-d {depth}: the CPU's KV cache for it needs {:.1} GiB beside {:.1} GiB of weights, and {:.1} GiB of memory is available",
+        Some(avail) if bytes + others > avail => bail!(
+            "-d {depth}: the CPU's KV cache for it needs {:.1} GiB beside {:.1} GiB of weights and \
+             bandwidth buffer (--bw-bytes), and {:.1} GiB of memory is available",
             gib(bytes),
-            gib(weights),
+            gib(others),
             gib(avail)
         ),
         _ => Ok(()),
@@ -312,7 +314,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
             let bytes = (c.kv_bytes_per_token() * (a.depth + room)) as u64;
             let weights = std::fs::metadata(&a.model).map_or(0, |f| f.len());
             let avail = proc_kib("/proc/meminfo", "MemAvailable:");
-            check_depth_fits(a.depth, bytes, weights, avail)?;
+            check_depth_fits(a.depth, bytes, weights + a.bw_bytes as u64, avail)?;
         }
         Ok(())
     })?;
