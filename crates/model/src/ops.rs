@@ -280,9 +280,8 @@ fn dots_fixed<const G: usize>(rows: &[f32], b: &[f32], out: &mut [f32]) {
     }
 }
 
-/// Asks for the cache lines of `x` (a hint: nothing is read, nothing can fault). For rows the
-/// hardware prefetcher cannot follow: one kv head's cached keys or values lie a page apart, in
-/// a new page every position.
+/// Asks for the cache lines of `x` (a hint: nothing is read, nothing can fault): attention's
+/// passes over a kv head's cached keys and values ask for the rows a few positions ahead.
 pub fn prefetch(x: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     for off in (0..x.len()).step_by(16) {

@@ -44,8 +44,9 @@ impl KvCache {
 
     /// Appends positions' keys and values, `[position][kv head][head_dim]` as the projections
     /// make them. A full head's rows grow by an eighth of what they hold (or by what is
-    /// appended, or by [`KV_GROW_MIN`] floats, whichever is most) instead of doubling: a doubling `Vec` could hold nearly twice the
-    /// memory a long context needs (a 27B model's 262,144 positions are 34 GB of f32).
+    /// appended, or by [`KV_GROW_MIN`] floats, whichever is most) instead of doubling: a
+    /// doubling `Vec` could hold nearly twice the memory a long context needs (a 27B model's
+    /// 262,144 positions are 34 GB of f32).
     pub fn append(&mut self, k: &[f32], v: &[f32]) {
         let hd = self.head_dim;
         let row = self.k.len() * hd;

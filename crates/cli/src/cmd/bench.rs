@@ -245,8 +245,8 @@ fn bytes_per_token(model: &Model, context: usize, bytes_per_32: usize) -> u64 {
         })
         .sum();
     let c = &model.config;
-    let kv = (c.n_attention_layers() * c.n_head_kv * c.head_dim * 2 * context * bytes_per_32 / 32)
-        as u64;
+    // kv_bytes_per_token counts the CPU's f32 cache: 128 bytes per 32 elements.
+    let kv = (c.kv_bytes_per_token() * context * bytes_per_32 / 128) as u64;
     weights + 2 * c.recurrent_state_bytes() as u64 + kv
 }
 
