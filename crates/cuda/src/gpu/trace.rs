@@ -40,6 +40,7 @@ pub enum TraceKind {
     AttnPrep,
     AttnSplit,
     AttnMerge,
+    Ffn,
     Other(u32),
 }
 
@@ -54,6 +55,7 @@ impl TraceKind {
             6 => TraceKind::AttnPrep,
             7 => TraceKind::AttnSplit,
             8 => TraceKind::AttnMerge,
+            9 => TraceKind::Ffn,
             k => TraceKind::Other(k),
         }
     }

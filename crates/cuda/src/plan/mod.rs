@@ -3,6 +3,7 @@
 
 mod attention;
 mod dims;
+mod ffn;
 mod gemm;
 mod gemv;
 mod memory;
@@ -14,6 +15,7 @@ mod topk;
 
 pub use attention::*;
 pub use dims::*;
+pub use ffn::*;
 pub use gemm::*;
 pub use gemv::*;
 pub use memory::*;
