@@ -107,7 +107,6 @@ __device__ __forceinline__ void pdl_launch() {
 #define TRACE_ATTN_PREP 6
 #define TRACE_ATTN_SPLIT 7
 #define TRACE_ATTN_MERGE 8
-#define TRACE_FFN 9
 #ifdef NIWAKI_TRACE
 struct TraceRec {
     u64 tag, wait0, wait1, end;
@@ -142,16 +141,10 @@ __device__ __forceinline__ void trace_put(u32 kind, u64 tag, u64 wait0, u64 wait
     const u64 trace_w0 = global_ns(); \
     PDL_ENTRY();                      \
     const u64 trace_w1 = global_ns()
-// TRACE_ENTRY for kernels that signal their dependents later than at their start.
-#define TRACE_WAIT()                  \
-    const u64 trace_w0 = global_ns(); \
-    pdl_wait();                       \
-    const u64 trace_w1 = global_ns()
 // Called by one thread of each block, the block's last to finish where it can be told.
 #define TRACE_EXIT(kind, tag) trace_put(kind, (u64)(tag), trace_w0, trace_w1)
 #else
 #define TRACE_ENTRY() PDL_ENTRY()
-#define TRACE_WAIT() pdl_wait()
 #define TRACE_EXIT(kind, tag) \
     do {                      \
     } while (0)

@@ -320,43 +320,6 @@ __device__ __forceinline__ float swz_row_dot(u32 xa, const float2* ssm, int c, c
     return staged_dot<FMT>(w, d, xw, ssm, c);
 }
 
-// Lane `sub`'s partial sums of row `rt` of a staged tile (codes at `st`, their scales
-// `code_bytes` further) against the staged activations: `xsm` piece-major, or swizzled at shared
-// address `xa` (SWZ). With 16 lanes to a row, lane `sub` sums the chunks that lanes `sub` and
-// `sub + 16` of the one-warp-per-row order (gemv_body's) sum, each in its own accumulator (.x,
-// .y), and tile_row_reduce adds them as warp_sum does: decode and multi-token GEMVs give the
-// same bits.
-template <int FMT, int L, bool SWZ>
-__device__ __forceinline__ float2 tile_row_partials(const unsigned char* st, u32 code_bytes, int chunks, int spr,
-                                                    int rt, int sub, const uint4* xsm, u32 xa, const float2* ssm) {
-    const uint4* wc = (const uint4*)st;
-    const u16* ws = (const u16*)(st + code_bytes);
-    auto chunk_dot = [&](int c) {
-        const uint4 w = wc[(size_t)rt * chunks + c];
-        const float d = h2f(ws[rt * spr + (FMT == FMT_Q2G128 ? c >> 1 : c)]);
-        return SWZ ? swz_row_dot<FMT>(xa, ssm, c, w, d) : smem_row_dot<FMT>(xsm, ssm, chunks, c, w, d);
-    };
-    float acc = 0.0f, acc_hi = 0.0f;
-    if (L == 16) {
-        for (int c = sub; c < chunks; c += 32) {
-            acc += chunk_dot(c);
-            if (c + 16 < chunks) acc_hi += chunk_dot(c + 16);
-        }
-    } else {
-        for (int c = sub; c < chunks; c += L) acc += chunk_dot(c);
-    }
-    return make_float2(acc, acc_hi);
-}
-
-// A row's sum from its L lanes' partials (tile_row_partials); lane `sub` 0 of the row has it.
-template <int L>
-__device__ __forceinline__ float tile_row_reduce(float2 part) {
-    float acc = L == 16 ? part.x + part.y : part.x;
-#pragma unroll
-    for (int o = L / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    return acc;
-}
-
 #if __CUDA_ARCH__ >= 900
 // The fused norm of the decode GEMVs: RMS-normalizes `row` (weights `nw`) and quantizes it into
 // `lin` (int8, linear) and its group pairs `ssm`, with the same operations in the same order as
@@ -515,12 +478,34 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
         // arithmetic rather than after it: its latency hides behind the dot products.
         const float prev = accumulate && sub == 0 && row < rows ? out[row] : 0.0f;
         mbar_wait(smem_addr(&bars[s]), (u32)(i / stages) & 1u);
-        const float2 part = DOT ? tile_row_partials<FMT, L, SWZ>(st, code_bytes, chunks, spr, rt, sub, xsm, xa, ssm)
-                                : make_float2(0.0f, 0.0f);
+        const uint4* wc = (const uint4*)st;
+        const u16* ws = (const u16*)(st + code_bytes);
+        // Chunk c of this warp's row against the activations.
+        auto chunk_dot = [&](int c) {
+            const uint4 w = wc[(size_t)rt * chunks + c];
+            const float d = h2f(ws[rt * spr + (FMT == FMT_Q2G128 ? c >> 1 : c)]);
+            return SWZ ? swz_row_dot<FMT>(xa, ssm, c, w, d) : smem_row_dot<FMT>(xsm, ssm, chunks, c, w, d);
+        };
+        // With 16 lanes to a row, lane `sub` sums the chunks that lanes `sub` and `sub + 16` of
+        // the one-warp-per-row order (gemv_body's) sum, each in its own accumulator, and the
+        // reduction below adds them as warp_sum does: decode and multi-token GEMVs give the
+        // same bits.
+        float acc = 0.0f, acc_hi = 0.0f;
+        if (!DOT) {
+        } else if (L == 16) {
+            for (int c = sub; c < chunks; c += 32) {
+                acc += chunk_dot(c);
+                if (c + 16 < chunks) acc_hi += chunk_dot(c + 16);
+            }
+        } else {
+            for (int c = sub; c < chunks; c += L) acc += chunk_dot(c);
+        }
         // Every lane of this warp is done reading stage s.
         __syncwarp();
         if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
-        const float acc = tile_row_reduce<L>(part);
+        if (L == 16) acc += acc_hi;
+#pragma unroll
+        for (int o = L / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
         if (sub == 0 && row < rows) {
             const float v = accumulate ? acc + prev : acc;
             out[row] = v;

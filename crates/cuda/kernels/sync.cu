@@ -24,23 +24,3 @@ __device__ __forceinline__ void grid_barrier(u32* count, u32 target) {
 extern "C" __global__ void __launch_bounds__(256) grid_barrier_rounds(u32* count, int rounds) {
     for (int r = 0; r < rounds; r++) grid_barrier(count, gridDim.x * (u32)(r + 1));
 }
-
-// A grid-wide barrier that leaves its words as it found them, for kernels launched again and
-// again (a decode step's graph) with no reset between: `sync[0]` counts arrivals and goes back
-// to 0 once all `n` blocks are in; `sync[1]`, the generation, then grows by one, which is what
-// the others wait for. One thread a block (the block's threads synchronized around it by the
-// caller); every block resident.
-__device__ __forceinline__ void grid_sync_reusable(u32* sync, u32 n) {
-    u32 gen, old;
-    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(sync + 1) : "memory");
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(sync) : "memory");
-    if (old == n - 1) {
-        asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(sync) : "memory");
-        asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(sync + 1), "r"(gen + 1) : "memory");
-        return;
-    }
-    u32 now;
-    do {
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(sync + 1) : "memory");
-    } while (now == gen);
-}

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{CudaError, Result};
 
 /// The kernel sources in the order they are concatenated.
-pub const SOURCES: [(&str, &str); 14] = [
+pub const SOURCES: [(&str, &str); 13] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("quant.cu", include_str!("../kernels/quant.cu")),
     ("gemv.cu", include_str!("../kernels/gemv.cu")),
@@ -20,8 +20,6 @@ pub const SOURCES: [(&str, &str); 14] = [
     ("topk.cu", include_str!("../kernels/topk.cu")),
     // After gemv.cu (its chunk dot and staging) and sync.cu (the grid barrier).
     ("gemv_chain.cu", include_str!("../kernels/gemv_chain.cu")),
-    // After gemv.cu (the tile sums, the staging) and sync.cu (the reusable grid barrier).
-    ("ffn.cu", include_str!("../kernels/ffn.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
     (
         "attention_mma.cu",
@@ -30,7 +28,7 @@ pub const SOURCES: [(&str, &str); 14] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 89] = [
+pub const KERNELS: [&str; 86] = [
     "quant_rms",
     "quant_swiglu",
     "quant_gated",
@@ -80,9 +78,6 @@ pub const KERNELS: [&str; 89] = [
     "gemv_chain_q2g64",
     "gemv_chain_q1_nodot",
     "gemv_chain_q2g64_nodot",
-    "ffn_decode_q1",
-    "ffn_decode_q2g64",
-    "ffn_decode_q2g128",
     "gemm_q1_m1",
     "gemm_q1_m2",
     "gemm_q2g64_m1",

@@ -12,9 +12,7 @@ use model::{LayerKind, Logits, Model, ModelError};
 use quant::Format;
 
 use crate::error::{Context, CudaError, Result};
-use crate::gpu::{
-    Arg, DevBuf, DevMat, DeviceInfo, FfnIo, GemvIo, Gpu, NormIn, NormWeights, Prefetch,
-};
+use crate::gpu::{Arg, DevBuf, DevMat, DeviceInfo, GemvIo, Gpu, NormIn, Prefetch};
 use crate::plan::{
     self, attn_splits, check_fits, forward_ops, Dims, Fusion, Head, KvCache, Mat, Norm, Op, Out,
     Scratch, StateBytes, MAX_CHUNK,
@@ -1384,47 +1382,6 @@ impl CudaModel {
                     Arg::Ptr(self.signs_if(d.rotation.ffn_down, d.ffn)?),
                 ],
             ),
-            Op::FfnDecode { layer, norm } => {
-                let (gu, down) = (Mat::FfnIn(layer), Mat::FfnDown(layer));
-                let io = FfnIo {
-                    xq,
-                    xs,
-                    proj,
-                    residual: st.s("x"),
-                    sync: st.s("grid_sync"),
-                    norm: norm.map(|n| NormWeights {
-                        weight: self.norm_weight(n).ptr,
-                        eps: d.rms_eps,
-                    }),
-                    prefetch: self.gemv_io(st, down, 1, Out::Residual).prefetch,
-                };
-                if g.ffn_decode(s, self.mat(gu), self.mat(down), &io)? {
-                    return Ok(());
-                }
-                let unfused = [
-                    Op::Gemv {
-                        mat: gu,
-                        ntok: 1,
-                        out: Out::Proj,
-                    },
-                    Op::SwigluQuant { ntok: 1 },
-                    Op::Gemv {
-                        mat: down,
-                        ntok: 1,
-                        out: Out::Residual,
-                    },
-                ];
-                let norm = norm.map(|norm| Op::NormQuant {
-                    norm,
-                    tok0: 0,
-                    ntok: 1,
-                    rot: false,
-                });
-                for op in unfused.iter().chain(norm.iter()) {
-                    self.exec(st, op)?;
-                }
-                Ok(())
-            }
             Op::ResetArgmax { ntok } => g.launch(
                 s,
                 "fill_u64",

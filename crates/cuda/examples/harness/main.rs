@@ -41,9 +41,7 @@ mod sampling;
 use bench::bench_27b;
 use gemm::gemm_speed;
 use kernels::kernel_checks;
-use models::{
-    determinism, fused_ffn, fused_recurrence, kv_q8_checks, whole_model, whole_model_rotated,
-};
+use models::{determinism, fused_recurrence, kv_q8_checks, whole_model, whole_model_rotated};
 use report::*;
 
 fn main() {
@@ -131,8 +129,7 @@ fn run(rep: &mut Report) -> R<()> {
         // The merged decode kernels against the kernels they replace, bit for bit.
         Ok("fused") => {
             drop(gpu);
-            fused_recurrence(rep)?;
-            return fused_ffn(rep);
+            return fused_recurrence(rep);
         }
         // The attention kernels' checks (both shapes, the q8_0 cache in whole models), then
         // decode at depth on a 27B model (`NIWAKI_HARNESS_27B`, default Q2_0).
@@ -219,7 +216,6 @@ fn run(rep: &mut Report) -> R<()> {
     kv_q8_checks(rep)?;
     rep.line("");
     fused_recurrence(rep)?;
-    fused_ffn(rep)?;
     rep.line("");
     determinism(rep)?;
     rep.line("");

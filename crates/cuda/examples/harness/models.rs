@@ -246,26 +246,6 @@ pub(crate) fn kv_q8_checks(rep: &mut Report) -> R<()> {
     Ok(())
 }
 
-/// Calls of 20, 1, 1, 1, 5, 1, 1, 2, 1, 1, 1 random tokens (odd and even passes move the conv
-/// state between its two buffers), from `seed`.
-fn decode_calls(vocab: usize, seed: u64) -> Vec<Vec<u32>> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    [20, 1, 1, 1, 5, 1, 1, 2, 1, 1, 1]
-        .iter()
-        .map(|&n| (0..n).map(|_| rng.gen_range(0..vocab as u32)).collect())
-        .collect()
-}
-
-/// The last logits of each of `calls` in one fresh state.
-fn last_logits(g: &CudaModel, calls: &[Vec<u32>]) -> R<Vec<f32>> {
-    let mut st = g.new_state(256)?;
-    let mut out = Vec::new();
-    for c in calls {
-        out.extend(g.forward(&mut st, c, Logits::Last)?);
-    }
-    Ok(out)
-}
-
 /// The merged kernels of decode steps against the kernels they replace, logits bit for bit over
 /// calls of 20, 1, 1, 1, 5, 1, 1, 2, 1, 1, 1 tokens (odd and even passes move the conv state
 /// between its two buffers): the one-kernel recurrence (`gdn_decode`) against conv, step and
@@ -277,10 +257,22 @@ pub(crate) fn fused_recurrence(rep: &mut Report) -> R<()> {
         let t = synth::random_f32_tensors(&shape, Format::Q2_0, 12);
         let m = open(&synth::writer_from_f32(&shape, &t, Format::Q2_0, "h")?)?;
         let g = CudaModel::load(&m)?;
-        let calls = decode_calls(vocab, 13);
+        let mut rng = ChaCha8Rng::seed_from_u64(13);
+        let mut tok = || rng.gen_range(0..vocab as u32);
+        let calls: Vec<Vec<u32>> = [20, 1, 1, 1, 5, 1, 1, 2, 1, 1, 1]
+            .iter()
+            .map(|&n| (0..n).map(|_| tok()).collect())
+            .collect();
         let run = |gdn: bool, attn: bool| -> R<Vec<f32>> {
             let (g0, a0) = (g.gpu().set_fuse_gdn(gdn), g.gpu().set_fuse_attn(attn));
-            let out = last_logits(&g, &calls);
+            let out = (|| -> R<Vec<f32>> {
+                let mut st = g.new_state(256)?;
+                let mut out = Vec::new();
+                for c in &calls {
+                    out.extend(g.forward(&mut st, c, Logits::Last)?);
+                }
+                Ok(out)
+            })();
             g.gpu().set_fuse_gdn(g0);
             g.gpu().set_fuse_attn(a0);
             out
@@ -316,60 +308,6 @@ pub(crate) fn fused_recurrence(rep: &mut Report) -> R<()> {
                 plain.len()
             ));
             rep.check(ok, format!("{what} {preset:?}"));
-        }
-    }
-    Ok(())
-}
-
-/// The one-kernel feed-forward block (`kernels/ffn.cu`) against the dp4a decode GEMVs and
-/// quant_swiglu it replaces (the binary GEMVs off on both sides, since their sums run in another
-/// order), logits bit for bit over the same calls as [`fused_recurrence`], in every weight
-/// layout; and that the kernel ran.
-pub(crate) fn fused_ffn(rep: &mut Report) -> R<()> {
-    for (preset, vocab) in [(Preset::Tiny, 1000usize), (Preset::Small, 4096)] {
-        for format in [Format::Q1_0, Format::Q2_0, Format::Q2_0G128] {
-            let shape = preset.shape(vocab);
-            let t = synth::random_f32_tensors(&shape, format, 14);
-            let m = open(&synth::writer_from_f32(&shape, &t, format, "h")?)?;
-            let g = CudaModel::load(&m)?;
-            let gpu = g.gpu();
-            let (b1, b2) = (gpu.set_b1(false), gpu.set_b2(false));
-            let calls = decode_calls(vocab, 15);
-            let run = |ffn: bool, norm: bool| -> R<Vec<f32>> {
-                let (was, was_norm) = (gpu.set_fuse_ffn(ffn), gpu.set_fuse_ffn_norm(norm));
-                let out = last_logits(&g, &calls);
-                gpu.set_fuse_ffn(was);
-                gpu.set_fuse_ffn_norm(was_norm);
-                out
-            };
-            let plain = run(false, false)?;
-            for norm in [false, true] {
-                let before = gpu.ffn_launches();
-                let fused = run(true, norm)?;
-                let launched = gpu.ffn_launches() - before;
-                let differing = plain
-                    .iter()
-                    .zip(&fused)
-                    .filter(|(x, y)| x.to_bits() != y.to_bits())
-                    .count();
-                let ok = plain.len() == fused.len() && differing == 0 && launched > 0;
-                let what = if norm {
-                    "and the norm after it"
-                } else {
-                    "(the norm after it apart)"
-                };
-                rep.line(format!(
-                    "One-kernel decode feed-forward {what} against gate | up + SwiGLU + down + norm ({preset:?}, {format}, {} calls): {differing} of {} logits differ in any bit; {launched} launches of the kernel",
-                    calls.len(),
-                    plain.len()
-                ));
-                rep.check(
-                    ok,
-                    format!("One-kernel feed-forward {preset:?} {format} {what}"),
-                );
-            }
-            gpu.set_b1(b1);
-            gpu.set_b2(b2);
         }
     }
     Ok(())

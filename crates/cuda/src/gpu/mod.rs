@@ -17,10 +17,8 @@ use crate::repack::{GpuFormat, Packed, X_GROUP};
 use crate::tma::{self, TensorMap};
 
 mod decode_gemv;
-mod ffn_decode;
 mod trace;
 
-pub use ffn_decode::{FfnIo, NormWeights};
 pub use trace::{TraceKind, TraceRecord};
 
 use decode_gemv::{X_COPY_ALL, X_COPY_OFF, X_COPY_PLAN};
@@ -338,15 +336,6 @@ pub struct Gpu {
     /// (`attn_combine_quant`; on by default, `NIWAKI_CUDA_FUSE_ATTN=0` runs the two: the same
     /// bits).
     fuse_attn: AtomicBool,
-    /// A decode step's feed-forward block (gate | up, SwiGLU, down) in one kernel per layer
-    /// (`kernels/ffn.cu`; off by default, `NIWAKI_CUDA_FUSE_FFN=1` turns it on: the same bits
-    /// as the dp4a decode GEMVs and quant_swiglu it replaces).
-    fuse_ffn: AtomicBool,
-    /// Launches of the one-kernel feed-forward block so far, for the harness to see it run.
-    ffn_launches: AtomicUsize,
-    /// Whether that kernel also norms the residual for the GEMV after it (the step's next norm,
-    /// `NIWAKI_CUDA_FFN_NORM=0` runs it as its own kernel).
-    fuse_ffn_norm: AtomicBool,
     /// Select the candidates of a draw with a top-k limit on the GPU (`kernels/topk.cu`;
     /// `NIWAKI_CUDA_TOPK=0` copies the row to the host instead, for measuring it).
     topk: AtomicBool,
@@ -524,8 +513,6 @@ impl Gpu {
                     plan::GEMV_B1_STATIC_SMEM
                 } else if k.starts_with("gemv1_") || k.starts_with("gemv_chain_") {
                     plan::GEMV1_STATIC_SMEM
-                } else if k.starts_with("ffn_decode_") {
-                    plan::FFN_STATIC_SMEM
                 } else {
                     continue;
                 };
@@ -568,9 +555,6 @@ impl Gpu {
             )),
             fuse_gdn: AtomicBool::new(env_on("NIWAKI_CUDA_FUSE_GDN")),
             fuse_attn: AtomicBool::new(env_on("NIWAKI_CUDA_FUSE_ATTN")),
-            fuse_ffn: AtomicBool::new(hopper && env_opt_in("NIWAKI_CUDA_FUSE_FFN")),
-            ffn_launches: AtomicUsize::new(0),
-            fuse_ffn_norm: AtomicBool::new(env_on("NIWAKI_CUDA_FFN_NORM")),
             topk: AtomicBool::new(env_on("NIWAKI_CUDA_TOPK")),
             topk_sums: AtomicBool::new(env_on("NIWAKI_CUDA_TOPK_SUMS")),
             attn_tile: AtomicUsize::new(
@@ -771,27 +755,7 @@ impl Gpu {
             norm: self.gemv1() && self.norm_fusion() != plan::NormFusion::Apart,
             gdn: self.fuse_gdn.load(Ordering::Relaxed),
             attn: self.fuse_attn.load(Ordering::Relaxed),
-            ffn: self.gemv1() && self.fuse_ffn.load(Ordering::Relaxed),
-            ffn_norm: self.fuse_ffn_norm.load(Ordering::Relaxed),
         }
-    }
-
-    /// Turns the one-kernel feed-forward block of one-token passes on or off (never on before
-    /// sm_90); returns the previous setting (as [`Gpu::set_fuse_gdn`]).
-    pub fn set_fuse_ffn(&self, on: bool) -> bool {
-        let hopper = self.info.compute_capability.0 >= 9;
-        self.fuse_ffn.swap(on && hopper, Ordering::Relaxed)
-    }
-
-    /// Launches of the one-kernel feed-forward block so far.
-    pub fn ffn_launches(&self) -> usize {
-        self.ffn_launches.load(Ordering::Relaxed)
-    }
-
-    /// Turns the one-kernel feed-forward block's norm of the residual after it on or off;
-    /// returns the previous setting.
-    pub fn set_fuse_ffn_norm(&self, on: bool) -> bool {
-        self.fuse_ffn_norm.swap(on, Ordering::Relaxed)
     }
 
     /// Turns the one-kernel recurrence of one-token passes on or off (for checking it against

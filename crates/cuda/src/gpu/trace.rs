@@ -40,7 +40,6 @@ pub enum TraceKind {
     AttnPrep,
     AttnSplit,
     AttnMerge,
-    Ffn,
     Other(u32),
 }
 
@@ -55,7 +54,6 @@ impl TraceKind {
             6 => TraceKind::AttnPrep,
             7 => TraceKind::AttnSplit,
             8 => TraceKind::AttnMerge,
-            9 => TraceKind::Ffn,
             k => TraceKind::Other(k),
         }
     }

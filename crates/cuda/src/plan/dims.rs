@@ -154,8 +154,6 @@ impl Dims {
             ("GEMV1_MAX_STAGES", GEMV1_MAX_STAGES),
             ("CH_WARPS", CHAIN_WARPS),
             ("CH_SLOTS", CHAIN_SLOTS),
-            ("FFN_GROUPS", FFN_GROUPS),
-            ("FFN_SLOTS", FFN_SLOTS),
             ("MM_WARPS", GEMM_WARPS),
             ("MM_BN", GEMM_TOKENS),
             ("MM_KC", GEMM_STAGE_VALUES),

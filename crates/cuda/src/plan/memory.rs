@@ -136,9 +136,6 @@ impl Scratch {
             ("weight_chunks", 8 * weight_chunks(d.vocab)),
             ("gemm_part", 4 * GEMM_MAX_SPLITS * t * d.hidden),
             ("pos", 8),
-            // The one-kernel feed-forward block's grid barrier (count, generation): zeroed with
-            // the rest, and left at a zero count by every launch.
-            ("grid_sync", 8),
         ];
         let mut regions = Vec::new();
         let mut at = 0;

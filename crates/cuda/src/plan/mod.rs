@@ -3,7 +3,6 @@
 
 mod attention;
 mod dims;
-mod ffn;
 mod gemm;
 mod gemv;
 mod memory;
@@ -15,7 +14,6 @@ mod topk;
 
 pub use attention::*;
 pub use dims::*;
-pub use ffn::*;
 pub use gemm::*;
 pub use gemv::*;
 pub use memory::*;

@@ -126,13 +126,6 @@ pub enum Op {
     SwigluQuant {
         ntok: usize,
     },
-    /// One token: a layer's gate | up GEMV, SwiGLU and down GEMV (added into the residual) in
-    /// one kernel (`kernels/ffn.cu`), then with `norm` the one-token NormQuant of that norm
-    /// (unrotated) that follows it; or those ops where the device has no plan for the kernel.
-    FfnDecode {
-        layer: usize,
-        norm: Option<Norm>,
-    },
     ResetArgmax {
         ntok: usize,
     },
@@ -199,10 +192,6 @@ pub struct Fusion {
     /// An attention layer's split merge and its output's quantization in one kernel
     /// ([`Op::AttnCombineQuant`]; heads of a multiple of 128 values).
     pub attn: bool,
-    /// A layer's feed-forward block in one kernel ([`Op::FfnDecode`]).
-    pub ffn: bool,
-    /// With `ffn`, the norm after the block in the same kernel.
-    pub ffn_norm: bool,
 }
 
 /// The launches of one forward pass over `ntok` tokens (at most [`MAX_CHUNK`]), a one-token
@@ -266,16 +255,9 @@ pub fn forward_ops(d: &Dims, ntok: usize, head: Head, argmax: bool, fusion: Fusi
             ntok,
             rot: r.ffn_in,
         });
-        if fusion.ffn && ntok == 1 {
-            ops.push(Op::FfnDecode {
-                layer: il,
-                norm: None,
-            });
-        } else {
-            ops.push(gemv(Mat::FfnIn(il), Out::Proj));
-            ops.push(Op::SwigluQuant { ntok });
-            ops.push(gemv(Mat::FfnDown(il), Out::Residual));
-        }
+        ops.push(gemv(Mat::FfnIn(il), Out::Proj));
+        ops.push(Op::SwigluQuant { ntok });
+        ops.push(gemv(Mat::FfnDown(il), Out::Residual));
     }
     let (tok0, n) = match head {
         Head::None => return ops,
@@ -296,50 +278,10 @@ pub fn forward_ops(d: &Dims, ntok: usize, head: Head, argmax: bool, fusion: Fusi
         ntok: n,
         out: Out::Logits { argmax },
     });
-    if fusion.ffn && fusion.ffn_norm && ntok == 1 {
-        fold_ffn_norms(&mut ops);
-    }
     if fuse {
         fuse_norms(&mut ops);
     }
     ops
-}
-
-/// Folds the one-token, unrotated NormQuant after each FfnDecode into it. The argmax reset
-/// between the last layer's block and the output norm moves ahead of the block (it touches only
-/// the argmax, which nothing in between reads).
-fn fold_ffn_norms(ops: &mut Vec<Op>) {
-    let folds = |op: Option<&Op>| match op {
-        Some(&Op::NormQuant {
-            norm,
-            tok0: 0,
-            ntok: 1,
-            rot: false,
-        }) => Some(norm),
-        _ => None,
-    };
-    let mut out = Vec::with_capacity(ops.len());
-    let mut i = 0;
-    while i < ops.len() {
-        if let Op::FfnDecode { layer, norm: None } = ops[i] {
-            let reset = matches!(ops.get(i + 1), Some(Op::ResetArgmax { .. }));
-            let at = i + 1 + usize::from(reset);
-            if let Some(norm) = folds(ops.get(at)) {
-                if reset {
-                    out.push(ops[i + 1]);
-                }
-                out.push(Op::FfnDecode {
-                    layer,
-                    norm: Some(norm),
-                });
-                i = at + 1;
-                continue;
-            }
-        }
-        out.push(ops[i]);
-        i += 1;
-    }
-    *ops = out;
 }
 
 /// Replaces each one-token NormQuant directly followed by a GEMV with a NormGemv.
@@ -448,10 +390,9 @@ pub fn gdn_prep_smem(d: &Dims) -> usize {
 pub fn next_matrices(ops: &[Op]) -> Vec<(Mat, Mat)> {
     let mats: Vec<Mat> = ops
         .iter()
-        .flat_map(|op| match *op {
-            Op::Gemv { mat, .. } | Op::NormGemv { mat, .. } => vec![mat],
-            Op::FfnDecode { layer, .. } => vec![Mat::FfnIn(layer), Mat::FfnDown(layer)],
-            _ => vec![],
+        .filter_map(|op| match *op {
+            Op::Gemv { mat, .. } | Op::NormGemv { mat, .. } => Some(mat),
+            _ => None,
         })
         .collect();
     mats.iter()

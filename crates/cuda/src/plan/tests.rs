@@ -155,15 +155,11 @@ const NORM_ONLY: Fusion = Fusion {
     norm: true,
     gdn: false,
     attn: false,
-    ffn: false,
-    ffn_norm: false,
 };
 const ALL: Fusion = Fusion {
     norm: true,
     gdn: true,
     attn: true,
-    ffn: true,
-    ffn_norm: true,
 };
 
 #[test]
@@ -1114,126 +1110,5 @@ fn the_merged_attention_combine_takes_the_place_of_combine_and_quantization_in_d
     assert_eq!(
         forward_ops(&tiny, 1, Head::Last, true, attn),
         forward_ops(&tiny, 1, Head::Last, true, Fusion::default())
-    );
-}
-
-#[test]
-fn the_one_kernel_feed_forward_takes_the_place_of_its_three_ops_in_decode_only() {
-    let d = dims(Preset::B27);
-    let ffn = Fusion {
-        ffn: true,
-        ..Fusion::default()
-    };
-    let plain = forward_ops(&d, 1, Head::Last, true, Fusion::default());
-    let fused = forward_ops(&d, 1, Head::Last, true, ffn);
-    assert_eq!(plain.len() - fused.len(), 2 * d.layers.len());
-    let expanded: Vec<Op> = fused
-        .iter()
-        .flat_map(|op| match *op {
-            Op::FfnDecode { layer, norm } => {
-                assert_eq!(norm, None);
-                vec![
-                    Op::Gemv {
-                        mat: Mat::FfnIn(layer),
-                        ntok: 1,
-                        out: Out::Proj,
-                    },
-                    Op::SwigluQuant { ntok: 1 },
-                    Op::Gemv {
-                        mat: Mat::FfnDown(layer),
-                        ntok: 1,
-                        out: Out::Residual,
-                    },
-                ]
-            }
-            op => vec![op],
-        })
-        .collect();
-    assert_eq!(expanded, plain);
-    // Its matrices keep their place in the order the L2 prefetch follows.
-    assert_eq!(next_matrices(&fused), next_matrices(&plain));
-    // With the norm after it folded in: every block takes the next layer's input norm (the
-    // last, the output norm, the argmax reset moved ahead of it), and nothing else changes.
-    let folded = forward_ops(
-        &d,
-        1,
-        Head::Last,
-        true,
-        Fusion {
-            ffn_norm: true,
-            ..ffn
-        },
-    );
-    assert_eq!(fused.len() - folded.len(), d.layers.len());
-    let blocks: Vec<Option<Norm>> = folded
-        .iter()
-        .filter_map(|op| match *op {
-            Op::FfnDecode { norm, .. } => Some(norm),
-            _ => None,
-        })
-        .collect();
-    let want: Vec<Option<Norm>> = (1..d.layers.len())
-        .map(|l| Some(Norm::Attn(l)))
-        .chain([Some(Norm::Output)])
-        .collect();
-    assert_eq!(blocks, want);
-    let last = folded
-        .iter()
-        .rposition(|op| matches!(op, Op::FfnDecode { .. }))
-        .expect("a block");
-    assert!(matches!(folded[last - 1], Op::ResetArgmax { ntok: 1 }));
-    assert!(matches!(
-        folded[last + 1],
-        Op::Gemv {
-            mat: Mat::Output,
-            ..
-        }
-    ));
-    assert_eq!(next_matrices(&folded), next_matrices(&plain));
-    for ntok in [2, 256] {
-        assert_eq!(
-            forward_ops(&d, ntok, Head::Last, false, ffn),
-            forward_ops(&d, ntok, Head::Last, false, Fusion::default())
-        );
-    }
-}
-
-#[test]
-fn the_feed_forward_kernel_holds_two_of_its_largest_tiles_in_one_block_per_multiprocessor() {
-    let d = dims(Preset::B27);
-    // An H200: 132 multiprocessors, 227 KiB of shared memory a block.
-    let limit = 227 << 10;
-    for f in GpuFormat::ALL {
-        let l = ffn_decode_launch(f, d.hidden, d.ffn, 132, limit).expect("the 27B's widths");
-        assert_eq!(l.grid, 132);
-        assert_eq!(l.threads, 32 * (FFN_GROUPS * GEMV1_WARPS + 1));
-        assert!(l.threads <= 1024, "a block's threads");
-        assert!(crate::compile::KERNELS.contains(&l.kernel));
-        assert!(l.smem_bytes + FFN_STATIC_SMEM <= limit);
-        // More than half the multiprocessor's memory: one block each, so the grid is resident.
-        assert!(2 * (l.smem_bytes + FFN_STATIC_SMEM) > limit);
-        let largest = ffn_stage_bytes(f, FFN_DOWN_TILE_ROWS, d.ffn);
-        assert!(largest >= ffn_stage_bytes(f, FFN_GATE_UP_TILE_ROWS, d.hidden));
-        assert!(l.ring_bytes >= 2 * largest, "{f:?}");
-        assert_eq!(l.ring_bytes % 128, 0);
-    }
-    // Q2_0 g64: 8 rows of 17408 values are 8·272 chunks of 16 bytes and 8·272 scales.
-    assert_eq!(ffn_stage_bytes(GpuFormat::Q2G64, 8, 17408), 8 * 272 * 18);
-    // Widths that are not whole 128-value pieces, and a ring too small, are refused.
-    assert_eq!(
-        ffn_decode_launch(GpuFormat::Q1, 5120, 17400, 132, limit),
-        None
-    );
-    assert_eq!(
-        ffn_decode_launch(GpuFormat::Q1, 5100, 17408, 132, limit),
-        None
-    );
-    assert_eq!(
-        ffn_decode_launch(GpuFormat::Q2G64, d.hidden, d.ffn, 132, 60 << 10),
-        None
-    );
-    assert_eq!(
-        ffn_decode_launch(GpuFormat::Q2G64, 256, 512, 0, limit),
-        None
     );
 }
