@@ -35,6 +35,16 @@ impl Pass<'_> {
     fn group(&self) -> usize {
         self.n_head / self.n_head_kv()
     }
+
+    /// Positions token `t` of the pass attends to (itself included).
+    fn n_ctx(&self, t: usize) -> usize {
+        self.pos0 + t + 1
+    }
+
+    /// The first query head of kv head `kvh`'s group for token `t`, counted over the pass.
+    fn head0(&self, t: usize, kvh: usize) -> usize {
+        t * self.n_head + kvh * self.group()
+    }
 }
 
 /// Attention of every (token, kv head) as one task, its `group` query heads together: each
@@ -43,13 +53,13 @@ impl Pass<'_> {
 /// at depth 0). Each head's arithmetic is the same as alone, whatever the thread count.
 /// `attn`: `[tokens][n_head][head_dim]`, zeroed.
 fn attend_heads(pass: &Pass<'_>, attn: &mut [f32]) {
-    let (hd, nh, n_kv, group) = (pass.head_dim, pass.n_head, pass.n_head_kv(), pass.group());
+    let (hd, n_kv, group) = (pass.head_dim, pass.n_head_kv(), pass.group());
     let (q, gate, cache, scale) = (pass.q, pass.gate, pass.cache, pass.scale);
     let dst = Disjoint::new(attn);
     pool::global().run(pass.tokens * n_kv, |task| {
         let (t, kvh) = (task / n_kv, task % n_kv);
-        let n_ctx = pass.pos0 + t + 1;
-        let head0 = t * nh + kvh * group;
+        let n_ctx = pass.n_ctx(t);
+        let head0 = pass.head0(t, kvh);
         let qs = &q[head0 * hd..(head0 + group) * hd];
         // scores[g · n_ctx + p]: head g of the group, position p.
         let mut scores = vec![0f32; group * n_ctx];

@@ -59,15 +59,15 @@ impl Split {
 /// The attention of `pass` split as `split` says, into `attn` (`[tokens][n_head][head_dim]`,
 /// zeroed).
 pub(super) fn attend(pass: &Pass<'_>, split: Split, attn: &mut [f32]) {
-    let (hd, nh, n_kv, group) = (pass.head_dim, pass.n_head, pass.n_head_kv(), pass.group());
+    let (hd, n_kv, group) = (pass.head_dim, pass.n_head_kv(), pass.group());
     let heads = pass.tokens * n_kv;
     // Score rows of every (token, kv head, query head of the group), `n_max` apart; token t
     // uses the first pos0 + t + 1 of its row.
     let n_max = pass.pos0 + pass.tokens;
     let mut scores = vec![0f32; heads * group * n_max];
     let mut sums = vec![0f32; heads * group];
-    let n_ctx = |h: usize| pass.pos0 + h / n_kv + 1;
-    let head0 = |h: usize| (h / n_kv) * nh + (h % n_kv) * group;
+    let n_ctx = |h: usize| pass.n_ctx(h / n_kv);
+    let head0 = |h: usize| pass.head0(h / n_kv, h % n_kv);
     let row = |h: usize, g: usize| (h * group + g) * n_max;
 
     let sc = Disjoint::new(&mut scores);
@@ -102,6 +102,8 @@ pub(super) fn attend(pass: &Pass<'_>, split: Split, attn: &mut [f32]) {
         unsafe { sm.write(task, sum) };
     });
 
+    // From here on the scores and sums are only read.
+    let (scores, sums) = (&scores, &sums);
     let dst = Disjoint::new(attn);
     pool::global().run(heads * split.slices, |task| {
         let (h, i) = (task / split.slices, task % split.slices);
@@ -115,10 +117,7 @@ pub(super) fn attend(pass: &Pass<'_>, split: Split, attn: &mut [f32]) {
         // slices of one row in place shared its cache lines at every position.
         let w = d.len();
         let mut acc = vec![0f32; group * w];
-        // SAFETY: the scores and sums are only read from here on.
-        let sums: Vec<f32> = (0..group)
-            .map(|g| unsafe { sm.read(h * group + g) })
-            .collect();
+        let sums = &sums[h * group..(h + 1) * group];
         let mut wgt = vec![0f32; group];
         for p in 0..n_ctx(h) {
             if p + AHEAD < n_ctx(h) {
@@ -126,8 +125,7 @@ pub(super) fn attend(pass: &Pass<'_>, split: Split, attn: &mut [f32]) {
                 prefetch(&v_cache[at + d.start..at + d.end]);
             }
             for (g, x) in wgt.iter_mut().enumerate() {
-                // SAFETY: as above.
-                *x = unsafe { sc.read(row(h, g) + p) } / sums[g];
+                *x = scores[row(h, g) + p] / sums[g];
             }
             axpys(&mut acc, &wgt, &v_cache[p * hd + d.start..p * hd + d.end]);
         }
@@ -168,11 +166,16 @@ mod tests {
     #[test]
     fn the_split_attention_gives_the_per_head_bits() {
         // (tokens, pos0, kv heads, group, head_dim), and splits that cut positions and values
-        // unevenly (more chunks or slices than divide them; slices past the head).
-        for (case, &(tokens, pos0, n_kv, group, hd)) in
-            [(1, 300, 4, 6, 256), (3, 97, 2, 3, 64), (1, 40, 1, 8, 48)]
-                .iter()
-                .enumerate()
+        // unevenly (more chunks or slices than divide them; slices past the head; a head of 40
+        // values, whose last slice ends inside a cache line).
+        for (case, &(tokens, pos0, n_kv, group, hd)) in [
+            (1, 300, 4, 6, 256),
+            (3, 97, 2, 3, 64),
+            (1, 40, 1, 8, 48),
+            (2, 50, 2, 2, 40),
+        ]
+        .iter()
+        .enumerate()
         {
             let nh = n_kv * group;
             let n = pos0 + tokens;
