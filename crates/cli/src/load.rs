@@ -145,15 +145,39 @@ pub enum DeviceArg {
     Cuda,
 }
 
-/// How the GPU stores the attention layers' keys and values.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Where and how the model runs: the flags `run`, `chat`, `serve` and `bench` share.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Placement {
+    /// Dot kernels (CPU only: the GPU has its own).
+    #[arg(long, value_enum, default_value_t)]
+    pub kernels: KernelsArg,
+    /// Where to run (cuda needs a binary built with `--features cuda`).
+    #[arg(long, value_enum, default_value_t)]
+    pub device: DeviceArg,
+    /// KV-cache format: f32 (the CPU's default) or f16 on the CPU; f16 (the GPU's default) or
+    /// q8_0 on the GPU.
+    #[arg(long, value_enum)]
+    pub kv_cache: Option<KvCacheArg>,
+}
+
+impl Placement {
+    /// The KV-cache format asked for or the device's default; refuses one the device lacks.
+    pub fn kv(&self) -> Result<KvCacheArg> {
+        kv_cache(self.device, self.kv_cache)
+    }
+}
+
+/// How the attention layers' KV cache holds keys and values (`--kv-cache`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvCacheArg {
-    /// f16 values: 2 bytes per cached key or value element.
-    #[default]
+    /// f32 values, exactly as computed: the CPU's default (4 bytes a value; the CPU only).
+    F32,
+    /// f16 values (2 bytes a value): the GPU's default; on the CPU half the memory of f32 and
+    /// half the bytes a decode step reads at depth, slightly less exact.
     F16,
     /// llama.cpp's q8_0 blocks (int8 values, one f16 scale per 32: 34 bytes per 32 elements),
-    /// so about half the memory and half the bytes a decode step reads at depth, slightly less
-    /// exact.
+    /// so about half the memory and half the bytes of f16 at depth, slightly less exact again
+    /// (the GPU only).
     #[value(name = "q8_0")]
     Q8_0,
 }
@@ -161,29 +185,54 @@ pub enum KvCacheArg {
 impl KvCacheArg {
     pub fn as_str(self) -> &'static str {
         match self {
+            KvCacheArg::F32 => "f32",
             KvCacheArg::F16 => "f16",
             KvCacheArg::Q8_0 => "q8_0",
         }
     }
 
-    /// Bytes the GPU's cache holds per 32 key or value elements.
+    /// Bytes the cache holds per 32 key or value elements.
     pub fn bytes_per_32(self) -> usize {
         match self {
+            KvCacheArg::F32 => 128,
             KvCacheArg::F16 => 64,
             KvCacheArg::Q8_0 => 34,
         }
     }
+
+    /// The CPU's format for it (`None`: a format the CPU does not have).
+    pub fn cpu(self) -> Option<model::KvFormat> {
+        match self {
+            KvCacheArg::F32 => Some(model::KvFormat::F32),
+            KvCacheArg::F16 => Some(model::KvFormat::F16),
+            KvCacheArg::Q8_0 => None,
+        }
+    }
 }
 
-/// Refuses a KV-cache format the chosen device does not have: the CPU keeps its cache in f32.
-pub fn check_kv_cache(device: DeviceArg, kv: KvCacheArg) -> Result<()> {
-    if device == DeviceArg::Cpu && kv != KvCacheArg::F16 {
-        anyhow::bail!(
-            "--kv-cache {} is a GPU option (the CPU caches keys and values in f32): add --device cuda",
-            kv.as_str()
-        );
+/// The KV-cache format for `device`: `asked`, or the device's default (the CPU f32, the GPU
+/// f16); refuses a format the device does not have.
+pub fn kv_cache(device: DeviceArg, asked: Option<KvCacheArg>) -> Result<KvCacheArg> {
+    match (device, asked) {
+        (DeviceArg::Cpu, None) => Ok(KvCacheArg::F32),
+        (DeviceArg::Cuda, None) => Ok(KvCacheArg::F16),
+        (DeviceArg::Cpu, Some(KvCacheArg::Q8_0)) => anyhow::bail!(
+            "--kv-cache q8_0 is a GPU option (the CPU caches keys and values in f32 or f16): add \
+             --device cuda"
+        ),
+        (DeviceArg::Cuda, Some(KvCacheArg::F32)) => anyhow::bail!(
+            "--kv-cache f32 is a CPU option (the GPU caches keys and values in f16 or q8_0)"
+        ),
+        (_, Some(kv)) => Ok(kv),
     }
-    Ok(())
+}
+
+/// Sets the KV-cache format of the CPU's states (a format the CPU does not have leaves it:
+/// [`kv_cache`] refuses those for the CPU).
+pub fn set_cpu_kv_cache(model: &mut Model, kv: KvCacheArg) {
+    if let Some(f) = kv.cpu() {
+        model.set_kv_format(f);
+    }
 }
 
 /// Uploads the model to the GPU, or says why it cannot.
@@ -196,6 +245,7 @@ pub fn cuda_model(model: &Model, kv: KvCacheArg) -> Result<niwaki_cuda::CudaMode
     gpu.kv_cache = match kv {
         KvCacheArg::F16 => niwaki_cuda::KvCache::F16,
         KvCacheArg::Q8_0 => niwaki_cuda::KvCache::Q8_0,
+        KvCacheArg::F32 => anyhow::bail!("the GPU has no f32 KV cache: use f16 or q8_0"),
     };
     eprintln!(
         "uploaded to the GPU in {:.2} s ({} KV cache)",
@@ -216,12 +266,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_q8_kv_cache_is_refused_on_the_cpu_and_accepted_on_the_gpu() {
-        let e = check_kv_cache(DeviceArg::Cpu, KvCacheArg::Q8_0)
+    fn each_device_gets_its_default_kv_cache_and_refuses_the_others_formats() {
+        assert_eq!(kv_cache(DeviceArg::Cpu, None).ok(), Some(KvCacheArg::F32));
+        assert_eq!(kv_cache(DeviceArg::Cuda, None).ok(), Some(KvCacheArg::F16));
+        let e = kv_cache(DeviceArg::Cpu, Some(KvCacheArg::Q8_0))
             .unwrap_err()
             .to_string();
         assert!(e.contains("--device cuda"), "{e}");
-        assert!(check_kv_cache(DeviceArg::Cpu, KvCacheArg::F16).is_ok());
-        assert!(check_kv_cache(DeviceArg::Cuda, KvCacheArg::Q8_0).is_ok());
+        let e = kv_cache(DeviceArg::Cuda, Some(KvCacheArg::F32))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("CPU option"), "{e}");
+        assert_eq!(
+            kv_cache(DeviceArg::Cpu, Some(KvCacheArg::F16)).ok(),
+            Some(KvCacheArg::F16)
+        );
+        assert_eq!(
+            kv_cache(DeviceArg::Cuda, Some(KvCacheArg::Q8_0)).ok(),
+            Some(KvCacheArg::Q8_0)
+        );
+        assert_eq!(KvCacheArg::F16.cpu(), Some(model::KvFormat::F16));
+        assert_eq!(KvCacheArg::Q8_0.cpu(), None);
     }
 }

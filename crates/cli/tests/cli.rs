@@ -167,22 +167,35 @@ fn bench_reports_json() {
 fn bench_at_depth_counts_the_cache_it_reads() {
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), "t.gguf", "Q2_0");
-    let bench = |depth: &str| -> serde_json::Value {
+    let bench = |depth: &str, kv: &str| -> serde_json::Value {
         let out = stdout(
             niwaki()
                 .args(["bench", "--json", "-p", "0", "-n", "2", "-r", "1"])
-                .args(["--bw-bytes", "16777216", "-d", depth, "--model"])
+                .args([
+                    "--bw-bytes",
+                    "16777216",
+                    "-d",
+                    depth,
+                    "--kv-cache",
+                    kv,
+                    "--model",
+                ])
                 .arg(&m),
         );
         serde_json::from_str(out.trim()).unwrap()
     };
-    let (flat, deep) = (bench("0"), bench("64"));
+    let (flat, deep) = (bench("0", "f32"), bench("64", "f32"));
     assert_eq!(deep["n_depth"], 64, "{deep}");
+    assert_eq!(deep["kv_cache"], "f32", "{deep}");
     assert!(deep["tg_tok_s"].as_f64().is_some_and(|x| x > 0.0), "{deep}");
     // The same weights and state, and 64 more cached positions of keys and values.
-    let extra =
-        deep["bytes_per_token"].as_u64().unwrap() - flat["bytes_per_token"].as_u64().unwrap();
+    let bytes = |v: &serde_json::Value| v["bytes_per_token"].as_u64().unwrap();
+    let extra = bytes(&deep) - bytes(&flat);
     assert!(extra > 0 && extra % 64 == 0, "{extra}");
+    // An f16 cache reads half the bytes at the same depth.
+    let (flat16, deep16) = (bench("0", "f16"), bench("64", "f16"));
+    assert_eq!(deep16["kv_cache"], "f16", "{deep16}");
+    assert_eq!(2 * (bytes(&deep16) - bytes(&flat16)), extra);
     // A depth past the model's context is refused.
     let out = niwaki()
         .args(["bench", "-p", "0", "-n", "2", "-d", "100000000", "--model"])
@@ -191,6 +204,26 @@ fn bench_at_depth_counts_the_cache_it_reads() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("exceed the context"));
+}
+
+#[test]
+fn the_cpu_runs_an_f16_kv_cache_and_refuses_the_gpus_q8_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), "t.gguf", "Q1_0");
+    let run = |kv: &str, n: &str| {
+        let mut c = niwaki();
+        c.args(["run", "--temperature", "0", "-n", n, "--prompt", "hi"])
+            .args(["--kv-cache", kv, "--model"])
+            .arg(&m);
+        c
+    };
+    let (exact, half) = (stdout(&mut run("f32", "8")), stdout(&mut run("f16", "8")));
+    assert!(!half.trim().is_empty());
+    // The default is the f32 cache.
+    assert_eq!(greedy_few(&m), stdout(&mut run("f32", "4")));
+    assert_eq!(exact, stdout(&mut run("f32", "8")));
+    let e = failure(&mut run("q8_0", "8"));
+    assert!(e.contains("--device cuda"), "{e}");
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{CudaError, Result};
 
 /// The kernel sources in the order they are concatenated.
-pub const SOURCES: [(&str, &str); 13] = [
+pub const SOURCES: [(&str, &str); 14] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("quant.cu", include_str!("../kernels/quant.cu")),
     ("gemv.cu", include_str!("../kernels/gemv.cu")),
@@ -18,6 +18,7 @@ pub const SOURCES: [(&str, &str); 13] = [
     ("gdn_chunk.cu", include_str!("../kernels/gdn_chunk.cu")),
     ("sync.cu", include_str!("../kernels/sync.cu")),
     ("topk.cu", include_str!("../kernels/topk.cu")),
+    ("bandwidth.cu", include_str!("../kernels/bandwidth.cu")),
     // After gemv.cu (its chunk dot and staging) and sync.cu (the grid barrier).
     ("gemv_chain.cu", include_str!("../kernels/gemv_chain.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
@@ -28,7 +29,8 @@ pub const SOURCES: [(&str, &str); 13] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 86] = [
+pub const KERNELS: [&str; 87] = [
+    "read_sum",
     "quant_rms",
     "quant_swiglu",
     "quant_gated",

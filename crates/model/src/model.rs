@@ -9,6 +9,7 @@ use crate::config::Config;
 use crate::error::{ModelError, Result};
 use crate::hadamard::Hadamard;
 use crate::input::{Ctx, Input, Kernels};
+use crate::kv::KvFormat;
 use crate::ops::{add_in_place, matmul, rms_norm, silu, zip_in_place};
 use crate::state::{LayerState, State};
 use crate::weights::{LayerWeights, Mixer, Weights};
@@ -29,6 +30,8 @@ pub struct Model {
     kernels: Kernels,
     /// How the int8 kernels hold PTQ1_0 rows.
     ternary: quant::Ternary,
+    /// How new states' KV caches hold keys and values.
+    kv: KvFormat,
     file: Arc<Gguf>,
 }
 
@@ -61,6 +64,7 @@ impl Model {
             hadamard,
             kernels: Kernels::default(),
             ternary: quant::Ternary::default(),
+            kv: KvFormat::default(),
             file,
         })
     }
@@ -119,8 +123,17 @@ impl Model {
         self.hadamard.as_ref()
     }
 
+    /// How the KV caches of states made from now on hold keys and values.
+    pub fn set_kv_format(&mut self, kv: KvFormat) {
+        self.kv = kv;
+    }
+
+    pub fn kv_format(&self) -> KvFormat {
+        self.kv
+    }
+
     pub fn new_state(&self) -> State {
-        State::new(&self.config)
+        State::with_kv_format(&self.config, self.kv)
     }
 
     /// Runs `tokens` through the model after what `state` has seen, as one chunk: every weight

@@ -282,12 +282,15 @@ fn dots_fixed<const G: usize>(rows: &[f32], b: &[f32], out: &mut [f32]) {
 
 /// Asks for the cache lines of `x` (a hint: nothing is read, nothing can fault): attention's
 /// passes over a kv head's cached keys and values ask for the rows a few positions ahead.
-pub fn prefetch(x: &[f32]) {
+pub fn prefetch<T>(x: &[T]) {
     #[cfg(target_arch = "x86_64")]
-    for off in (0..x.len()).step_by(16) {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        // SAFETY: a prefetch of an address inside `x`; it neither reads nor faults.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(x.as_ptr().add(off).cast()) };
+    {
+        let base = x.as_ptr().cast::<u8>();
+        for off in (0..std::mem::size_of_val(x)).step_by(64) {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            // SAFETY: a prefetch of an address inside `x`; it neither reads nor faults.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(base.add(off).cast()) };
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = x;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use gguf::{Gguf, GgufWriter, Value};
 use model::synth::{self, Preset, Shape, TensorSpec};
-use model::{Kernels, Logits, Model, ModelError};
+use model::{Kernels, KvFormat, Logits, Model, ModelError};
 use quant::Format;
 
 const VOCAB: usize = 300;
@@ -123,6 +123,51 @@ fn widened_ternary_rows_give_the_packed_rows_bits() {
     m.set_kernels(Kernels::Int8);
     let again = m.forward(&mut m.new_state(), &toks, Logits::All).unwrap();
     assert_eq!(max_abs_diff(&packed, &again), 0.0);
+}
+
+#[test]
+fn an_f16_kv_cache_stays_close_to_the_f32_one_and_prefills_as_it_steps() {
+    let (shape, t) = tiny(Format::Q1_0, 5);
+    let mut m = open(&synth::writer_from_f32(&shape, &t, Format::Q1_0, "t").unwrap());
+    let toks = tokens(40);
+    let reference = m.forward(&mut m.new_state(), &toks, Logits::All).unwrap();
+    m.set_kernels(Kernels::Int8);
+    let exact = m.forward(&mut m.new_state(), &toks, Logits::All).unwrap();
+    let mut f32_state = m.new_state();
+    m.forward(&mut f32_state, &toks, Logits::None).unwrap();
+    m.set_kv_format(KvFormat::F16);
+    let mut s = m.new_state();
+    let mut half = m.forward(&mut s, &toks[..17], Logits::All).unwrap();
+    half.extend(m.forward(&mut s, &toks[17..], Logits::All).unwrap());
+    // Chunked prefill and one-token steps read the same f16 values.
+    assert_eq!(max_abs_diff(&half, &step_logits(&m, &toks)), 0.0);
+    // f16 keeps about three decimal digits of each key and value: the logits (standard
+    // deviation about 1) move, by a fraction of what the int8 activations move them.
+    let mean = |a: &[f32], b: &[f32]| {
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).sum::<f32>() / a.len() as f32
+    };
+    let (by_cache, by_int8) = (mean(&exact, &half), mean(&reference, &exact));
+    let d = max_abs_diff(&exact, &half);
+    assert!(
+        d > 0.0 && d < 0.1 && by_cache < 0.25 * by_int8,
+        "max {d}, mean {by_cache} (int8 activations: {by_int8})"
+    );
+    let argmax = |row: &[f32]| {
+        row.iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(i, _)| i)
+    };
+    let same = exact
+        .chunks(VOCAB)
+        .zip(half.chunks(VOCAB))
+        .filter(|(a, b)| argmax(a) == argmax(b))
+        .count();
+    assert_eq!(same, toks.len());
+    // The cache holds half the bytes.
+    let cache = |st: &model::State| st.bytes() - m.config.recurrent_state_bytes();
+    assert!(cache(&s) > 0);
+    assert_eq!(2 * cache(&s), cache(&f32_state));
 }
 
 #[test]

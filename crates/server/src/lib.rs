@@ -23,7 +23,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use engine::Backend;
-use model::{Config, Model};
+use model::{Config, KvFormat, Model};
 use tokenizer::{ChatTemplate, Tokenizer};
 
 pub use error::ApiError;
@@ -95,15 +95,21 @@ pub struct Device {
 }
 
 impl Device {
-    /// The CPU: a sequence holds its recurrent state and an f32 KV cache that grows per token.
-    pub fn cpu(config: &Config) -> Device {
+    /// The CPU: a sequence holds its recurrent state and a KV cache (in the `kv` format) that
+    /// grows per token.
+    pub fn cpu(config: &Config, kv: KvFormat) -> Device {
+        let name = match kv {
+            KvFormat::F32 => "f32",
+            KvFormat::F16 => "f16",
+        };
         Device {
             kind: DeviceKind::Cpu,
             name: None,
             rule: "--device cpu (the default)".into(),
             state_fixed_bytes: config.recurrent_state_bytes(),
-            state_bytes_per_token: config.kv_bytes_per_token(),
-            state_rule: "recurrent state + KV cache for a full context (f32)".into(),
+            // kv_bytes_per_token counts f32 values.
+            state_bytes_per_token: config.kv_bytes_per_token() / 4 * kv.bytes(),
+            state_rule: format!("recurrent state + KV cache for a full context ({name})"),
         }
     }
 
@@ -146,7 +152,7 @@ impl Runner<Model> {
     pub fn cpu(model: Model) -> Runner<Model> {
         Runner {
             config: model.config.clone(),
-            device: Device::cpu(&model.config),
+            device: Device::cpu(&model.config, model.kv_format()),
             new_state: Box::new(|m: &Model| Ok(m.new_state())),
             backend: model,
         }

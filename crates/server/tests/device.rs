@@ -109,10 +109,18 @@ fn a_gpu_sequence_holds_the_same_bytes_at_any_length() {
 fn a_cpu_sequence_grows_by_its_kv_cache_per_token() {
     let (model, _) = model();
     let c = &model.config;
-    let d = Device::cpu(c);
+    let d = Device::cpu(c, model::KvFormat::F32);
     assert_eq!(d.kind, DeviceKind::Cpu);
     assert_eq!(d.state_bytes(0), c.recurrent_state_bytes());
     assert_eq!(d.state_bytes(10) - d.state_bytes(9), c.kv_bytes_per_token());
+    assert!(d.state_rule.contains("(f32)"), "{}", d.state_rule);
+    // An f16 cache grows by half as much.
+    let h = Device::cpu(c, model::KvFormat::F16);
+    assert_eq!(
+        2 * (h.state_bytes(10) - h.state_bytes(9)),
+        c.kv_bytes_per_token()
+    );
+    assert!(h.state_rule.contains("(f16)"), "{}", h.state_rule);
 }
 
 #[tokio::test]

@@ -28,16 +28,17 @@ pub struct Args {
 /// extends what the state has seen; otherwise (the template rewrote history, e.g. dropping old
 /// reasoning) the prompt is prefilled again from the start.
 pub fn main(a: Args) -> Result<ExitCode> {
-    load::check_kv_cache(a.sampling.device, a.sampling.kv_cache)?;
+    let kv = a.sampling.place.kv()?;
     load::init_threads(a.sampling.threads)?;
-    let model = load::open_model(&a.model, a.sampling.ctx, a.sampling.kernels)?;
+    let mut model = load::open_model(&a.model, a.sampling.ctx, a.sampling.place.kernels)?;
+    load::set_cpu_kv_cache(&mut model, kv);
     let tok = load::tokenizer(model.file())?;
     let context = model.config.context_length;
-    match a.sampling.device {
+    match a.sampling.place.device {
         load::DeviceArg::Cpu => converse(&model, || Ok(model.new_state()), &tok, &a, context),
         #[cfg(feature = "cuda")]
         load::DeviceArg::Cuda => {
-            let gpu = load::cuda_model(&model, a.sampling.kv_cache)?;
+            let gpu = load::cuda_model(&model, kv)?;
             converse(&gpu, || Ok(gpu.new_state(context)?), &tok, &a, context)
         }
         #[cfg(not(feature = "cuda"))]

@@ -48,15 +48,8 @@ pub struct Sampling {
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Dot kernels.
-    #[arg(long, value_enum, default_value_t)]
-    pub kernels: crate::load::KernelsArg,
-    /// Where to run (cuda needs a binary built with `--features cuda`).
-    #[arg(long, value_enum, default_value_t)]
-    pub device: crate::load::DeviceArg,
-    /// KV-cache format on the GPU.
-    #[arg(long, value_enum, default_value_t)]
-    pub kv_cache: crate::load::KvCacheArg,
+    #[command(flatten)]
+    pub place: crate::load::Placement,
 }
 
 impl Sampling {

@@ -30,13 +30,14 @@ pub struct Args {
 }
 
 pub fn main(a: Args) -> Result<ExitCode> {
-    load::check_kv_cache(a.sampling.device, a.sampling.kv_cache)?;
+    let kv = a.sampling.place.kv()?;
     load::init_threads(a.sampling.threads)?;
     let path = match (&a.model, a.demo) {
         (Some(p), _) => p.clone(),
         (None, _) => super::synth::demo_model()?,
     };
-    let model = load::open_model(&path, a.sampling.ctx, a.sampling.kernels)?;
+    let mut model = load::open_model(&path, a.sampling.ctx, a.sampling.place.kernels)?;
+    load::set_cpu_kv_cache(&mut model, kv);
     let tok = load::tokenizer(model.file())?;
     let prompt_text = if a.chat {
         let req = ChatRequest {
@@ -56,11 +57,11 @@ pub fn main(a: Args) -> Result<ExitCode> {
         }
     }
     let params = a.sampling.params();
-    let g = match a.sampling.device {
+    let g = match a.sampling.place.device {
         load::DeviceArg::Cpu => stream(&model, &tok, &mut model.new_state(), &ids, &params)?,
         #[cfg(feature = "cuda")]
         load::DeviceArg::Cuda => {
-            let gpu = load::cuda_model(&model, a.sampling.kv_cache)?;
+            let gpu = load::cuda_model(&model, kv)?;
             let mut state = gpu.new_state(model.config.context_length)?;
             stream(&gpu, &tok, &mut state, &ids, &params)?
         }

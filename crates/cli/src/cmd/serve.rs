@@ -30,15 +30,8 @@ pub struct Args {
     /// Worker threads for the model (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Dot kernels (CPU only: the GPU has its own).
-    #[arg(long, value_enum, default_value_t)]
-    pub kernels: load::KernelsArg,
-    /// Where the model runs.
-    #[arg(long, value_enum, default_value_t)]
-    pub device: load::DeviceArg,
-    /// KV-cache format on the GPU.
-    #[arg(long, value_enum, default_value_t)]
-    pub kv_cache: load::KvCacheArg,
+    #[command(flatten)]
+    pub place: load::Placement,
     /// The model name clients use (default: the file name without .gguf).
     #[arg(long)]
     pub model_name: Option<String>,
@@ -83,11 +76,11 @@ fn slots(device: load::DeviceArg, parallel: Option<usize>) -> Result<usize> {
 }
 
 pub fn main(a: Args) -> Result<ExitCode> {
-    let slots = slots(a.device, a.parallel)?;
-    load::check_kv_cache(a.device, a.kv_cache)?;
+    let slots = slots(a.place.device, a.parallel)?;
+    let kv = a.place.kv()?;
     // Before the model is loaded: a binary without the GPU backend says so at once.
     #[cfg(not(feature = "cuda"))]
-    if a.device == load::DeviceArg::Cuda {
+    if a.place.device == load::DeviceArg::Cuda {
         return Err(load::no_cuda());
     }
     load::init_threads(a.threads)?;
@@ -96,11 +89,12 @@ pub fn main(a: Args) -> Result<ExitCode> {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     // The GPU uploads its weights from the file: re-tiling a CPU copy would only cost time and
     // memory.
-    let kernels = match a.device {
-        load::DeviceArg::Cpu => a.kernels,
+    let kernels = match a.place.device {
+        load::DeviceArg::Cpu => a.place.kernels,
         load::DeviceArg::Cuda => load::KernelsArg::Exact,
     };
     let mut model = load::open_model(&a.model, None, kernels)?;
+    load::set_cpu_kv_cache(&mut model, kv);
     let trained = model.config.context_length;
     if let Some(n) = a.ctx {
         model.limit_context(n);
@@ -145,11 +139,11 @@ pub fn main(a: Args) -> Result<ExitCode> {
         script,
         model_path: a.model.clone(),
     };
-    let state = match a.device {
+    let state = match a.place.device {
         load::DeviceArg::Cpu => AppState::with_runner(config, Runner::cpu(model), tok, template),
         #[cfg(feature = "cuda")]
         load::DeviceArg::Cuda => {
-            AppState::with_runner(config, cuda_runner(model, a.kv_cache)?, tok, template)
+            AppState::with_runner(config, cuda_runner(model, kv)?, tok, template)
         }
         #[cfg(not(feature = "cuda"))]
         load::DeviceArg::Cuda => return Err(load::no_cuda()),

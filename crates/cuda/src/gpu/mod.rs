@@ -16,6 +16,7 @@ use crate::plan::{self, Dims, Gemv1Tuning, GEMV_ROWS, GEMV_TOKENS, TILE_PAD_ROWS
 use crate::repack::{GpuFormat, Packed, X_GROUP};
 use crate::tma::{self, TensorMap};
 
+mod bandwidth;
 mod decode_gemv;
 mod trace;
 
@@ -1353,7 +1354,6 @@ impl Gpu {
         Ok(times[times.len() / 2])
     }
 
-    /// Device-to-device copy bandwidth (bytes read + written per second) over `bytes`.
     /// Blocks of `kernel` (of `threads` threads and `smem` bytes of dynamic shared memory) one
     /// multiprocessor holds at once.
     pub fn blocks_per_sm(&self, kernel: &str, threads: usize, smem: usize) -> Result<usize> {
@@ -1362,17 +1362,5 @@ impl Gpu {
             .get(kernel)
             .ok_or_else(|| CudaError::Unsupported(format!("no kernel named {kernel}")))?;
         occupancy(f, kernel, threads, smem)
-    }
-
-    pub fn copy_bandwidth(&self, bytes: usize) -> Result<f64> {
-        let a = self.alloc(bytes, "bandwidth test")?;
-        let b = self.alloc(bytes, "bandwidth test")?;
-        let s = &self.stream;
-        let secs = self.time(s, 10, || {
-            // SAFETY: both buffers are `bytes` long.
-            unsafe { result::memcpy_dtod_async(b.ptr, a.ptr, bytes, s.cu_stream()) }
-                .ctx(|| "copy".into())
-        })?;
-        Ok(2.0 * bytes as f64 / secs)
     }
 }

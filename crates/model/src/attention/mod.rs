@@ -3,9 +3,9 @@
 use crate::config::Config;
 use crate::disjoint::Disjoint;
 use crate::input::{Ctx, Input};
-use crate::ops::{axpys, dots, matmul, prefetch, rms_norm_heads, rope_neox, sigmoid};
+use crate::kv::KvCache;
+use crate::ops::{axpys, dots, matmul, rms_norm_heads, rope_neox, sigmoid};
 use crate::pool;
-use crate::state::KvCache;
 use crate::weights::AttnWeights;
 
 mod split;
@@ -29,7 +29,7 @@ struct Pass<'a> {
 
 impl Pass<'_> {
     fn n_head_kv(&self) -> usize {
-        self.cache.k.len()
+        self.cache.n_head_kv()
     }
 
     fn group(&self) -> usize {
@@ -64,15 +64,15 @@ fn attend_heads(pass: &Pass<'_>, attn: &mut [f32]) {
         // scores[g · n_ctx + p]: head g of the group, position p.
         let mut scores = vec![0f32; group * n_ctx];
         let mut s = vec![0f32; group];
-        let (k_cache, v_cache) = (&cache.k[kvh], &cache.v[kvh]);
-        // Where position p's row starts in either cache.
-        let at = |p: usize| p * hd;
+        let (k_rows, v_rows) = (cache.k(kvh), cache.v(kvh));
+        // Position p's row in either cache, and room for it in f32.
+        let at = |p: usize| p * hd..(p + 1) * hd;
+        let mut buf = vec![0f32; hd];
         for p in 0..n_ctx {
             if p + AHEAD < n_ctx {
-                prefetch(&k_cache[at(p + AHEAD)..at(p + AHEAD) + hd]);
+                k_rows.prefetch(at(p + AHEAD));
             }
-            let kr = &k_cache[at(p)..at(p) + hd];
-            dots(qs, kr, &mut s);
+            dots(qs, k_rows.read(at(p), &mut buf), &mut s);
             for (g, &v) in s.iter().enumerate() {
                 scores[g * n_ctx + p] = v * scale;
             }
@@ -87,13 +87,12 @@ fn attend_heads(pass: &Pass<'_>, attn: &mut [f32]) {
         let mut wgt = vec![0f32; group];
         for p in 0..n_ctx {
             if p + AHEAD < n_ctx {
-                prefetch(&v_cache[at(p + AHEAD)..at(p + AHEAD) + hd]);
+                v_rows.prefetch(at(p + AHEAD));
             }
-            let vp = &v_cache[at(p)..at(p) + hd];
             for (g, w) in wgt.iter_mut().enumerate() {
                 *w = scores[g * n_ctx + p] / sums[g];
             }
-            axpys(out, &wgt, vp);
+            axpys(out, &wgt, v_rows.read(at(p), &mut buf));
         }
         let gates = &gate[head0 * hd..(head0 + group) * hd];
         out.iter_mut()

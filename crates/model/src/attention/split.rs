@@ -6,7 +6,7 @@
 
 use super::{softmax_unnormed, Pass, AHEAD};
 use crate::disjoint::Disjoint;
-use crate::ops::{axpys, dots, prefetch, sigmoid};
+use crate::ops::{axpys, dots, sigmoid};
 use crate::pool;
 
 /// Fewest cached positions from which a pass splits: shorter, the per-head tasks end sooner than
@@ -75,14 +75,15 @@ pub(super) fn attend(pass: &Pass<'_>, split: Split, attn: &mut [f32]) {
         let (h, c) = (task / split.chunks, task % split.chunks);
         let n = n_ctx(h);
         let (p0, p1) = (n * c / split.chunks, n * (c + 1) / split.chunks);
-        let k_cache = &pass.cache.k[h % n_kv];
+        let k_rows = pass.cache.k(h % n_kv);
         let qs = &pass.q[head0(h) * hd..(head0(h) + group) * hd];
         let mut s = vec![0f32; group];
+        let mut buf = vec![0f32; hd];
         for p in p0..p1 {
             if p + AHEAD < p1 {
-                prefetch(&k_cache[(p + AHEAD) * hd..(p + AHEAD + 1) * hd]);
+                k_rows.prefetch((p + AHEAD) * hd..(p + AHEAD + 1) * hd);
             }
-            dots(qs, &k_cache[p * hd..(p + 1) * hd], &mut s);
+            dots(qs, k_rows.read(p * hd..(p + 1) * hd, &mut buf), &mut s);
             for (g, &v) in s.iter().enumerate() {
                 // SAFETY: position p of (h, g)'s row is this task's alone (the chunks of a
                 // head's positions are disjoint), and the index lies within the scores.
@@ -111,7 +112,7 @@ pub(super) fn attend(pass: &Pass<'_>, split: Split, attn: &mut [f32]) {
         if d.is_empty() {
             return;
         }
-        let v_cache = &pass.cache.v[h % n_kv];
+        let v_rows = pass.cache.v(h % n_kv);
         let h0 = head0(h);
         // The group's values d, accumulated here and written once: tasks writing neighbouring
         // slices of one row in place shared its cache lines at every position.
@@ -119,15 +120,17 @@ pub(super) fn attend(pass: &Pass<'_>, split: Split, attn: &mut [f32]) {
         let mut acc = vec![0f32; group * w];
         let sums = &sums[h * group..(h + 1) * group];
         let mut wgt = vec![0f32; group];
+        let mut buf = vec![0f32; w];
+        // Values d of position p's row.
+        let at = |p: usize| p * hd + d.start..p * hd + d.end;
         for p in 0..n_ctx(h) {
             if p + AHEAD < n_ctx(h) {
-                let at = (p + AHEAD) * hd;
-                prefetch(&v_cache[at + d.start..at + d.end]);
+                v_rows.prefetch(at(p + AHEAD));
             }
             for (g, x) in wgt.iter_mut().enumerate() {
                 *x = scores[row(h, g) + p] / sums[g];
             }
-            axpys(&mut acc, &wgt, &v_cache[p * hd + d.start..p * hd + d.end]);
+            axpys(&mut acc, &wgt, v_rows.read(at(p), &mut buf));
         }
         for (g, acc) in acc.chunks_exact(w).enumerate() {
             let at = (h0 + g) * hd;
@@ -146,7 +149,7 @@ pub(super) fn attend(pass: &Pass<'_>, split: Split, attn: &mut [f32]) {
 mod tests {
     use super::super::attend_heads;
     use super::*;
-    use crate::state::KvCache;
+    use crate::kv::{KvCache, KvFormat};
 
     /// Random values in [-2, 2) from a small LCG (no test dependency needed).
     fn noise(n: usize, seed: u64) -> Vec<f32> {
@@ -163,12 +166,45 @@ mod tests {
             .collect()
     }
 
+    /// Attention over `cache` for every (token, head) of a case, by task per kv head.
+    fn per_head(case: (usize, usize, usize, usize, usize), cache: &KvCache, seed: u64) -> Vec<f32> {
+        let (tokens, pos0, n_kv, group, hd) = case;
+        let nh = n_kv * group;
+        let q = noise(tokens * nh * hd, seed + 3);
+        let gate = noise(tokens * nh * hd, seed + 4);
+        let pass = Pass {
+            q: &q,
+            gate: &gate,
+            cache,
+            tokens,
+            pos0,
+            n_head: nh,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        let mut want = vec![0f32; tokens * nh * hd];
+        attend_heads(&pass, &mut want);
+        assert!(want.iter().all(|x| x.is_finite()) && want.iter().any(|&x| x != 0.0));
+        // Every split gives the same bits.
+        for (chunks, slices) in [(1, 1), (3, 5), (7, 2), (3, 3), (64, 16)] {
+            let mut got = vec![0f32; tokens * nh * hd];
+            attend(&pass, Split { chunks, slices }, &mut got);
+            let differ = want
+                .iter()
+                .zip(&got)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(differ, 0, "{case:?}, {chunks} chunks, {slices} slices");
+        }
+        want
+    }
+
     #[test]
-    fn the_split_attention_gives_the_per_head_bits() {
+    fn the_split_attention_gives_the_per_head_bits_and_an_f16_cache_those_of_its_values() {
         // (tokens, pos0, kv heads, group, head_dim), and splits that cut positions and values
         // unevenly (more chunks or slices than divide them; slices past the head; a head of 40
         // values, whose last slice ends inside a cache line).
-        for (case, &(tokens, pos0, n_kv, group, hd)) in [
+        for (i, &case) in [
             (1, 300, 4, 6, 256),
             (3, 97, 2, 3, 64),
             (1, 40, 1, 8, 48),
@@ -177,39 +213,38 @@ mod tests {
         .iter()
         .enumerate()
         {
-            let nh = n_kv * group;
+            let (tokens, pos0, n_kv, _, hd) = case;
             let n = pos0 + tokens;
-            let mut cache = KvCache::new(n_kv, hd);
-            let seed = 10 * case as u64;
-            cache.append(
-                &noise(n * n_kv * hd, seed + 1),
-                &noise(n * n_kv * hd, seed + 2),
+            let seed = 10 * i as u64;
+            let (k, v) = (
+                noise(n * n_kv * hd, seed + 1),
+                noise(n * n_kv * hd, seed + 2),
             );
-            let q = noise(tokens * nh * hd, seed + 3);
-            let gate = noise(tokens * nh * hd, seed + 4);
-            let pass = Pass {
-                q: &q,
-                gate: &gate,
-                cache: &cache,
-                tokens,
-                pos0,
-                n_head: nh,
-                head_dim: hd,
-                scale: 1.0 / (hd as f32).sqrt(),
+            let mut exact = KvCache::new(n_kv, hd);
+            exact.append(&k, &v);
+            let mut half = KvCache::with_format(n_kv, hd, KvFormat::F16);
+            half.append(&k, &v);
+            // The f16 cache's values, held in f32.
+            let round = |x: &[f32]| -> Vec<f32> {
+                x.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
             };
-            let mut want = vec![0f32; tokens * nh * hd];
-            attend_heads(&pass, &mut want);
-            assert!(want.iter().all(|x| x.is_finite()) && want.iter().any(|&x| x != 0.0));
-            for (chunks, slices) in [(1, 1), (3, 5), (7, 2), (3, 3), (64, 16)] {
-                let mut got = vec![0f32; tokens * nh * hd];
-                attend(&pass, Split { chunks, slices }, &mut got);
-                let differ = want
-                    .iter()
-                    .zip(&got)
-                    .filter(|(a, b)| a.to_bits() != b.to_bits())
-                    .count();
-                assert_eq!(differ, 0, "case {case}, {chunks} chunks, {slices} slices");
-            }
+            let mut rounded = KvCache::new(n_kv, hd);
+            rounded.append(&round(&k), &round(&v));
+            let a = per_head(case, &exact, seed);
+            let b = per_head(case, &half, seed);
+            let c = per_head(case, &rounded, seed);
+            // The f16 cache reads its values in f32 and then does the same arithmetic.
+            assert!(
+                b.iter().zip(&c).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "case {i}"
+            );
+            // Rounding moves the output, by about f16's step.
+            let err = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            assert!(err > 0.0 && err < 1e-2, "case {i}: {err}");
         }
     }
 

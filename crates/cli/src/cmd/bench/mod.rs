@@ -1,0 +1,281 @@
+//! `niwaki bench`: prefill and decode speed over repetitions, and decode against the floor
+//! the memory bandwidth sets, measured in the same command.
+
+mod cpu_bandwidth;
+mod report;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[cfg(feature = "cuda")]
+use anyhow::Context;
+use anyhow::{bail, Result};
+use model::{Logits, Model};
+use rand::{Rng, SeedableRng};
+
+use crate::load;
+use cpu_bandwidth::{proc_kib, CpuProbe};
+use report::{Place, Report};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, short = 'm')]
+    pub model: PathBuf,
+    /// Prompt tokens for the prefill test (0 skips it).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Generated tokens for the decode test (0 skips it).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Positions already in the context when each test starts (their cache contents zeros: a
+    /// benchmark of the reads at that depth, as llama-bench's `-d`).
+    #[arg(short = 'd', long = "n-depth", default_value_t = 0)]
+    pub depth: usize,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
+    pub reps: usize,
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub place: load::Placement,
+    /// Tokens per prefill chunk.
+    #[arg(long, default_value_t = engine::DEFAULT_PREFILL_CHUNK)]
+    pub chunk: usize,
+    /// Bytes read by the memory-bandwidth test (on the GPU at least 1 GiB).
+    #[arg(long, default_value_t = 4 << 30)]
+    pub bw_bytes: usize,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Refuses a depth whose KV cache (`bytes`) does not fit beside the rest of the run
+/// (`others`: the re-tiled weights, about the file's size, more for `--kernels int8-wide`,
+/// and the bandwidth test's buffer) in the machine's available memory (`avail`, where known),
+/// rather than letting the system kill the run partway through.
+fn check_depth_fits(depth: usize, bytes: u64, others: u64, avail: Option<u64>) -> Result<()> {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    match avail {
+        Some(avail) if bytes + others > avail => bail!(
+            "-d {depth}: the CPU's KV cache for it needs {:.1} GiB beside {:.1} GiB of weights and \
+             bandwidth buffer (--bw-bytes), and {:.1} GiB of memory is available",
+            gib(bytes),
+            gib(others),
+            gib(avail)
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// Bytes one decode step must move: every weight matrix except the embedding table (one row of
+/// it), reading and writing the recurrent state, and reading a KV cache of `context` positions
+/// that holds 32 elements in `bytes_per_32` bytes (the CPU's f32 cache: 128).
+fn bytes_per_token(model: &Model, context: usize, bytes_per_32: usize) -> u64 {
+    let file = model.file();
+    let weights: u64 = file
+        .tensors()
+        .iter()
+        .map(|t| {
+            if t.name == "token_embd.weight" {
+                t.size / t.rows().max(1)
+            } else {
+                t.size
+            }
+        })
+        .sum();
+    let c = &model.config;
+    // kv_bytes_per_token counts the CPU's f32 cache: 128 bytes per 32 elements.
+    let kv = (c.kv_bytes_per_token() * context * bytes_per_32 / 128) as u64;
+    weights + 2 * c.recurrent_state_bytes() as u64 + kv
+}
+
+/// Prefill and decode tok/s of every repetition, on any backend; `after_decode` runs after
+/// each decode repetition.
+fn measure<B: engine::Backend>(
+    model: &B,
+    new_state: impl Fn() -> Result<B::State>,
+    prompt: &[u32],
+    a: &Args,
+    mut after_decode: impl FnMut() -> Result<()>,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let mut pp = Vec::new();
+    for r in 0..a.reps {
+        if a.n_prompt == 0 {
+            break;
+        }
+        let mut state = new_state()?;
+        let t = Instant::now();
+        engine::prefill(model, &mut state, prompt, a.chunk)?;
+        let s = a.n_prompt as f64 / t.elapsed().as_secs_f64();
+        eprintln!("pp{} run {}/{}: {s:.2} tok/s", a.n_prompt, r + 1, a.reps);
+        pp.push(s);
+    }
+    let mut tg = Vec::new();
+    for r in 0..a.reps {
+        if a.n_gen == 0 {
+            break;
+        }
+        let mut state = new_state()?;
+        let mut tok = prompt.first().copied().unwrap_or(1);
+        let t = Instant::now();
+        for _ in 0..a.n_gen {
+            let logits = model.forward(&mut state, &[tok], Logits::Last)?;
+            tok = engine::sampler::argmax(&logits).unwrap_or(0) as u32;
+        }
+        let s = a.n_gen as f64 / t.elapsed().as_secs_f64();
+        eprintln!("tg{} run {}/{}: {s:.2} tok/s", a.n_gen, r + 1, a.reps);
+        tg.push(s);
+        after_decode()?;
+    }
+    Ok((pp, tg))
+}
+
+pub fn main(a: Args) -> Result<ExitCode> {
+    if a.reps == 0 {
+        bail!("-r must be at least 1");
+    }
+    let kv = a.place.kv()?;
+    load::init_threads(a.threads)?;
+    // Positions a test adds to the depth's.
+    let room = a.n_prompt.max(a.n_gen);
+    let mut model = load::open_model_checked(&a.model, None, a.place.kernels, |m| {
+        let c = &m.config;
+        if a.depth + room > c.context_length {
+            bail!(
+                "-d {} + the longer of -p {} and -n {} exceed the context of {}",
+                a.depth,
+                a.n_prompt,
+                a.n_gen,
+                c.context_length
+            );
+        }
+        if a.place.device == load::DeviceArg::Cpu {
+            let bytes =
+                (c.kv_bytes_per_token() / 128 * kv.bytes_per_32() * (a.depth + room)) as u64;
+            let weights = std::fs::metadata(&a.model).map_or(0, |f| f.len());
+            let avail = proc_kib("/proc/meminfo", "MemAvailable:");
+            check_depth_fits(a.depth, bytes, weights + a.bw_bytes as u64, avail)?;
+        }
+        Ok(())
+    })?;
+    load::set_cpu_kv_cache(&mut model, kv);
+    let threads = model::pool::global().threads();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(42);
+    let vocab = model.config.vocab as u32;
+    let prompt: Vec<u32> = (0..a.n_prompt).map(|_| rng.gen_range(0..vocab)).collect();
+    let file_bytes = model.file().file_len();
+    let report = |place, (pp, tg), bw_after, kv_bytes_per_32| Report {
+        model: &a.model,
+        file_bytes,
+        place,
+        n_prompt: a.n_prompt,
+        n_gen: a.n_gen,
+        depth: a.depth,
+        reps: a.reps,
+        pp,
+        tg,
+        bw_after,
+        // The cache a decode step reads: on average the depth plus half the generated tokens.
+        bytes_per_token: bytes_per_token(&model, a.depth + a.n_gen / 2, kv_bytes_per_32),
+    };
+    let r = match a.place.device {
+        load::DeviceArg::Cpu => {
+            let mut probe = CpuProbe::new(a.bw_bytes);
+            let mut bw = Vec::new();
+            let runs = measure(
+                &model,
+                || {
+                    let mut st = model.new_state();
+                    st.bench_seek(a.depth, room);
+                    Ok(st)
+                },
+                &prompt,
+                &a,
+                || {
+                    bw.push(probe.probe());
+                    Ok(())
+                },
+            )?;
+            if bw.is_empty() {
+                bw.push(probe.probe());
+            }
+            let place = Place::Cpu {
+                threads,
+                kv_cache: kv.as_str(),
+                peak_rss: probe.rss,
+            };
+            report(place, runs, bw, kv.bytes_per_32())
+        }
+        #[cfg(feature = "cuda")]
+        load::DeviceArg::Cuda => {
+            let gpu = load::cuda_model(&model, kv)?;
+            let ctx = a.depth + room + 1;
+            let new_state = || -> Result<niwaki_cuda::CudaState> {
+                let mut st = gpu.new_state(ctx)?;
+                st.bench_seek(a.depth);
+                Ok(st)
+            };
+            let test = gpu
+                .gpu()
+                .read_test(a.bw_bytes)
+                .context("the GPU's read-bandwidth test")?;
+            let mut bw = Vec::new();
+            let probe = |bw: &mut Vec<f64>| -> Result<()> {
+                bw.push(gpu.gpu().read_bandwidth(&test, 5)? / 1e9);
+                Ok(())
+            };
+            let runs = measure(&gpu, &new_state, &prompt, &a, || probe(&mut bw))?;
+            if bw.is_empty() {
+                probe(&mut bw)?;
+            }
+            let place = Place::Cuda {
+                device: gpu.device().name.clone(),
+                kv_cache: kv.as_str(),
+                weight_bytes: gpu.weight_bytes() as u64,
+                state_bytes: new_state()?.device_bytes() as u64,
+            };
+            report(place, runs, bw, kv.bytes_per_32())
+        }
+        #[cfg(not(feature = "cuda"))]
+        load::DeviceArg::Cuda => return Err(load::no_cuda()),
+    };
+    let fraction = r.fraction();
+    if fraction > 1.0 {
+        // Decode cannot outrun the memory: the bandwidth test ran while something else loaded
+        // the machine, and the fraction means nothing.
+        eprintln!(
+            "warning: decode ran above the measured bandwidth floor ({:.0}%): the bandwidth test \
+             ({:.1} GB/s) was disturbed; rerun on a quieter machine",
+            100.0 * fraction,
+            r.bandwidth().median
+        );
+    }
+    if a.json {
+        println!("{}", r.json());
+    } else {
+        print!("{}", r.table());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_depth_whose_cache_exceeds_the_available_memory_is_refused_with_the_numbers() {
+        let e = check_depth_fits(262_144, 34 << 30, 4 << 30, Some(20 << 30))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("34.0 GiB") && e.contains("4.0 GiB") && e.contains("20.0 GiB"),
+            "{e}"
+        );
+        assert!(check_depth_fits(4096, 1 << 30, 4 << 30, Some(20 << 30)).is_ok());
+        // The cache alone fits, not beside the weights.
+        assert!(check_depth_fits(65_536, 17 << 30, 4 << 30, Some(20 << 30)).is_err());
+        // Unknown available memory: nothing to hold the depth against.
+        assert!(check_depth_fits(4096, 1 << 40, 4 << 30, None).is_ok());
+    }
+}
