@@ -4,7 +4,6 @@
 use std::ops::Range;
 
 use half::f16;
-use half::slice::HalfFloatSliceExt;
 
 /// How a KV cache holds its values.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -64,7 +63,7 @@ impl<'a> HeadRows<'a> {
             HeadRows::F32(x) => &x[r],
             HeadRows::F16(x) => {
                 let out = &mut buf[..r.len()];
-                x[r].convert_to_f32_slice(out);
+                crate::ops::f16_to_f32(&x[r], out);
                 out
             }
         }
