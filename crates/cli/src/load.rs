@@ -161,6 +161,15 @@ pub struct Placement {
 }
 
 impl Placement {
+    /// The CPU kernels to load the model with: the GPU uploads its weights from the file, so
+    /// there re-tiling a CPU copy would only cost time and memory.
+    pub fn load_kernels(&self) -> KernelsArg {
+        match self.device {
+            DeviceArg::Cpu => self.kernels,
+            DeviceArg::Cuda => KernelsArg::Exact,
+        }
+    }
+
     /// The KV-cache format asked for or the device's default; refuses one the device lacks.
     pub fn kv(&self) -> Result<KvCacheArg> {
         kv_cache(self.device, self.kv_cache)

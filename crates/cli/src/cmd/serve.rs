@@ -87,13 +87,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
     let threads = a
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    // The GPU uploads its weights from the file: re-tiling a CPU copy would only cost time and
-    // memory.
-    let kernels = match a.place.device {
-        load::DeviceArg::Cpu => a.place.kernels,
-        load::DeviceArg::Cuda => load::KernelsArg::Exact,
-    };
-    let mut model = load::open_model(&a.model, None, kernels)?;
+    let mut model = load::open_model(&a.model, None, a.place.load_kernels())?;
     load::set_cpu_kv_cache(&mut model, kv);
     let trained = model.config.context_length;
     if let Some(n) = a.ctx {

@@ -139,7 +139,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
     load::init_threads(a.threads)?;
     // Positions a test adds to the depth's.
     let room = a.n_prompt.max(a.n_gen);
-    let mut model = load::open_model_checked(&a.model, None, a.place.kernels, |m| {
+    let mut model = load::open_model_checked(&a.model, None, a.place.load_kernels(), |m| {
         let c = &m.config;
         if a.depth + room > c.context_length {
             bail!(
