@@ -192,10 +192,15 @@ fn bench_at_depth_counts_the_cache_it_reads() {
     let bytes = |v: &serde_json::Value| v["bytes_per_token"].as_u64().unwrap();
     let extra = bytes(&deep) - bytes(&flat);
     assert!(extra > 0 && extra % 64 == 0, "{extra}");
-    // An f16 cache reads half the bytes at the same depth.
+    // The state the decode runs held: 64 positions' keys and values more at depth 64.
+    let state = |v: &serde_json::Value| v["state_bytes"].as_u64().unwrap();
+    let held = state(&deep) - state(&flat);
+    assert!(held > 0 && held % 64 == 0, "{held}");
+    // An f16 cache holds and reads half the bytes at the same depth.
     let (flat16, deep16) = (bench("0", "f16"), bench("64", "f16"));
     assert_eq!(deep16["kv_cache"], "f16", "{deep16}");
     assert_eq!(2 * (bytes(&deep16) - bytes(&flat16)), extra);
+    assert_eq!(2 * (state(&deep16) - state(&flat16)), held);
     // A depth past the model's context is refused.
     let out = niwaki()
         .args(["bench", "-p", "0", "-n", "2", "-d", "100000000", "--model"])

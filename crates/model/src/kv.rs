@@ -11,12 +11,20 @@ pub enum KvFormat {
     /// Exactly as the projections make them.
     #[default]
     F32,
-    /// Rounded to the nearest f16; finite values past its range held at its largest (±65504),
-    /// as the GPU's f16 cache holds them.
+    /// Rounded to the nearest f16; finite values past its range held at its largest (±65504)
+    /// rather than turned into infinities, whose scores would be NaN. (The GPU's f16 cache
+    /// rounds with the device's conversion, which overflows to infinity.)
     F16,
 }
 
 impl KvFormat {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvFormat::F32 => "f32",
+            KvFormat::F16 => "f16",
+        }
+    }
+
     /// Bytes a cached value takes.
     pub fn bytes(self) -> usize {
         match self {
@@ -213,11 +221,6 @@ impl KvCache {
         self.format().bytes() * (self.k.values().0 + self.v.values().0)
     }
 
-    /// Bytes the cache has room for (what it holds in memory).
-    pub fn capacity_bytes(&self) -> usize {
-        self.format().bytes() * (self.k.values().1 + self.v.values().1)
-    }
-
     /// Appends positions' keys and values, `[position][kv head][head_dim]` as the projections
     /// make them.
     pub fn append(&mut self, k: &[f32], v: &[f32]) {
@@ -288,11 +291,12 @@ mod tests {
     #[test]
     fn the_f16_cache_rounds_to_nearest_and_holds_the_largest_finite_value_past_its_range() {
         let mut kv = KvCache::with_format(1, 8, KvFormat::F16);
+        // 65520 is the first value f16 rounding takes to infinity.
         let k = [
             1.0 / 3.0,
             -1e6,
             1e6,
-            65519.0,
+            65520.0,
             f32::INFINITY,
             1e-8,
             -2.5,
@@ -300,11 +304,12 @@ mod tests {
         ];
         kv.append(&k, &k);
         let got = row(kv.k(0), 0, 8);
-        let want: Vec<f32> = k.iter().map(|&x| to_f16(x).to_f32()).collect();
-        assert_eq!(got, want);
-        assert_eq!(got[1], -65504.0);
-        assert_eq!(got[2], 65504.0);
-        assert_eq!(got[4], f32::INFINITY);
+        assert_eq!(half::f16::from_f32(65520.0).to_f32(), f32::INFINITY);
+        assert_eq!(&got[1..5], &[-65504.0, 65504.0, 65504.0, f32::INFINITY]);
+        // Within range: the nearest f16.
+        for i in [0, 5, 6, 7] {
+            assert_eq!(got[i], half::f16::from_f32(k[i]).to_f32(), "value {i}");
+        }
         assert!((got[0] - 1.0 / 3.0).abs() < 1e-3 && got[0] != 1.0 / 3.0);
         assert_eq!(kv.bytes(), 2 * 2 * 8);
     }

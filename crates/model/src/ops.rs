@@ -306,7 +306,7 @@ pub fn f16_to_f32(src: &[half::f16], dst: &mut [f32]) {
 #[target_feature(enable = "avx512f")]
 unsafe fn f16_to_f32_avx512(src: &[half::f16], dst: &mut [f32]) {
     use std::arch::x86_64::*;
-    let n = src.len() / 16 * 16;
+    let n = src.len().min(dst.len()) / 16 * 16;
     for i in (0..n).step_by(16) {
         // SAFETY: i + 16 <= n <= both lengths; unaligned loads and stores are allowed.
         unsafe {
@@ -323,7 +323,7 @@ unsafe fn f16_to_f32_avx512(src: &[half::f16], dst: &mut [f32]) {
 #[target_feature(enable = "f16c,avx")]
 unsafe fn f16_to_f32_f16c(src: &[half::f16], dst: &mut [f32]) {
     use std::arch::x86_64::*;
-    let n = src.len() / 8 * 8;
+    let n = src.len().min(dst.len()) / 8 * 8;
     for i in (0..n).step_by(8) {
         // SAFETY: i + 8 <= n <= both lengths; unaligned loads and stores are allowed.
         unsafe {

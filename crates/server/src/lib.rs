@@ -98,10 +98,6 @@ impl Device {
     /// The CPU: a sequence holds its recurrent state and a KV cache (in the `kv` format) that
     /// grows per token.
     pub fn cpu(config: &Config, kv: KvFormat) -> Device {
-        let name = match kv {
-            KvFormat::F32 => "f32",
-            KvFormat::F16 => "f16",
-        };
         Device {
             kind: DeviceKind::Cpu,
             name: None,
@@ -109,7 +105,10 @@ impl Device {
             state_fixed_bytes: config.recurrent_state_bytes(),
             // kv_bytes_per_token counts f32 values.
             state_bytes_per_token: config.kv_bytes_per_token() / 4 * kv.bytes(),
-            state_rule: format!("recurrent state + KV cache for a full context ({name})"),
+            state_rule: format!(
+                "recurrent state + KV cache for a full context ({})",
+                kv.as_str()
+            ),
         }
     }
 

@@ -90,15 +90,24 @@ fn bytes_per_token(model: &Model, context: usize, bytes_per_32: usize) -> u64 {
     weights + 2 * c.recurrent_state_bytes() as u64 + kv
 }
 
+/// What the repetitions measured: tok/s of each, and the bytes of the last decode run's
+/// sequence state at its end (0 with no decode run).
+struct Runs {
+    pp: Vec<f64>,
+    tg: Vec<f64>,
+    state_bytes: u64,
+}
+
 /// Prefill and decode tok/s of every repetition, on any backend; `after_decode` runs after
-/// each decode repetition.
+/// each decode repetition, `bytes` tells a state's size.
 fn measure<B: engine::Backend>(
     model: &B,
     new_state: impl Fn() -> Result<B::State>,
+    bytes: impl Fn(&B::State) -> u64,
     prompt: &[u32],
     a: &Args,
     mut after_decode: impl FnMut() -> Result<()>,
-) -> Result<(Vec<f64>, Vec<f64>)> {
+) -> Result<Runs> {
     let mut pp = Vec::new();
     for r in 0..a.reps {
         if a.n_prompt == 0 {
@@ -112,6 +121,7 @@ fn measure<B: engine::Backend>(
         pp.push(s);
     }
     let mut tg = Vec::new();
+    let mut state_bytes = 0;
     for r in 0..a.reps {
         if a.n_gen == 0 {
             break;
@@ -126,9 +136,15 @@ fn measure<B: engine::Backend>(
         let s = a.n_gen as f64 / t.elapsed().as_secs_f64();
         eprintln!("tg{} run {}/{}: {s:.2} tok/s", a.n_gen, r + 1, a.reps);
         tg.push(s);
+        state_bytes = bytes(&state);
+        drop(state);
         after_decode()?;
     }
-    Ok((pp, tg))
+    Ok(Runs {
+        pp,
+        tg,
+        state_bytes,
+    })
 }
 
 pub fn main(a: Args) -> Result<ExitCode> {
@@ -152,7 +168,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
         }
         if a.place.device == load::DeviceArg::Cpu {
             let bytes =
-                (c.kv_bytes_per_token() / 128 * kv.bytes_per_32() * (a.depth + room)) as u64;
+                (c.kv_bytes_per_token() * kv.bytes_per_32() / 128 * (a.depth + room)) as u64;
             let weights = std::fs::metadata(&a.model).map_or(0, |f| f.len());
             let avail = proc_kib("/proc/meminfo", "MemAvailable:");
             check_depth_fits(a.depth, bytes, weights + a.bw_bytes as u64, avail)?;
@@ -165,7 +181,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
     let vocab = model.config.vocab as u32;
     let prompt: Vec<u32> = (0..a.n_prompt).map(|_| rng.gen_range(0..vocab)).collect();
     let file_bytes = model.file().file_len();
-    let report = |place, (pp, tg), bw_after, kv_bytes_per_32| Report {
+    let report = |place, runs: Runs, bw_after, kv_bytes_per_32| Report {
         model: &a.model,
         file_bytes,
         place,
@@ -173,8 +189,8 @@ pub fn main(a: Args) -> Result<ExitCode> {
         n_gen: a.n_gen,
         depth: a.depth,
         reps: a.reps,
-        pp,
-        tg,
+        pp: runs.pp,
+        tg: runs.tg,
         bw_after,
         // The cache a decode step reads: on average the depth plus half the generated tokens.
         bytes_per_token: bytes_per_token(&model, a.depth + a.n_gen / 2, kv_bytes_per_32),
@@ -190,6 +206,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
                     st.bench_seek(a.depth, room);
                     Ok(st)
                 },
+                |st| st.bytes() as u64,
                 &prompt,
                 &a,
                 || {
@@ -204,6 +221,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
                 threads,
                 kv_cache: kv.as_str(),
                 peak_rss: probe.rss,
+                state_bytes: runs.state_bytes,
             };
             report(place, runs, bw, kv.bytes_per_32())
         }
@@ -225,7 +243,8 @@ pub fn main(a: Args) -> Result<ExitCode> {
                 bw.push(gpu.gpu().read_bandwidth(&test, 5)? / 1e9);
                 Ok(())
             };
-            let runs = measure(&gpu, &new_state, &prompt, &a, || probe(&mut bw))?;
+            let bytes = |st: &niwaki_cuda::CudaState| st.device_bytes() as u64;
+            let runs = measure(&gpu, &new_state, bytes, &prompt, &a, || probe(&mut bw))?;
             if bw.is_empty() {
                 probe(&mut bw)?;
             }
@@ -233,7 +252,11 @@ pub fn main(a: Args) -> Result<ExitCode> {
                 device: gpu.device().name.clone(),
                 kv_cache: kv.as_str(),
                 weight_bytes: gpu.weight_bytes() as u64,
-                state_bytes: new_state()?.device_bytes() as u64,
+                // A state's device memory does not depend on the tokens it holds.
+                state_bytes: match runs.state_bytes {
+                    0 => bytes(&new_state()?),
+                    b => b,
+                },
             };
             report(place, runs, bw, kv.bytes_per_32())
         }

@@ -34,6 +34,9 @@ pub enum Place {
         kv_cache: &'static str,
         /// Peak resident set of the decode runs.
         peak_rss: u64,
+        /// A sequence's state (recurrent state and KV cache) at the end of a decode run (0
+        /// with none).
+        state_bytes: u64,
     },
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Cuda {
@@ -126,9 +129,10 @@ impl Report<'_> {
                 threads,
                 kv_cache,
                 peak_rss,
+                state_bytes,
             } => serde_json::json!({
                 "device": "cpu", "threads": threads, "kv_cache": kv_cache,
-                "peak_rss_bytes": peak_rss,
+                "peak_rss_bytes": peak_rss, "state_bytes": state_bytes,
             }),
             Place::Cuda {
                 device,
@@ -200,11 +204,16 @@ impl Report<'_> {
         }
         s += &match &self.place {
             Place::Cpu {
-                peak_rss, kv_cache, ..
+                peak_rss,
+                kv_cache,
+                state_bytes,
+                ..
             } => format!(
-                "peak RSS: {:.2} GiB (file {:.2} GiB; {kv_cache} KV cache)\n",
+                "peak RSS: {:.2} GiB (file {:.2} GiB; a sequence's recurrent state and {kv_cache} \
+                 KV cache {:.2} GiB at the end of a decode run)\n",
                 gib(*peak_rss),
-                gib(self.file_bytes)
+                gib(self.file_bytes),
+                gib(*state_bytes)
             ),
             Place::Cuda {
                 kv_cache,
@@ -257,6 +266,7 @@ mod tests {
             threads: 2,
             kv_cache: "f32",
             peak_rss: 1 << 30,
+            state_bytes: 1 << 20,
         };
         // 4 GB a token: 5 tok/s at 40 GB/s is the whole floor.
         let r = report(cpu, vec![5.0, 5.0, 2.5], vec![40.0, 20.0, 20.0]);
@@ -273,6 +283,7 @@ mod tests {
                 threads: 1,
                 kv_cache: "f32",
                 peak_rss: 0,
+                state_bytes: 0,
             },
             vec![5.0],
             vec![],
@@ -318,6 +329,7 @@ mod tests {
             threads: 2,
             kv_cache: "f16",
             peak_rss: 3 << 30,
+            state_bytes: 5 << 20,
         };
         let j = report(cpu, vec![5.0], vec![40.0]).json();
         for key in [
@@ -326,12 +338,14 @@ mod tests {
             "peak_rss_bytes",
             "read_bw_gbs",
             "floor_fraction",
+            "floor_tok_s",
             "threads",
         ] {
             assert!(j.get(key).is_some(), "{key} missing from {j}");
         }
         assert_eq!(j["device"], "cpu");
         assert_eq!(j["kv_cache"], "f16");
+        assert_eq!(j["state_bytes"], 5u64 << 20);
         assert_eq!(j["pp_tok_s"], 20.0);
     }
 }
