@@ -109,6 +109,14 @@ fn append_rows<T: Copy>(heads: &mut [Vec<T>], new: &[f32], hd: usize, conv: impl
     }
 }
 
+/// Adds `values` zeros to every head's rows, with room for `room` more.
+fn seek_rows<T: Copy + Default>(heads: &mut [Vec<T>], values: usize, room: usize) {
+    for r in heads {
+        r.reserve_exact(values + room);
+        r.resize(r.len() + values, T::default());
+    }
+}
+
 /// `x` as the f16 cache holds it: finite values past the f16 range at ±65504 (NaN stays NaN).
 fn to_f16(x: f32) -> f16 {
     f16::from_f32(if x.is_finite() {
@@ -160,14 +168,8 @@ impl Heads {
 
     fn seek(&mut self, values: usize, room: usize) {
         match self {
-            Heads::F32(x) => x.iter_mut().for_each(|r| {
-                r.reserve_exact(values + room);
-                r.resize(r.len() + values, 0.0);
-            }),
-            Heads::F16(x) => x.iter_mut().for_each(|r| {
-                r.reserve_exact(values + room);
-                r.resize(r.len() + values, f16::ZERO);
-            }),
+            Heads::F32(x) => seek_rows(x, values, room),
+            Heads::F16(x) => seek_rows(x, values, room),
         }
     }
 }

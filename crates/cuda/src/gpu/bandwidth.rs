@@ -21,13 +21,6 @@ pub struct ReadTest {
     sink: DevBuf,
 }
 
-impl ReadTest {
-    /// Bytes one test reads.
-    pub fn bytes(&self) -> usize {
-        self.buf.bytes
-    }
-}
-
 impl Gpu {
     /// Device-to-device copy bandwidth (bytes read + written per second) over `bytes`.
     pub fn copy_bandwidth(&self, bytes: usize) -> Result<f64> {

@@ -181,10 +181,12 @@ pub fn main(a: Args) -> Result<ExitCode> {
     let vocab = model.config.vocab as u32;
     let prompt: Vec<u32> = (0..a.n_prompt).map(|_| rng.gen_range(0..vocab)).collect();
     let file_bytes = model.file().file_len();
-    let report = |place, runs: Runs, bw_after, kv_bytes_per_32| Report {
+    let report = |place, runs: Runs, bw_after, state_bytes| Report {
         model: &a.model,
         file_bytes,
         place,
+        kv_cache: kv.as_str(),
+        state_bytes,
         n_prompt: a.n_prompt,
         n_gen: a.n_gen,
         depth: a.depth,
@@ -193,7 +195,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
         tg: runs.tg,
         bw_after,
         // The cache a decode step reads: on average the depth plus half the generated tokens.
-        bytes_per_token: bytes_per_token(&model, a.depth + a.n_gen / 2, kv_bytes_per_32),
+        bytes_per_token: bytes_per_token(&model, a.depth + a.n_gen / 2, kv.bytes_per_32()),
     };
     let r = match a.place.device {
         load::DeviceArg::Cpu => {
@@ -219,11 +221,10 @@ pub fn main(a: Args) -> Result<ExitCode> {
             }
             let place = Place::Cpu {
                 threads,
-                kv_cache: kv.as_str(),
                 peak_rss: probe.rss,
-                state_bytes: runs.state_bytes,
             };
-            report(place, runs, bw, kv.bytes_per_32())
+            let state_bytes = runs.state_bytes;
+            report(place, runs, bw, state_bytes)
         }
         #[cfg(feature = "cuda")]
         load::DeviceArg::Cuda => {
@@ -250,15 +251,14 @@ pub fn main(a: Args) -> Result<ExitCode> {
             }
             let place = Place::Cuda {
                 device: gpu.device().name.clone(),
-                kv_cache: kv.as_str(),
                 weight_bytes: gpu.weight_bytes() as u64,
-                // A state's device memory does not depend on the tokens it holds.
-                state_bytes: match runs.state_bytes {
-                    0 => bytes(&new_state()?),
-                    b => b,
-                },
             };
-            report(place, runs, bw, kv.bytes_per_32())
+            // A state's device memory does not depend on the tokens it holds.
+            let state_bytes = match runs.state_bytes {
+                0 => bytes(&new_state()?),
+                b => b,
+            };
+            report(place, runs, bw, state_bytes)
         }
         #[cfg(not(feature = "cuda"))]
         load::DeviceArg::Cuda => return Err(load::no_cuda()),

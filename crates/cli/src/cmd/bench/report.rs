@@ -31,20 +31,14 @@ pub fn stats(mut v: Vec<f64>) -> Stats {
 pub enum Place {
     Cpu {
         threads: usize,
-        kv_cache: &'static str,
         /// Peak resident set of the decode runs.
         peak_rss: u64,
-        /// A sequence's state (recurrent state and KV cache) at the end of a decode run (0
-        /// with none).
-        state_bytes: u64,
     },
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Cuda {
         device: String,
-        kv_cache: &'static str,
-        /// Device bytes of the weights, and of one sequence's state, KV cache and scratch.
+        /// Device bytes of the weights.
         weight_bytes: u64,
-        state_bytes: u64,
     },
 }
 
@@ -53,6 +47,11 @@ pub struct Report<'a> {
     pub model: &'a Path,
     pub file_bytes: u64,
     pub place: Place,
+    /// The KV cache's format.
+    pub kv_cache: &'static str,
+    /// A sequence's state: on the CPU its recurrent state and KV cache at the end of a decode
+    /// run (0 with none), on the GPU its state, KV cache and scratch.
+    pub state_bytes: u64,
     pub n_prompt: usize,
     pub n_gen: usize,
     pub depth: usize,
@@ -125,23 +124,16 @@ impl Report<'_> {
             "floor_fraction_runs": self.fractions(),
         });
         let extra = match &self.place {
-            Place::Cpu {
-                threads,
-                kv_cache,
-                peak_rss,
-                state_bytes,
-            } => serde_json::json!({
-                "device": "cpu", "threads": threads, "kv_cache": kv_cache,
-                "peak_rss_bytes": peak_rss, "state_bytes": state_bytes,
+            Place::Cpu { threads, peak_rss } => serde_json::json!({
+                "device": "cpu", "threads": threads, "kv_cache": self.kv_cache,
+                "peak_rss_bytes": peak_rss, "state_bytes": self.state_bytes,
             }),
             Place::Cuda {
                 device,
-                kv_cache,
                 weight_bytes,
-                state_bytes,
             } => serde_json::json!({
-                "device": "cuda", "device_name": device, "kv_cache": kv_cache,
-                "device_weight_bytes": weight_bytes, "device_state_bytes": state_bytes,
+                "device": "cuda", "device_name": device, "kv_cache": self.kv_cache,
+                "device_weight_bytes": weight_bytes, "device_state_bytes": self.state_bytes,
             }),
         };
         if let (Some(o), serde_json::Value::Object(extra)) = (o.as_object_mut(), extra) {
@@ -202,30 +194,21 @@ impl Report<'_> {
                 100.0 * self.fraction()
             );
         }
+        let (kv_cache, state) = (self.kv_cache, gib(self.state_bytes));
         s += &match &self.place {
-            Place::Cpu {
-                peak_rss,
-                kv_cache,
-                state_bytes,
-                ..
-            } => format!(
+            Place::Cpu { peak_rss, .. } => format!(
                 "peak RSS: {:.2} GiB (file {:.2} GiB; a sequence's recurrent state and {kv_cache} \
                  KV cache {:.2} GiB at the end of a decode run)\n",
                 gib(*peak_rss),
                 gib(self.file_bytes),
-                gib(*state_bytes)
+                state
             ),
-            Place::Cuda {
-                kv_cache,
-                weight_bytes,
-                state_bytes,
-                ..
-            } => format!(
+            Place::Cuda { weight_bytes, .. } => format!(
                 "device memory: weights {:.2} GiB (file {:.2} GiB), one sequence's state, {kv_cache} \
                  KV cache and scratch {:.2} GiB\n",
                 gib(*weight_bytes),
                 gib(self.file_bytes),
-                gib(*state_bytes)
+                state
             ),
         };
         s
@@ -241,6 +224,8 @@ mod tests {
             model: Path::new("dir/m.gguf"),
             file_bytes: 3 << 30,
             place,
+            kv_cache: "f32",
+            state_bytes: 1 << 20,
             n_prompt: 512,
             n_gen: 128,
             depth: 0,
@@ -264,9 +249,7 @@ mod tests {
     fn each_decode_run_is_held_against_the_tests_around_it() {
         let cpu = Place::Cpu {
             threads: 2,
-            kv_cache: "f32",
             peak_rss: 1 << 30,
-            state_bytes: 1 << 20,
         };
         // 4 GB a token: 5 tok/s at 40 GB/s is the whole floor.
         let r = report(cpu, vec![5.0, 5.0, 2.5], vec![40.0, 20.0, 20.0]);
@@ -281,9 +264,7 @@ mod tests {
         let none = report(
             Place::Cpu {
                 threads: 1,
-                kv_cache: "f32",
                 peak_rss: 0,
-                state_bytes: 0,
             },
             vec![5.0],
             vec![],
@@ -295,11 +276,11 @@ mod tests {
     fn the_gpu_report_names_the_device_and_its_memory() {
         let gpu = Place::Cuda {
             device: "NVIDIA H200".into(),
-            kv_cache: "q8_0",
             weight_bytes: 7 << 30,
-            state_bytes: 1 << 29,
         };
-        let r = report(gpu, vec![270.0, 280.0, 275.0], vec![4000.0, 4000.0, 4000.0]);
+        let mut r = report(gpu, vec![270.0, 280.0, 275.0], vec![4000.0, 4000.0, 4000.0]);
+        r.kv_cache = "q8_0";
+        r.state_bytes = 1 << 29;
         let t = r.table();
         assert!(
             t.contains("| m.gguf | NVIDIA H200 | tg128 | 275.00 | 270.00 | 280.00 |"),
@@ -327,11 +308,12 @@ mod tests {
     fn the_cpu_report_keeps_the_keys_the_side_by_side_script_reads() {
         let cpu = Place::Cpu {
             threads: 2,
-            kv_cache: "f16",
             peak_rss: 3 << 30,
-            state_bytes: 5 << 20,
         };
-        let j = report(cpu, vec![5.0], vec![40.0]).json();
+        let mut r = report(cpu, vec![5.0], vec![40.0]);
+        r.kv_cache = "f16";
+        r.state_bytes = 5 << 20;
+        let j = r.json();
         for key in [
             "pp_tok_s",
             "tg_tok_s",
