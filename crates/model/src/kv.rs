@@ -1,5 +1,8 @@
 //! The KV cache of an attention layer: every position's keys and values so far, in f32 (exact:
 //! the reference) or f16 (half the memory, and half the bytes a decode step reads at depth).
+//! Both are held in tiles of positions laid out for attention's kernels ([`Layout`]): keys so
+//! that a vector holds one value of 16 positions (scores), values so that a pass over 32 of a
+//! head's values reads memory in order (outputs).
 
 use std::ops::Range;
 
@@ -34,20 +37,74 @@ impl KvFormat {
     }
 }
 
-/// Every kv head's rows of `head_dim` values, position after position.
+/// Positions a key tile holds.
+pub const KEY_TILE: usize = 16;
+/// Positions a value tile holds.
+pub const VALUE_TILE: usize = 64;
+/// A head's values a value chunk holds (the last chunk of a head may hold fewer).
+pub const VALUE_CHUNK: usize = 32;
+
+/// Where a kv head's cached value `d` of position `p` lies. Positions are held in tiles, one
+/// after another, each `tile · head_dim` values; the last tile's positions past the cache's are
+/// zeros.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Keys: within a tile of [`KEY_TILE`] positions, value `d` of each position side by side
+    /// (`d · KEY_TILE + lane`): a score kernel multiplies one query value into 16 positions'
+    /// keys at once, with no sums across a vector.
+    Keys,
+    /// Values: within a tile of [`VALUE_TILE`] positions, chunk after chunk of
+    /// [`VALUE_CHUNK`] values, and within a chunk its values of each position in turn
+    /// (`lane · width + j`): the output kernel's pass over a chunk reads one run of memory
+    /// instead of a line of every row, a stride the hardware does not run ahead of.
+    Values,
+}
+
+impl Layout {
+    /// Positions a tile holds.
+    pub fn tile(self) -> usize {
+        match self {
+            Layout::Keys => KEY_TILE,
+            Layout::Values => VALUE_TILE,
+        }
+    }
+
+    /// Values held for the first `positions` positions of a head of `hd` values (whole tiles).
+    pub fn len(self, positions: usize, hd: usize) -> usize {
+        positions.div_ceil(self.tile()) * self.tile() * hd
+    }
+
+    /// Index of position `p`'s value `d` in a head of `hd` values.
+    #[inline]
+    pub fn index(self, hd: usize, p: usize, d: usize) -> usize {
+        let (tile, lane) = (p / self.tile(), p % self.tile());
+        let base = tile * self.tile() * hd;
+        match self {
+            Layout::Keys => base + d * KEY_TILE + lane,
+            Layout::Values => {
+                let c0 = d / VALUE_CHUNK * VALUE_CHUNK;
+                let width = VALUE_CHUNK.min(hd - c0);
+                base + VALUE_TILE * c0 + lane * width + (d - c0)
+            }
+        }
+    }
+}
+
+/// Every kv head's keys or values, as [`Layout`] says.
 #[derive(Clone, Debug, PartialEq)]
 enum Heads {
     F32(Vec<Vec<f32>>),
     F16(Vec<Vec<f16>>),
 }
 
-/// Keys and values of every position so far: for each kv head its rows of `head_dim` values,
-/// position after position (row `p` of head `h` at `p · head_dim`). A decode step's attention
-/// reads one kv head's rows from first to last; with each position's heads side by side
-/// instead, a 27B head's rows lay 4 KiB apart, each on a page of its own.
+/// Keys and values of every position so far, each kv head's apart, as [`Layout`] says. A
+/// decode step's attention reads one kv head's keys and values from first to last; with each
+/// position's heads side by side instead, a 27B head's rows lay 4 KiB apart, each on a page of
+/// its own.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KvCache {
     head_dim: usize,
+    positions: usize,
     k: Heads,
     v: Heads,
 }
@@ -60,6 +117,27 @@ pub enum HeadRows<'a> {
 }
 
 impl<'a> HeadRows<'a> {
+    /// Values held.
+    pub fn len(self) -> usize {
+        match self {
+            HeadRows::F32(x) => x.len(),
+            HeadRows::F16(x) => x.len(),
+        }
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.len() == 0
+    }
+
+    /// Value `i`, in f32 (exactly).
+    #[inline]
+    pub fn get(self, i: usize) -> f32 {
+        match self {
+            HeadRows::F32(x) => x[i],
+            HeadRows::F16(x) => x[i].to_f32(),
+        }
+    }
+
     /// Values `r` in f32: the cache's own where it holds f32, else converted into `buf` (at
     /// least `r.len()` long). Either way the same values, so the same arithmetic follows.
     #[inline]
@@ -76,44 +154,55 @@ impl<'a> HeadRows<'a> {
             }
         }
     }
-
-    /// Asks for the cache lines of values `r` (a hint).
-    #[inline]
-    pub fn prefetch(self, r: Range<usize>) {
-        match self {
-            HeadRows::F32(x) => crate::ops::prefetch(&x[r]),
-            HeadRows::F16(x) => crate::ops::prefetch(&x[r]),
-        }
-    }
 }
 
-/// Fewest values a head's KV rows grow by: short caches then grow every few tokens, not every
+/// Fewest values a head's buffer grows by: short caches then grow every few tokens, not every
 /// one.
 pub(crate) const KV_GROW_MIN: usize = 4096;
 
-/// Appends the rows of every head `h` (`new` holds positions of `heads.len() · hd` values,
-/// head after head) to `heads[h]`, converted by `conv`. A full head's rows grow by an eighth of
-/// what they hold (or by what is appended, or by [`KV_GROW_MIN`] values, whichever is most)
-/// instead of doubling: a doubling `Vec` could hold nearly twice the memory a long context
-/// needs (a 27B model's 262,144 positions are 34 GB in f32).
-fn append_rows<T: Copy>(heads: &mut [Vec<T>], new: &[f32], hd: usize, conv: impl Fn(f32) -> T) {
+/// Grows a head's buffer to `len` values (zeros) by an eighth of what it holds (or by what is
+/// needed, or by [`KV_GROW_MIN`] values, whichever is most) instead of doubling: a doubling
+/// `Vec` could hold nearly twice the memory a long context needs (a 27B model's 262,144
+/// positions are 34 GB in f32).
+fn grow_to<T: Copy + Default>(buf: &mut Vec<T>, len: usize) {
+    if len <= buf.len() {
+        return;
+    }
+    let add = len - buf.len();
+    if buf.capacity() < len {
+        buf.reserve_exact(add.max(buf.len() / 8).max(KV_GROW_MIN));
+    }
+    buf.resize(len, T::default());
+}
+
+/// Writes positions `pos0..` into every head `h`'s buffer as `layout` says, converted by `conv`,
+/// adding tiles (zeros) as needed. `new` holds positions of `heads.len() · hd` values, head
+/// after head, as the projections make them.
+fn append_at<T: Copy + Default>(
+    heads: &mut [Vec<T>],
+    layout: Layout,
+    new: &[f32],
+    hd: usize,
+    pos0: usize,
+    conv: impl Fn(f32) -> T,
+) {
     let row = heads.len() * hd;
-    let add = new.len() / row * hd;
-    for (h, rows) in heads.iter_mut().enumerate() {
-        if rows.capacity() - rows.len() < add {
-            rows.reserve_exact(add.max(rows.len() / 8).max(KV_GROW_MIN));
-        }
-        for pos in new.chunks_exact(row) {
-            rows.extend(pos[h * hd..(h + 1) * hd].iter().map(|&x| conv(x)));
+    let end = pos0 + new.len() / row;
+    for (h, buf) in heads.iter_mut().enumerate() {
+        grow_to(buf, layout.len(end, hd));
+        for (p, pos) in (pos0..).zip(new.chunks_exact(row)) {
+            for (d, &x) in pos[h * hd..(h + 1) * hd].iter().enumerate() {
+                buf[layout.index(hd, p, d)] = conv(x);
+            }
         }
     }
 }
 
-/// Adds `values` zeros to every head's rows, with room for `room` more.
-fn seek_rows<T: Copy + Default>(heads: &mut [Vec<T>], values: usize, room: usize) {
+/// Grows every head's buffer to `len` values (zeros), with room for `cap` in all.
+fn seek_to<T: Copy + Default>(heads: &mut [Vec<T>], len: usize, cap: usize) {
     for r in heads {
-        r.reserve_exact(values + room);
-        r.resize(r.len() + values, T::default());
+        r.reserve_exact(cap.saturating_sub(r.len()));
+        r.resize(len.max(r.len()), T::default());
     }
 }
 
@@ -159,17 +248,17 @@ impl Heads {
         }
     }
 
-    fn append(&mut self, new: &[f32], hd: usize) {
+    fn append(&mut self, layout: Layout, new: &[f32], hd: usize, pos0: usize) {
         match self {
-            Heads::F32(x) => append_rows(x, new, hd, |v| v),
-            Heads::F16(x) => append_rows(x, new, hd, to_f16),
+            Heads::F32(x) => append_at(x, layout, new, hd, pos0, |v| v),
+            Heads::F16(x) => append_at(x, layout, new, hd, pos0, to_f16),
         }
     }
 
-    fn seek(&mut self, values: usize, room: usize) {
+    fn seek_to(&mut self, len: usize, cap: usize) {
         match self {
-            Heads::F32(x) => seek_rows(x, values, room),
-            Heads::F16(x) => seek_rows(x, values, room),
+            Heads::F32(x) => seek_to(x, len, cap),
+            Heads::F16(x) => seek_to(x, len, cap),
         }
     }
 }
@@ -182,6 +271,7 @@ impl KvCache {
     pub fn with_format(n_head_kv: usize, head_dim: usize, format: KvFormat) -> KvCache {
         KvCache {
             head_dim,
+            positions: 0,
             k: Heads::new(format, n_head_kv),
             v: Heads::new(format, n_head_kv),
         }
@@ -204,21 +294,20 @@ impl KvCache {
 
     /// Positions cached.
     pub fn positions(&self) -> usize {
-        let per = self.n_head_kv() * self.head_dim;
-        self.k.values().0.checked_div(per).unwrap_or(0)
+        self.positions
     }
 
-    /// Head `h`'s keys.
+    /// Head `h`'s keys, as [`Layout::Keys`] says.
     pub fn k(&self, h: usize) -> HeadRows<'_> {
         self.k.head(h)
     }
 
-    /// Head `h`'s values.
+    /// Head `h`'s values, as [`Layout::Values`] says.
     pub fn v(&self, h: usize) -> HeadRows<'_> {
         self.v.head(h)
     }
 
-    /// Bytes of the cached keys and values.
+    /// Bytes of the cached keys and values (the last tiles' unused positions included).
     pub fn bytes(&self) -> usize {
         self.format().bytes() * (self.k.values().0 + self.v.values().0)
     }
@@ -234,15 +323,21 @@ impl KvCache {
             k.len(),
             v.len()
         );
-        self.k.append(k, self.head_dim);
-        self.v.append(v, self.head_dim);
+        let (hd, pos0) = (self.head_dim, self.positions);
+        self.k.append(Layout::Keys, k, hd, pos0);
+        self.v.append(Layout::Values, v, hd, pos0);
+        self.positions += k.len() / row;
     }
 
-    /// Adds `positions` positions of zeros, with room for `room` more.
+    /// Adds `positions` positions of zeros, with room for `room` more (and the tiles they
+    /// start).
     pub(crate) fn seek(&mut self, positions: usize, room: usize) {
         let hd = self.head_dim;
-        self.k.seek(positions * hd, room * hd);
-        self.v.seek(positions * hd, room * hd);
+        let end = self.positions + positions;
+        for (heads, layout) in [(&mut self.k, Layout::Keys), (&mut self.v, Layout::Values)] {
+            heads.seek_to(layout.len(end, hd), layout.len(end + room, hd));
+        }
+        self.positions = end;
     }
 }
 
@@ -250,14 +345,58 @@ impl KvCache {
 mod tests {
     use super::*;
 
-    /// Head `h`'s row `p` of `rows`, in f32.
+    /// Position `p`'s values of a head, gathered, in f32.
     fn row(rows: HeadRows<'_>, p: usize, hd: usize) -> Vec<f32> {
-        let mut buf = vec![0f32; hd];
-        rows.read(p * hd..(p + 1) * hd, &mut buf).to_vec()
+        (0..hd)
+            .map(|d| rows.get(Layout::Values.index(hd, p, d)))
+            .collect()
+    }
+
+    /// Position `p`'s keys of a head, gathered, in f32.
+    fn key(tiles: HeadRows<'_>, p: usize, hd: usize) -> Vec<f32> {
+        (0..hd)
+            .map(|d| tiles.get(Layout::Keys.index(hd, p, d)))
+            .collect()
     }
 
     #[test]
-    fn a_growing_kv_cache_keeps_each_heads_rows_in_order_with_at_most_an_eighth_more_room() {
+    fn each_layout_puts_every_value_of_its_tiles_in_a_place_of_its_own() {
+        for layout in [Layout::Keys, Layout::Values] {
+            for hd in [256, 40, 8, 32, 33] {
+                let n = 2 * layout.tile() + 5;
+                let len = layout.len(n, hd);
+                assert_eq!(len, 3 * layout.tile() * hd);
+                let mut seen = vec![false; len];
+                for p in 0..3 * layout.tile() {
+                    for d in 0..hd {
+                        let i = layout.index(hd, p, d);
+                        assert!(!seen[i], "{layout:?} {hd}: {p} {d} lands on another");
+                        seen[i] = true;
+                    }
+                }
+                assert!(seen.iter().all(|&s| s), "{layout:?} {hd}");
+            }
+        }
+        // A value chunk's values of one position lie side by side, the chunk's next position
+        // right after; keys of one value of a tile, likewise.
+        let hd = 256;
+        assert_eq!(
+            Layout::Values.index(hd, 0, 31) + 1,
+            Layout::Values.index(hd, 1, 0)
+        );
+        assert_eq!(
+            Layout::Values.index(hd, 63, 31) + 1,
+            Layout::Values.index(hd, 0, 32)
+        );
+        assert_eq!(
+            Layout::Keys.index(hd, 15, 0) + 1,
+            Layout::Keys.index(hd, 0, 1)
+        );
+        assert_eq!(Layout::Keys.index(hd, 16, 0), KEY_TILE * hd);
+    }
+
+    #[test]
+    fn a_growing_kv_cache_keeps_each_heads_positions_in_order_with_at_most_an_eighth_more_room() {
         let (heads, hd) = (4, 256);
         let row_len = heads * hd;
         for format in [KvFormat::F32, KvFormat::F16] {
@@ -273,21 +412,69 @@ mod tests {
                 kv.append(&k, &v);
                 k_all.extend_from_slice(&k);
                 v_all.extend_from_slice(&v);
-                let (len, cap) = kv.k.values();
-                let bound = len + heads * (len / heads / 8).max(n * hd).max(KV_GROW_MIN);
-                assert!(cap <= bound, "{format:?}: {cap} > {bound}");
+                // Either may need a tile more than the positions appended.
+                for (heads_of, what, add) in
+                    [(&kv.k, "k", n + KEY_TILE), (&kv.v, "v", n + VALUE_TILE)]
+                {
+                    let (len, cap) = heads_of.values();
+                    let bound = len + heads * (len / heads / 8).max(add * hd).max(KV_GROW_MIN);
+                    assert!(cap <= bound, "{format:?} {what}: {cap} > {bound}");
+                }
             }
             let positions = k_all.len() / row_len;
             assert_eq!(kv.positions(), positions);
-            assert_eq!(kv.bytes(), format.bytes() * 2 * k_all.len());
+            // The last tiles are whole.
+            let tiles = |t: usize| positions.div_ceil(t) * t * row_len;
+            assert_eq!(
+                kv.bytes(),
+                format.bytes() * (tiles(KEY_TILE) + tiles(VALUE_TILE))
+            );
             for h in 0..heads {
-                for p in [0, 1, 499, 500, 536, positions - 1] {
+                for p in [0, 1, 15, 16, 499, 500, 536, positions - 1] {
                     let at = p * row_len + h * hd;
-                    assert_eq!(row(kv.k(h), p, hd), k_all[at..at + hd], "k {h} {p}");
+                    assert_eq!(key(kv.k(h), p, hd), k_all[at..at + hd], "k {h} {p}");
                     assert_eq!(row(kv.v(h), p, hd), v_all[at..at + hd], "v {h} {p}");
+                }
+                // Past the last position, the tiles hold zeros.
+                if positions % KEY_TILE != 0 {
+                    assert!(key(kv.k(h), positions, hd).iter().all(|&x| x == 0.0));
+                }
+                if positions % VALUE_TILE != 0 {
+                    assert!(row(kv.v(h), positions, hd).iter().all(|&x| x == 0.0));
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_seek_adds_positions_of_zeros_after_those_cached() {
+        let (heads, hd) = (2, 32);
+        let mut kv = KvCache::new(heads, hd);
+        let k: Vec<f32> = (0..3 * heads * hd).map(|i| i as f32 + 1.0).collect();
+        kv.append(&k, &k);
+        // To the end of a value tile, with room for 8 more positions: the next tile's.
+        kv.seek(61, 8);
+        assert_eq!(kv.positions(), 64);
+        let at = |kv: &KvCache| match (&kv.k, &kv.v) {
+            (Heads::F32(k), Heads::F32(v)) => (k[0].as_ptr(), v[0].as_ptr()),
+            _ => unreachable!("an f32 cache"),
+        };
+        let before = at(&kv);
+        let k2: Vec<f32> = (0..heads * hd).map(|i| -(i as f32) - 1.0).collect();
+        kv.append(&k2, &k2);
+        assert_eq!(kv.positions(), 65);
+        for h in 0..heads {
+            assert_eq!(key(kv.k(h), 2, hd), k[2 * heads * hd + h * hd..][..hd]);
+            assert!(key(kv.k(h), 22, hd).iter().all(|&x| x == 0.0));
+            assert!(row(kv.v(h), 3, hd).iter().all(|&x| x == 0.0));
+            assert_eq!(key(kv.k(h), 64, hd), k2[h * hd..(h + 1) * hd]);
+            assert_eq!(row(kv.v(h), 64, hd), k2[h * hd..(h + 1) * hd]);
+        }
+        // Appending the room's positions moves nothing.
+        for _ in 0..7 {
+            kv.append(&k2, &k2);
+        }
+        assert_eq!(at(&kv), before);
     }
 
     #[test]
@@ -305,7 +492,8 @@ mod tests {
             0.1,
         ];
         kv.append(&k, &k);
-        let got = row(kv.k(0), 0, 8);
+        let got = row(kv.v(0), 0, 8);
+        assert_eq!(key(kv.k(0), 0, 8), got);
         assert_eq!(half::f16::from_f32(65520.0).to_f32(), f32::INFINITY);
         assert_eq!(&got[1..5], &[-65504.0, 65504.0, 65504.0, f32::INFINITY]);
         // Within range: the nearest f16.
@@ -313,7 +501,8 @@ mod tests {
             assert_eq!(got[i], half::f16::from_f32(k[i]).to_f32(), "value {i}");
         }
         assert!((got[0] - 1.0 / 3.0).abs() < 1e-3 && got[0] != 1.0 / 3.0);
-        assert_eq!(kv.bytes(), 2 * 2 * 8);
+        // A whole tile of keys and one of values.
+        assert_eq!(kv.bytes(), 2 * (KEY_TILE + VALUE_TILE) * 8);
     }
 
     #[test]

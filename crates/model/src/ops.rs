@@ -189,101 +189,10 @@ pub fn rms_norm_heads(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-/// Σ a·b over the shorter of the two, in eight interleaved partial sums (element i into sum
-/// i mod 8) added pairwise at the end: independent adds the compiler vectorizes, where one
-/// running sum is a chain of dependent adds (attention's scores ran at that chain's latency).
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for j in 0..8 {
-            acc[j] += x[j] * y[j];
-        }
-    }
-    fold_sums(&acc, tail)
-}
-
-/// [`dot`]'s eight partial sums added pairwise, then the tail: the one order every form of it
-/// ([`dots`]) must keep to give the same bits.
-#[inline(always)]
-fn fold_sums(acc: &[f32; 8], tail: f32) -> f32 {
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
-}
-
-/// [`dot`] of each `b.len()`-long row of `rows` with `b`, into `out`: the same sums in the same
-/// order as one call each (the same bits), with the rows' partial sums interleaved so that
-/// their chains of adds overlap (attention's scores: a query head group against each cached
-/// key). Groups of 4, 6 or 8 rows run with their sums in registers, compiled for AVX2 where the
-/// CPU has it (wider vectors, the same products and adds: no fused multiply-add).
-pub fn dots(rows: &[f32], b: &[f32], out: &mut [f32]) {
-    assert_eq!(rows.len(), b.len() * out.len(), "dots: rows × length");
-    if b.is_empty() {
-        out.fill(0.0);
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above).
-        return unsafe { dots_avx2(rows, b, out) };
-    }
-    dots_any(rows, b, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn dots_avx2(rows: &[f32], b: &[f32], out: &mut [f32]) {
-    dots_any(rows, b, out)
-}
-
-#[inline(always)]
-fn dots_any(rows: &[f32], b: &[f32], out: &mut [f32]) {
-    match out.len() {
-        4 => dots_fixed::<4>(rows, b, out),
-        6 => dots_fixed::<6>(rows, b, out),
-        8 => dots_fixed::<8>(rows, b, out),
-        _ => {
-            for (o, x) in out.iter_mut().zip(rows.chunks_exact(b.len())) {
-                *o = dot(x, b);
-            }
-        }
-    }
-}
-
-#[inline(always)]
-fn dots_fixed<const G: usize>(rows: &[f32], b: &[f32], out: &mut [f32]) {
-    let n = b.len();
-    let mut acc = [[0f32; 8]; G];
-    let body = n - n % 8;
-    for c in (0..body).step_by(8) {
-        let y: &[f32; 8] = b[c..c + 8].try_into().expect("eight values");
-        for (r, acc) in acc.iter_mut().enumerate() {
-            let x: &[f32; 8] = rows[r * n + c..r * n + c + 8]
-                .try_into()
-                .expect("eight values");
-            for j in 0..8 {
-                acc[j] += x[j] * y[j];
-            }
-        }
-    }
-    for (r, (o, acc)) in out.iter_mut().zip(&acc).enumerate() {
-        let x = &rows[r * n..(r + 1) * n];
-        let tail: f32 = x[body..].iter().zip(&b[body..]).map(|(x, y)| x * y).sum();
-        *o = fold_sums(acc, tail);
-    }
-}
-
 /// `dst[i] = src[i]`, exactly (every f16 is an f32): 16 values an instruction where the CPU has
-/// AVX-512, 8 with F16C. A decode step at depth converts every cached row of an f16 KV cache,
-/// a quarter of a billion values a token at 16k positions of a 27B model: the `half` crate's
-/// slice conversion (feature checks and copies per 8 values) made that cache slower than f32.
+/// AVX-512, 8 with F16C. Attention's plain kernels read an f16 KV cache through it (the SIMD
+/// kernels convert in registers); the `half` crate's slice conversion (feature checks and
+/// copies per 8 values) made that cache 28% slower than f32 when every CPU read it this way.
 pub fn f16_to_f32(src: &[half::f16], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "f16_to_f32: lengths");
     #[cfg(target_arch = "x86_64")]
@@ -333,47 +242,6 @@ unsafe fn f16_to_f32_f16c(src: &[half::f16], dst: &mut [f32]) {
     }
     for (d, s) in dst[n..].iter_mut().zip(&src[n..]) {
         *d = s.to_f32();
-    }
-}
-
-/// Asks for the cache lines of `x` (a hint: nothing is read, nothing can fault): attention's
-/// passes over a kv head's cached keys and values ask for the rows a few positions ahead.
-pub fn prefetch<T>(x: &[T]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let base = x.as_ptr().cast::<u8>();
-        for off in (0..std::mem::size_of_val(x)).step_by(64) {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            // SAFETY: a prefetch of an address inside `x`; it neither reads nor faults.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(base.add(off).cast()) };
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = x;
-}
-
-/// `out[g] += w[g] · v` for each `v.len()`-long row g of `out`: one multiply and one add per
-/// value, in order (the same bits as the plain loop), compiled for AVX2 where the CPU has it.
-pub fn axpys(out: &mut [f32], w: &[f32], v: &[f32]) {
-    assert_eq!(out.len(), w.len() * v.len(), "axpys: rows × length");
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above).
-        return unsafe { axpys_avx2(out, w, v) };
-    }
-    axpys_any(out, w, v)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn axpys_avx2(out: &mut [f32], w: &[f32], v: &[f32]) {
-    axpys_any(out, w, v)
-}
-
-#[inline(always)]
-fn axpys_any(out: &mut [f32], w: &[f32], v: &[f32]) {
-    for (o, &wg) in out.chunks_exact_mut(v.len().max(1)).zip(w) {
-        o.iter_mut().zip(v).for_each(|(o, &x)| *o += wg * x);
     }
 }
 
@@ -603,72 +471,6 @@ mod tests {
             let mut got = x.clone();
             zip_in_place(&mut got, &y, |a, b| silu(a) * b);
             assert_eq!(got, want, "{n} values");
-        }
-    }
-
-    #[test]
-    fn dot_is_the_f64_sum_within_float_rounding_and_exact_on_integers() {
-        for n in [0usize, 1, 7, 8, 9, 16, 255, 256, 257, 1000] {
-            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
-            let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
-            let exact: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
-            let mag: f64 = a
-                .iter()
-                .zip(&b)
-                .map(|(&x, &y)| (x as f64 * y as f64).abs())
-                .sum();
-            let got = dot(&a, &b) as f64;
-            assert!(
-                (got - exact).abs() <= 1e-6 * mag.max(1e-30),
-                "{n}: {got} vs {exact}"
-            );
-            // Small integers: every partial sum is exact, so any order gives the same answer.
-            let ai: Vec<f32> = (0..n).map(|i| (i % 7) as f32 - 3.0).collect();
-            let bi: Vec<f32> = (0..n).map(|i| (i % 5) as f32 - 2.0).collect();
-            let want: f32 = ai.iter().zip(&bi).map(|(x, y)| x * y).sum();
-            assert_eq!(dot(&ai, &bi), want, "{n} integers");
-        }
-        // Only the common length counts.
-        assert_eq!(dot(&[1.0, 2.0, 3.0], &[4.0, 5.0]), 14.0);
-    }
-
-    #[test]
-    fn axpys_give_the_bits_of_the_plain_loop() {
-        for (rows, n) in [(6usize, 256usize), (4, 37), (1, 9)] {
-            let v: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 2.0).collect();
-            let w: Vec<f32> = (0..rows).map(|g| 0.1 + g as f32 * 0.31).collect();
-            let start: Vec<f32> = (0..rows * n).map(|i| (i as f32 * 0.11).cos()).collect();
-            let mut got = start.clone();
-            axpys(&mut got, &w, &v);
-            for (i, (g, s)) in got.iter().zip(&start).enumerate() {
-                let want = s + w[i / n] * v[i % n];
-                assert_eq!(g.to_bits(), want.to_bits(), "{rows}×{n}, value {i}");
-            }
-        }
-    }
-
-    #[test]
-    fn dots_give_the_bits_of_one_dot_each() {
-        for (rows, n) in [
-            (1usize, 256usize),
-            (6, 256),
-            (4, 256),
-            (8, 64),
-            (6, 37),
-            (11, 37),
-            (3, 5),
-            (9, 0),
-        ] {
-            let m: Vec<f32> = (0..rows * n)
-                .map(|i| (i as f32 * 0.731).sin() * 3.0)
-                .collect();
-            let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.217).cos()).collect();
-            let mut got = vec![f32::NAN; rows];
-            dots(&m, &b, &mut got);
-            for (r, g) in got.iter().enumerate() {
-                let want = dot(&m[r * n..(r + 1) * n], &b);
-                assert_eq!(g.to_bits(), want.to_bits(), "{rows} rows of {n}, row {r}");
-            }
         }
     }
 }

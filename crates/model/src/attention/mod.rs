@@ -3,15 +3,15 @@
 use crate::config::Config;
 use crate::disjoint::Disjoint;
 use crate::input::{Ctx, Input};
-use crate::kv::KvCache;
-use crate::ops::{axpys, dots, matmul, rms_norm_heads, rope_neox, sigmoid};
+use crate::kv::{KvCache, KEY_TILE};
+use crate::ops::{matmul, rms_norm_heads, rope_neox, sigmoid};
 use crate::pool;
 use crate::weights::AttnWeights;
 
+mod kernels;
 mod split;
 
-/// Cached positions a head group's pass asks for ahead of the one it reads.
-const AHEAD: usize = 8;
+use kernels::{Kernels, Scores, Values};
 
 /// What the attention of a pass reads: the normed, rotated queries and the output gates
 /// (`[tokens][n_head][head_dim]`), the cache holding every position up to the pass's last, the
@@ -48,66 +48,84 @@ impl Pass<'_> {
 }
 
 /// Attention of every (token, kv head) as one task, its `group` query heads together: each
-/// cached key and value row is read once for all of them (a task per query head read each row
-/// `group` times: at 4096 cached positions a 27B Q1_0 decode step ran at a quarter of its speed
-/// at depth 0). Each head's arithmetic is the same as alone, whatever the thread count.
+/// cached key and value is read once for all of them (a task per query head read each
+/// `group` times: at 4096 cached positions a 27B Q1_0 decode step ran at a quarter of its
+/// speed at depth 0). Each head's arithmetic is that of [`kernels`], whatever the thread count.
 /// `attn`: `[tokens][n_head][head_dim]`, zeroed.
 fn attend_heads(pass: &Pass<'_>, attn: &mut [f32]) {
     let (hd, n_kv, group) = (pass.head_dim, pass.n_head_kv(), pass.group());
-    let (q, gate, cache, scale) = (pass.q, pass.gate, pass.cache, pass.scale);
     let dst = Disjoint::new(attn);
     pool::global().run(pass.tokens * n_kv, |task| {
         let (t, kvh) = (task / n_kv, task % n_kv);
         let n_ctx = pass.n_ctx(t);
         let head0 = pass.head0(t, kvh);
-        let qs = &q[head0 * hd..(head0 + group) * hd];
-        // scores[g · n_ctx + p]: head g of the group, position p.
-        let mut scores = vec![0f32; group * n_ctx];
-        let mut s = vec![0f32; group];
-        let (k_rows, v_rows) = (cache.k(kvh), cache.v(kvh));
-        // Position p's row in either cache, and room for it in f32.
-        let at = |p: usize| p * hd..(p + 1) * hd;
-        let mut buf = vec![0f32; hd];
-        for p in 0..n_ctx {
-            if p + AHEAD < n_ctx {
-                k_rows.prefetch(at(p + AHEAD));
-            }
-            dots(qs, k_rows.read(at(p), &mut buf), &mut s);
-            for (g, &v) in s.iter().enumerate() {
-                scores[g * n_ctx + p] = v * scale;
-            }
-        }
-        let mut sums = vec![0f32; group];
-        for (row, sum) in scores.chunks_exact_mut(n_ctx).zip(&mut sums) {
-            softmax_unnormed(row, sum);
+        let qs = &pass.q[head0 * hd..(head0 + group) * hd];
+        // scores[g · stride + p]: head g of the group, position p (rows of whole key tiles).
+        let tiles = n_ctx.div_ceil(KEY_TILE);
+        let stride = tiles * KEY_TILE;
+        let mut scores = vec![0f32; group * stride];
+        let kernels = Kernels::detect();
+        let keys = pass.cache.k(kvh);
+        let op = Scores {
+            q: qs,
+            hd,
+            keys,
+            tiles: 0..tiles,
+            scale: pass.scale,
+        };
+        kernels.scores(&op, &mut scores, stride);
+        for row in scores.chunks_exact_mut(stride) {
+            softmax(&mut row[..n_ctx]);
         }
         // SAFETY: the group's heads of token `t` are this task's alone, and the range lies
         // within `tokens · nh · hd`.
         let out = unsafe { dst.slice_mut(head0 * hd..(head0 + group) * hd) };
-        let mut wgt = vec![0f32; group];
-        for p in 0..n_ctx {
-            if p + AHEAD < n_ctx {
-                v_rows.prefetch(at(p + AHEAD));
-            }
-            for (g, w) in wgt.iter_mut().enumerate() {
-                *w = scores[g * n_ctx + p] / sums[g];
-            }
-            axpys(out, &wgt, v_rows.read(at(p), &mut buf));
-        }
-        let gates = &gate[head0 * hd..(head0 + group) * hd];
-        out.iter_mut()
-            .zip(gates)
-            .for_each(|(o, &g)| *o *= sigmoid(g));
+        let op = Values {
+            wts: &scores,
+            wstride: stride,
+            rows: pass.cache.v(kvh),
+            hd,
+            d: 0..hd,
+            pos: 0..n_ctx,
+        };
+        kernels.values(&op, out);
+        gate_heads(out, &pass.gate[head0 * hd..(head0 + group) * hd]);
     });
 }
 
-/// A score row's `exp(s − max)` in place, their sum added to `sum` in position order.
-fn softmax_unnormed(row: &mut [f32], sum: &mut f32) {
+/// Random values in [-2, 2) from a small LCG (no test dependency needed).
+#[cfg(test)]
+pub(crate) fn noise(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+        })
+        .collect()
+}
+
+/// A score row's softmax in place: `exp(s − max)`, summed in position order, each then divided
+/// by the sum.
+fn softmax(row: &mut [f32]) {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
     row.iter_mut().for_each(|s| {
         *s = (*s - max).exp();
-        *sum += *s;
+        sum += *s;
     });
+    row.iter_mut().for_each(|s| *s /= sum);
+}
+
+/// Attention's outputs times the sigmoid of their gates.
+fn gate_heads(out: &mut [f32], gates: &[f32]) {
+    out.iter_mut()
+        .zip(gates)
+        .for_each(|(o, &g)| *o *= sigmoid(g));
 }
 
 /// `h`: `[tokens][hidden]` normalised inputs at positions `pos0..pos0+tokens`; appends to the

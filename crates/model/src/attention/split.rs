@@ -1,12 +1,12 @@
 //! Attention over a long context on more threads than a pass has (token, kv head) pairs: a
 //! decode step of a 27B model has four, so its attention kept four threads busy whatever the
-//! machine. Here it runs as three parallel sections — the scores in chunks of positions, each
+//! machine. Here it runs as three parallel sections — the scores in chunks of key tiles, each
 //! head's softmax, the output in slices of the head's values — doing exactly the arithmetic of
 //! [`attend_heads`](super::attend_heads) in the same order per value: the same bits.
 
-use super::{softmax_unnormed, Pass, AHEAD};
+use super::{gate_heads, softmax, Kernels, Pass, Scores, Values};
 use crate::disjoint::Disjoint;
-use crate::ops::{axpys, dots, sigmoid};
+use crate::kv::{KEY_TILE, VALUE_CHUNK};
 use crate::pool;
 
 /// Fewest cached positions from which a pass splits: shorter, the per-head tasks end sooner than
@@ -14,8 +14,8 @@ use crate::pool;
 pub(super) const SPLIT_MIN_CTX: usize = 1024;
 /// Fewest positions a scores task takes.
 const MIN_CHUNK: usize = 256;
-/// Fewest values of a head an output task takes (a cache line of f32).
-const MIN_SLICE: usize = 16;
+/// Fewest values of a head an output task takes (a chunk of the cached values).
+const MIN_SLICE: usize = VALUE_CHUNK;
 
 /// How a pass splits: position chunks per (token, kv head) for the scores, value slices per
 /// (token, kv head) for the output.
@@ -48,8 +48,8 @@ impl Split {
         })
     }
 
-    /// Value range `i` of a head of `hd` values cut in `self.slices` (whole cache lines; the
-    /// last ranges may be empty).
+    /// Value range `i` of a head of `hd` values cut in `self.slices` (whole chunks; the last
+    /// ranges may be empty).
     fn slice(self, i: usize, hd: usize) -> std::ops::Range<usize> {
         let width = hd.div_ceil(self.slices).next_multiple_of(MIN_SLICE);
         (i * width).min(hd)..((i + 1) * width).min(hd)
@@ -61,50 +61,51 @@ impl Split {
 pub(super) fn attend(pass: &Pass<'_>, split: Split, attn: &mut [f32]) {
     let (hd, n_kv, group) = (pass.head_dim, pass.n_head_kv(), pass.group());
     let heads = pass.tokens * n_kv;
-    // Score rows of every (token, kv head, query head of the group), `n_max` apart; token t
-    // uses the first pos0 + t + 1 of its row.
-    let n_max = pass.pos0 + pass.tokens;
-    let mut scores = vec![0f32; heads * group * n_max];
-    let mut sums = vec![0f32; heads * group];
+    // Score rows of every (token, kv head, query head of the group), `n_pad` apart (whole key
+    // tiles); token t uses the first pos0 + t + 1 of its row.
+    let n_pad = (pass.pos0 + pass.tokens).div_ceil(KEY_TILE) * KEY_TILE;
+    let mut scores = vec![0f32; heads * group * n_pad];
     let n_ctx = |h: usize| pass.n_ctx(h / n_kv);
     let head0 = |h: usize| pass.head0(h / n_kv, h % n_kv);
-    let row = |h: usize, g: usize| (h * group + g) * n_max;
+    let row = |h: usize, g: usize| (h * group + g) * n_pad;
+    let kernels = Kernels::detect();
 
     let sc = Disjoint::new(&mut scores);
     pool::global().run(heads * split.chunks, |task| {
         let (h, c) = (task / split.chunks, task % split.chunks);
-        let n = n_ctx(h);
-        let (p0, p1) = (n * c / split.chunks, n * (c + 1) / split.chunks);
-        let k_rows = pass.cache.k(h % n_kv);
+        let tiles = n_ctx(h).div_ceil(KEY_TILE);
+        let (t0, t1) = (tiles * c / split.chunks, tiles * (c + 1) / split.chunks);
+        if t0 == t1 {
+            return;
+        }
         let qs = &pass.q[head0(h) * hd..(head0(h) + group) * hd];
-        let mut s = vec![0f32; group];
-        let mut buf = vec![0f32; hd];
-        for p in p0..p1 {
-            if p + AHEAD < p1 {
-                k_rows.prefetch((p + AHEAD) * hd..(p + AHEAD + 1) * hd);
-            }
-            dots(qs, k_rows.read(p * hd..(p + 1) * hd, &mut buf), &mut s);
-            for (g, &v) in s.iter().enumerate() {
-                // SAFETY: position p of (h, g)'s row is this task's alone (the chunks of a
-                // head's positions are disjoint), and the index lies within the scores.
-                unsafe { sc.write(row(h, g) + p, v * pass.scale) };
-            }
+        let n = (t1 - t0) * KEY_TILE;
+        let mut mine = vec![0f32; group * n];
+        let keys = pass.cache.k(h % n_kv);
+        let op = Scores {
+            q: qs,
+            hd,
+            keys,
+            tiles: t0..t1,
+            scale: pass.scale,
+        };
+        kernels.scores(&op, &mut mine, n);
+        for (g, s) in mine.chunks_exact(n).enumerate() {
+            let at = row(h, g) + t0 * KEY_TILE;
+            // SAFETY: tiles t0..t1 of (h, g)'s row are this task's alone (the chunks of a
+            // head's tiles are disjoint), and lie within the scores.
+            unsafe { sc.slice_mut(at..at + n) }.copy_from_slice(s);
         }
     });
 
-    let sm = Disjoint::new(&mut sums);
     pool::global().run(heads * group, |task| {
         let (h, g) = (task / group, task % group);
-        // SAFETY: row (h, g) and its sum are this task's alone.
-        let r = unsafe { sc.slice_mut(row(h, g)..row(h, g) + n_ctx(h)) };
-        let mut sum = 0.0;
-        softmax_unnormed(r, &mut sum);
-        // SAFETY: as above.
-        unsafe { sm.write(task, sum) };
+        // SAFETY: row (h, g) is this task's alone.
+        softmax(unsafe { sc.slice_mut(row(h, g)..row(h, g) + n_ctx(h)) });
     });
 
-    // From here on the scores and sums are only read.
-    let (scores, sums) = (&scores, &sums);
+    // From here on the scores (now weights) are only read.
+    let scores = &scores;
     let dst = Disjoint::new(attn);
     pool::global().run(heads * split.slices, |task| {
         let (h, i) = (task / split.slices, task % split.slices);
@@ -118,53 +119,32 @@ pub(super) fn attend(pass: &Pass<'_>, split: Split, attn: &mut [f32]) {
         // slices of one row in place shared its cache lines at every position.
         let w = d.len();
         let mut acc = vec![0f32; group * w];
-        let sums = &sums[h * group..(h + 1) * group];
-        let mut wgt = vec![0f32; group];
-        let mut buf = vec![0f32; w];
-        // Values d of position p's row.
-        let at = |p: usize| p * hd + d.start..p * hd + d.end;
-        for p in 0..n_ctx(h) {
-            if p + AHEAD < n_ctx(h) {
-                v_rows.prefetch(at(p + AHEAD));
-            }
-            for (g, x) in wgt.iter_mut().enumerate() {
-                *x = scores[row(h, g) + p] / sums[g];
-            }
-            axpys(&mut acc, &wgt, v_rows.read(at(p), &mut buf));
-        }
+        let wts = &scores[row(h, 0)..];
+        let op = Values {
+            wts,
+            wstride: n_pad,
+            rows: v_rows,
+            hd,
+            d: d.clone(),
+            pos: 0..n_ctx(h),
+        };
+        kernels.values(&op, &mut acc);
         for (g, acc) in acc.chunks_exact(w).enumerate() {
             let at = (h0 + g) * hd;
-            let gates = &pass.gate[at + d.start..at + d.end];
             // SAFETY: values d of the group's heads of this (token, kv head) are this task's
             // alone.
             let out = unsafe { dst.slice_mut(at + d.start..at + d.end) };
-            for ((o, &a), &x) in out.iter_mut().zip(acc).zip(gates) {
-                *o = a * sigmoid(x);
-            }
+            out.copy_from_slice(acc);
+            gate_heads(out, &pass.gate[at + d.start..at + d.end]);
         }
     });
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::attend_heads;
+    use super::super::{attend_heads, noise};
     use super::*;
     use crate::kv::{KvCache, KvFormat};
-
-    /// Random values in [-2, 2) from a small LCG (no test dependency needed).
-    fn noise(n: usize, seed: u64) -> Vec<f32> {
-        let mut x = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (0..n)
-            .map(|_| {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((x >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
-            })
-            .collect()
-    }
 
     /// Attention over `cache` for every (token, head) of a case, by task per kv head.
     fn per_head(case: (usize, usize, usize, usize, usize), cache: &KvCache, seed: u64) -> Vec<f32> {
@@ -261,9 +241,10 @@ mod tests {
                 slices: 4
             })
         );
-        // Short of a chunk's positions per task: fewer chunks; never more slices than lines.
+        // Short of a chunk's positions per task: fewer chunks; never more slices than value
+        // chunks.
         assert_eq!(
-            Split::plan(1, 1, 32, 1024, 64),
+            Split::plan(1, 1, 64, 1024, 64),
             Some(Split {
                 chunks: 4,
                 slices: 2
@@ -275,7 +256,10 @@ mod tests {
             chunks: 1,
             slices: 5,
         };
-        let cut: Vec<_> = (0..5).map(|i| s.slice(i, 64)).collect();
-        assert_eq!(cut, [0..16, 16..32, 32..48, 48..64, 64..64]);
+        let cut: Vec<_> = (0..5).map(|i| s.slice(i, 128)).collect();
+        assert_eq!(cut, [0..32, 32..64, 64..96, 96..128, 128..128]);
+        // A head whose last chunk is narrower.
+        let cut: Vec<_> = (0..3).map(|i| s.slice(i, 40)).collect();
+        assert_eq!(cut, [0..32, 32..40, 40..40]);
     }
 }
