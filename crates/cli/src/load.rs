@@ -174,6 +174,28 @@ impl Placement {
     pub fn kv(&self) -> Result<KvCacheArg> {
         kv_cache(self.device, self.kv_cache)
     }
+
+    /// Opens a model as [`open_model`] does, with this placement's kernels, its CPU states
+    /// caching keys and values as `kv` says ([`Placement::kv`], asked for before anything is
+    /// loaded).
+    pub fn open(&self, path: &Path, ctx: Option<usize>, kv: KvCacheArg) -> Result<Model> {
+        self.open_checked(path, ctx, kv, |_| Ok(()))
+    }
+
+    /// [`Placement::open`], refusing the model by `check` before its weights are re-tiled.
+    pub fn open_checked(
+        &self,
+        path: &Path,
+        ctx: Option<usize>,
+        kv: KvCacheArg,
+        check: impl FnOnce(&Model) -> Result<()>,
+    ) -> Result<Model> {
+        let mut model = open_model_checked(path, ctx, self.load_kernels(), check)?;
+        if let Some(f) = kv.cpu() {
+            model.set_kv_format(f);
+        }
+        Ok(model)
+    }
 }
 
 /// How the attention layers' KV cache holds keys and values (`--kv-cache`).
@@ -209,6 +231,13 @@ impl KvCacheArg {
         }
     }
 
+    /// Bytes a model's KV cache of `positions` positions holds in this format.
+    pub fn bytes(self, c: &model::Config, positions: usize) -> u64 {
+        // kv_bytes_per_token counts f32 values: 128 bytes per 32 (multiplied first, so that no
+        // remainder is lost).
+        (c.kv_bytes_per_token() * positions * self.bytes_per_32() / 128) as u64
+    }
+
     /// The CPU's format for it (`None`: a format the CPU does not have).
     pub fn cpu(self) -> Option<model::KvFormat> {
         match self {
@@ -233,14 +262,6 @@ pub fn kv_cache(device: DeviceArg, asked: Option<KvCacheArg>) -> Result<KvCacheA
             "--kv-cache f32 is a CPU option (the GPU caches keys and values in f16 or q8_0)"
         ),
         (_, Some(kv)) => Ok(kv),
-    }
-}
-
-/// Sets the KV-cache format of the CPU's states (a format the CPU does not have leaves it:
-/// [`kv_cache`] refuses those for the CPU).
-pub fn set_cpu_kv_cache(model: &mut Model, kv: KvCacheArg) {
-    if let Some(f) = kv.cpu() {
-        model.set_kv_format(f);
     }
 }
 
@@ -296,5 +317,26 @@ mod tests {
         );
         assert_eq!(KvCacheArg::F16.cpu(), Some(model::KvFormat::F16));
         assert_eq!(KvCacheArg::Q8_0.cpu(), None);
+    }
+
+    #[test]
+    fn a_kv_cache_holds_its_formats_bytes_for_every_position() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/oracle/tiny-f32.gguf");
+        let m = open_model(&path, None, KernelsArg::Exact).expect("the tiny fixture");
+        let c = &m.config;
+        // Keys and values of every kv head of every attention layer, a position.
+        let values = 2 * c.n_head_kv * c.head_dim * c.n_attention_layers();
+        assert!(values > 0);
+        for (kv, per_32) in [
+            (KvCacheArg::F32, 128),
+            (KvCacheArg::F16, 64),
+            (KvCacheArg::Q8_0, 34),
+        ] {
+            for positions in [0, 1, 7, 1000] {
+                let want = (values * positions * per_32 / 32) as u64;
+                assert_eq!(kv.bytes(c, positions), want, "{kv:?} {positions}");
+            }
+        }
     }
 }

@@ -30,8 +30,7 @@ pub struct Args {
 pub fn main(a: Args) -> Result<ExitCode> {
     let kv = a.sampling.place.kv()?;
     load::init_threads(a.sampling.threads)?;
-    let mut model = load::open_model(&a.model, a.sampling.ctx, a.sampling.place.load_kernels())?;
-    load::set_cpu_kv_cache(&mut model, kv);
+    let model = a.sampling.place.open(&a.model, a.sampling.ctx, kv)?;
     let tok = load::tokenizer(model.file())?;
     let context = model.config.context_length;
     match a.sampling.place.device {

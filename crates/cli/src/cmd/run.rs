@@ -36,8 +36,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
         (Some(p), _) => p.clone(),
         (None, _) => super::synth::demo_model()?,
     };
-    let mut model = load::open_model(&path, a.sampling.ctx, a.sampling.place.load_kernels())?;
-    load::set_cpu_kv_cache(&mut model, kv);
+    let model = a.sampling.place.open(&path, a.sampling.ctx, kv)?;
     let tok = load::tokenizer(model.file())?;
     let prompt_text = if a.chat {
         let req = ChatRequest {

@@ -87,8 +87,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
     let threads = a
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let mut model = load::open_model(&a.model, None, a.place.load_kernels())?;
-    load::set_cpu_kv_cache(&mut model, kv);
+    let mut model = a.place.open(&a.model, None, kv)?;
     let trained = model.config.context_length;
     if let Some(n) = a.ctx {
         model.limit_context(n);

@@ -70,8 +70,8 @@ fn check_depth_fits(depth: usize, bytes: u64, others: u64, avail: Option<u64>) -
 
 /// Bytes one decode step must move: every weight matrix except the embedding table (one row of
 /// it), reading and writing the recurrent state, and reading a KV cache of `context` positions
-/// that holds 32 elements in `bytes_per_32` bytes (the CPU's f32 cache: 128).
-fn bytes_per_token(model: &Model, context: usize, bytes_per_32: usize) -> u64 {
+/// in the format `kv`.
+fn bytes_per_token(model: &Model, context: usize, kv: load::KvCacheArg) -> u64 {
     let file = model.file();
     let weights: u64 = file
         .tensors()
@@ -85,9 +85,7 @@ fn bytes_per_token(model: &Model, context: usize, bytes_per_32: usize) -> u64 {
         })
         .sum();
     let c = &model.config;
-    // kv_bytes_per_token counts the CPU's f32 cache: 128 bytes per 32 elements.
-    let kv = (c.kv_bytes_per_token() * context * bytes_per_32 / 128) as u64;
-    weights + 2 * c.recurrent_state_bytes() as u64 + kv
+    weights + 2 * c.recurrent_state_bytes() as u64 + kv.bytes(c, context)
 }
 
 /// What the repetitions measured: tok/s of each, and the bytes of the last decode run's
@@ -155,7 +153,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
     load::init_threads(a.threads)?;
     // Positions a test adds to the depth's.
     let room = a.n_prompt.max(a.n_gen);
-    let mut model = load::open_model_checked(&a.model, None, a.place.load_kernels(), |m| {
+    let model = a.place.open_checked(&a.model, None, kv, |m| {
         let c = &m.config;
         if a.depth + room > c.context_length {
             bail!(
@@ -167,15 +165,13 @@ pub fn main(a: Args) -> Result<ExitCode> {
             );
         }
         if a.place.device == load::DeviceArg::Cpu {
-            let bytes =
-                (c.kv_bytes_per_token() * kv.bytes_per_32() / 128 * (a.depth + room)) as u64;
+            let bytes = kv.bytes(c, a.depth + room);
             let weights = std::fs::metadata(&a.model).map_or(0, |f| f.len());
             let avail = proc_kib("/proc/meminfo", "MemAvailable:");
             check_depth_fits(a.depth, bytes, weights + a.bw_bytes as u64, avail)?;
         }
         Ok(())
     })?;
-    load::set_cpu_kv_cache(&mut model, kv);
     let threads = model::pool::global().threads();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(42);
     let vocab = model.config.vocab as u32;
@@ -195,7 +191,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
         tg: runs.tg,
         bw_after,
         // The cache a decode step reads: on average the depth plus half the generated tokens.
-        bytes_per_token: bytes_per_token(&model, a.depth + a.n_gen / 2, kv.bytes_per_32()),
+        bytes_per_token: bytes_per_token(&model, a.depth + a.n_gen / 2, kv),
     };
     let r = match a.place.device {
         load::DeviceArg::Cpu => {
