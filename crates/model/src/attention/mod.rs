@@ -75,7 +75,7 @@ fn attend_heads(pass: &Pass<'_>, attn: &mut [f32]) {
         };
         kernels.scores(&op, &mut scores, stride);
         for row in scores.chunks_exact_mut(stride) {
-            softmax(&mut row[..n_ctx]);
+            kernels.softmax(&mut row[..n_ctx]);
         }
         // SAFETY: the group's heads of token `t` are this task's alone, and the range lies
         // within `tokens · nh · hd`.
@@ -107,18 +107,6 @@ pub(crate) fn noise(n: usize, seed: u64) -> Vec<f32> {
             ((x >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
         })
         .collect()
-}
-
-/// A score row's softmax in place: `exp(s − max)`, summed in position order, each then divided
-/// by the sum.
-fn softmax(row: &mut [f32]) {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
-    row.iter_mut().for_each(|s| {
-        *s = (*s - max).exp();
-        sum += *s;
-    });
-    row.iter_mut().for_each(|s| *s /= sum);
 }
 
 /// Attention's outputs times the sigmoid of their gates.

@@ -4,7 +4,7 @@
 //! head's softmax, the output in slices of the head's values — doing exactly the arithmetic of
 //! [`attend_heads`](super::attend_heads) in the same order per value: the same bits.
 
-use super::{gate_heads, softmax, Kernels, Pass, Scores, Values};
+use super::{gate_heads, Kernels, Pass, Scores, Values};
 use crate::disjoint::Disjoint;
 use crate::kv::{KEY_TILE, VALUE_CHUNK};
 use crate::pool;
@@ -101,7 +101,7 @@ pub(super) fn attend(pass: &Pass<'_>, split: Split, attn: &mut [f32]) {
     pool::global().run(heads * group, |task| {
         let (h, g) = (task / group, task % group);
         // SAFETY: row (h, g) is this task's alone.
-        softmax(unsafe { sc.slice_mut(row(h, g)..row(h, g) + n_ctx(h)) });
+        kernels.softmax(unsafe { sc.slice_mut(row(h, g)..row(h, g) + n_ctx(h)) });
     });
 
     // From here on the scores (now weights) are only read.

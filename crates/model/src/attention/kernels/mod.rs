@@ -13,6 +13,7 @@ use crate::kv::{HeadRows, Layout, KEY_TILE, VALUE_CHUNK};
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod softmax;
 
 /// Runs `$f::<G>(args)` for the number of heads `$g` (1 to 8) as a constant, so that a
 /// kernel's sums live in registers.
@@ -228,6 +229,23 @@ impl Kernels {
             }
         }
         values_plain(v, done..w, acc);
+    }
+}
+
+impl Kernels {
+    /// A score row's softmax in place: `exp(s − max)` (the kernels' own `exp`, within a few
+    /// ulp), summed in 16 lanes of positions added pairwise at the end, each then divided by
+    /// the sum.
+    pub(crate) fn softmax(self, row: &mut [f32]) {
+        match self.simd {
+            // SAFETY: the CPU has the features the form names (detected).
+            #[cfg(target_arch = "x86_64")]
+            Some(Simd::Avx512) => unsafe { softmax::avx512::softmax(row) },
+            // SAFETY: as above (AVX2 with FMA and F16C).
+            #[cfg(target_arch = "x86_64")]
+            Some(Simd::Avx2) => unsafe { softmax::avx2::softmax(row) },
+            _ => softmax::softmax_plain(row),
+        }
     }
 }
 

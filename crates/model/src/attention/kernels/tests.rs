@@ -160,3 +160,76 @@ fn the_value_kernels_give_the_plain_forms_bits_and_the_exact_sums_within_roundin
         }
     }
 }
+
+#[test]
+fn the_softmax_exp_is_within_four_ulp_of_the_exact_value() {
+    let mut worst = 0f64;
+    let mut check = |x: f32| {
+        let got = softmax::exp_plain(x) as f64;
+        let want = (x as f64).exp();
+        let ulp = (want as f32).abs() * f32::EPSILON;
+        let err = (got - want).abs() / ulp as f64;
+        worst = worst.max(err);
+        assert!(err <= 4.0, "exp({x}) = {got}, exactly {want}: {err} ulp");
+    };
+    for i in 0..=200_000 {
+        check(-87.0 * i as f32 / 200_000.0);
+    }
+    for x in [
+        0.0,
+        -0.0,
+        -1e-30,
+        -1e-7,
+        -0.346_573_6,
+        -0.346_573_6 - 1e-7,
+        -std::f32::consts::LN_2,
+        -1.0,
+        -86.9,
+    ] {
+        check(x);
+    }
+    assert!(
+        worst > 0.0,
+        "an exp that is exact everywhere is not this one"
+    );
+    // Past the range: the smallest normal, not zero or a subnormal.
+    assert_eq!(softmax::exp_plain(-1000.0), softmax::exp_plain(-87.336_54));
+    assert!(softmax::exp_plain(-1000.0) >= f32::MIN_POSITIVE);
+}
+
+#[test]
+fn every_softmax_form_gives_the_plain_forms_bits_and_the_exact_weights_within_rounding() {
+    for (i, n) in [1usize, 2, 15, 16, 17, 33, 300, 1001]
+        .into_iter()
+        .enumerate()
+    {
+        // Scores from -40 to 40, with repeats.
+        let mut row: Vec<f32> = noise(n, 50 + i as u64).iter().map(|x| x * 20.0).collect();
+        if n > 3 {
+            row[3] = row[0];
+        }
+        let mut want = row.clone();
+        Kernels::PLAIN.softmax(&mut want);
+        for k in forms() {
+            let mut got = row.clone();
+            k.softmax(&mut got);
+            assert_eq!(differing(&want, &got), 0, "{n} scores, {k:?}");
+        }
+        // exp of each score less the max, that difference rounded to f32 as the kernels take it.
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let exps: Vec<f64> = row.iter().map(|&s| ((s - max) as f64).exp()).collect();
+        let sum: f64 = exps.iter().sum();
+        for (p, (&w, e)) in want.iter().zip(&exps).enumerate() {
+            let exact = e / sum;
+            assert!(
+                (w as f64 - exact).abs() <= 2e-6 * exact + 1e-30,
+                "{n} scores, position {p}: {w} against {exact}"
+            );
+        }
+        let total: f64 = want.iter().map(|&w| w as f64).sum();
+        assert!(
+            (total - 1.0).abs() < 1e-5,
+            "{n} scores: weights sum to {total}"
+        );
+    }
+}
