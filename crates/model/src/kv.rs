@@ -7,6 +7,7 @@
 use std::ops::Range;
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 /// How a KV cache holds its values.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -139,7 +140,8 @@ impl<'a> HeadRows<'a> {
     }
 
     /// Values `r` in f32: the cache's own where it holds f32, else converted into `buf` (at
-    /// least `r.len()` long). Either way the same values, so the same arithmetic follows.
+    /// least `r.len()` long). Either way the same values, so the same arithmetic follows. (Only
+    /// the plain score kernel reads a range; the SIMD kernels convert in registers.)
     #[inline]
     pub fn read<'b>(self, r: Range<usize>, buf: &'b mut [f32]) -> &'b [f32]
     where
@@ -149,7 +151,7 @@ impl<'a> HeadRows<'a> {
             HeadRows::F32(x) => &x[r],
             HeadRows::F16(x) => {
                 let out = &mut buf[..r.len()];
-                crate::ops::f16_to_f32(&x[r], out);
+                x[r].convert_to_f32_slice(out);
                 out
             }
         }

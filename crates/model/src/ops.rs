@@ -189,62 +189,6 @@ pub fn rms_norm_heads(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-/// `dst[i] = src[i]`, exactly (every f16 is an f32): 16 values an instruction where the CPU has
-/// AVX-512, 8 with F16C. Attention's plain kernels read an f16 KV cache through it (the SIMD
-/// kernels convert in registers); the `half` crate's slice conversion (feature checks and
-/// copies per 8 values) made that cache 28% slower than f32 when every CPU read it this way.
-pub fn f16_to_f32(src: &[half::f16], dst: &mut [f32]) {
-    assert_eq!(src.len(), dst.len(), "f16_to_f32: lengths");
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F (checked just above).
-            return unsafe { f16_to_f32_avx512(src, dst) };
-        }
-        if std::is_x86_feature_detected!("f16c") && std::is_x86_feature_detected!("avx") {
-            // SAFETY: the CPU has F16C and AVX (checked just above).
-            return unsafe { f16_to_f32_f16c(src, dst) };
-        }
-    }
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d = s.to_f32();
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn f16_to_f32_avx512(src: &[half::f16], dst: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let n = src.len().min(dst.len()) / 16 * 16;
-    for i in (0..n).step_by(16) {
-        // SAFETY: i + 16 <= n <= both lengths; unaligned loads and stores are allowed.
-        unsafe {
-            let h = _mm256_loadu_si256(src.as_ptr().add(i).cast());
-            _mm512_storeu_ps(dst.as_mut_ptr().add(i), _mm512_cvtph_ps(h));
-        }
-    }
-    for (d, s) in dst[n..].iter_mut().zip(&src[n..]) {
-        *d = s.to_f32();
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "f16c,avx")]
-unsafe fn f16_to_f32_f16c(src: &[half::f16], dst: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let n = src.len().min(dst.len()) / 8 * 8;
-    for i in (0..n).step_by(8) {
-        // SAFETY: i + 8 <= n <= both lengths; unaligned loads and stores are allowed.
-        unsafe {
-            let h = _mm_loadu_si128(src.as_ptr().add(i).cast());
-            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
-        }
-    }
-    for (d, s) in dst[n..].iter_mut().zip(&src[n..]) {
-        *d = s.to_f32();
-    }
-}
-
 /// `x · rsqrt(Σx² + eps)`, as the gated delta net normalises q and k.
 pub fn l2_norm(x: &mut [f32], eps: f32) {
     let ss: f32 = x.iter().map(|v| v * v).sum();
@@ -368,32 +312,6 @@ fn argmax_serial(x: &[f32]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn f16_rows_convert_exactly_whatever_their_length() {
-        // Every f16 bit pattern (NaNs compared by their bits), in lengths around the SIMD
-        // widths.
-        let all: Vec<half::f16> = (0..=u16::MAX).map(half::f16::from_bits).collect();
-        for n in [0, 1, 7, 8, 9, 15, 16, 17, 40, 256, all.len()] {
-            let src = &all[all.len() - n..];
-            let mut got = vec![0f32; n];
-            f16_to_f32(src, &mut got);
-            for (g, s) in got.iter().zip(src) {
-                assert_eq!(g.to_bits(), s.to_f32().to_bits(), "{n} values: {s:?}");
-            }
-        }
-        // The F16C path, which CPUs with AVX-512 do not take.
-        #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("f16c") && std::is_x86_feature_detected!("avx") {
-            let mut got = vec![0f32; all.len()];
-            // SAFETY: the CPU has F16C and AVX (checked just above).
-            unsafe { f16_to_f32_f16c(&all, &mut got) };
-            assert!(got
-                .iter()
-                .zip(&all)
-                .all(|(g, s)| g.to_bits() == s.to_f32().to_bits()));
-        }
-    }
 
     #[test]
     fn decode_tasks_cover_every_panel_once_shrinking_to_the_minimum() {

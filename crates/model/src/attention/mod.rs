@@ -55,6 +55,7 @@ impl Pass<'_> {
 fn attend_heads(pass: &Pass<'_>, attn: &mut [f32]) {
     let (hd, n_kv, group) = (pass.head_dim, pass.n_head_kv(), pass.group());
     let dst = Disjoint::new(attn);
+    let kernels = Kernels::detect();
     pool::global().run(pass.tokens * n_kv, |task| {
         let (t, kvh) = (task / n_kv, task % n_kv);
         let n_ctx = pass.n_ctx(t);
@@ -64,7 +65,6 @@ fn attend_heads(pass: &Pass<'_>, attn: &mut [f32]) {
         let tiles = n_ctx.div_ceil(KEY_TILE);
         let stride = tiles * KEY_TILE;
         let mut scores = vec![0f32; group * stride];
-        let kernels = Kernels::detect();
         let keys = pass.cache.k(kvh);
         let op = Scores {
             q: qs,

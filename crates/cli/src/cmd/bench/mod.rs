@@ -177,12 +177,12 @@ pub fn main(a: Args) -> Result<ExitCode> {
     let vocab = model.config.vocab as u32;
     let prompt: Vec<u32> = (0..a.n_prompt).map(|_| rng.gen_range(0..vocab)).collect();
     let file_bytes = model.file().file_len();
-    let report = |place, runs: Runs, bw_after, state_bytes| Report {
+    let report = |place, runs: Runs, bw_after| Report {
         model: &a.model,
         file_bytes,
         place,
         kv_cache: kv.as_str(),
-        state_bytes,
+        state_bytes: runs.state_bytes,
         n_prompt: a.n_prompt,
         n_gen: a.n_gen,
         depth: a.depth,
@@ -219,8 +219,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
                 threads,
                 peak_rss: probe.rss,
             };
-            let state_bytes = runs.state_bytes;
-            report(place, runs, bw, state_bytes)
+            report(place, runs, bw)
         }
         #[cfg(feature = "cuda")]
         load::DeviceArg::Cuda => {
@@ -241,7 +240,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
                 Ok(())
             };
             let bytes = |st: &niwaki_cuda::CudaState| st.device_bytes() as u64;
-            let runs = measure(&gpu, &new_state, bytes, &prompt, &a, || probe(&mut bw))?;
+            let mut runs = measure(&gpu, &new_state, bytes, &prompt, &a, || probe(&mut bw))?;
             if bw.is_empty() {
                 probe(&mut bw)?;
             }
@@ -249,12 +248,12 @@ pub fn main(a: Args) -> Result<ExitCode> {
                 device: gpu.device().name.clone(),
                 weight_bytes: gpu.weight_bytes() as u64,
             };
-            // A state's device memory does not depend on the tokens it holds.
-            let state_bytes = match runs.state_bytes {
-                0 => bytes(&new_state()?),
-                b => b,
-            };
-            report(place, runs, bw, state_bytes)
+            // A state's device memory does not depend on the tokens it holds: with no decode
+            // run, a fresh one's.
+            if runs.state_bytes == 0 {
+                runs.state_bytes = bytes(&new_state()?);
+            }
+            report(place, runs, bw)
         }
         #[cfg(not(feature = "cuda"))]
         load::DeviceArg::Cuda => return Err(load::no_cuda()),

@@ -230,9 +230,7 @@ impl Kernels {
         }
         values_plain(v, done..w, acc);
     }
-}
 
-impl Kernels {
     /// A score row's softmax in place: `exp(s − max)` (the kernels' own `exp`, within a few
     /// ulp), summed in 16 lanes of positions added pairwise at the end, each then divided by
     /// the sum.
