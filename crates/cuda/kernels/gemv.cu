@@ -394,7 +394,8 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
                                            const float* __restrict__ nw, float eps,
                                            const unsigned char* __restrict__ pf_codes, int pf_code_bytes,
                                            const unsigned char* __restrict__ pf_scales, int pf_scale_bytes,
-                                           int early, const TmaMap& xmap) {
+                                           int early, const TmaMap& xmap, const float* __restrict__ rms_in,
+                                           float rms_eps, const FoldOut& fold) {
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ __align__(8) u64 bars[GEMV1_MAX_STAGES];
     __shared__ __align__(8) u64 empty[GEMV1_MAX_STAGES];
@@ -443,6 +444,7 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
     TRACE_ENTRY();
     if (tid == 0)
         for (int i = before; i < first; i++) issue(i);
+    const float ss_part = rms_in ? rms_part(rms_in, cols) : 0.0f;
     if (xres) {
         norm_quant_row(xres + (size_t)tok0 * cols, cols, nw, eps, lin, ssm, red);
         __syncthreads();
@@ -469,6 +471,9 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
     const int rt = warp * RW + lane / L, sub = lane % L;
     const u32 xa = smem_addr(xb);
     if (x_copy) mbar_wait(smem_addr(&xbar), 0);
+    // Activations left unscaled by a folded norm: the outputs take its 1/rms (its sums loaded
+    // with the activations, above).
+    const float oscale = rms_in ? rms_finish(ss_part, cols, rms_eps) : 1.0f;
     u64 best = 0;
     for (int i = 0; i < mine; i++) {
         const int s = i % stages;
@@ -507,10 +512,17 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
 #pragma unroll
         for (int o = L / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
         if (sub == 0 && row < rows) {
-            const float v = accumulate ? acc + prev : acc;
+            const float v = accumulate ? acc * oscale + prev : acc * oscale;
             out[row] = v;
             best = max(best, argmax_key(v, (u32)row));
         }
+    }
+    // With a fold, the block's rows all written (the consumer warps meet at a named barrier the
+    // producer does not join), warp 0 arrives once per tile: a counter then takes 128 / tr
+    // atomics a piece rather than eight times as many.
+    if (fold.cnt) {
+        asm volatile("bar.sync 1, %0;" ::"n"(32 * GEMV1_WARPS) : "memory");
+        if (warp == 0) fold_arrive(fold, out, mine, tr, (u32)(128 / tr));
     }
     // One atomic per row group: a vocabulary of rows each hitting one address serializes
     // (measured at ~190 µs for the 248k-row LM head).
@@ -523,7 +535,8 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
 #if __CUDA_ARCH__ >= 900
 #define GEMV1_CALL(FMT, RW, DOT, SWZ) \
     gemv1_body<FMT, RW, DOT, SWZ>(codes, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
-                        pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, early, xmap)
+                        pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, early, xmap, rms_in, rms_eps, \
+                        FoldOut{fold_cnt, nw, fold_xq, fold_xs, fold_ss})
 #else
 #define GEMV1_CALL(FMT, RW, DOT, SWZ) __trap()
 #endif
@@ -540,6 +553,8 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
              const float* __restrict__ xres, int tok0, const float* __restrict__ nw, float eps,   \
              const unsigned char* __restrict__ pf_codes, int pf_code_bytes,                       \
              const unsigned char* __restrict__ pf_scales, int pf_scale_bytes, int early,          \
+             const float* __restrict__ rms_in, float rms_eps, u32* __restrict__ fold_cnt,         \
+             int* __restrict__ fold_xq, float2* __restrict__ fold_xs, float* __restrict__ fold_ss, \
              const __grid_constant__ TmaMap xmap) {                                               \
         GEMV1_CALL(FMT, RW, DOT, SWZ);                                                           \
     }

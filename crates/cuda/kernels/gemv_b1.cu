@@ -133,7 +133,8 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
                                            int mine, int rows, Issue issue, float* __restrict__ out,
                                            int accumulate, u64* __restrict__ amax,
                                            const unsigned char* pf_codes, int pf_code_bytes,
-                                           const unsigned char* pf_scales, int pf_scale_bytes) {
+                                           const unsigned char* pf_scales, int pf_scale_bytes,
+                                           float oscale, const FoldOut& fold) {
     const int lane = threadIdx.x & 31;
     // The copies are all issued once tile mine − 1 − stages is freed, or at once where the ring
     // holds every tile: then the L2 cache may take the next GEMV's first bytes.
@@ -155,7 +156,7 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
 #pragma unroll
             for (int w = 0; w < GEMV1_WARPS; w++) v += part[s][w][lane];
             if (row < rows) {
-                v = accumulate ? v + prior : v;
+                v = accumulate ? v * oscale + prior : v * oscale;
                 out[row] = v;
                 best = max(best, argmax_key(v, (u32)row));
             }
@@ -175,6 +176,8 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
             ph ^= 1;
         }
     }
+    // Every row of the block written: one arrival per tile on its 128-row piece.
+    if (fold.cnt) fold_arrive(fold, out, mine, TR, 128u / TR);
     if (amax && best) atomicMax(amax, best);
 }
 
@@ -291,7 +294,8 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
                                              const float* __restrict__ nw, float eps,
                                              const unsigned char* __restrict__ pf_codes, int pf_code_bytes,
                                              const unsigned char* __restrict__ pf_scales, int pf_scale_bytes,
-                                             int early) {
+                                             int early, const float* __restrict__ rms_in, float rms_eps,
+                                             const FoldOut& fold) {
     extern __shared__ __align__(1024) unsigned char smem[];
     __shared__ __align__(8) u64 bars[GEMV1_MAX_STAGES];
     __shared__ __align__(8) u64 empty[GEMV1_MAX_STAGES];
@@ -347,8 +351,10 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         for (int i = before; i < first; i++) issue(i);
 
     if (warp == GEMV1_WARPS) {
+        // Activations left unscaled by a folded norm: the rows take its 1/rms.
+        const float oscale = rms_in ? rms_scale(rms_in, cols, rms_eps) : 1.0f;
         b1_produce<TR>(empty, part, stages, mine, rows, issue, out, accumulate, amax, pf_codes, pf_code_bytes,
-                   pf_scales, pf_scale_bytes);
+                   pf_scales, pf_scale_bytes, oscale, fold);
         // The producer writes the block's last rows.
         if (lane == 0) TRACE_EXIT(TRACE_GEMV_B1, scales);
         return;
@@ -475,7 +481,8 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 #if __CUDA_ARCH__ >= 900
 #define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM)                                                             \
     gemv_b1_body<FMT, J, EXACT, RG, NORM>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
-                    pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, early)
+                    pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, early, rms_in, rms_eps,              \
+                    FoldOut{fold_cnt, nw, fold_xq, fold_xs, fold_ss})
 #else
 #define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM) __trap()
 #endif
@@ -490,7 +497,9 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
              float* __restrict__ out, int accumulate, u64* __restrict__ amax, int stages,         \
              const float* __restrict__ xres, int tok0, const float* __restrict__ nw, float eps,   \
              const unsigned char* __restrict__ pf_codes, int pf_code_bytes,                       \
-             const unsigned char* __restrict__ pf_scales, int pf_scale_bytes, int early) {        \
+             const unsigned char* __restrict__ pf_scales, int pf_scale_bytes, int early,          \
+             const float* __restrict__ rms_in, float rms_eps, u32* __restrict__ fold_cnt,         \
+             int* __restrict__ fold_xq, float2* __restrict__ fold_xs, float* __restrict__ fold_ss) { \
         GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM);                                                                \
     }
 

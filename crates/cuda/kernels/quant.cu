@@ -101,6 +101,76 @@ __device__ __forceinline__ float4 rot1024(float4 v, const float* __restrict__ si
     return make_float4(v.x * n, v.y * n, v.z * n, v.w * n);
 }
 
+// A norm folded into the residual GEMV before it. RMSNorm(x)·w = (x·w) / rms(x), and int8 codes
+// per group do not change when a group is scaled, so the pieces of x·w are quantized unscaled as
+// soon as the GEMV has written them, with each 128-value piece's Σx² beside them; the GEMV that
+// reads them multiplies its outputs by 1/rms from those sums (rms_scale). No kernel stands
+// between the two GEMVs, and no block reads the whole row.
+
+// One piece: this lane's four values `v` of the residual and of the norm's weights `g`, at
+// value `base` of the row.
+__device__ __forceinline__ void fold_piece_regs(float4 v, float4 g, int base, int* xq, float2* xs, float* piece_ss) {
+    const float ss = warp_sum(v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w);
+    quant128(make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w), base, xq, xs, nullptr);
+    if ((threadIdx.x & 31) == 0) piece_ss[base >> 7] = ss;
+}
+
+// 1/rms of a row of `cols` values (at most 64 pieces) from its pieces' sums of squares, added in
+// one fixed order by every warp that asks: the same scale in every block. In two halves, so that
+// a kernel can have the loads in flight while it waits for something else.
+__device__ __forceinline__ float rms_part(const float* __restrict__ piece_ss, int cols) {
+    const int lane = threadIdx.x & 31, n = cols >> 7;
+    return (lane < n ? piece_ss[lane] : 0.0f) + (lane + 32 < n ? piece_ss[lane + 32] : 0.0f);
+}
+
+__device__ __forceinline__ float rms_finish(float part, int cols, float eps) {
+    return 1.0f / sqrtf(warp_sum(part) / (float)cols + eps);
+}
+
+__device__ __forceinline__ float rms_scale(const float* __restrict__ piece_ss, int cols, float eps) {
+    return rms_finish(rms_part(piece_ss, cols), cols, eps);
+}
+
+// Where a residual GEMV leaves the next norm's input: per-piece arrival counters (never reset:
+// a piece is complete when its count reaches a multiple of its arrivals, a power of two), the
+// norm's weights, and the codes, pairs and sums of squares it writes.
+struct FoldOut {
+    u32* cnt;
+    const float* w;
+    int* xq;
+    float2* xs;
+    float* ss;
+};
+
+__device__ __forceinline__ u32 atom_add_acq_rel(u32* p, u32 v) {
+    u32 old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+
+// A whole warp, once it has written its rows of the `mine` tiles of `tr` rows its block had
+// (tiles blockIdx.x + i·gridDim.x): counts one arrival per tile on the tile's 128-row piece,
+// `arrivals` completing a piece, and folds each piece it completed. The arrivals of up to 32
+// tiles go out together, one lane each, so the warp waits for one round trip, not one a tile;
+// the reads of a piece go past the L1 cache, which may hold lines of the row from before the
+// other blocks' writes.
+__device__ __forceinline__ void fold_arrive(const FoldOut& f, const float* x, int mine, int tr, u32 arrivals) {
+    __syncwarp();
+    const int lane = threadIdx.x & 31;
+    for (int i0 = 0; i0 < mine; i0 += 32) {
+        const int i = i0 + lane;
+        const int piece = i < mine ? (int)(blockIdx.x + (u32)i * gridDim.x) * tr >> 7 : 0;
+        const bool last =
+            i < mine && ((atom_add_acq_rel(f.cnt + piece, 1u) + 1u) & (arrivals - 1u)) == 0u;
+        for (u32 done = __ballot_sync(0xffffffffu, last); done; done &= done - 1) {
+            const int p = __shfl_sync(0xffffffffu, piece, __ffs(done) - 1);
+            const int v = p * 128 + 4 * lane;
+            fold_piece_regs(__ldcg((const float4*)(x + v)), __ldg((const float4*)(f.w + v)), p * 128, f.xq,
+                            f.xs, f.ss);
+        }
+    }
+}
+
 // RMS norm of residual rows tok0.. then quantize, block 256, grid (B, ntok): each of a token's
 // B blocks sums the squares of the whole row, then quantizes the 1024-value shares k ≡ b (mod B).
 // Thread i's values (4 at 4i + 1024k) stay in registers from the sum to the quantization (up to
@@ -110,10 +180,16 @@ __device__ __forceinline__ float4 rot1024(float4 v, const float* __restrict__ si
 // against 7.9 with five blocks each reading the row twice). Every 128-value piece is
 // quantized on its own by quant128, from the same products as gemv1_body's fused norm: the
 // same bits, whichever warp quantizes which piece.
+//
+// With `piece_ss` (one token, no rotation) the row is left unscaled: each piece x·w is quantized
+// as it stands and its Σx² goes to piece_ss[piece], the GEMV after it applying 1/rms to its
+// outputs (rms_scale). The arithmetic is fold_piece's, so this is the twin of a residual GEMV
+// that folds the norm into its last writes (and the fallback where none does).
 extern "C" __global__ void __launch_bounds__(256) quant_rms(const float* __restrict__ x, int cols, int tok0,
                                                             const float* __restrict__ w, float eps,
                                                             int* __restrict__ xq, float2* __restrict__ xs,
-                                                            u16* __restrict__ xh, const float* __restrict__ signs) {
+                                                            u16* __restrict__ xh, const float* __restrict__ signs,
+                                                            float* __restrict__ piece_ss) {
     __shared__ float red[32];
     __shared__ float4 rot[256];
     const int t = blockIdx.y, i0 = threadIdx.x * 4, b = blockIdx.x, nb = gridDim.x;
@@ -144,6 +220,10 @@ extern "C" __global__ void __launch_bounds__(256) quant_rms(const float* __restr
     u16* xh_t = xh ? xh + (size_t)t * cols : nullptr;
     const int warp_base = (threadIdx.x >> 5) * 128;
     auto put = [&](int k, float4 u, float4 gk) {
+        if (piece_ss) {
+            fold_piece_regs(u, gk, warp_base + 1024 * k, xq_t, xs_t, piece_ss);
+            return;
+        }
         u.x = u.x * scale * gk.x; u.y = u.y * scale * gk.y; u.z = u.z * scale * gk.z; u.w = u.w * scale * gk.w;
         // Rotated rows are whole 1024-value shares (their widths are multiples of 1024), so
         // every thread of the block takes part.

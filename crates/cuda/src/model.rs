@@ -12,7 +12,7 @@ use model::{LayerKind, Logits, Model, ModelError};
 use quant::Format;
 
 use crate::error::{Context, CudaError, Result};
-use crate::gpu::{Arg, DevBuf, DevMat, DeviceInfo, GemvIo, Gpu, NormIn, Prefetch};
+use crate::gpu::{Arg, DevBuf, DevMat, DeviceInfo, FoldOut, GemvIo, Gpu, NormIn, Prefetch, RmsIn};
 use crate::plan::{
     self, attn_splits, check_fits, forward_ops, Dims, Fusion, Head, KvCache, Mat, Norm, Op, Out,
     Scratch, StateBytes, MAX_CHUNK,
@@ -632,6 +632,8 @@ impl CudaModel {
             let name = match op {
                 Op::Gemv { mat, .. } => format!("Gemv {}", mat.kind()),
                 Op::NormGemv { mat, .. } => format!("NormGemv {}", mat.kind()),
+                Op::GemvFold { mat, .. } => format!("GemvFold {}", mat.kind()),
+                Op::GemvScaled { mat, .. } => format!("GemvScaled {}", mat.kind()),
                 other => format!("{other:?}"),
             };
             let key: String = name
@@ -681,6 +683,47 @@ impl CudaModel {
         Ok(secs)
     }
 
+    /// The words of the folded output norm's input that a one-token pass left (codes, group
+    /// pairs, the pieces' sums of squares) and that its twin, `quant_rms` unscaled on the
+    /// residual the pass ended with, writes differently; and the words compared. Meaningful
+    /// right after a one-token pass with [`Fusion::fold`] on (the last residual GEMV then
+    /// folds the output norm).
+    #[doc(hidden)]
+    pub fn fold_twin_differences(&self, st: &CudaState) -> Result<(usize, usize)> {
+        let g = &*self.gpu;
+        let e = self.dims.hidden;
+        let sizes = [e, 8 * e / 64, 4 * plan::FOLD_MAX_PIECES];
+        let bufs = sizes
+            .iter()
+            .map(|&n| g.alloc(n, "fold twin"))
+            .collect::<Result<Vec<_>>>()?;
+        self.norm_quant(
+            st,
+            Norm::Output,
+            0,
+            1,
+            false,
+            (bufs[0].ptr, bufs[1].ptr, bufs[2].ptr),
+        )?;
+        let mut differing = 0;
+        let mut words = 0;
+        for ((name, &n), b) in ["fold_xq", "fold_xs", "fold_ss"]
+            .iter()
+            .zip(&sizes)
+            .zip(&bufs)
+        {
+            // Only the pieces a row has carry sums.
+            let n = if *name == "fold_ss" { 4 * e / 128 } else { n };
+            let mut a = vec![0u32; n / 4];
+            let mut t = vec![0u32; n / 4];
+            g.read(&st.stream, st.s(name), &mut a)?;
+            g.read(&st.stream, b.ptr, &mut t)?;
+            differing += a.iter().zip(&t).filter(|(x, y)| x != y).count();
+            words += a.len();
+        }
+        Ok((differing, words))
+    }
+
     /// Where a decode step's time goes, from the kernels' timeline records: per kind of op,
     /// its launches and their mean run, the dependence's latency before each and how early
     /// its blocks were resident ([`crate::timeline`]), over the replays of the step's graph
@@ -701,7 +744,11 @@ impl CudaModel {
         };
         let mut gemvs = std::collections::HashMap::new();
         for op in forward_ops(&self.dims, 1, Head::Last, true, self.gpu.fusion()) {
-            if let Op::Gemv { mat, .. } | Op::NormGemv { mat, .. } = op {
+            if let Op::Gemv { mat, .. }
+            | Op::NormGemv { mat, .. }
+            | Op::GemvFold { mat, .. }
+            | Op::GemvScaled { mat, .. } = op
+            {
                 gemvs.insert(self.mat(mat).scales.ptr, format!("Gemv {}", mat.kind()));
             }
         }
@@ -930,6 +977,64 @@ impl CudaModel {
             })
     }
 
+    /// RMS norm and quantization of residual rows `tok0..tok0 + ntok` into `(xq, xs)`, rotated
+    /// with `rot`; with a third address, one token left unscaled with its pieces' sums of
+    /// squares there (the twin of a folded norm, kernels/quant.cu).
+    fn norm_quant(
+        &self,
+        st: &CudaState,
+        norm: Norm,
+        tok0: usize,
+        ntok: usize,
+        rot: bool,
+        (xq, xs, piece_ss): (u64, u64, u64),
+    ) -> Result<()> {
+        let (g, d) = (&*self.gpu, &self.dims);
+        let e = d.hidden;
+        let xh = g.wants_f16_acts(ntok).then(|| st.s("xh"));
+        g.launch(
+            &st.stream,
+            "quant_rms",
+            // A block per 1024 values for one token (latency), one per token for many.
+            (
+                if ntok == 1 {
+                    e.div_ceil(1024) as u32
+                } else {
+                    1
+                },
+                ntok as u32,
+                1,
+            ),
+            (256, 1, 1),
+            &[
+                Arg::Ptr(st.s("x")),
+                Arg::I32(e as i32),
+                Arg::I32(tok0 as i32),
+                Arg::Ptr(self.norm_weight(norm).ptr),
+                Arg::F32(d.rms_eps),
+                Arg::Ptr(xq),
+                Arg::Ptr(xs),
+                Arg::Ptr(if piece_ss == 0 { xh.unwrap_or(0) } else { 0 }),
+                Arg::Ptr(self.signs_if(rot, e)?),
+                Arg::Ptr(piece_ss),
+            ],
+        )
+    }
+
+    /// Where the residual GEMV of `mat` leaves the folded `norm`'s input.
+    fn fold_out(&self, st: &CudaState, mat: Mat, norm: Norm) -> Result<FoldOut> {
+        let slot = plan::fold_slot(mat).ok_or_else(|| {
+            CudaError::Unsupported(format!("no folded norm after {}", mat.kind()))
+        })?;
+        Ok(FoldOut {
+            counters: st.s("fold_cnt") + (4 * plan::FOLD_MAX_PIECES * slot) as u64,
+            weight: self.norm_weight(norm).ptr,
+            xq: st.s("fold_xq"),
+            xs: st.s("fold_xs"),
+            piece_ss: st.s("fold_ss"),
+        })
+    }
+
     /// A GEMV of `ntok` tokens from the scratch activations to `out`.
     fn gemv_io(&self, st: &CudaState, mat: Mat, ntok: usize, out: Out) -> GemvIo {
         let m = self.mat(mat);
@@ -969,6 +1074,8 @@ impl CudaModel {
                 }
                 _ => None,
             },
+            rms_in: None,
+            fold: None,
         }
     }
 
@@ -1047,7 +1154,6 @@ impl CudaModel {
         let g = &*self.gpu;
         let s = &*st.stream;
         let d = &self.dims;
-        let e = d.hidden;
         let (xq, xs) = (st.s("xq"), st.s("xs"));
         // The quantizations of a pass whose GEMMs read f16 activations also write those.
         let xh = |ntok: usize| g.wants_f16_acts(ntok).then(|| st.s("xh"));
@@ -1058,34 +1164,39 @@ impl CudaModel {
                 tok0,
                 ntok,
                 rot,
-            } => {
-                let w = self.norm_weight(norm);
-                g.launch(
-                    s,
-                    "quant_rms",
-                    // A block per 1024 values for one token (latency), one per token for many.
-                    (
-                        if ntok == 1 {
-                            e.div_ceil(1024) as u32
-                        } else {
-                            1
-                        },
-                        ntok as u32,
-                        1,
-                    ),
-                    (256, 1, 1),
-                    &[
-                        Arg::Ptr(st.s("x")),
-                        Arg::I32(e as i32),
-                        Arg::I32(tok0 as i32),
-                        Arg::Ptr(w.ptr),
-                        Arg::F32(d.rms_eps),
-                        Arg::Ptr(xq),
-                        Arg::Ptr(xs),
-                        Arg::Ptr(xh(ntok).unwrap_or(0)),
-                        Arg::Ptr(self.signs_if(rot, e)?),
-                    ],
-                )
+            } => self.norm_quant(st, norm, tok0, ntok, rot, (xq, xs, 0)),
+            Op::GemvFold { mat, norm } => {
+                let m = self.mat(mat);
+                let mut io = self.gemv_io(st, mat, 1, Out::Residual);
+                io.fold = Some(self.fold_out(st, mat, norm)?);
+                if g.gemv_decode(s, m, &io, None)? {
+                    return Ok(());
+                }
+                // No decode kernel takes the matrix: the GEMV, then the fold's twin.
+                io.fold = None;
+                g.gemv(s, m, &io)?;
+                let out = (st.s("fold_xq"), st.s("fold_xs"), st.s("fold_ss"));
+                self.norm_quant(st, norm, 0, 1, false, out)
+            }
+            Op::GemvScaled { mat, norm, out } => {
+                let m = self.mat(mat);
+                let io = self.gemv_io(st, mat, 1, out);
+                let scaled = GemvIo {
+                    xq: st.s("fold_xq"),
+                    xs: st.s("fold_xs"),
+                    rms_in: Some(RmsIn {
+                        piece_ss: st.s("fold_ss"),
+                        eps: d.rms_eps,
+                    }),
+                    ..io
+                };
+                if g.gemv_decode(s, m, &scaled, None)? {
+                    return Ok(());
+                }
+                // No decode kernel takes the matrix: its norm from the residual, which the
+                // fold left intact, then the GEMV.
+                self.norm_quant(st, norm, 0, 1, false, (xq, xs, 0))?;
+                g.gemv(s, m, &io)
             }
             Op::Gemv { mat, ntok, out } => {
                 let m = self.mat(mat);

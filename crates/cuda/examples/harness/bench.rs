@@ -149,6 +149,25 @@ pub(crate) fn bench_27b(
         );
         let _ = write!(variants, "; {what}: {v:.1}");
     }
+    // The norms after the residual GEMVs folded into them or not, whichever is not the default
+    // (activations quantized before the 1/rms rather than after: the tokens may differ at a
+    // near-tie, so they are counted, not compared).
+    let folds = g.gpu().fusion().fold;
+    let was = g.gpu().set_fold_norm(!folds);
+    let flipped = decode(true, true, (NormFusion::Apart, 0, 0));
+    g.gpu().set_fold_norm(was);
+    let (v, toks) = flipped?;
+    let same = toks
+        .iter()
+        .zip(&toks_serial)
+        .take_while(|(a, b)| a == b)
+        .count();
+    let _ = write!(
+        variants,
+        "; norms {} the residual GEMVs: {v:.1} (first {same} of {} tokens as the default's)",
+        if folds { "apart from" } else { "folded into" },
+        toks.len()
+    );
     // Three dp4a GEMV blocks of 72 KiB per multiprocessor for every matrix they take (the
     // 6144-wide ones then fit in one round of blocks; 1-bit matrices on the binary kernel keep
     // its own plan); the tokens must not change.
@@ -206,10 +225,17 @@ pub(crate) fn bench_27b(
     // every other op; and the GEMVs streaming their weights without multiplying (a probe).
     let mut sst = g.new_state(4096)?;
     g.forward_greedy(&mut sst, &[1, 2, 3, 4])?;
-    let is_gemv = |op: &Op| matches!(op, Op::Gemv { .. } | Op::NormGemv { .. });
+    let is_gemv = |op: &Op| {
+        matches!(
+            op,
+            Op::Gemv { .. } | Op::NormGemv { .. } | Op::GemvFold { .. } | Op::GemvScaled { .. }
+        )
+    };
     let every = g.time_decode_subset(&mut sst, &|_| true)?;
     let gemvs = g.time_decode_subset(&mut sst, &is_gemv)?;
     let rest = g.time_decode_subset(&mut sst, &|op| !is_gemv(op))?;
+    // Every op but the norms before the GEMVs: what removing those launches could save at most.
+    let no_norms = g.time_decode_subset(&mut sst, &|op| !matches!(op, Op::NormQuant { .. }))?;
     // The kernels' own timestamps, where they keep them (`NIWAKI_CUDA_TRACE`).
     if let Some(ops) = g.trace_decode(&mut sst)? {
         profiles.push(timeline_table(format, &ops));
@@ -241,13 +267,14 @@ pub(crate) fn bench_27b(
         ));
     }
     profiles.push(format!(
-        "\n{format} decode step's graph cut down (ms per replay): every op {:.3}; the GEMVs alone {:.3} ({:.0} GB/s of weights); the GEMVs streaming without multiplying {:.3} ({:.0} GB/s); every other op alone {:.3}\n",
+        "\n{format} decode step's graph cut down (ms per replay): every op {:.3}; the GEMVs alone {:.3} ({:.0} GB/s of weights); the GEMVs streaming without multiplying {:.3} ({:.0} GB/s); every other op alone {:.3}; every op but the norms {:.3}\n",
         every * 1e3,
         gemvs * 1e3,
         wb / gemvs / 1e9,
         nodot * 1e3,
         wb / nodot / 1e9,
-        rest * 1e3
+        rest * 1e3,
+        no_norms * 1e3
     ));
     let mut st = g.new_state(4096)?;
     g.forward_greedy(&mut st, &[1, 2, 3, 4])?;

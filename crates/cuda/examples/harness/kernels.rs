@@ -263,6 +263,7 @@ pub(crate) fn quant_rms_row1(
             Arg::Ptr(xs),
             Arg::Ptr(0),
             Arg::Ptr(0),
+            Arg::Ptr(0),
         ],
     )?;
     Ok(NormIn {
@@ -497,6 +498,7 @@ fn rotated_quant_checks(
                 Arg::Ptr(xs.ptr),
                 Arg::Ptr(0),
                 Arg::Ptr(sd.ptr),
+                Arg::Ptr(0),
             ],
         )?;
         let (mut q, mut g) = (

@@ -310,6 +310,74 @@ pub(crate) fn fused_recurrence(rep: &mut Report) -> R<()> {
             rep.check(ok, format!("{what} {preset:?}"));
         }
     }
+    folded_norms(rep)
+}
+
+/// The norms folded into the residual GEMVs (`Fusion::fold`) against the norms apart: what the
+/// folded decode GEMVs leave for the output norm must be its twin's bits (quant_rms unscaled on
+/// the same residual); the logits, whose activations are quantized before rather than after the
+/// 1/rms, within the engine's tolerance of the CPU and no further from it than the norms apart.
+pub(crate) fn folded_norms(rep: &mut Report) -> R<()> {
+    for (preset, vocab) in [(Preset::Tiny, 1000usize), (Preset::Small, 4096)] {
+        for format in [Format::Q2_0, Format::Q1_0] {
+            let shape = preset.shape(vocab);
+            let t = synth::random_f32_tensors(&shape, format, 12);
+            let m = open(&synth::writer_from_f32(&shape, &t, format, "h")?)?;
+            let g = CudaModel::load(&m)?;
+            let mut rng = ChaCha8Rng::seed_from_u64(17);
+            let mut tok = || rng.gen_range(0..vocab as u32);
+            let calls: Vec<Vec<u32>> = [20, 1, 1, 1, 5, 1, 1, 2, 1, 1, 1, 1, 1]
+                .iter()
+                .map(|&n| (0..n).map(|_| tok()).collect())
+                .collect();
+            let mut cs = m.new_state();
+            let cpu = calls
+                .iter()
+                .map(|c| m.forward(&mut cs, c, Logits::Last))
+                .collect::<Result<Vec<_>, _>>()?;
+            let launches0 = g.gpu().fold_launches();
+            let (mut twin_diff, mut twin_words) = (0, 0);
+            let mut run = |fold: bool| -> R<Vec<Vec<f32>>> {
+                let was = g.gpu().set_fold_norm(fold);
+                let out = (|| -> R<Vec<Vec<f32>>> {
+                    let mut st = g.new_state(256)?;
+                    let mut out = Vec::new();
+                    for c in &calls {
+                        out.push(g.forward(&mut st, c, Logits::Last)?);
+                        if fold && c.len() == 1 {
+                            let (d, w) = g.fold_twin_differences(&st)?;
+                            twin_diff += d;
+                            twin_words += w;
+                        }
+                    }
+                    Ok(out)
+                })();
+                g.gpu().set_fold_norm(was);
+                out
+            };
+            let apart = run(false)?;
+            let folded = run(true)?;
+            let launches = g.gpu().fold_launches() - launches0;
+            let worst = |a: &[Vec<f32>], b: &[Vec<f32>]| {
+                a.iter()
+                    .zip(b)
+                    .map(|(x, y)| rel_l2(x, y))
+                    .fold(0f64, f64::max)
+            };
+            let (fa, fc, ac) = (
+                worst(&folded, &apart),
+                worst(&folded, &cpu),
+                worst(&apart, &cpu),
+            );
+            let ok = launches > 0 && twin_diff == 0 && fc < 0.2 && fc <= 1.25 * ac + 1e-3;
+            rep.line(format!(
+                "Norms folded into the residual decode GEMVs ({preset:?}, {format:?}, {} calls, {launches} folded launches): twin of the output norm's input {twin_diff} of {twin_words} words differ (must be 0); logits folded vs apart {fa:.2e}, folded vs CPU {fc:.2e}, apart vs CPU {ac:.2e} (relative L2, worst call) {}",
+                calls.len(),
+                if ok { "PASS" } else { "FAIL" }
+            ));
+            rep.check(ok, format!("folded norms {preset:?} {format:?}"));
+        }
+    }
     Ok(())
 }
 

@@ -19,9 +19,10 @@ pub(super) const X_COPY_ALL: usize = 2;
 
 /// The arguments the decode GEMVs (`gemv1_*`, `gemv_b1_*`, `gemv_b2*`) take after the matrix: the
 /// activations, output and argmax, the ring's stages, the fused norm's input (or nulls), the
-/// next matrix to prefetch (or nulls) and how many of the ring's first tiles are requested
-/// before the wait for the previous kernel.
-fn decode_args(io: &GemvIo, stages: usize, pre: Option<NormIn>, early: usize) -> [Arg; 15] {
+/// next matrix to prefetch (or nulls), how many of the ring's first tiles are requested
+/// before the wait for the previous kernel, and a folded norm's input scale and output (or
+/// nulls; a fold's norm weights take the fused norm's place).
+fn decode_args(io: &GemvIo, stages: usize, pre: Option<NormIn>, early: usize) -> [Arg; 21] {
     // The kernels take byte counts as i32: a larger prefetch is cut to what that holds.
     let bytes = |n: usize| Arg::I32(n.min(i32::MAX as usize) as i32);
     [
@@ -33,13 +34,23 @@ fn decode_args(io: &GemvIo, stages: usize, pre: Option<NormIn>, early: usize) ->
         Arg::I32(stages as i32),
         Arg::Ptr(pre.map_or(0, |p| p.x)),
         Arg::I32(pre.map_or(0, |p| p.tok0 as i32)),
-        Arg::Ptr(pre.map_or(0, |p| p.weight)),
+        Arg::Ptr(
+            pre.map(|p| p.weight)
+                .or(io.fold.map(|f| f.weight))
+                .unwrap_or(0),
+        ),
         Arg::F32(pre.map_or(0.0, |p| p.eps)),
         Arg::Ptr(io.prefetch.map_or(0, |p| p.codes)),
         bytes(io.prefetch.map_or(0, |p| p.code_bytes)),
         Arg::Ptr(io.prefetch.map_or(0, |p| p.scales)),
         bytes(io.prefetch.map_or(0, |p| p.scale_bytes)),
         Arg::I32(early.min(i32::MAX as usize) as i32),
+        Arg::Ptr(io.rms_in.map_or(0, |r| r.piece_ss)),
+        Arg::F32(io.rms_in.map_or(0.0, |r| r.eps)),
+        Arg::Ptr(io.fold.map_or(0, |f| f.counters)),
+        Arg::Ptr(io.fold.map_or(0, |f| f.xq)),
+        Arg::Ptr(io.fold.map_or(0, |f| f.xs)),
+        Arg::Ptr(io.fold.map_or(0, |f| f.piece_ss)),
     ]
 }
 
@@ -156,6 +167,9 @@ impl Gpu {
             .chain(decode_args(io, l.stages, pre, self.early_tiles()))
             .collect::<Vec<_>>(),
         )?;
+        if io.fold.is_some() {
+            self.fold_launches.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(true)
     }
 
@@ -217,6 +231,9 @@ impl Gpu {
         )?;
         if x_rows.is_some() {
             self.x_copy_launches.fetch_add(1, Ordering::Relaxed);
+        }
+        if io.fold.is_some() {
+            self.fold_launches.fetch_add(1, Ordering::Relaxed);
         }
         Ok(true)
     }

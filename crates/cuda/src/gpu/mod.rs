@@ -186,6 +186,31 @@ pub struct GemvIo {
     pub split_scratch: Option<(u64, usize)>,
     /// Weights of the next GEMV for a one-token GEMV to pull into the L2 cache.
     pub prefetch: Option<Prefetch>,
+    /// One token: the activations are a folded norm's, unscaled ([`FoldOut`]): the outputs
+    /// take its 1/rms.
+    pub rms_in: Option<RmsIn>,
+    /// One token, adding into the residual: the next norm folded into the last writes.
+    pub fold: Option<FoldOut>,
+}
+
+/// Where a folded norm left the 1/rms of the activations a GEMV reads: its pieces' sums of
+/// squares (`cols` / 128 floats) and the norm's epsilon.
+#[derive(Clone, Copy, Debug)]
+pub struct RmsIn {
+    pub piece_ss: u64,
+    pub eps: f32,
+}
+
+/// The norm a residual GEMV folds into its last writes (kernels/quant.cu, `FoldOut`): the
+/// pieces' arrival counters (zeroed once, never reset), the norm's weights, and where the
+/// unscaled codes, their group pairs and the pieces' sums of squares go.
+#[derive(Clone, Copy, Debug)]
+pub struct FoldOut {
+    pub counters: u64,
+    pub weight: u64,
+    pub xq: u64,
+    pub xs: u64,
+    pub piece_ss: u64,
 }
 
 /// The first bytes of a matrix (codes and scales in proportion, as its tiles are read), which
@@ -231,6 +256,8 @@ impl GemvIo {
             argmax: None,
             split_scratch: None,
             prefetch: None,
+            rms_in: None,
+            fold: None,
         }
     }
 }
@@ -284,6 +311,8 @@ pub struct Gpu {
     x_copy: AtomicUsize,
     /// Launches of the swizzled (`_x`) decode GEMVs so far, for the harness to see them run.
     x_copy_launches: AtomicUsize,
+    /// Decode GEMVs launched with a folded norm (for checking that a path ran).
+    fold_launches: AtomicUsize,
     /// 1-bit decode GEMVs on the binary tensor cores (`gemv_b1_*`) rather than dp4a, for the
     /// matrices [`plan::prefers_b1`] gives them (sm_90; `NIWAKI_CUDA_B1=0` turns them off).
     b1: AtomicBool,
@@ -337,6 +366,13 @@ pub struct Gpu {
     /// (`attn_combine_quant`; on by default, `NIWAKI_CUDA_FUSE_ATTN=0` runs the two: the same
     /// bits).
     fuse_attn: AtomicBool,
+    /// Each norm after a decode step's residual GEMV folded into that GEMV's last writes
+    /// (`fold_arrive`, kernels/quant.cu), the GEMV after it scaling its outputs: 128 of a 27B
+    /// token's 129 norm launches gone. On by default (`NIWAKI_CUDA_FOLD_NORM=0` runs the norms
+    /// apart): on the H200, 27B decode (`niwaki bench --device cuda -p 8 -n 128 -r 3`, medians,
+    /// four rounds alternated) Q1_0 351.5 / 360.7 / 366.4 / 350.6 → 376.9 / 381.5 / 368.9 /
+    /// 374.3 tok/s, Q2_0 266.0 / 268.7 / 269.7 → 273.0 / 275.5 / 273.0 / 276.3.
+    fold_norm: AtomicBool,
     /// Select the candidates of a draw with a top-k limit on the GPU (`kernels/topk.cu`;
     /// `NIWAKI_CUDA_TOPK=0` copies the row to the host instead, for measuring it).
     topk: AtomicBool,
@@ -533,6 +569,7 @@ impl Gpu {
             gemv1: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_GEMV1")),
             gemv1_nodot: AtomicBool::new(false),
             x_copy_launches: AtomicUsize::new(0),
+            fold_launches: AtomicUsize::new(0),
             x_copy: AtomicUsize::new(match std::env::var("NIWAKI_CUDA_X_COPY").as_deref() {
                 Ok("0") => X_COPY_OFF,
                 Ok("all") => X_COPY_ALL,
@@ -556,6 +593,7 @@ impl Gpu {
             )),
             fuse_gdn: AtomicBool::new(env_on("NIWAKI_CUDA_FUSE_GDN")),
             fuse_attn: AtomicBool::new(env_on("NIWAKI_CUDA_FUSE_ATTN")),
+            fold_norm: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_FOLD_NORM")),
             topk: AtomicBool::new(env_on("NIWAKI_CUDA_TOPK")),
             topk_sums: AtomicBool::new(env_on("NIWAKI_CUDA_TOPK_SUMS")),
             attn_tile: AtomicUsize::new(
@@ -756,7 +794,15 @@ impl Gpu {
             norm: self.gemv1() && self.norm_fusion() != plan::NormFusion::Apart,
             gdn: self.fuse_gdn.load(Ordering::Relaxed),
             attn: self.fuse_attn.load(Ordering::Relaxed),
+            fold: self.gemv1() && self.fold_norm.load(Ordering::Relaxed),
         }
+    }
+
+    /// Turns the norms folded into the residual GEMVs of one-token passes on or off (sm_90
+    /// only); returns the previous setting (as [`Gpu::set_fuse_gdn`]).
+    pub fn set_fold_norm(&self, on: bool) -> bool {
+        let hopper = self.info.compute_capability.0 >= 9;
+        self.fold_norm.swap(on && hopper, Ordering::Relaxed)
     }
 
     /// Turns the one-kernel recurrence of one-token passes on or off (for checking it against
@@ -874,6 +920,12 @@ impl Gpu {
             X_COPY_OFF => Some(false),
             _ => None,
         }
+    }
+
+    /// Decode GEMVs this device has launched with a folded norm.
+    #[doc(hidden)]
+    pub fn fold_launches(&self) -> usize {
+        self.fold_launches.load(Ordering::Relaxed)
     }
 
     /// Launches of the swizzled decode GEMVs (`gemv1_*_x`) this device has made.
@@ -1121,6 +1173,11 @@ impl Gpu {
     pub fn gemv(&self, stream: &CudaStream, m: &DevMat, io: &GemvIo) -> Result<()> {
         if self.gemv_decode(stream, m, io, None)? {
             return Ok(());
+        }
+        if io.rms_in.is_some() || io.fold.is_some() {
+            return Err(CudaError::Unsupported(
+                "a folded norm needs the sm_90 decode GEMVs".into(),
+            ));
         }
         if io.ntok >= plan::GEMM_MIN_TOKENS && io.argmax.is_none() && self.mma() {
             return self.gemm(stream, m, io);

@@ -135,6 +135,12 @@ impl Scratch {
             ("topk_flag", 4),
             ("weight_chunks", 8 * weight_chunks(d.vocab)),
             ("gemm_part", 4 * GEMM_MAX_SPLITS * t * d.hidden),
+            // A folded norm's output (one token) beside the activations the GEMV leaving it
+            // reads, the sums of squares of its pieces, and each residual GEMV's counters.
+            ("fold_xq", d.hidden),
+            ("fold_xs", 8 * d.hidden / 64),
+            ("fold_ss", 4 * FOLD_MAX_PIECES),
+            ("fold_cnt", 4 * FOLD_MAX_PIECES * 2 * d.layers.len()),
             ("pos", 8),
         ];
         let mut regions = Vec::new();

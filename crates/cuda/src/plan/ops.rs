@@ -78,6 +78,20 @@ pub enum Op {
         mat: Mat,
         out: Out,
     },
+    /// One token: a GEMV adding into the residual whose last writes of each 128-value piece
+    /// also leave the next norm's input quantized, unscaled, with the pieces' sums of squares
+    /// (kernels/quant.cu's fold); [`Op::GemvScaled`] reads it.
+    GemvFold {
+        mat: Mat,
+        norm: Norm,
+    },
+    /// One token: a GEMV of the input a [`Op::GemvFold`] left, its outputs times the norm's
+    /// 1/rms (`norm`: the one folded, for running it apart where no decode GEMV takes `mat`).
+    GemvScaled {
+        mat: Mat,
+        norm: Norm,
+        out: Out,
+    },
     Conv {
         layer: usize,
         ntok: usize,
@@ -192,6 +206,25 @@ pub struct Fusion {
     /// An attention layer's split merge and its output's quantization in one kernel
     /// ([`Op::AttnCombineQuant`]; heads of a multiple of 128 values).
     pub attn: bool,
+    /// Each norm after a residual GEMV folded into that GEMV's last writes ([`Op::GemvFold`],
+    /// [`Op::GemvScaled`]; rows of whole 128-value pieces, at most [`FOLD_MAX_PIECES`]; not in
+    /// Hadamard-rotated models, whose norms rotate 1024 values at a time). Takes precedence
+    /// over `norm` where both apply.
+    pub fold: bool,
+}
+
+/// Pieces of 128 values a folded norm's row may have: the GEMV after it adds their sums of
+/// squares one per lane, two lanes' worth a warp.
+pub const FOLD_MAX_PIECES: usize = 64;
+
+/// The counters' slot of a residual GEMV whose norm is folded: one per residual write of a
+/// layer (the mixer's output, then the feed-forward's), each [`FOLD_MAX_PIECES`] counters.
+pub fn fold_slot(mat: Mat) -> Option<usize> {
+    match mat {
+        Mat::GdnOut(l) | Mat::AttnOut(l) => Some(2 * l),
+        Mat::FfnDown(l) => Some(2 * l + 1),
+        _ => None,
+    }
 }
 
 /// The launches of one forward pass over `ntok` tokens (at most [`MAX_CHUNK`]), a one-token
@@ -278,10 +311,63 @@ pub fn forward_ops(d: &Dims, ntok: usize, head: Head, argmax: bool, fusion: Fusi
         ntok: n,
         out: Out::Logits { argmax },
     });
+    if fusion.fold && ntok == 1 && d.hidden.is_multiple_of(128) && d.hidden / 128 <= FOLD_MAX_PIECES
+    {
+        fold_norms(&mut ops);
+    }
     if fuse {
         fuse_norms(&mut ops);
     }
     ops
+}
+
+/// Replaces each one-token residual GEMV, the unrotated NormQuant after it (an argmax reset may
+/// stand between) and the GEMV after that with a GemvFold and a GemvScaled.
+fn fold_norms(ops: &mut Vec<Op>) {
+    let mut out = Vec::with_capacity(ops.len());
+    let mut i = 0;
+    while i < ops.len() {
+        if let Op::Gemv {
+            mat,
+            ntok: 1,
+            out: Out::Residual,
+        } = ops[i]
+        {
+            let reset = matches!(ops.get(i + 1), Some(Op::ResetArgmax { .. }));
+            let at = i + 1 + usize::from(reset);
+            if let (
+                Some(&Op::NormQuant {
+                    norm,
+                    tok0: 0,
+                    ntok: 1,
+                    rot: false,
+                }),
+                Some(&Op::Gemv {
+                    mat: next,
+                    ntok: 1,
+                    out: o,
+                }),
+            ) = (ops.get(at), ops.get(at + 1))
+            {
+                if fold_slot(mat).is_some() {
+                    out.push(Op::GemvFold { mat, norm });
+                    if reset {
+                        out.push(ops[i + 1]);
+                    }
+                    out.push(Op::GemvScaled {
+                        mat: next,
+                        norm,
+                        out: o,
+                    });
+                    i = at + 2;
+                    continue;
+                }
+            }
+        }
+        out.push(ops[i]);
+        i += 1;
+    }
+    *ops = out;
 }
 
 /// Replaces each one-token NormQuant directly followed by a GEMV with a NormGemv.
@@ -391,7 +477,10 @@ pub fn next_matrices(ops: &[Op]) -> Vec<(Mat, Mat)> {
     let mats: Vec<Mat> = ops
         .iter()
         .filter_map(|op| match *op {
-            Op::Gemv { mat, .. } | Op::NormGemv { mat, .. } => Some(mat),
+            Op::Gemv { mat, .. }
+            | Op::NormGemv { mat, .. }
+            | Op::GemvFold { mat, .. }
+            | Op::GemvScaled { mat, .. } => Some(mat),
             _ => None,
         })
         .collect();

@@ -155,12 +155,102 @@ const NORM_ONLY: Fusion = Fusion {
     norm: true,
     gdn: false,
     attn: false,
+    fold: false,
 };
 const ALL: Fusion = Fusion {
     norm: true,
     gdn: true,
     attn: true,
+    fold: true,
 };
+
+#[test]
+fn folding_the_norms_leaves_only_the_first_and_keeps_every_gemv_in_order() {
+    let d = dims(Preset::B27);
+    let fold = Fusion {
+        fold: true,
+        ..Fusion::default()
+    };
+    let plain = forward_ops(&d, 1, Head::Last, true, Fusion::default());
+    let folded = forward_ops(&d, 1, Head::Last, true, fold);
+    // Every norm but the first layer's input norm goes, into the residual GEMV before it.
+    assert_eq!(plain.len() - folded.len(), 2 * 64);
+    let norms: Vec<&Op> = folded
+        .iter()
+        .filter(|o| matches!(o, Op::NormQuant { .. }))
+        .collect();
+    assert_eq!(norms.len(), 1);
+    assert!(matches!(
+        folded[0],
+        Op::NormQuant {
+            norm: Norm::Attn(0),
+            ..
+        }
+    ));
+    // Each fold is followed by the GEMV reading it (an argmax reset may stand between), and
+    // its counters' slot is its own.
+    let mut slots = Vec::new();
+    for (i, op) in folded.iter().enumerate() {
+        if let Op::GemvFold { mat, .. } = *op {
+            let next = folded[i + 1..]
+                .iter()
+                .find(|o| !matches!(o, Op::ResetArgmax { .. }));
+            let Some(&Op::GemvScaled { norm: read, .. }) = next else {
+                panic!("no scaled GEMV after op {i}");
+            };
+            assert!(matches!(*op, Op::GemvFold { norm, .. } if norm == read));
+            slots.push(fold_slot(mat).unwrap());
+        }
+    }
+    slots.sort_unstable();
+    slots.dedup();
+    assert_eq!(slots.len(), 2 * 64);
+    assert!(slots.iter().all(|&s| s < 2 * d.layers.len()));
+    // Undone, the same list.
+    let mut norms = plain.iter().filter_map(|o| match *o {
+        Op::NormQuant { norm, .. } => Some(norm),
+        _ => None,
+    });
+    norms.next();
+    let unfolded: Vec<Op> = folded
+        .iter()
+        .flat_map(|op| match *op {
+            Op::GemvFold { mat, norm } => {
+                assert_eq!(Some(norm), norms.next());
+                vec![
+                    Op::Gemv {
+                        mat,
+                        ntok: 1,
+                        out: Out::Residual,
+                    },
+                    Op::NormQuant {
+                        norm,
+                        tok0: 0,
+                        ntok: 1,
+                        rot: false,
+                    },
+                ]
+            }
+            Op::GemvScaled { mat, out, .. } => vec![Op::Gemv { mat, ntok: 1, out }],
+            op => vec![op],
+        })
+        .collect();
+    // The argmax reset moves before the output norm's place: the same ops otherwise.
+    let without_reset = |ops: &[Op]| -> Vec<Op> {
+        ops.iter()
+            .copied()
+            .filter(|o| !matches!(o, Op::ResetArgmax { .. }))
+            .collect()
+    };
+    assert_eq!(without_reset(&unfolded), without_reset(&plain));
+    // Prefill passes and rotated models keep their norms.
+    for ntok in [2, 64] {
+        assert_eq!(
+            forward_ops(&d, ntok, Head::Last, false, fold),
+            forward_ops(&d, ntok, Head::Last, false, Fusion::default())
+        );
+    }
+}
 
 #[test]
 fn the_fused_recurrence_takes_the_place_of_conv_step_and_gated_norm_in_decode_only() {
