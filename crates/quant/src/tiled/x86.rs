@@ -146,13 +146,6 @@ const TWO_BIT_SHIFTS: [u8; 64] = {
     t
 };
 
-#[inline(always)]
-unsafe fn two_bit(src: *const u8) -> __m512i {
-    let x = _mm512_broadcast_i32x4(_mm_loadu_si128(src as *const __m128i));
-    let ctl = _mm512_loadu_si512(TWO_BIT_SHIFTS.as_ptr() as *const __m512i);
-    _mm512_and_si512(_mm512_multishift_epi64_epi8(ctl, x), _mm512_set1_epi8(3))
-}
-
 impl<const G128: bool> Chunks for Q2<G128> {
     const FORMAT: Format = if G128 { Format::Q2_0G128 } else { Format::Q2_0 };
     const TOKENS: usize = 8;
@@ -173,26 +166,46 @@ impl<const G128: bool> Chunks for Q2<G128> {
     }
 }
 
-/// Lookup tables by base-3 byte `v` (entries past 242 are never stored): `0[v]` packs trits
-/// 0..=3 of `v` as four 2-bit fields, `1[v]` is trit 4.
+/// Lookup tables by base-3 byte `v` (entries past 242 are never stored), one pair per
+/// base-3 block `s` of a half (chunks `5s..5s+5`). Chunk `c` belongs to activation group
+/// `c mod 4` of the half, so the tables put each trit where [`Chunks::FIELD_SCALED`] wants it:
+/// `[s][v]` packs trits 0..=3 of `v` as 2-bit fields, trit `n` in field `(s + n) mod 4` (chunk
+/// `5s + n`'s group), and `[3 + s][v]` is trit 4 times `4^s` (chunk `5s + 4`'s group is `s`).
+/// A chunk's codes are then one `and` of its field, with no shift.
 #[repr(align(64))]
-struct Trits([[u8; 256]; 2]);
+struct Trits([[u8; 256]; 6]);
 
 static TRITS: Trits = {
-    let mut t = [[0u8; 256]; 2];
-    let mut v = 0;
-    while v < 256 {
-        let (mut x, mut n, mut packed) = (v, 0, 0u8);
-        while n < 4 {
-            packed |= ((x % 3) as u8) << (2 * n);
-            x /= 3;
-            n += 1;
+    let mut t = [[0u8; 256]; 6];
+    let mut s = 0;
+    while s < 3 {
+        let mut v = 0;
+        while v < 256 {
+            let (mut x, mut n, mut packed) = (v, 0, 0u8);
+            while n < 4 {
+                packed |= ((x % 3) as u8) << (2 * ((s + n) % 4));
+                x /= 3;
+                n += 1;
+            }
+            t[s][v] = packed;
+            t[3 + s][v] = ((x % 3) as u8) << (2 * s);
+            v += 1;
         }
-        t[0][v] = packed;
-        t[1][v] = (x % 3) as u8;
-        v += 1;
+        s += 1;
     }
     Trits(t)
+};
+
+/// [`TWO_BIT_SHIFTS`] six bits earlier (wrapping in the quadword): each register byte's code
+/// lands in its top two bits, times `4^3`, the field of chunk 15's group.
+const TWO_BIT_SHIFTS_TOP: [u8; 64] = {
+    let mut t = [0u8; 64];
+    let mut j = 0;
+    while j < 64 {
+        t[j] = (TWO_BIT_SHIFTS[j] + 58) % 64;
+        j += 1;
+    }
+    t
 };
 
 /// Byte `v` of every lane looked up in a 256-entry table (two 128-entry `vpermt2b` lookups by
@@ -217,6 +230,7 @@ struct PtqHalf {
 impl Chunks for Ptq {
     const FORMAT: Format = Format::PTQ1_0;
     const TOKENS: usize = 8;
+    const FIELD_SCALED: bool = true;
     type Half = PtqHalf;
     #[inline(always)]
     unsafe fn half(h: *const u8) -> PtqHalf {
@@ -231,25 +245,27 @@ impl Chunks for Ptq {
         for s in 0..3 {
             let v = _mm512_loadu_si512(h.add(64 * s) as *const __m512i);
             let high = _mm512_movepi8_mask(v);
-            out.packed[s] = lookup256(&TRITS.0[0], v, high);
-            out.fifth[s] = lookup256(&TRITS.0[1], v, high);
+            out.packed[s] = lookup256(&TRITS.0[s], v, high);
+            out.fifth[s] = lookup256(&TRITS.0[3 + s], v, high);
         }
         out
     }
     #[inline(always)]
     unsafe fn codes(h: &PtqHalf, c: usize) -> __m512i {
         if c == 15 {
-            return two_bit(h.tail);
+            let x = _mm512_broadcast_i32x4(_mm_loadu_si128(h.tail as *const __m128i));
+            let ctl = _mm512_loadu_si512(TWO_BIT_SHIFTS_TOP.as_ptr() as *const __m512i);
+            return _mm512_and_si512(
+                _mm512_multishift_epi64_epi8(ctl, x),
+                _mm512_set1_epi8(0xC0u8 as i8),
+            );
         }
         let (s, n) = (c / 5, c % 5);
-        let three = _mm512_set1_epi8(3);
-        match n {
-            0 => _mm512_and_si512(h.packed[s], three),
-            1 => _mm512_and_si512(_mm512_srli_epi16::<2>(h.packed[s]), three),
-            2 => _mm512_and_si512(_mm512_srli_epi16::<4>(h.packed[s]), three),
-            3 => _mm512_and_si512(_mm512_srli_epi16::<6>(h.packed[s]), three),
-            _ => h.fifth[s],
+        if n == 4 {
+            return h.fifth[s];
         }
+        let field = 3u8 << (2 * ((s + n) % 4));
+        _mm512_and_si512(h.packed[s], _mm512_set1_epi8(field as i8))
     }
 }
 
