@@ -692,10 +692,10 @@ impl CudaModel {
     pub fn fold_twin_differences(&self, st: &CudaState) -> Result<(usize, usize)> {
         let g = &*self.gpu;
         let e = self.dims.hidden;
-        let sizes = [e, 8 * e / 64, 4 * plan::FOLD_MAX_PIECES];
-        let bufs = sizes
+        let names = ["fold_xq", "fold_xs", "fold_ss"];
+        let bufs = names
             .iter()
-            .map(|&n| g.alloc(n, "fold twin"))
+            .map(|&n| g.alloc(st.layout.size(n), "fold twin"))
             .collect::<Result<Vec<_>>>()?;
         self.norm_quant(
             st,
@@ -707,13 +707,12 @@ impl CudaModel {
         )?;
         let mut differing = 0;
         let mut words = 0;
-        for ((name, &n), b) in ["fold_xq", "fold_xs", "fold_ss"]
-            .iter()
-            .zip(&sizes)
-            .zip(&bufs)
-        {
+        for (&name, b) in names.iter().zip(&bufs) {
             // Only the pieces a row has carry sums.
-            let n = if *name == "fold_ss" { 4 * e / 128 } else { n };
+            let n = match name {
+                "fold_ss" => 4 * e / 128,
+                _ => st.layout.size(name),
+            };
             let mut a = vec![0u32; n / 4];
             let mut t = vec![0u32; n / 4];
             g.read(&st.stream, st.s(name), &mut a)?;
@@ -1220,16 +1219,8 @@ impl CudaModel {
                 if out != Out::Residual && g.gemv_decode(s, m, &io, Some(pre))? {
                     return Ok(());
                 }
-                self.exec(
-                    st,
-                    &Op::NormQuant {
-                        norm,
-                        tok0,
-                        ntok: 1,
-                        rot: false,
-                    },
-                )?;
-                self.exec(st, &Op::Gemv { mat, ntok: 1, out })
+                self.norm_quant(st, norm, tok0, 1, false, (xq, xs, 0))?;
+                g.gemv(s, m, &io)
             }
             Op::Conv { layer, ntok } => {
                 let ch = d.conv_channels();

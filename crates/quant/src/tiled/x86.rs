@@ -133,19 +133,6 @@ impl Chunks for Q1Spread {
     }
 }
 
-/// `vpmultishiftqb` control for PTQ1_0's 2-bit chunk: register byte `j` takes the 8 bits at
-/// `8·(j mod 8) + 2·(j / 16)` of its quadword, where the 16-byte broadcast put source byte
-/// `j mod 16`.
-const TWO_BIT_SHIFTS: [u8; 64] = {
-    let mut t = [0u8; 64];
-    let mut j = 0;
-    while j < 64 {
-        t[j] = (8 * (j % 8) + 2 * (j / 16)) as u8;
-        j += 1;
-    }
-    t
-};
-
 impl<const G128: bool> Chunks for Q2<G128> {
     const FORMAT: Format = if G128 { Format::Q2_0G128 } else { Format::Q2_0 };
     const TOKENS: usize = 8;
@@ -196,13 +183,15 @@ static TRITS: Trits = {
     Trits(t)
 };
 
-/// [`TWO_BIT_SHIFTS`] six bits earlier (wrapping in the quadword): each register byte's code
-/// lands in its top two bits, times `4^3`, the field of chunk 15's group.
+/// `vpmultishiftqb` control for PTQ1_0's 2-bit chunk (15): register byte `j`, where the 16-byte
+/// broadcast put source byte `j mod 16`, takes the code at bit `8·(j mod 8) + 2·(j / 16)` of its
+/// quadword into its top two bits (the 8 bits from six earlier, wrapping in the quadword): times
+/// `4^3`, the field of chunk 15's group.
 const TWO_BIT_SHIFTS_TOP: [u8; 64] = {
     let mut t = [0u8; 64];
     let mut j = 0;
     while j < 64 {
-        t[j] = (TWO_BIT_SHIFTS[j] + 58) % 64;
+        t[j] = ((8 * (j % 8) + 2 * (j / 16) + 58) % 64) as u8;
         j += 1;
     }
     t
