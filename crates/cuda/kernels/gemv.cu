@@ -536,7 +536,7 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
 #define GEMV1_CALL(FMT, RW, DOT, SWZ) \
     gemv1_body<FMT, RW, DOT, SWZ>(codes, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
                         pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, early, xmap, rms_in, rms_eps, \
-                        FoldOut{fold_cnt, nw, fold_xq, fold_xs, fold_ss})
+                        FoldOut{fold_cnt, nw, fold_xq, fold_xs, fold_ss, fold_ffn})
 #else
 #define GEMV1_CALL(FMT, RW, DOT, SWZ) __trap()
 #endif
@@ -555,7 +555,7 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
              const unsigned char* __restrict__ pf_scales, int pf_scale_bytes, int early,          \
              const float* __restrict__ rms_in, float rms_eps, u32* __restrict__ fold_cnt,         \
              int* __restrict__ fold_xq, float2* __restrict__ fold_xs, float* __restrict__ fold_ss, \
-             const __grid_constant__ TmaMap xmap) {                                               \
+             int fold_ffn, const __grid_constant__ TmaMap xmap) {                                 \
         GEMV1_CALL(FMT, RW, DOT, SWZ);                                                           \
     }
 

@@ -482,7 +482,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 #define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM)                                                             \
     gemv_b1_body<FMT, J, EXACT, RG, NORM>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
                     pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, early, rms_in, rms_eps,              \
-                    FoldOut{fold_cnt, nw, fold_xq, fold_xs, fold_ss})
+                    FoldOut{fold_cnt, nw, fold_xq, fold_xs, fold_ss, fold_ffn})
 #else
 #define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM) __trap()
 #endif
@@ -499,7 +499,8 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
              const unsigned char* __restrict__ pf_codes, int pf_code_bytes,                       \
              const unsigned char* __restrict__ pf_scales, int pf_scale_bytes, int early,          \
              const float* __restrict__ rms_in, float rms_eps, u32* __restrict__ fold_cnt,         \
-             int* __restrict__ fold_xq, float2* __restrict__ fold_xs, float* __restrict__ fold_ss) { \
+             int* __restrict__ fold_xq, float2* __restrict__ fold_xs, float* __restrict__ fold_ss, \
+             int fold_ffn) {                                                                      \
         GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM);                                                                \
     }
 

@@ -62,6 +62,11 @@ __device__ __forceinline__ void quant128(float4 v, int base, int* xq_tok, float2
     if ((lane & 15) == 0) xs_tok[base / 64 + (lane >> 4)] = pair;
 }
 
+// silu(gate)·up of a lane's four values: quant_swiglu's products, and a folded SwiGLU's.
+__device__ __forceinline__ float4 swiglu4(float4 a, float4 u) {
+    return make_float4(siluf_(a.x) * u.x, siluf_(a.y) * u.y, siluf_(a.z) * u.z, siluf_(a.w) * u.w);
+}
+
 // Hadamard rotation R·v of the 1024 values a block of 256 threads holds (warp w, lane l: values
 // 128w + 4l .. +3), for Ternary-Bonsai-2's folded matrices: the sign vector's share `signs`, a
 // fast Walsh-Hadamard transform in natural order, then 1/32. Every stage forms a + b for the
@@ -140,6 +145,10 @@ struct FoldOut {
     int* xq;
     float2* xs;
     float* ss;
+    // Nonzero: the GEMV is a gate | up projection of `ffn` rows each (no norm weights nor sums),
+    // and a piece's fold is silu(gate)·up quantized, quant_swiglu's arithmetic: a piece of the
+    // product is complete once its gate rows and its up rows are.
+    int ffn;
 };
 
 __device__ __forceinline__ u32 atom_add_acq_rel(u32* p, u32 v) {
@@ -150,23 +159,31 @@ __device__ __forceinline__ u32 atom_add_acq_rel(u32* p, u32 v) {
 
 // A whole warp, once it has written its rows of the `mine` tiles of `tr` rows its block had
 // (tiles blockIdx.x + i·gridDim.x): counts one arrival per tile on the tile's 128-row piece,
-// `arrivals` completing a piece, and folds each piece it completed. The arrivals of up to 32
+// `arrivals` completing a piece (twice as many with a SwiGLU, whose gate and up rows of a piece
+// count on one counter), and folds each piece it completed. The arrivals of up to 32
 // tiles go out together, one lane each, so the warp waits for one round trip, not one a tile;
 // the reads of a piece go past the L1 cache, which may hold lines of the row from before the
 // other blocks' writes.
 __device__ __forceinline__ void fold_arrive(const FoldOut& f, const float* x, int mine, int tr, u32 arrivals) {
     __syncwarp();
     const int lane = threadIdx.x & 31;
+    if (f.ffn) arrivals *= 2u;
     for (int i0 = 0; i0 < mine; i0 += 32) {
         const int i = i0 + lane;
-        const int piece = i < mine ? (int)(blockIdx.x + (u32)i * gridDim.x) * tr >> 7 : 0;
+        int row = i < mine ? (int)(blockIdx.x + (u32)i * gridDim.x) * tr : 0;
+        if (f.ffn) row %= f.ffn;
+        const int piece = row >> 7;
         const bool last =
             i < mine && ((atom_add_acq_rel(f.cnt + piece, 1u) + 1u) & (arrivals - 1u)) == 0u;
         for (u32 done = __ballot_sync(0xffffffffu, last); done; done &= done - 1) {
             const int p = __shfl_sync(0xffffffffu, piece, __ffs(done) - 1);
             const int v = p * 128 + 4 * lane;
-            fold_piece_regs(__ldcg((const float4*)(x + v)), __ldg((const float4*)(f.w + v)), p * 128, f.xq,
-                            f.xs, f.ss);
+            if (f.ffn)
+                quant128(swiglu4(__ldcg((const float4*)(x + v)), __ldcg((const float4*)(x + f.ffn + v))), p * 128,
+                         f.xq, f.xs, nullptr);
+            else
+                fold_piece_regs(__ldcg((const float4*)(x + v)), __ldg((const float4*)(f.w + v)), p * 128, f.xq,
+                                f.xs, f.ss);
         }
     }
 }
@@ -251,9 +268,7 @@ extern "C" __global__ void quant_swiglu(const float* __restrict__ gu, int stride
     if (base >= ffn) return;
     const int i = base + (threadIdx.x & 31) * 4;
     const float* g = gu + (size_t)t * stride;
-    float4 a = *(const float4*)(g + i);
-    float4 u = *(const float4*)(g + ffn + i);
-    float4 v = make_float4(siluf_(a.x) * u.x, siluf_(a.y) * u.y, siluf_(a.z) * u.z, siluf_(a.w) * u.w);
+    float4 v = swiglu4(*(const float4*)(g + i), *(const float4*)(g + ffn + i));
     if (signs) v = rot1024(v, signs + 1024 * blockIdx.x, (float*)rot);
     quant128(v, base, xq + (size_t)t * ffn / 4, xs + (size_t)t * ffn / 64, xh ? xh + (size_t)t * ffn : nullptr);
     // Warp 0 of every block has values (the grid is the values' 1024-value blocks).

@@ -12,7 +12,9 @@ use model::{LayerKind, Logits, Model, ModelError};
 use quant::Format;
 
 use crate::error::{Context, CudaError, Result};
-use crate::gpu::{Arg, DevBuf, DevMat, DeviceInfo, FoldOut, GemvIo, Gpu, NormIn, Prefetch, RmsIn};
+use crate::gpu::{
+    Arg, DevBuf, DevMat, DeviceInfo, FoldKind, FoldOut, GemvIo, Gpu, NormIn, Prefetch, RmsIn,
+};
 use crate::plan::{
     self, attn_splits, check_fits, forward_ops, Dims, Fusion, Head, KvCache, Mat, Norm, Op, Out,
     Scratch, StateBytes, MAX_CHUNK,
@@ -634,6 +636,7 @@ impl CudaModel {
                 Op::NormGemv { mat, .. } => format!("NormGemv {}", mat.kind()),
                 Op::GemvFold { mat, .. } => format!("GemvFold {}", mat.kind()),
                 Op::GemvScaled { mat, .. } => format!("GemvScaled {}", mat.kind()),
+                Op::GemvSwiglu { mat, .. } => format!("GemvSwiglu {}", mat.kind()),
                 other => format!("{other:?}"),
             };
             let key: String = name
@@ -705,22 +708,61 @@ impl CudaModel {
             false,
             (bufs[0].ptr, bufs[1].ptr, bufs[2].ptr),
         )?;
-        let mut differing = 0;
-        let mut words = 0;
-        for (&name, b) in names.iter().zip(&bufs) {
-            // Only the pieces a row has carry sums.
-            let n = match name {
-                "fold_ss" => 4 * e / 128,
-                _ => st.layout.size(name),
-            };
-            let mut a = vec![0u32; n / 4];
-            let mut t = vec![0u32; n / 4];
-            g.read(&st.stream, st.s(name), &mut a)?;
-            g.read(&st.stream, b.ptr, &mut t)?;
-            differing += a.iter().zip(&t).filter(|(x, y)| x != y).count();
-            words += a.len();
+        let regions: Vec<(u64, u64, usize)> = names
+            .iter()
+            .zip(&bufs)
+            .map(|(&name, b)| {
+                // Only the pieces a row has carry sums.
+                let n = match name {
+                    "fold_ss" => 4 * e / 128,
+                    _ => st.layout.size(name),
+                };
+                (st.s(name), b.ptr, n)
+            })
+            .collect();
+        self.words_differing(st, &regions)
+    }
+
+    /// Of `(a, b, bytes)` regions of device memory, the 4-byte words where a and b differ, and
+    /// the words compared.
+    fn words_differing(
+        &self,
+        st: &CudaState,
+        regions: &[(u64, u64, usize)],
+    ) -> Result<(usize, usize)> {
+        let (mut differing, mut words) = (0, 0);
+        for &(a, b, n) in regions {
+            let mut x = vec![0u32; n / 4];
+            let mut y = vec![0u32; n / 4];
+            self.gpu.read(&st.stream, a, &mut x)?;
+            self.gpu.read(&st.stream, b, &mut y)?;
+            differing += x.iter().zip(&y).filter(|(p, q)| p != q).count();
+            words += x.len();
         }
         Ok((differing, words))
+    }
+
+    /// The words of the last layer's SwiGLU that a one-token pass left quantized (codes and
+    /// group pairs) and that `quant_swiglu` on the projection the pass ended with writes
+    /// differently; and the words compared. Meaningful right after a one-token pass with
+    /// [`Fusion::swiglu`] on (the last gate | up GEMV then folds its SwiGLU, and nothing after
+    /// the last down GEMV writes the activations or the projection).
+    #[doc(hidden)]
+    pub fn swiglu_twin_differences(&self, st: &CudaState) -> Result<(usize, usize)> {
+        let g = &*self.gpu;
+        let f = self.dims.ffn;
+        let sizes = [("xq", f), ("xs", 8 * f / 64)];
+        let twin = sizes
+            .iter()
+            .map(|&(_, n)| g.alloc(n, "swiglu twin"))
+            .collect::<Result<Vec<_>>>()?;
+        self.swiglu_quant(st, 1, (twin[0].ptr, twin[1].ptr))?;
+        let regions: Vec<(u64, u64, usize)> = sizes
+            .iter()
+            .zip(&twin)
+            .map(|(&(name, n), b)| (st.s(name), b.ptr, n))
+            .collect();
+        self.words_differing(st, &regions)
     }
 
     /// Where a decode step's time goes, from the kernels' timeline records: per kind of op,
@@ -746,7 +788,8 @@ impl CudaModel {
             if let Op::Gemv { mat, .. }
             | Op::NormGemv { mat, .. }
             | Op::GemvFold { mat, .. }
-            | Op::GemvScaled { mat, .. } = op
+            | Op::GemvScaled { mat, .. }
+            | Op::GemvSwiglu { mat, .. } = op
             {
                 gemvs.insert(self.mat(mat).scales.ptr, format!("Gemv {}", mat.kind()));
             }
@@ -1027,11 +1070,27 @@ impl CudaModel {
         })?;
         Ok(FoldOut {
             counters: st.s("fold_cnt") + (4 * plan::FOLD_MAX_PIECES * slot) as u64,
-            weight: self.norm_weight(norm).ptr,
             xq: st.s("fold_xq"),
             xs: st.s("fold_xs"),
-            piece_ss: st.s("fold_ss"),
+            kind: FoldKind::Norm {
+                weight: self.norm_weight(norm).ptr,
+                piece_ss: st.s("fold_ss"),
+            },
         })
+    }
+
+    /// A one-token GEMV of `mat` reading the input a folded norm left (unscaled, in the fold's
+    /// buffers), its outputs times the norm's 1/rms.
+    fn scaled_io(&self, st: &CudaState, mat: Mat, out: Out) -> GemvIo {
+        GemvIo {
+            xq: st.s("fold_xq"),
+            xs: st.s("fold_xs"),
+            rms_in: Some(RmsIn {
+                piece_ss: st.s("fold_ss"),
+                eps: self.dims.rms_eps,
+            }),
+            ..self.gemv_io(st, mat, 1, out)
+        }
     }
 
     /// A GEMV of `ntok` tokens from the scratch activations to `out`.
@@ -1149,6 +1208,28 @@ impl CudaModel {
         }
     }
 
+    /// silu(gate)·up of `ntok` tokens of the projection, quantized into `(xq, xs)` (and the
+    /// f16 activations where the pass's GEMMs read them).
+    fn swiglu_quant(&self, st: &CudaState, ntok: usize, (xq, xs): (u64, u64)) -> Result<()> {
+        let (g, d) = (&*self.gpu, &self.dims);
+        let xh = g.wants_f16_acts(ntok).then(|| st.s("xh"));
+        g.launch(
+            &st.stream,
+            "quant_swiglu",
+            (d.ffn.div_ceil(1024) as u32, ntok as u32, 1),
+            (256, 1, 1),
+            &[
+                Arg::Ptr(st.s("proj")),
+                Arg::I32(d.ffn_in_rows() as i32),
+                Arg::I32(d.ffn as i32),
+                Arg::Ptr(xq),
+                Arg::Ptr(xs),
+                Arg::Ptr(xh.unwrap_or(0)),
+                Arg::Ptr(self.signs_if(d.rotation.ffn_down, d.ffn)?),
+            ],
+        )
+    }
+
     fn exec(&self, st: &CudaState, op: &Op) -> Result<()> {
         let g = &*self.gpu;
         let s = &*st.stream;
@@ -1179,23 +1260,49 @@ impl CudaModel {
             }
             Op::GemvScaled { mat, norm, out } => {
                 let m = self.mat(mat);
-                let io = self.gemv_io(st, mat, 1, out);
-                let scaled = GemvIo {
-                    xq: st.s("fold_xq"),
-                    xs: st.s("fold_xs"),
-                    rms_in: Some(RmsIn {
-                        piece_ss: st.s("fold_ss"),
-                        eps: d.rms_eps,
-                    }),
-                    ..io
-                };
-                if g.gemv_decode(s, m, &scaled, None)? {
+                if g.gemv_decode(s, m, &self.scaled_io(st, mat, out), None)? {
                     return Ok(());
                 }
                 // No decode kernel takes the matrix: its norm from the residual, which the
                 // fold left intact, then the GEMV.
                 self.norm_quant(st, norm, 0, 1, false, (xq, xs, 0))?;
-                g.gemv(s, m, &io)
+                g.gemv(s, m, &self.gemv_io(st, mat, 1, out))
+            }
+            Op::GemvSwiglu { mat, norm } => {
+                let m = self.mat(mat);
+                let l = match mat {
+                    Mat::FfnIn(l) => l,
+                    _ => {
+                        return Err(CudaError::Unsupported(format!(
+                            "a folded SwiGLU after {}",
+                            mat.kind()
+                        )))
+                    }
+                };
+                let counters = 4 * (d.ffn / 128 * l) as u64;
+                let io = GemvIo {
+                    fold: Some(FoldOut {
+                        counters: st.s("swiglu_cnt") + counters,
+                        xq,
+                        xs,
+                        kind: FoldKind::Swiglu { ffn: d.ffn },
+                    }),
+                    ..self.scaled_io(st, mat, Out::Proj)
+                };
+                if g.gemv_decode(s, m, &io, None)? {
+                    return Ok(());
+                }
+                // No decode kernel takes the matrix: the GEMV as GemvScaled runs it, then
+                // the SwiGLU apart.
+                self.exec(
+                    st,
+                    &Op::GemvScaled {
+                        mat,
+                        norm,
+                        out: Out::Proj,
+                    },
+                )?;
+                self.swiglu_quant(st, 1, (xq, xs))
             }
             Op::Gemv { mat, ntok, out } => {
                 let m = self.mat(mat);
@@ -1469,21 +1576,7 @@ impl CudaModel {
                     (signs != 0).then_some(signs),
                 )
             }
-            Op::SwigluQuant { ntok } => g.launch(
-                s,
-                "quant_swiglu",
-                (d.ffn.div_ceil(1024) as u32, ntok as u32, 1),
-                (256, 1, 1),
-                &[
-                    Arg::Ptr(proj),
-                    Arg::I32(d.ffn_in_rows() as i32),
-                    Arg::I32(d.ffn as i32),
-                    Arg::Ptr(xq),
-                    Arg::Ptr(xs),
-                    Arg::Ptr(xh(ntok).unwrap_or(0)),
-                    Arg::Ptr(self.signs_if(d.rotation.ffn_down, d.ffn)?),
-                ],
-            ),
+            Op::SwigluQuant { ntok } => self.swiglu_quant(st, ntok, (xq, xs)),
             Op::ResetArgmax { ntok } => g.launch(
                 s,
                 "fill_u64",

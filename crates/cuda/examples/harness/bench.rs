@@ -157,6 +157,22 @@ pub(crate) fn bench_27b(
     let flipped = decode(true, true, (NormFusion::Apart, 0, 0));
     g.gpu().set_fold_norm(was);
     let (v, toks) = flipped?;
+    // The SwiGLU folded into the gate | up GEMV or not, whichever is not the default (opt-in:
+    // slower): the same arithmetic, so the same tokens.
+    let swiglu = g.gpu().fusion().swiglu;
+    let was_swiglu = g.gpu().set_fold_swiglu(!swiglu);
+    let swapped = decode(true, true, (NormFusion::Apart, 0, 0));
+    g.gpu().set_fold_swiglu(was_swiglu);
+    let (vs, toks_swiglu) = swapped?;
+    rep.check(
+        toks_swiglu == toks_serial,
+        format!("{format}: decode tokens differ with the SwiGLU folded or not"),
+    );
+    let _ = write!(
+        variants,
+        "; SwiGLU {} the gate | up GEMV: {vs:.1}",
+        if swiglu { "apart from" } else { "folded into" }
+    );
     let same = toks
         .iter()
         .zip(&toks_serial)

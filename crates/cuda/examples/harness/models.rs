@@ -310,7 +310,29 @@ pub(crate) fn fused_recurrence(rep: &mut Report) -> R<()> {
             rep.check(ok, format!("{what} {preset:?}"));
         }
     }
-    folded_norms(rep)
+    folded_norms(rep)?;
+    folded_swiglus(rep)
+}
+
+/// A random model of `preset` in `format` on both engines (weights and tokens from `seeds`), and
+/// calls of 20, 1, 1, 1, 5, 1, 1, 2, 1, 1, 1, 1, 1 random tokens: multi-token passes between
+/// one-token ones, which the folds take.
+fn fold_fixture(
+    preset: Preset,
+    vocab: usize,
+    format: Format,
+    seeds: (u64, u64),
+) -> R<(model::Model, CudaModel, Vec<Vec<u32>>)> {
+    let shape = preset.shape(vocab);
+    let t = synth::random_f32_tensors(&shape, format, seeds.0);
+    let m = open(&synth::writer_from_f32(&shape, &t, format, "h")?)?;
+    let g = CudaModel::load(&m)?;
+    let mut rng = ChaCha8Rng::seed_from_u64(seeds.1);
+    let calls = [20, 1, 1, 1, 5, 1, 1, 2, 1, 1, 1, 1, 1]
+        .iter()
+        .map(|&n| (0..n).map(|_| rng.gen_range(0..vocab as u32)).collect())
+        .collect();
+    Ok((m, g, calls))
 }
 
 /// The norms folded into the residual GEMVs (`Fusion::fold`) against the norms apart: what the
@@ -320,16 +342,7 @@ pub(crate) fn fused_recurrence(rep: &mut Report) -> R<()> {
 pub(crate) fn folded_norms(rep: &mut Report) -> R<()> {
     for (preset, vocab) in [(Preset::Tiny, 1000usize), (Preset::Small, 4096)] {
         for format in [Format::Q2_0, Format::Q1_0] {
-            let shape = preset.shape(vocab);
-            let t = synth::random_f32_tensors(&shape, format, 12);
-            let m = open(&synth::writer_from_f32(&shape, &t, format, "h")?)?;
-            let g = CudaModel::load(&m)?;
-            let mut rng = ChaCha8Rng::seed_from_u64(17);
-            let mut tok = || rng.gen_range(0..vocab as u32);
-            let calls: Vec<Vec<u32>> = [20, 1, 1, 1, 5, 1, 1, 2, 1, 1, 1, 1, 1]
-                .iter()
-                .map(|&n| (0..n).map(|_| tok()).collect())
-                .collect();
+            let (m, g, calls) = fold_fixture(preset, vocab, format, (12, 17))?;
             let mut cs = m.new_state();
             let cpu = calls
                 .iter()
@@ -376,6 +389,60 @@ pub(crate) fn folded_norms(rep: &mut Report) -> R<()> {
                 if ok { "PASS" } else { "FAIL" }
             ));
             rep.check(ok, format!("folded norms {preset:?} {format:?}"));
+        }
+    }
+    Ok(())
+}
+
+/// The SwiGLUs folded into the gate | up GEMVs (`Fusion::swiglu`, the norms folded on both
+/// sides) against `quant_swiglu` apart: the same arithmetic, so every logit in every bit, and
+/// what the last layer's fold left must be its twin's (`quant_swiglu` on the same projection).
+pub(crate) fn folded_swiglus(rep: &mut Report) -> R<()> {
+    for (preset, vocab) in [(Preset::Tiny, 1000usize), (Preset::Small, 4096)] {
+        for format in [Format::Q2_0, Format::Q1_0] {
+            let (_, g, calls) = fold_fixture(preset, vocab, format, (14, 19))?;
+            let launches0 = g.gpu().swiglu_launches();
+            let (mut twin_diff, mut twin_words) = (0, 0);
+            let mut run = |swiglu: bool| -> R<Vec<f32>> {
+                let norms = g.gpu().set_fold_norm(true);
+                let was = g.gpu().set_fold_swiglu(swiglu);
+                let out = (|| -> R<Vec<f32>> {
+                    let mut st = g.new_state(256)?;
+                    let mut out = Vec::new();
+                    for c in &calls {
+                        out.extend(g.forward(&mut st, c, Logits::Last)?);
+                        if swiglu && c.len() == 1 {
+                            let (d, w) = g.swiglu_twin_differences(&st)?;
+                            twin_diff += d;
+                            twin_words += w;
+                        }
+                    }
+                    Ok(out)
+                })();
+                g.gpu().set_fold_swiglu(was);
+                g.gpu().set_fold_norm(norms);
+                out
+            };
+            let apart = run(false)?;
+            let folded = run(true)?;
+            let launches = g.gpu().swiglu_launches() - launches0;
+            let differing = apart
+                .iter()
+                .zip(&folded)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            let ok = launches > 0
+                && twin_words > 0
+                && twin_diff == 0
+                && apart.len() == folded.len()
+                && differing == 0;
+            rep.line(format!(
+                "SwiGLU folded into the gate | up decode GEMVs ({preset:?}, {format:?}, {} calls, {launches} folded launches): twin of the last layer's SwiGLU {twin_diff} of {twin_words} words differ; logits against quant_swiglu apart {differing} of {} differ in any bit (both must be 0) {}",
+                calls.len(),
+                apart.len(),
+                if ok { "PASS" } else { "FAIL" }
+            ));
+            rep.check(ok, format!("folded SwiGLU {preset:?} {format:?}"));
         }
     }
     Ok(())

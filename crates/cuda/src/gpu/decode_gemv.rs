@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use cudarc::driver::CudaStream;
 
-use super::{Arg, DevMat, GemvIo, Gpu, NormIn};
+use super::{Arg, DevMat, FoldKind, GemvIo, Gpu, NormIn};
 use crate::error::Result;
 use crate::plan::{self, Gemv1Tuning, TILE_PAD_ROWS};
 use crate::repack::GpuFormat;
@@ -20,11 +20,17 @@ pub(super) const X_COPY_ALL: usize = 2;
 /// The arguments the decode GEMVs (`gemv1_*`, `gemv_b1_*`, `gemv_b2*`) take after the matrix: the
 /// activations, output and argmax, the ring's stages, the fused norm's input (or nulls), the
 /// next matrix to prefetch (or nulls), how many of the ring's first tiles are requested
-/// before the wait for the previous kernel, and a folded norm's input scale and output (or
-/// nulls; a fold's norm weights take the fused norm's place).
-fn decode_args(io: &GemvIo, stages: usize, pre: Option<NormIn>, early: usize) -> [Arg; 21] {
+/// before the wait for the previous kernel, a folded norm's input scale, and the fold's
+/// output (or nulls; a folded norm's weights take the fused norm's place, and a folded
+/// SwiGLU's width ends the list).
+fn decode_args(io: &GemvIo, stages: usize, pre: Option<NormIn>, early: usize) -> [Arg; 22] {
     // The kernels take byte counts as i32: a larger prefetch is cut to what that holds.
     let bytes = |n: usize| Arg::I32(n.min(i32::MAX as usize) as i32);
+    let (fold_weight, piece_ss, ffn) = match io.fold.map(|f| f.kind) {
+        Some(FoldKind::Norm { weight, piece_ss }) => (weight, piece_ss, 0),
+        Some(FoldKind::Swiglu { ffn }) => (0, 0, ffn),
+        None => (0, 0, 0),
+    };
     [
         Arg::Ptr(io.xq),
         Arg::Ptr(io.xs),
@@ -34,11 +40,7 @@ fn decode_args(io: &GemvIo, stages: usize, pre: Option<NormIn>, early: usize) ->
         Arg::I32(stages as i32),
         Arg::Ptr(pre.map_or(0, |p| p.x)),
         Arg::I32(pre.map_or(0, |p| p.tok0 as i32)),
-        Arg::Ptr(
-            pre.map(|p| p.weight)
-                .or(io.fold.map(|f| f.weight))
-                .unwrap_or(0),
-        ),
+        Arg::Ptr(pre.map_or(fold_weight, |p| p.weight)),
         Arg::F32(pre.map_or(0.0, |p| p.eps)),
         Arg::Ptr(io.prefetch.map_or(0, |p| p.codes)),
         bytes(io.prefetch.map_or(0, |p| p.code_bytes)),
@@ -50,7 +52,8 @@ fn decode_args(io: &GemvIo, stages: usize, pre: Option<NormIn>, early: usize) ->
         Arg::Ptr(io.fold.map_or(0, |f| f.counters)),
         Arg::Ptr(io.fold.map_or(0, |f| f.xq)),
         Arg::Ptr(io.fold.map_or(0, |f| f.xs)),
-        Arg::Ptr(io.fold.map_or(0, |f| f.piece_ss)),
+        Arg::Ptr(piece_ss),
+        Arg::I32(ffn as i32),
     ]
 }
 
@@ -167,9 +170,7 @@ impl Gpu {
             .chain(decode_args(io, l.stages, pre, self.early_tiles()))
             .collect::<Vec<_>>(),
         )?;
-        if io.fold.is_some() {
-            self.fold_launches.fetch_add(1, Ordering::Relaxed);
-        }
+        self.count_fold(io.fold);
         Ok(true)
     }
 
@@ -232,9 +233,7 @@ impl Gpu {
         if x_rows.is_some() {
             self.x_copy_launches.fetch_add(1, Ordering::Relaxed);
         }
-        if io.fold.is_some() {
-            self.fold_launches.fetch_add(1, Ordering::Relaxed);
-        }
+        self.count_fold(io.fold);
         Ok(true)
     }
 }

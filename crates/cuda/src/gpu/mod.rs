@@ -201,16 +201,24 @@ pub struct RmsIn {
     pub eps: f32,
 }
 
-/// The norm a residual GEMV folds into its last writes (kernels/quant.cu, `FoldOut`): the
-/// pieces' arrival counters (zeroed once, never reset), the norm's weights, and where the
-/// unscaled codes, their group pairs and the pieces' sums of squares go.
+/// What a one-token GEMV folds into its last writes (kernels/quant.cu, `FoldOut`): the
+/// pieces' arrival counters (zeroed once, never reset), where the codes and their group pairs
+/// go, and what they quantize.
 #[derive(Clone, Copy, Debug)]
 pub struct FoldOut {
     pub counters: u64,
-    pub weight: u64,
     pub xq: u64,
     pub xs: u64,
-    pub piece_ss: u64,
+    pub kind: FoldKind,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum FoldKind {
+    /// A residual GEMV leaves the next norm's input, x·w unscaled (`weight`: the norm's), with
+    /// the pieces' sums of squares at `piece_ss`.
+    Norm { weight: u64, piece_ss: u64 },
+    /// A gate | up GEMV of `ffn` rows each leaves silu(gate)·up for the down GEMV.
+    Swiglu { ffn: usize },
 }
 
 /// The first bytes of a matrix (codes and scales in proportion, as its tiles are read), which
@@ -313,6 +321,8 @@ pub struct Gpu {
     x_copy_launches: AtomicUsize,
     /// Decode GEMVs launched with a folded norm (for checking that a path ran).
     fold_launches: AtomicUsize,
+    /// Decode GEMVs launched with a folded SwiGLU.
+    swiglu_launches: AtomicUsize,
     /// 1-bit decode GEMVs on the binary tensor cores (`gemv_b1_*`) rather than dp4a, for the
     /// matrices [`plan::prefers_b1`] gives them (sm_90; `NIWAKI_CUDA_B1=0` turns them off).
     b1: AtomicBool,
@@ -373,6 +383,16 @@ pub struct Gpu {
     /// four rounds alternated) Q1_0 351.5 / 360.7 / 366.4 / 350.6 → 376.9 / 381.5 / 368.9 /
     /// 374.3 tok/s, Q2_0 266.0 / 268.7 / 269.7 → 273.0 / 275.5 / 273.0 / 276.3.
     fold_norm: AtomicBool,
+    /// With the norms folded, each SwiGLU of a decode step folded into the gate | up GEMV's
+    /// last writes (`fold_arrive`), whose pieces of gate and up count on one counter: the same
+    /// bits as `quant_swiglu`, 64 of a 27B token's launches gone. Opt-in
+    /// (`NIWAKI_CUDA_FOLD_SWIGLU=1`), being slower: on the H200, 27B decode (`niwaki bench
+    /// --device cuda -p 8 -n 128 -r 3`, medians, four rounds alternated) Q2_0 267.7 / 267.7 /
+    /// 274.3 / 260.8 tok/s apart against 255.7 / 252.1 / 255.5 / 248.1 folded, Q1_0 360.5 /
+    /// 357.6 / 367.4 / 363.4 against 336.4 / 328.0 / 327.4 / 329.8 (a warp's completed pieces
+    /// loaded four at a time: no better). The pieces complete only as the gate | up GEMV's last
+    /// blocks end, so their folds stand in its tail where the separate kernel's 2.5 µs stood.
+    fold_swiglu: AtomicBool,
     /// Select the candidates of a draw with a top-k limit on the GPU (`kernels/topk.cu`;
     /// `NIWAKI_CUDA_TOPK=0` copies the row to the host instead, for measuring it).
     topk: AtomicBool,
@@ -570,6 +590,7 @@ impl Gpu {
             gemv1_nodot: AtomicBool::new(false),
             x_copy_launches: AtomicUsize::new(0),
             fold_launches: AtomicUsize::new(0),
+            swiglu_launches: AtomicUsize::new(0),
             x_copy: AtomicUsize::new(match std::env::var("NIWAKI_CUDA_X_COPY").as_deref() {
                 Ok("0") => X_COPY_OFF,
                 Ok("all") => X_COPY_ALL,
@@ -594,6 +615,7 @@ impl Gpu {
             fuse_gdn: AtomicBool::new(env_on("NIWAKI_CUDA_FUSE_GDN")),
             fuse_attn: AtomicBool::new(env_on("NIWAKI_CUDA_FUSE_ATTN")),
             fold_norm: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_FOLD_NORM")),
+            fold_swiglu: AtomicBool::new(hopper && env_opt_in("NIWAKI_CUDA_FOLD_SWIGLU")),
             topk: AtomicBool::new(env_on("NIWAKI_CUDA_TOPK")),
             topk_sums: AtomicBool::new(env_on("NIWAKI_CUDA_TOPK_SUMS")),
             attn_tile: AtomicUsize::new(
@@ -795,7 +817,15 @@ impl Gpu {
             gdn: self.fuse_gdn.load(Ordering::Relaxed),
             attn: self.fuse_attn.load(Ordering::Relaxed),
             fold: self.gemv1() && self.fold_norm.load(Ordering::Relaxed),
+            swiglu: self.gemv1() && self.fold_swiglu.load(Ordering::Relaxed),
         }
+    }
+
+    /// Turns the SwiGLUs folded into the gate | up GEMVs of one-token passes on or off (sm_90
+    /// only, and only where the norms are folded too); returns the previous setting.
+    pub fn set_fold_swiglu(&self, on: bool) -> bool {
+        let hopper = self.info.compute_capability.0 >= 9;
+        self.fold_swiglu.swap(on && hopper, Ordering::Relaxed)
     }
 
     /// Turns the norms folded into the residual GEMVs of one-token passes on or off (sm_90
@@ -926,6 +956,22 @@ impl Gpu {
     #[doc(hidden)]
     pub fn fold_launches(&self) -> usize {
         self.fold_launches.load(Ordering::Relaxed)
+    }
+
+    /// Decode GEMVs this device has launched with a folded SwiGLU.
+    #[doc(hidden)]
+    pub fn swiglu_launches(&self) -> usize {
+        self.swiglu_launches.load(Ordering::Relaxed)
+    }
+
+    /// Counts a decode GEMV launched with `fold`.
+    fn count_fold(&self, fold: Option<FoldOut>) {
+        let counter = match fold.map(|f| f.kind) {
+            Some(FoldKind::Norm { .. }) => &self.fold_launches,
+            Some(FoldKind::Swiglu { .. }) => &self.swiglu_launches,
+            None => return,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Launches of the swizzled decode GEMVs (`gemv1_*_x`) this device has made.

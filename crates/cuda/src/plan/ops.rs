@@ -92,6 +92,14 @@ pub enum Op {
         norm: Norm,
         out: Out,
     },
+    /// One token: the gate | up GEMV of the input a [`Op::GemvFold`] left (as
+    /// [`Op::GemvScaled`]) whose last writes of each 128-value piece of gate and up also
+    /// quantize silu(gate)·up for the down GEMV (kernels/quant.cu's fold), where
+    /// [`Op::SwigluQuant`] would.
+    GemvSwiglu {
+        mat: Mat,
+        norm: Norm,
+    },
     Conv {
         layer: usize,
         ntok: usize,
@@ -211,6 +219,9 @@ pub struct Fusion {
     /// Hadamard-rotated models, whose norms rotate 1024 values at a time). Takes precedence
     /// over `norm` where both apply.
     pub fold: bool,
+    /// With `fold`, each SwiGLU folded into the gate | up GEMV's last writes
+    /// ([`Op::GemvSwiglu`]; feed-forward widths of whole 128-value pieces).
+    pub swiglu: bool,
 }
 
 /// Pieces of 128 values a folded norm's row may have: the GEMV after it adds their sums of
@@ -314,6 +325,9 @@ pub fn forward_ops(d: &Dims, ntok: usize, head: Head, argmax: bool, fusion: Fusi
     if fusion.fold && ntok == 1 && d.hidden.is_multiple_of(128) && d.hidden / 128 <= FOLD_MAX_PIECES
     {
         fold_norms(&mut ops);
+        if fusion.swiglu && d.ffn.is_multiple_of(128) {
+            fold_swiglus(&mut ops);
+        }
     }
     if fuse {
         fuse_norms(&mut ops);
@@ -363,6 +377,31 @@ fn fold_norms(ops: &mut Vec<Op>) {
                     continue;
                 }
             }
+        }
+        out.push(ops[i]);
+        i += 1;
+    }
+    *ops = out;
+}
+
+/// Replaces each one-token gate | up GemvScaled and the SwigluQuant after it with a
+/// GemvSwiglu.
+fn fold_swiglus(ops: &mut Vec<Op>) {
+    let mut out = Vec::with_capacity(ops.len());
+    let mut i = 0;
+    while i < ops.len() {
+        if let (
+            Op::GemvScaled {
+                mat: mat @ Mat::FfnIn(_),
+                norm,
+                out: Out::Proj,
+            },
+            Some(Op::SwigluQuant { ntok: 1 }),
+        ) = (ops[i], ops.get(i + 1))
+        {
+            out.push(Op::GemvSwiglu { mat, norm });
+            i += 2;
+            continue;
         }
         out.push(ops[i]);
         i += 1;
@@ -480,7 +519,8 @@ pub fn next_matrices(ops: &[Op]) -> Vec<(Mat, Mat)> {
             Op::Gemv { mat, .. }
             | Op::NormGemv { mat, .. }
             | Op::GemvFold { mat, .. }
-            | Op::GemvScaled { mat, .. } => Some(mat),
+            | Op::GemvScaled { mat, .. }
+            | Op::GemvSwiglu { mat, .. } => Some(mat),
             _ => None,
         })
         .collect();

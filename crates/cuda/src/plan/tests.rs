@@ -156,12 +156,14 @@ const NORM_ONLY: Fusion = Fusion {
     gdn: false,
     attn: false,
     fold: false,
+    swiglu: false,
 };
 const ALL: Fusion = Fusion {
     norm: true,
     gdn: true,
     attn: true,
     fold: true,
+    swiglu: true,
 };
 
 #[test]
@@ -250,6 +252,85 @@ fn folding_the_norms_leaves_only_the_first_and_keeps_every_gemv_in_order() {
             forward_ops(&d, ntok, Head::Last, false, Fusion::default())
         );
     }
+}
+
+#[test]
+fn folding_the_swiglus_takes_each_into_its_gate_up_gemv_where_the_norms_fold() {
+    let d = dims(Preset::B27);
+    let fold = Fusion {
+        fold: true,
+        ..Fusion::default()
+    };
+    let both = Fusion {
+        swiglu: true,
+        ..fold
+    };
+    let folded = forward_ops(&d, 1, Head::Last, true, fold);
+    let swiglu = forward_ops(&d, 1, Head::Last, true, both);
+    // One launch fewer a layer, no SwiGLU left, each fold a layer's gate | up.
+    assert_eq!(folded.len() - swiglu.len(), 64);
+    assert!(!swiglu.iter().any(|o| matches!(o, Op::SwigluQuant { .. })));
+    let layers: Vec<usize> = swiglu
+        .iter()
+        .filter_map(|o| match *o {
+            Op::GemvSwiglu {
+                mat: Mat::FfnIn(l),
+                norm: Norm::Post(n),
+            } => {
+                assert_eq!(l, n);
+                Some(l)
+            }
+            Op::GemvSwiglu { .. } => panic!("a SwiGLU folded into another matrix: {o:?}"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(layers, (0..64).collect::<Vec<_>>());
+    // Each is followed by its layer's down GEMV, and undone gives the norms-only fold's list.
+    for (i, op) in swiglu.iter().enumerate() {
+        if let Op::GemvSwiglu {
+            mat: Mat::FfnIn(l), ..
+        } = *op
+        {
+            assert!(matches!(
+                swiglu[i + 1],
+                Op::GemvFold { mat: Mat::FfnDown(m), .. } if m == l
+            ));
+        }
+    }
+    let undone: Vec<Op> = swiglu
+        .iter()
+        .flat_map(|op| match *op {
+            Op::GemvSwiglu { mat, norm } => vec![
+                Op::GemvScaled {
+                    mat,
+                    norm,
+                    out: Out::Proj,
+                },
+                Op::SwigluQuant { ntok: 1 },
+            ],
+            op => vec![op],
+        })
+        .collect();
+    assert_eq!(undone, folded);
+    // Without the norms folded, prefill passes, or widths not of whole pieces: nothing.
+    let alone = Fusion {
+        swiglu: true,
+        ..Fusion::default()
+    };
+    assert_eq!(
+        forward_ops(&d, 1, Head::Last, true, alone),
+        forward_ops(&d, 1, Head::Last, true, Fusion::default())
+    );
+    assert_eq!(
+        forward_ops(&d, 8, Head::Last, false, both),
+        forward_ops(&d, 8, Head::Last, false, Fusion::default())
+    );
+    let mut odd = d.clone();
+    odd.ffn = 17408 + 64;
+    assert_eq!(
+        forward_ops(&odd, 1, Head::Last, true, both),
+        forward_ops(&odd, 1, Head::Last, true, fold)
+    );
 }
 
 #[test]
