@@ -212,6 +212,7 @@ pub struct FoldOut {
     pub kind: FoldKind,
 }
 
+/// What a fold quantizes, and what its arithmetic needs besides the GEMV's outputs.
 #[derive(Clone, Copy, Debug)]
 pub enum FoldKind {
     /// A residual GEMV leaves the next norm's input, x·w unscaled (`weight`: the norm's), with
