@@ -1079,6 +1079,36 @@ impl CudaModel {
         })
     }
 
+    /// Where the gate | up GEMV `mat` leaves its folded SwiGLU: the activations ffn_down reads,
+    /// with its layer's counters.
+    fn swiglu_fold_out(&self, st: &CudaState, mat: Mat) -> Result<FoldOut> {
+        let Mat::FfnIn(l) = mat else {
+            return Err(CudaError::Unsupported(format!(
+                "a folded SwiGLU after {}",
+                mat.kind()
+            )));
+        };
+        let ffn = self.dims.ffn;
+        Ok(FoldOut {
+            counters: st.s("swiglu_cnt") + (4 * (ffn / 128) * l) as u64,
+            xq: st.s("xq"),
+            xs: st.s("xs"),
+            kind: FoldKind::Swiglu { ffn },
+        })
+    }
+
+    /// The one-token GEMV of `mat` after a folded `norm`: the decode kernel on the fold's
+    /// input, its outputs scaled, or where no decode kernel takes the matrix, the norm apart
+    /// from the residual (which the fold left intact) and the GEMV.
+    fn gemv_scaled(&self, st: &CudaState, mat: Mat, norm: Norm, out: Out) -> Result<()> {
+        let (g, s, m) = (&*self.gpu, &*st.stream, self.mat(mat));
+        if g.gemv_decode(s, m, &self.scaled_io(st, mat, out), None)? {
+            return Ok(());
+        }
+        self.norm_quant(st, norm, 0, 1, false, (st.s("xq"), st.s("xs"), 0))?;
+        g.gemv(s, m, &self.gemv_io(st, mat, 1, out))
+    }
+
     /// A one-token GEMV of `mat` reading the input a folded norm left (unscaled, in the fold's
     /// buffers), its outputs times the norm's 1/rms.
     fn scaled_io(&self, st: &CudaState, mat: Mat, out: Out) -> GemvIo {
@@ -1258,50 +1288,18 @@ impl CudaModel {
                 let out = (st.s("fold_xq"), st.s("fold_xs"), st.s("fold_ss"));
                 self.norm_quant(st, norm, 0, 1, false, out)
             }
-            Op::GemvScaled { mat, norm, out } => {
-                let m = self.mat(mat);
-                if g.gemv_decode(s, m, &self.scaled_io(st, mat, out), None)? {
-                    return Ok(());
-                }
-                // No decode kernel takes the matrix: its norm from the residual, which the
-                // fold left intact, then the GEMV.
-                self.norm_quant(st, norm, 0, 1, false, (xq, xs, 0))?;
-                g.gemv(s, m, &self.gemv_io(st, mat, 1, out))
-            }
+            Op::GemvScaled { mat, norm, out } => self.gemv_scaled(st, mat, norm, out),
             Op::GemvSwiglu { mat, norm } => {
-                let m = self.mat(mat);
-                let l = match mat {
-                    Mat::FfnIn(l) => l,
-                    _ => {
-                        return Err(CudaError::Unsupported(format!(
-                            "a folded SwiGLU after {}",
-                            mat.kind()
-                        )))
-                    }
-                };
-                let counters = 4 * (d.ffn / 128 * l) as u64;
                 let io = GemvIo {
-                    fold: Some(FoldOut {
-                        counters: st.s("swiglu_cnt") + counters,
-                        xq,
-                        xs,
-                        kind: FoldKind::Swiglu { ffn: d.ffn },
-                    }),
+                    fold: Some(self.swiglu_fold_out(st, mat)?),
                     ..self.scaled_io(st, mat, Out::Proj)
                 };
-                if g.gemv_decode(s, m, &io, None)? {
+                if g.gemv_decode(s, self.mat(mat), &io, None)? {
                     return Ok(());
                 }
-                // No decode kernel takes the matrix: the GEMV as GemvScaled runs it, then
-                // the SwiGLU apart.
-                self.exec(
-                    st,
-                    &Op::GemvScaled {
-                        mat,
-                        norm,
-                        out: Out::Proj,
-                    },
-                )?;
+                // No decode kernel takes the matrix: the scaled GEMV's path, then the SwiGLU
+                // apart.
+                self.gemv_scaled(st, mat, norm, Out::Proj)?;
                 self.swiglu_quant(st, 1, (xq, xs))
             }
             Op::Gemv { mat, ntok, out } => {

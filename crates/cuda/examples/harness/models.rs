@@ -6,7 +6,7 @@ use model::Logits;
 use niwaki_cuda::plan::GemmKernel;
 use niwaki_cuda::repack::FORMATS;
 use niwaki_cuda::twin::Twin;
-use niwaki_cuda::{CudaModel, KvCache};
+use niwaki_cuda::{CudaModel, CudaState, KvCache};
 use quant::Format;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -335,6 +335,27 @@ fn fold_fixture(
     Ok((m, g, calls))
 }
 
+/// A twin check after a one-token call: words differing, words compared.
+type TwinCheck<'a> = &'a dyn Fn(&CudaState) -> niwaki_cuda::Result<(usize, usize)>;
+/// Each call's logits, and the twin checks' words differing and compared, summed.
+type CallsRun = (Vec<Vec<f32>>, (usize, usize));
+
+/// Each call's logits on a fresh state, and with `twin`, the words it finds differing and the
+/// words it compared, summed over the checks it makes after each one-token call.
+fn run_calls(g: &CudaModel, calls: &[Vec<u32>], twin: Option<TwinCheck>) -> R<CallsRun> {
+    let mut st = g.new_state(256)?;
+    let (mut out, mut diff, mut words) = (Vec::new(), 0, 0);
+    for c in calls {
+        out.push(g.forward(&mut st, c, Logits::Last)?);
+        if let (Some(twin), 1) = (twin, c.len()) {
+            let (d, w) = twin(&st)?;
+            diff += d;
+            words += w;
+        }
+    }
+    Ok((out, (diff, words)))
+}
+
 /// The norms folded into the residual GEMVs (`Fusion::fold`) against the norms apart: what the
 /// folded decode GEMVs leave for the output norm must be its twin's bits (quant_rms unscaled on
 /// the same residual); the logits, whose activations are quantized before rather than after the
@@ -349,27 +370,12 @@ pub(crate) fn folded_norms(rep: &mut Report) -> R<()> {
                 .map(|c| m.forward(&mut cs, c, Logits::Last))
                 .collect::<Result<Vec<_>, _>>()?;
             let launches0 = g.gpu().fold_launches();
-            let (mut twin_diff, mut twin_words) = (0, 0);
-            let mut run = |fold: bool| -> R<Vec<Vec<f32>>> {
-                let was = g.gpu().set_fold_norm(fold);
-                let out = (|| -> R<Vec<Vec<f32>>> {
-                    let mut st = g.new_state(256)?;
-                    let mut out = Vec::new();
-                    for c in &calls {
-                        out.push(g.forward(&mut st, c, Logits::Last)?);
-                        if fold && c.len() == 1 {
-                            let (d, w) = g.fold_twin_differences(&st)?;
-                            twin_diff += d;
-                            twin_words += w;
-                        }
-                    }
-                    Ok(out)
-                })();
-                g.gpu().set_fold_norm(was);
-                out
-            };
-            let apart = run(false)?;
-            let folded = run(true)?;
+            let was = g.gpu().set_fold_norm(false);
+            let apart = run_calls(&g, &calls, None);
+            g.gpu().set_fold_norm(true);
+            let folded = run_calls(&g, &calls, Some(&|st| g.fold_twin_differences(st)));
+            g.gpu().set_fold_norm(was);
+            let ((apart, _), (folded, (twin_diff, twin_words))) = (apart?, folded?);
             let launches = g.gpu().fold_launches() - launches0;
             let worst = |a: &[Vec<f32>], b: &[Vec<f32>]| {
                 a.iter()
@@ -402,29 +408,14 @@ pub(crate) fn folded_swiglus(rep: &mut Report) -> R<()> {
         for format in [Format::Q2_0, Format::Q1_0] {
             let (_, g, calls) = fold_fixture(preset, vocab, format, (14, 19))?;
             let launches0 = g.gpu().swiglu_launches();
-            let (mut twin_diff, mut twin_words) = (0, 0);
-            let mut run = |swiglu: bool| -> R<Vec<f32>> {
-                let norms = g.gpu().set_fold_norm(true);
-                let was = g.gpu().set_fold_swiglu(swiglu);
-                let out = (|| -> R<Vec<f32>> {
-                    let mut st = g.new_state(256)?;
-                    let mut out = Vec::new();
-                    for c in &calls {
-                        out.extend(g.forward(&mut st, c, Logits::Last)?);
-                        if swiglu && c.len() == 1 {
-                            let (d, w) = g.swiglu_twin_differences(&st)?;
-                            twin_diff += d;
-                            twin_words += w;
-                        }
-                    }
-                    Ok(out)
-                })();
-                g.gpu().set_fold_swiglu(was);
-                g.gpu().set_fold_norm(norms);
-                out
-            };
-            let apart = run(false)?;
-            let folded = run(true)?;
+            let (norms, was) = (g.gpu().set_fold_norm(true), g.gpu().set_fold_swiglu(false));
+            let apart = run_calls(&g, &calls, None);
+            g.gpu().set_fold_swiglu(true);
+            let folded = run_calls(&g, &calls, Some(&|st| g.swiglu_twin_differences(st)));
+            g.gpu().set_fold_swiglu(was);
+            g.gpu().set_fold_norm(norms);
+            let ((apart, _), (folded, (twin_diff, twin_words))) = (apart?, folded?);
+            let (apart, folded) = (apart.concat(), folded.concat());
             let launches = g.gpu().swiglu_launches() - launches0;
             let differing = apart
                 .iter()

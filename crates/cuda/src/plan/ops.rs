@@ -384,65 +384,57 @@ fn fold_norms(ops: &mut Vec<Op>) {
     *ops = out;
 }
 
-/// Replaces each one-token gate | up GemvScaled and the SwigluQuant after it with a
-/// GemvSwiglu.
-fn fold_swiglus(ops: &mut Vec<Op>) {
+/// Replaces each pair of neighbouring ops that `merge` turns into one op with that op.
+fn merge_pairs(ops: &mut Vec<Op>, merge: impl Fn(Op, Op) -> Option<Op>) {
     let mut out = Vec::with_capacity(ops.len());
     let mut i = 0;
     while i < ops.len() {
-        if let (
+        if let Some(m) = ops.get(i + 1).and_then(|&next| merge(ops[i], next)) {
+            out.push(m);
+            i += 2;
+        } else {
+            out.push(ops[i]);
+            i += 1;
+        }
+    }
+    *ops = out;
+}
+
+/// Replaces each one-token gate | up GemvScaled and the SwigluQuant after it with a
+/// GemvSwiglu.
+fn fold_swiglus(ops: &mut Vec<Op>) {
+    merge_pairs(ops, |op, next| match (op, next) {
+        (
             Op::GemvScaled {
                 mat: mat @ Mat::FfnIn(_),
                 norm,
                 out: Out::Proj,
             },
-            Some(Op::SwigluQuant { ntok: 1 }),
-        ) = (ops[i], ops.get(i + 1))
-        {
-            out.push(Op::GemvSwiglu { mat, norm });
-            i += 2;
-            continue;
-        }
-        out.push(ops[i]);
-        i += 1;
-    }
-    *ops = out;
+            Op::SwigluQuant { ntok: 1 },
+        ) => Some(Op::GemvSwiglu { mat, norm }),
+        _ => None,
+    });
 }
 
 /// Replaces each one-token NormQuant directly followed by a GEMV with a NormGemv.
 fn fuse_norms(ops: &mut Vec<Op>) {
-    let mut out = Vec::with_capacity(ops.len());
-    let mut i = 0;
-    while i < ops.len() {
-        match (ops[i], ops.get(i + 1)) {
-            (
-                Op::NormQuant {
-                    norm,
-                    tok0,
-                    ntok: 1,
-                    rot: false,
-                },
-                Some(&Op::Gemv {
-                    mat,
-                    ntok: 1,
-                    out: o,
-                }),
-            ) => {
-                out.push(Op::NormGemv {
-                    norm,
-                    tok0,
-                    mat,
-                    out: o,
-                });
-                i += 2;
-            }
-            (op, _) => {
-                out.push(op);
-                i += 1;
-            }
-        }
-    }
-    *ops = out;
+    merge_pairs(ops, |op, next| match (op, next) {
+        (
+            Op::NormQuant {
+                norm,
+                tok0,
+                ntok: 1,
+                rot: false,
+            },
+            Op::Gemv { mat, ntok: 1, out },
+        ) => Some(Op::NormGemv {
+            norm,
+            tok0,
+            mat,
+            out,
+        }),
+        _ => None,
+    });
 }
 
 /// Kernel launches an op list makes with the dp4a kernels (a GEMV over more than
