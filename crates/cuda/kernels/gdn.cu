@@ -1,6 +1,16 @@
 // Gated delta net: the causal depthwise conv and the recurrent step.
 #define CH (2 * HK * DK + HV * DV)
 
+// The recurrent state is double-buffered by the parity of the position, as the conv state is:
+// a pass of ntok tokens reads the layer's [HV][DK][DV] at the parity of `pos` and writes the
+// buffer of pos + ntok. A decode step run ahead of the host (CudaModel::forward_greedy) that is
+// then not kept so leaves the state it read where the next pass looks for it.
+#define SSM_FLOATS ((size_t)HV * DK * DV)
+__device__ __forceinline__ const float* ssm_read(const float* S, u32 p) { return S + (size_t)(p & 1u) * SSM_FLOATS; }
+__device__ __forceinline__ float* ssm_write(float* S, u32 p, int ntok) {
+    return S + (size_t)((p + (u32)ntok) & 1u) * SSM_FLOATS;
+}
+
 // block (32, Y ≤ 8), grid ceil(CH / 32): thread (x, y) computes channel 32·bx + x for tokens y,
 // y + Y, ... (each output reads its KERN inputs directly: the earliest come from the state),
 // then one thread per channel writes the shifted state, after every read of the old one.
@@ -178,14 +188,15 @@ __device__ __forceinline__ float gdn_token(float (&s)[RPL], const float* qs, con
 // `qk` and `gb` (from gdn_prep, multi-token passes) the normalized q, k and the gates are read
 // rather than computed, which takes the norms' reductions and the gates' exponentials out of
 // the chain from token to token (same values, same bits).
-// S: [HV][DK][DV]; o: [ntok][HV*DV].
+// S: two buffers of [HV][DK][DV] (ssm_read); o: [ntok][HV*DV].
 static_assert(DK == 128 && DV % 32 == 0, "gdn_step: 128 key rows, blocks of up to 32 columns");
 template <int RPL>
 __device__ __forceinline__ void gdn_step_body(const float* __restrict__ conv, const float* __restrict__ proj,
                                               int stride, int aoff, int boff, int ntok,
                                               const float* __restrict__ a_neg, const float* __restrict__ dt_bias,
                                               const float* __restrict__ qk, const float2* __restrict__ gb,
-                                              float* __restrict__ S, float* __restrict__ o) {
+                                              const u32* __restrict__ pos, float* __restrict__ S,
+                                              float* __restrict__ o) {
     constexpr int R = DK / RPL, C = 32 / R;
     // Per warp: normalized q and k. A quarter-warp's lanes read 16 bytes at row groups RPL·4
     // bytes apart (≥ 32): distinct banks, or one broadcast address per group.
@@ -196,15 +207,16 @@ __device__ __forceinline__ void gdn_step_body(const float* __restrict__ conv, co
     const int j = blockIdx.y * 4 * C + w * C + lane % C;
     float* qs = qks[w][0];
     float* ks = qks[w][1];
-    float* Sh = S + (size_t)h * DK * DV;
+    const u32 p = *pos;
+    const float* Sh = ssm_read(S, p) + (size_t)h * DK * DV;
     float s[RPL];
 #pragma unroll
     for (int i = 0; i < RPL; i++) s[i] = Sh[(size_t)(r * RPL + i) * DV + j];
-    // The state is read before waiting for the previous kernel, so its latency overlaps that
-    // kernel's tail: only this layer's step (this kernel or gdn_decode) writes it, once per
-    // pass, and a pass starts after the previous one has finished (every forward call ends by
-    // synchronizing its stream, and prefill passes launch without programmatic dependent
-    // launch).
+    // The state (and the position) are read before waiting for the previous kernel, so their
+    // latency overlaps that kernel's tail: only this layer's step (this kernel or gdn_decode)
+    // writes the state, once per pass, and a pass starts after the previous one has finished
+    // (passes follow each other on one stream, each a graph or launched without programmatic
+    // dependent launch).
     PDL_ENTRY();
     const float an = a_neg[h], dtb = dt_bias[h];
     // q and k elements lane + 32m (normalized when prepared), the value of column j, the gate
@@ -239,17 +251,18 @@ __device__ __forceinline__ void gdn_step_body(const float* __restrict__ conv, co
         const float oo = gdn_token<RPL>(s, qs, ks, cur[8], gates, r);
         if (r == 0) o[(size_t)t * HV * DV + h * DV + j] = oo;
     }
+    float* Sw = ssm_write(S, p, ntok) + (size_t)h * DK * DV;
 #pragma unroll
-    for (int i = 0; i < RPL; i++) Sh[(size_t)(r * RPL + i) * DV + j] = s[i];
+    for (int i = 0; i < RPL; i++) Sw[(size_t)(r * RPL + i) * DV + j] = s[i];
 }
 
 #define GDN_STEP_KERNEL(name, RPL)                                                                         \
     extern "C" __global__ void __launch_bounds__(128)                                                       \
         name(const float* __restrict__ conv, const float* __restrict__ proj, int stride, int aoff, int boff, \
              int ntok, const float* __restrict__ a_neg, const float* __restrict__ dt_bias,                   \
-             const float* __restrict__ qk, const float2* __restrict__ gb, float* __restrict__ S,              \
-             float* __restrict__ o) {                                                                        \
-        gdn_step_body<RPL>(conv, proj, stride, aoff, boff, ntok, a_neg, dt_bias, qk, gb, S, o);             \
+             const float* __restrict__ qk, const float2* __restrict__ gb, const u32* __restrict__ pos,        \
+             float* __restrict__ S, float* __restrict__ o) {                                                 \
+        gdn_step_body<RPL>(conv, proj, stride, aoff, boff, ntok, a_neg, dt_bias, qk, gb, pos, S, o);        \
     }
 
 GDN_STEP_KERNEL(gdn_step_r32, 32)
@@ -282,7 +295,8 @@ gdn_decode(const float* __restrict__ proj, int aoff, int boff, int zoff, const u
     const int h = blockIdx.x, kh = h % HK;
     const int lane = threadIdx.x, w = threadIdx.y, tid = 32 * w + lane;
     const int r = lane / C, j = w * C + lane % C;
-    float* Sh = S + (size_t)h * DK * DV;
+    const u32 p = *pos;
+    const float* Sh = ssm_read(S, p) + (size_t)h * DK * DV;
     float s[RPL];
 #pragma unroll
     for (int i = 0; i < RPL; i++) s[i] = Sh[(size_t)(r * RPL + i) * DV + j];
@@ -291,7 +305,6 @@ gdn_decode(const float* __restrict__ proj, int aoff, int boff, int zoff, const u
     const int c = tid < DK ? kh * DK + tid
                   : tid < 2 * DK ? HK * DK + kh * DK + tid - DK
                                  : 2 * HK * DK + h * DV + tid - 2 * DK;
-    const u32 p = *pos;
     const float* old = conv_state + (size_t)(p & 1u) * (KERN - 1) * CH;
     float* fresh = conv_state + (size_t)((p + 1u) & 1u) * (KERN - 1) * CH;
     float cs[KERN - 1], cw[KERN];
@@ -335,8 +348,9 @@ gdn_decode(const float* __restrict__ proj, int aoff, int boff, int zoff, const u
     const float2 gates = gdn_stage(cur, false, an, dtb, qks[w][0], qks[w][1]);
     const float oo = gdn_token<RPL>(s, qks[w][0], qks[w][1], cur[8], gates, r);
     if (r == 0) os[j] = oo;
+    float* Sw = ssm_write(S, p, 1) + (size_t)h * DK * DV;
 #pragma unroll
-    for (int i = 0; i < RPL; i++) Sh[(size_t)(r * RPL + i) * DV + j] = s[i];
+    for (int i = 0; i < RPL; i++) Sw[(size_t)(r * RPL + i) * DV + j] = s[i];
     __syncthreads();
     if (w == 0) {
         const int base = h * DV;

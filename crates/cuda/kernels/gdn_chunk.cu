@@ -138,15 +138,16 @@ gdn_chunk_prep(const float* __restrict__ conv, const float* __restrict__ proj, i
 // grid (HV, DV / 32), block 256: warp w of block (h, by) computes, per chunk, Δ and the outputs
 // of tokens 8w .. 8w+7 for value columns 32·by + lane, then the state's key rows
 // 16w .. 16w+15 of those columns. The block's state slice stays in shared memory across the
-// chunks. S: [HV][DK][DV]; o: [ntok][HV*DV].
+// chunks. S: two buffers of [HV][DK][DV] (ssm_read); o: [ntok][HV*DV].
 extern "C" __global__ void __launch_bounds__(256)
 gdn_chunk_scan(const float* __restrict__ chunks, int nchunks, const float* __restrict__ qk, int ntok,
-               float* __restrict__ S, float* __restrict__ o) {
+               const u32* __restrict__ pos, float* __restrict__ S, float* __restrict__ o) {
     __shared__ float Ss[DK][32];
     __shared__ float Ds[GC][32];
     const int h = blockIdx.x, kh = h % HK, c = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int j = blockIdx.y * 32 + c;
-    float* Sh = S + (size_t)h * DK * DV;
+    const u32 p = *pos;
+    const float* Sh = ssm_read(S, p) + (size_t)h * DK * DV;
     // Only this kernel writes the state, once per pass (see gdn_step).
     for (int k = w; k < DK; k += 8) Ss[k][c] = Sh[(size_t)k * DV + j];
     PDL_ENTRY();
@@ -213,5 +214,6 @@ gdn_chunk_scan(const float* __restrict__ chunks, int nchunks, const float* __res
         // The new state is complete before the next chunk reads it, and Δ is read.
         __syncthreads();
     }
-    for (int k = w; k < DK; k += 8) Sh[(size_t)k * DV + j] = Ss[k][c];
+    float* Sw = ssm_write(S, p, ntok) + (size_t)h * DK * DV;
+    for (int k = w; k < DK; k += 8) Sw[(size_t)k * DV + j] = Ss[k][c];
 }

@@ -67,15 +67,12 @@ __device__ __forceinline__ float4 swiglu4(float4 a, float4 u) {
     return make_float4(siluf_(a.x) * u.x, siluf_(a.y) * u.y, siluf_(a.z) * u.z, siluf_(a.w) * u.w);
 }
 
-// Hadamard rotation R·v of the 1024 values a block of 256 threads holds (warp w, lane l: values
-// 128w + 4l .. +3), for Ternary-Bonsai-2's folded matrices: the sign vector's share `signs`, a
-// fast Walsh-Hadamard transform in natural order, then 1/32. Every stage forms a + b for the
-// lower element and a - b for the upper, in the order of model::hadamard::fwht, and the scale is
-// exact: the same bits as the CPU. Every thread of the block must call it (it synchronizes).
-__device__ __forceinline__ float4 rot1024(float4 v, const float* __restrict__ signs, float* sm) {
+// The unnormalized fast Walsh-Hadamard transform, in natural order, of the 1024 values a block
+// of 256 threads holds (warp w, lane l: values 128w + 4l .. +3). Every stage forms a + b for the
+// lower element and a - b for the upper, in the order of model::hadamard::fwht: the same bits as
+// the CPU. Every thread of the block must call it (it synchronizes).
+__device__ __forceinline__ float4 fwht1024(float4 v, float* sm) {
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    const float4 s = *(const float4*)(signs + 128 * w + 4 * l);
-    v.x *= s.x; v.y *= s.y; v.z *= s.z; v.w *= s.w;
     // Distances 1 and 2 inside the thread.
     const float a = v.x + v.y, b = v.x - v.y, c = v.z + v.w, d = v.z - v.w;
     v = make_float4(a + c, b + d, a - c, b - d);
@@ -102,8 +99,29 @@ __device__ __forceinline__ float4 rot1024(float4 v, const float* __restrict__ si
         __syncthreads();
         v = mix(v, s4[(w ^ m) * 32 + l], w & m);
     }
+    return v;
+}
+
+// This thread's four values of the block's share `signs` of a sign vector.
+__device__ __forceinline__ float4 signs1024(const float* __restrict__ signs) {
+    return *(const float4*)(signs + 4 * threadIdx.x);
+}
+
+// Hadamard rotation R·v = H·(signs ⊙ v)/32 of a block's 1024 values, for Ternary-Bonsai-2's
+// folded matrices; the scale is exact.
+__device__ __forceinline__ float4 rot1024(float4 v, const float* __restrict__ signs, float* sm) {
+    const float4 s = signs1024(signs);
+    v = fwht1024(make_float4(v.x * s.x, v.y * s.y, v.z * s.z, v.w * s.w), sm);
     const float n = 0.03125f;
     return make_float4(v.x * n, v.y * n, v.z * n, v.w * n);
+}
+
+// Its inverse Rᵀ·z = signs ⊙ (H·z/32), model::hadamard::unrotate_embedding's order of operations.
+__device__ __forceinline__ float4 unrot1024(float4 v, const float* __restrict__ signs, float* sm) {
+    v = fwht1024(v, sm);
+    const float n = 0.03125f;
+    const float4 s = signs1024(signs);
+    return make_float4(v.x * n * s.x, v.y * n * s.y, v.z * n * s.z, v.w * n * s.w);
 }
 
 // A norm folded into the residual GEMV before it. RMSNorm(x)·w = (x·w) / rms(x), and int8 codes

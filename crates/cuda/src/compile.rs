@@ -6,9 +6,11 @@ use std::path::{Path, PathBuf};
 use crate::error::{CudaError, Result};
 
 /// The kernel sources in the order they are concatenated.
-pub const SOURCES: [(&str, &str); 14] = [
+pub const SOURCES: [(&str, &str); 15] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("quant.cu", include_str!("../kernels/quant.cu")),
+    // After quant.cu (the inverse rotation).
+    ("embed.cu", include_str!("../kernels/embed.cu")),
     ("gemv.cu", include_str!("../kernels/gemv.cu")),
     // After gemv.cu (the fused norm, the L2 prefetch).
     ("gemv_b1.cu", include_str!("../kernels/gemv_b1.cu")),
@@ -29,7 +31,7 @@ pub const SOURCES: [(&str, &str); 14] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 87] = [
+pub const KERNELS: [&str; 88] = [
     "read_sum",
     "quant_rms",
     "quant_swiglu",
@@ -93,6 +95,7 @@ pub const KERNELS: [&str; 87] = [
     "hgemm_q2g64_w4",
     "hgemm_q2g128_w3",
     "hgemm_q2g128_w4",
+    "embed_row",
     "gdn_conv",
     "gdn_prep",
     "gdn_chunk_prep",

@@ -1,9 +1,8 @@
 //! The qwen35 forward pass on the GPU: weights uploaded once (re-tiled and stacked by input),
 //! per-sequence state and scratch, and one CUDA graph per decode step.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-
-use rayon::prelude::*;
 
 use cudarc::driver::{result, sys, CudaGraph, CudaStream, PinnedHostSlice};
 use gguf::Gguf;
@@ -22,8 +21,10 @@ use crate::plan::{
 use crate::repack::{self, GpuFormat, Packed};
 use crate::topk::{Selected, TopkJob, TopkScratch};
 
-/// Tokens from which a pass's embedding rows are dequantized on several host threads.
-const EMBED_PARALLEL_MIN: usize = 16;
+mod embed;
+mod greedy;
+
+use embed::EmbedTable;
 
 struct GdnW {
     inp: DevMat,
@@ -68,6 +69,14 @@ pub struct CudaModel {
     weight_bytes: usize,
     /// Capture decode steps as CUDA graphs (on by default).
     pub use_graphs: bool,
+    /// The embedding table where one-token passes look their row up on the device.
+    embed_table: Option<EmbedTable>,
+    /// Look one-token passes' rows up on the device where the table allows (on by default;
+    /// `NIWAKI_CUDA_DEVICE_EMBED=0` turns it off): the host embeds them otherwise.
+    device_embed: AtomicBool,
+    /// Greedy decoding launches each step before the host has read the previous step's pick
+    /// (on by default with the device's embedding; `NIWAKI_CUDA_RUN_AHEAD=0` turns it off).
+    run_ahead: AtomicBool,
     /// The KV cache type of the sequences [`CudaModel::new_state`] makes (f16 by default).
     pub kv_cache: KvCache,
     /// Each matrix and the one a decode step multiplies by next (for the L2 prefetch).
@@ -76,6 +85,34 @@ pub struct CudaModel {
     /// vectors of the rotated activations, by width.
     hadamard: Option<model::hadamard::Hadamard>,
     signs: Vec<(usize, DevBuf)>,
+}
+
+/// What a decode graph was captured for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct GraphKey {
+    head: Head,
+    tail: Tail,
+    tile: usize,
+    /// Its first kernel looks the row up (`embed_row`).
+    device_embed: bool,
+}
+
+/// Where a pass's tokens come from.
+#[derive(Clone, Copy)]
+enum Feed<'a> {
+    /// The host's.
+    Tokens(&'a [u32]),
+    /// The previous pass's pick, on the device (one token).
+    Picked,
+}
+
+impl Feed<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Feed::Tokens(t) => t.len(),
+            Feed::Picked => 1,
+        }
+    }
 }
 
 /// What a pass computes on the GPU after the logits of its last token.
@@ -103,9 +140,13 @@ pub struct CudaState {
     scratch: DevBuf,
     layout: Scratch,
     bytes: StateBytes,
-    /// Each by its head, tail and attention tile (a context past [`plan::ATTN_MMA_FROM`] takes
-    /// another kernel, so another graph).
-    graphs: Vec<(Head, Tail, usize, CudaGraph)>,
+    /// Each by its head, tail, attention tile (a context past [`plan::ATTN_MMA_FROM`] takes
+    /// another kernel, so another graph) and where its row is embedded.
+    graphs: Vec<(GraphKey, CudaGraph)>,
+    /// The greedy step launched ahead of the host, not yet counted in `pos`.
+    ahead: Option<greedy::Ahead>,
+    /// Where greedy passes' picks land, and when.
+    picks: greedy::Picks,
     /// Page-locked landing place for one row of logits: a decode step's copy to the host then
     /// runs at bus speed instead of through the driver's pageable staging.
     host_row: PinnedHostSlice<f32>,
@@ -136,11 +177,12 @@ impl CudaState {
     }
 
     /// Pretends `pos` tokens were consumed (the KV cache keeps whatever it holds, zeros for a
-    /// fresh state; the conv state is read from the buffer of `pos`'s parity, which may be the
-    /// older one). For depth benchmarks only.
+    /// fresh state; the conv and recurrent states are read from the buffers of `pos`'s parity,
+    /// which may be the older ones). For depth benchmarks only.
     #[doc(hidden)]
     pub fn bench_seek(&mut self, pos: usize) {
         assert!(pos < self.ctx);
+        self.ahead = None;
         self.pos = pos;
     }
 
@@ -253,10 +295,11 @@ impl CudaModel {
         }
         let output = up(vec![packed(f, "output.weight")?])?;
         let output_norm = gpu.upload(&vector(f, "output_norm.weight")?, "norm")?;
-        let embd_format = file
+        let embd = file
             .tensor("token_embd.weight")
-            .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?
-            .format();
+            .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
+        let embd_format = embd.format();
+        let embed_table = EmbedTable::upload(&gpu, &embd, &dims, m.hadamard())?;
         let mut signs = Vec::new();
         if let Some(hd) = m.hadamard() {
             for w in [
@@ -289,6 +332,9 @@ impl CudaModel {
             file,
             weight_bytes,
             use_graphs: true,
+            embed_table,
+            device_embed: AtomicBool::new(crate::gpu::env_on("NIWAKI_CUDA_DEVICE_EMBED")),
+            run_ahead: AtomicBool::new(crate::gpu::env_on("NIWAKI_CUDA_RUN_AHEAD")),
             kv_cache: KvCache::F16,
             next_mat,
             hadamard: m.hadamard().cloned(),
@@ -349,6 +395,8 @@ impl CudaModel {
             layout,
             bytes,
             graphs: Vec::new(),
+            ahead: None,
+            picks: greedy::Picks::new(&self.gpu)?,
             // SAFETY: every element is written by a device copy before it is read.
             host_row: unsafe { self.gpu.ctx.alloc_pinned_with_flags(self.dims.vocab, 0) }
                 .ctx(|| format!("{} bytes of page-locked host memory", 4 * self.dims.vocab))?,
@@ -392,6 +440,7 @@ impl CudaModel {
     /// returns logits as asked (`[n][vocab]`).
     pub fn forward(&self, st: &mut CudaState, tokens: &[u32], logits: Logits) -> Result<Vec<f32>> {
         self.check(st, tokens)?;
+        st.drop_ahead();
         let mut out = Vec::new();
         let n = tokens.len();
         for (s, len) in plan::chunks(n) {
@@ -430,16 +479,6 @@ impl CudaModel {
     /// The vocabulary size (rows of the logits).
     pub fn vocab(&self) -> usize {
         self.dims.vocab
-    }
-
-    /// Runs `tokens` and returns the greedy next token, computed on the GPU (only 8 bytes come
-    /// back). Ties go to the lowest id and NaN logits are skipped, as `model::ops::argmax`; a
-    /// row of NaNs gives `u32::MAX`.
-    pub fn forward_greedy(&self, st: &mut CudaState, tokens: &[u32]) -> Result<u32> {
-        self.run_to_last(st, tokens, Tail::Argmax)?;
-        let mut key = [0u64; 1];
-        self.gpu.read(&st.stream, st.s("argmax"), &mut key)?;
-        Ok(!(key[0] as u32))
     }
 
     /// Runs `tokens` and returns the `k` best next tokens by logit / `temperature` as
@@ -488,6 +527,7 @@ impl CudaModel {
     /// Runs `tokens` in passes, the last token's logits and then `tail` computed by the last.
     fn run_to_last(&self, st: &mut CudaState, tokens: &[u32], tail: Tail) -> Result<()> {
         self.check(st, tokens)?;
+        st.drop_ahead();
         let n = tokens.len();
         for (s, len) in plan::chunks(n) {
             let (head, tail) = if s + len == n {
@@ -502,82 +542,63 @@ impl CudaModel {
 
     /// The logits row of the last token of the last call that computed one.
     pub fn last_row(&self, st: &mut CudaState) -> Result<Vec<f32>> {
+        if st.ahead.is_some() {
+            // The step run ahead has overwritten the row.
+            return Err(CudaError::Unsupported(
+                "the logits of a greedy step (only its pick is kept)".into(),
+            ));
+        }
         let mut row = vec![0f32; self.dims.vocab];
         self.gpu.read(&st.stream, st.s("logits"), &mut row)?;
         Ok(row)
     }
 
-    /// Dequantizes the embedding rows of `tokens` into `x` (`[tokens][hidden]`), spread over the
-    /// host's cores for a prefill pass: it sits on the pass's critical path (one core took ~5 ms
-    /// for 512 tokens of a 27B file).
-    fn embed(&self, tokens: &[u32], x: &mut [f32]) -> Result<()> {
-        let e = self.dims.hidden;
-        let t = self
-            .file
-            .tensor("token_embd.weight")
-            .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
-        let rb = self
-            .embd_format
-            .row_bytes(e)
-            .map_err(|source| ModelError::Decode {
-                name: "token_embd.weight".into(),
-                source,
-            })?;
-        let one = |(&id, out): (&u32, &mut [f32])| -> Result<()> {
-            let row = t.data.get(id as usize * rb..(id as usize + 1) * rb).ok_or(
-                ModelError::TokenOutOfRange {
-                    id,
-                    vocab: self.dims.vocab,
-                },
-            )?;
-            quant::dequantize(self.embd_format, row, out).map_err(|source| {
-                CudaError::from(ModelError::Decode {
-                    name: "token_embd.weight".into(),
-                    source,
-                })
-            })?;
-            // Ternary-Bonsai-2 stores the embedding rotated.
-            if let Some(hd) = &self.hadamard {
-                hd.unrotate_embedding(out);
-            }
-            Ok(())
-        };
-        let x = &mut x[..tokens.len() * e];
-        if tokens.len() >= EMBED_PARALLEL_MIN {
-            tokens.par_iter().zip(x.par_chunks_mut(e)).try_for_each(one)
-        } else {
-            tokens.iter().zip(x.chunks_mut(e)).try_for_each(one)
-        }
-    }
-
-    /// One GPU pass over at most `MAX_CHUNK` tokens.
+    /// One GPU pass over at most `MAX_CHUNK` tokens, waited for.
     fn run(&self, st: &mut CudaState, tokens: &[u32], head: Head, tail: Tail) -> Result<()> {
-        let n = tokens.len();
-        let dst = st.s("x");
-        let x = st.host_x.as_mut_slice().ctx(|| "host embeddings".into())?;
-        self.embed(tokens, x)?;
-        // From page-locked memory the copy runs after this returns: the stream is synchronized
-        // below whatever happens in between, before `host_x` can be written again.
-        let copied = self.gpu.write(&st.stream, dst, &x[..n * self.dims.hidden]);
-        let launched = copied.and_then(|()| self.launch_pass(st, n, head, tail));
+        let launched = self.enqueue_pass(st, Feed::Tokens(tokens), head, tail);
+        // Whatever happened, the stream is synchronized before `host_x` can be written again.
         let synced = st.stream.synchronize().ctx(|| "forward pass".into());
         launched?;
         synced?;
-        st.pos += n;
+        st.pos += tokens.len();
         Ok(())
     }
 
-    /// Enqueues one pass of `n` tokens (a captured graph for one token).
-    fn launch_pass(&self, st: &mut CudaState, n: usize, head: Head, tail: Tail) -> Result<()> {
-        let pos = [st.pos as u32, 0];
-        self.gpu.write(&st.stream, st.s("pos"), &pos)?;
+    /// Enqueues one pass at position `st.pos` (which it leaves as it is): its input rows, then
+    /// its kernels (a captured graph for one token). Rows from the host come through the
+    /// page-locked `host_x`, which must not be written again before the stream has passed the
+    /// copy.
+    fn enqueue_pass(&self, st: &mut CudaState, feed: Feed, head: Head, tail: Tail) -> Result<()> {
+        let n = feed.len();
+        let on_device = n == 1 && self.embeds_on_device();
+        match feed {
+            Feed::Tokens(tokens) if !on_device => {
+                let dst = st.s("x");
+                let x = st.host_x.as_mut_slice().ctx(|| "host embeddings".into())?;
+                self.embed(tokens, x)?;
+                self.gpu
+                    .write(&st.stream, dst, &x[..n * self.dims.hidden])?;
+            }
+            // The row is looked up by the pass's first kernel.
+            Feed::Tokens(&[id]) => st.set_key(id)?,
+            Feed::Tokens(_) => unreachable!("only one-token passes embed on the device"),
+            Feed::Picked => {
+                if !on_device {
+                    return Err(CudaError::Unsupported(
+                        "a pass fed by the device without its embedding table".into(),
+                    ));
+                }
+            }
+        }
+        st.set_u32(st.s("pos"), st.pos as u32)?;
+        let key = GraphKey {
+            head,
+            tail,
+            tile: self.gpu.attn_tile_for(st.bytes.kv_cache, st.pos + 1, 1),
+            device_embed: on_device,
+        };
         if n == 1 && self.use_graphs {
-            let tile = self.gpu.attn_tile_for(st.bytes.kv_cache, st.pos + 1, 1);
-            let found = st
-                .graphs
-                .iter()
-                .position(|(h, t, a, _)| *h == head && *t == tail && *a == tile);
-            let i = match found {
+            let i = match st.graphs.iter().position(|(k, _)| *k == key) {
                 Some(i) => i,
                 None => {
                     st.stream
@@ -585,7 +606,7 @@ impl CudaModel {
                             sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
                         )
                         .ctx(|| "beginning graph capture".into())?;
-                    let res = self.exec_all(st, 1, head, tail);
+                    let res = self.exec_pass(st, 1, &key);
                     let g = st
                         .stream
                         .end_capture(sys::CUgraphInstantiate_flags(0))
@@ -597,19 +618,28 @@ impl CudaModel {
                     // One top-k graph at a time: its k and temperature are baked in, and a
                     // server's requests may each bring their own.
                     if matches!(tail, Tail::TopK { .. }) {
-                        st.graphs.retain(|g| !matches!(g.1, Tail::TopK { .. }));
+                        st.graphs
+                            .retain(|(k, _)| !matches!(k.tail, Tail::TopK { .. }));
                     }
-                    st.graphs.push((head, tail, tile, g));
+                    st.graphs.push((key, g));
                     st.graphs.len() - 1
                 }
             };
             st.graphs[i]
-                .3
+                .1
                 .launch()
                 .ctx(|| "launching the decode graph".into())
         } else {
-            self.exec_all(st, n, head, tail)
+            self.exec_pass(st, n, &key)
         }
+    }
+
+    /// A pass's kernels: the row's lookup where the device embeds it, then the forward's.
+    fn exec_pass(&self, st: &CudaState, n: usize, key: &GraphKey) -> Result<()> {
+        if key.device_embed {
+            self.embed_on_device(st)?;
+        }
+        self.exec_all(st, n, key.head, key.tail)
     }
 
     /// Where a pass of `ntok` tokens spends its time: for each kind of op, the seconds one
@@ -1398,6 +1428,7 @@ impl CudaModel {
                         Arg::I32(chunks as i32),
                         Arg::Ptr(st.s("gdn_qk")),
                         Arg::I32(ntok as i32),
+                        Arg::Ptr(pos),
                         Arg::Ptr(self.ssm_state(st, layer)),
                         Arg::Ptr(st.s("gdn")),
                     ],
@@ -1423,6 +1454,7 @@ impl CudaModel {
                         dt_bias,
                         Arg::Ptr(if prepped { st.s("gdn_qk") } else { 0 }),
                         Arg::Ptr(if prepped { st.s("gdn_gb") } else { 0 }),
+                        Arg::Ptr(pos),
                         Arg::Ptr(self.ssm_state(st, layer)),
                         Arg::Ptr(st.s("gdn")),
                     ],

@@ -205,6 +205,11 @@ impl Hadamard {
         }
     }
 
+    /// Whether the embedding is stored rotated (`unrotate_embedding` changes its rows).
+    pub fn embedding_inverse(&self) -> bool {
+        self.embedding_inverse
+    }
+
     /// `Rᵀ·z` for an embedding row: normalised FWHT per block, then signs.
     pub fn unrotate_embedding(&self, z: &mut [f32]) {
         if !self.embedding_inverse {

@@ -28,10 +28,20 @@ pub(crate) fn gdn_chunk_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
     let state: Vec<f32> = (0..hv * dk * dv)
         .map(|_| rng.gen_range(-0.5f32..0.5))
         .collect();
+    // The state's two buffers (kernels/gdn.cu, `ssm_read`): the pass reads the one at the
+    // position's parity (1 here), with NaN in the other, and writes the one of position + ntok.
+    let floats = hv * dk * dv;
+    let both: Vec<f32> = std::iter::repeat_n(f32::NAN, floats)
+        .chain(state.iter().copied())
+        .collect();
+    let pos = gpu.upload(&[1u32, 0], "pos")?;
     // Per variant (steps of 16 and 8 rows per lane, chunks): worst relative L2 of the outputs
     // and of the final state.
     let mut worst = [(0f64, 0f64); 3];
-    for ntok in [16usize, 100, 256] {
+    // Passes whose buffer read is not the one written, each variant's and the reference's.
+    let mut read_kept = 0;
+    let mut odd_passes = 0;
+    for ntok in [16usize, 99, 256] {
         let conv: Vec<f32> = (0..ntok * ch)
             .map(|_| rng.gen_range(-1.0f32..1.0))
             .collect();
@@ -64,8 +74,8 @@ pub(crate) fn gdn_chunk_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
             .concat(),
         )?;
         // Rows per lane of the step, or None: in chunks.
-        let run = |rows: Option<usize>| -> R<(Vec<f32>, Vec<f32>)> {
-            let sd = gpu.upload(&state, "S")?;
+        let mut run = |rows: Option<usize>| -> R<(Vec<f32>, Vec<f32>)> {
+            let sd = gpu.upload(&both, "S")?;
             let o = gpu.alloc(4 * ntok * hv * dv, "o")?;
             match rows {
                 None => {
@@ -99,6 +109,7 @@ pub(crate) fn gdn_chunk_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
                             Arg::I32(n as i32),
                             Arg::Ptr(qk.ptr),
                             Arg::I32(ntok as i32),
+                            Arg::Ptr(pos.ptr),
                             Arg::Ptr(sd.ptr),
                             Arg::Ptr(o.ptr),
                         ],
@@ -119,6 +130,7 @@ pub(crate) fn gdn_chunk_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
                                 Arg::Ptr(dt_d.ptr),
                                 Arg::Ptr(qk.ptr),
                                 Arg::Ptr(gb.ptr),
+                                Arg::Ptr(pos.ptr),
                                 Arg::Ptr(sd.ptr),
                                 Arg::Ptr(o.ptr),
                             ],
@@ -128,10 +140,20 @@ pub(crate) fn gdn_chunk_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
                 }
             }
             let mut out = vec![0f32; ntok * hv * dv];
-            let mut st = vec![0f32; hv * dk * dv];
+            let mut st = vec![0f32; 2 * floats];
             gpu.read(s, o.ptr, &mut out)?;
             gpu.read(s, sd.ptr, &mut st)?;
-            Ok((out, st))
+            let written = (1 + ntok) % 2;
+            if written == 0 {
+                odd_passes += 1;
+                read_kept += usize::from(
+                    st[floats..]
+                        .iter()
+                        .zip(&state)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                );
+            }
+            Ok((out, st[written * floats..(written + 1) * floats].to_vec()))
         };
         let (o_ref, s_ref) = run(Some(32))?;
         for (w, rows) in worst.iter_mut().zip([Some(16), Some(8), None]) {
@@ -145,6 +167,12 @@ pub(crate) fn gdn_chunk_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
             *w = (w.0.max(e.0), w.1.max(e.1));
         }
     }
+    let kept = read_kept == odd_passes && odd_passes > 0;
+    rep.line(format!(
+        "| recurrent state's two buffers | every variant, passes of odd length | {} | the buffer read unchanged after {read_kept} of {odd_passes} passes writing the other |",
+        if kept { "PASS" } else { "FAIL" }
+    ));
+    rep.check(kept, "the recurrent state read is left as it was".into());
     let names = [
         "gdn step, 16 rows per lane".to_string(),
         "gdn step, 8 rows per lane".to_string(),
@@ -157,7 +185,7 @@ pub(crate) fn gdn_chunk_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
     for ((name, w), tol) in names.iter().zip(worst).zip([1e-5, 1e-5, 1e-4]) {
         let ok = w.0 < tol && w.1 < tol;
         rep.line(format!(
-            "| {name} vs the step of 32 rows per lane | {hv} heads of {dk}×{dv}, 16/100/256 tokens, random state, gates down to e^-30·softplus | {} | relative L2: outputs {:.1e}, final state {:.1e} (tol {tol:.0e}) |",
+            "| {name} vs the step of 32 rows per lane | {hv} heads of {dk}×{dv}, 16/99/256 tokens, random state, gates down to e^-30·softplus | {} | relative L2: outputs {:.1e}, final state {:.1e} (tol {tol:.0e}) |",
             if ok { "PASS" } else { "FAIL" },
             w.0,
             w.1

@@ -15,7 +15,8 @@
 //! a 27B-wide model's against dp4a and the CPU engine),
 //! `NIWAKI_HARNESS_ONLY=gemv1` the dp4a decode GEMV's checks alone,
 //! `NIWAKI_HARNESS_ONLY=topk` sampling's top-k selection alone, `NIWAKI_HARNESS_ONLY=fused` the
-//! merged decode kernels against the kernels they replace, `NIWAKI_HARNESS_ONLY=attention` the
+//! merged decode kernels against the kernels they replace, `NIWAKI_HARNESS_ONLY=ahead` greedy
+//! steps run ahead of the host against host-fed passes, `NIWAKI_HARNESS_ONLY=attention` the
 //! attention kernels' checks and decode at depth (`=depth`: decode at depth alone),
 //! `NIWAKI_HARNESS_ONLY=27b` the 27B
 //! section alone.
@@ -28,6 +29,7 @@ use niwaki_cuda::gpu::Gpu;
 use niwaki_cuda::plan::Dims;
 use quant::Format;
 
+mod ahead;
 mod attention;
 mod bench;
 mod gdn;
@@ -126,6 +128,11 @@ fn run(rep: &mut Report) -> R<()> {
             rep.line(format!("\n{timing}\n"));
             return sampling::model_topk(rep);
         }
+        // Greedy steps run ahead of the host against host-fed passes, bit for bit.
+        Ok("ahead") => {
+            drop(gpu);
+            return ahead::greedy_ahead(rep);
+        }
         // The merged decode kernels against the kernels they replace, bit for bit.
         Ok("fused") => {
             drop(gpu);
@@ -218,6 +225,8 @@ fn run(rep: &mut Report) -> R<()> {
     fused_recurrence(rep)?;
     rep.line("");
     determinism(rep)?;
+    rep.line("");
+    ahead::greedy_ahead(rep)?;
     rep.line("");
     sampling::model_topk(rep)?;
     rep.line("");

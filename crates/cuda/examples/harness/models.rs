@@ -2,7 +2,7 @@
 //! cache, determinism.
 
 use model::synth::{self, Preset};
-use model::Logits;
+use model::{Logits, Model};
 use niwaki_cuda::plan::GemmKernel;
 use niwaki_cuda::repack::FORMATS;
 use niwaki_cuda::twin::Twin;
@@ -28,13 +28,7 @@ pub(crate) fn whole_model(rep: &mut Report, preset: Preset, vocab: usize) -> R<(
 pub(crate) fn whole_model_rotated(rep: &mut Report) -> R<()> {
     let (preset, vocab) = (Preset::Small, 4096);
     for format in [Format::Q2_0, Format::Q1_0] {
-        let shape = preset.shape(vocab);
-        let t = synth::random_f32_tensors(&shape, format, 5);
-        let signs = synth::hadamard::signs(&shape, 6).ok_or("small preset cannot be rotated")?;
-        let folded = synth::hadamard::fold(&shape, &t, &signs);
-        let mut w = synth::writer_from_f32(&shape, &folded, format, "h")?;
-        synth::hadamard::write_metadata(&mut w, &shape, &signs);
-        let m = open(&w)?;
+        let m = rotated(&preset.shape(vocab), format, 5)?;
         against_cpu(
             rep,
             preset,
@@ -44,6 +38,17 @@ pub(crate) fn whole_model_rotated(rep: &mut Report) -> R<()> {
         )?;
     }
     Ok(())
+}
+
+/// A model of random weights (`seed`) with a Hadamard rotation folded in as Ternary-Bonsai-2
+/// stores it.
+pub(crate) fn rotated(shape: &synth::Shape, format: Format, seed: u64) -> R<Model> {
+    let t = synth::random_f32_tensors(shape, format, seed);
+    let signs = synth::hadamard::signs(shape, 6).ok_or("the shape cannot be rotated")?;
+    let folded = synth::hadamard::fold(shape, &t, &signs);
+    let mut w = synth::writer_from_f32(shape, &folded, format, "h")?;
+    synth::hadamard::write_metadata(&mut w, shape, &signs);
+    open(&w)
 }
 
 /// One model's GPU logits against the CPU engine's (and the twin's, on the tiny preset).

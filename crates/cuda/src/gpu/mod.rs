@@ -469,7 +469,7 @@ fn raise_dynamic_smem(f: &CudaFunction, name: &str, bytes: usize) -> Result<()> 
     .ctx(|| format!("raising the shared memory limit of {name} to {bytes} bytes"))
 }
 
-fn env_on(name: &str) -> bool {
+pub(crate) fn env_on(name: &str) -> bool {
     std::env::var(name).map_or(true, |v| v != "0")
 }
 

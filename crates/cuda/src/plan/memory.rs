@@ -56,9 +56,11 @@ impl StateBytes {
         4 * 2 * (d.conv_kernel - 1) * d.conv_channels()
     }
 
-    /// Bytes of one recurrent layer's state, `[value heads][key dim][value dim]` f32.
+    /// Bytes of one recurrent layer's state: two buffers of `[value heads][key dim][value dim]`
+    /// f32, the current one at the parity of the position (kernels/gdn.cu, `ssm_read`), so that
+    /// a decode step run ahead of the host can be dropped.
     pub fn ssm_per_layer(d: &Dims) -> usize {
-        4 * d.value_heads * d.key_dim * d.value_dim
+        4 * 2 * d.value_heads * d.key_dim * d.value_dim
     }
 
     pub fn new(d: &Dims, ctx: usize, kv_cache: KvCache) -> StateBytes {

@@ -3,6 +3,7 @@
 
 mod attention;
 mod dims;
+mod embed;
 mod gemm;
 mod gemv;
 mod memory;
@@ -14,6 +15,7 @@ mod topk;
 
 pub use attention::*;
 pub use dims::*;
+pub use embed::*;
 pub use gemm::*;
 pub use gemv::*;
 pub use memory::*;

@@ -63,7 +63,8 @@ fn a_full_262k_context_fits_beside_the_27b_weights_on_an_h200() {
     assert_eq!(v + q.kv_values, 2 * 16 * q.kv_values + q.kv_offset());
     assert_eq!(ks, v + q.kv_values + 15 * q.kv_scales);
     assert_eq!(vs + q.kv_scales, q.total());
-    assert_eq!(s.ssm, 48 * 48 * 128 * 128 * 4);
+    // Two buffers of 48 heads of 128×128 f32 for each of 48 layers.
+    assert_eq!(s.ssm, 2 * 48 * 48 * 128 * 128 * 4);
     let scratch = Scratch::new(&d, MAX_CHUNK).bytes;
     let weights = 7_600_000_000usize;
     let h200_free = 139usize << 30;

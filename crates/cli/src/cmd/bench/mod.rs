@@ -45,6 +45,12 @@ pub struct Args {
     /// Bytes read by the memory-bandwidth test (on the GPU at least 1 GiB).
     #[arg(long, default_value_t = 4 << 30)]
     pub bw_bytes: usize,
+    /// Decode by copying each step's row of logits to the host and picking the token there, as
+    /// a caller reading the logits would (llama-bench's tg copies the row too). By default the
+    /// backend picks the greedy token where it computes the logits, as `run` and `serve` do at
+    /// temperature 0 (on the GPU only the token comes back).
+    #[arg(long)]
+    pub host_logits: bool,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -128,8 +134,12 @@ fn measure<B: engine::Backend>(
         let mut tok = prompt.first().copied().unwrap_or(1);
         let t = Instant::now();
         for _ in 0..a.n_gen {
-            let logits = model.forward(&mut state, &[tok], Logits::Last)?;
-            tok = engine::sampler::argmax(&logits).unwrap_or(0) as u32;
+            tok = if a.host_logits {
+                let logits = model.forward(&mut state, &[tok], Logits::Last)?;
+                engine::sampler::argmax(&logits).unwrap_or(0) as u32
+            } else {
+                model.forward_argmax(&mut state, &[tok])?
+            };
         }
         let s = a.n_gen as f64 / t.elapsed().as_secs_f64();
         eprintln!("tg{} run {}/{}: {s:.2} tok/s", a.n_gen, r + 1, a.reps);
@@ -187,6 +197,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
         n_gen: a.n_gen,
         depth: a.depth,
         reps: a.reps,
+        host_logits: a.host_logits,
         pp: runs.pp,
         tg: runs.tg,
         bw_after,

@@ -56,6 +56,8 @@ pub struct Report<'a> {
     pub n_gen: usize,
     pub depth: usize,
     pub reps: usize,
+    /// Decode copied each step's logits to the host and picked there (else the backend picked).
+    pub host_logits: bool,
     /// tok/s of each repetition.
     pub pp: Vec<f64>,
     pub tg: Vec<f64>,
@@ -115,6 +117,7 @@ impl Report<'_> {
             "model": self.model.display().to_string(),
             "n_prompt": self.n_prompt, "n_gen": self.n_gen, "n_depth": self.depth,
             "repetitions": self.reps,
+            "tg_pick": if self.host_logits { "host_logits" } else { "backend" },
             "pp_tok_s": pp.median, "pp_min": pp.min, "pp_max": pp.max,
             "tg_tok_s": tg.median, "tg_min": tg.min, "tg_max": tg.max,
             "file_bytes": self.file_bytes,
@@ -187,6 +190,12 @@ impl Report<'_> {
             self.bytes_per_token as f64 / 1e9
         );
         if self.n_gen > 0 {
+            s += if self.host_logits {
+                "decode: greedy, each step's row of logits copied to the host and picked there\n"
+            } else {
+                "decode: greedy, each token picked by the backend where the logits are computed \
+                 (--host-logits: on the host)\n"
+            };
             s += &format!(
                 "decode floor: {:.2} tok/s; decode reaches {:.1}% of it (median over the runs, \
                  each against the tests before and after it)\n",
@@ -230,6 +239,7 @@ mod tests {
             n_gen: 128,
             depth: 0,
             reps: tg.len(),
+            host_logits: false,
             pp: vec![10.0, 30.0, 20.0],
             tg,
             bw_after,
@@ -302,6 +312,12 @@ mod tests {
         assert_eq!(j["tg_tok_s"], 275.0);
         assert!((j["floor_fraction"].as_f64().unwrap_or(0.0) - 0.275).abs() < 1e-12);
         assert_eq!(j["device_weight_bytes"], 7u64 << 30);
+        // Where decode picked its tokens, in both forms.
+        assert!(t.contains("each token picked by the backend"), "{t}");
+        assert_eq!(j["tg_pick"], "backend");
+        r.host_logits = true;
+        assert!(r.table().contains("row of logits copied to the host"));
+        assert_eq!(r.json()["tg_pick"], "host_logits");
     }
 
     #[test]
