@@ -378,11 +378,15 @@ pub fn chain_tile_bytes(format: GpuFormat, cols: usize) -> usize {
     round128(CHAIN_WARPS * (cols / format.chunk_values() * 16 + cols / format.scale_values() * 2))
 }
 
-/// Bytes of the next matrix a one-token GEMV pulls into the L2 cache by default (0: none).
-/// Measured on the H200 (tg128, Q2_0 / Q1_0): none 243.6 / 264.5, 8 MiB 249.6 / 273.7,
-/// 16 MiB 245.7 / 271.2, 32 MiB 241.6 / 269.1 tok/s. Matrices on the binary kernel
-/// ([`default_prefetch_bytes`]) take none.
-pub const DEFAULT_PREFETCH_BYTES: usize = 8 << 20;
+/// Bytes of the next matrix a one-token GEMV pulls into the L2 cache by default (0: none;
+/// `NIWAKI_CUDA_PREFETCH_MB` sets it for every matrix). It paid when it came (H200, tg128,
+/// Q2_0 / Q1_0: none 243.6 / 264.5, 8 MiB 249.6 / 273.7, 16 MiB 245.7 / 271.2, 32 MiB
+/// 241.6 / 269.1 tok/s), no longer once the norms were folded into the GEMVs and the picks
+/// stayed on the device: at 869f2d1, none against 8 MiB, three rounds interleaved, `niwaki
+/// bench -p 0 -n 128 -r 3` medians, Q2_0 292.6-293.1 against 288.5-288.7, PTQ1_0 302.8-303.6
+/// against 298.7-299.6 tok/s. Matrices on the binary kernel ([`default_prefetch_bytes`]) take
+/// none whatever this is.
+pub const DEFAULT_PREFETCH_BYTES: usize = 0;
 
 /// The L2 prefetch a matrix gets by default from the GEMV before it: none where its own GEMV
 /// runs on the binary tensor cores. Since those kernels wait for one round trip to L2 per six
