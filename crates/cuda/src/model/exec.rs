@@ -1,0 +1,672 @@
+//! A pass's ops (`plan::Op`) turned into kernel launches: which weights, scratch regions and
+//! state each op reads and writes, and the launch of each.
+
+use super::*;
+
+impl CudaModel {
+    /// Sampling's selection after a pass's logits (stream-ordered launches: `Gpu::top_k_enqueue`).
+    pub(super) fn topk_tail(
+        &self,
+        st: &CudaState,
+        k: usize,
+        t: u32,
+        floor: Option<u32>,
+    ) -> Result<()> {
+        let scratch = st.topk_scratch();
+        let job = TopkJob {
+            logits: st.s("logits"),
+            n: self.dims.vocab,
+            k,
+            temperature: f32::from_bits(t),
+        };
+        self.gpu.top_k_enqueue(&st.stream, job, scratch)?;
+        match floor {
+            Some(f) => self
+                .gpu
+                .weight_sums_enqueue(&st.stream, job, f32::from_bits(f), scratch),
+            None => Ok(()),
+        }
+    }
+
+    pub(super) fn exec_all(&self, st: &CudaState, n: usize, head: Head, tail: Tail) -> Result<()> {
+        let argmax = tail == Tail::Argmax;
+        let ops = forward_ops(&self.dims, n, head, argmax, self.gpu.fusion());
+        let all = || {
+            ops.iter().try_for_each(|op| self.exec(st, op))?;
+            if let Tail::TopK { k, t, floor } = tail {
+                self.topk_tail(st, k, t, floor)?;
+            }
+            Ok(())
+        };
+        if n == 1 {
+            all()
+        } else {
+            crate::gpu::serial_launches(all)
+        }
+    }
+
+    pub(super) fn mat(&self, m: Mat) -> &DevMat {
+        match m {
+            Mat::Output => &self.output,
+            Mat::FfnIn(l) => &self.layers[l].ffn_in,
+            Mat::FfnDown(l) => &self.layers[l].ffn_down,
+            Mat::GdnIn(l) | Mat::GdnOut(l) | Mat::GdnAb(l) => match &self.layers[l].mix {
+                MixW::Gdn(g) => match m {
+                    Mat::GdnIn(_) => &g.inp,
+                    Mat::GdnAb(_) => g
+                        .ab
+                        .as_deref()
+                        .expect("the plan splits alpha | beta only where they were uploaded apart"),
+                    _ => &g.out,
+                },
+                MixW::Attn(_) => unreachable!("layer {l} is not recurrent"),
+            },
+            Mat::AttnIn(l) | Mat::AttnOut(l) => match &self.layers[l].mix {
+                MixW::Attn(a) => {
+                    if matches!(m, Mat::AttnIn(_)) {
+                        &a.inp
+                    } else {
+                        &a.out
+                    }
+                }
+                MixW::Gdn(_) => unreachable!("layer {l} is not attention"),
+            },
+        }
+    }
+
+    pub(super) fn norm_weight(&self, norm: Norm) -> &DevBuf {
+        match norm {
+            Norm::Attn(l) => &self.layers[l].attn_norm,
+            Norm::Post(l) => &self.layers[l].post_norm,
+            Norm::Output => &self.output_norm,
+        }
+    }
+
+    /// The device sign vector for rotating a `width`-wide activation when `rot`, else 0 (the
+    /// kernels' "no rotation").
+    pub(super) fn signs_if(&self, rot: bool, width: usize) -> Result<u64> {
+        if !rot {
+            return Ok(0);
+        }
+        self.signs
+            .iter()
+            .find(|(w, _)| *w == width)
+            .map(|(_, b)| b.ptr)
+            .ok_or_else(|| {
+                CudaError::Unsupported(format!("no Hadamard sign vector of width {width}"))
+            })
+    }
+
+    /// RMS norm and quantization of residual rows `tok0..tok0 + ntok` into `(xq, xs)`, rotated
+    /// with `rot`; with a third address, one token left unscaled with its pieces' sums of
+    /// squares there (the twin of a folded norm, kernels/quant.cu).
+    pub(super) fn norm_quant(
+        &self,
+        st: &CudaState,
+        norm: Norm,
+        tok0: usize,
+        ntok: usize,
+        rot: bool,
+        (xq, xs, piece_ss): (u64, u64, u64),
+    ) -> Result<()> {
+        let (g, d) = (&*self.gpu, &self.dims);
+        let e = d.hidden;
+        let xh = g.wants_f16_acts(ntok).then(|| st.s("xh"));
+        g.launch(
+            &st.stream,
+            "quant_rms",
+            // A block per 1024 values for one token (latency), one per token for many.
+            (
+                if ntok == 1 {
+                    e.div_ceil(1024) as u32
+                } else {
+                    1
+                },
+                ntok as u32,
+                1,
+            ),
+            (256, 1, 1),
+            &[
+                Arg::Ptr(st.s("x")),
+                Arg::I32(e as i32),
+                Arg::I32(tok0 as i32),
+                Arg::Ptr(self.norm_weight(norm).ptr),
+                Arg::F32(d.rms_eps),
+                Arg::Ptr(xq),
+                Arg::Ptr(xs),
+                Arg::Ptr(if piece_ss == 0 { xh.unwrap_or(0) } else { 0 }),
+                Arg::Ptr(self.signs_if(rot, e)?),
+                Arg::Ptr(piece_ss),
+            ],
+        )
+    }
+
+    /// Where the residual GEMV of `mat` leaves the folded `norm`'s input.
+    pub(super) fn fold_out(&self, st: &CudaState, mat: Mat, norm: Norm) -> Result<FoldOut> {
+        let slot = plan::fold_slot(mat).ok_or_else(|| {
+            CudaError::Unsupported(format!("no folded norm after {}", mat.kind()))
+        })?;
+        Ok(FoldOut {
+            counters: st.s("fold_cnt") + (4 * plan::FOLD_MAX_PIECES * slot) as u64,
+            xq: st.s("fold_xq"),
+            xs: st.s("fold_xs"),
+            kind: FoldKind::Norm {
+                weight: self.norm_weight(norm).ptr,
+                piece_ss: st.s("fold_ss"),
+            },
+        })
+    }
+
+    /// Where the gate | up GEMV `mat` leaves its folded SwiGLU: the activations ffn_down reads,
+    /// with its layer's counters.
+    pub(super) fn swiglu_fold_out(&self, st: &CudaState, mat: Mat) -> Result<FoldOut> {
+        let Mat::FfnIn(l) = mat else {
+            return Err(CudaError::Unsupported(format!(
+                "a folded SwiGLU after {}",
+                mat.kind()
+            )));
+        };
+        let ffn = self.dims.ffn;
+        Ok(FoldOut {
+            counters: st.s("swiglu_cnt") + (4 * (ffn / 128) * l) as u64,
+            xq: st.s("xq"),
+            xs: st.s("xs"),
+            kind: FoldKind::Swiglu { ffn },
+        })
+    }
+
+    /// The one-token GEMV of `mat` after a folded `norm`: the decode kernel on the fold's
+    /// input, its outputs scaled, or where no decode kernel takes the matrix, the norm apart
+    /// from the residual (which the fold left intact) and the GEMV.
+    pub(super) fn gemv_scaled(&self, st: &CudaState, mat: Mat, norm: Norm, out: Out) -> Result<()> {
+        let (g, s, m) = (&*self.gpu, &*st.stream, self.mat(mat));
+        if g.gemv_decode(s, m, &self.scaled_io(st, mat, out), None)? {
+            return Ok(());
+        }
+        self.norm_quant(st, norm, 0, 1, false, (st.s("xq"), st.s("xs"), 0))?;
+        g.gemv(s, m, &self.gemv_io(st, mat, 1, out))
+    }
+
+    /// A one-token GEMV of `mat` reading the input a folded norm left (unscaled, in the fold's
+    /// buffers), its outputs times the norm's 1/rms.
+    pub(super) fn scaled_io(&self, st: &CudaState, mat: Mat, out: Out) -> GemvIo {
+        GemvIo {
+            xq: st.s("fold_xq"),
+            xs: st.s("fold_xs"),
+            rms_in: Some(RmsIn {
+                piece_ss: st.s("fold_ss"),
+                eps: self.dims.rms_eps,
+            }),
+            ..self.gemv_io(st, mat, 1, out)
+        }
+    }
+
+    /// A GEMV of `ntok` tokens from the scratch activations to `out`.
+    pub(super) fn gemv_io(&self, st: &CudaState, mat: Mat, ntok: usize, out: Out) -> GemvIo {
+        let m = self.mat(mat);
+        let (out, out_stride, accumulate, argmax) = match out {
+            // α | β uploaded apart go to their rows of the stacked projection.
+            Out::Proj if matches!(mat, Mat::GdnAb(_)) => {
+                let d = &self.dims;
+                let at = d.gdn_in_rows() - 2 * d.value_heads;
+                (st.s("proj") + 4 * at as u64, d.gdn_in_rows(), false, None)
+            }
+            Out::Proj if matches!(mat, Mat::GdnIn(_)) => {
+                (st.s("proj"), self.dims.gdn_in_rows(), false, None)
+            }
+            Out::Proj => (st.s("proj"), m.rows, false, None),
+            Out::Residual => (st.s("x"), self.dims.hidden, true, None),
+            Out::Logits { argmax } => (
+                st.s("logits"),
+                self.dims.vocab,
+                false,
+                argmax.then(|| st.s("argmax")),
+            ),
+        };
+        GemvIo {
+            xq: st.s("xq"),
+            xs: st.s("xs"),
+            xh: self.gpu.wants_f16_acts(ntok).then(|| st.s("xh")),
+            ntok,
+            out,
+            out_stride,
+            accumulate,
+            argmax,
+            split_scratch: Some((st.s("gemm_part"), st.layout.size("gemm_part") / 4)),
+            prefetch: match self.next_mat.iter().find(|p| p.0 == mat) {
+                Some(&(_, next)) if ntok == 1 => {
+                    let next = self.mat(next);
+                    Prefetch::of(next, self.gpu.prefetch_for(next))
+                }
+                _ => None,
+            },
+            rms_in: None,
+            fold: None,
+        }
+    }
+
+    /// What the recurrence's kernels read of a layer: the conv output, the projection (its row
+    /// stride and where the gate inputs α and β start), the decay parameters.
+    pub(super) fn gdn_inputs(&self, st: &CudaState, l: usize) -> [Arg; 7] {
+        let d = &self.dims;
+        let w = self.gdn(l);
+        let (ch, vd) = (d.conv_channels(), d.gdn_inner());
+        [
+            Arg::Ptr(st.s("conv")),
+            Arg::Ptr(st.s("proj")),
+            Arg::I32(d.gdn_in_rows() as i32),
+            Arg::I32((ch + vd) as i32),
+            Arg::I32((ch + vd + d.value_heads) as i32),
+            Arg::Ptr(w.a.ptr),
+            Arg::Ptr(w.dt_bias.ptr),
+        ]
+    }
+
+    pub(super) fn gdn(&self, l: usize) -> &GdnW {
+        match &self.layers[l].mix {
+            MixW::Gdn(g) => g,
+            MixW::Attn(_) => unreachable!("layer {l} is not recurrent"),
+        }
+    }
+
+    pub(super) fn attn(&self, l: usize) -> &AttnW {
+        match &self.layers[l].mix {
+            MixW::Attn(a) => a,
+            MixW::Gdn(_) => unreachable!("layer {l} is not attention"),
+        }
+    }
+
+    /// Device address of a recurrent layer's conv / ssm state and an attention layer's K / V.
+    pub(super) fn conv_state(&self, st: &CudaState, l: usize) -> u64 {
+        let d = &self.dims;
+        st.state.at(d.kind_index(l) * StateBytes::conv_per_layer(d))
+    }
+    pub(super) fn ssm_state(&self, st: &CudaState, l: usize) -> u64 {
+        let d = &self.dims;
+        st.state
+            .at(st.bytes.conv + d.kind_index(l) * StateBytes::ssm_per_layer(d))
+    }
+    /// Layer `l`'s K values, V values, K scales and V scales (the scales of a q8_0 cache).
+    pub(super) fn kv(&self, st: &CudaState, l: usize) -> [Arg; 4] {
+        let d = &self.dims;
+        let at = st.bytes.kv_layer(d.kind_index(l), d.n_attention());
+        let q8 = st.bytes.kv_cache == KvCache::Q8_0;
+        [
+            Arg::Ptr(st.state.at(at[0])),
+            Arg::Ptr(st.state.at(at[1])),
+            Arg::Ptr(if q8 { st.state.at(at[2]) } else { 0 }),
+            Arg::Ptr(if q8 { st.state.at(at[3]) } else { 0 }),
+        ]
+    }
+
+    /// The attention-split launch of a pass of `ntok` tokens and its split count (the merge must
+    /// use the same).
+    pub(super) fn attn_split_plan(&self, st: &CudaState, ntok: usize) -> (plan::AttnLaunch, usize) {
+        let kv = st.bytes.kv_cache;
+        let tile = self.gpu.attn_tile_for(kv, st.pos + ntok, ntok);
+        let (a, decode) = self.gpu.attn_launch(&self.dims, kv, tile);
+        (a, attn_splits(st.pos + ntok, ntok, decode))
+    }
+
+    /// An attention kernel's name for the state's cache type.
+    pub(super) fn kv_kernel(st: &CudaState, f16: &'static str, q8: &'static str) -> &'static str {
+        match st.bytes.kv_cache {
+            KvCache::F16 => f16,
+            KvCache::Q8_0 => q8,
+        }
+    }
+
+    /// silu(gate)·up of `ntok` tokens of the projection, quantized into `(xq, xs)` (and the
+    /// f16 activations where the pass's GEMMs read them).
+    pub(super) fn swiglu_quant(
+        &self,
+        st: &CudaState,
+        ntok: usize,
+        (xq, xs): (u64, u64),
+    ) -> Result<()> {
+        let (g, d) = (&*self.gpu, &self.dims);
+        let xh = g.wants_f16_acts(ntok).then(|| st.s("xh"));
+        g.launch(
+            &st.stream,
+            "quant_swiglu",
+            (d.ffn.div_ceil(1024) as u32, ntok as u32, 1),
+            (256, 1, 1),
+            &[
+                Arg::Ptr(st.s("proj")),
+                Arg::I32(d.ffn_in_rows() as i32),
+                Arg::I32(d.ffn as i32),
+                Arg::Ptr(xq),
+                Arg::Ptr(xs),
+                Arg::Ptr(xh.unwrap_or(0)),
+                Arg::Ptr(self.signs_if(d.rotation.ffn_down, d.ffn)?),
+            ],
+        )
+    }
+
+    pub(super) fn exec(&self, st: &CudaState, op: &Op) -> Result<()> {
+        let g = &*self.gpu;
+        let s = &*st.stream;
+        let d = &self.dims;
+        let (xq, xs) = (st.s("xq"), st.s("xs"));
+        // The quantizations of a pass whose GEMMs read f16 activations also write those.
+        let xh = |ntok: usize| g.wants_f16_acts(ntok).then(|| st.s("xh"));
+        let (proj, pos) = (st.s("proj"), st.s("pos"));
+        match *op {
+            Op::NormQuant {
+                norm,
+                tok0,
+                ntok,
+                rot,
+            } => self.norm_quant(st, norm, tok0, ntok, rot, (xq, xs, 0)),
+            Op::GemvFold { mat, norm } => {
+                let m = self.mat(mat);
+                let mut io = self.gemv_io(st, mat, 1, Out::Residual);
+                io.fold = Some(self.fold_out(st, mat, norm)?);
+                if g.gemv_decode(s, m, &io, None)? {
+                    return Ok(());
+                }
+                // No decode kernel takes the matrix: the GEMV, then the fold's twin.
+                io.fold = None;
+                g.gemv(s, m, &io)?;
+                let out = (st.s("fold_xq"), st.s("fold_xs"), st.s("fold_ss"));
+                self.norm_quant(st, norm, 0, 1, false, out)
+            }
+            Op::GemvScaled { mat, norm, out } => self.gemv_scaled(st, mat, norm, out),
+            Op::GemvSwiglu { mat, norm } => {
+                let io = GemvIo {
+                    fold: Some(self.swiglu_fold_out(st, mat)?),
+                    ..self.scaled_io(st, mat, Out::Proj)
+                };
+                if g.gemv_decode(s, self.mat(mat), &io, None)? {
+                    return Ok(());
+                }
+                // No decode kernel takes the matrix: the scaled GEMV's path, then the SwiGLU
+                // apart.
+                self.gemv_scaled(st, mat, norm, Out::Proj)?;
+                self.swiglu_quant(st, 1, (xq, xs))
+            }
+            Op::Gemv { mat, ntok, out } => {
+                let m = self.mat(mat);
+                g.gemv(s, m, &self.gemv_io(st, mat, ntok, out))
+            }
+            Op::NormGemv {
+                norm,
+                tok0,
+                mat,
+                out,
+            } => {
+                let m = self.mat(mat);
+                let io = self.gemv_io(st, mat, 1, out);
+                let pre = NormIn {
+                    x: st.s("x"),
+                    tok0,
+                    weight: self.norm_weight(norm).ptr,
+                    eps: d.rms_eps,
+                };
+                // A GEMV that adds into the residual must not also read it.
+                if out != Out::Residual && g.gemv_decode(s, m, &io, Some(pre))? {
+                    return Ok(());
+                }
+                self.norm_quant(st, norm, tok0, 1, false, (xq, xs, 0))?;
+                g.gemv(s, m, &io)
+            }
+            Op::Conv { layer, ntok } => {
+                let ch = d.conv_channels();
+                g.launch(
+                    s,
+                    "gdn_conv",
+                    (ch.div_ceil(32) as u32, 1, 1),
+                    // Up to 8 tokens at once per channel; a decode step's one token needs one row.
+                    (32, ntok.min(8) as u32, 1),
+                    &[
+                        Arg::Ptr(proj),
+                        Arg::I32(d.gdn_in_rows() as i32),
+                        Arg::I32(ntok as i32),
+                        Arg::Ptr(pos),
+                        Arg::Ptr(self.conv_state(st, layer)),
+                        Arg::Ptr(self.gdn(layer).conv.ptr),
+                        Arg::Ptr(st.s("conv")),
+                    ],
+                )
+            }
+            Op::GdnPrep { layer, ntok } => {
+                let [conv, proj, stride, aoff, boff, a, dt_bias] = self.gdn_inputs(st, layer);
+                g.launch(
+                    s,
+                    "gdn_prep",
+                    (d.key_heads as u32, ntok as u32, 1),
+                    (32, 2, 1),
+                    &[
+                        conv,
+                        proj,
+                        stride,
+                        aoff,
+                        boff,
+                        a,
+                        dt_bias,
+                        Arg::Ptr(st.s("gdn_qk")),
+                        Arg::Ptr(st.s("gdn_gb")),
+                    ],
+                )
+            }
+            Op::GdnStep { layer, ntok } if g.gdn_chunked(ntok) => {
+                let [conv, proj, stride, aoff, _, a, dt_bias] = self.gdn_inputs(st, layer);
+                let chunks = ntok.div_ceil(plan::GDN_CHUNK);
+                g.launch_smem(
+                    s,
+                    "gdn_chunk_prep",
+                    (d.value_heads as u32, chunks as u32, 1),
+                    (256, 1, 1),
+                    plan::gdn_prep_smem(d) as u32,
+                    &[
+                        conv,
+                        proj,
+                        stride,
+                        aoff,
+                        a,
+                        dt_bias,
+                        Arg::Ptr(st.s("gdn_qk")),
+                        Arg::Ptr(st.s("gdn_gb")),
+                        Arg::I32(ntok as i32),
+                        Arg::Ptr(st.s("gdn_chunks")),
+                    ],
+                )?;
+                g.launch(
+                    s,
+                    "gdn_chunk_scan",
+                    (d.value_heads as u32, (d.value_dim / 32) as u32, 1),
+                    (256, 1, 1),
+                    &[
+                        Arg::Ptr(st.s("gdn_chunks")),
+                        Arg::I32(chunks as i32),
+                        Arg::Ptr(st.s("gdn_qk")),
+                        Arg::I32(ntok as i32),
+                        Arg::Ptr(pos),
+                        Arg::Ptr(self.ssm_state(st, layer)),
+                        Arg::Ptr(st.s("gdn")),
+                    ],
+                )
+            }
+            Op::GdnStep { layer, ntok } => {
+                let [conv, proj, stride, aoff, boff, a, dt_bias] = self.gdn_inputs(st, layer);
+                let prepped = crate::plan::gdn_prepped(ntok);
+                let rows = g.gdn_rows_for(ntok);
+                g.launch(
+                    s,
+                    plan::gdn_step_kernel(rows),
+                    plan::gdn_step_grid(d, rows),
+                    (32, 4, 1),
+                    &[
+                        conv,
+                        proj,
+                        stride,
+                        aoff,
+                        boff,
+                        Arg::I32(ntok as i32),
+                        a,
+                        dt_bias,
+                        Arg::Ptr(if prepped { st.s("gdn_qk") } else { 0 }),
+                        Arg::Ptr(if prepped { st.s("gdn_gb") } else { 0 }),
+                        Arg::Ptr(pos),
+                        Arg::Ptr(self.ssm_state(st, layer)),
+                        Arg::Ptr(st.s("gdn")),
+                    ],
+                )
+            }
+            Op::GdnDecode { layer } => {
+                let [_, proj, _, aoff, boff, a, dt_bias] = self.gdn_inputs(st, layer);
+                g.launch(
+                    s,
+                    "gdn_decode",
+                    (d.value_heads as u32, 1, 1),
+                    (32, 16, 1),
+                    &[
+                        proj,
+                        aoff,
+                        boff,
+                        Arg::I32(d.conv_channels() as i32),
+                        Arg::Ptr(pos),
+                        Arg::Ptr(self.conv_state(st, layer)),
+                        Arg::Ptr(self.gdn(layer).conv.ptr),
+                        a,
+                        dt_bias,
+                        Arg::Ptr(self.ssm_state(st, layer)),
+                        Arg::Ptr(self.gdn(layer).norm.ptr),
+                        Arg::F32(d.rms_eps),
+                        Arg::Ptr(xq),
+                        Arg::Ptr(xs),
+                        Arg::Ptr(xh(1).unwrap_or(0)),
+                    ],
+                )
+            }
+            Op::GatedQuant { layer, ntok } => g.launch(
+                s,
+                "quant_gated",
+                (d.value_heads.div_ceil(8) as u32, ntok as u32, 1),
+                (256, 1, 1),
+                &[
+                    Arg::Ptr(st.s("gdn")),
+                    Arg::Ptr(proj),
+                    Arg::I32(d.gdn_in_rows() as i32),
+                    Arg::I32(d.conv_channels() as i32),
+                    Arg::Ptr(self.gdn(layer).norm.ptr),
+                    Arg::F32(d.rms_eps),
+                    Arg::Ptr(xq),
+                    Arg::Ptr(xs),
+                    Arg::Ptr(xh(ntok).unwrap_or(0)),
+                    Arg::Ptr(self.signs_if(d.rotation.gdn_out, d.gdn_inner())?),
+                    Arg::I32(i32::from(d.rotation.gdn_out && d.rotation.gdn_v_grouped)),
+                ],
+            ),
+            Op::AttnPrep { layer, ntok } => {
+                let w = self.attn(layer);
+                let kv = self.kv(st, layer);
+                g.launch(
+                    s,
+                    Self::kv_kernel(st, "attn_prep", "attn_prep_q8"),
+                    ((d.n_head + d.n_head_kv) as u32, ntok as u32, 1),
+                    (d.head_dim as u32, 1, 1),
+                    &[
+                        &[
+                            Arg::Ptr(proj),
+                            Arg::I32(d.attn_in_rows() as i32),
+                            Arg::Ptr(pos),
+                            Arg::Ptr(w.q_norm.ptr),
+                            Arg::Ptr(w.k_norm.ptr),
+                            Arg::F32(d.rms_eps),
+                            Arg::F32(d.rope_base),
+                            Arg::Ptr(st.s("q")),
+                        ][..],
+                        &kv,
+                    ]
+                    .concat(),
+                )
+            }
+            Op::AttnSplit { layer, ntok } => {
+                let [k, v, ks, vs] = self.kv(st, layer);
+                let (a, nsplit) = self.attn_split_plan(st, ntok);
+                g.launch_smem(
+                    s,
+                    a.kernel,
+                    (d.n_head_kv as u32, nsplit as u32, ntok as u32),
+                    (a.threads as u32, 1, 1),
+                    a.smem_bytes as u32,
+                    &[
+                        Arg::Ptr(st.s("q")),
+                        k,
+                        v,
+                        ks,
+                        vs,
+                        Arg::Ptr(pos),
+                        Arg::F32(1.0 / (d.head_dim as f32).sqrt()),
+                        Arg::I32(nsplit as i32),
+                        Arg::Ptr(st.s("part")),
+                    ],
+                )
+            }
+            Op::AttnCombine { ntok, .. } => {
+                // One-token passes: small blocks over all splits (up to 128 at depth);
+                // multi-token passes: a block per row (the same bits, far fewer blocks).
+                let (kernel, grid, block) = if ntok == 1 {
+                    let z = (d.head_dim / 32) as u32;
+                    ("attn_combine", (d.n_head as u32, 1, z), (256, 1, 1))
+                } else {
+                    let grid = (d.n_head as u32, ntok as u32, 1);
+                    ("attn_combine_rows", grid, (d.head_dim as u32, 1, 1))
+                };
+                g.launch(
+                    s,
+                    kernel,
+                    grid,
+                    block,
+                    &[
+                        Arg::Ptr(st.s("part")),
+                        Arg::I32(self.attn_split_plan(st, ntok).1 as i32),
+                        Arg::Ptr(pos),
+                        Arg::Ptr(proj),
+                        Arg::I32(d.attn_in_rows() as i32),
+                        Arg::Ptr(st.s("attn")),
+                    ],
+                )
+            }
+            Op::AttnCombineQuant { .. } => g.launch(
+                s,
+                "attn_combine_quant",
+                (d.n_head as u32, 1, (d.head_dim / 128) as u32),
+                (256, 1, 1),
+                &[
+                    Arg::Ptr(st.s("part")),
+                    Arg::I32(self.attn_split_plan(st, 1).1 as i32),
+                    Arg::Ptr(pos),
+                    Arg::Ptr(proj),
+                    Arg::I32(d.attn_in_rows() as i32),
+                    Arg::Ptr(st.s("attn")),
+                    Arg::Ptr(xq),
+                    Arg::Ptr(xs),
+                ],
+            ),
+            Op::PlainQuant { ntok } => {
+                let w = d.n_head * d.head_dim;
+                let signs = self.signs_if(d.rotation.attn_out, w)?;
+                g.quantize_rotated(
+                    s,
+                    st.s("attn"),
+                    w,
+                    ntok,
+                    xq,
+                    xs,
+                    xh(ntok),
+                    (signs != 0).then_some(signs),
+                )
+            }
+            Op::SwigluQuant { ntok } => self.swiglu_quant(st, ntok, (xq, xs)),
+            Op::ResetArgmax { ntok } => g.launch(
+                s,
+                "fill_u64",
+                (1, 1, 1),
+                (64, 1, 1),
+                &[Arg::Ptr(st.s("argmax")), Arg::I32(ntok as i32), Arg::U64(0)],
+            ),
+        }
+    }
+}

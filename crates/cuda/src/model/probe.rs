@@ -1,0 +1,331 @@
+//! Measuring a forward pass, for the harness: each op's time inside a graph, a decode step
+//! cut down to some of its ops, the kernels' own timeline, a persistent-GEMV probe, and the
+//! folded norms' and SwiGLU's outputs against their twins.
+
+use super::*;
+
+impl CudaModel {
+    /// Where a pass of `ntok` tokens spends its time: for each kind of op, the seconds one
+    /// launch takes inside a CUDA graph of `reps` launches (cycling through the layers' ops of
+    /// that kind, so that a matrix is not served from L2 by its own previous launch; median of
+    /// 5 replays), with how often the op occurs per pass. Launched as `forward` would (PDL for
+    /// one token only). The ops run on `st` as they are (its contents are meaningless
+    /// afterwards).
+    #[doc(hidden)]
+    pub fn profile(
+        &self,
+        st: &mut CudaState,
+        ntok: usize,
+        reps: usize,
+    ) -> Result<Vec<(String, usize, f64)>> {
+        // The kernels read the position from the device: make it the one the host plans with.
+        self.gpu
+            .write(&st.stream, st.s("pos"), &[st.pos as u32, 0])?;
+        let mut kinds: Vec<(String, Vec<Op>)> = Vec::new();
+        let argmax = ntok == 1;
+        for op in forward_ops(&self.dims, ntok, Head::Last, argmax, self.gpu.fusion()) {
+            let name = match op {
+                Op::Gemv { mat, .. } => format!("Gemv {}", mat.kind()),
+                Op::NormGemv { mat, .. } => format!("NormGemv {}", mat.kind()),
+                Op::GemvFold { mat, .. } => format!("GemvFold {}", mat.kind()),
+                Op::GemvScaled { mat, .. } => format!("GemvScaled {}", mat.kind()),
+                Op::GemvSwiglu { mat, .. } => format!("GemvSwiglu {}", mat.kind()),
+                other => format!("{other:?}"),
+            };
+            let key: String = name
+                .split(['(', '{'])
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_string();
+            match kinds.iter_mut().find(|k| k.0 == key) {
+                Some(k) => k.1.push(op),
+                None => kinds.push((key, vec![op])),
+            }
+        }
+        let mut out = Vec::new();
+        for (key, ops) in kinds {
+            let secs = self.time_graph(st, || {
+                let run = || (0..reps).try_for_each(|i| self.exec(st, &ops[i % ops.len()]));
+                if ntok == 1 {
+                    run()
+                } else {
+                    crate::gpu::serial_launches(run)
+                }
+            })?;
+            out.push((key, ops.len(), secs / reps as f64));
+        }
+        st.stream.synchronize().ctx(|| "profile".into())?;
+        Ok(out)
+    }
+
+    /// Seconds per replay of a one-token pass's graph (GPU argmax) holding only the ops `keep`
+    /// accepts, median of 5: the results are meaningless, the time says where a token's time
+    /// goes when ops run back to back as in decode (the GEMVs alone against the rest).
+    #[doc(hidden)]
+    pub fn time_decode_subset(
+        &self,
+        st: &mut CudaState,
+        keep: &dyn Fn(&Op) -> bool,
+    ) -> Result<f64> {
+        self.gpu
+            .write(&st.stream, st.s("pos"), &[st.pos as u32, 0])?;
+        let ops: Vec<Op> = forward_ops(&self.dims, 1, Head::Last, true, self.gpu.fusion())
+            .into_iter()
+            .filter(|op| keep(op))
+            .collect();
+        let secs = self.time_graph(st, || ops.iter().try_for_each(|op| self.exec(st, op)))?;
+        st.stream.synchronize().ctx(|| "decode subset".into())?;
+        Ok(secs)
+    }
+
+    /// The words of the folded output norm's input that a one-token pass left (codes, group
+    /// pairs, the pieces' sums of squares) and that its twin, `quant_rms` unscaled on the
+    /// residual the pass ended with, writes differently; and the words compared. Meaningful
+    /// right after a one-token pass with [`Fusion::fold`] on (the last residual GEMV then
+    /// folds the output norm).
+    #[doc(hidden)]
+    pub fn fold_twin_differences(&self, st: &CudaState) -> Result<(usize, usize)> {
+        let g = &*self.gpu;
+        let e = self.dims.hidden;
+        let names = ["fold_xq", "fold_xs", "fold_ss"];
+        let bufs = names
+            .iter()
+            .map(|&n| g.alloc(st.layout.size(n), "fold twin"))
+            .collect::<Result<Vec<_>>>()?;
+        self.norm_quant(
+            st,
+            Norm::Output,
+            0,
+            1,
+            false,
+            (bufs[0].ptr, bufs[1].ptr, bufs[2].ptr),
+        )?;
+        let regions: Vec<(u64, u64, usize)> = names
+            .iter()
+            .zip(&bufs)
+            .map(|(&name, b)| {
+                // Only the pieces a row has carry sums.
+                let n = match name {
+                    "fold_ss" => 4 * e / 128,
+                    _ => st.layout.size(name),
+                };
+                (st.s(name), b.ptr, n)
+            })
+            .collect();
+        self.words_differing(st, &regions)
+    }
+
+    /// Of `(a, b, bytes)` regions of device memory, the 4-byte words where a and b differ, and
+    /// the words compared.
+    pub(super) fn words_differing(
+        &self,
+        st: &CudaState,
+        regions: &[(u64, u64, usize)],
+    ) -> Result<(usize, usize)> {
+        let (mut differing, mut words) = (0, 0);
+        for &(a, b, n) in regions {
+            let mut x = vec![0u32; n / 4];
+            let mut y = vec![0u32; n / 4];
+            self.gpu.read(&st.stream, a, &mut x)?;
+            self.gpu.read(&st.stream, b, &mut y)?;
+            differing += x.iter().zip(&y).filter(|(p, q)| p != q).count();
+            words += x.len();
+        }
+        Ok((differing, words))
+    }
+
+    /// The words of the last layer's SwiGLU that a one-token pass left quantized (codes and
+    /// group pairs) and that `quant_swiglu` on the projection the pass ended with writes
+    /// differently; and the words compared. Meaningful right after a one-token pass with
+    /// [`Fusion::swiglu`] on (the last gate | up GEMV then folds its SwiGLU, and nothing after
+    /// the last down GEMV writes the activations or the projection).
+    #[doc(hidden)]
+    pub fn swiglu_twin_differences(&self, st: &CudaState) -> Result<(usize, usize)> {
+        let g = &*self.gpu;
+        let f = self.dims.ffn;
+        let sizes = [("xq", f), ("xs", 8 * f / 64)];
+        let twin = sizes
+            .iter()
+            .map(|&(_, n)| g.alloc(n, "swiglu twin"))
+            .collect::<Result<Vec<_>>>()?;
+        self.swiglu_quant(st, 1, (twin[0].ptr, twin[1].ptr))?;
+        let regions: Vec<(u64, u64, usize)> = sizes
+            .iter()
+            .zip(&twin)
+            .map(|(&(name, n), b)| (st.s(name), b.ptr, n))
+            .collect();
+        self.words_differing(st, &regions)
+    }
+
+    /// Where a decode step's time goes, from the kernels' timeline records: per kind of op,
+    /// its launches and their mean run, the dependence's latency before each and how early
+    /// its blocks were resident ([`crate::timeline`]), over the replays of the step's graph
+    /// that [`CudaModel::time_decode_subset`] times. `None` where the kernels keep no records
+    /// (`NIWAKI_CUDA_TRACE` unset). GEMVs are named by matrix, other ops by kernel.
+    #[doc(hidden)]
+    pub fn trace_decode(
+        &self,
+        st: &mut CudaState,
+    ) -> Result<Option<Vec<crate::timeline::OpTimes>>> {
+        if !self.gpu.tracing() {
+            return Ok(None);
+        }
+        self.gpu.take_trace()?;
+        self.time_decode_subset(st, &|_| true)?;
+        let Some(records) = self.gpu.take_trace()? else {
+            return Ok(None);
+        };
+        let mut gemvs = std::collections::HashMap::new();
+        for op in forward_ops(&self.dims, 1, Head::Last, true, self.gpu.fusion()) {
+            if let Op::Gemv { mat, .. }
+            | Op::NormGemv { mat, .. }
+            | Op::GemvFold { mat, .. }
+            | Op::GemvScaled { mat, .. }
+            | Op::GemvSwiglu { mat, .. } = op
+            {
+                gemvs.insert(self.mat(mat).scales.ptr, format!("Gemv {}", mat.kind()));
+            }
+        }
+        let name = |k: crate::gpu::TraceKind, tag: u64| {
+            gemvs.get(&tag).cloned().unwrap_or_else(|| format!("{k:?}"))
+        };
+        let launches = crate::timeline::launches(&records, name);
+        Ok(Some(crate::timeline::summarize(&launches)))
+    }
+
+    /// The persistent-step probe (`kernels/gemv_chain.cu`) on a decode step's GEMVs, in the
+    /// step's order, in tiles of [`plan::CHAIN_WARPS`] rows: seconds per replay of a graph launching
+    /// the probe once per GEMV, and of one launching it once for all of them with a grid-wide
+    /// barrier between GEMVs; the number of GEMVs; and how many logits of the last GEMV (the
+    /// LM head, after the whole chain in one launch) differ in any bit from the decode GEMV's.
+    /// `dot` false: the consumers release each tile without multiplying (no comparison: 0).
+    /// 1-bit and 2-bit g64 weights only (else `None`). The outputs go where the step's would;
+    /// the state's contents are meaningless afterwards.
+    #[doc(hidden)]
+    pub fn time_gemv_chain(
+        &self,
+        st: &mut CudaState,
+        dot: bool,
+    ) -> Result<Option<(f64, f64, usize, usize)>> {
+        let fmt = match self.output.format {
+            GpuFormat::Q1 => "q1",
+            GpuFormat::Q2G64 => "q2g64",
+            GpuFormat::Q2G128 => return Ok(None),
+        };
+        let kernel = format!("gemv_chain_{fmt}{}", if dot { "" } else { "_nodot" });
+        let g = &self.gpu;
+        // One descriptor per GEMV (kernels/gemv_chain.cu's ChainGemv: 5 pointers, 4 ints).
+        let mut desc: Vec<u64> = Vec::new();
+        let mut max_cols = 0;
+        let mut max_tile = 0;
+        for op in forward_ops(&self.dims, 1, Head::Last, true, Fusion::default()) {
+            let Op::Gemv { mat, out, .. } = op else {
+                continue;
+            };
+            let (m, io) = (self.mat(mat), self.gemv_io(st, mat, 1, out));
+            if m.format != self.output.format {
+                return Ok(None);
+            }
+            max_cols = max_cols.max(m.cols);
+            max_tile = max_tile.max(plan::chain_tile_bytes(m.format, m.cols));
+            desc.extend([m.codes.ptr, m.scales.ptr, io.xq, io.xs, io.out]);
+            desc.push(m.rows as u64 | (m.cols as u64) << 32);
+            desc.push(u64::from(io.accumulate));
+        }
+        let n = desc.len() / 7;
+        let descs = g.upload(&desc, "chain descriptors")?;
+        let count = g.alloc(8, "chain barrier")?;
+        let x_bytes = plan::x_bytes(max_cols, false);
+        let smem = g.smem_limit.saturating_sub(plan::GEMV1_STATIC_SMEM);
+        let ring = smem.saturating_sub(x_bytes) / 128 * 128;
+        let threads = 32 * (plan::CHAIN_WARPS + 1);
+        if ring < max_tile || g.blocks_per_sm(&kernel, threads, smem)? < 1 {
+            return Ok(None);
+        }
+        let grid = (g.info.multiprocessors.max(1) as u32, 1, 1);
+        let launch = |first: usize, ng: usize| {
+            g.launch_smem(
+                &st.stream,
+                &kernel,
+                grid,
+                (threads as u32, 1, 1),
+                smem as u32,
+                &[
+                    Arg::Ptr(descs.ptr + 56 * first as u64),
+                    Arg::I32(ng as i32),
+                    Arg::I32(x_bytes as i32),
+                    Arg::I32(ring as i32),
+                    Arg::Ptr(count.ptr),
+                ],
+            )
+        };
+        let zero = || {
+            g.launch(
+                &st.stream,
+                "fill_u64",
+                (1, 1, 1),
+                (64, 1, 1),
+                &[Arg::Ptr(count.ptr), Arg::I32(1), Arg::U64(0)],
+            )
+        };
+        let each = self.time_graph(st, || (0..n).try_for_each(|i| launch(i, 1)))?;
+        let once = self.time_graph(st, || {
+            zero()?;
+            launch(0, n)
+        })?;
+        let mut differing = 0;
+        if dot {
+            let logits = |st: &CudaState| -> Result<Vec<u32>> {
+                let mut v = vec![0u32; self.dims.vocab];
+                g.read(&st.stream, st.s("logits"), &mut v)?;
+                Ok(v)
+            };
+            zero()?;
+            launch(0, n)?;
+            let chained = logits(st)?;
+            // Against the dp4a decode GEMV, whose arithmetic the probe's is.
+            let (b1, b2) = (g.set_b1(false), g.set_b2(false));
+            let plain = self.exec(
+                st,
+                &Op::Gemv {
+                    mat: Mat::Output,
+                    ntok: 1,
+                    out: Out::Logits { argmax: false },
+                },
+            );
+            g.set_b1(b1);
+            g.set_b2(b2);
+            plain?;
+            differing = chained
+                .iter()
+                .zip(&logits(st)?)
+                .filter(|(a, b)| a != b)
+                .count();
+        }
+        st.stream.synchronize().ctx(|| "gemv chain".into())?;
+        Ok(Some((each, once, n, differing)))
+    }
+
+    /// Median seconds of 5 replays of the graph `record` captures on the state's stream (after
+    /// one warm-up replay).
+    pub(super) fn time_graph(
+        &self,
+        st: &CudaState,
+        record: impl FnOnce() -> Result<()>,
+    ) -> Result<f64> {
+        st.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .ctx(|| "beginning graph capture".into())?;
+        let res = record();
+        let g = st
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .ctx(|| "ending graph capture".into())?;
+        res?;
+        let g = g.ok_or_else(|| CudaError::Unsupported("empty graph".into()))?;
+        g.launch().ctx(|| "graph warm-up".into())?;
+        self.gpu
+            .time(&st.stream, 5, || g.launch().ctx(|| "graph launch".into()))
+    }
+}
