@@ -576,22 +576,21 @@ impl CudaModel {
         let n = feed.len();
         let on_device = n == 1 && self.embeds_on_device();
         match feed {
-            Feed::Tokens(tokens) if !on_device => {
+            // The row is looked up by the pass's first kernel.
+            Feed::Tokens(&[id]) if on_device => st.set_key(id)?,
+            Feed::Tokens(tokens) => {
                 let dst = st.s("x");
                 let x = st.host_x.as_mut_slice().ctx(|| "host embeddings".into())?;
                 self.embed(tokens, x)?;
                 self.gpu
                     .write(&st.stream, dst, &x[..n * self.dims.hidden])?;
             }
-            // The row is looked up by the pass's first kernel.
-            Feed::Tokens(&[id]) => st.set_key(id)?,
-            Feed::Tokens(_) => unreachable!("only one-token passes embed on the device"),
+            // The previous pass's pick is where the first kernel looks.
+            Feed::Picked if on_device => {}
             Feed::Picked => {
-                if !on_device {
-                    return Err(CudaError::Unsupported(
-                        "a pass fed by the device without its embedding table".into(),
-                    ));
-                }
+                return Err(CudaError::Unsupported(
+                    "a pass fed by the device without its embedding table".into(),
+                ))
             }
         }
         st.set_u32(st.s("pos"), st.pos as u32)?;
