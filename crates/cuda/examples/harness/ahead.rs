@@ -54,7 +54,7 @@ fn session(g: &CudaModel, vocab: usize) -> R<(Session, usize)> {
 }
 
 pub(crate) fn greedy_ahead(rep: &mut Report) -> R<()> {
-    rep.line(format!("Greedy decoding run ahead of the host (each step launched before the previous pick is read, its row looked up on the device) and the device's lookup alone, against one-token passes the host embeds and waits for: small preset, vocabulary 4096; a 13-token prompt and {FREE_STEPS} free-running steps, 7 calls feeding other tokens than the picks (ids 0 and 4095 among them: each drops the step run ahead), a 3-token call, then host logits for one more token. Everything must be equal in every bit, and every free-running step but none of the others must have run ahead."));
+    rep.line(format!("Greedy decoding run ahead of the host (each step launched before the previous pick is read, its row looked up on the device) and the device's lookup alone, against one-token passes the host embeds and waits for: small preset, vocabulary 4096; a 13-token prompt and {FREE_STEPS} free-running steps, 7 calls feeding other tokens than the picks (ids 0 and 4095 among them: each drops the step run ahead), a 3-token call, then host logits for one more token. Everything must be equal in every bit, and every free-running step must have run ahead when running ahead is on, none when it is off."));
     rep.line("");
     rep.line("| model | result | device lookup | run ahead | free-running steps run ahead | tokens in the state |");
     rep.line("|---|---|---|---|---|---|");
