@@ -70,6 +70,8 @@ pub struct CudaModel {
     output_norm: DevBuf,
     file: Arc<Gguf>,
     embd_format: Format,
+    /// Bytes of one row of the embedding table.
+    embd_row_bytes: usize,
     weight_bytes: usize,
     /// Capture decode steps as CUDA graphs (on by default).
     pub use_graphs: bool,
@@ -303,7 +305,14 @@ impl CudaModel {
             .tensor("token_embd.weight")
             .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
         let embd_format = embd.format();
-        let embed_table = EmbedTable::upload(&gpu, &embd, &dims, m.hadamard())?;
+        let embd_row_bytes =
+            embd_format
+                .row_bytes(dims.hidden)
+                .map_err(|source| ModelError::Decode {
+                    name: "token_embd.weight".into(),
+                    source,
+                })?;
+        let embed_table = EmbedTable::upload(&gpu, &embd, embd_row_bytes, &dims, m.hadamard())?;
         let mut signs = Vec::new();
         if let Some(hd) = m.hadamard() {
             for w in [
@@ -333,6 +342,7 @@ impl CudaModel {
             output,
             output_norm,
             embd_format,
+            embd_row_bytes,
             file,
             weight_bytes,
             use_graphs: true,
@@ -593,7 +603,7 @@ impl CudaModel {
                 ))
             }
         }
-        st.set_u32(st.s("pos"), st.pos as u32)?;
+        st.set_pos()?;
         let key = GraphKey {
             head,
             tail,

@@ -32,6 +32,7 @@ impl EmbedTable {
     pub(super) fn upload(
         gpu: &Gpu,
         t: &TensorView,
+        row_bytes: usize,
         d: &Dims,
         hd: Option<&Hadamard>,
     ) -> Result<Option<EmbedTable>> {
@@ -40,13 +41,6 @@ impl EmbedTable {
         else {
             return Ok(None);
         };
-        let row_bytes = t
-            .format()
-            .row_bytes(d.hidden)
-            .map_err(|source| ModelError::Decode {
-                name: "token_embd.weight".into(),
-                source,
-            })?;
         let what = "token_embd.weight (the device's embedding table)";
         check_fits(what, &[(what, t.data.len())], gpu.free_bytes()?)?;
         Ok(Some(EmbedTable {
@@ -114,13 +108,7 @@ impl CudaModel {
             .file
             .tensor("token_embd.weight")
             .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
-        let rb = self
-            .embd_format
-            .row_bytes(e)
-            .map_err(|source| ModelError::Decode {
-                name: "token_embd.weight".into(),
-                source,
-            })?;
+        let rb = self.embd_row_bytes;
         let one = |(&id, out): (&u32, &mut [f32])| -> Result<()> {
             let row = t.data.get(id as usize * rb..(id as usize + 1) * rb).ok_or(
                 ModelError::TokenOutOfRange {

@@ -62,11 +62,16 @@ impl CudaState {
 
     /// Writes `v` at device address `at` in stream order, from no host memory (a pageable
     /// copy could wait for the stream).
-    pub(super) fn set_u32(&self, at: u64, v: u32) -> Result<()> {
+    fn set_u32(&self, at: u64, v: u32) -> Result<()> {
         // SAFETY: `at` is a 4-byte word of this state's scratch.
         unsafe { sys::cuMemsetD32Async(at, v, 1, self.stream.cu_stream()) }
             .result()
             .ctx(|| "setting a word on the device".into())
+    }
+
+    /// Puts the state's position where the kernels read it.
+    pub(super) fn set_pos(&self) -> Result<()> {
+        self.set_u32(self.s("pos"), self.pos as u32)
     }
 
     /// Puts the host's token where a one-token pass looks its row up (the argmax key's low

@@ -19,8 +19,8 @@ impl CudaModel {
         reps: usize,
     ) -> Result<Vec<(String, usize, f64)>> {
         // The kernels read the position from the device: make it the one the host plans with.
-        self.gpu
-            .write(&st.stream, st.s("pos"), &[st.pos as u32, 0])?;
+        st.drop_ahead();
+        st.set_pos()?;
         let mut kinds: Vec<(String, Vec<Op>)> = Vec::new();
         let argmax = ntok == 1;
         for op in forward_ops(&self.dims, ntok, Head::Last, argmax, self.gpu.fusion()) {
@@ -68,8 +68,8 @@ impl CudaModel {
         st: &mut CudaState,
         keep: &dyn Fn(&Op) -> bool,
     ) -> Result<f64> {
-        self.gpu
-            .write(&st.stream, st.s("pos"), &[st.pos as u32, 0])?;
+        st.drop_ahead();
+        st.set_pos()?;
         let ops: Vec<Op> = forward_ops(&self.dims, 1, Head::Last, true, self.gpu.fusion())
             .into_iter()
             .filter(|op| keep(op))
