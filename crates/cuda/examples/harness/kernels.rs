@@ -292,7 +292,10 @@ pub(crate) fn gemv1_checks(
         let mut argmax_ok = true;
         let (mut fused_diff, mut fused_runs) = (0usize, 0usize);
         let (mut order_diff, mut order_runs) = (0usize, 0usize);
-        let x_launched = gpu.x_copy_launches();
+        // Launches asked to take the tensor map's copy, and those that did; launches asked
+        // not to that took it anyway. The plan no longer takes it by default, so these
+        // forced launches are what checks the swizzled kernels.
+        let (mut x_asked, mut x_took, mut x_unasked) = (0usize, 0usize, 0usize);
         for (rows, cols) in [(1001usize, 5120usize), (77, 17408), (20000, 256)] {
             let pool = BlockPool::new(format, cols, 11)?;
             let data = pool.fill(format.row_bytes(cols)? * rows, 5);
@@ -324,9 +327,17 @@ pub(crate) fn gemv1_checks(
                 };
                 let o = gpu.alloc(4 * rows, "out")?;
                 let was = gpu.set_x_copy(copy);
+                let before = gpu.x_copy_launches();
                 let ran = gpu.gemv1_tuned(s, &m, &GemvIo::one(xq, xs, o.ptr), t, None);
                 gpu.set_x_copy(was);
                 if ran? {
+                    let took = gpu.x_copy_launches() - before;
+                    if copy == Some(true) {
+                        x_asked += 1;
+                        x_took += took;
+                    } else {
+                        x_unasked += took;
+                    }
                     let mut got = vec![0u32; rows];
                     gpu.read(s, o.ptr, &mut got)?;
                     order_diff += got.iter().zip(&want).filter(|(a, b)| a != b).count();
@@ -384,10 +395,12 @@ pub(crate) fn gemv1_checks(
                 fused_runs += 1;
             }
         }
-        // The tensor map's kernels ran: each shape, both rows per warp, where forced.
-        let x_runs = gpu.x_copy_launches() - x_launched;
+        // The tensor map's kernels ran wherever forced (every shape, at least one rows per
+        // warp each) and nowhere else.
         let ok = worst < 1e-5
-            && x_runs >= 6
+            && x_took == x_asked
+            && x_asked >= 3
+            && x_unasked == 0
             && argmax_ok
             && runs >= 8
             && fused_diff == 0
@@ -395,7 +408,7 @@ pub(crate) fn gemv1_checks(
             && order_diff == 0
             && order_runs >= 8;
         rep.line(format!(
-            "| gemv1 {format} (bulk-copy, 1 token, += prior, argmax; norm fused) | 1001×5120, 77×17408, 20000×256; 1–2 rows/warp; 48/100 KiB | {} | vs integer twin {worst:.1e} (tol 1e-5) as a fraction of Σ|w·x|; argmax {}; {runs} launches; fused norm vs quant_rms + GEMV: {fused_diff} differing outputs in {fused_runs} shapes (must be 0); vs the multi-token kernel (gemv_t1), activations by tensor map ({x_runs} launches) and by threads: {order_diff} differing outputs in {order_runs} launches (must be 0) |",
+            "| gemv1 {format} (bulk-copy, 1 token, += prior, argmax; norm fused) | 1001×5120, 77×17408, 20000×256; 1–2 rows/warp; 48/100 KiB | {} | vs integer twin {worst:.1e} (tol 1e-5) as a fraction of Σ|w·x|; argmax {}; {runs} launches; fused norm vs quant_rms + GEMV: {fused_diff} differing outputs in {fused_runs} shapes (must be 0); vs the multi-token kernel (gemv_t1), activations by tensor map ({x_took} of {x_asked} launches asked to take it, {x_unasked} of the others) and by threads: {order_diff} differing outputs in {order_runs} launches (must be 0) |",
             if ok { "PASS" } else { "FAIL" },
             if argmax_ok { "matches" } else { "WRONG" }
         ));

@@ -97,17 +97,18 @@ pub(crate) fn x_bytes(cols: usize, fused_norm: bool) -> usize {
 }
 
 /// Rows per multiprocessor under which a decode GEMV stages its activations by one tensor-map
-/// copy into the swizzled layout (the `gemv1_*_x` kernels): with few tiles a block, the staging's
-/// latency weighs more than the extra instruction per 16 bytes the layout costs its reads. On the
-/// H200 (132 multiprocessors, so 8448 rows) that takes the 27B's 5120-row matrices (ffn_down,
-/// the attention and recurrent outputs) and leaves the 14336-row and wider ones. Decode on the
-/// H200 (`niwaki bench --device cuda -p 8 -n 128 -r 3`, two rounds interleaved with the build
-/// before): with every dp4a GEMV swizzled, Q1_0 2-5% faster (its dp4a GEMVs are the 5120-row
-/// ones) and Q2_0 3-5% slower; with this bound, Q1_0 310.8-311.4 / 306.9-310.0 → 323.3-324.3 /
-/// 320.7-322.1 tok/s, Q2_0 269.2-269.8 / 264.3-265.2 → 264.6-267.7 / 266.7-267.7. (The 1-bit
-/// matrices have since gone to the binary kernel, [`B1_MIN_TILES_PER_SM`]: on sm_90 the swizzled
-/// kernels serve the 2-bit formats.)
-pub const X_COPY_MAX_ROWS_PER_SM: usize = 64;
+/// copy into the swizzled layout (the `gemv1_*_x` kernels) rather than by every thread: none
+/// now. The copy saves the staging's latency where a block has few tiles, and costs one more
+/// instruction per 16 bytes of its reads. With a bound of 64 (the 27B's 5120-row matrices on
+/// the H200's 132 multiprocessors: ffn_down, the attention and recurrent outputs) it measured
+/// Q1_0 4% faster and Q2_0 within ±1.3% when it came (the 1-bit matrices have since gone to
+/// the binary kernel, [`B1_MIN_TILES_PER_SM`], so only the 2-bit formats take it). Since the
+/// norms were folded into those GEMVs and the picks stayed on the device, the same bound costs
+/// Q2_0 2.3%: `niwaki bench --device cuda -p 0 -n 128 -r 3`, two rounds alternated in one call,
+/// 292.51 / 292.94 tok/s with it against 299.63 / 299.53 without (`NIWAKI_CUDA_X_COPY=0`), Q1_0
+/// level (395.77 / 396.21 against 395.85 / 395.67). `NIWAKI_CUDA_X_COPY=all` still takes it
+/// wherever the row allows, and the harness checks those kernels against the others.
+pub const X_COPY_MAX_ROWS_PER_SM: usize = 0;
 
 /// Rows of 128 bytes in which the decode GEMV's activations of `cols` values arrive by one
 /// tensor-map copy: `None` where the row is not whole 128-byte rows, or more than a box holds
