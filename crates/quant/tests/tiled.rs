@@ -156,6 +156,30 @@ proptest! {
     }
 }
 
+/// One-token passes take several panels at once, each from its own part of the range (four for
+/// Q1_0): panel counts that split evenly and unevenly into those parts, and ranges that start
+/// past the first panel (`case` also runs its second half alone), still give the twin's bits.
+#[test]
+fn one_token_passes_over_many_panels_equal_the_twin() {
+    for (i, rows) in [64usize, 65, 112, 181, 250, 263].into_iter().enumerate() {
+        let seed = 7 + i as u64;
+        for format in TILED {
+            case(
+                format,
+                Ternary::Packed,
+                Q1Bits::preferred(),
+                rows,
+                2,
+                1,
+                seed,
+            );
+        }
+        for q1 in [Q1Bits::Nibbles, Q1Bits::Spread] {
+            case(Format::Q1_0, Ternary::Packed, q1, rows, 3, 1, seed);
+        }
+    }
+}
+
 #[test]
 fn formats_without_a_panel_layout_are_refused() {
     for format in [Format::F32, Format::Q8_0, Format::Q4_1] {

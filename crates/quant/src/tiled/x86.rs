@@ -62,6 +62,14 @@ trait Chunks {
     /// 2-bit quads stream faster without (a decode token of the 27B Q2_0 file 31% faster, of
     /// PQ2_0 27%, alternated step by step in one process), Q1_0 slower (5-7%), PTQ1_0 level.
     const PREFETCH: bool = true;
+    /// Panels a one-token pass multiplies at once, each from its own part of the task's range
+    /// (so each a weight stream of its own): 4 for Q1_0, whose chunks carry 8 bytes of weights
+    /// each, so that one broadcast of a chunk's activations serves four panels (2 Zen 5 cores,
+    /// 5120 × 17408: its ceiling from L2 41.0 → 45.7 GB/s a thread; the 27B file's decode,
+    /// builds alternated with the memory reading 84-89 GB/s, 13.54 / 13.28 / 13.52 → 13.93 /
+    /// 14.34 / 13.63 tok/s); 2 for the others (Q2_0's ceiling 97 → 92.5 GB/s, two threads from
+    /// memory 76 → 65-69 GB/s with 4).
+    const DECODE_STREAMS: usize = 2;
     /// What one row's pass over a half keeps between its chunks: the half's address, or what
     /// several chunks share decoded once.
     type Half: Copy;
@@ -103,6 +111,7 @@ const Q1_LANE_SCALE: [f32; 16] = {
 
 impl Chunks for Q1 {
     const FORMAT: Format = Format::Q1_0;
+    const DECODE_STREAMS: usize = 4;
     const SPAN_NEG: bool = true;
     type Half = *const u8;
     #[inline(always)]
@@ -118,6 +127,7 @@ impl Chunks for Q1 {
 
 impl Chunks for Q1Spread {
     const FORMAT: Format = Format::Q1_0;
+    const DECODE_STREAMS: usize = 4;
     const SPAN_NEG: bool = true;
     const LANE_SCALED: bool = true;
     type Half = *const u8;
@@ -354,6 +364,32 @@ unsafe fn store(v: __m512, p: usize, t: usize, nt: usize, rows: &Range<usize>, o
     scatter(&lanes, p, t, nt, rows, out);
 }
 
+/// One token over `S` panels at a time: the range is cut in `S` equal parts and pass `i` takes
+/// panel `i` of each, so that each of the `S` weight streams runs on into the next panel it
+/// reads, where the previous pass's prefetches already went, instead of starting cold; the
+/// independent chains also hide the latency of the block sums. Returns the first panel left
+/// (fewer than `S` at the end).
+#[inline(always)]
+unsafe fn decode_streams<C: Chunks, const S: usize>(
+    base: *const u8,
+    stride: usize,
+    blocks: usize,
+    panels: Range<usize>,
+    act: Act,
+    rows: &Range<usize>,
+    out: &mut [f32],
+) -> usize {
+    let part = panels.len() / S;
+    for i in 0..part {
+        let a = panels.start + i;
+        let v = tile::<C, S, 1>(base.add(a * stride), part * stride, blocks, &[act]);
+        for (k, v) in v.iter().enumerate() {
+            store(v[0], a + k * part, 0, 1, rows, out);
+        }
+    }
+    panels.start + S * part
+}
+
 #[inline(always)]
 unsafe fn run<C: Chunks>(m: &TiledMatrix, panels: Range<usize>, acts: &[Act], out: &mut [f32]) {
     let rows = m.row_range(&panels);
@@ -363,18 +399,10 @@ unsafe fn run<C: Chunks>(m: &TiledMatrix, panels: Range<usize>, acts: &[Act], ou
     let nt = acts.len();
     let mut p = panels.start;
     if nt == 1 {
-        // Two panels per pass: two independent FMA chains hide the latency of the block sums.
-        // The pass pairs panel i of the range's first half with panel i of its second half, so
-        // that each of the two streams runs on into the next panel it reads, where the previous
-        // pass's prefetches already went, instead of starting cold every other panel.
-        let half = panels.len() / 2;
-        for i in 0..half {
-            let (a, b) = (panels.start + i, panels.start + half + i);
-            let v = tile::<C, 2, 1>(base.add(a * stride), (b - a) * stride, blocks, &[acts[0]]);
-            store(v[0][0], a, 0, 1, &rows, out);
-            store(v[1][0], b, 0, 1, &rows, out);
-        }
-        p += 2 * half;
+        p = match C::DECODE_STREAMS {
+            4 => decode_streams::<C, 4>(base, stride, blocks, panels.clone(), acts[0], &rows, out),
+            _ => decode_streams::<C, 2>(base, stride, blocks, panels.clone(), acts[0], &rows, out),
+        };
     }
     while p < panels.end {
         let pp = base.add(p * stride);
