@@ -13,6 +13,7 @@
 
 use std::arch::x86_64::*;
 use std::ops::Range;
+use std::sync::OnceLock;
 
 use super::layout::{self, Q1Bits, PANEL};
 use super::{prefetch_ahead, scatter, Act, TiledMatrix};
@@ -28,14 +29,18 @@ pub(super) fn available() -> bool {
         && is_x86_feature_detected!("fma")
 }
 
-/// Whether the CPU's vendor is AMD (its vector units favour other decodes than Intel's).
+/// Whether the CPU's vendor is AMD (its vector units favour other decodes than Intel's), asked
+/// once: under a hypervisor `cpuid` traps, and the kernels ask on every call.
 pub(super) fn amd() -> bool {
-    let id = __cpuid(0);
-    let vendor: Vec<u8> = [id.ebx, id.edx, id.ecx]
-        .iter()
-        .flat_map(|r| r.to_le_bytes())
-        .collect();
-    vendor == b"AuthenticAMD"
+    static AMD: OnceLock<bool> = OnceLock::new();
+    *AMD.get_or_init(|| {
+        let id = __cpuid(0);
+        let vendor: Vec<u8> = [id.ebx, id.edx, id.ecx]
+            .iter()
+            .flat_map(|r| r.to_le_bytes())
+            .collect();
+        vendor == b"AuthenticAMD"
+    })
 }
 
 trait Chunks {
@@ -58,9 +63,10 @@ trait Chunks {
     /// one `and`, no shift): the group's sum then starts at `4^k·(−Σq)` and is scaled by
     /// `4^−k·d`, which gives the same products, exactly.
     const FIELD_SCALED: bool = false;
-    /// Whether a pass asks for the bytes a few panel blocks ahead (`prefetch_ahead`): the
-    /// 2-bit quads stream faster without (a decode token of the 27B Q2_0 file 31% faster, of
-    /// PQ2_0 27%, alternated step by step in one process), Q1_0 slower (5-7%), PTQ1_0 level.
+    /// Whether a pass asks for the bytes a few panel blocks ahead (`prefetch_ahead`) on an AMD
+    /// CPU: the 2-bit quads stream faster without there (a decode token of the 27B Q2_0 file
+    /// 31% faster, of PQ2_0 27%, alternated step by step in one process), Q1_0 slower (5-7%),
+    /// PTQ1_0 level. On Intel every format prefetches ([`prefetch`]).
     const PREFETCH: bool = true;
     /// Panels a one-token pass multiplies at once, each from its own part of the task's range
     /// (so each a weight stream of its own): 4 for Q1_0, whose chunks carry 8 bytes of weights
@@ -276,6 +282,7 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
     stride: usize,
     blocks: usize,
     acts: &[Act; T],
+    prefetch: bool,
 ) -> [[__m512; T]; R] {
     let pbb = layout::panel_block_bytes(C::FORMAT);
     let (halves, hb) = (layout::halves(C::FORMAT), layout::half_bytes(C::FORMAT));
@@ -283,7 +290,7 @@ unsafe fn tile<C: Chunks, const R: usize, const T: usize>(
     for b in 0..blocks {
         let mut blk = [[_mm512_setzero_ps(); T]; R];
         for r in 0..R {
-            if C::PREFETCH {
+            if prefetch {
                 prefetch_ahead(p.wrapping_add(r * stride + b * pbb), pbb);
             }
         }
@@ -376,18 +383,33 @@ unsafe fn decode_streams<C: Chunks, const S: usize>(
     blocks: usize,
     panels: Range<usize>,
     act: Act,
+    prefetch: bool,
     rows: &Range<usize>,
     out: &mut [f32],
 ) -> usize {
     let part = panels.len() / S;
     for i in 0..part {
         let a = panels.start + i;
-        let v = tile::<C, S, 1>(base.add(a * stride), part * stride, blocks, &[act]);
+        let v = tile::<C, S, 1>(
+            base.add(a * stride),
+            part * stride,
+            blocks,
+            &[act],
+            prefetch,
+        );
         for (k, v) in v.iter().enumerate() {
             store(v[0], a + k * part, 0, 1, rows, out);
         }
     }
     panels.start + S * part
+}
+
+/// Whether passes over `C` prefetch: on Intel always (a 2-core Xeon streaming 5120 × 17408
+/// matrices from memory with two threads: Q2_0 83% → 106% of a plain read's GB/s, PQ2_0 →
+/// 106%, Q1_0 81% without → 102%, PTQ1_0 60% → 93%, `examples/gemv_bandwidth --tiled 1`), on
+/// AMD where [`Chunks::PREFETCH`] says.
+fn prefetch<C: Chunks>() -> bool {
+    C::PREFETCH || !amd()
 }
 
 #[inline(always)]
@@ -397,11 +419,30 @@ unsafe fn run<C: Chunks>(m: &TiledMatrix, panels: Range<usize>, acts: &[Act], ou
     let stride = blocks * layout::panel_block_bytes(C::FORMAT);
     let base = m.data.as_ptr();
     let nt = acts.len();
+    let prefetch = prefetch::<C>();
     let mut p = panels.start;
     if nt == 1 {
         p = match C::DECODE_STREAMS {
-            4 => decode_streams::<C, 4>(base, stride, blocks, panels.clone(), acts[0], &rows, out),
-            _ => decode_streams::<C, 2>(base, stride, blocks, panels.clone(), acts[0], &rows, out),
+            4 => decode_streams::<C, 4>(
+                base,
+                stride,
+                blocks,
+                panels.clone(),
+                acts[0],
+                prefetch,
+                &rows,
+                out,
+            ),
+            _ => decode_streams::<C, 2>(
+                base,
+                stride,
+                blocks,
+                panels.clone(),
+                acts[0],
+                prefetch,
+                &rows,
+                out,
+            ),
         };
     }
     while p < panels.end {
@@ -410,20 +451,20 @@ unsafe fn run<C: Chunks>(m: &TiledMatrix, panels: Range<usize>, acts: &[Act], ou
         while t < nt {
             if C::TOKENS >= 8 && nt - t >= 8 {
                 let a: [Act; 8] = std::array::from_fn(|k| acts[t + k]);
-                let v = tile::<C, 1, 8>(pp, stride, blocks, &a);
+                let v = tile::<C, 1, 8>(pp, stride, blocks, &a, prefetch);
                 for (k, &v) in v[0].iter().enumerate() {
                     store(v, p, t + k, nt, &rows, out);
                 }
                 t += 8;
             } else if nt - t >= 4 {
                 let a = [acts[t], acts[t + 1], acts[t + 2], acts[t + 3]];
-                let v = tile::<C, 1, 4>(pp, stride, blocks, &a);
+                let v = tile::<C, 1, 4>(pp, stride, blocks, &a, prefetch);
                 for (k, &v) in v[0].iter().enumerate() {
                     store(v, p, t + k, nt, &rows, out);
                 }
                 t += 4;
             } else {
-                let v = tile::<C, 1, 1>(pp, stride, blocks, &[acts[t]]);
+                let v = tile::<C, 1, 1>(pp, stride, blocks, &[acts[t]], prefetch);
                 store(v[0][0], p, t, nt, &rows, out);
                 t += 1;
             }
