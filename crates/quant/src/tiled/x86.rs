@@ -383,11 +383,11 @@ unsafe fn decode_streams<C: Chunks, const S: usize>(
     blocks: usize,
     panels: Range<usize>,
     act: Act,
-    prefetch: bool,
     rows: &Range<usize>,
     out: &mut [f32],
 ) -> usize {
     let part = panels.len() / S;
+    let prefetch = prefetch::<C>();
     for i in 0..part {
         let a = panels.start + i;
         let v = tile::<C, S, 1>(
@@ -423,26 +423,8 @@ unsafe fn run<C: Chunks>(m: &TiledMatrix, panels: Range<usize>, acts: &[Act], ou
     let mut p = panels.start;
     if nt == 1 {
         p = match C::DECODE_STREAMS {
-            4 => decode_streams::<C, 4>(
-                base,
-                stride,
-                blocks,
-                panels.clone(),
-                acts[0],
-                prefetch,
-                &rows,
-                out,
-            ),
-            _ => decode_streams::<C, 2>(
-                base,
-                stride,
-                blocks,
-                panels.clone(),
-                acts[0],
-                prefetch,
-                &rows,
-                out,
-            ),
+            4 => decode_streams::<C, 4>(base, stride, blocks, panels.clone(), acts[0], &rows, out),
+            _ => decode_streams::<C, 2>(base, stride, blocks, panels.clone(), acts[0], &rows, out),
         };
     }
     while p < panels.end {
