@@ -43,20 +43,22 @@ pub enum Ternary {
 }
 
 impl Q1Bits {
-    /// The order this CPU's kernels read fastest: spread where the AVX-512 kernels run on an AMD
-    /// CPU, else nibbles (the AVX2 lookups read only those).
+    /// The order this CPU's kernels read fastest: spread where the AVX-512 kernels run, else
+    /// nibbles (the AVX2 lookups read only those).
     ///
     /// On a 2-core Zen 4 (EPYC) the spread kernel multiplied 16.0–18.9 GB/s of L2-resident Q1_0
     /// weights with one thread against 12.7–13.7 for the masked moves, streamed 14.5–17.2
     /// against 11.6–13.2 from memory (`examples/gemv_bandwidth --tiled 1 --q1 …`), and decoded
     /// the 27B Q1_0 file at a median 4.67 tok/s against 4.44 over seven alternated runs each
     /// (3.8–5.3 all told: the machine's read bandwidth moved between 29 and 53 GB/s), prefill
-    /// level (pp64 6.43–7.35 against 6.75–7.14). On a 2-core Xeon (AVX-512 VNNI) the same
-    /// decode measured a doubled kernel but a level decode and prefill 20% slower (the per-group
-    /// scaling back is work per token): nibbles stay there.
+    /// level (pp64 6.43–7.35 against 6.75–7.14). On a 2-core Xeon (AVX-512 VNNI, AMX) it
+    /// multiplied 25.2 GB/s from L2 against 18.4, and with the block-wise scaling back and the
+    /// four-panel passes the 27B file decoded at 5.77 / 5.88 tok/s against 5.59 / 5.60 and
+    /// prefilled (pp32) at 12.1 / 12.5 against 11.1 / 11.3, alternated (the masked moves had
+    /// been level in decode and 20% faster in prefill there before those two changes).
     pub fn preferred() -> Q1Bits {
         #[cfg(target_arch = "x86_64")]
-        if x86::available() && x86::amd() {
+        if x86::available() {
             return Q1Bits::Spread;
         }
         Q1Bits::Nibbles

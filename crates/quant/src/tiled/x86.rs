@@ -31,7 +31,7 @@ pub(super) fn available() -> bool {
 
 /// Whether the CPU's vendor is AMD (its vector units favour other decodes than Intel's), asked
 /// once: under a hypervisor `cpuid` traps, and the kernels ask on every call.
-pub(super) fn amd() -> bool {
+fn amd() -> bool {
     static AMD: OnceLock<bool> = OnceLock::new();
     *AMD.get_or_init(|| {
         let id = __cpuid(0);
