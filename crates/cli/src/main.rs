@@ -47,6 +47,11 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // A bad cap on the kernels' instruction set is refused before any work, not ignored.
+    if let Err(e) = quant::simd::cap_from_env() {
+        eprintln!("error: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
     let result = match cli.command {
         Command::Run(a) => cmd::run::main(a),
         Command::Chat(a) => cmd::chat::main(a),

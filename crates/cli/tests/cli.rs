@@ -124,6 +124,75 @@ fn thread_count_does_not_change_the_output() {
     assert_eq!(run("1"), run("2"));
 }
 
+/// The logits of `tokens` from `m` (`--mode step` one token at a time, `prefill` as one chunk),
+/// with the kernels capped at `simd` (`None`: the fastest the CPU has), as the .npy bytes.
+fn logits_bytes(m: &Path, dir: &Path, mode: &str, simd: Option<&str>) -> Vec<u8> {
+    let out = dir.join(format!("{mode}-{}.npy", simd.unwrap_or("best")));
+    let mut cmd = niwaki();
+    cmd.args(["logits", "--tokens", "5,17,3,99,42,7,250,1,64,128,33,2"])
+        .args(["--mode", mode, "--out"])
+        .arg(&out)
+        .arg("--model")
+        .arg(m);
+    match simd {
+        Some(level) => cmd.env("NIWAKI_SIMD", level),
+        None => cmd.env_remove("NIWAKI_SIMD"),
+    };
+    cmd.assert().success();
+    std::fs::read(&out).unwrap()
+}
+
+/// Every SIMD kernel of the int8 path (tiled GEMMs, activation quantization, attention) has a
+/// scalar twin that gives the same bits: whole-model logits, decoded step by step and prefilled
+/// as a chunk, are byte-identical with the kernels capped at scalar, at AVX2 and uncapped, and
+/// so is greedy output.
+#[test]
+fn scalar_and_simd_kernels_give_identical_logits_and_greedy_text() {
+    let dir = tempfile::tempdir().unwrap();
+    for format in ["Q1_0", "Q2_0", "Q2_0_g128", "PQ2_0", "PTQ1_0"] {
+        let m = synth(dir.path(), &format!("{format}.gguf"), format);
+        for mode in ["step", "prefill"] {
+            let best = logits_bytes(&m, dir.path(), mode, None);
+            for level in ["scalar", "avx2"] {
+                let capped = logits_bytes(&m, dir.path(), mode, Some(level));
+                assert!(
+                    capped == best,
+                    "{format} {mode}: logits with NIWAKI_SIMD={level} differ"
+                );
+            }
+        }
+        let greedy = |simd: Option<&str>| {
+            let mut cmd = niwaki();
+            cmd.args(["run", "--temperature", "0", "-n", "12", "--prompt", "abc"])
+                .arg("--model")
+                .arg(&m);
+            match simd {
+                Some(level) => cmd.env("NIWAKI_SIMD", level),
+                None => cmd.env_remove("NIWAKI_SIMD"),
+            };
+            stdout(&mut cmd)
+        };
+        assert_eq!(
+            greedy(Some("scalar")),
+            greedy(None),
+            "{format}: greedy text"
+        );
+    }
+}
+
+#[test]
+fn a_bad_simd_cap_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), "t.gguf", "Q1_0");
+    let err = failure(
+        niwaki()
+            .env("NIWAKI_SIMD", "sse4")
+            .args(["info", "--model"])
+            .arg(&m),
+    );
+    assert!(err.contains("NIWAKI_SIMD") && err.contains("sse4"), "{err}");
+}
+
 #[test]
 fn bench_reports_json() {
     let dir = tempfile::tempdir().unwrap();

@@ -272,7 +272,8 @@ impl QuantizedActs {
         let mut scale = vec![0.0f32; padded / ACT_GROUP];
         let mut neg_sum = vec![0i32; padded / ACT_GROUP];
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx512f")
+        if crate::simd::allows(crate::Simd::Avx512)
+            && is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("fma")
         {
@@ -280,7 +281,10 @@ impl QuantizedActs {
             return unsafe { Self::new_avx512(x, q, scale, neg_sum) };
         }
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        if crate::simd::allows(crate::Simd::Avx2)
+            && is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+        {
             // SAFETY: the CPU has the features the function is compiled with.
             unsafe { quantize_halves_avx2(x, &mut q, &mut scale, &mut neg_sum) };
             return Self::with_group_sums(x.to_vec(), q, scale, neg_sum);

@@ -32,6 +32,7 @@ mod q2_0;
 mod q4_1;
 mod q8_0;
 mod sign_tables;
+pub mod simd;
 mod tiled;
 
 pub use acts::{act_group, QuantizedActs, ACT_GROUP};
@@ -39,6 +40,7 @@ use codec::Codec;
 pub use error::QuantError;
 pub use format::Format;
 pub use gemm::{gemm_rows, gemm_rows_scalar, gemm_rows_with, gemv_rows, Isa};
+pub use simd::Simd;
 pub use tiled::{
     gemm_tiled, gemm_tiled_avx2, gemm_tiled_scalar, Q1Bits, Ternary, TileError, TiledMatrix, PANEL,
 };

@@ -27,7 +27,7 @@ pub(crate) fn build(q: &[i8]) -> Vec<u8> {
     );
     let mut out = vec![0u8; BYTES_PER_CODE * q.len()];
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") {
+    if crate::simd::allows(crate::Simd::Avx2) && is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2; the lengths were checked above.
         unsafe { build_avx2(q, &mut out) };
         return out;

@@ -22,7 +22,8 @@ use crate::acts::GROUPS_PER_HALF;
 use crate::{sign_tables, Format, QuantizedActs};
 
 pub(super) fn available() -> bool {
-    is_x86_feature_detected!("avx2")
+    crate::simd::allows(crate::Simd::Avx2)
+        && is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("f16c")
 }

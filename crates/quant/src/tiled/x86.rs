@@ -21,7 +21,8 @@ use crate::acts::GROUPS_PER_HALF;
 use crate::{Format, QuantizedActs};
 
 pub(super) fn available() -> bool {
-    is_x86_feature_detected!("avx512f")
+    crate::simd::allows(crate::Simd::Avx512)
+        && is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vnni")
         && is_x86_feature_detected!("avx512vbmi")

@@ -71,9 +71,12 @@ impl Simd {
     fn supported(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         return match self {
-            Simd::Avx512 => std::is_x86_feature_detected!("avx512f"),
+            Simd::Avx512 => {
+                quant::simd::allows(quant::Simd::Avx512) && std::is_x86_feature_detected!("avx512f")
+            }
             Simd::Avx2 => {
-                std::is_x86_feature_detected!("avx2")
+                quant::simd::allows(quant::Simd::Avx2)
+                    && std::is_x86_feature_detected!("avx2")
                     && std::is_x86_feature_detected!("fma")
                     && std::is_x86_feature_detected!("f16c")
             }

@@ -7,7 +7,8 @@ use super::Isa;
 use crate::{Format, QuantizedActs};
 
 pub(crate) fn has_avx2() -> bool {
-    is_x86_feature_detected!("avx2")
+    crate::simd::allows(crate::Simd::Avx2)
+        && is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("f16c")
 }
@@ -17,7 +18,8 @@ pub(crate) fn has_avx2_vnni() -> bool {
 }
 
 pub(crate) fn has_avx512() -> bool {
-    has_avx2()
+    crate::simd::allows(crate::Simd::Avx512)
+        && has_avx2()
         && is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vl")

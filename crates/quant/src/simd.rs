@@ -1,0 +1,66 @@
+//! The widest vector instructions this process's kernels may use: what the CPU has, capped by
+//! the `NIWAKI_SIMD` environment variable (`scalar`, `avx2` or `avx512`), so that a whole run
+//! can be repeated on the plain twins of the SIMD kernels and compared with the fast one.
+
+use std::sync::OnceLock;
+
+/// The environment variable that caps the kernels' instruction set.
+pub const SIMD_ENV: &str = "NIWAKI_SIMD";
+
+/// A level of vector instructions, narrowest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Simd {
+    /// The portable kernels, the twins of the others.
+    Scalar,
+    /// 256-bit AVX2 (with FMA and F16C), and AVX-VNNI where the CPU has it.
+    Avx2,
+    /// AVX-512 (F, BW, VL, VNNI, VBMI where a kernel needs them).
+    Avx512,
+}
+
+impl Simd {
+    /// The level a `NIWAKI_SIMD` value names, or why it names none.
+    pub fn parse(value: &str) -> Result<Simd, String> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "scalar" => Ok(Simd::Scalar),
+            "avx2" => Ok(Simd::Avx2),
+            "avx512" => Ok(Simd::Avx512),
+            other => Err(format!(
+                "{SIMD_ENV}={other:?}: expected scalar, avx2 or avx512"
+            )),
+        }
+    }
+}
+
+/// The cap `NIWAKI_SIMD` sets (none where unset), or why its value is not one. Programs check
+/// this once at start and refuse a bad value; the kernels then read [`allows`].
+pub fn cap_from_env() -> Result<Option<Simd>, String> {
+    match std::env::var(SIMD_ENV) {
+        Ok(v) => Simd::parse(&v).map(Some),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(format!("{SIMD_ENV} is not UTF-8")),
+    }
+}
+
+/// Whether the kernels may use `level` (the CPU must still have it): read once per process; an
+/// unreadable value caps nothing (programs refuse it first, through [`cap_from_env`]).
+pub fn allows(level: Simd) -> bool {
+    static CAP: OnceLock<Option<Simd>> = OnceLock::new();
+    CAP.get_or_init(|| cap_from_env().ok().flatten())
+        .is_none_or(|cap| level <= cap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels_parse_and_order() {
+        assert_eq!(Simd::parse("scalar"), Ok(Simd::Scalar));
+        assert_eq!(Simd::parse(" AVX2 "), Ok(Simd::Avx2));
+        assert_eq!(Simd::parse("avx512"), Ok(Simd::Avx512));
+        let err = Simd::parse("sse4").unwrap_err();
+        assert!(err.contains("NIWAKI_SIMD") && err.contains("sse4"), "{err}");
+        assert!(Simd::Scalar < Simd::Avx2 && Simd::Avx2 < Simd::Avx512);
+    }
+}
