@@ -124,6 +124,14 @@ fn thread_count_does_not_change_the_output() {
     assert_eq!(run("1"), run("2"));
 }
 
+/// `cmd` with the kernels capped at `simd` (`None`: uncapped, whatever the test's environment).
+fn capped<'a>(cmd: &'a mut Command, simd: Option<&str>) -> &'a mut Command {
+    match simd {
+        Some(level) => cmd.env("NIWAKI_SIMD", level),
+        None => cmd.env_remove("NIWAKI_SIMD"),
+    }
+}
+
 /// The logits of `tokens` from `m` (`--mode step` one token at a time, `prefill` as one chunk),
 /// with the kernels capped at `simd` (`None`: the fastest the CPU has), as the .npy bytes.
 fn logits_bytes(m: &Path, dir: &Path, mode: &str, simd: Option<&str>) -> Vec<u8> {
@@ -134,11 +142,7 @@ fn logits_bytes(m: &Path, dir: &Path, mode: &str, simd: Option<&str>) -> Vec<u8>
         .arg(&out)
         .arg("--model")
         .arg(m);
-    match simd {
-        Some(level) => cmd.env("NIWAKI_SIMD", level),
-        None => cmd.env_remove("NIWAKI_SIMD"),
-    };
-    cmd.assert().success();
+    capped(&mut cmd, simd).assert().success();
     std::fs::read(&out).unwrap()
 }
 
@@ -166,11 +170,7 @@ fn scalar_and_simd_kernels_give_identical_logits_and_greedy_text() {
             cmd.args(["run", "--temperature", "0", "-n", "12", "--prompt", "abc"])
                 .arg("--model")
                 .arg(&m);
-            match simd {
-                Some(level) => cmd.env("NIWAKI_SIMD", level),
-                None => cmd.env_remove("NIWAKI_SIMD"),
-            };
-            stdout(&mut cmd)
+            stdout(capped(&mut cmd, simd))
         };
         assert_eq!(
             greedy(Some("scalar")),
