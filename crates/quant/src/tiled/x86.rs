@@ -75,7 +75,8 @@ trait Chunks {
     /// 5120 × 17408: its ceiling from L2 41.0 → 45.7 GB/s a thread; the 27B file's decode,
     /// builds alternated with the memory reading 84-89 GB/s, 13.54 / 13.28 / 13.52 → 13.93 /
     /// 14.34 / 13.63 tok/s); 2 for the others (Q2_0's ceiling 97 → 92.5 GB/s, two threads from
-    /// memory 76 → 65-69 GB/s with 4).
+    /// memory 76 → 65-69 GB/s with 4). On AMD; Intel takes four for every format
+    /// ([`decode_streams_here`]).
     const DECODE_STREAMS: usize = 2;
     /// What one row's pass over a half keeps between its chunks: the half's address, or what
     /// several chunks share decoded once.
@@ -413,6 +414,18 @@ fn prefetch<C: Chunks>() -> bool {
     C::PREFETCH || !amd()
 }
 
+/// Panels a one-token pass over `C` takes at once: on AMD what [`Chunks::DECODE_STREAMS`] says,
+/// on Intel four for every format (2-core Xeon, the 27B files' decode alternated two runs
+/// against two with two panels: Q2_0 3.92 / 4.02 / 4.01 / 3.90 against 3.75 / 3.86 / 3.86 /
+/// 3.70 tok/s, PQ2_0 4.07 / 3.96 against 3.77 / 3.77, PTQ1_0 4.42 / 4.38 against 4.22 / 4.17).
+fn decode_streams_here<C: Chunks>() -> usize {
+    if amd() {
+        C::DECODE_STREAMS
+    } else {
+        4
+    }
+}
+
 #[inline(always)]
 unsafe fn run<C: Chunks>(m: &TiledMatrix, panels: Range<usize>, acts: &[Act], out: &mut [f32]) {
     let rows = m.row_range(&panels);
@@ -423,7 +436,7 @@ unsafe fn run<C: Chunks>(m: &TiledMatrix, panels: Range<usize>, acts: &[Act], ou
     let prefetch = prefetch::<C>();
     let mut p = panels.start;
     if nt == 1 {
-        p = match C::DECODE_STREAMS {
+        p = match decode_streams_here::<C>() {
             4 => decode_streams::<C, 4>(base, stride, blocks, panels.clone(), acts[0], &rows, out),
             _ => decode_streams::<C, 2>(base, stride, blocks, panels.clone(), acts[0], &rows, out),
         };
