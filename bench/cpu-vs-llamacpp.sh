@@ -33,7 +33,7 @@ row() { printf '| %s | %s | %s | %s | %s | %s |\n' "$@"; }
   echo "# niwaki vs llama.cpp, CPU, synthetic Bonsai-27B files"
   echo
   echo "- date: $(date -u +%Y-%m-%dT%H:%MZ); machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; threads: $threads"
-  echo "- niwaki $rev (--kernels $kernels); llama-bench: ${lb#"$root"/}"
+  echo "- niwaki $rev (--kernels $kernels, NIWAKI_SIMD=${NIWAKI_SIMD:-unset}); llama-bench: ${lb#"$root"/}"
   echo "- command: PP=$pp TG=$tg REPS=$reps KERNELS=$kernels FORMATS=\"$formats\" bench/cpu-vs-llamacpp.sh"
   echo
   echo "| file | test | llama.cpp tok/s | niwaki tok/s | ratio | niwaki decode / bandwidth floor |"

@@ -19,6 +19,24 @@ pub enum Simd {
 }
 
 impl Simd {
+    /// The widest level the kernels run at in this process: what the CPU has, within the cap.
+    pub fn in_use() -> Simd {
+        match crate::Isa::best() {
+            crate::Isa::Avx512 => Simd::Avx512,
+            crate::Isa::Avx2 | crate::Isa::Avx2Vnni => Simd::Avx2,
+            crate::Isa::Scalar => Simd::Scalar,
+        }
+    }
+
+    /// The name `NIWAKI_SIMD` takes for it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Simd::Scalar => "scalar",
+            Simd::Avx2 => "avx2",
+            Simd::Avx512 => "avx512",
+        }
+    }
+
     /// The level a `NIWAKI_SIMD` value names, or why it names none.
     pub fn parse(value: &str) -> Result<Simd, String> {
         match value.trim().to_ascii_lowercase().as_str() {
@@ -62,5 +80,8 @@ mod tests {
         let err = Simd::parse("sse4").unwrap_err();
         assert!(err.contains("NIWAKI_SIMD") && err.contains("sse4"), "{err}");
         assert!(Simd::Scalar < Simd::Avx2 && Simd::Avx2 < Simd::Avx512);
+        for level in [Simd::Scalar, Simd::Avx2, Simd::Avx512] {
+            assert_eq!(Simd::parse(level.name()), Ok(level));
+        }
     }
 }

@@ -229,6 +229,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
             let place = Place::Cpu {
                 threads,
                 peak_rss: probe.rss,
+                simd: quant::Simd::in_use().name(),
             };
             report(place, runs, bw)
         }

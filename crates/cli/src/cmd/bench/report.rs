@@ -33,6 +33,8 @@ pub enum Place {
         threads: usize,
         /// Peak resident set of the decode runs.
         peak_rss: u64,
+        /// The widest instruction set the kernels ran at (`NIWAKI_SIMD` caps it).
+        simd: &'static str,
     },
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Cuda {
@@ -127,8 +129,12 @@ impl Report<'_> {
             "floor_fraction_runs": self.fractions(),
         });
         let extra = match &self.place {
-            Place::Cpu { threads, peak_rss } => serde_json::json!({
-                "device": "cpu", "threads": threads, "kv_cache": self.kv_cache,
+            Place::Cpu {
+                threads,
+                peak_rss,
+                simd,
+            } => serde_json::json!({
+                "device": "cpu", "threads": threads, "simd": simd, "kv_cache": self.kv_cache,
                 "peak_rss_bytes": peak_rss, "state_bytes": self.state_bytes,
             }),
             Place::Cuda {
@@ -205,9 +211,10 @@ impl Report<'_> {
         }
         let (kv_cache, state) = (self.kv_cache, gib(self.state_bytes));
         s += &match &self.place {
-            Place::Cpu { peak_rss, .. } => format!(
+            Place::Cpu { peak_rss, simd, .. } => format!(
                 "peak RSS: {:.2} GiB (file {:.2} GiB; a sequence's recurrent state and {kv_cache} \
-                 KV cache {:.2} GiB at the end of a decode run)\n",
+                 KV cache {:.2} GiB at the end of a decode run)\nCPU kernels: {simd} \
+                 (NIWAKI_SIMD=scalar|avx2|avx512 caps them)\n",
                 gib(*peak_rss),
                 gib(self.file_bytes),
                 state
@@ -260,6 +267,7 @@ mod tests {
         let cpu = Place::Cpu {
             threads: 2,
             peak_rss: 1 << 30,
+            simd: "avx512",
         };
         // 4 GB a token: 5 tok/s at 40 GB/s is the whole floor.
         let r = report(cpu, vec![5.0, 5.0, 2.5], vec![40.0, 20.0, 20.0]);
@@ -275,6 +283,7 @@ mod tests {
             Place::Cpu {
                 threads: 1,
                 peak_rss: 0,
+                simd: "scalar",
             },
             vec![5.0],
             vec![],
@@ -325,6 +334,7 @@ mod tests {
         let cpu = Place::Cpu {
             threads: 2,
             peak_rss: 3 << 30,
+            simd: "avx2",
         };
         let mut r = report(cpu, vec![5.0], vec![40.0]);
         r.kv_cache = "f16";
@@ -338,10 +348,12 @@ mod tests {
             "floor_fraction",
             "floor_tok_s",
             "threads",
+            "simd",
         ] {
             assert!(j.get(key).is_some(), "{key} missing from {j}");
         }
         assert_eq!(j["device"], "cpu");
+        assert_eq!(j["simd"], "avx2");
         assert_eq!(j["kv_cache"], "f16");
         assert_eq!(j["state_bytes"], 5u64 << 20);
         assert_eq!(j["pp_tok_s"], 20.0);
