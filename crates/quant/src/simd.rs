@@ -37,16 +37,16 @@ impl Simd {
         }
     }
 
+    /// Every level, narrowest first.
+    const ALL: [Simd; 3] = [Simd::Scalar, Simd::Avx2, Simd::Avx512];
+
     /// The level a `NIWAKI_SIMD` value names, or why it names none.
     pub fn parse(value: &str) -> Result<Simd, String> {
-        match value.trim().to_ascii_lowercase().as_str() {
-            "scalar" => Ok(Simd::Scalar),
-            "avx2" => Ok(Simd::Avx2),
-            "avx512" => Ok(Simd::Avx512),
-            other => Err(format!(
-                "{SIMD_ENV}={other:?}: expected scalar, avx2 or avx512"
-            )),
-        }
+        let value = value.trim().to_ascii_lowercase();
+        Simd::ALL
+            .into_iter()
+            .find(|level| level.name() == value)
+            .ok_or_else(|| format!("{SIMD_ENV}={value:?}: expected scalar, avx2 or avx512"))
     }
 }
 
@@ -80,7 +80,7 @@ mod tests {
         let err = Simd::parse("sse4").unwrap_err();
         assert!(err.contains("NIWAKI_SIMD") && err.contains("sse4"), "{err}");
         assert!(Simd::Scalar < Simd::Avx2 && Simd::Avx2 < Simd::Avx512);
-        for level in [Simd::Scalar, Simd::Avx2, Simd::Avx512] {
+        for level in Simd::ALL {
             assert_eq!(Simd::parse(level.name()), Ok(level));
         }
     }
