@@ -260,11 +260,50 @@ __device__ __forceinline__ void bulk_g2s(u32 dst, const void* src, u32 bytes, u3
                  : "memory");
 }
 
+// The decode GEMVs' weight copies: each byte of a matrix is read once a token, ~7 GB between
+// two reads of it, so nothing is gained by keeping it in the L2 cache. With WEIGHTS_EVICT_FIRST
+// (`NIWAKI_CUDA_WEIGHTS_L2=first`) those copies carry an evict-first policy, so that the stream
+// displaces them before the small buffers the step's kernels hand each other (activations,
+// the residual, the folded norms' pieces and counters).
+#ifdef WEIGHTS_EVICT_FIRST
+__device__ __forceinline__ u64 weights_policy() {
+    u64 p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+#endif
+
+// bulk_g2s for weights (see weights_policy).
+__device__ __forceinline__ void weights_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
+#ifdef WEIGHTS_EVICT_FIRST
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+            dst),
+        "l"(src), "r"(bytes), "r"(bar), "l"(weights_policy())
+        : "memory");
+#else
+    bulk_g2s(dst, src, bytes, bar);
+#endif
+}
+
 // One box of a 2D tensor map into shared memory, completing on `bar`.
 __device__ __forceinline__ void tma_2d(u32 dst, const TmaMap& map, int x, int y, u32 bar) {
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
         "l"((u64)&map), "r"(x), "r"(y), "r"(bar)
         : "memory");
+}
+
+// tma_2d for weights (see weights_policy).
+__device__ __forceinline__ void weights_tma_2d(u32 dst, const TmaMap& map, int x, int y, u32 bar) {
+#ifdef WEIGHTS_EVICT_FIRST
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
+        "%3}], [%4], %5;" ::"r"(dst),
+        "l"((u64)&map), "r"(x), "r"(y), "r"(bar), "l"(weights_policy())
+        : "memory");
+#else
+    tma_2d(dst, map, x, y, bar);
+#endif
 }
 #endif

@@ -426,8 +426,8 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
         const u32 bar = smem_addr(&bars[s]);
         const u32 dst = smem_addr(stage0 + (size_t)s * stage_bytes);
         mbar_expect_tx(bar, code_bytes + scale_bytes);
-        bulk_g2s(dst, codes + tile * code_bytes, code_bytes, bar);
-        bulk_g2s(dst + code_bytes, scales + tile * scale_bytes, scale_bytes, bar);
+        weights_g2s(dst, codes + tile * code_bytes, code_bytes, bar);
+        weights_g2s(dst + code_bytes, scales + tile * scale_bytes, scale_bytes, bar);
     };
 
     const bool x_copy = SWZ && !xres;

@@ -327,8 +327,8 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         const u32 bar = smem_addr(&bars[s]);
         const u32 dst = smem_addr(stage0 + (size_t)s * stage_bytes);
         mbar_expect_tx(bar, code_bytes + scale_bytes);
-        for (int sl = 0; sl < slabs; sl++) tma_2d(dst + sl * 2048 * RG, cmap, sl * 128, tile * TR, bar);
-        bulk_g2s(dst + code_bytes, scales + (size_t)tile * scale_bytes, scale_bytes, bar);
+        for (int sl = 0; sl < slabs; sl++) weights_tma_2d(dst + sl * 2048 * RG, cmap, sl * 128, tile * TR, bar);
+        weights_g2s(dst + code_bytes, scales + (size_t)tile * scale_bytes, scale_bytes, bar);
     };
 
     if (tid == 0) ring_init(bars, empty, stages);

@@ -389,6 +389,41 @@ pub fn chain_tile_bytes(format: GpuFormat, cols: usize) -> usize {
 /// none whatever this is.
 pub const DEFAULT_PREFETCH_BYTES: usize = 0;
 
+/// Whether the decode GEMVs' weight copies carry the L2 cache's evict-first policy by default
+/// (`kernels/common.cuh`, `weights_policy`). Measured on the H200 at fe38db7's code plus the
+/// policy (`niwaki bench --device cuda -p 0 -n 128 -r 3`, the policy and the cache's default
+/// alternated, two rounds, medians with min-max): Q2_0 301.09 (300.90-301.50) and 301.50
+/// (301.44-301.86) tok/s against 298.83 (298.70-298.98) and 298.86 (297.92-298.87); Q1_0 397.49
+/// (396.84-397.62) and 397.79 (397.70-398.33) against 394.56 (393.46-394.95) and 394.68
+/// (394.41-395.05): +0.8% on both, every run with it above every run without.
+pub const WEIGHTS_EVICT_FIRST: bool = true;
+
+/// Whether the recurrent state's decode loads and stores are marked as streaming by default
+/// (`kernels/gdn.cu`, `state_load`): not until it has measured faster.
+pub const STATE_STREAMING: bool = false;
+
+/// An L2 policy from its setting: `on` (`first` for the weights, `stream` for the state) or
+/// `normal` (the cache's default); anything else or unset keeps `default`.
+pub fn l2_policy(setting: Option<&str>, on: &str, default: bool) -> bool {
+    match setting {
+        Some(v) if v == on => true,
+        Some("normal") => false,
+        _ => default,
+    }
+}
+
+/// The weights' L2 policy from `NIWAKI_CUDA_WEIGHTS_L2` (`first` or `normal`; else
+/// [`WEIGHTS_EVICT_FIRST`]).
+pub fn weights_evict_first(setting: Option<&str>) -> bool {
+    l2_policy(setting, "first", WEIGHTS_EVICT_FIRST)
+}
+
+/// The recurrent state's L2 policy from `NIWAKI_CUDA_STATE_L2` (`stream` or `normal`; else
+/// [`STATE_STREAMING`]).
+pub fn state_streaming(setting: Option<&str>) -> bool {
+    l2_policy(setting, "stream", STATE_STREAMING)
+}
+
 /// The L2 prefetch a matrix gets by default from the GEMV before it: none where its own GEMV
 /// runs on the binary tensor cores. Since those kernels wait for one round trip to L2 per six
 /// chunks of a warp before their first tile (rather than one per chunk), the prefetch slows them: same binary, `NIWAKI_CUDA_PREFETCH_MB=0` against 8 on the H200, two
