@@ -269,26 +269,6 @@ GDN_STEP_KERNEL(gdn_step_r32, 32)
 GDN_STEP_KERNEL(gdn_step_r16, 16)
 GDN_STEP_KERNEL(gdn_step_r8, 8)
 
-// The decode step's recurrent state: 3 MB a layer read and 3 MB written, each byte next touched
-// a token later, after ~7 GB of weights have gone through the L2 cache. With STATE_STREAMING
-// (`NIWAKI_CUDA_STATE_L2=stream`) its loads and stores are marked as streaming (`.cs`), so
-// that they displace first rather than the small buffers the step's kernels hand each other.
-__device__ __forceinline__ float state_load(const float* p) {
-#ifdef STATE_STREAMING
-    return __ldcs(p);
-#else
-    return *p;
-#endif
-}
-
-__device__ __forceinline__ void state_store(float* p, float v) {
-#ifdef STATE_STREAMING
-    __stcs(p, v);
-#else
-    *p = v;
-#endif
-}
-
 // A decode step's whole recurrence of value head h in one block: the causal conv of the head's
 // q, k and v channels (gdn_conv's arithmetic), the step (gdn_step_r32's, 16 warps of 8 columns
 // covering the head), then quant_gated's norm, gate and quantization of the head — the three
@@ -319,7 +299,7 @@ gdn_decode(const float* __restrict__ proj, int aoff, int boff, int zoff, const u
     const float* Sh = ssm_read(S, p) + (size_t)h * DK * DV;
     float s[RPL];
 #pragma unroll
-    for (int i = 0; i < RPL; i++) s[i] = state_load(Sh + (size_t)(r * RPL + i) * DV + j);
+    for (int i = 0; i < RPL; i++) s[i] = Sh[(size_t)(r * RPL + i) * DV + j];
     // This thread's conv channel: q, k of key head kh, v of value head h.
     const bool conv_live = tid < 2 * DK + DV;
     const int c = tid < DK ? kh * DK + tid
@@ -370,7 +350,7 @@ gdn_decode(const float* __restrict__ proj, int aoff, int boff, int zoff, const u
     if (r == 0) os[j] = oo;
     float* Sw = ssm_write(S, p, 1) + (size_t)h * DK * DV;
 #pragma unroll
-    for (int i = 0; i < RPL; i++) state_store(Sw + (size_t)(r * RPL + i) * DV + j, s[i]);
+    for (int i = 0; i < RPL; i++) Sw[(size_t)(r * RPL + i) * DV + j] = s[i];
     __syncthreads();
     if (w == 0) {
         const int base = h * DV;

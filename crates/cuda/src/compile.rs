@@ -287,17 +287,27 @@ mod tests {
             eprintln!("NVRTC not found: compile check skipped");
             return;
         }
-        use crate::plan::{ATTN_RING_POSITIONS, ATTN_RING_POSITIONS_SMALL};
+        use crate::plan::{ATTN_RING_POSITIONS, ATTN_RING_POSITIONS_SMALL, WEIGHTS_EVICT_FIRST};
         use model::synth::Preset;
         // The 27B shapes also with the small attention ring (devices of 64 KiB per block); the
-        // tiny ones also with the timeline records (`NIWAKI_CUDA_TRACE`) and both L2 policies
-        // (`NIWAKI_CUDA_WEIGHTS_L2`, `NIWAKI_CUDA_STATE_L2`), the other tiny build with neither.
-        for (p, ring, trace, l2_policies) in [
+        // tiny ones with and without the timeline records (`NIWAKI_CUDA_TRACE`) and the weights'
+        // evict-first copies (`NIWAKI_CUDA_WEIGHTS_L2`), the others with the default policy.
+        for (p, ring, trace, evict_first) in [
             (Preset::Tiny, ATTN_RING_POSITIONS, false, false),
             (Preset::Tiny, ATTN_RING_POSITIONS, true, true),
-            (Preset::Small, ATTN_RING_POSITIONS, false, false),
-            (Preset::B27, ATTN_RING_POSITIONS, false, false),
-            (Preset::B27, ATTN_RING_POSITIONS_SMALL, false, false),
+            (
+                Preset::Small,
+                ATTN_RING_POSITIONS,
+                false,
+                WEIGHTS_EVICT_FIRST,
+            ),
+            (Preset::B27, ATTN_RING_POSITIONS, false, WEIGHTS_EVICT_FIRST),
+            (
+                Preset::B27,
+                ATTN_RING_POSITIONS_SMALL,
+                false,
+                WEIGHTS_EVICT_FIRST,
+            ),
         ] {
             let d = crate::plan::tests::dims(p);
             let src = source();
@@ -305,9 +315,8 @@ mod tests {
             if trace {
                 defines.push("-DNIWAKI_TRACE=16".into());
             }
-            if l2_policies {
+            if evict_first {
                 defines.push("-DWEIGHTS_EVICT_FIRST=1".into());
-                defines.push("-DSTATE_STREAMING=1".into());
             }
             // sm_90a, as an H100/H200 compiles them (with the warpgroup MMA of the f16 GEMM).
             let opts = options("sm_90a", &defines);

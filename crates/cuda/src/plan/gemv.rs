@@ -398,30 +398,14 @@ pub const DEFAULT_PREFETCH_BYTES: usize = 0;
 /// (394.41-395.05): +0.8% on both, every run with it above every run without.
 pub const WEIGHTS_EVICT_FIRST: bool = true;
 
-/// Whether the recurrent state's decode loads and stores are marked as streaming by default
-/// (`kernels/gdn.cu`, `state_load`): not until it has measured faster.
-pub const STATE_STREAMING: bool = false;
-
-/// An L2 policy from its setting: `on` (`first` for the weights, `stream` for the state) or
-/// `normal` (the cache's default); anything else or unset keeps `default`.
-pub fn l2_policy(setting: Option<&str>, on: &str, default: bool) -> bool {
-    match setting {
-        Some(v) if v == on => true,
-        Some("normal") => false,
-        _ => default,
-    }
-}
-
-/// The weights' L2 policy from `NIWAKI_CUDA_WEIGHTS_L2` (`first` or `normal`; else
-/// [`WEIGHTS_EVICT_FIRST`]).
+/// The weights' L2 policy from `NIWAKI_CUDA_WEIGHTS_L2` (`first`: evict first; `normal`: the
+/// cache's default; anything else or unset: [`WEIGHTS_EVICT_FIRST`]).
 pub fn weights_evict_first(setting: Option<&str>) -> bool {
-    l2_policy(setting, "first", WEIGHTS_EVICT_FIRST)
-}
-
-/// The recurrent state's L2 policy from `NIWAKI_CUDA_STATE_L2` (`stream` or `normal`; else
-/// [`STATE_STREAMING`]).
-pub fn state_streaming(setting: Option<&str>) -> bool {
-    l2_policy(setting, "stream", STATE_STREAMING)
+    match setting {
+        Some("first") => true,
+        Some("normal") => false,
+        _ => WEIGHTS_EVICT_FIRST,
+    }
 }
 
 /// The L2 prefetch a matrix gets by default from the GEMV before it: none where its own GEMV

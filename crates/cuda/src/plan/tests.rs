@@ -1298,8 +1298,4 @@ fn the_weights_l2_policy_follows_its_setting() {
     assert!(!weights_evict_first(Some("normal")));
     assert_eq!(weights_evict_first(None), WEIGHTS_EVICT_FIRST);
     assert_eq!(weights_evict_first(Some("bogus")), WEIGHTS_EVICT_FIRST);
-    assert!(state_streaming(Some("stream")));
-    assert!(!state_streaming(Some("normal")));
-    assert!(!state_streaming(Some("first")) || STATE_STREAMING);
-    assert_eq!(state_streaming(None), STATE_STREAMING);
 }
