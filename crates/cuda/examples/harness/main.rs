@@ -8,7 +8,8 @@
 //!    greedy agreement and determinism;
 //! 4. 27B synthetic models: decode tg128, prefill pp512, decode at 32k depth.
 //!
-//! Writes `cuda-results.md` to the folder given as the first argument (default `.`).
+//! Writes `cuda-results.md` to the folder given as the first argument (default `$OUT`, else `.`;
+//! made if missing), dated by `NIWAKI_DATE` or the clock, with `NIWAKI_COMMIT`'s commit.
 //! `NIWAKI_HARNESS_27B=Q2_0,Q1_0` picks the 27B formats (empty: skip);
 //! `NIWAKI_HARNESS_ONLY=gemm` times the prefill GEMMs and nothing else (for a profiler);
 //! `NIWAKI_HARNESS_ONLY=gemv-b1` runs the binary decode GEMV's checks alone (the kernel's, then
@@ -50,6 +51,11 @@ fn main() {
     let out_dir = std::env::args()
         .nth(1)
         .unwrap_or_else(|| std::env::var("OUT").unwrap_or_else(|_| ".".into()));
+    // The folder is made (or refused) before minutes of checks, not after them.
+    if let Err(e) = std::fs::create_dir_all(&out_dir) {
+        eprintln!("cannot write the report to {out_dir}: {e}");
+        std::process::exit(2);
+    }
     let mut rep = Report {
         md: String::new(),
         failures: Vec::new(),
@@ -81,7 +87,8 @@ fn run(rep: &mut Report) -> R<()> {
     rep.line(format!(
         "Commit: {}; date: {}",
         std::env::var("NIWAKI_COMMIT").unwrap_or_else(|_| "unknown".into()),
-        std::env::var("NIWAKI_DATE").unwrap_or_else(|_| "unknown".into())
+        std::env::var("NIWAKI_DATE")
+            .unwrap_or_else(|_| httpdate::fmt_http_date(std::time::SystemTime::now()))
     ));
     rep.line(format!("Device: {info}"));
     let small_shape = Preset::Small.shape(4096);
