@@ -123,12 +123,48 @@ __device__ __forceinline__ void b1_norm_planes(const float* __restrict__ row, in
     }
 }
 
+// The norm's fold gathered in a cluster (the `_c` kernels, launched as clusters of eight
+// blocks, each with exactly one 16-row tile: block 8c + r holds rows 16r.. of piece c). Rather
+// than an arrival counter in global memory and the piece read back from L2 by the last block
+// to arrive (fold_arrive: two round trips after the last tile), each block's producer leaves
+// its 16 outputs in its shared memory, and after one cluster barrier the cluster's first block
+// reads the piece from its seven neighbours' shared memory and folds it as fold_arrive does (the
+// same values, the same arithmetic: the same bits). A second barrier keeps the neighbours'
+// memory alive until it has been read. Threads that have exited (the consumer warps) do not
+// hold either barrier up. `v`: lane r's output, row r of the block's tile (r < 16).
+__device__ __forceinline__ void fold_cluster(const FoldOut& f, float v) {
+    __shared__ __align__(16) float tile_out[16];
+    const int lane = threadIdx.x & 31;
+    u32 rank;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    const int piece = (int)blockIdx.x >> 3, base = piece * 128 + 4 * lane;
+    // The norm's weights are constant: loaded while the neighbours finish.
+    const float4 g = rank == 0 ? __ldg((const float4*)(f.w + base)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (lane < 16) tile_out[lane] = v;
+    __syncwarp();
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (rank == 0) {
+        // Values 4·lane.. of the piece: rows (4·lane) mod 16.. of block lane / 4's tile.
+        u32 remote;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                     : "=r"(remote)
+                     : "r"(smem_addr(&tile_out[(4 * lane) & 15])), "r"((u32)(lane >> 2)));
+        asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                     : "=f"(x.x), "=f"(x.y), "=f"(x.z), "=f"(x.w)
+                     : "r"(remote)
+                     : "memory");
+    }
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    if (rank == 0) fold_piece_regs(x, g, piece * 128, f.xq, f.xs, f.ss);
+}
+
 // The producer warp of the binary GEMV: lane 0 keeps the ring full, as ring_produce does, and
 // the warp adds each tile's partial sums once every consumer warp has arrived on the tile's
 // `empty` barrier (lane r: row r, the warps in order, so the sums are deterministic), writes
 // the rows and then refills the stage. The consumers thus end a tile with no fence, counter or
 // reduction of their own.
-template <int TR, class Issue>
+template <int TR, bool CL, class Issue>
 __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS][TR], int stages,
                                            int mine, int rows, Issue issue, float* __restrict__ out,
                                            int accumulate, u64* __restrict__ amax,
@@ -144,6 +180,8 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
         prefetch_l2_share(pf_scales, pf_scale_bytes);
     }
     u64 best = 0;
+    // The row this lane wrote last (CL: the block's one tile).
+    float last = 0.0f;
     // Stage s of tile i and the parity of its use, counted rather than divided.
     for (int i = 0, s = 0, ph = 0; i < mine; i++) {
         const int row = ((int)blockIdx.x + i * (int)gridDim.x) * TR + lane;
@@ -158,6 +196,7 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
             if (row < rows) {
                 v = accumulate ? v * oscale + prior : v * oscale;
                 out[row] = v;
+                last = v;
                 best = max(best, argmax_key(v, (u32)row));
             }
         }
@@ -176,8 +215,10 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
             ph ^= 1;
         }
     }
-    // Every row of the block written: one arrival per tile on its 128-row piece.
-    if (fold.cnt) fold_arrive(fold, out, mine, TR, 128u / TR);
+    // Every row of the block written: one arrival per tile on its 128-row piece, or (CL) the
+    // piece gathered from the cluster's blocks.
+    if constexpr (CL) fold_cluster(fold, last);
+    else if (fold.cnt) fold_arrive(fold, out, mine, TR, 128u / TR);
     if (amax && best) atomicMax(amax, best);
 }
 
@@ -285,7 +326,7 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
 // and activation scale a warp loads serves twice the rows, and the tile's own work (its wait,
 // shuffles and arrival) is shared by them. FMT: FMT_Q1, or a 2-bit layout (b2_consume; tiles of
 // 16 rows, the norm apart).
-template <int FMT, int J, bool EXACT, int RG, bool NORM>
+template <int FMT, int J, bool EXACT, int RG, bool NORM, bool CL>
 __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned char* __restrict__ scales,
                                              int rows, int cols, const uint4* __restrict__ xq,
                                              const float2* __restrict__ xs, float* __restrict__ out,
@@ -302,6 +343,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     __shared__ float red[32];
     constexpr int TR = 16 * RG;
     static_assert(FMT == FMT_Q1 || (RG == 1 && !NORM), "2-bit rows: tiles of 16, the norm apart");
+    static_assert(!CL || RG == 1, "a cluster's eight blocks hold a 128-row piece in tiles of 16");
     // Tiles of 32 rows keep at most half the stages (plan::gemv_b1_launch), so the partial sums
     // take the same static memory.
     __shared__ float part[GEMV1_MAX_STAGES / RG][GEMV1_WARPS][TR];
@@ -353,7 +395,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     if (warp == GEMV1_WARPS) {
         // Activations left unscaled by a folded norm: the rows take its 1/rms.
         const float oscale = rms_in ? rms_scale(rms_in, cols, rms_eps) : 1.0f;
-        b1_produce<TR>(empty, part, stages, mine, rows, issue, out, accumulate, amax, pf_codes, pf_code_bytes,
+        b1_produce<TR, CL>(empty, part, stages, mine, rows, issue, out, accumulate, amax, pf_codes, pf_code_bytes,
                    pf_scales, pf_scale_bytes, oscale, fold);
         // The producer writes the block's last rows.
         if (lane == 0) TRACE_EXIT(TRACE_GEMV_B1, scales);
@@ -479,19 +521,23 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 #endif
 
 #if __CUDA_ARCH__ >= 900
-#define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM)                                                             \
-    gemv_b1_body<FMT, J, EXACT, RG, NORM>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
+#define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL)                                                         \
+    gemv_b1_body<FMT, J, EXACT, RG, NORM, CL>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
                     pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, early, rms_in, rms_eps,              \
                     FoldOut{fold_cnt, nw, fold_xq, fold_xs, fold_ss, fold_ffn})
 #else
-#define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM) __trap()
+#define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL) __trap()
 #endif
 
 // J: chunks per warp and tile (EXACT) or at most (else), so 8·J chunks of 128 (1-bit) or 64
 // (2-bit) columns. The exact kernels take the 27B's widths with no guard: 5120, 6144 and 17408
 // columns are 5, 6 and 17 1-bit chunks per warp, 5120 and 6144 are 10 and 12 2-bit ones.
-#define GEMV_BIN_KERNEL(name, FMT, J, EXACT, RG, NORM, MINB)                                                   \
-    extern "C" __global__ void __launch_bounds__(32 * (GEMV1_WARPS + 1), MINB)                   \
+#define GEMV_BIN_KERNEL(name, FMT, J, EXACT, RG, NORM, MINB) GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, RG, NORM, MINB, false, )
+// The norm's fold gathered in clusters of eight blocks (fold_cluster).
+#define GEMV_BIN_CLUSTER_KERNEL(name, FMT, J, EXACT, MINB) \
+    GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, 1, false, MINB, true, __cluster_dims__(8, 1, 1))
+#define GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, RG, NORM, MINB, CL, DIMS)                                    \
+    extern "C" __global__ void DIMS __launch_bounds__(32 * (GEMV1_WARPS + 1), MINB)              \
         name(const __grid_constant__ TmaMap cmap, const unsigned char* __restrict__ scales,       \
              int rows, int cols, const uint4* __restrict__ xq, const float2* __restrict__ xs,     \
              float* __restrict__ out, int accumulate, u64* __restrict__ amax, int stages,         \
@@ -501,7 +547,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
              const float* __restrict__ rms_in, float rms_eps, u32* __restrict__ fold_cnt,         \
              int* __restrict__ fold_xq, float2* __restrict__ fold_xs, float* __restrict__ fold_ss, \
              int fold_ffn) {                                                                      \
-        GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM);                                                                \
+        GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL);                                                            \
     }
 
 GEMV_BIN_KERNEL(gemv_b1_j5x, FMT_Q1, 5, true, 1, false, 4)
@@ -527,3 +573,14 @@ GEMV_BIN_KERNEL(gemv_b2g64_j12, FMT_Q2G64, 12, false, 1, false, 3)
 GEMV_BIN_KERNEL(gemv_b2g128_j10x, FMT_Q2G128, 10, true, 1, false, 3)
 GEMV_BIN_KERNEL(gemv_b2g128_j12x, FMT_Q2G128, 12, true, 1, false, 3)
 GEMV_BIN_KERNEL(gemv_b2g128_j12, FMT_Q2G128, 12, false, 1, false, 3)
+// The residual GEMVs with the norm's fold gathered in a cluster (plan::cluster_fold; opt-in,
+// `NIWAKI_CUDA_FOLD_CLUSTER=1`): the kernels those GEMVs take on the 27B (6144 and 17408 1-bit
+// columns, 6144 2-bit ones) and the guarded ones of the harness's smaller models.
+GEMV_BIN_CLUSTER_KERNEL(gemv_b1_j6x_c, FMT_Q1, 6, true, 4)
+GEMV_BIN_CLUSTER_KERNEL(gemv_b1_j6_c, FMT_Q1, 6, false, 4)
+GEMV_BIN_CLUSTER_KERNEL(gemv_b1_j17x_c, FMT_Q1, 17, true, 2)
+GEMV_BIN_CLUSTER_KERNEL(gemv_b1_j17_c, FMT_Q1, 17, false, 2)
+GEMV_BIN_CLUSTER_KERNEL(gemv_b2g64_j12x_c, FMT_Q2G64, 12, true, 3)
+GEMV_BIN_CLUSTER_KERNEL(gemv_b2g64_j12_c, FMT_Q2G64, 12, false, 3)
+GEMV_BIN_CLUSTER_KERNEL(gemv_b2g128_j12x_c, FMT_Q2G128, 12, true, 3)
+GEMV_BIN_CLUSTER_KERNEL(gemv_b2g128_j12_c, FMT_Q2G128, 12, false, 3)

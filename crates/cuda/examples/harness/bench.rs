@@ -157,22 +157,35 @@ pub(crate) fn bench_27b(
     let flipped = decode(true, true, (NormFusion::Apart, 0, 0));
     g.gpu().set_fold_norm(was);
     let (v, toks) = flipped?;
-    // The SwiGLU folded into the gate | up GEMV or not, whichever is not the default (opt-in:
-    // slower): the same arithmetic, so the same tokens.
-    let swiglu = g.gpu().fusion().swiglu;
-    let was_swiglu = g.gpu().set_fold_swiglu(!swiglu);
-    let swapped = decode(true, true, (NormFusion::Apart, 0, 0));
-    g.gpu().set_fold_swiglu(was_swiglu);
-    let (vs, toks_swiglu) = swapped?;
-    rep.check(
-        toks_swiglu == toks_serial,
-        format!("{format}: decode tokens differ with the SwiGLU folded or not"),
-    );
-    let _ = write!(
-        variants,
-        "; SwiGLU {} the gate | up GEMV: {vs:.1}",
-        if swiglu { "apart from" } else { "folded into" }
-    );
+    // Opt-in settings of the same arithmetic, each run the other way from its default: the
+    // SwiGLU folded into the gate | up GEMV (slower), the folded norms' pieces gathered in
+    // clusters (until measured). The same tokens. Labels: run off, run on.
+    type Flip<'a> = (&'a str, &'a str, &'a dyn Fn(bool) -> bool);
+    let flips: [Flip; 2] = [
+        (
+            "SwiGLU apart from the gate | up GEMV",
+            "SwiGLU folded into the gate | up GEMV",
+            &|on| g.gpu().set_fold_swiglu(on),
+        ),
+        (
+            "folded norms by counters, not clusters",
+            "folded norms gathered in clusters",
+            &|on| g.gpu().set_fold_cluster(on),
+        ),
+    ];
+    for (off, on, set) in flips {
+        let was = set(false);
+        set(!was);
+        let flipped = decode(true, true, (NormFusion::Apart, 0, 0));
+        set(was);
+        let (vf, toks_flipped) = flipped?;
+        let what = if was { off } else { on };
+        rep.check(
+            toks_flipped == toks_serial,
+            format!("{format}: decode tokens differ with the {what}"),
+        );
+        let _ = write!(variants, "; {what}: {vf:.1}");
+    }
     let same = toks
         .iter()
         .zip(&toks_serial)

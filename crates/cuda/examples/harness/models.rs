@@ -316,7 +316,8 @@ pub(crate) fn fused_recurrence(rep: &mut Report) -> R<()> {
         }
     }
     folded_norms(rep)?;
-    folded_swiglus(rep)
+    folded_swiglus(rep)?;
+    clustered_folds(rep)
 }
 
 /// A random model of `preset` in `format` on both engines (weights and tokens from `seeds`), and
@@ -405,37 +406,62 @@ pub(crate) fn folded_norms(rep: &mut Report) -> R<()> {
     Ok(())
 }
 
+/// A decode setting that must not change a bit, and how to check it: `set` turns it on or off
+/// (returning the previous setting), `launches` counts the launches that took it, `twin` checks
+/// what it left after a one-token call (words differing, words compared).
+struct BitExactSetting<'a> {
+    set: &'a dyn Fn(&CudaModel, bool) -> bool,
+    launches: &'a dyn Fn(&CudaModel) -> usize,
+    twin: &'a ModelTwinCheck,
+}
+
+/// A twin check after a one-token call of a model: words differing, words compared.
+type ModelTwinCheck = dyn Fn(&CudaModel, &CudaState) -> niwaki_cuda::Result<(usize, usize)>;
+
+/// `calls` with the setting off, then on, the norms folded on both sides: its launches, the
+/// twin's words differing and compared, the logits differing in any bit and compared.
+fn either_way(
+    g: &CudaModel,
+    calls: &[Vec<u32>],
+    s: &BitExactSetting,
+) -> R<(usize, (usize, usize), usize, usize)> {
+    let launches0 = (s.launches)(g);
+    let (norms, was) = (g.gpu().set_fold_norm(true), (s.set)(g, false));
+    let off = run_calls(g, calls, None);
+    (s.set)(g, true);
+    let on = run_calls(g, calls, Some(&|st| (s.twin)(g, st)));
+    (s.set)(g, was);
+    g.gpu().set_fold_norm(norms);
+    let ((off, _), (on, twin)) = (off?, on?);
+    let (off, on) = (off.concat(), on.concat());
+    let differing = off
+        .iter()
+        .zip(&on)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    let compared = if off.len() == on.len() { off.len() } else { 0 };
+    Ok(((s.launches)(g) - launches0, twin, differing, compared))
+}
+
 /// The SwiGLUs folded into the gate | up GEMVs (`Fusion::swiglu`, the norms folded on both
 /// sides) against `quant_swiglu` apart: the same arithmetic, so every logit in every bit, and
 /// what the last layer's fold left must be its twin's (`quant_swiglu` on the same projection).
 pub(crate) fn folded_swiglus(rep: &mut Report) -> R<()> {
+    let setting = BitExactSetting {
+        set: &|g, on| g.gpu().set_fold_swiglu(on),
+        launches: &|g| g.gpu().swiglu_launches(),
+        twin: &|g, st| g.swiglu_twin_differences(st),
+    };
     for (preset, vocab) in [(Preset::Tiny, 1000usize), (Preset::Small, 4096)] {
         for format in [Format::Q2_0, Format::Q1_0] {
             let (_, g, calls) = fold_fixture(preset, vocab, format, (14, 19))?;
-            let launches0 = g.gpu().swiglu_launches();
-            let (norms, was) = (g.gpu().set_fold_norm(true), g.gpu().set_fold_swiglu(false));
-            let apart = run_calls(&g, &calls, None);
-            g.gpu().set_fold_swiglu(true);
-            let folded = run_calls(&g, &calls, Some(&|st| g.swiglu_twin_differences(st)));
-            g.gpu().set_fold_swiglu(was);
-            g.gpu().set_fold_norm(norms);
-            let ((apart, _), (folded, (twin_diff, twin_words))) = (apart?, folded?);
-            let (apart, folded) = (apart.concat(), folded.concat());
-            let launches = g.gpu().swiglu_launches() - launches0;
-            let differing = apart
-                .iter()
-                .zip(&folded)
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count();
-            let ok = launches > 0
-                && twin_words > 0
-                && twin_diff == 0
-                && apart.len() == folded.len()
-                && differing == 0;
+            let (launches, (twin_diff, twin_words), differing, compared) =
+                either_way(&g, &calls, &setting)?;
+            let ok =
+                launches > 0 && twin_words > 0 && twin_diff == 0 && compared > 0 && differing == 0;
             rep.line(format!(
-                "SwiGLU folded into the gate | up decode GEMVs ({preset:?}, {format:?}, {} calls, {launches} folded launches): twin of the last layer's SwiGLU {twin_diff} of {twin_words} words differ; logits against quant_swiglu apart {differing} of {} differ in any bit (both must be 0) {}",
+                "SwiGLU folded into the gate | up decode GEMVs ({preset:?}, {format:?}, {} calls, {launches} folded launches): twin of the last layer's SwiGLU {twin_diff} of {twin_words} words differ; logits against quant_swiglu apart {differing} of {compared} differ in any bit (both must be 0) {}",
                 calls.len(),
-                apart.len(),
                 if ok { "PASS" } else { "FAIL" }
             ));
             rep.check(ok, format!("folded SwiGLU {preset:?} {format:?}"));
@@ -473,5 +499,31 @@ pub(crate) fn determinism(rep: &mut Report) -> R<()> {
         "Determinism (small, Q2_0, 37-token prompt + 32 greedy tokens, 10 runs): tokens identical: {same}; final logits bit-identical: {same_logits}"
     ));
     rep.check(same && same_logits, "determinism".into());
+    Ok(())
+}
+
+/// The folded norms' pieces gathered in clusters of eight blocks (`fold_cluster`,
+/// `NIWAKI_CUDA_FOLD_CLUSTER`) against the arrival counters (`fold_arrive`): the same values
+/// folded by the same arithmetic, so every logit in every bit, and what the decode GEMVs leave
+/// for the output norm its twin's (quant_rms unscaled). On the small preset, whose residual
+/// GEMVs (1024 rows, 1024 and 3072 columns) take the binary kernels; the tiny one's take none.
+pub(crate) fn clustered_folds(rep: &mut Report) -> R<()> {
+    let setting = BitExactSetting {
+        set: &|g, on| g.gpu().set_fold_cluster(on),
+        launches: &|g| g.gpu().cluster_fold_launches(),
+        twin: &|g, st| g.fold_twin_differences(st),
+    };
+    for format in [Format::Q2_0, Format::Q1_0, Format::Q2_0G128] {
+        let (_, g, calls) = fold_fixture(Preset::Small, 4096, format, (16, 21))?;
+        let (launches, (twin_diff, twin_words), differing, compared) =
+            either_way(&g, &calls, &setting)?;
+        let ok = launches > 0 && twin_words > 0 && twin_diff == 0 && compared > 0 && differing == 0;
+        rep.line(format!(
+            "Folded norms gathered in clusters (Small, {format:?}, {} calls, {launches} clustered launches): twin of the output norm's input {twin_diff} of {twin_words} words differ; logits against the arrival counters {differing} of {compared} differ in any bit (both must be 0) {}",
+            calls.len(),
+            if ok { "PASS" } else { "FAIL" }
+        ));
+        rep.check(ok, format!("clustered folds {format:?}"));
+    }
     Ok(())
 }

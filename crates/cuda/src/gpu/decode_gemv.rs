@@ -138,9 +138,15 @@ impl Gpu {
         io: &GemvIo,
         pre: Option<NormIn>,
     ) -> Result<bool> {
-        let Some(l) = self.b1_plan(m, pre.is_some()).filter(|_| io.ntok == 1) else {
+        let Some(mut l) = self.b1_plan(m, pre.is_some()).filter(|_| io.ntok == 1) else {
             return Ok(false);
         };
+        let norm_fold = matches!(io.fold.map(|f| f.kind), Some(FoldKind::Norm { .. }));
+        let clustered = norm_fold && self.fold_cluster();
+        let cluster = plan::cluster_fold(l, m.rows).filter(|_| clustered);
+        if let Some(c) = cluster {
+            l = c;
+        }
         let row_bytes = m.cols / m.format.chunk_values() * 16;
         let map = tma::encode(
             m.codes.ptr,
@@ -171,6 +177,9 @@ impl Gpu {
             .collect::<Vec<_>>(),
         )?;
         self.count_fold(io.fold);
+        if cluster.is_some() {
+            self.count_cluster_fold();
+        }
         Ok(true)
     }
 

@@ -324,6 +324,8 @@ pub struct Gpu {
     fold_launches: AtomicUsize,
     /// Decode GEMVs launched with a folded SwiGLU.
     swiglu_launches: AtomicUsize,
+    /// Decode GEMVs launched with the norm's fold gathered in a cluster.
+    cluster_fold_launches: AtomicUsize,
     /// 1-bit decode GEMVs on the binary tensor cores (`gemv_b1_*`) rather than dp4a, for the
     /// matrices [`plan::prefers_b1`] gives them (sm_90; `NIWAKI_CUDA_B1=0` turns them off).
     b1: AtomicBool,
@@ -394,6 +396,12 @@ pub struct Gpu {
     /// loaded four at a time: no better). The pieces complete only as the gate | up GEMV's last
     /// blocks end, so their folds stand in its tail where the separate kernel's 2.5 µs stood.
     fold_swiglu: AtomicBool,
+    /// With the norms folded, a residual GEMV on the binary kernels gathers each 128-row piece
+    /// in a cluster of eight blocks' shared memory (`fold_cluster`, kernels/gemv_b1.cu) rather
+    /// than by an arrival counter and a read back from L2 (`fold_arrive`): the same bits, two
+    /// round trips fewer after the last tile. Opt-in (`NIWAKI_CUDA_FOLD_CLUSTER=1`) until
+    /// measured on a GPU.
+    fold_cluster: AtomicBool,
     /// Select the candidates of a draw with a top-k limit on the GPU (`kernels/topk.cu`;
     /// `NIWAKI_CUDA_TOPK=0` copies the row to the host instead, for measuring it).
     topk: AtomicBool,
@@ -595,6 +603,7 @@ impl Gpu {
             x_copy_launches: AtomicUsize::new(0),
             fold_launches: AtomicUsize::new(0),
             swiglu_launches: AtomicUsize::new(0),
+            cluster_fold_launches: AtomicUsize::new(0),
             x_copy: AtomicUsize::new(match std::env::var("NIWAKI_CUDA_X_COPY").as_deref() {
                 Ok("0") => X_COPY_OFF,
                 Ok("all") => X_COPY_ALL,
@@ -620,6 +629,7 @@ impl Gpu {
             fuse_attn: AtomicBool::new(env_on("NIWAKI_CUDA_FUSE_ATTN")),
             fold_norm: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_FOLD_NORM")),
             fold_swiglu: AtomicBool::new(hopper && env_opt_in("NIWAKI_CUDA_FOLD_SWIGLU")),
+            fold_cluster: AtomicBool::new(hopper && env_opt_in("NIWAKI_CUDA_FOLD_CLUSTER")),
             topk: AtomicBool::new(env_on("NIWAKI_CUDA_TOPK")),
             topk_sums: AtomicBool::new(env_on("NIWAKI_CUDA_TOPK_SUMS")),
             attn_tile: AtomicUsize::new(
@@ -828,15 +838,40 @@ impl Gpu {
     /// Turns the SwiGLUs folded into the gate | up GEMVs of one-token passes on or off (sm_90
     /// only, and only where the norms are folded too); returns the previous setting.
     pub fn set_fold_swiglu(&self, on: bool) -> bool {
-        let hopper = self.info.compute_capability.0 >= 9;
-        self.fold_swiglu.swap(on && hopper, Ordering::Relaxed)
+        self.swap_on_hopper(&self.fold_swiglu, on)
+    }
+
+    /// Sets a switch of an sm_90-only path (never on elsewhere); returns the previous setting.
+    fn swap_on_hopper(&self, switch: &AtomicBool, on: bool) -> bool {
+        switch.swap(on && self.info.compute_capability.0 >= 9, Ordering::Relaxed)
+    }
+
+    /// Turns the folded norms' pieces gathered in clusters on or off (sm_90 only); returns the
+    /// previous setting. A state's captured graphs keep what they were captured with.
+    pub fn set_fold_cluster(&self, on: bool) -> bool {
+        self.swap_on_hopper(&self.fold_cluster, on)
+    }
+
+    /// Whether the folded norms' pieces are gathered in clusters.
+    pub(crate) fn fold_cluster(&self) -> bool {
+        self.fold_cluster.load(Ordering::Relaxed)
+    }
+
+    /// Decode GEMVs this device has launched with the norm's fold gathered in a cluster.
+    #[doc(hidden)]
+    pub fn cluster_fold_launches(&self) -> usize {
+        self.cluster_fold_launches.load(Ordering::Relaxed)
+    }
+
+    /// Counts a decode GEMV launched with its fold gathered in a cluster.
+    pub(crate) fn count_cluster_fold(&self) {
+        self.cluster_fold_launches.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Turns the norms folded into the residual GEMVs of one-token passes on or off (sm_90
     /// only); returns the previous setting (as [`Gpu::set_fuse_gdn`]).
     pub fn set_fold_norm(&self, on: bool) -> bool {
-        let hopper = self.info.compute_capability.0 >= 9;
-        self.fold_norm.swap(on && hopper, Ordering::Relaxed)
+        self.swap_on_hopper(&self.fold_norm, on)
     }
 
     /// Turns the one-kernel recurrence of one-token passes on or off (for checking it against
@@ -903,8 +938,7 @@ impl Gpu {
     /// Turns the binary-tensor-core decode GEMV of 1-bit rows off or back on (never on where
     /// the device lacks it); returns the previous setting.
     pub fn set_b1(&self, on: bool) -> bool {
-        let hopper = self.info.compute_capability.0 >= 9;
-        self.b1.swap(on && hopper, Ordering::Relaxed)
+        self.swap_on_hopper(&self.b1, on)
     }
 
     /// Whether 2-bit decode GEMVs go to the binary tensor cores where their plan takes them.
@@ -915,8 +949,7 @@ impl Gpu {
     /// Turns the binary-tensor-core decode GEMV of 2-bit rows on or off (as [`Gpu::set_b1`]);
     /// returns the previous setting.
     pub fn set_b2(&self, on: bool) -> bool {
-        let hopper = self.info.compute_capability.0 >= 9;
-        self.b2.swap(on && hopper, Ordering::Relaxed)
+        self.swap_on_hopper(&self.b2, on)
     }
 
     /// How many of a decode GEMV's first tiles are requested before its wait for the previous

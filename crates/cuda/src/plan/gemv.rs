@@ -292,6 +292,36 @@ pub fn gemv_b1_launch(
     })
 }
 
+/// Blocks of a cluster that gathers a folded norm's piece (`kernels/gemv_b1.cu`,
+/// `fold_cluster`): a 128-row piece in tiles of 16 rows.
+pub const FOLD_CLUSTER: usize = 8;
+
+/// The binary decode GEMV `l` of `rows` rows with the next norm's fold gathered in clusters of
+/// [`FOLD_CLUSTER`] blocks rather than by arrival counters: its `_c` kernel, one block per
+/// tile. `None` where that does not apply: tiles of other than 16 rows, rows not whole pieces
+/// of 128, or a kernel with no `_c` form (those the residual GEMVs of the 27B and the harness's
+/// smaller models take).
+pub fn cluster_fold(l: GemvB1Launch, rows: usize) -> Option<GemvB1Launch> {
+    let kernel = match l.kernel {
+        "gemv_b1_j6x" => "gemv_b1_j6x_c",
+        "gemv_b1_j6" => "gemv_b1_j6_c",
+        "gemv_b1_j17x" => "gemv_b1_j17x_c",
+        "gemv_b1_j17" => "gemv_b1_j17_c",
+        "gemv_b2g64_j12x" => "gemv_b2g64_j12x_c",
+        "gemv_b2g64_j12" => "gemv_b2g64_j12_c",
+        "gemv_b2g128_j12x" => "gemv_b2g128_j12x_c",
+        "gemv_b2g128_j12" => "gemv_b2g128_j12_c",
+        _ => return None,
+    };
+    (l.tile_rows == 16 && rows > 0 && rows.is_multiple_of(16 * FOLD_CLUSTER)).then_some(
+        GemvB1Launch {
+            kernel,
+            grid: rows / 16,
+            ..l
+        },
+    )
+}
+
 /// The 1-bit kernel for `per_warp` chunks a warp, the norm folded in or not, tiles of 32 rows
 /// where asked for and allowed: name, rows per tile, blocks per multiprocessor, budget.
 fn q1_kernel(

@@ -1299,3 +1299,37 @@ fn the_weights_l2_policy_follows_its_setting() {
     assert_eq!(weights_evict_first(None), WEIGHTS_EVICT_FIRST);
     assert_eq!(weights_evict_first(Some("bogus")), WEIGHTS_EVICT_FIRST);
 }
+
+#[test]
+fn a_cluster_fold_takes_one_block_per_tile_of_whole_pieces() {
+    let sms = 132;
+    let smem = 227 << 10;
+    // The 27B's residual GEMVs: 5120 rows of 6144 and 17408 1-bit columns, 6144 2-bit ones.
+    for (format, cols, kernel) in [
+        (GpuFormat::Q1, 6144, "gemv_b1_j6x_c"),
+        (GpuFormat::Q1, 17408, "gemv_b1_j17x_c"),
+        (GpuFormat::Q2G64, 6144, "gemv_b2g64_j12x_c"),
+        (GpuFormat::Q2G128, 6144, "gemv_b2g128_j12x_c"),
+    ] {
+        let l = gemv_b1_launch(format, 5120, cols, sms, smem, false, (0, 0), 16).unwrap();
+        let c = cluster_fold(l, 5120).unwrap();
+        assert_eq!(c.kernel, kernel);
+        assert_eq!(c.grid, 320);
+        assert_eq!(c.grid % FOLD_CLUSTER, 0);
+        assert_eq!(
+            (c.stages, c.smem_bytes, c.tile_rows),
+            (l.stages, l.smem_bytes, 16)
+        );
+    }
+    // The small model's: 1024 rows, the guarded kernels.
+    let l = gemv_b1_launch(GpuFormat::Q1, 1024, 3072, sms, smem, false, (0, 0), 16).unwrap();
+    assert_eq!(cluster_fold(l, 1024).unwrap().kernel, "gemv_b1_j6_c");
+    // Rows that are not whole pieces, 32-row tiles, kernels with no cluster form: none.
+    let l = gemv_b1_launch(GpuFormat::Q1, 5120 - 16, 6144, sms, smem, false, (0, 0), 16).unwrap();
+    assert!(cluster_fold(l, 5120 - 16).is_none());
+    let l = gemv_b1_launch(GpuFormat::Q1, 5120, 6144, sms, smem, false, (0, 0), 32).unwrap();
+    assert_eq!(l.tile_rows, 32);
+    assert!(cluster_fold(l, 5120).is_none());
+    let l = gemv_b1_launch(GpuFormat::Q1, 34816, 5120, sms, smem, false, (0, 0), 16).unwrap();
+    assert!(cluster_fold(l, 34816).is_none());
+}
