@@ -533,9 +533,15 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 // (2-bit) columns. The exact kernels take the 27B's widths with no guard: 5120, 6144 and 17408
 // columns are 5, 6 and 17 1-bit chunks per warp, 5120 and 6144 are 10 and 12 2-bit ones.
 #define GEMV_BIN_KERNEL(name, FMT, J, EXACT, RG, NORM, MINB) GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, RG, NORM, MINB, false, )
-// The norm's fold gathered in clusters of eight blocks (fold_cluster).
+// The norm's fold gathered in clusters of eight blocks (fold_cluster). Clusters exist from
+// sm_90 on; compiled for earlier devices the kernels keep no cluster shape (and trap).
+#if __CUDA_ARCH__ >= 900
+#define FOLD_CLUSTER_DIMS __cluster_dims__(8, 1, 1)
+#else
+#define FOLD_CLUSTER_DIMS
+#endif
 #define GEMV_BIN_CLUSTER_KERNEL(name, FMT, J, EXACT, MINB) \
-    GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, 1, false, MINB, true, __cluster_dims__(8, 1, 1))
+    GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, 1, false, MINB, true, FOLD_CLUSTER_DIMS)
 #define GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, RG, NORM, MINB, CL, DIMS)                                    \
     extern "C" __global__ void DIMS __launch_bounds__(32 * (GEMV1_WARPS + 1), MINB)              \
         name(const __grid_constant__ TmaMap cmap, const unsigned char* __restrict__ scales,       \
@@ -574,12 +580,11 @@ GEMV_BIN_KERNEL(gemv_b2g128_j10x, FMT_Q2G128, 10, true, 1, false, 3)
 GEMV_BIN_KERNEL(gemv_b2g128_j12x, FMT_Q2G128, 12, true, 1, false, 3)
 GEMV_BIN_KERNEL(gemv_b2g128_j12, FMT_Q2G128, 12, false, 1, false, 3)
 // The residual GEMVs with the norm's fold gathered in a cluster (plan::cluster_fold; opt-in,
-// `NIWAKI_CUDA_FOLD_CLUSTER=1`): the kernels those GEMVs take on the 27B (6144 and 17408 1-bit
-// columns, 6144 2-bit ones) and the guarded ones of the harness's smaller models.
+// `NIWAKI_CUDA_FOLD_CLUSTER=1`): the kernels those GEMVs take on the 27B where every tile's
+// block is resident at once (6144 1-bit and 2-bit columns; not ffn_down's 17408, two blocks a
+// multiprocessor) and the guarded ones of the harness's smaller models.
 GEMV_BIN_CLUSTER_KERNEL(gemv_b1_j6x_c, FMT_Q1, 6, true, 4)
 GEMV_BIN_CLUSTER_KERNEL(gemv_b1_j6_c, FMT_Q1, 6, false, 4)
-GEMV_BIN_CLUSTER_KERNEL(gemv_b1_j17x_c, FMT_Q1, 17, true, 2)
-GEMV_BIN_CLUSTER_KERNEL(gemv_b1_j17_c, FMT_Q1, 17, false, 2)
 GEMV_BIN_CLUSTER_KERNEL(gemv_b2g64_j12x_c, FMT_Q2G64, 12, true, 3)
 GEMV_BIN_CLUSTER_KERNEL(gemv_b2g64_j12_c, FMT_Q2G64, 12, false, 3)
 GEMV_BIN_CLUSTER_KERNEL(gemv_b2g128_j12x_c, FMT_Q2G128, 12, true, 3)

@@ -31,7 +31,7 @@ pub const SOURCES: [(&str, &str); 15] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 96] = [
+pub const KERNELS: [&str; 94] = [
     "read_sum",
     "quant_rms",
     "quant_swiglu",
@@ -80,8 +80,6 @@ pub const KERNELS: [&str; 96] = [
     "gemv_b2g128_j12",
     "gemv_b1_j6x_c",
     "gemv_b1_j6_c",
-    "gemv_b1_j17x_c",
-    "gemv_b1_j17_c",
     "gemv_b2g64_j12x_c",
     "gemv_b2g64_j12_c",
     "gemv_b2g128_j12x_c",
@@ -299,22 +297,28 @@ mod tests {
         use model::synth::Preset;
         // The 27B shapes also with the small attention ring (devices of 64 KiB per block); the
         // tiny ones with and without the timeline records (`NIWAKI_CUDA_TRACE`) and the weights'
-        // evict-first copies (`NIWAKI_CUDA_WEIGHTS_L2`), the others with the default policy.
-        for (p, ring, trace, evict_first) in [
-            (Preset::Tiny, ATTN_RING_POSITIONS, false, false),
-            (Preset::Tiny, ATTN_RING_POSITIONS, true, true),
-            (
-                Preset::Small,
-                ATTN_RING_POSITIONS,
-                false,
-                WEIGHTS_EVICT_FIRST,
-            ),
-            (Preset::B27, ATTN_RING_POSITIONS, false, WEIGHTS_EVICT_FIRST),
+        // evict-first copies (`NIWAKI_CUDA_WEIGHTS_L2`), the others with the default policy; and
+        // the 27B's for an sm_80 device (no Hopper instructions, no clusters), where the
+        // backend runs too.
+        let policy = WEIGHTS_EVICT_FIRST;
+        for (p, ring, trace, evict_first, arch) in [
+            (Preset::Tiny, ATTN_RING_POSITIONS, false, false, "sm_90a"),
+            (Preset::Tiny, ATTN_RING_POSITIONS, true, true, "sm_90a"),
+            (Preset::Small, ATTN_RING_POSITIONS, false, policy, "sm_90a"),
+            (Preset::B27, ATTN_RING_POSITIONS, false, policy, "sm_90a"),
             (
                 Preset::B27,
                 ATTN_RING_POSITIONS_SMALL,
                 false,
-                WEIGHTS_EVICT_FIRST,
+                policy,
+                "sm_90a",
+            ),
+            (
+                Preset::B27,
+                ATTN_RING_POSITIONS_SMALL,
+                false,
+                policy,
+                "sm_80",
             ),
         ] {
             let d = crate::plan::tests::dims(p);
@@ -326,8 +330,8 @@ mod tests {
             if evict_first {
                 defines.push("-DWEIGHTS_EVICT_FIRST=1".into());
             }
-            // sm_90a, as an H100/H200 compiles them (with the warpgroup MMA of the f16 GEMM).
-            let opts = options("sm_90a", &defines);
+            // sm_90a as an H100/H200 compiles them (with the warpgroup MMA of the f16 GEMM).
+            let opts = options(arch, &defines);
             let ptx = cudarc::nvrtc::compile_ptx_with_opts(
                 &src,
                 cudarc::nvrtc::CompileOptions {
@@ -340,7 +344,8 @@ mod tests {
                     let text = ptx.to_src();
                     if let Some(dir) = std::env::var_os("NIWAKI_PTX_DUMP") {
                         let _ = std::fs::write(
-                            std::path::Path::new(&dir).join(format!("{p:?}-{ring}-{trace}.ptx")),
+                            std::path::Path::new(&dir)
+                                .join(format!("{p:?}-{ring}-{trace}-{arch}.ptx")),
                             &text,
                         );
                     }
@@ -353,7 +358,7 @@ mod tests {
                     assert_eq!(text.contains("niwaki_trace_n"), trace, "{p:?}: records");
                 }
                 Err(cudarc::nvrtc::CompileError::CompileError { log, .. }) => {
-                    panic!("{p:?}: {}", log.to_string_lossy())
+                    panic!("{p:?} {arch}: {}", log.to_string_lossy())
                 }
                 Err(e) => panic!("{e:?}"),
             }

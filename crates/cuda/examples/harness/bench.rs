@@ -159,22 +159,30 @@ pub(crate) fn bench_27b(
     let (v, toks) = flipped?;
     // Opt-in settings of the same arithmetic, each run the other way from its default: the
     // SwiGLU folded into the gate | up GEMV (slower), the folded norms' pieces gathered in
-    // clusters (until measured). The same tokens. Labels: run off, run on.
-    type Flip<'a> = (&'a str, &'a str, &'a dyn Fn(bool) -> bool);
+    // clusters (until measured). The same tokens; run on with the norms folded, they must have
+    // launched. Labels: run off, run on; then the setter and the launches that took it.
+    type Flip<'a> = (
+        &'a str,
+        &'a str,
+        &'a dyn Fn(bool) -> bool,
+        &'a dyn Fn() -> usize,
+    );
     let flips: [Flip; 2] = [
         (
             "SwiGLU apart from the gate | up GEMV",
             "SwiGLU folded into the gate | up GEMV",
             &|on| g.gpu().set_fold_swiglu(on),
+            &|| g.gpu().swiglu_launches(),
         ),
         (
             "folded norms by counters, not clusters",
             "folded norms gathered in clusters",
             &|on| g.gpu().set_fold_cluster(on),
+            &|| g.gpu().cluster_fold_launches(),
         ),
     ];
-    for (off, on, set) in flips {
-        let was = set(false);
+    for (off, on, set, launches) in flips {
+        let (was, launches0) = (set(false), launches());
         set(!was);
         let flipped = decode(true, true, (NormFusion::Apart, 0, 0));
         set(was);
@@ -183,6 +191,11 @@ pub(crate) fn bench_27b(
         rep.check(
             toks_flipped == toks_serial,
             format!("{format}: decode tokens differ with the {what}"),
+        );
+        // Both settings act on folded norms only.
+        rep.check(
+            was || !folds || launches() > launches0,
+            format!("{format}: no launch took the {what}"),
         );
         let _ = write!(variants, "; {what}: {vf:.1}");
     }

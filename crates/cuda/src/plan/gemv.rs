@@ -299,27 +299,26 @@ pub const FOLD_CLUSTER: usize = 8;
 /// The binary decode GEMV `l` of `rows` rows with the next norm's fold gathered in clusters of
 /// [`FOLD_CLUSTER`] blocks rather than by arrival counters: its `_c` kernel, one block per
 /// tile. `None` where that does not apply: tiles of other than 16 rows, rows not whole pieces
-/// of 128, or a kernel with no `_c` form (those the residual GEMVs of the 27B and the harness's
-/// smaller models take).
+/// of 128, more tiles than blocks resident at once (a cluster's blocks gather once, after their
+/// only tile, and a second round of clusters would trail the first), or a kernel with no `_c`
+/// form (those the residual GEMVs of the 27B and the harness's smaller models take).
 pub fn cluster_fold(l: GemvB1Launch, rows: usize) -> Option<GemvB1Launch> {
     let kernel = match l.kernel {
         "gemv_b1_j6x" => "gemv_b1_j6x_c",
         "gemv_b1_j6" => "gemv_b1_j6_c",
-        "gemv_b1_j17x" => "gemv_b1_j17x_c",
-        "gemv_b1_j17" => "gemv_b1_j17_c",
         "gemv_b2g64_j12x" => "gemv_b2g64_j12x_c",
         "gemv_b2g64_j12" => "gemv_b2g64_j12_c",
         "gemv_b2g128_j12x" => "gemv_b2g128_j12x_c",
         "gemv_b2g128_j12" => "gemv_b2g128_j12_c",
         _ => return None,
     };
-    (l.tile_rows == 16 && rows > 0 && rows.is_multiple_of(16 * FOLD_CLUSTER)).then_some(
-        GemvB1Launch {
+    let tiles = rows / 16;
+    (l.tile_rows == 16 && rows > 0 && rows.is_multiple_of(16 * FOLD_CLUSTER) && l.grid == tiles)
+        .then_some(GemvB1Launch {
             kernel,
-            grid: rows / 16,
+            grid: tiles,
             ..l
-        },
-    )
+        })
 }
 
 /// The 1-bit kernel for `per_warp` chunks a warp, the norm folded in or not, tiles of 32 rows

@@ -1304,10 +1304,13 @@ fn the_weights_l2_policy_follows_its_setting() {
 fn a_cluster_fold_takes_one_block_per_tile_of_whole_pieces() {
     let sms = 132;
     let smem = 227 << 10;
-    // The 27B's residual GEMVs: 5120 rows of 6144 and 17408 1-bit columns, 6144 2-bit ones.
+    // The 27B's residual GEMVs: 5120 rows of 6144 1-bit and 2-bit columns (ffn_down's 17408
+    // 1-bit columns: two blocks a multiprocessor, 264 of its 320 tiles' blocks at once: none).
+    let l = gemv_b1_launch(GpuFormat::Q1, 5120, 17408, sms, smem, false, (0, 0), 16).unwrap();
+    assert_eq!(l.grid, 264);
+    assert!(cluster_fold(l, 5120).is_none());
     for (format, cols, kernel) in [
         (GpuFormat::Q1, 6144, "gemv_b1_j6x_c"),
-        (GpuFormat::Q1, 17408, "gemv_b1_j17x_c"),
         (GpuFormat::Q2G64, 6144, "gemv_b2g64_j12x_c"),
         (GpuFormat::Q2G128, 6144, "gemv_b2g128_j12x_c"),
     ] {
