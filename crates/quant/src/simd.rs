@@ -68,6 +68,18 @@ pub fn allows(level: Simd) -> bool {
         .is_none_or(|cap| level <= cap)
 }
 
+/// Whether the AVX2 kernels may run: the CPU has AVX2 with FMA and F16C (every AVX2 kernel of
+/// the project's GEMMs, tiled GEMMs and attention needs the three) and the cap allows AVX2.
+pub fn avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return allows(Simd::Avx2)
+        && is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

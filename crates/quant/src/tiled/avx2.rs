@@ -22,10 +22,7 @@ use crate::acts::GROUPS_PER_HALF;
 use crate::{sign_tables, Format, QuantizedActs};
 
 pub(super) fn available() -> bool {
-    crate::simd::allows(crate::Simd::Avx2)
-        && is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
+    crate::simd::avx2()
 }
 
 /// Whether the kernels take matrices in `layout` (every panel layout but packed PTQ1_0, and

@@ -74,12 +74,7 @@ impl Simd {
             Simd::Avx512 => {
                 quant::simd::allows(quant::Simd::Avx512) && std::is_x86_feature_detected!("avx512f")
             }
-            Simd::Avx2 => {
-                quant::simd::allows(quant::Simd::Avx2)
-                    && std::is_x86_feature_detected!("avx2")
-                    && std::is_x86_feature_detected!("fma")
-                    && std::is_x86_feature_detected!("f16c")
-            }
+            Simd::Avx2 => quant::simd::avx2(),
         };
         #[cfg(not(target_arch = "x86_64"))]
         false

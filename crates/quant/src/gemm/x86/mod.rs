@@ -7,10 +7,7 @@ use super::Isa;
 use crate::{Format, QuantizedActs};
 
 pub(crate) fn has_avx2() -> bool {
-    crate::simd::allows(crate::Simd::Avx2)
-        && is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
+    crate::simd::avx2()
 }
 
 pub(crate) fn has_avx2_vnni() -> bool {
