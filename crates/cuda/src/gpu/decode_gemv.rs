@@ -138,15 +138,14 @@ impl Gpu {
         io: &GemvIo,
         pre: Option<NormIn>,
     ) -> Result<bool> {
-        let Some(mut l) = self.b1_plan(m, pre.is_some()).filter(|_| io.ntok == 1) else {
+        let Some(plain) = self.b1_plan(m, pre.is_some()).filter(|_| io.ntok == 1) else {
             return Ok(false);
         };
         let norm_fold = matches!(io.fold.map(|f| f.kind), Some(FoldKind::Norm { .. }));
-        let clustered = norm_fold && self.fold_cluster();
-        let cluster = plan::cluster_fold(l, m.rows).filter(|_| clustered);
-        if let Some(c) = cluster {
-            l = c;
-        }
+        let cluster = (norm_fold && self.fold_cluster())
+            .then(|| plan::cluster_fold(plain, m.rows))
+            .flatten();
+        let l = cluster.unwrap_or(plain);
         let row_bytes = m.cols / m.format.chunk_values() * 16;
         let map = tma::encode(
             m.codes.ptr,

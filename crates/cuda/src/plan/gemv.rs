@@ -312,13 +312,10 @@ pub fn cluster_fold(l: GemvB1Launch, rows: usize) -> Option<GemvB1Launch> {
         "gemv_b2g128_j12" => "gemv_b2g128_j12_c",
         _ => return None,
     };
-    let tiles = rows / 16;
-    (l.tile_rows == 16 && rows > 0 && rows.is_multiple_of(16 * FOLD_CLUSTER) && l.grid == tiles)
-        .then_some(GemvB1Launch {
-            kernel,
-            grid: tiles,
-            ..l
-        })
+    // One block per tile: the plan's grid already holds every tile where they fit at once.
+    let one_wave = l.grid == rows / 16;
+    (l.tile_rows == 16 && rows > 0 && rows.is_multiple_of(16 * FOLD_CLUSTER) && one_wave)
+        .then_some(GemvB1Launch { kernel, ..l })
 }
 
 /// The 1-bit kernel for `per_warp` chunks a warp, the norm folded in or not, tiles of 32 rows
