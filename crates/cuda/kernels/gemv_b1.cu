@@ -164,9 +164,9 @@ __device__ __forceinline__ void fold_cluster(const FoldOut& f, float v) {
 // `empty` barrier (lane r: row r, the warps in order, so the sums are deterministic), writes
 // the rows and then refills the stage. The consumers thus end a tile with no fence, counter or
 // reduction of their own.
-template <int TR, bool CL, class Issue, class TileAt>
+template <int TR, bool CL, class Issue>
 __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS][TR], int stages,
-                                           int mine, int rows, Issue issue, TileAt tile_at, float* __restrict__ out,
+                                           int mine, int rows, Issue issue, float* __restrict__ out,
                                            int accumulate, u64* __restrict__ amax,
                                            const unsigned char* pf_codes, int pf_code_bytes,
                                            const unsigned char* pf_scales, int pf_scale_bytes,
@@ -184,7 +184,7 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
     float last = 0.0f;
     // Stage s of tile i and the parity of its use, counted rather than divided.
     for (int i = 0, s = 0, ph = 0; i < mine; i++) {
-        const int row = tile_at(i) * TR + lane;
+        const int row = ((int)blockIdx.x + i * (int)gridDim.x) * TR + lane;
         // The row's earlier value, where the product adds to it, is requested before the wait
         // for the consumers: its round trip to L2 overlaps their tile instead of following it.
         const float prior = accumulate && lane < TR && row < rows ? out[row] : 0.0f;
@@ -210,20 +210,15 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
                 prefetch_l2_share(pf_scales, pf_scale_bytes);
             }
         }
-#ifdef FOLD_EACH_TILE
-        if (!CL && fold.cnt) fold_tile(fold, out, row - lane, 128u / TR);
-#endif
         if (++s == stages) {
             s = 0;
             ph ^= 1;
         }
     }
-    // Every row of the block written: one arrival per tile on its 128-row piece (unless each
-    // tile arrived as it was written), or (CL) the piece gathered from the cluster's blocks.
+    // Every row of the block written: one arrival per tile on its 128-row piece, or (CL) the
+    // piece gathered from the cluster's blocks.
     if constexpr (CL) fold_cluster(fold, last);
-#ifndef FOLD_EACH_TILE
     else if (fold.cnt) fold_arrive(fold, out, mine, TR, 128u / TR);
-#endif
     if (amax && best) atomicMax(amax, best);
 }
 
@@ -368,18 +363,9 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     float2* ssm = (float2*)base;
     unsigned char* stage0 = base + ((((8 * groups + 127) & ~127) + 1023) & ~1023);
 
-    // The launch's i-th tile of this block (FOLD_EACH_TILE: a folded SwiGLU's in the order of its
-    // pieces).
-    auto tile_at = [&](int i) {
-        const int q = (int)blockIdx.x + i * (int)gridDim.x;
-#ifdef FOLD_EACH_TILE
-        if (fold.cnt && fold.ffn) return swiglu_tile(q, fold.ffn / TR, 128 / TR);
-#endif
-        return q;
-    };
     auto issue = [&](int i) {
         const int s = i % stages;
-        const int tile = tile_at(i);
+        const int tile = (int)blockIdx.x + i * (int)gridDim.x;
         const u32 bar = smem_addr(&bars[s]);
         const u32 dst = smem_addr(stage0 + (size_t)s * stage_bytes);
         mbar_expect_tx(bar, code_bytes + scale_bytes);
@@ -409,7 +395,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     if (warp == GEMV1_WARPS) {
         // Activations left unscaled by a folded norm: the rows take its 1/rms.
         const float oscale = rms_in ? rms_scale(rms_in, cols, rms_eps) : 1.0f;
-        b1_produce<TR, CL>(empty, part, stages, mine, rows, issue, tile_at, out, accumulate, amax, pf_codes, pf_code_bytes,
+        b1_produce<TR, CL>(empty, part, stages, mine, rows, issue, out, accumulate, amax, pf_codes, pf_code_bytes,
                    pf_scales, pf_scale_bytes, oscale, fold);
         // The producer writes the block's last rows.
         if (lane == 0) TRACE_EXIT(TRACE_GEMV_B1, scales);

@@ -175,16 +175,6 @@ __device__ __forceinline__ u32 atom_add_acq_rel(u32* p, u32 v) {
     return old;
 }
 
-// A whole warp folds piece p of what a residual GEMV (or gate | up) wrote to `x`.
-__device__ __forceinline__ void fold_piece(const FoldOut& f, const float* x, int p) {
-    const int v = p * 128 + 4 * (threadIdx.x & 31);
-    if (f.ffn)
-        quant128(swiglu4(__ldcg((const float4*)(x + v)), __ldcg((const float4*)(x + f.ffn + v))), p * 128, f.xq,
-                 f.xs, nullptr);
-    else
-        fold_piece_regs(__ldcg((const float4*)(x + v)), __ldg((const float4*)(f.w + v)), p * 128, f.xq, f.xs, f.ss);
-}
-
 // A whole warp, once it has written its rows of the `mine` tiles of `tr` rows its block had
 // (tiles blockIdx.x + i·gridDim.x): counts one arrival per tile on the tile's 128-row piece,
 // `arrivals` completing a piece (twice as many with a SwiGLU, whose gate and up rows of a piece
@@ -203,38 +193,18 @@ __device__ __forceinline__ void fold_arrive(const FoldOut& f, const float* x, in
         const int piece = row >> 7;
         const bool last =
             i < mine && ((atom_add_acq_rel(f.cnt + piece, 1u) + 1u) & (arrivals - 1u)) == 0u;
-        for (u32 done = __ballot_sync(0xffffffffu, last); done; done &= done - 1)
-            fold_piece(f, x, __shfl_sync(0xffffffffu, piece, __ffs(done) - 1));
+        for (u32 done = __ballot_sync(0xffffffffu, last); done; done &= done - 1) {
+            const int p = __shfl_sync(0xffffffffu, piece, __ffs(done) - 1);
+            const int v = p * 128 + 4 * lane;
+            if (f.ffn)
+                quant128(swiglu4(__ldcg((const float4*)(x + v)), __ldcg((const float4*)(x + f.ffn + v))), p * 128,
+                         f.xq, f.xs, nullptr);
+            else
+                fold_piece_regs(__ldcg((const float4*)(x + v)), __ldg((const float4*)(f.w + v)), p * 128, f.xq,
+                                f.xs, f.ss);
+        }
     }
 }
-
-#ifdef FOLD_EACH_TILE
-// fold_arrive for one tile as soon as a whole warp has written its `tr` rows from `row` on (the
-// binary GEMVs' producer, FOLD_EACH_TILE): a piece whose tiles come early in the launch is folded
-// while later tiles stream, rather than every piece after the block's last tile. One round trip
-// per tile, taken by lane 0 for the warp.
-__device__ __forceinline__ void fold_tile(const FoldOut& f, const float* x, int row, u32 arrivals) {
-    __syncwarp();
-    if (f.ffn) {
-        arrivals *= 2u;
-        row %= f.ffn;
-    }
-    const int piece = row >> 7;
-    u32 old = 0u;
-    if ((threadIdx.x & 31) == 0) old = atom_add_acq_rel(f.cnt + piece, 1u);
-    old = __shfl_sync(0xffffffffu, old, 0);
-    if (((old + 1u) & (arrivals - 1u)) == 0u) fold_piece(f, x, piece);
-}
-
-// Where a SwiGLU is folded in, the gate | up GEMV takes its tiles in the order of the product's
-// pieces (gate's tiles of piece 0, up's, gate's of piece 1, …) rather than all of gate's first,
-// so that with fold_tile the pieces complete all through the launch. `q`: the launch's tile
-// index; `half`: tiles of gate (ffn / tr); `tpp`: tiles of a 128-row piece (128 / tr).
-__device__ __forceinline__ int swiglu_tile(int q, int half, int tpp) {
-    const int pair = q / (2 * tpp), k = q - pair * 2 * tpp;
-    return k < tpp ? pair * tpp + k : half + pair * tpp + k - tpp;
-}
-#endif
 
 // RMS norm of residual rows tok0.. then quantize, block 256, grid (B, ntok): each of a token's
 // B blocks sums the squares of the whole row, then quantizes the 1024-value shares k ≡ b (mod B).

@@ -332,11 +332,6 @@ mod tests {
             if evict_first {
                 defines.push("-DWEIGHTS_EVICT_FIRST=1".into());
             }
-            // Each tile's fold arrival with the timeline records (tiny) and on the 27B shapes'
-            // first pass, whatever the default.
-            if trace || (p == Preset::B27 && ring == ATTN_RING_POSITIONS) {
-                defines.push("-DFOLD_EACH_TILE=1".into());
-            }
             // sm_90a as an H100/H200 compiles them (with the warpgroup MMA of the f16 GEMM).
             let opts = options(arch, &defines);
             let ptx = cudarc::nvrtc::compile_ptx_with_opts(

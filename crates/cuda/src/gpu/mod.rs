@@ -525,9 +525,6 @@ impl Gpu {
         if plan::weights_evict_first(std::env::var("NIWAKI_CUDA_WEIGHTS_L2").ok().as_deref()) {
             defines.push("-DWEIGHTS_EVICT_FIRST=1".into());
         }
-        if plan::fold_each_tile(std::env::var("NIWAKI_CUDA_FOLD_EACH").ok().as_deref()) {
-            defines.push("-DFOLD_EACH_TILE=1".into());
-        }
         let (ptx, from_cache) = compile::nvrtc_compile(&info.arch(), &defines)?;
         let compile_secs = t.elapsed().as_secs_f64();
         let module = ctx

@@ -466,23 +466,6 @@ pub fn weights_evict_first(setting: Option<&str>) -> bool {
     }
 }
 
-/// Whether the binary decode GEMVs that fold the next norm or a SwiGLU count each tile's arrival
-/// on its piece as soon as the tile is written (`-DFOLD_EACH_TILE`, kernels/quant.cu's
-/// `fold_tile`), a folded SwiGLU's gate | up taking its tiles in the order of the product's
-/// pieces, rather than every tile's after the block's last (`fold_arrive`). Opt-in
-/// (`NIWAKI_CUDA_FOLD_EACH=1`) until measured on a GPU.
-pub const FOLD_EACH_TILE: bool = false;
-
-/// The folds' arrivals from `NIWAKI_CUDA_FOLD_EACH` (`1`: each tile's; `0`: after the block's
-/// last; anything else or unset: [`FOLD_EACH_TILE`]).
-pub fn fold_each_tile(setting: Option<&str>) -> bool {
-    match setting {
-        Some("1") => true,
-        Some("0") => false,
-        _ => FOLD_EACH_TILE,
-    }
-}
-
 /// The L2 prefetch a matrix gets by default from the GEMV before it: none where its own GEMV
 /// runs on the binary tensor cores. Since those kernels wait for one round trip to L2 per six
 /// chunks of a warp before their first tile (rather than one per chunk), the prefetch slows them: same binary, `NIWAKI_CUDA_PREFETCH_MB=0` against 8 on the H200, two

@@ -1301,14 +1301,6 @@ fn the_weights_l2_policy_follows_its_setting() {
 }
 
 #[test]
-fn the_folds_arrivals_follow_their_setting() {
-    assert!(fold_each_tile(Some("1")));
-    assert!(!fold_each_tile(Some("0")));
-    assert_eq!(fold_each_tile(None), FOLD_EACH_TILE);
-    assert_eq!(fold_each_tile(Some("bogus")), FOLD_EACH_TILE);
-}
-
-#[test]
 fn a_cluster_fold_takes_one_block_per_tile_of_whole_pieces() {
     let sms = 132;
     let smem = 227 << 10;
