@@ -561,9 +561,6 @@ GEMV_BIN_KERNEL(gemv_b1_j6x, FMT_Q1, 6, true, 1, false, 4)
 GEMV_BIN_KERNEL(gemv_b1_j6, FMT_Q1, 6, false, 1, false, 4)
 GEMV_BIN_KERNEL(gemv_b1_j17x, FMT_Q1, 17, true, 1, false, 2)
 GEMV_BIN_KERNEL(gemv_b1_j17, FMT_Q1, 17, false, 1, false, 2)
-// ffn_down's 17408-wide 1-bit rows in one wave (plan::one_wave): three blocks a multiprocessor,
-// each with one stage for its one tile, so registers for three.
-GEMV_BIN_KERNEL(gemv_b1_j17x_w, FMT_Q1, 17, true, 1, false, 3)
 // Tiles of 32 rows (row counts a multiple of 32: plan::gemv_b1_launch).
 GEMV_BIN_KERNEL(gemv_b1_j5x_r32, FMT_Q1, 5, true, 2, false, 3)
 GEMV_BIN_KERNEL(gemv_b1_j6x_r32, FMT_Q1, 6, true, 2, false, 3)
@@ -585,9 +582,8 @@ GEMV_BIN_KERNEL(gemv_b2g128_j12, FMT_Q2G128, 12, false, 1, false, 3)
 // The residual GEMVs with the norm's fold gathered in a cluster (plan::cluster_fold; opt-in,
 // `NIWAKI_CUDA_FOLD_CLUSTER=1`): the kernels those GEMVs take on the 27B where every tile's
 // block is resident at once (6144 1-bit and 2-bit columns; not ffn_down's 17408, two blocks a
-// multiprocessor, unless in one wave) and the guarded ones of the harness's smaller models.
+// multiprocessor) and the guarded ones of the harness's smaller models.
 GEMV_BIN_CLUSTER_KERNEL(gemv_b1_j6x_c, FMT_Q1, 6, true, 4)
-GEMV_BIN_CLUSTER_KERNEL(gemv_b1_j17x_c, FMT_Q1, 17, true, 3)
 GEMV_BIN_CLUSTER_KERNEL(gemv_b1_j6_c, FMT_Q1, 6, false, 4)
 GEMV_BIN_CLUSTER_KERNEL(gemv_b2g64_j12x_c, FMT_Q2G64, 12, true, 3)
 GEMV_BIN_CLUSTER_KERNEL(gemv_b2g64_j12_c, FMT_Q2G64, 12, false, 3)

@@ -31,7 +31,7 @@ pub const SOURCES: [(&str, &str); 15] = [
 ];
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 96] = [
+pub const KERNELS: [&str; 94] = [
     "read_sum",
     "quant_rms",
     "quant_swiglu",
@@ -65,7 +65,6 @@ pub const KERNELS: [&str; 96] = [
     "gemv_b1_j6",
     "gemv_b1_j17x",
     "gemv_b1_j17",
-    "gemv_b1_j17x_w",
     "gemv_b1_j5x_r32",
     "gemv_b1_j6x_r32",
     "gemv_b1_j5x_n",
@@ -81,7 +80,6 @@ pub const KERNELS: [&str; 96] = [
     "gemv_b2g128_j12",
     "gemv_b1_j6x_c",
     "gemv_b1_j6_c",
-    "gemv_b1_j17x_c",
     "gemv_b2g64_j12x_c",
     "gemv_b2g64_j12_c",
     "gemv_b2g128_j12x_c",

@@ -159,41 +159,29 @@ pub(crate) fn bench_27b(
     let (v, toks) = flipped?;
     // Opt-in settings of the same arithmetic, each run the other way from its default: the
     // SwiGLU folded into the gate | up GEMV (slower), the folded norms' pieces gathered in
-    // clusters, ffn_down's 1-bit GEMV in one wave (until measured). The same tokens; run on
-    // where they apply (the folds with the norms folded, one wave on 1-bit files), they must
-    // have launched. Labels: run off, run on; then the setter, the launches that took it and
-    // whether it applies.
+    // clusters (until measured). The same tokens; run on with the norms folded, they must have
+    // launched. Labels: run off, run on; then the setter and the launches that took it.
     type Flip<'a> = (
         &'a str,
         &'a str,
         &'a dyn Fn(bool) -> bool,
         &'a dyn Fn() -> usize,
-        bool,
     );
-    let flips: [Flip; 3] = [
+    let flips: [Flip; 2] = [
         (
             "SwiGLU apart from the gate | up GEMV",
             "SwiGLU folded into the gate | up GEMV",
             &|on| g.gpu().set_fold_swiglu(on),
             &|| g.gpu().swiglu_launches(),
-            folds,
         ),
         (
             "folded norms by counters, not clusters",
             "folded norms gathered in clusters",
             &|on| g.gpu().set_fold_cluster(on),
             &|| g.gpu().cluster_fold_launches(),
-            folds,
-        ),
-        (
-            "binary GEMVs in rings, not one wave",
-            "binary GEMVs in one wave",
-            &|on| g.gpu().set_b1_one_wave(on),
-            &|| g.gpu().one_wave_launches(),
-            format == Format::Q1_0,
         ),
     ];
-    for (off, on, set, launches, applies) in flips {
+    for (off, on, set, launches) in flips {
         let (was, launches0) = (set(false), launches());
         set(!was);
         let flipped = decode(true, true, (NormFusion::Apart, 0, 0));
@@ -204,8 +192,9 @@ pub(crate) fn bench_27b(
             toks_flipped == toks_serial,
             format!("{format}: decode tokens differ with the {what}"),
         );
+        // Both settings act on folded norms only.
         rep.check(
-            was || !applies || launches() > launches0,
+            was || !folds || launches() > launches0,
             format!("{format}: no launch took the {what}"),
         );
         let _ = write!(variants, "; {what}: {vf:.1}");

@@ -47,7 +47,6 @@ fn format_checks(
     let (mut worst, mut worst_dp4a) = (0f64, 0f64);
     let (mut runs, mut argmax_ok, mut repeat_diff, mut fused_diff) = (0, true, 0usize, 0usize);
     let (mut tiles32_diff, mut tiles32_runs, mut dp4a_runs) = (0usize, 0usize, 0usize);
-    let (mut wave_diff, mut wave_runs) = (0usize, 0usize);
     let mut refused = Vec::new();
     let (mut fused_runs, mut fused_refused) = (0usize, Vec::new());
     // 20×256 is refused (rows of whole 128-byte boxes only). 34816×5120 (the 27B's gate | up)
@@ -56,9 +55,7 @@ fn format_checks(
     // groups, which must give the same bits. 9216 1-bit columns (nine chunks a warp) take the
     // guarded kernel of up to 17 chunks, whose loads past a warp's last chunk are clamped; 4096
     // 2-bit ones (eight) the guarded kernel of up to 12. 2-bit rows of 17408 (ffn_down, 34
-    // chunks a warp) are refused, and 2-bit kernels never fold the norm in. 5120×17408 (the
-    // 27B's 1-bit ffn_down) also runs in one wave (one stage, a block per tile), which must give
-    // the same bits.
+    // chunks a warp) are refused, and 2-bit kernels never fold the norm in.
     let shapes: &[(usize, usize)] = if one_bit {
         &[
             (34816, 5120),
@@ -66,7 +63,6 @@ fn format_checks(
             (992, 5120),
             (320, 6144),
             (77, 17408),
-            (5120, 17408),
             (333, 6144),
             (40, 1024),
             (77, 9216),
@@ -86,7 +82,7 @@ fn format_checks(
     };
     let (want_refused, want_fused_refused, want_tiles32): (&[&str], &[&str], usize) = if one_bit {
         // 34816×5120, 992×5120 and 320×6144 take 32-row tiles.
-        (&["20×256"], &["77×17408", "5120×17408", "77×9216"], 3)
+        (&["20×256"], &["77×17408", "77×9216"], 3)
     } else {
         (
             &["77×17408", "20×256"],
@@ -181,15 +177,6 @@ fn format_checks(
             tiles32_diff += differ(&va, &vb);
             tiles32_runs += 1;
         }
-        // In one wave where the plan takes it.
-        let (prev, waves0) = (gpu.set_b1_one_wave(true), gpu.one_wave_launches());
-        let ran = gpu.gemv_b1(s, &m, &GemvIo::one(xq, xs, b.ptr), None);
-        gpu.set_b1_one_wave(prev);
-        if ran? && gpu.one_wave_launches() > waves0 {
-            gpu.read(s, b.ptr, &mut vb)?;
-            wave_diff += differ(&va, &vb);
-            wave_runs += 1;
-        }
         if dp4a {
             dp4a_runs += 1;
             for r in 0..rows {
@@ -224,16 +211,14 @@ fn format_checks(
         && fused_diff == 0
         && fused_refused == want_fused_refused
         && tiles32_runs == want_tiles32
-        && tiles32_diff == 0
-        && wave_runs == usize::from(one_bit)
-        && wave_diff == 0;
+        && tiles32_diff == 0;
     let taken: Vec<String> = shapes
         .iter()
         .map(|(r, c)| format!("{r}×{c}"))
         .filter(|sh| !refused.contains(sh))
         .collect();
     rep.line(format!(
-        "| gemv_b1 {format} (binary tensor cores, 1 token, += prior, argmax; norm {}) | {} (refused: {}) | {} | vs integer twin {worst:.1e} (tol 1e-5), vs the dp4a kernel {worst_dp4a:.1e} (tol 1e-5) in {dp4a_runs} shapes, as a fraction of Σ|w·x|; argmax {}; {runs} shapes; repeated launch: {repeat_diff} differing outputs, fused norm vs quant_rms + kernel: {fused_diff} in {fused_runs} shapes (refused: {}), 32-row tiles vs 16 in {tiles32_runs} shapes: {tiles32_diff}, one wave vs rings in {wave_runs} shapes: {wave_diff} (all must be 0) |",
+        "| gemv_b1 {format} (binary tensor cores, 1 token, += prior, argmax; norm {}) | {} (refused: {}) | {} | vs integer twin {worst:.1e} (tol 1e-5), vs the dp4a kernel {worst_dp4a:.1e} (tol 1e-5) in {dp4a_runs} shapes, as a fraction of Σ|w·x|; argmax {}; {runs} shapes; repeated launch: {repeat_diff} differing outputs, fused norm vs quant_rms + kernel: {fused_diff} in {fused_runs} shapes (refused: {}), 32-row tiles vs 16 in {tiles32_runs} shapes: {tiles32_diff} (all must be 0) |",
         if one_bit { "fused" } else { "refused" },
         taken.join(", "),
         refused.join(", "),

@@ -141,12 +141,6 @@ impl Gpu {
         let Some(plain) = self.b1_plan(m, pre.is_some()).filter(|_| io.ntok == 1) else {
             return Ok(false);
         };
-        let sms = self.info.multiprocessors.max(1) as usize;
-        let wave = self
-            .b1_one_wave()
-            .then(|| plan::one_wave(plain, m.rows, m.cols, sms))
-            .flatten();
-        let plain = wave.unwrap_or(plain);
         let norm_fold = matches!(io.fold.map(|f| f.kind), Some(FoldKind::Norm { .. }));
         let cluster = (norm_fold && self.fold_cluster())
             .then(|| plan::cluster_fold(plain, m.rows))
@@ -184,9 +178,6 @@ impl Gpu {
         self.count_fold(io.fold);
         if cluster.is_some() {
             self.count_cluster_fold();
-        }
-        if wave.is_some() {
-            self.one_wave_launches.fetch_add(1, Ordering::Relaxed);
         }
         Ok(true)
     }

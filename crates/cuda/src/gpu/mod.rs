@@ -326,8 +326,6 @@ pub struct Gpu {
     swiglu_launches: AtomicUsize,
     /// Decode GEMVs launched with the norm's fold gathered in a cluster.
     cluster_fold_launches: AtomicUsize,
-    /// Binary decode GEMVs launched in one wave.
-    one_wave_launches: AtomicUsize,
     /// 1-bit decode GEMVs on the binary tensor cores (`gemv_b1_*`) rather than dp4a, for the
     /// matrices [`plan::prefers_b1`] gives them (sm_90; `NIWAKI_CUDA_B1=0` turns them off).
     b1: AtomicBool,
@@ -404,10 +402,6 @@ pub struct Gpu {
     /// round trips fewer after the last tile. Opt-in (`NIWAKI_CUDA_FOLD_CLUSTER=1`) until
     /// measured on a GPU.
     fold_cluster: AtomicBool,
-    /// Binary decode GEMVs whose plan leaves some blocks a tile more than others run in one
-    /// wave where they can ([`plan::one_wave`]: ffn_down's 1-bit rows). Opt-in
-    /// (`NIWAKI_CUDA_B1_ONE_WAVE=1`) until measured on a GPU.
-    b1_one_wave: AtomicBool,
     /// Select the candidates of a draw with a top-k limit on the GPU (`kernels/topk.cu`;
     /// `NIWAKI_CUDA_TOPK=0` copies the row to the host instead, for measuring it).
     topk: AtomicBool,
@@ -610,7 +604,6 @@ impl Gpu {
             fold_launches: AtomicUsize::new(0),
             swiglu_launches: AtomicUsize::new(0),
             cluster_fold_launches: AtomicUsize::new(0),
-            one_wave_launches: AtomicUsize::new(0),
             x_copy: AtomicUsize::new(match std::env::var("NIWAKI_CUDA_X_COPY").as_deref() {
                 Ok("0") => X_COPY_OFF,
                 Ok("all") => X_COPY_ALL,
@@ -637,7 +630,6 @@ impl Gpu {
             fold_norm: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_FOLD_NORM")),
             fold_swiglu: AtomicBool::new(hopper && env_opt_in("NIWAKI_CUDA_FOLD_SWIGLU")),
             fold_cluster: AtomicBool::new(hopper && env_opt_in("NIWAKI_CUDA_FOLD_CLUSTER")),
-            b1_one_wave: AtomicBool::new(hopper && env_opt_in("NIWAKI_CUDA_B1_ONE_WAVE")),
             topk: AtomicBool::new(env_on("NIWAKI_CUDA_TOPK")),
             topk_sums: AtomicBool::new(env_on("NIWAKI_CUDA_TOPK_SUMS")),
             attn_tile: AtomicUsize::new(
@@ -874,23 +866,6 @@ impl Gpu {
     /// Counts a decode GEMV launched with its fold gathered in a cluster.
     pub(crate) fn count_cluster_fold(&self) {
         self.cluster_fold_launches.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Turns the binary decode GEMVs in one wave on or off (sm_90 only); returns the previous
-    /// setting. A state's captured graphs keep what they were captured with.
-    pub fn set_b1_one_wave(&self, on: bool) -> bool {
-        self.swap_on_hopper(&self.b1_one_wave, on)
-    }
-
-    /// Whether binary decode GEMVs run in one wave where they can.
-    pub(crate) fn b1_one_wave(&self) -> bool {
-        self.b1_one_wave.load(Ordering::Relaxed)
-    }
-
-    /// Binary decode GEMVs this device has launched in one wave.
-    #[doc(hidden)]
-    pub fn one_wave_launches(&self) -> usize {
-        self.one_wave_launches.load(Ordering::Relaxed)
     }
 
     /// Turns the norms folded into the residual GEMVs of one-token passes on or off (sm_90

@@ -292,37 +292,6 @@ pub fn gemv_b1_launch(
     })
 }
 
-/// Blocks per multiprocessor of a binary decode GEMV in one wave ([`one_wave`]).
-pub const ONE_WAVE_BLOCKS: usize = 3;
-
-/// The binary decode GEMV `l` of `rows × cols` in one wave: a block for every tile, three a
-/// multiprocessor, each with one stage for its one tile (its `_w` kernel, registers for three
-/// blocks), where the plan's rings leave blocks with a tile more than others. ffn_down's
-/// 17408-wide 1-bit rows are the case: 320 tiles of 39 KB on 264 blocks of two stages, so 56
-/// blocks take a second tile after the rest have ended, and the GEMV stood 4 µs above the line
-/// of the others' time against their bytes on the H200. `None` where the plan is one wave
-/// already, the tiles do not fit `sms` × [`ONE_WAVE_BLOCKS`] blocks, one stage does not fit
-/// their share of a multiprocessor, or the kernel has no `_w` form.
-pub fn one_wave(l: GemvB1Launch, rows: usize, cols: usize, sms: usize) -> Option<GemvB1Launch> {
-    let kernel = match l.kernel {
-        "gemv_b1_j17x" => "gemv_b1_j17x_w",
-        _ => return None,
-    };
-    let tiles = rows.div_ceil(l.tile_rows);
-    let fit = (SM90_SMEM_PER_SM / ONE_WAVE_BLOCKS)
-        .saturating_sub(GEMV_B1_STATIC_SMEM + SMEM_RESERVED_PER_BLOCK);
-    let smem_bytes = 1024 + gemv_b1_x_bytes(cols) + l.stage_bytes;
-    (tiles > l.grid && tiles <= sms * ONE_WAVE_BLOCKS && smem_bytes <= fit).then_some(
-        GemvB1Launch {
-            kernel,
-            stages: 1,
-            grid: tiles,
-            smem_bytes,
-            ..l
-        },
-    )
-}
-
 /// Blocks of a cluster that gathers a folded norm's piece (`kernels/gemv_b1.cu`,
 /// `fold_cluster`): a 128-row piece in tiles of 16 rows.
 pub const FOLD_CLUSTER: usize = 8;
@@ -336,7 +305,6 @@ pub const FOLD_CLUSTER: usize = 8;
 pub fn cluster_fold(l: GemvB1Launch, rows: usize) -> Option<GemvB1Launch> {
     let kernel = match l.kernel {
         "gemv_b1_j6x" => "gemv_b1_j6x_c",
-        "gemv_b1_j17x_w" => "gemv_b1_j17x_c",
         "gemv_b1_j6" => "gemv_b1_j6_c",
         "gemv_b2g64_j12x" => "gemv_b2g64_j12x_c",
         "gemv_b2g64_j12" => "gemv_b2g64_j12_c",

@@ -1309,9 +1309,6 @@ fn a_cluster_fold_takes_one_block_per_tile_of_whole_pieces() {
     let l = gemv_b1_launch(GpuFormat::Q1, 5120, 17408, sms, smem, false, (0, 0), 16).unwrap();
     assert_eq!(l.grid, 264);
     assert!(cluster_fold(l, 5120).is_none());
-    // In one wave it has a block per tile.
-    let w = one_wave(l, 5120, 17408, sms).unwrap();
-    assert_eq!(cluster_fold(w, 5120).unwrap().kernel, "gemv_b1_j17x_c");
     for (format, cols, kernel) in [
         (GpuFormat::Q1, 6144, "gemv_b1_j6x_c"),
         (GpuFormat::Q2G64, 6144, "gemv_b2g64_j12x_c"),
@@ -1338,29 +1335,4 @@ fn a_cluster_fold_takes_one_block_per_tile_of_whole_pieces() {
     assert!(cluster_fold(l, 5120).is_none());
     let l = gemv_b1_launch(GpuFormat::Q1, 34816, 5120, sms, smem, false, (0, 0), 16).unwrap();
     assert!(cluster_fold(l, 34816).is_none());
-}
-
-#[test]
-fn one_wave_gives_every_tile_a_block_where_one_stage_fits_three_a_multiprocessor() {
-    let (sms, smem) = (132, 227 << 10);
-    // ffn_down's 1-bit rows: 320 tiles on 264 blocks of two stages; in one wave 320 blocks of
-    // one stage, three of which fit a multiprocessor with their static memory.
-    let l = gemv_b1_launch(GpuFormat::Q1, 5120, 17408, sms, smem, false, (0, 0), 16).unwrap();
-    assert_eq!((l.kernel, l.grid, l.stages), ("gemv_b1_j17x", 264, 2));
-    let w = one_wave(l, 5120, 17408, sms).unwrap();
-    assert_eq!((w.kernel, w.grid, w.stages), ("gemv_b1_j17x_w", 320, 1));
-    assert_eq!((w.tile_rows, w.stage_bytes), (16, l.stage_bytes));
-    assert_eq!(w.smem_bytes, 1024 + gemv_b1_x_bytes(17408) + l.stage_bytes);
-    let per_block = w.smem_bytes + GEMV_B1_STATIC_SMEM + SMEM_RESERVED_PER_BLOCK;
-    assert!(ONE_WAVE_BLOCKS * per_block <= SM90_SMEM_PER_SM);
-    // Already one wave (77 rows: 5 tiles), more tiles than three blocks a multiprocessor hold
-    // (fewer multiprocessors), other kernels: none.
-    let l = gemv_b1_launch(GpuFormat::Q1, 77, 17408, sms, smem, false, (0, 0), 16).unwrap();
-    assert!(one_wave(l, 77, 17408, sms).is_none());
-    let l = gemv_b1_launch(GpuFormat::Q1, 5120, 17408, 100, smem, false, (0, 0), 16).unwrap();
-    assert!(one_wave(l, 5120, 17408, 100).is_none());
-    let l = gemv_b1_launch(GpuFormat::Q1, 34816, 5120, sms, smem, false, (0, 0), 16).unwrap();
-    assert!(one_wave(l, 34816, 5120, sms).is_none());
-    let l = gemv_b1_launch(GpuFormat::Q1, 5120, 9216, sms, smem, false, (0, 0), 16).unwrap();
-    assert!(one_wave(l, 5120, 9216, sms).is_none());
 }
