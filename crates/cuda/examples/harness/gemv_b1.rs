@@ -28,10 +28,13 @@ pub(crate) fn gemv_b1_checks(
         rep.line("| gemv_b1 (binary tensor cores, decode GEMV) | — | SKIP | needs sm_90 |");
         return Ok(());
     }
-    for format in FORMATS {
-        format_checks(rep, gpu, xq, xs, rng, format)?;
-    }
-    Ok(())
+    // 2-bit rows in column ranges taken too (opt-in in decode).
+    let ranges = gpu.set_b2_ranges(true);
+    let checked = FORMATS
+        .into_iter()
+        .try_for_each(|format| format_checks(rep, gpu, xq, xs, rng, format));
+    gpu.set_b2_ranges(ranges);
+    checked
 }
 
 fn format_checks(
@@ -55,7 +58,9 @@ fn format_checks(
     // groups, which must give the same bits. 9216 1-bit columns (nine chunks a warp) take the
     // guarded kernel of up to 17 chunks, whose loads past a warp's last chunk are clamped; 4096
     // 2-bit ones (eight) the guarded kernel of up to 12. 2-bit rows of 17408 (ffn_down, 34
-    // chunks a warp) are refused, and 2-bit kernels never fold the norm in.
+    // chunks a warp) go in two column ranges a tile (opt-in for decode, turned on here; 5120
+    // rows leave blocks two tiles, so four units on a ring of two stages), and 2-bit kernels
+    // never fold the norm in.
     let shapes: &[(usize, usize)] = if one_bit {
         &[
             (34816, 5120),
@@ -77,6 +82,7 @@ fn format_checks(
             (40, 1024),
             (77, 4096),
             (77, 17408),
+            (5120, 17408),
             (20, 256),
         ]
     };
@@ -85,7 +91,7 @@ fn format_checks(
         (&["20×256"], &["77×17408", "77×9216"], 3)
     } else {
         (
-            &["77×17408", "20×256"],
+            &["20×256"],
             &[
                 "34816×5120",
                 "1001×5120",
@@ -93,6 +99,8 @@ fn format_checks(
                 "333×6144",
                 "40×1024",
                 "77×4096",
+                "77×17408",
+                "5120×17408",
             ],
             0,
         )

@@ -117,6 +117,7 @@ impl Gpu {
         if self.info.compute_capability.0 != 9 {
             return None;
         }
+        let ranges = self.b2_ranges.load(Ordering::Relaxed);
         plan::gemv_b1_launch(
             m.format,
             m.rows,
@@ -127,6 +128,7 @@ impl Gpu {
             self.b1_knobs,
             self.b1_tile_rows.load(Ordering::Relaxed),
         )
+        .filter(|l| ranges || plan::b1_ranges(l.kernel) == 1)
     }
 
     /// One-token GEMV on the binary tensor cores (`kernels/gemv_b1.cu`); `false` (nothing
