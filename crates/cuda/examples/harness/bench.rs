@@ -159,7 +159,7 @@ pub(crate) fn bench_27b(
     let (v, toks) = flipped?;
     // Opt-in settings of the same arithmetic, each run the other way from its default: the
     // SwiGLU folded into the gate | up GEMV (slower), the folded norms' pieces gathered in
-    // clusters (until measured). The same tokens; run on with the norms folded, they must have
+    // clusters (slower on Q1_0). The same tokens; run on with the norms folded, they must have
     // launched. Labels: run off, run on; then the setter and the launches that took it.
     type Flip<'a> = (
         &'a str,
