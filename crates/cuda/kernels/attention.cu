@@ -63,7 +63,7 @@ __device__ __forceinline__ void attn_prep_body(const float* __restrict__ proj, i
 }
 
 #define ATTN_PREP_KERNEL(name, Q8)                                                                        \
-    extern "C" __global__ void name(const float* __restrict__ proj, int stride, const u32* __restrict__ pos_ptr, \
+    ENTRY __global__ void name(const float* __restrict__ proj, int stride, const u32* __restrict__ pos_ptr, \
                                     const float* __restrict__ qn, const float* __restrict__ kn, float eps,   \
                                     float base, float* __restrict__ q_out, void* __restrict__ kc,          \
                                     void* __restrict__ vc, u16* __restrict__ ks, u16* __restrict__ vs) {   \
@@ -368,7 +368,7 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
 }
 
 #define ATTN_SPLIT_KERNEL(name, Q8, TILE, STAGES)                                                           \
-    extern "C" __global__ void __launch_bounds__(AWARPS * 32)                                               \
+    ENTRY __global__ void __launch_bounds__(AWARPS * 32)                                               \
         name(const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,        \
              const u16* __restrict__ ks, const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,      \
              float scale, int nsplit, float* __restrict__ part) {                                          \
@@ -412,7 +412,7 @@ __device__ __forceinline__ int combine_weights(const float* __restrict__ src, in
 // of 32 dimensions (coalesced rows, eight loads in flight per thread where one thread summed
 // every split before), and the eight partial sums are added in warp order: deterministic.
 #define CW 8
-extern "C" __global__ void __launch_bounds__(CW * 32)
+ENTRY __global__ void __launch_bounds__(CW * 32)
     attn_combine(const float* __restrict__ part, int nsplit, const u32* __restrict__ pos_ptr,
                  const float* __restrict__ proj, int stride, float* __restrict__ attn) {
     PDL_ENTRY();
@@ -448,7 +448,7 @@ extern "C" __global__ void __launch_bounds__(CW * 32)
 // its 128 values by quant128 as quant_plain would: the same codes and pairs. Models whose
 // attention output is Hadamard-rotated, or whose heads are not whole 128-value pieces
 // (plan::forward_ops), keep the two kernels (the rotation spans four heads).
-extern "C" __global__ void __launch_bounds__(CW * 32)
+ENTRY __global__ void __launch_bounds__(CW * 32)
     attn_combine_quant(const float* __restrict__ part, int nsplit, const u32* __restrict__ pos_ptr,
                        const float* __restrict__ proj, int stride, float* __restrict__ attn,
                        int* __restrict__ xq, float2* __restrict__ xs) {
@@ -507,7 +507,7 @@ extern "C" __global__ void __launch_bounds__(CW * 32)
 // warp slot w the splits w, w + CW, ... in turn, then the slots in order — so both kernels give
 // the same bits, and prefill agrees with decode.
 static_assert(HD % 32 == 0 && HD <= 1024, "attn_combine_rows: one thread per dimension");
-extern "C" __global__ void __launch_bounds__(HD)
+ENTRY __global__ void __launch_bounds__(HD)
     attn_combine_rows(const float* __restrict__ part, int nsplit, const u32* __restrict__ pos_ptr,
                       const float* __restrict__ proj, int stride, float* __restrict__ attn) {
     PDL_ENTRY();

@@ -124,7 +124,7 @@ __device__ __forceinline__ void attn_mma_finish(float (&o)[HD / 16][4], float m0
 #endif
 
 // grid (NKV, nsplit, ntok), block MW_WARPS warps. part: as attn_split's.
-extern "C" __global__ void __launch_bounds__(MW_WARPS * 32)
+ENTRY __global__ void __launch_bounds__(MW_WARPS * 32)
     attn_split_mma(const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,
                    const u16* __restrict__ ks, const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,
                    float scale, int nsplit, float* __restrict__ part) {
@@ -275,7 +275,7 @@ __device__ __forceinline__ void q8_scales(const u16* row, float* d) {
 // grid (NKV, nsplit, ntok), block MW_WARPS warps. part: as attn_split's. Dynamic shared memory
 // (plan/attention.rs): the rings (AQ_STAGES stages a warp), the queries as the f16 kernel's, each
 // warp's weights ([8][MQ_PROW] f32). The rings are reused for the merge.
-extern "C" __global__ void __launch_bounds__(MW_WARPS * 32)
+ENTRY __global__ void __launch_bounds__(MW_WARPS * 32)
     attn_split_q8_mma(const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,
                       const u16* __restrict__ ks, const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,
                       float scale, int nsplit, float* __restrict__ part) {

@@ -5,7 +5,7 @@
 // Every thread keeps four 16-byte streaming loads in flight at once (grid-stride, so that the
 // blocks of a wave read neighbouring lines), folds them into one word and the warp's words
 // meet in one atomic: the loads cannot be dropped and nothing but them touches memory.
-extern "C" __global__ void __launch_bounds__(512, 4) read_sum(const uint4* __restrict__ p, u64 n, u32* __restrict__ out) {
+ENTRY __global__ void __launch_bounds__(512, 4) read_sum(const uint4* __restrict__ p, u64 n, u32* __restrict__ out) {
     PDL_ENTRY();
     const u64 stride = (u64)gridDim.x * blockDim.x;
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;

@@ -60,7 +60,7 @@ __device__ __forceinline__ float embed_value(const unsigned char* __restrict__ r
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256)
+ENTRY __global__ void __launch_bounds__(256)
 embed_row(const unsigned char* __restrict__ table, int fmt, int cols, u64 row_bytes, int vocab,
           const u64* __restrict__ key, const float* __restrict__ signs, float* __restrict__ x) {
     __shared__ float4 sm[256];

@@ -16,7 +16,7 @@ __device__ __forceinline__ float* ssm_write(float* S, u32 p, int ntok) {
 // then one thread per channel writes the shifted state, after every read of the old one.
 // state: two buffers of [KERN-1][CH], the current one at the parity of the position `pos`
 // (see gdn_decode); the new state goes to the parity of pos + ntok. taps: [CH][KERN].
-extern "C" __global__ void __launch_bounds__(256) gdn_conv(const float* __restrict__ proj, int stride, int ntok,
+ENTRY __global__ void __launch_bounds__(256) gdn_conv(const float* __restrict__ proj, int stride, int ntok,
                                                            const u32* __restrict__ pos,
                                                            float* __restrict__ states,
                                                            const float* __restrict__ taps,
@@ -78,7 +78,7 @@ __device__ __forceinline__ float gdn_rnorm(const float* v) {
 // tokens at once: q and k L2-normalized per key head, and the gates of each value head.
 // grid (HK, ntok), block (32, 2): warp 0 normalizes q, warp 1 k; lanes of warp 0 compute the
 // gates of value heads kh, kh + HK, ... qk: [ntok][2][HK][DK]; gb: [ntok][HV] (g, beta).
-extern "C" __global__ void __launch_bounds__(64)
+ENTRY __global__ void __launch_bounds__(64)
 gdn_prep(const float* __restrict__ conv, const float* __restrict__ proj, int stride, int aoff,
          int boff, const float* __restrict__ a_neg, const float* __restrict__ dt_bias,
          float* __restrict__ qk, float2* __restrict__ gb) {
@@ -257,7 +257,7 @@ __device__ __forceinline__ void gdn_step_body(const float* __restrict__ conv, co
 }
 
 #define GDN_STEP_KERNEL(name, RPL)                                                                         \
-    extern "C" __global__ void __launch_bounds__(128)                                                       \
+    ENTRY __global__ void __launch_bounds__(128)                                                       \
         name(const float* __restrict__ conv, const float* __restrict__ proj, int stride, int aoff, int boff, \
              int ntok, const float* __restrict__ a_neg, const float* __restrict__ dt_bias,                   \
              const float* __restrict__ qk, const float2* __restrict__ gb, const u32* __restrict__ pos,        \
@@ -281,7 +281,7 @@ GDN_STEP_KERNEL(gdn_step_r8, 8)
 // The step keeps 32 key rows per lane, as gdn_step_r32, the one-token passes' step without
 // this kernel (plan::GDN_STEP_DECODE_ROWS, asserted there): the two paths give the same bits.
 static_assert(DV == 128 && 16 * (32 / (DK / 32)) == DV, "gdn_decode: 16 warps cover a head");
-extern "C" __global__ void __launch_bounds__(512)
+ENTRY __global__ void __launch_bounds__(512)
 gdn_decode(const float* __restrict__ proj, int aoff, int boff, int zoff, const u32* __restrict__ pos,
            float* __restrict__ conv_state, const float* __restrict__ taps,
            const float* __restrict__ a_neg, const float* __restrict__ dt_bias, float* __restrict__ S,

@@ -24,7 +24,7 @@ static_assert(GC == 64 && DK == 128 && DV % 32 == 0, "gdn chunks: 64 tokens, 128
 // grid (HV, chunks), block 256, dynamic shared memory GDN_PREP_SMEM (plan: gdn_prep_smem).
 // chunks: per (head, chunk) GDN_CHUNK_FLOATS: W [GC][DK], U [GC][DV], P [GC][GC], γ [GC],
 // e^{c_end − c_t} [GC].
-extern "C" __global__ void __launch_bounds__(256)
+ENTRY __global__ void __launch_bounds__(256)
 gdn_chunk_prep(const float* __restrict__ conv, const float* __restrict__ proj, int stride, int aoff,
                const float* __restrict__ a_neg, const float* __restrict__ dt_bias, const float* __restrict__ qk,
                const float2* __restrict__ gb, int ntok, float* __restrict__ chunks) {
@@ -139,7 +139,7 @@ gdn_chunk_prep(const float* __restrict__ conv, const float* __restrict__ proj, i
 // of tokens 8w .. 8w+7 for value columns 32·by + lane, then the state's key rows
 // 16w .. 16w+15 of those columns. The block's state slice stays in shared memory across the
 // chunks. S: two buffers of [HV][DK][DV] (ssm_read); o: [ntok][HV*DV].
-extern "C" __global__ void __launch_bounds__(256)
+ENTRY __global__ void __launch_bounds__(256)
 gdn_chunk_scan(const float* __restrict__ chunks, int nchunks, const float* __restrict__ qk, int ntok,
                const u32* __restrict__ pos, float* __restrict__ S, float* __restrict__ o) {
     __shared__ float Ss[DK][32];

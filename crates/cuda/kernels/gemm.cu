@@ -266,7 +266,7 @@ __device__ __forceinline__ void gemm_body(const uint4* __restrict__ codes, const
 // grid (ceil(ntok / MM_BN), ceil(rows / (128·MI)), K splits), block 256, dynamic shared memory
 // MM_STAGES stages (plan/gemm.rs: gemm_smem_bytes); 3 − MI blocks per multiprocessor.
 #define GEMM_KERNEL(name, FMT, MI)                                                             \
-    extern "C" __global__ void __launch_bounds__(MM_WARPS * 32, 3 - MI)                         \
+    ENTRY __global__ void __launch_bounds__(MM_WARPS * 32, 3 - MI)                         \
         name(const uint4* __restrict__ codes, const u16* __restrict__ scales, int rows, int cols, \
              const unsigned char* __restrict__ xq, const float2* __restrict__ xs, int ntok,     \
              float* __restrict__ out, int out_stride, int accumulate, long long zstride) {      \
@@ -282,7 +282,7 @@ GEMM_KERNEL(gemm_q2g128_m2, FMT_Q2G128, 2)
 
 // out[t][r] (+)= Σ_z part[z][t][r], z in order: the partial sums of a split-K GEMM (each
 // [ntok][rows], zstride floats apart). grid (ceil(rows / 256), ntok), block 256.
-extern "C" __global__ void gemm_reduce(const float* __restrict__ part, int nsplit, long long zstride,
+ENTRY __global__ void gemm_reduce(const float* __restrict__ part, int nsplit, long long zstride,
                                        int rows, float* __restrict__ out, int out_stride,
                                        int accumulate) {
     PDL_ENTRY();

@@ -155,7 +155,7 @@ __device__ __forceinline__ void gemv_body(const uint4* __restrict__ codes,
 }
 
 #define GEMV_KERNEL(name, FMT, NT)                                                              \
-    extern "C" __global__ void __launch_bounds__(256, 2)                                          \
+    ENTRY __global__ void __launch_bounds__(256, 2)                                          \
         name(const uint4* __restrict__ codes, const u16* __restrict__ scales, int rows, int cols, \
              const int* __restrict__ xq, const float2* __restrict__ xs, int ntok,              \
              float* __restrict__ out, int out_stride, int accumulate, u64* __restrict__ amax) { \
@@ -546,7 +546,7 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
 // 1-bit one with one). SWZ: the activations swizzled and copied by `xmap` (the `_x` kernels), or
 // piece-major and staged by the threads (`xmap` unread).
 #define GEMV1_KERNEL(name, FMT, RW, MINB, DOT, SWZ)                                              \
-    extern "C" __global__ void __launch_bounds__(32 * (GEMV1_WARPS + 1), MINB)                   \
+    ENTRY __global__ void __launch_bounds__(32 * (GEMV1_WARPS + 1), MINB)                   \
         name(const unsigned char* __restrict__ codes, const unsigned char* __restrict__ scales,   \
              int rows, int cols, const uint4* __restrict__ xq, const float2* __restrict__ xs,     \
              float* __restrict__ out, int accumulate, u64* __restrict__ amax, int stages,         \

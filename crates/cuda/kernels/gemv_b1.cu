@@ -569,7 +569,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 #define GEMV_BIN_CLUSTER_KERNEL(name, FMT, J, EXACT, MINB) \
     GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, 1, false, MINB, true, FOLD_CLUSTER_DIMS, 1)
 #define GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, RG, NORM, MINB, CL, DIMS, H)                                    \
-    extern "C" __global__ void DIMS __launch_bounds__(32 * (GEMV1_WARPS + 1), MINB)              \
+    ENTRY __global__ void DIMS __launch_bounds__(32 * (GEMV1_WARPS + 1), MINB)              \
         name(const __grid_constant__ TmaMap cmap, const unsigned char* __restrict__ scales,       \
              int rows, int cols, const uint4* __restrict__ xq, const float2* __restrict__ xs,     \
              float* __restrict__ out, int accumulate, u64* __restrict__ amax, int stages,         \

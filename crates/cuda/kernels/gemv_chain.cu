@@ -136,7 +136,7 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
 #endif
 
 #define CHAIN_KERNEL(name, FMT, DOT)                                                                \
-    extern "C" __global__ void __launch_bounds__(32 * (CH_WARPS + 1), 1)                           \
+    ENTRY __global__ void __launch_bounds__(32 * (CH_WARPS + 1), 1)                           \
         name(const ChainGemv* __restrict__ gs, int ng, int x_bytes, int ring_bytes,               \
              u32* __restrict__ count) {                                                            \
         CHAIN_CALL(FMT, DOT);                                                                      \

@@ -296,7 +296,7 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
 // memory HG_STAGES stages + HG_TMA_EXTRA (GemmKernel::smem_bytes); one block per multiprocessor
 // (its registers).
 #define HGEMM_KERNEL(name, FMT, WG)                                                                  \
-    extern "C" __global__ void __launch_bounds__(WG * 128, 1)                                            \
+    ENTRY __global__ void __launch_bounds__(WG * 128, 1)                                            \
         name(const __grid_constant__ TmaMap wmap, const u16* __restrict__ scales, int rows, int cols,     \
              const __grid_constant__ TmaMap xmap, int ntok, float* __restrict__ out, int out_stride,      \
              int accumulate, long long zstride) {                                                        \

@@ -220,7 +220,7 @@ __device__ __forceinline__ void fold_arrive(const FoldOut& f, const float* x, in
 // as it stands and its Σx² goes to piece_ss[piece], the GEMV after it applying 1/rms to its
 // outputs (rms_scale). The arithmetic is fold_piece's, so this is the twin of a residual GEMV
 // that folds the norm into its last writes (and the fallback where none does).
-extern "C" __global__ void __launch_bounds__(256) quant_rms(const float* __restrict__ x, int cols, int tok0,
+ENTRY __global__ void __launch_bounds__(256) quant_rms(const float* __restrict__ x, int cols, int tok0,
                                                             const float* __restrict__ w, float eps,
                                                             int* __restrict__ xq, float2* __restrict__ xs,
                                                             u16* __restrict__ xh, const float* __restrict__ signs,
@@ -276,7 +276,7 @@ extern "C" __global__ void __launch_bounds__(256) quant_rms(const float* __restr
 
 // silu(gate) * up from the stacked gate|up projection. grid (ceil(ffn/1024), ntok), block 256.
 // With `signs` (ffn a multiple of 1024), each block's 1024 values are Hadamard-rotated first.
-extern "C" __global__ void quant_swiglu(const float* __restrict__ gu, int stride, int ffn,
+ENTRY __global__ void quant_swiglu(const float* __restrict__ gu, int stride, int ffn,
                                         int* __restrict__ xq, float2* __restrict__ xs, u16* __restrict__ xh,
                                         const float* __restrict__ signs) {
     __shared__ float4 rot[256];
@@ -309,7 +309,7 @@ __device__ __forceinline__ float4 gated_norm(float4 v, float4 z, float4 g, float
 // grid (ceil(HV/8), ntok), block 256. With `signs` (HV·DV a multiple of 1024), each block's 1024
 // values are Hadamard-rotated first, and with `grouped` the heads are first put in grouped order
 // (output head r + (HV/HK)·k is value head k + HK·r).
-extern "C" __global__ void quant_gated(const float* __restrict__ o, const float* __restrict__ proj,
+ENTRY __global__ void quant_gated(const float* __restrict__ o, const float* __restrict__ proj,
                                        int stride, int zoff, const float* __restrict__ w, float eps,
                                        int* __restrict__ xq, float2* __restrict__ xs, u16* __restrict__ xh,
                                        const float* __restrict__ signs, int grouped) {
@@ -334,7 +334,7 @@ extern "C" __global__ void quant_gated(const float* __restrict__ o, const float*
 
 // Plain quantization (harness use). grid (ceil(cols/1024), ntok), block 256.
 // With `signs` (cols a multiple of 1024), each block's 1024 values are Hadamard-rotated first.
-extern "C" __global__ void quant_plain(const float* __restrict__ x, int cols,
+ENTRY __global__ void quant_plain(const float* __restrict__ x, int cols,
                                        int* __restrict__ xq, float2* __restrict__ xs, u16* __restrict__ xh,
                                        const float* __restrict__ signs) {
     __shared__ float4 rot[256];
@@ -347,7 +347,7 @@ extern "C" __global__ void quant_plain(const float* __restrict__ x, int cols,
     quant128(v, base, xq + (size_t)t * cols / 4, xs + (size_t)t * cols / 64, xh ? xh + (size_t)t * cols : nullptr);
 }
 
-extern "C" __global__ void fill_u64(u64* p, int n, u64 v) {
+ENTRY __global__ void fill_u64(u64* p, int n, u64 v) {
     PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) p[i] = v;

@@ -21,6 +21,6 @@ __device__ __forceinline__ void grid_barrier(u32* count, u32 target) {
 
 // `rounds` grid barriers back to back (the harness times them; `count` zeroed first). Every
 // block must be resident: launched with at most a few small blocks per multiprocessor.
-extern "C" __global__ void __launch_bounds__(256) grid_barrier_rounds(u32* count, int rounds) {
+ENTRY __global__ void __launch_bounds__(256) grid_barrier_rounds(u32* count, int rounds) {
     for (int r = 0; r < rounds; r++) grid_barrier(count, gridDim.x * (u32)(r + 1));
 }

@@ -54,7 +54,7 @@ __device__ __forceinline__ void topk_keep(const u64* s, int k, u64* __restrict__
 // First pass, over the logits row. Its one block, when it is the only pass, writes whether the
 // row holds ±∞ after the k keys; otherwise each block that saw one sets `flag`, which the last
 // pass reports and clears (it is zero between selections).
-extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_logits(const float* logits, int n,
+ENTRY __global__ void __launch_bounds__(TOPK_THREADS) topk_logits(const float* logits, int n,
                                                                        float t, int k, u64* __restrict__ out,
                                                                        u32* __restrict__ flag) {
     __shared__ u64 s[TOPK_CHUNK];
@@ -81,7 +81,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_logits(const flo
 }
 
 // Later passes, over the previous pass's kept keys; the last (one block) reports the flag.
-extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_keys(const u64* in, int n, int k,
+ENTRY __global__ void __launch_bounds__(TOPK_THREADS) topk_keys(const u64* in, int n, int k,
                                                                      u64* __restrict__ out, u32* __restrict__ flag) {
     __shared__ u64 s[TOPK_CHUNK];
     PDL_ENTRY();
@@ -124,7 +124,7 @@ __device__ __forceinline__ float exp_weight(float d) {
 // The sums of model::rank::weight_sums, first per chunk of WEIGHT_CHUNK logits: one thread per
 // lane and chunk sums its lane in id order, then the chunk's first lane adds the lanes first to
 // last. `best` is the selection's best key (the largest scaled logit).
-extern "C" __global__ void __launch_bounds__(WEIGHT_LANES * WEIGHT_CHUNKS_PER_BLOCK)
+ENTRY __global__ void __launch_bounds__(WEIGHT_LANES * WEIGHT_CHUNKS_PER_BLOCK)
     weight_chunks(const float* logits, int n, float t, float floor, const u64* best, float2* __restrict__ chunk_sums) {
     __shared__ float2 lanes[WEIGHT_CHUNKS_PER_BLOCK][WEIGHT_LANES];
     PDL_ENTRY();
@@ -156,7 +156,7 @@ extern "C" __global__ void __launch_bounds__(WEIGHT_LANES * WEIGHT_CHUNKS_PER_BL
 }
 
 // Then the chunks' sums, first to last, by one thread, into `out` (total, kept).
-extern "C" __global__ void weight_total(const float2* chunk_sums, int chunks, float2* __restrict__ out) {
+ENTRY __global__ void weight_total(const float2* chunk_sums, int chunks, float2* __restrict__ out) {
     PDL_ENTRY();
     if (threadIdx.x != 0) return;
     float2 s = make_float2(0.0f, 0.0f);

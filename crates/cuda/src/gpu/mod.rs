@@ -298,7 +298,8 @@ pub enum Arg {
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
-    module: Arc<CudaModule>,
+    /// The program's parts, loaded (one where the kernels keep timeline records).
+    modules: Vec<Arc<CudaModule>>,
     /// Timeline records the kernels hold (0: compiled without them; `gpu/trace.rs`).
     trace_capacity: usize,
     funcs: HashMap<&'static str, CudaFunction>,
@@ -525,19 +526,44 @@ impl Gpu {
         if plan::weights_evict_first(std::env::var("NIWAKI_CUDA_WEIGHTS_L2").ok().as_deref()) {
             defines.push("-DWEIGHTS_EVICT_FIRST=1".into());
         }
-        let (ptx, from_cache) = compile::nvrtc_compile(&info.arch(), &defines)?;
+        // In parts side by side, but whole where the kernels keep timeline records: the
+        // timeline reads them from one module's symbols.
+        let (ptxs, from_cache) =
+            compile::nvrtc_compile(&info.arch(), &defines, trace_capacity == 0)?;
         let compile_secs = t.elapsed().as_secs_f64();
-        let module = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
-            .ctx(|| "loading the kernels' PTX".into())?;
+        // Each kernel from the one part that emits it.
+        let misplaced: Vec<String> = compile::KERNELS
+            .iter()
+            .filter_map(|k| {
+                let n = ptxs.iter().filter(|p| compile::emits(p, k)).count();
+                (n != 1).then(|| format!("{k} in {n} parts"))
+            })
+            .collect();
+        if !misplaced.is_empty() {
+            return Err(CudaError::Unsupported(format!(
+                "the compiled program's parts do not hold each kernel once: {}",
+                misplaced.join(", ")
+            )));
+        }
+        let mut modules = Vec::new();
         let mut funcs = HashMap::new();
-        for k in compile::KERNELS {
-            funcs.insert(
-                k,
-                module
-                    .load_function(k)
-                    .ctx(|| format!("finding kernel {k}"))?,
-            );
+        for ptx in ptxs {
+            let mine: Vec<&'static str> = compile::KERNELS
+                .into_iter()
+                .filter(|k| compile::emits(&ptx, k))
+                .collect();
+            let module = ctx
+                .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+                .ctx(|| "loading the kernels' PTX".into())?;
+            for k in mine {
+                funcs.insert(
+                    k,
+                    module
+                        .load_function(k)
+                        .ctx(|| format!("finding kernel {k}"))?,
+                );
+            }
+            modules.push(module);
         }
         let stream = ctx.new_stream().ctx(|| "creating a stream".into())?;
         let hopper = info.compute_capability.0 >= 9;
@@ -597,7 +623,7 @@ impl Gpu {
         Ok(Gpu {
             ctx,
             stream,
-            module,
+            modules,
             trace_capacity,
             funcs,
             info,

@@ -102,12 +102,11 @@ impl Gpu {
         let s = &self.stream;
         s.synchronize()
             .ctx(|| "synchronising before the trace".into())?;
-        let count = self
-            .module
+        // Compiled whole when tracing: one module holds the symbols.
+        let count = self.modules[0]
             .get_global("niwaki_trace_n", s)
             .ctx(|| "finding the trace's count".into())?;
-        let recs = self
-            .module
+        let recs = self.modules[0]
             .get_global("niwaki_trace", s)
             .ctx(|| "finding the trace's records".into())?;
         let (count_ptr, _c) = count.device_ptr(s);
