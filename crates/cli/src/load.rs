@@ -278,9 +278,15 @@ pub fn cuda_model(model: &Model, kv: KvCacheArg) -> Result<niwaki_cuda::CudaMode
         KvCacheArg::F32 => anyhow::bail!("the GPU has no f32 KV cache: use f16 or q8_0"),
     };
     eprintln!(
-        "uploaded to the GPU in {:.2} s ({} KV cache)",
+        "uploaded to the GPU in {:.2} s ({} KV cache; kernels {}, loaded by the driver in {:.2} s)",
         t.elapsed().as_secs_f64(),
-        kv.as_str()
+        kv.as_str(),
+        if gpu.kernels_from_cache() {
+            "from the cache".to_string()
+        } else {
+            format!("compiled in {:.2} s", gpu.compile_secs())
+        },
+        gpu.kernel_load_secs()
     );
     Ok(gpu)
 }

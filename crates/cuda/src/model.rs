@@ -374,6 +374,16 @@ impl CudaModel {
         self.gpu.compile_secs
     }
 
+    /// Whether the kernels came from the on-disk cache.
+    pub fn kernels_from_cache(&self) -> bool {
+        self.gpu.from_cache
+    }
+
+    /// Seconds the driver spent loading the kernels (its JIT).
+    pub fn kernel_load_secs(&self) -> f64 {
+        self.gpu.load_secs
+    }
+
     /// A fresh sequence with room for `ctx` tokens.
     pub fn new_state(&self, ctx: usize) -> Result<CudaState> {
         let ctx = ctx.max(1);

@@ -102,13 +102,14 @@ fn run(rep: &mut Report) -> R<()> {
     let dims = Dims::from_config(&small.config)?;
     let gpu = Gpu::new(&dims)?;
     rep.line(format!(
-        "Kernels: NVRTC {} in {:.2} s",
+        "Kernels: NVRTC {} in {:.2} s, loaded by the driver in {:.2} s",
         if gpu.from_cache {
             "cache hit"
         } else {
             "compile"
         },
-        gpu.compile_secs
+        gpu.compile_secs,
+        gpu.load_secs
     ));
     match std::env::var("NIWAKI_HARNESS_ONLY").as_deref() {
         // For a profiler: the GEMM timings alone.

@@ -307,6 +307,9 @@ pub struct Gpu {
     /// Seconds NVRTC took (0 when the PTX came from the cache).
     pub compile_secs: f64,
     pub from_cache: bool,
+    /// Seconds the driver took to load the program's parts (its JIT of the PTX to the device's
+    /// code, unless its own cache has it).
+    pub load_secs: f64,
     /// Launch kernels with programmatic stream serialization (sm_90 and later; the kernels wait
     /// for their predecessor with `griddepcontrol.wait`). `NIWAKI_CUDA_PDL=0` turns it off.
     pdl: AtomicBool,
@@ -545,6 +548,7 @@ impl Gpu {
                 misplaced.join(", ")
             )));
         }
+        let t = std::time::Instant::now();
         let mut modules = Vec::new();
         let mut funcs = HashMap::new();
         for ptx in ptxs {
@@ -565,6 +569,7 @@ impl Gpu {
             }
             modules.push(module);
         }
+        let load_secs = t.elapsed().as_secs_f64();
         let stream = ctx.new_stream().ctx(|| "creating a stream".into())?;
         let hopper = info.compute_capability.0 >= 9;
         let ampere = info.compute_capability.0 >= 8;
@@ -628,6 +633,7 @@ impl Gpu {
             funcs,
             info,
             compile_secs,
+            load_secs,
             from_cache,
             pdl: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_PDL")),
             gemv1: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_GEMV1")),
