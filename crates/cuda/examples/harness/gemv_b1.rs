@@ -59,8 +59,8 @@ fn format_checks(
     // guarded kernel of up to 17 chunks, whose loads past a warp's last chunk are clamped; 4096
     // 2-bit ones (eight) the guarded kernel of up to 12. 2-bit rows of 17408 (ffn_down, 34
     // chunks a warp) go in two column ranges a tile (opt-in for decode, turned on here; 5120
-    // rows leave blocks two tiles, so four units on a ring of two stages), and 2-bit kernels
-    // never fold the norm in.
+    // rows give 56 of 264 blocks two tiles, four units on a ring of two stages, and the rest
+    // one), and 2-bit kernels never fold the norm in.
     let shapes: &[(usize, usize)] = if one_bit {
         &[
             (34816, 5120),
