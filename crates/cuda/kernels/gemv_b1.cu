@@ -401,9 +401,9 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 
     if (tid == 0) ring_init(bars, empty, stages);
     __syncthreads();
-    // The ring's first tiles: `early` of them requested before the wait for the previous kernel
-    // (weights depend on nothing), the rest once it has ended.
-    const int first = min(stages, mine * H), before = min(first, early);
+    // The ring's first tiles: `early` of them (H units each) requested before the wait for the
+    // previous kernel (weights depend on nothing), the rest once it has ended.
+    const int first = min(stages, mine * H), before = min(first, early * H);
     if (tid == 0)
         for (int i = 0; i < before; i++) issue(i);
     // The norm's weights are constant: a consumer's share is read before the wait.
