@@ -35,6 +35,9 @@ enum Command {
     Tokenize(cmd::tokenize::Args),
     /// Save the logits of every position of a token sequence as .npy.
     Logits(cmd::logits::Args),
+    /// Compile the CUDA kernels for a model and a GPU architecture into the kernel cache, ahead
+    /// of the GPU host's first start (no GPU needed; NVRTC is).
+    Kernels(cmd::kernels::Args),
     /// Measure prefill and decode speed, memory bandwidth and the fraction of the decode floor.
     Bench(cmd::bench::Args),
     /// Serve the model over an OpenAI-compatible HTTP API, with a web chat page.
@@ -63,6 +66,7 @@ fn main() -> std::process::ExitCode {
         Command::Logits(a) => cmd::logits::main(a),
         Command::Perplexity(a) => cmd::perplexity::main(a),
         Command::Bench(a) => cmd::bench::main(a),
+        Command::Kernels(a) => cmd::kernels::main(a),
         Command::Serve(a) => cmd::serve::main(a),
         Command::Pull(a) => cmd::pull::main(a),
     };

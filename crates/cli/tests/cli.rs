@@ -573,3 +573,22 @@ fn synth_marks_a_model_hadamard_folded_where_its_widths_allow() {
     // The CPU engine runs it (rotating on the fly).
     assert!(!greedy_few(&path).is_empty());
 }
+
+#[test]
+fn compiling_the_kernels_ahead_needs_the_cuda_build_or_says_what_it_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), "t.gguf", "Q1_0");
+    let mut c = niwaki();
+    c.env("NIWAKI_CUDA_CACHE", dir.path().join("kernels"))
+        .args(["kernels", "--arch", "sm_77", "--model"])
+        .arg(&m);
+    let e = failure(&mut c);
+    // Built without the backend: it says so; with it: the architecture's shared memory is
+    // unknown and has to be given.
+    if cfg!(feature = "cuda") {
+        assert!(e.contains("--smem-kib"), "{e}");
+    } else {
+        assert!(e.contains("--features cuda"), "{e}");
+    }
+    assert!(!dir.path().join("kernels").exists());
+}

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{CudaError, Result};
+use crate::plan::{self, Dims};
 
 /// The kernel sources in the order they are concatenated, each with the part of the program
 /// whose compilation emits its kernels ([`PARTS`]).
@@ -232,6 +233,60 @@ pub fn load_or_compile(
     Ok((ptx, false))
 }
 
+/// The program's `-D` options for a model of `dims` on a device whose blocks may take
+/// `smem_limit` bytes of shared memory: the model's shapes, the attention ring that fits, the
+/// timeline records' capacity where asked (`trace_capacity`), and the weights' L2 policy
+/// (`NIWAKI_CUDA_WEIGHTS_L2`). What the backend compiles at start and [`precompile`] ahead.
+pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) -> Vec<String> {
+    let mut defines = dims.defines_for(plan::attn_ring_positions(dims, smem_limit));
+    if trace_capacity > 0 {
+        defines.push(format!("-DNIWAKI_TRACE={trace_capacity}"));
+    }
+    if plan::weights_evict_first(std::env::var("NIWAKI_CUDA_WEIGHTS_L2").ok().as_deref()) {
+        defines.push("-DWEIGHTS_EVICT_FIRST=1".into());
+    }
+    defines
+}
+
+/// The most shared memory a block may opt into on the devices of architecture `arch`, as the
+/// backend names it ([`crate::DeviceInfo::arch`]: `sm_90a` for the H100 and H200), from the
+/// CUDA programming guide's table of compute capabilities; `None` for one it does not list.
+pub fn smem_limit_of(arch: &str) -> Option<usize> {
+    let kib = match arch.trim_end_matches('a') {
+        "sm_70" | "sm_72" => 96,
+        "sm_75" => 64,
+        "sm_80" | "sm_87" => 163,
+        "sm_86" | "sm_89" | "sm_120" | "sm_121" => 99,
+        "sm_90" | "sm_100" | "sm_103" => 227,
+        _ => return None,
+    };
+    Some(kib << 10)
+}
+
+/// What [`precompile`] left: the cache folder, the parts and whether every one was already there.
+#[derive(Debug)]
+pub struct Precompiled {
+    pub dir: PathBuf,
+    pub parts: usize,
+    pub cached: bool,
+}
+
+/// Compiles the program for a model of `dims` on devices of architecture `arch` with
+/// `smem_limit` bytes of shared memory a block into the on-disk cache, as the backend would at
+/// its start there (no GPU needed, NVRTC is): a GPU host whose cache holds it then starts
+/// without compiling, and without NVRTC.
+pub fn precompile(dims: &Dims, arch: &str, smem_limit: usize) -> Result<Precompiled> {
+    let dir = cache_dir().ok_or_else(|| {
+        CudaError::Unsupported("no cache folder: set NIWAKI_CUDA_CACHE or HOME".into())
+    })?;
+    let (ptx, cached) = nvrtc_compile(arch, &program_defines(dims, smem_limit, 0), true)?;
+    Ok(Precompiled {
+        dir,
+        parts: ptx.len(),
+        cached,
+    })
+}
+
 /// Compiles the program with NVRTC for `arch`, in [`PARTS`] side by side where `split` (else
 /// whole), each through the on-disk cache: the parts' PTX, and whether every one came from the
 /// cache.
@@ -345,6 +400,24 @@ mod tests {
             source().matches("#define ENTRY extern \"C\"\n").count(),
             SOURCES.len()
         );
+    }
+
+    #[test]
+    fn an_architecture_gives_its_blocks_shared_memory_and_the_defines_follow_it() {
+        assert_eq!(smem_limit_of("sm_90a"), Some(227 << 10));
+        assert_eq!(smem_limit_of("sm_90"), Some(227 << 10));
+        assert_eq!(smem_limit_of("sm_80"), Some(163 << 10));
+        assert_eq!(smem_limit_of("sm_89"), Some(99 << 10));
+        assert_eq!(smem_limit_of("sm_77"), None);
+        let d = crate::plan::tests::dims(model::synth::Preset::B27);
+        let ring = |smem| format!("-DARING={}", plan::attn_ring_positions(&d, smem));
+        for smem in [227 << 10, 64 << 10] {
+            let defines = program_defines(&d, smem, 0);
+            assert!(defines.contains(&ring(smem)), "{defines:?}");
+            assert!(!defines.iter().any(|x| x.starts_with("-DNIWAKI_TRACE")));
+        }
+        assert_ne!(ring(227 << 10), ring(64 << 10));
+        assert!(program_defines(&d, 227 << 10, 16).contains(&"-DNIWAKI_TRACE=16".to_string()));
     }
 
     #[test]

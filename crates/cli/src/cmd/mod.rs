@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod chat;
 pub mod info;
+pub mod kernels;
 pub mod logits;
 pub mod perplexity;
 pub mod pull;

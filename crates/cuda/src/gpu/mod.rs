@@ -522,13 +522,7 @@ impl Gpu {
         let attn_ring = plan::attn_ring_positions(dims, smem_limit);
         let t = std::time::Instant::now();
         let trace_capacity = trace::capacity_from_env();
-        let mut defines = dims.defines_for(attn_ring);
-        if trace_capacity > 0 {
-            defines.push(format!("-DNIWAKI_TRACE={trace_capacity}"));
-        }
-        if plan::weights_evict_first(std::env::var("NIWAKI_CUDA_WEIGHTS_L2").ok().as_deref()) {
-            defines.push("-DWEIGHTS_EVICT_FIRST=1".into());
-        }
+        let defines = compile::program_defines(dims, smem_limit, trace_capacity);
         // In parts side by side, but whole where the kernels keep timeline records: the
         // timeline reads them from one module's symbols.
         let (ptxs, from_cache) =
