@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Decode settings compared in one GPU call: `niwaki bench --device cuda -p 0 -n 128 -r 3` on
+# synthetic 27B files, every setting run once per round and file, in turn, so that the device's
+# drift over the call falls on all of them alike. Usage:
+# ab-h200.sh BIN_DIR OUT_DIR FORMATS ROUNDS SETTING...
+#   BIN_DIR holds a release build of `niwaki` (feature cuda); FORMATS is a comma list (Q2_0,Q1_0);
+#   a SETTING is a label, then optionally `:` and the environment it runs with, as VAR=value
+#   pairs separated by commas: `default`, `ranges:NIWAKI_CUDA_B2_RANGES=1`.
+#   BENCH_ARGS replaces `-p 0 -n 128 -r 3`.
+# Writes OUT_DIR/ab.txt (a line a run: round, label, format, median (min-max) tok/s, fraction of
+# the decode floor) and OUT_DIR/ab.jsonl (niwaki bench --json), then the medians by setting.
+set -uo pipefail
+bin=${1:?bin dir}
+out=${2:?out dir}
+formats=${3:?formats}
+rounds=${4:?rounds}
+shift 4
+[ $# -gt 0 ] || { echo "no settings given" >&2; exit 2; }
+export NIWAKI_CUDA_CACHE=${NIWAKI_CUDA_CACHE:-/tmp/niwaki-cuda-cache}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,temperature.gpu --format=csv,noheader | tee "$out/gpu.txt"
+for f in ${formats//,/ }; do
+    [ -f "/tmp/$f.gguf" ] || "$bin/niwaki" synth --preset 27b --format "$f" --model "/tmp/$f.gguf" >/dev/null || exit 1
+done
+for round in $(seq 1 "$rounds"); do
+    for f in ${formats//,/ }; do
+        for setting in "$@"; do
+            label=${setting%%:*}
+            vars=()
+            [ "$setting" = "$label" ] || IFS=, read -ra vars <<<"${setting#*:}"
+            line=$(env "${vars[@]}" "$bin/niwaki" bench --model "/tmp/$f.gguf" --device cuda ${BENCH_ARGS:--p 0 -n 128 -r 3} --json 2>>"$out/err.log" |
+                tail -1 | tee -a "$out/ab.jsonl" |
+                python3 -c 'import sys, json; d = json.load(sys.stdin); print("%.2f (%.2f-%.2f) %.1f%%" % (d["tg_tok_s"], d["tg_min"], d["tg_max"], 100 * d["floor_fraction"]))') ||
+                line="failed (see err.log)"
+            echo "$round $label $f $line" | tee -a "$out/ab.txt"
+        done
+    done
+done
+echo "medians by setting and file:"
+awk '$4 != "failed" { m[$2 " " $3] = m[$2 " " $3] " " $4 } END { for (k in m) print k ":" m[k] }' "$out/ab.txt" | sort
