@@ -378,6 +378,8 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     // tile's every scale (a range's are not contiguous in its rows; the second copy of them
     // comes from the L2 cache).
     const int unit_slabs = slabs / H;
+    // Ranges split a row of exactly J slabs (the plan gives these kernels no other width).
+    if (H > 1 && slabs != J) __trap();
     const u32 code_bytes = (u32)unit_slabs * 2048 * RG, scale_bytes = (u32)TR * scols * 2;
     const u32 stage_bytes = (code_bytes + scale_bytes + 1023) & ~1023u;
     const int ntiles = (rows + TR - 1) / TR;
