@@ -1,7 +1,8 @@
 // Shared helpers. No headers: NVRTC compiles this with the model's shapes as -D defines
 // (HD, NH, NKV, ROPE, HK, HV, DK, DV, KERN, NSPLIT). Kernels are declared `ENTRY __global__`:
-// the program is compiled in parts side by side (compile.rs), and before each file ENTRY is
-// `extern "C"` where the part emits that file's kernels and an uninstantiated template where not.
+// the program is compiled in parts side by side (src/compile/program.rs), and before each file
+// ENTRY is `extern "C"` where the part emits that file's kernels, an uninstantiated template
+// where not.
 typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef unsigned short u16;

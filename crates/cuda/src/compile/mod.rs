@@ -1,0 +1,154 @@
+//! Kernel sources (kept in `kernels/`, embedded at build time), their run-time compilation by
+//! NVRTC for the device's architecture (in parts side by side), and an on-disk cache of the
+//! resulting PTX.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{CudaError, Result};
+use crate::plan::{self, Dims};
+
+mod cache;
+mod program;
+#[cfg(test)]
+mod tests;
+
+pub use cache::*;
+pub use program::*;
+
+/// NVRTC options for an architecture (`sm_90`) and the model's shape defines.
+pub fn options(arch: &str, defines: &[String]) -> Vec<String> {
+    let mut o = vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".to_string(),
+    ];
+    o.extend(defines.iter().cloned());
+    o
+}
+
+/// The program's `-D` options for a model of `dims` on a device whose blocks may take
+/// `smem_limit` bytes of shared memory: the model's shapes, the attention ring that fits, the
+/// timeline records' capacity where asked (`trace_capacity`), and the weights' L2 policy
+/// (`NIWAKI_CUDA_WEIGHTS_L2`). What the backend compiles at start and [`precompile`] ahead.
+pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) -> Vec<String> {
+    let mut defines = dims.defines_for(plan::attn_ring_positions(dims, smem_limit));
+    if trace_capacity > 0 {
+        defines.push(format!("-DNIWAKI_TRACE={trace_capacity}"));
+    }
+    if plan::weights_evict_first(std::env::var("NIWAKI_CUDA_WEIGHTS_L2").ok().as_deref()) {
+        defines.push("-DWEIGHTS_EVICT_FIRST=1".into());
+    }
+    defines
+}
+
+/// The most shared memory a block may opt into on the devices of architecture `arch`, as the
+/// backend names it ([`crate::DeviceInfo::arch`]: `sm_90a` for the H100 and H200), from the
+/// CUDA programming guide's table of compute capabilities; `None` for one it does not list.
+pub fn smem_limit_of(arch: &str) -> Option<usize> {
+    let kib = match arch.trim_end_matches('a') {
+        "sm_70" | "sm_72" => 96,
+        "sm_75" => 64,
+        "sm_80" | "sm_87" => 163,
+        "sm_86" | "sm_89" | "sm_120" | "sm_121" => 99,
+        "sm_90" | "sm_100" | "sm_103" => 227,
+        _ => return None,
+    };
+    Some(kib << 10)
+}
+
+/// What [`precompile`] left: the cache folder, the parts and whether every one was already there.
+#[derive(Debug)]
+pub struct Precompiled {
+    pub dir: PathBuf,
+    pub parts: usize,
+    pub cached: bool,
+}
+
+/// Compiles the program for a model of `dims` on devices of architecture `arch` with
+/// `smem_limit` bytes of shared memory a block into the on-disk cache, as the backend would at
+/// its start there (no GPU needed, NVRTC is): a GPU host whose cache holds it then starts
+/// without compiling, and without NVRTC.
+pub fn precompile(dims: &Dims, arch: &str, smem_limit: usize) -> Result<Precompiled> {
+    let dir = cache_dir().ok_or_else(|| {
+        CudaError::Unsupported("no cache folder: set NIWAKI_CUDA_CACHE or HOME".into())
+    })?;
+    let (ptx, cached) = nvrtc_compile(arch, &program_defines(dims, smem_limit, 0), true)?;
+    Ok(Precompiled {
+        dir,
+        parts: ptx.len(),
+        cached,
+    })
+}
+
+/// Compiles the program with NVRTC for `arch`, in [`PARTS`] side by side where `split` (else
+/// whole), each through the on-disk cache: the parts' PTX, and whether every one came from the
+/// cache.
+pub fn nvrtc_compile(arch: &str, defines: &[String], split: bool) -> Result<(Vec<String>, bool)> {
+    let sources: Vec<String> = if split {
+        (0..PARTS).map(source_part).collect()
+    } else {
+        vec![source()]
+    };
+    let compiled = compile_all(
+        arch,
+        &sources,
+        &options(arch, defines),
+        cache_dir().as_deref(),
+    )?;
+    let cached = compiled.iter().all(|(_, c)| *c);
+    Ok((compiled.into_iter().map(|(p, _)| p).collect(), cached))
+}
+
+/// Whether `ptx` emits kernel `k`.
+pub fn emits(ptx: &str, k: &str) -> bool {
+    ptx.contains(&format!(".entry {k}("))
+}
+
+/// Compiles `sources` with `opts` side by side, each through the cache in `dir` (none: no
+/// cache): their PTX and whether each came from the cache, in order.
+pub fn compile_all(
+    arch: &str,
+    sources: &[String],
+    opts: &[String],
+    dir: Option<&Path>,
+) -> Result<Vec<(String, bool)>> {
+    std::thread::scope(|scope| {
+        let running: Vec<_> = sources
+            .iter()
+            .map(|src| {
+                scope.spawn(move || {
+                    load_or_compile(dir, &cache_key(src, opts), || compile_ptx(arch, src, opts))
+                })
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
+}
+
+/// One NVRTC compilation of `src` to PTX.
+fn compile_ptx(arch: &str, src: &str, opts: &[String]) -> Result<String> {
+    // SAFETY: only checks whether the shared library can be opened.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(CudaError::NoNvrtc("libnvrtc.so not found".into()));
+    }
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(
+        src,
+        cudarc::nvrtc::CompileOptions {
+            options: opts.to_vec(),
+            name: Some("niwaki.cu".into()),
+            ..Default::default()
+        },
+    )
+    .map_err(|e| CudaError::Compile {
+        arch: arch.to_string(),
+        log: match e {
+            cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+                log.to_string_lossy().into_owned()
+            }
+            other => format!("{other:?}"),
+        },
+    })?;
+    Ok(ptx.to_src())
+}

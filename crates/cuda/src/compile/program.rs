@@ -1,0 +1,183 @@
+//! The program NVRTC compiles: the kernel sources in order, the kernels the backend launches,
+//! and the parts in which it is compiled.
+
+/// The kernel sources in the order they are concatenated, each with the part of the program
+/// whose compilation emits its kernels ([`PARTS`]).
+pub const SOURCES: [(&str, &str, usize); 15] = [
+    ("common.cuh", include_str!("../../kernels/common.cuh"), 0),
+    ("quant.cu", include_str!("../../kernels/quant.cu"), 0),
+    // After quant.cu (the inverse rotation).
+    ("embed.cu", include_str!("../../kernels/embed.cu"), 0),
+    ("gemv.cu", include_str!("../../kernels/gemv.cu"), 1),
+    // After gemv.cu (the fused norm, the L2 prefetch).
+    ("gemv_b1.cu", include_str!("../../kernels/gemv_b1.cu"), 2),
+    ("gemm.cu", include_str!("../../kernels/gemm.cu"), 3),
+    ("hgemm.cu", include_str!("../../kernels/hgemm.cu"), 3),
+    ("gdn.cu", include_str!("../../kernels/gdn.cu"), 0),
+    (
+        "gdn_chunk.cu",
+        include_str!("../../kernels/gdn_chunk.cu"),
+        4,
+    ),
+    ("sync.cu", include_str!("../../kernels/sync.cu"), 0),
+    ("topk.cu", include_str!("../../kernels/topk.cu"), 0),
+    (
+        "bandwidth.cu",
+        include_str!("../../kernels/bandwidth.cu"),
+        0,
+    ),
+    // After gemv.cu (its chunk dot and staging) and sync.cu (the grid barrier).
+    (
+        "gemv_chain.cu",
+        include_str!("../../kernels/gemv_chain.cu"),
+        1,
+    ),
+    (
+        "attention.cu",
+        include_str!("../../kernels/attention.cu"),
+        0,
+    ),
+    (
+        "attention_mma.cu",
+        include_str!("../../kernels/attention_mma.cu"),
+        0,
+    ),
+];
+
+/// Parts in which the program is compiled, one NVRTC call each, side by side on threads of
+/// their own. Every part parses the whole program, so that each file's helpers stay where they
+/// are, but emits only the kernels of its own files: the others' entries (`ENTRY`) are function
+/// templates never instantiated. For the 27B's shapes NVRTC took 26.1 s for the whole program on
+/// one core of a development machine, and for the parts alone 3.6 s (the rest), 6.2 (gemv.cu
+/// and the probe), 6.2 (gemv_b1.cu), 3.8 (the GEMMs) and 4.0 (the chunked recurrence): 13.0 s
+/// side by side on its two cores.
+pub const PARTS: usize = 5;
+
+/// Every kernel the backend launches.
+pub const KERNELS: [&str; 96] = [
+    "read_sum",
+    "quant_rms",
+    "quant_swiglu",
+    "quant_gated",
+    "quant_plain",
+    "fill_u64",
+    "gemv_q1_t1",
+    "gemv_q1_t8",
+    "gemv_q2g64_t1",
+    "gemv_q2g64_t8",
+    "gemv_q2g128_t1",
+    "gemv_q2g128_t8",
+    "gemv1_q1_r1",
+    "gemv1_q1_r2",
+    "gemv1_q2g64_r1",
+    "gemv1_q2g64_r2",
+    "gemv1_q2g128_r1",
+    "gemv1_q2g128_r2",
+    "gemv1_q1_r1_x",
+    "gemv1_q1_r2_x",
+    "gemv1_q2g64_r1_x",
+    "gemv1_q2g64_r2_x",
+    "gemv1_q2g128_r1_x",
+    "gemv1_q2g128_r2_x",
+    "gemv1_q1_r1_nodot",
+    "gemv1_q1_r2_nodot",
+    "gemv1_q2g64_r1_nodot",
+    "gemv1_q2g64_r2_nodot",
+    "gemv_b1_j5x",
+    "gemv_b1_j6x",
+    "gemv_b1_j6",
+    "gemv_b1_j17x",
+    "gemv_b1_j17",
+    "gemv_b1_j5x_r32",
+    "gemv_b1_j6x_r32",
+    "gemv_b1_j5x_n",
+    "gemv_b1_j6x_n",
+    "gemv_b1_j6_n",
+    "gemv_b1_j5x_r32_n",
+    "gemv_b1_j6x_r32_n",
+    "gemv_b2g64_j10x",
+    "gemv_b2g64_j12x",
+    "gemv_b2g64_j12",
+    "gemv_b2g128_j10x",
+    "gemv_b2g128_j12x",
+    "gemv_b2g128_j12",
+    "gemv_b2g64_j34x_h2",
+    "gemv_b2g128_j34x_h2",
+    "gemv_b1_j6x_c",
+    "gemv_b1_j6_c",
+    "gemv_b2g64_j12x_c",
+    "gemv_b2g64_j12_c",
+    "gemv_b2g128_j12x_c",
+    "gemv_b2g128_j12_c",
+    "gemv_chain_q1",
+    "gemv_chain_q2g64",
+    "gemv_chain_q1_nodot",
+    "gemv_chain_q2g64_nodot",
+    "gemm_q1_m1",
+    "gemm_q1_m2",
+    "gemm_q2g64_m1",
+    "gemm_q2g64_m2",
+    "gemm_q2g128_m1",
+    "gemm_q2g128_m2",
+    "gemm_reduce",
+    "hgemm_q1_w3",
+    "hgemm_q1_w4",
+    "hgemm_q2g64_w3",
+    "hgemm_q2g64_w4",
+    "hgemm_q2g128_w3",
+    "hgemm_q2g128_w4",
+    "embed_row",
+    "gdn_conv",
+    "gdn_prep",
+    "gdn_chunk_prep",
+    "gdn_chunk_scan",
+    "gdn_step_r32",
+    "gdn_step_r16",
+    "gdn_step_r8",
+    "gdn_decode",
+    "grid_barrier_rounds",
+    "topk_logits",
+    "topk_keys",
+    "weight_chunks",
+    "weight_total",
+    "attn_prep",
+    "attn_prep_q8",
+    "attn_split_t4",
+    "attn_split_q8_t4",
+    "attn_split_t8",
+    "attn_split_q8_t8",
+    "attn_split_mma",
+    "attn_split_q8_mma",
+    "attn_combine",
+    "attn_combine_quant",
+    "attn_combine_rows",
+];
+
+/// The whole program as one translation unit, every kernel emitted.
+pub fn source() -> String {
+    assemble(None)
+}
+
+/// The program with only the kernels of part `part`'s files emitted.
+pub fn source_part(part: usize) -> String {
+    assemble(Some(part))
+}
+
+/// Each file after the definition of its kernels' entry: `extern "C"` where they are emitted, a
+/// template parameter list (parsed, never instantiated) where they are not.
+fn assemble(part: Option<usize>) -> String {
+    let mut s = String::new();
+    for (name, text, p) in SOURCES {
+        let entry = if part.is_none_or(|k| k == p) {
+            "extern \"C\""
+        } else {
+            "template <int>"
+        };
+        s.push_str(&format!(
+            "// ---- {name}\n#undef ENTRY\n#define ENTRY {entry}\n"
+        ));
+        s.push_str(text);
+        s.push('\n');
+    }
+    s
+}

@@ -1,0 +1,168 @@
+//! The compilation's unit tests (NVRTC's only where it can be loaded).
+
+use super::*;
+
+#[test]
+fn every_launched_kernel_is_defined_in_the_sources() {
+    let src = source();
+    for k in KERNELS {
+        assert!(
+            src.contains(&format!("{k}(")) || src.contains(&format!("KERNEL({k},")),
+            "{k}"
+        );
+    }
+    assert!(!src.contains("#include"), "NVRTC gets no system headers");
+}
+
+#[test]
+fn each_part_emits_the_kernels_of_its_own_files() {
+    for k in 0..PARTS {
+        assert!(SOURCES.iter().any(|(_, _, p)| *p == k), "part {k} is empty");
+        let src = source_part(k);
+        for (name, _, p) in SOURCES {
+            let head = format!("// ---- {name}\n#undef ENTRY\n#define ENTRY ");
+            let at = src.find(&head).expect("every file is in every part") + head.len();
+            let emitted = src[at..].starts_with("extern \"C\"\n");
+            assert_eq!(emitted, p == k, "{name} in part {k}");
+            assert!(emitted || src[at..].starts_with("template <int>\n"));
+        }
+        assert_ne!(cache_key(&src, &[]), cache_key(&source(), &[]));
+    }
+    assert!(SOURCES.iter().all(|(_, _, p)| *p < PARTS));
+    // Entries are only ever spelled through ENTRY.
+    assert!(SOURCES
+        .iter()
+        .all(|(_, text, _)| !text.contains("extern \"C\" __global__")));
+    assert_eq!(
+        source().matches("#define ENTRY extern \"C\"\n").count(),
+        SOURCES.len()
+    );
+}
+
+#[test]
+fn an_architecture_gives_its_blocks_shared_memory_and_the_defines_follow_it() {
+    assert_eq!(smem_limit_of("sm_90a"), Some(227 << 10));
+    assert_eq!(smem_limit_of("sm_90"), Some(227 << 10));
+    assert_eq!(smem_limit_of("sm_80"), Some(163 << 10));
+    assert_eq!(smem_limit_of("sm_89"), Some(99 << 10));
+    assert_eq!(smem_limit_of("sm_77"), None);
+    let d = crate::plan::tests::dims(model::synth::Preset::B27);
+    let ring = |smem| format!("-DARING={}", plan::attn_ring_positions(&d, smem));
+    for smem in [227 << 10, 64 << 10] {
+        let defines = program_defines(&d, smem, 0);
+        assert!(defines.contains(&ring(smem)), "{defines:?}");
+        assert!(!defines.iter().any(|x| x.starts_with("-DNIWAKI_TRACE")));
+    }
+    assert_ne!(ring(227 << 10), ring(64 << 10));
+    assert!(program_defines(&d, 227 << 10, 16).contains(&"-DNIWAKI_TRACE=16".to_string()));
+}
+
+#[test]
+fn the_cache_key_follows_source_and_options() {
+    let a = cache_key("x", &options("sm_90", &["-DHD=256".into()]));
+    let b = cache_key("x", &options("sm_90", &["-DHD=128".into()]));
+    let c = cache_key("y", &options("sm_90", &["-DHD=256".into()]));
+    let d = cache_key("x", &options("sm_80", &["-DHD=256".into()]));
+    assert!(a != b && a != c && a != d);
+    assert_eq!(a, cache_key("x", &options("sm_90", &["-DHD=256".into()])));
+}
+
+#[test]
+fn compiled_ptx_is_cached_on_disk_and_reused() {
+    let dir = std::env::temp_dir().join(format!("niwaki-cuda-test-{}", std::process::id()));
+    let ptx = ".version 8.0\n.entry k()\n".to_string();
+    let (got, cached) = load_or_compile(Some(&dir), "k1", || Ok(ptx.clone())).unwrap();
+    assert_eq!((got.as_str(), cached), (ptx.as_str(), false));
+    let (got, cached) =
+        load_or_compile(Some(&dir), "k1", || panic!("must come from the cache")).unwrap();
+    assert_eq!((got.as_str(), cached), (ptx.as_str(), true));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_compile_error_is_passed_through_without_caching() {
+    let dir = std::env::temp_dir().join(format!("niwaki-cuda-err-{}", std::process::id()));
+    let err = load_or_compile(Some(&dir), "bad", || {
+        Err(CudaError::Compile {
+            arch: "sm_90".into(),
+            log: "boom".into(),
+        })
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("boom"));
+    assert!(!dir.join("bad.ptx").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Compiles the real sources when NVRTC can be loaded (no GPU needed); skipped otherwise.
+#[test]
+fn the_kernels_compile_for_hopper_when_nvrtc_is_present() {
+    // SAFETY: only checks whether the library can be opened.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        eprintln!("NVRTC not found: compile check skipped");
+        return;
+    }
+    use crate::plan::{ATTN_RING_POSITIONS, ATTN_RING_POSITIONS_SMALL, WEIGHTS_EVICT_FIRST};
+    use model::synth::Preset;
+    // The 27B shapes also with the small attention ring (devices of 64 KiB per block); the
+    // tiny ones with and without the timeline records (`NIWAKI_CUDA_TRACE`) and the weights'
+    // evict-first copies (`NIWAKI_CUDA_WEIGHTS_L2`), the others with the default policy; and
+    // the 27B's for an sm_80 device (no Hopper instructions, no clusters), where the
+    // backend runs too.
+    let policy = WEIGHTS_EVICT_FIRST;
+    for (p, ring, trace, evict_first, arch) in [
+        (Preset::Tiny, ATTN_RING_POSITIONS, false, false, "sm_90a"),
+        (Preset::Tiny, ATTN_RING_POSITIONS, true, true, "sm_90a"),
+        (Preset::Small, ATTN_RING_POSITIONS, false, policy, "sm_90a"),
+        (Preset::B27, ATTN_RING_POSITIONS, false, policy, "sm_90a"),
+        (
+            Preset::B27,
+            ATTN_RING_POSITIONS_SMALL,
+            false,
+            policy,
+            "sm_90a",
+        ),
+        (
+            Preset::B27,
+            ATTN_RING_POSITIONS_SMALL,
+            false,
+            policy,
+            "sm_80",
+        ),
+    ] {
+        let d = crate::plan::tests::dims(p);
+        let mut defines = d.defines_for(ring);
+        if trace {
+            defines.push("-DNIWAKI_TRACE=16".into());
+        }
+        if evict_first {
+            defines.push("-DWEIGHTS_EVICT_FIRST=1".into());
+        }
+        // sm_90a as an H100/H200 compiles them (with the warpgroup MMA of the f16 GEMM).
+        // The 27B's first in parts, as the backend compiles it, the others whole.
+        let split = p == Preset::B27 && ring == ATTN_RING_POSITIONS;
+        let sources: Vec<String> = if split {
+            (0..PARTS).map(source_part).collect()
+        } else {
+            vec![source()]
+        };
+        let texts: Vec<String> = match compile_all(arch, &sources, &options(arch, &defines), None) {
+            Ok(c) => c.into_iter().map(|(text, _)| text).collect(),
+            Err(e) => panic!("{p:?} {arch}: {e}"),
+        };
+        for (i, text) in texts.iter().enumerate() {
+            if let Some(dir) = std::env::var_os("NIWAKI_PTX_DUMP") {
+                let _ = std::fs::write(
+                    std::path::Path::new(&dir).join(format!("{p:?}-{ring}-{trace}-{arch}-{i}.ptx")),
+                    text,
+                );
+            }
+            assert_eq!(text.contains("niwaki_trace_n"), trace, "{p:?}: records");
+        }
+        // Every kernel emitted once.
+        for k in KERNELS {
+            let n = texts.iter().filter(|t| emits(t, k)).count();
+            assert_eq!(n, 1, "{k} in {n} of {p:?}'s {} parts", texts.len());
+        }
+    }
+}
