@@ -98,9 +98,36 @@ pub fn nvrtc_compile(arch: &str, defines: &[String], split: bool) -> Result<(Vec
     Ok((compiled.into_iter().map(|(p, _)| p).collect(), cached))
 }
 
-/// Whether `ptx` emits kernel `k`.
-pub fn emits(ptx: &str, k: &str) -> bool {
-    ptx.contains(&format!(".entry {k}("))
+/// For each of [`KERNELS`], the index of the one PTX of `ptxs` (a program's parts) that emits
+/// it; an error naming every kernel that none or several emit.
+pub fn kernel_parts(ptxs: &[String]) -> Result<Vec<usize>> {
+    let mut parts: std::collections::HashMap<&str, Vec<usize>> = Default::default();
+    for (i, ptx) in ptxs.iter().enumerate() {
+        for (at, entry) in ptx.match_indices(".entry ") {
+            if let Some((name, _)) = ptx[at + entry.len()..].split_once('(') {
+                parts.entry(name).or_default().push(i);
+            }
+        }
+    }
+    let mut misplaced = Vec::new();
+    let found = KERNELS
+        .iter()
+        .filter_map(|k| match parts.get(k).map(Vec::as_slice) {
+            Some(&[i]) => Some(i),
+            other => {
+                misplaced.push(format!("{k} in {} parts", other.map_or(0, <[usize]>::len)));
+                None
+            }
+        })
+        .collect();
+    if misplaced.is_empty() {
+        Ok(found)
+    } else {
+        Err(CudaError::Unsupported(format!(
+            "the compiled program's parts do not hold each kernel once: {}",
+            misplaced.join(", ")
+        )))
+    }
 }
 
 /// Compiles `sources` with `opts` side by side, each through the cache in `dir` (none: no

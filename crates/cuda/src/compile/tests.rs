@@ -160,9 +160,28 @@ fn the_kernels_compile_for_hopper_when_nvrtc_is_present() {
             assert_eq!(text.contains("niwaki_trace_n"), trace, "{p:?}: records");
         }
         // Every kernel emitted once.
-        for k in KERNELS {
-            let n = texts.iter().filter(|t| emits(t, k)).count();
-            assert_eq!(n, 1, "{k} in {n} of {p:?}'s {} parts", texts.len());
+        if let Err(e) = kernel_parts(&texts) {
+            panic!("{p:?} {arch}: {e}");
         }
     }
+}
+
+#[test]
+fn each_kernel_is_found_in_the_one_part_that_emits_it() {
+    let entries = |ks: &[&str]| -> String {
+        ks.iter()
+            .map(|k| format!(".visible .entry {k}(\n\t.param .u64 p\n)\n{{\n}}\n"))
+            .collect()
+    };
+    let (first, rest) = KERNELS.split_first().unwrap();
+    let parts = [entries(rest), entries(&[first])];
+    let found = kernel_parts(&parts).unwrap();
+    assert_eq!(found[0], 1);
+    assert!(found[1..].iter().all(|&p| p == 0));
+    // A kernel in no part and one in two: both named.
+    let (a, b) = (KERNELS[1], KERNELS[2]);
+    let parts = [entries(&KERNELS[2..]), entries(&[KERNELS[0], b])];
+    let e = kernel_parts(&parts).unwrap_err().to_string();
+    assert!(e.contains(&format!("{a} in 0 parts")), "{e}");
+    assert!(e.contains(&format!("{b} in 2 parts")), "{e}");
 }

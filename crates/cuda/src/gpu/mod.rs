@@ -529,31 +529,15 @@ impl Gpu {
             compile::nvrtc_compile(&info.arch(), &defines, trace_capacity == 0)?;
         let compile_secs = t.elapsed().as_secs_f64();
         // Each kernel from the one part that emits it.
-        let misplaced: Vec<String> = compile::KERNELS
-            .iter()
-            .filter_map(|k| {
-                let n = ptxs.iter().filter(|p| compile::emits(p, k)).count();
-                (n != 1).then(|| format!("{k} in {n} parts"))
-            })
-            .collect();
-        if !misplaced.is_empty() {
-            return Err(CudaError::Unsupported(format!(
-                "the compiled program's parts do not hold each kernel once: {}",
-                misplaced.join(", ")
-            )));
-        }
+        let parts = compile::kernel_parts(&ptxs)?;
         let t = std::time::Instant::now();
         let mut modules = Vec::new();
         let mut funcs = HashMap::new();
-        for ptx in ptxs {
-            let mine: Vec<&'static str> = compile::KERNELS
-                .into_iter()
-                .filter(|k| compile::emits(&ptx, k))
-                .collect();
+        for (i, ptx) in ptxs.into_iter().enumerate() {
             let module = ctx
                 .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
                 .ctx(|| "loading the kernels' PTX".into())?;
-            for k in mine {
+            for (&k, _) in compile::KERNELS.iter().zip(&parts).filter(|(_, &p)| p == i) {
                 funcs.insert(
                     k,
                     module
