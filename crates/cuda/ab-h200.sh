@@ -5,7 +5,7 @@
 # ab-h200.sh BIN_DIR OUT_DIR FORMATS ROUNDS SETTING...
 #   BIN_DIR holds a release build of `niwaki` (feature cuda); FORMATS is a comma list (Q2_0,Q1_0);
 #   a SETTING is a label, then optionally `:` and the environment it runs with, as VAR=value
-#   pairs separated by commas: `default`, `ranges:NIWAKI_CUDA_B2_RANGES=1`.
+#   pairs separated by commas: `default`, `cluster:NIWAKI_CUDA_FOLD_CLUSTER=1`.
 #   BENCH_ARGS replaces `-p 0 -n 128 -r 3`.
 # Writes OUT_DIR/ab.txt (a line a run: round, label, format, median (min-max) tok/s, fraction of
 # the decode floor) and OUT_DIR/ab.jsonl (niwaki bench --json), then the medians by setting.

@@ -164,7 +164,7 @@ __device__ __forceinline__ void fold_cluster(const FoldOut& f, float v) {
 // `empty` barrier (lane r: row r, the warps in order, so the sums are deterministic), writes
 // the rows and then refills the stage. The consumers thus end a tile with no fence, counter or
 // reduction of their own.
-template <int TR, bool CL, int H, class Issue>
+template <int TR, bool CL, class Issue>
 __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS][TR], int stages,
                                            int mine, int rows, Issue issue, float* __restrict__ out,
                                            int accumulate, u64* __restrict__ amax,
@@ -172,11 +172,9 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
                                            const unsigned char* pf_scales, int pf_scale_bytes,
                                            float oscale, const FoldOut& fold) {
     const int lane = threadIdx.x & 31;
-    // The ring's units: H per tile (a tile's column ranges in turn, H > 1), so `units` in all.
-    const int units = mine * H;
-    // The copies are all issued once unit units − 1 − stages is freed, or at once where the ring
-    // holds every unit: then the L2 cache may take the next GEMV's first bytes.
-    const int last_issue = units - 1 - stages;
+    // The copies are all issued once tile mine − 1 − stages is freed, or at once where the ring
+    // holds every tile: then the L2 cache may take the next GEMV's first bytes.
+    const int last_issue = mine - 1 - stages;
     if (last_issue < 0 && lane == 0) {
         prefetch_l2_share(pf_codes, pf_code_bytes);
         prefetch_l2_share(pf_scales, pf_scale_bytes);
@@ -184,16 +182,14 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
     u64 best = 0;
     // The row this lane wrote last (CL: the block's one tile).
     float last = 0.0f;
-    // Stage s of unit u (of tile u / H) and the parity of its use, counted rather than divided.
-    for (int u = 0, s = 0, ph = 0; u < units; u++) {
-        const int row = ((int)blockIdx.x + u / H * (int)gridDim.x) * TR + lane;
-        // A tile's rows are complete with its last unit, whose stage holds the partial sums.
-        const bool ends = u % H == H - 1;
+    // Stage s of tile i and the parity of its use, counted rather than divided.
+    for (int i = 0, s = 0, ph = 0; i < mine; i++) {
+        const int row = ((int)blockIdx.x + i * (int)gridDim.x) * TR + lane;
         // The row's earlier value, where the product adds to it, is requested before the wait
         // for the consumers: its round trip to L2 overlaps their tile instead of following it.
-        const float prior = ends && accumulate && lane < TR && row < rows ? out[row] : 0.0f;
+        const float prior = accumulate && lane < TR && row < rows ? out[row] : 0.0f;
         mbar_wait(smem_addr(&empty[s]), (u32)ph);
-        if (ends && lane < TR) {
+        if (lane < TR) {
             float v = 0.0f;
 #pragma unroll
             for (int w = 0; w < GEMV1_WARPS; w++) v += part[s][w][lane];
@@ -208,8 +204,8 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
         // issued: its consumers, who wait for that copy, then write them again.
         __syncwarp();
         if (lane == 0) {
-            if (u + stages < units) issue(u + stages);
-            if (u == last_issue) {
+            if (i + stages < mine) issue(i + stages);
+            if (i == last_issue) {
                 prefetch_l2_share(pf_codes, pf_code_bytes);
                 prefetch_l2_share(pf_scales, pf_scale_bytes);
             }
@@ -234,7 +230,7 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
 // warp issues two MMAs, two masks, its loads and the counts' scaling: about 25 instructions in
 // the PTX, against about 35 for the dp4a kernel's warps (whose lanes each spend ~70 on a 16-byte
 // chunk, 512 bytes a warp). J: chunks per warp (at most, unless EXACT).
-template <int FMT, int J, bool EXACT, int H>
+template <int FMT, int J, bool EXACT>
 __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stage_bytes, u32 code_bytes, u64* bars,
                                            u64* empty, float (*part)[GEMV1_WARPS][16], float2* ssm, int mine,
                                            int stages, int chunks, int scols, const uint4* __restrict__ xq,
@@ -286,50 +282,34 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
     constexpr int SSTEP = FMT == FMT_Q2G128 ? GEMV1_WARPS / 2 : GEMV1_WARPS;
     const int soff = g * scols + (FMT == FMT_Q2G128 ? warp >> 1 : warp);
 
-    // H > 1: a tile's column ranges come as H units in turn (chunks j of range h in unit h, the
-    // range's slabs from the stage's first and the tile's every scale after them); the sums run
-    // on over them and are left with the last.
-    static_assert(H == 1 || (EXACT && J % H == 0), "column ranges of whole chunks a warp");
-    constexpr int JH = J / H;
-    float acc0 = 0.0f, acc1 = 0.0f;
-    for (int u = 0, s = 0, ph = 0; u < mine * H; u++) {
-        const int h = u % H;
+    for (int i = 0, s = 0, ph = 0; i < mine; i++) {
         const unsigned char* st = stage0 + (size_t)s * stage_bytes;
         mbar_wait(smem_addr(&bars[s]), (u32)ph);
         const unsigned char* a = st + aoff;
         const u16* dp = (const u16*)(st + code_bytes) + soff;
-        if (h == 0) acc0 = acc1 = 0.0f;
-        // Range hh unrolled apart, so that the plane words are named by constants (registers).
+        float acc0 = 0.0f, acc1 = 0.0f;
 #pragma unroll
-        for (int hh = 0; hh < H; hh++) {
-            if (hh != h) continue;
-#pragma unroll
-            for (int jh = 0; jh < JH; jh++) {
-                // Within a range the chunks run as across a whole row: in order, one slab each.
-                const int j = hh * JH + jh;
-                if (EXACT || j < nj) {
-                    const float2 sc = ssm[warp + GEMV1_WARPS * j];
-                    const u32 a0 = *(const u32*)(a + jh * 2048), a1 = *(const u32*)(a + jh * 2048 + 1024);
-                    int c[4];
-                    bmma_and_popc(c, a0 & 0xAAAAAAAAu, a1 & 0xAAAAAAAAu, bw[j]);
-                    bmma_and_popc_acc(c, a0, a1, bw[j]);
-                    // k1·s·n (s the activation scale) as (k1·s)·n: the same bits, k1 being a power of
-                    // two.
-                    const float ks = k1 * sc.x, y = ysel * sc.y;
-                    acc0 += h2f(dp[j * SSTEP]) * (ks * (float)(c[0] + sgn * c[1]) - y);
-                    acc1 += h2f(dp[8 * scols + j * SSTEP]) * (ks * (float)(c[2] + sgn * c[3]) - y);
-                }
+        for (int j = 0; j < J; j++) {
+            if (EXACT || j < nj) {
+                const float2 sc = ssm[warp + GEMV1_WARPS * j];
+                const u32 a0 = *(const u32*)(a + j * 2048), a1 = *(const u32*)(a + j * 2048 + 1024);
+                int c[4];
+                bmma_and_popc(c, a0 & 0xAAAAAAAAu, a1 & 0xAAAAAAAAu, bw[j]);
+                bmma_and_popc_acc(c, a0, a1, bw[j]);
+                // k1·s·n (s the activation scale) as (k1·s)·n: the same bits, k1 being a power of
+                // two.
+                const float ks = k1 * sc.x, y = ysel * sc.y;
+                acc0 += h2f(dp[j * SSTEP]) * (ks * (float)(c[0] + sgn * c[1]) - y);
+                acc1 += h2f(dp[8 * scols + j * SSTEP]) * (ks * (float)(c[2] + sgn * c[3]) - y);
             }
         }
-        if (h == H - 1) {
-            acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
-            acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
-            acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
-            acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
-            if (t == 0) {
-                part[s][warp][g] = acc0;
-                part[s][warp][g + 8] = acc1;
-            }
+        acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
+        acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
+        acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
+        acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
+        if (t == 0) {
+            part[s][warp][g] = acc0;
+            part[s][warp][g + 8] = acc1;
         }
         // As the 1-bit consumers: done with stage s, partial sums written, then the arrival.
         __syncwarp();
@@ -346,7 +326,7 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
 // and activation scale a warp loads serves twice the rows, and the tile's own work (its wait,
 // shuffles and arrival) is shared by them. FMT: FMT_Q1, or a 2-bit layout (b2_consume; tiles of
 // 16 rows, the norm apart).
-template <int FMT, int J, bool EXACT, int RG, bool NORM, bool CL, int H>
+template <int FMT, int J, bool EXACT, int RG, bool NORM, bool CL>
 __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned char* __restrict__ scales,
                                              int rows, int cols, const uint4* __restrict__ xq,
                                              const float2* __restrict__ xs, float* __restrict__ out,
@@ -364,7 +344,6 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     constexpr int TR = 16 * RG;
     static_assert(FMT == FMT_Q1 || (RG == 1 && !NORM), "2-bit rows: tiles of 16, the norm apart");
     static_assert(!CL || RG == 1, "a cluster's eight blocks hold a 128-row piece in tiles of 16");
-    static_assert(H == 1 || (FMT != FMT_Q1 && !CL), "column ranges: 2-bit rows, folds by counters");
     // Tiles of 32 rows keep at most half the stages (plan::gemv_b1_launch), so the partial sums
     // take the same static memory.
     __shared__ float part[GEMV1_MAX_STAGES / RG][GEMV1_WARPS][TR];
@@ -374,13 +353,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     // Scales per row: one a chunk, or one per two (g128).
     const int scols = FMT == FMT_Q2G128 ? chunks / 2 : chunks;
     const int slabs = (chunks * 16 + 127) / 128;
-    // A stage holds one unit: a tile (H = 1) or one of its H column ranges' slabs, with the
-    // tile's every scale (a range's are not contiguous in its rows; the second copy of them
-    // comes from the L2 cache).
-    const int unit_slabs = slabs / H;
-    // Ranges split a row of exactly J slabs (the plan gives these kernels no other width).
-    if (H > 1 && slabs != J) __trap();
-    const u32 code_bytes = (u32)unit_slabs * 2048 * RG, scale_bytes = (u32)TR * scols * 2;
+    const u32 code_bytes = (u32)slabs * 2048 * RG, scale_bytes = (u32)TR * scols * 2;
     const u32 stage_bytes = (code_bytes + scale_bytes + 1023) & ~1023u;
     const int ntiles = (rows + TR - 1) / TR;
     const int mine = (int)blockIdx.x < ntiles ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
@@ -390,22 +363,21 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     float2* ssm = (float2*)base;
     unsigned char* stage0 = base + ((((8 * groups + 127) & ~127) + 1023) & ~1023);
 
-    auto issue = [&](int u) {
-        const int s = u % stages;
-        const int tile = (int)blockIdx.x + u / H * (int)gridDim.x, h = u % H;
+    auto issue = [&](int i) {
+        const int s = i % stages;
+        const int tile = (int)blockIdx.x + i * (int)gridDim.x;
         const u32 bar = smem_addr(&bars[s]);
         const u32 dst = smem_addr(stage0 + (size_t)s * stage_bytes);
         mbar_expect_tx(bar, code_bytes + scale_bytes);
-        for (int sl = 0; sl < unit_slabs; sl++)
-            weights_tma_2d(dst + sl * 2048 * RG, cmap, (h * unit_slabs + sl) * 128, tile * TR, bar);
+        for (int sl = 0; sl < slabs; sl++) weights_tma_2d(dst + sl * 2048 * RG, cmap, sl * 128, tile * TR, bar);
         weights_g2s(dst + code_bytes, scales + (size_t)tile * scale_bytes, scale_bytes, bar);
     };
 
     if (tid == 0) ring_init(bars, empty, stages);
     __syncthreads();
-    // The ring's first tiles: `early` of them (H units each) requested before the wait for the
-    // previous kernel (weights depend on nothing), the rest once it has ended.
-    const int first = min(stages, mine * H), before = min(first, early * H);
+    // The ring's first tiles: `early` of them requested before the wait for the previous kernel
+    // (weights depend on nothing), the rest once it has ended.
+    const int first = min(stages, mine), before = min(first, early);
     if (tid == 0)
         for (int i = 0; i < before; i++) issue(i);
     // The norm's weights are constant: a consumer's share is read before the wait.
@@ -423,7 +395,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     if (warp == GEMV1_WARPS) {
         // Activations left unscaled by a folded norm: the rows take its 1/rms.
         const float oscale = rms_in ? rms_scale(rms_in, cols, rms_eps) : 1.0f;
-        b1_produce<TR, CL, H>(empty, part, stages, mine, rows, issue, out, accumulate, amax, pf_codes, pf_code_bytes,
+        b1_produce<TR, CL>(empty, part, stages, mine, rows, issue, out, accumulate, amax, pf_codes, pf_code_bytes,
                    pf_scales, pf_scale_bytes, oscale, fold);
         // The producer writes the block's last rows.
         if (lane == 0) TRACE_EXIT(TRACE_GEMV_B1, scales);
@@ -432,7 +404,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 
     static_assert(GEMV1_WARPS == 8, "warp w takes chunks w + 8j: slab j, unit w of each row");
     if constexpr (FMT != FMT_Q1) {
-        b2_consume<FMT, J, EXACT, H>(stage0, stage_bytes, code_bytes, bars, empty, part, ssm, mine, stages, chunks,
+        b2_consume<FMT, J, EXACT>(stage0, stage_bytes, code_bytes, bars, empty, part, ssm, mine, stages, chunks,
                                   scols, xq, xs);
     } else {
         static_assert(J <= 32, "a lane per chunk copies the group pairs");
@@ -549,18 +521,18 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 #endif
 
 #if __CUDA_ARCH__ >= 900
-#define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL, H)                                                      \
-    gemv_b1_body<FMT, J, EXACT, RG, NORM, CL, H>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
+#define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL)                                                         \
+    gemv_b1_body<FMT, J, EXACT, RG, NORM, CL>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
                     pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, early, rms_in, rms_eps,              \
                     FoldOut{fold_cnt, nw, fold_xq, fold_xs, fold_ss, fold_ffn})
 #else
-#define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL, H) __trap()
+#define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL) __trap()
 #endif
 
 // J: chunks per warp and tile (EXACT) or at most (else), so 8·J chunks of 128 (1-bit) or 64
 // (2-bit) columns. The exact kernels take the 27B's widths with no guard: 5120, 6144 and 17408
 // columns are 5, 6 and 17 1-bit chunks per warp, 5120 and 6144 are 10 and 12 2-bit ones.
-#define GEMV_BIN_KERNEL(name, FMT, J, EXACT, RG, NORM, MINB) GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, RG, NORM, MINB, false, , 1)
+#define GEMV_BIN_KERNEL(name, FMT, J, EXACT, RG, NORM, MINB) GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, RG, NORM, MINB, false, )
 // The norm's fold gathered in clusters of eight blocks (fold_cluster). Clusters exist from
 // sm_90 on; compiled for earlier devices the kernels keep no cluster shape (and trap).
 #if __CUDA_ARCH__ >= 900
@@ -569,8 +541,8 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 #define FOLD_CLUSTER_DIMS
 #endif
 #define GEMV_BIN_CLUSTER_KERNEL(name, FMT, J, EXACT, MINB) \
-    GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, 1, false, MINB, true, FOLD_CLUSTER_DIMS, 1)
-#define GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, RG, NORM, MINB, CL, DIMS, H)                                    \
+    GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, 1, false, MINB, true, FOLD_CLUSTER_DIMS)
+#define GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, RG, NORM, MINB, CL, DIMS)                                    \
     ENTRY __global__ void DIMS __launch_bounds__(32 * (GEMV1_WARPS + 1), MINB)              \
         name(const __grid_constant__ TmaMap cmap, const unsigned char* __restrict__ scales,       \
              int rows, int cols, const uint4* __restrict__ xq, const float2* __restrict__ xs,     \
@@ -581,7 +553,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
              const float* __restrict__ rms_in, float rms_eps, u32* __restrict__ fold_cnt,         \
              int* __restrict__ fold_xq, float2* __restrict__ fold_xs, float* __restrict__ fold_ss, \
              int fold_ffn) {                                                                      \
-        GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL, H);                                                            \
+        GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL);                                                            \
     }
 
 GEMV_BIN_KERNEL(gemv_b1_j5x, FMT_Q1, 5, true, 1, false, 4)
@@ -607,12 +579,6 @@ GEMV_BIN_KERNEL(gemv_b2g64_j12, FMT_Q2G64, 12, false, 1, false, 3)
 GEMV_BIN_KERNEL(gemv_b2g128_j10x, FMT_Q2G128, 10, true, 1, false, 3)
 GEMV_BIN_KERNEL(gemv_b2g128_j12x, FMT_Q2G128, 12, true, 1, false, 3)
 GEMV_BIN_KERNEL(gemv_b2g128_j12, FMT_Q2G128, 12, false, 1, false, 3)
-// 2-bit rows of 17408 columns (ffn_down, 34 chunks a warp) in two column ranges a tile, so that
-// a stage of 16 rows holds half a row's codes: two blocks of up to 100 KiB a multiprocessor
-// (registers for two: the 34 plane words a lane keeps).
-#define GEMV_BIN_RANGES_KERNEL(name, FMT, J, MINB) GEMV_BIN_KERNEL_AS(name, FMT, J, true, 1, false, MINB, false, , 2)
-GEMV_BIN_RANGES_KERNEL(gemv_b2g64_j34x_h2, FMT_Q2G64, 34, 2)
-GEMV_BIN_RANGES_KERNEL(gemv_b2g128_j34x_h2, FMT_Q2G128, 34, 2)
 // The residual GEMVs with the norm's fold gathered in a cluster (plan::cluster_fold; opt-in,
 // `NIWAKI_CUDA_FOLD_CLUSTER=1`): the kernels those GEMVs take on the 27B where every tile's
 // block is resident at once (6144 1-bit and 2-bit columns; not ffn_down's 17408, two blocks a

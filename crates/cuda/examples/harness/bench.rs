@@ -236,18 +236,6 @@ pub(crate) fn bench_27b(
         g.gpu().set_b2(on);
         let state = if flipped_to { "on" } else { "off" };
         let _ = write!(variants, "; 2-bit binary GEMVs {state}: {:.1}", flipped?.0);
-        // ffn_down's 2-bit rows on the binary kernel in two column ranges, flipped from the
-        // default (dp4a otherwise: tokens not compared).
-        let on = g.gpu().set_b2_ranges(false);
-        g.gpu().set_b2_ranges(!on);
-        let flipped = decode(true, true, (NormFusion::Apart, 0, 0));
-        g.gpu().set_b2_ranges(on);
-        let state = if on { "off" } else { "on" };
-        let _ = write!(
-            variants,
-            "; 2-bit ffn_down in column ranges {state}: {:.1}",
-            flipped?.0
-        );
     }
     // The host back on the critical path: each step launched only after the previous pick was
     // read, then also its row embedded by the host; the same arithmetic, so the same tokens.

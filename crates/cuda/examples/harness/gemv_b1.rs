@@ -28,13 +28,10 @@ pub(crate) fn gemv_b1_checks(
         rep.line("| gemv_b1 (binary tensor cores, decode GEMV) | — | SKIP | needs sm_90 |");
         return Ok(());
     }
-    // 2-bit rows in column ranges taken too (opt-in in decode).
-    let ranges = gpu.set_b2_ranges(true);
-    let checked = FORMATS
-        .into_iter()
-        .try_for_each(|format| format_checks(rep, gpu, xq, xs, rng, format));
-    gpu.set_b2_ranges(ranges);
-    checked
+    for format in FORMATS {
+        format_checks(rep, gpu, xq, xs, rng, format)?;
+    }
+    Ok(())
 }
 
 fn format_checks(
@@ -58,9 +55,7 @@ fn format_checks(
     // groups, which must give the same bits. 9216 1-bit columns (nine chunks a warp) take the
     // guarded kernel of up to 17 chunks, whose loads past a warp's last chunk are clamped; 4096
     // 2-bit ones (eight) the guarded kernel of up to 12. 2-bit rows of 17408 (ffn_down, 34
-    // chunks a warp) go in two column ranges a tile (opt-in for decode, turned on here; 5120
-    // rows give 56 of 264 blocks two tiles, four units on a ring of two stages, and the rest
-    // one), and 2-bit kernels never fold the norm in.
+    // chunks a warp) are refused, and 2-bit kernels never fold the norm in.
     let shapes: &[(usize, usize)] = if one_bit {
         &[
             (34816, 5120),
@@ -82,7 +77,6 @@ fn format_checks(
             (40, 1024),
             (77, 4096),
             (77, 17408),
-            (5120, 17408),
             (20, 256),
         ]
     };
@@ -91,7 +85,7 @@ fn format_checks(
         (&["20×256"], &["77×17408", "77×9216"], 3)
     } else {
         (
-            &["20×256"],
+            &["77×17408", "20×256"],
             &[
                 "34816×5120",
                 "1001×5120",
@@ -99,8 +93,6 @@ fn format_checks(
                 "333×6144",
                 "40×1024",
                 "77×4096",
-                "77×17408",
-                "5120×17408",
             ],
             0,
         )

@@ -13,7 +13,7 @@
 //! `NIWAKI_HARNESS_27B=Q2_0,Q1_0` picks the 27B formats (empty: skip);
 //! `NIWAKI_HARNESS_ONLY=gemm` times the prefill GEMMs and nothing else (for a profiler);
 //! `NIWAKI_HARNESS_ONLY=gemv-b1` runs the binary decode GEMV's checks alone (the kernel's, then
-//! a 27B-wide model's against dp4a and the CPU engine; `=gemv-b1-kernels`: the kernel's alone),
+//! a 27B-wide model's against dp4a and the CPU engine),
 //! `NIWAKI_HARNESS_ONLY=gemv1` the dp4a decode GEMV's checks alone,
 //! `NIWAKI_HARNESS_ONLY=topk` sampling's top-k selection alone, `NIWAKI_HARNESS_ONLY=fused` the
 //! merged decode kernels against the kernels they replace, `NIWAKI_HARNESS_ONLY=ahead` greedy
@@ -122,12 +122,6 @@ fn run(rep: &mut Report) -> R<()> {
             gemv_b1::gemv_b1_checks(rep, &gpu, xq.ptr, xs.ptr, &mut rng)?;
             drop(gpu);
             return gemv_b1::wide_model_b1(rep);
-        }
-        // The binary decode GEMV's kernel checks alone (no models).
-        Ok("gemv-b1-kernels") => {
-            let (xq, xs) = decode_gemv_inputs(rep, &gpu)?;
-            let mut rng = rand::SeedableRng::seed_from_u64(7);
-            return gemv_b1::gemv_b1_checks(rep, &gpu, xq.ptr, xs.ptr, &mut rng);
         }
         // The dp4a decode GEMV's checks alone (every activation staging).
         Ok("gemv1") => {

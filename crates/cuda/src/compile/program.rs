@@ -54,7 +54,7 @@ pub const SOURCES: [(&str, &str, usize); 15] = [
 pub const PARTS: usize = 5;
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 96] = [
+pub const KERNELS: [&str; 94] = [
     "read_sum",
     "quant_rms",
     "quant_swiglu",
@@ -101,8 +101,6 @@ pub const KERNELS: [&str; 96] = [
     "gemv_b2g128_j10x",
     "gemv_b2g128_j12x",
     "gemv_b2g128_j12",
-    "gemv_b2g64_j34x_h2",
-    "gemv_b2g128_j34x_h2",
     "gemv_b1_j6x_c",
     "gemv_b1_j6_c",
     "gemv_b2g64_j12x_c",

@@ -59,8 +59,7 @@ fn decode_args(io: &GemvIo, stages: usize, pre: Option<NormIn>, early: usize) ->
 
 impl Gpu {
     /// The one-token GEMV of the sm_90 paths, where they are on and take the matrix: the binary
-    /// tensor cores where [`Gpu::takes_b1`] (1-bit rows; 2-bit rows up to 6144 columns, and of
-    /// 17408 in column ranges where those are on), else
+    /// tensor cores where [`Gpu::takes_b1`] (1-bit rows, 2-bit rows up to 6144 columns), else
     /// the bulk-copy dp4a kernel with its default tuning. `false`: nothing launched. With `pre`,
     /// the kernel norms and quantizes its input itself where [`Gpu::norm_fusion`] folds the norm
     /// into that kernel and it takes it; else nothing is launched and the caller runs the norm
@@ -118,7 +117,6 @@ impl Gpu {
         if self.info.compute_capability.0 != 9 {
             return None;
         }
-        let ranges = self.b2_ranges.load(Ordering::Relaxed);
         plan::gemv_b1_launch(
             m.format,
             m.rows,
@@ -129,7 +127,6 @@ impl Gpu {
             self.b1_knobs,
             self.b1_tile_rows.load(Ordering::Relaxed),
         )
-        .filter(|l| ranges || plan::b1_ranges(l.kernel) == 1)
     }
 
     /// One-token GEMV on the binary tensor cores (`kernels/gemv_b1.cu`); `false` (nothing

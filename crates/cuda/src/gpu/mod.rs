@@ -339,10 +339,6 @@ pub struct Gpu {
     /// two calls: Q2_0 274.0 / 267.5 / 277.0 / 271.8 against 267.7 / 270.5 / 265.6 / 269.5
     /// tok/s (+1.6% on average), PQ2_0 282.1 / 279.3 against 275.7 / 273.2 (+2.2%).
     b2: AtomicBool,
-    /// With `b2`, also the 2-bit rows that the binary kernel takes in two column ranges
-    /// ([`plan::b1_ranges`]: ffn_down's 17408 columns), which otherwise stay on dp4a. Opt-in
-    /// (`NIWAKI_CUDA_B2_RANGES=1`) until measured on a GPU.
-    b2_ranges: AtomicBool,
     /// Blocks per multiprocessor and shared-memory budget of the binary decode GEMV in place of
     /// its defaults (`NIWAKI_CUDA_B1_BLOCKS`, `NIWAKI_CUDA_B1_SMEM_KIB`; 0: default), for
     /// measuring them; the budget is still lowered to what that many blocks can hold.
@@ -627,7 +623,6 @@ impl Gpu {
             }),
             b1: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_B1")),
             b2: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_B2")),
-            b2_ranges: AtomicBool::new(hopper && env_opt_in("NIWAKI_CUDA_B2_RANGES")),
             mma: AtomicBool::new(ampere && env_on("NIWAKI_CUDA_MMA")),
             gemm_kernel: Mutex::new(None),
             gdn_chunked: AtomicBool::new(gdn_chunks_fit && env_opt_in("NIWAKI_CUDA_GDN_CHUNK")),
@@ -967,12 +962,6 @@ impl Gpu {
     /// returns the previous setting.
     pub fn set_b2(&self, on: bool) -> bool {
         self.swap_on_hopper(&self.b2, on)
-    }
-
-    /// Turns the binary kernel of 2-bit rows in column ranges on or off (sm_90 only); returns
-    /// the previous setting. A state's captured graphs keep what they were captured with.
-    pub fn set_b2_ranges(&self, on: bool) -> bool {
-        self.swap_on_hopper(&self.b2_ranges, on)
     }
 
     /// How many of a decode GEMV's first tiles are requested before its wait for the previous

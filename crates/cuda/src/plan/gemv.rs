@@ -214,30 +214,9 @@ fn round1024(n: usize) -> usize {
 /// boxes of 128 bytes a row (the tensor map's swizzle needs them 1 KiB-aligned), then the rows'
 /// scales.
 pub fn gemv_b1_stage_bytes(format: GpuFormat, cols: usize, tile_rows: usize) -> usize {
-    gemv_b1_unit_bytes(format, cols, tile_rows, 1)
-}
-
-/// Shared memory of one stage of a binary decode GEMV whose tiles come in `ranges` column
-/// ranges ([`b1_ranges`]): a range's boxes of codes, then the tile's every scale.
-pub fn gemv_b1_unit_bytes(
-    format: GpuFormat,
-    cols: usize,
-    tile_rows: usize,
-    ranges: usize,
-) -> usize {
     let row_bytes = cols / format.chunk_values() * 16;
     let scales = cols / format.scale_values();
-    round1024(row_bytes.div_ceil(128) / ranges.max(1) * 128 * tile_rows + tile_rows * scales * 2)
-}
-
-/// Column ranges in which the binary kernel `kernel` takes a tile, a stage each (the `_h2`
-/// kernels: two), or one.
-pub fn b1_ranges(kernel: &str) -> usize {
-    if kernel.ends_with("_h2") {
-        2
-    } else {
-        1
-    }
+    round1024(row_bytes.div_ceil(128) * 128 * tile_rows + tile_rows * scales * 2)
 }
 
 /// Shared memory before the binary decode GEMV's stages: the activation group pairs (the
@@ -249,8 +228,8 @@ pub fn gemv_b1_x_bytes(cols: usize) -> usize {
 /// Plans a binary decode GEMV of a `rows × cols` matrix, or `None` where the kernel does not
 /// take the shape: `cols` a multiple of 1024 (rows of whole 128-byte boxes and of whole slabs of
 /// eight chunks a warp, for either width of codes) and at most 17 chunks per warp (17408
-/// columns) of 1-bit rows, 12 (6144 columns) or 34 (17408, in two column ranges) of 2-bit
-/// rows, whose kernels take tiles of 16 rows and no norm ([`gemv_b2_kernel`]). Up to 6144 columns: three blocks per multiprocessor of
+/// columns) of 1-bit rows, 12 (6144 columns) of 2-bit rows, whose kernels take tiles of 16 rows
+/// and no norm ([`gemv_b2_kernel`]). Up to 6144 columns: three blocks per multiprocessor of
 /// up to 72 KiB (the kernels that keep five or six plane words per lane); beyond, two of up to
 /// 100 KiB; each as many stages as fit beside the blocks' static memory. `fused_norm`: the
 /// kernel norms and quantizes its input itself, taken up to 6144 columns.
@@ -283,11 +262,7 @@ pub fn gemv_b1_launch(
     let (kernel, tile_rows, blocks_per_sm, budget) = match (format, fused_norm) {
         (GpuFormat::Q1, _) => q1_kernel(per_warp, fused_norm, wide_tiles)?,
         (_, true) => return None,
-        // Rows in two ranges: a stage of 16 rows holds half of each, two blocks of 100 KiB.
-        (f, false) => match gemv_b2_kernel(f, per_warp)? {
-            k if b1_ranges(k) == 2 => (k, 16, 2, 100 << 10),
-            k => (k, 16, 3, 72 << 10),
-        },
+        (f, false) => (gemv_b2_kernel(f, per_warp)?, 16, 3, 72 << 10),
     };
     let blocks_per_sm = if knobs.0 > 0 { knobs.0 } else { blocks_per_sm };
     let budget = if knobs.1 > 0 { knobs.1 } else { budget };
@@ -302,12 +277,11 @@ pub fn gemv_b1_launch(
         .min(fit)
         .min(smem_limit.saturating_sub(GEMV_B1_STATIC_SMEM))
         .saturating_sub(1024);
-    let ranges = b1_ranges(kernel);
-    let stage_bytes = gemv_b1_unit_bytes(format, cols, tile_rows, ranges);
+    let stage_bytes = gemv_b1_stage_bytes(format, cols, tile_rows);
     let x_bytes = gemv_b1_x_bytes(cols);
     let tiles = rows.div_ceil(tile_rows);
-    let stages = ring_stages(budget, x_bytes, stage_bytes, tiles * ranges)?
-        .min(GEMV1_MAX_STAGES * 16 / tile_rows);
+    let stages =
+        ring_stages(budget, x_bytes, stage_bytes, tiles)?.min(GEMV1_MAX_STAGES * 16 / tile_rows);
     Some(GemvB1Launch {
         kernel,
         tile_rows,
@@ -369,20 +343,17 @@ fn q1_kernel(
 }
 
 /// The 2-bit binary kernel (`gemv_b2*`) for `per_warp` chunks of 64 values a warp: the exact
-/// kernels for the 27B's 5120 and 6144 columns, the guarded one below, and for the 17408-wide
-/// ffn_down (34) one that takes each 16-row tile in two column ranges (a whole tile's 2-bit
-/// rows are 78 KB, more than a stage where two fit a block's share of a multiprocessor); `None`
-/// for other widths beyond 12.
+/// kernels for the 27B's 5120 and 6144 columns, the guarded one below; `None` beyond 12 (the
+/// 17408-wide ffn_down: a 16-row tile of its 2-bit rows is 78 KB, more than a block's share
+/// when three share a multiprocessor, and its plane words would crowd the registers).
 pub fn gemv_b2_kernel(format: GpuFormat, per_warp: usize) -> Option<&'static str> {
     Some(match (format, per_warp) {
         (GpuFormat::Q2G64, 10) => "gemv_b2g64_j10x",
         (GpuFormat::Q2G64, 12) => "gemv_b2g64_j12x",
         (GpuFormat::Q2G64, 0..=12) => "gemv_b2g64_j12",
-        (GpuFormat::Q2G64, 34) => "gemv_b2g64_j34x_h2",
         (GpuFormat::Q2G128, 10) => "gemv_b2g128_j10x",
         (GpuFormat::Q2G128, 12) => "gemv_b2g128_j12x",
         (GpuFormat::Q2G128, 0..=12) => "gemv_b2g128_j12",
-        (GpuFormat::Q2G128, 34) => "gemv_b2g128_j34x_h2",
         _ => return None,
     })
 }
