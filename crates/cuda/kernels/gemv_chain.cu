@@ -10,9 +10,8 @@
 // One row per consumer warp (CH_WARPS rows a tile), lanes over the row's chunks as gemv_body
 // (the same bits as gemv_t1). Both formats have a scale per chunk.
 //
-// The barrier count must be zero at the launch (the harness zeroes it in the same graph). Tiles differ in size from one GEMV to the next, so the ring is a
-// byte buffer: tile k takes the next `bytes` of it (skipping the end when they do not fit) once
-// the tiles it overwrites are consumed, in the order the consumers take them.
+// The barrier count must be zero at the launch (the harness zeroes it in the same graph). Tiles
+// differ in size from one GEMV to the next, so the ring is a byte buffer (ByteRing).
 
 // CH_WARPS and CH_SLOTS come from the host (plan::CHAIN_WARPS, plan::CHAIN_SLOTS).
 #if !defined(CH_WARPS) || !defined(CH_SLOTS)
@@ -36,6 +35,31 @@ __device__ __forceinline__ void consumers_sync() {
 }
 
 #if __CUDA_ARCH__ >= 900
+// The producer's side of a byte ring of tiles of differing sizes, `SLOTS` tiles at most:
+// positions only grow, and tile k takes the next `bytes` of the ring (skipping its end where
+// they do not fit), once the tiles it overwrites are consumed (each tile's `empty` barrier, in
+// the order the consumers take them).
+template <int SLOTS>
+struct ByteRing {
+    u32 head = 0, freed = 0;
+    u32 ends[SLOTS];
+    int oldest = 0;
+
+    // Where tile k goes (an offset into the ring), waiting for the room.
+    __device__ __forceinline__ u32 claim(int k, u32 bytes, u32 ring_bytes, u64* empty) {
+        u32 start = head;
+        if (start % ring_bytes + bytes > ring_bytes) start += ring_bytes - start % ring_bytes;
+        while (oldest <= k - SLOTS || (oldest < k && start + bytes - freed > ring_bytes)) {
+            mbar_wait(smem_addr(&empty[oldest % SLOTS]), (u32)(oldest / SLOTS) & 1u);
+            freed = ends[oldest % SLOTS];
+            oldest++;
+        }
+        ends[k % SLOTS] = start + bytes;
+        head = start + bytes;
+        return start % ring_bytes;
+    }
+};
+
 template <int FMT, bool DOT>
 __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int ng, int x_bytes,
                                            int ring_bytes, u32* __restrict__ count) {
@@ -62,10 +86,8 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
 
     if (warp == CH_WARPS) {
         if (lane != 0) return;
-        // Ring positions only grow; a tile's bytes are [start, end) modulo the ring.
-        u32 head = 0, freed = 0;
-        u32 ends[CH_SLOTS];
-        int k = 0, oldest = 0;
+        ByteRing<CH_SLOTS> r;
+        int k = 0;
         for (int g = 0; g < ng; g++) {
             const ChainGemv m = gs[g];
             const int chunks = m.cols / CV;
@@ -73,20 +95,11 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
             const u32 bytes = (code_bytes + scale_bytes + 127) & ~127u;
             const int ntiles = (m.rows + CH_WARPS - 1) / CH_WARPS;
             for (int t = blockIdx.x; t < ntiles; t += gridDim.x, k++) {
-                u32 start = head;
-                if (start % ring_bytes + bytes > (u32)ring_bytes) start += ring_bytes - start % ring_bytes;
-                // Wait until the slot is free and the bytes are consumed.
-                while (oldest <= k - CH_SLOTS || (oldest < k && start + bytes - freed > (u32)ring_bytes)) {
-                    mbar_wait(smem_addr(&empty[oldest % CH_SLOTS]), (u32)(oldest / CH_SLOTS) & 1u);
-                    freed = ends[oldest % CH_SLOTS];
-                    oldest++;
-                }
                 const int s = k % CH_SLOTS;
-                slot_off[s] = start % ring_bytes;
-                ends[s] = start + bytes;
-                head = start + bytes;
+                const u32 off = r.claim(k, bytes, (u32)ring_bytes, empty);
+                slot_off[s] = off;
                 const u32 bar = smem_addr(&full[s]);
-                const u32 dst = smem_addr(ring + start % ring_bytes);
+                const u32 dst = smem_addr(ring + off);
                 mbar_expect_tx(bar, code_bytes + scale_bytes);
                 bulk_g2s(dst, m.codes + (size_t)t * code_bytes, code_bytes, bar);
                 bulk_g2s(dst + code_bytes, m.scales + (size_t)t * scale_bytes, scale_bytes, bar);

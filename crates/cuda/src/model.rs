@@ -23,6 +23,7 @@ use crate::plan::{
 use crate::repack::{self, GpuFormat, Packed};
 use crate::topk::{Selected, TopkJob, TopkScratch};
 
+mod chain;
 mod embed;
 mod exec;
 mod greedy;

@@ -284,12 +284,7 @@ pub(crate) fn bench_27b(
     // every other op; and the GEMVs streaming their weights without multiplying (a probe).
     let mut sst = g.new_state(4096)?;
     g.forward_greedy(&mut sst, &[1, 2, 3, 4])?;
-    let is_gemv = |op: &Op| {
-        matches!(
-            op,
-            Op::Gemv { .. } | Op::NormGemv { .. } | Op::GemvFold { .. } | Op::GemvScaled { .. }
-        )
-    };
+    let is_gemv = crate::chain::is_gemv;
     let every = g.time_decode_subset(&mut sst, &|_| true)?;
     let gemvs = g.time_decode_subset(&mut sst, &is_gemv)?;
     let rest = g.time_decode_subset(&mut sst, &|op| !is_gemv(op))?;
@@ -303,28 +298,9 @@ pub(crate) fn bench_27b(
     let nodot = g.time_decode_subset(&mut sst, &is_gemv);
     g.gpu().set_gemv1_probe(prev);
     let nodot = nodot?;
-    // The persistent-step probe on the same GEMVs: a launch each against one launch for all.
-    let chain = g.time_gemv_chain(&mut sst, true)?;
-    let chain_nodot = g.time_gemv_chain(&mut sst, false)?;
+    // The persistent-step probes on the same GEMVs: a launch each against one launch for all.
+    crate::chain::chain_probes(rep, &g, &mut sst, format, wb, gemvs, profiles)?;
     drop(sst);
-    if let (Some((each, once, n, differing)), Some((each_nd, once_nd, _, _))) = (chain, chain_nodot)
-    {
-        rep.check(
-            differing == 0,
-            format!("{format}: the chained GEMVs' LM head differs from the decode GEMV's"),
-        );
-        profiles.push(format!(
-            "\n{format} persistent-step probe (kernels/gemv_chain.cu, tiles of {} rows, one block per multiprocessor) on the step's {n} GEMVs, ms per replay: launched once per GEMV {:.3} ({:.0} GB/s), all in one launch with a grid barrier between GEMVs {:.3} ({:.0} GB/s); not multiplying: {:.3} against {:.3}; LM head after the chain against the decode GEMV: {differing} of {} logits differ (must be 0)\n",
-            niwaki_cuda::plan::CHAIN_WARPS,
-            each * 1e3,
-            wb / each / 1e9,
-            once * 1e3,
-            wb / once / 1e9,
-            each_nd * 1e3,
-            once_nd * 1e3,
-            g.vocab()
-        ));
-    }
     profiles.push(format!(
         "\n{format} decode step's graph cut down (ms per replay): every op {:.3}; the GEMVs alone {:.3} ({:.0} GB/s of weights); the GEMVs streaming without multiplying {:.3} ({:.0} GB/s); every other op alone {:.3}; every op but the norms {:.3}\n",
         every * 1e3,

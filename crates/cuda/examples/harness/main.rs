@@ -19,6 +19,7 @@
 //! merged decode kernels against the kernels they replace, `NIWAKI_HARNESS_ONLY=ahead` greedy
 //! steps run ahead of the host against host-fed passes, `NIWAKI_HARNESS_ONLY=attention` the
 //! attention kernels' checks and decode at depth (`=depth`: decode at depth alone),
+//! `NIWAKI_HARNESS_ONLY=chain` the persistent-step probes on the 27B formats,
 //! `NIWAKI_HARNESS_ONLY=27b` the 27B
 //! section alone.
 
@@ -33,6 +34,7 @@ use quant::Format;
 mod ahead;
 mod attention;
 mod bench;
+mod chain;
 mod gdn;
 mod gemm;
 mod gemv_b1;
@@ -165,6 +167,11 @@ fn run(rep: &mut Report) -> R<()> {
             drop(gpu);
             return depth_section(rep);
         }
+        // The persistent-step probes alone, on the 27B formats `NIWAKI_HARNESS_27B` names.
+        Ok("chain") => {
+            drop(gpu);
+            return chain::chain_section(rep, &formats_27b("Q2_0,Q1_0"));
+        }
         Ok("gemm-checks") => {
             kernel_table(rep);
             gemm::gemm_checks(rep, &gpu, &mut rand::SeedableRng::seed_from_u64(7))?;
@@ -263,10 +270,20 @@ fn decode_gemv_inputs(
     Ok((gpu.alloc(17408, "xq")?, gpu.alloc(8 * 17408 / 64, "xs")?))
 }
 
+/// The 27B formats `NIWAKI_HARNESS_27B` names (names separated by commas; empty: none), or
+/// `default`'s where it is unset.
+fn formats_27b(default: &str) -> Vec<Format> {
+    std::env::var("NIWAKI_HARNESS_27B")
+        .unwrap_or_else(|_| default.into())
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .filter_map(Format::from_name)
+        .collect()
+}
+
 /// Decode at depth on 27B models of the formats `NIWAKI_HARNESS_27B` names (default Q2_0).
 fn depth_section(rep: &mut Report) -> R<()> {
-    let formats = std::env::var("NIWAKI_HARNESS_27B").unwrap_or_else(|_| "Q2_0".into());
-    for f in formats.split(',').filter_map(Format::from_name) {
+    for f in formats_27b("Q2_0") {
         bench::depth_27b(rep, f)?;
     }
     Ok(())
@@ -275,12 +292,7 @@ fn depth_section(rep: &mut Report) -> R<()> {
 /// The 27B section: decode, prefill, depth and per-op profiles of each format;
 /// `NIWAKI_HARNESS_27B` names (default Q2_0 and Q1_0; empty: none).
 fn bench_27b_section(rep: &mut Report, bw: f64) -> R<()> {
-    let formats = std::env::var("NIWAKI_HARNESS_27B").unwrap_or_else(|_| "Q2_0,Q1_0".into());
-    let formats: Vec<Format> = formats
-        .split(',')
-        .filter(|s| !s.is_empty())
-        .filter_map(Format::from_name)
-        .collect();
+    let formats = formats_27b("Q2_0,Q1_0");
     if !formats.is_empty() {
         rep.line("");
         rep.line("## 27B synthetic models (random weights in the Bonsai 27B shapes)");

@@ -8,7 +8,7 @@ use cudarc::driver::CudaStream;
 
 use super::{Arg, DevMat, FoldKind, GemvIo, Gpu, NormIn};
 use crate::error::Result;
-use crate::plan::{self, Gemv1Tuning, TILE_PAD_ROWS};
+use crate::plan::{self, Gemv1Tuning};
 use crate::repack::GpuFormat;
 use crate::tma::{self, TensorMap};
 
@@ -146,19 +146,7 @@ impl Gpu {
             .then(|| plan::cluster_fold(plain, m.rows))
             .flatten();
         let l = cluster.unwrap_or(plain);
-        let row_bytes = m.cols / m.format.chunk_values() * 16;
-        let map = tma::encode(
-            m.codes.ptr,
-            &tma::Tile {
-                elem: tma::Elem::U8,
-                cols: row_bytes,
-                rows: m.rows.div_ceil(TILE_PAD_ROWS) * TILE_PAD_ROWS,
-                row_bytes,
-                box_cols: 128,
-                box_rows: l.tile_rows,
-                swizzle: tma::Swizzle::B128,
-            },
-        )?;
+        let map = m.codes_map(l.tile_rows)?;
         self.launch_smem(
             stream,
             l.kernel,

@@ -159,6 +159,24 @@ impl DevMat {
         ]
     }
 
+    /// The tensor map through which the binary decode kernels copy the codes: boxes of 128
+    /// bytes by `tile_rows` rows of the padded upload, with the 128-byte swizzle.
+    pub fn codes_map(&self, tile_rows: usize) -> Result<TensorMap> {
+        let row_bytes = self.cols / self.format.chunk_values() * 16;
+        tma::encode(
+            self.codes.ptr,
+            &tma::Tile {
+                elem: tma::Elem::U8,
+                cols: row_bytes,
+                rows: self.rows.div_ceil(TILE_PAD_ROWS) * TILE_PAD_ROWS,
+                row_bytes,
+                box_cols: 128,
+                box_rows: tile_rows,
+                swizzle: tma::Swizzle::B128,
+            },
+        )
+    }
+
     /// Bytes of the matrix proper (the upload's padding rows are not counted).
     pub fn bytes(&self) -> usize {
         let f = self.format;
@@ -591,6 +609,8 @@ impl Gpu {
             for k in compile::KERNELS {
                 let fixed = if k.starts_with("gemv_b1_") || k.starts_with("gemv_b2") {
                     plan::GEMV_B1_STATIC_SMEM
+                } else if k.starts_with("gemv_chain_b1_") {
+                    plan::CHAIN_B1_STATIC_SMEM
                 } else if k.starts_with("gemv1_") || k.starts_with("gemv_chain_") {
                     plan::GEMV1_STATIC_SMEM
                 } else {

@@ -1,0 +1,107 @@
+//! The persistent-step probes on a 27B model's decode step (`CudaModel::time_gemv_chain`,
+//! `CudaModel::time_gemv_chain_b1`), checked and reported, in the 27B section or alone
+//! (`NIWAKI_HARNESS_ONLY=chain`).
+
+use std::sync::Arc;
+
+use gguf::Gguf;
+use model::synth::{self, Preset};
+use model::Model;
+use niwaki_cuda::plan::Op;
+use niwaki_cuda::{CudaModel, CudaState};
+use quant::Format;
+
+use crate::report::*;
+
+/// Whether an op of the decode step is one of its GEMVs.
+pub(crate) fn is_gemv(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Gemv { .. } | Op::NormGemv { .. } | Op::GemvFold { .. } | Op::GemvScaled { .. }
+    )
+}
+
+/// Both probes on `st`'s decode step (whose contents they overwrite), each chain's LM head
+/// checked against the decode kernel's, with lines for `profiles`. `wb`: weight bytes; `gemvs`:
+/// seconds of the decode GEMVs alone in the cut-down graph, which the binary probe is set
+/// against.
+pub(crate) fn chain_probes(
+    rep: &mut Report,
+    g: &CudaModel,
+    st: &mut CudaState,
+    format: Format,
+    wb: f64,
+    gemvs: f64,
+    profiles: &mut Vec<String>,
+) -> R<()> {
+    let chain = g.time_gemv_chain(st, true)?;
+    let chain_nodot = g.time_gemv_chain(st, false)?;
+    let chain_b1 = g.time_gemv_chain_b1(st)?;
+    if let (Some(c), Some(nd)) = (chain, chain_nodot) {
+        rep.check(
+            c.differing == 0,
+            format!("{format}: the chained GEMVs' LM head differs from the decode GEMV's"),
+        );
+        profiles.push(format!(
+            "\n{format} persistent-step probe (kernels/gemv_chain.cu, tiles of {} rows, one block per multiprocessor) on the step's {} GEMVs, ms per replay: launched once per GEMV {:.3} ({:.0} GB/s), all in one launch with a grid barrier between GEMVs {:.3} ({:.0} GB/s); not multiplying: {:.3} against {:.3}; LM head after the chain against the decode GEMV: {} of {} logits differ (must be 0)\n",
+            niwaki_cuda::plan::CHAIN_WARPS,
+            c.gemvs,
+            c.each * 1e3,
+            wb / c.each / 1e9,
+            c.once * 1e3,
+            wb / c.once / 1e9,
+            nd.each * 1e3,
+            nd.once * 1e3,
+            c.differing,
+            g.vocab()
+        ));
+    }
+    match chain_b1 {
+        Some(c) => {
+            rep.check(
+                c.differing == 0,
+                format!("{format}: the binary chain's LM head differs from the binary decode GEMV's"),
+            );
+            profiles.push(format!(
+                "\n{format} persistent-step probe with the binary consumers (kernels/gemv_chain_b1.cu, tiles of 16 rows, one block per multiprocessor: a copy warp, {} consumer warps, a warp adding the partial sums) on the step's {} GEMVs, ms per replay: launched once per GEMV {:.3} ({:.0} GB/s), all in one launch {:.3} ({:.0} GB/s), against the decode GEMVs {:.3} ({:.0} GB/s); LM head after the chain against the binary decode GEMV: {} of {} logits differ (must be 0)\n",
+                niwaki_cuda::plan::GEMV1_WARPS,
+                c.gemvs,
+                c.each * 1e3,
+                wb / c.each / 1e9,
+                c.once * 1e3,
+                wb / c.once / 1e9,
+                gemvs * 1e3,
+                wb / gemvs / 1e9,
+                c.differing,
+                g.vocab()
+            ));
+        }
+        None => profiles.push(format!(
+            "\n{format}: the persistent-step probe with the binary consumers does not take this model\n"
+        )),
+    }
+    Ok(())
+}
+
+/// The probes alone on 27B models of `formats`: each model's decode GEMVs in the cut-down
+/// graph, then both probes.
+pub(crate) fn chain_section(rep: &mut Report, formats: &[Format]) -> R<()> {
+    let mut profiles = Vec::new();
+    for &format in formats {
+        let shape = Preset::B27.shape(248_320);
+        let w = synth::random_packed(&shape, format, 27, "bench")?;
+        let m = Model::from_gguf(Arc::new(Gguf::from_bytes(w.to_bytes()?)?))?;
+        drop(w);
+        let g = CudaModel::load(&m)?;
+        drop(m);
+        let wb = g.weight_bytes() as f64;
+        let mut st = g.new_state(4096)?;
+        g.forward_greedy(&mut st, &[1, 2, 3, 4])?;
+        let gemvs = g.time_decode_subset(&mut st, &is_gemv)?;
+        chain_probes(rep, &g, &mut st, format, wb, gemvs, &mut profiles)?;
+    }
+    for p in profiles {
+        rep.line(p);
+    }
+    Ok(())
+}

@@ -1,0 +1,200 @@
+// The persistent-step probe with the binary decode GEMVs' consumers (gemv_b1.cu): a decode
+// step's GEMVs in one launch, one block a multiprocessor, every block resident for the whole
+// launch. What it measures is whether the weight stream and the binary tensor cores' arithmetic
+// overlap once the launch boundaries are gone (gemv_chain.cu's consumers, a row a warp, were
+// slower than the decode GEMVs').
+//
+// Warps of a block, each with one job, as the twenty-fifth session's measurements ask (a warp
+// that issues the copies does nothing else):
+// - the producer (warp GEMV1_WARPS, lane 0) streams the tiles of one GEMV after the other into
+//   a byte ring of shared memory, running on into the next GEMV's weights (which depend on
+//   nothing) while the others still work on the current one;
+// - GEMV1_WARPS consumer warps multiply each 16-row tile by the plane words of their chunks
+//   (b1_tile, b2_tile: the decode kernels' arithmetic) and leave their partial sums;
+// - the reducer (the last warp) adds the partial sums in warp order (the decode kernels' order:
+//   the same bits), writes the rows, frees the tile's bytes, and after the block's last tile of
+//   a GEMV arrives on a grid-wide counter.
+// The consumers wait for that counter (every block's rows of the previous GEMV written) before
+// reading a GEMV's input, as a decode step's dependences would make them.
+//
+// Tiles are the decode kernels': 16 rows, the codes in boxes of 128 bytes by the tensor map's
+// 128-byte swizzle, then the rows' scales. The maps are in global memory, one per GEMV, written
+// by the host before the launch; a GEMV's descriptor (gemv_chain.cu's ChainGemv) holds its
+// map's address where the codes' would be. The counter must be zero at the launch.
+
+// CB1_SLOTS comes from the host (plan::CHAIN_B1_SLOTS).
+#if !defined(CB1_SLOTS)
+#error "CB1_SLOTS must be defined by the host"
+#endif
+
+
+// Most activation groups of a GEMV's input (17408 values).
+#define CB1_MAX_GROUPS 272
+
+#if __CUDA_ARCH__ >= 900
+// A GEMV's tile: its codes' slabs (2048 bytes each) and its scales, in whole 1024-byte units.
+template <int FMT>
+__device__ __forceinline__ void cb1_tile_bytes(int cols, u32& code_bytes, u32& scale_bytes, u32& bytes) {
+    const int chunks = cols / (FMT == FMT_Q1 ? 128 : 64);
+    const int scols = FMT == FMT_Q2G128 ? chunks / 2 : chunks;
+    code_bytes = (u32)(chunks * 16 + 127) / 128 * 2048;
+    scale_bytes = 16u * scols * 2;
+    bytes = (code_bytes + scale_bytes + 1023) & ~1023u;
+}
+
+// The consumers' share of one GEMV: the warp's plane words, then each of the block's tiles.
+template <int FMT, int J>
+__device__ __forceinline__ void cb1_consume(const ChainGemv& m, const unsigned char* ring, const u32* slot_off,
+                                            u64* full, u64* done, float (*part)[GEMV1_WARPS][16], float2* ssm,
+                                            int& k) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int chunks = m.cols / (FMT == FMT_Q1 ? 128 : 64);
+    const int scols = FMT == FMT_Q2G128 ? chunks / 2 : chunks;
+    u32 code_bytes, scale_bytes, bytes;
+    cb1_tile_bytes<FMT>(m.cols, code_bytes, scale_bytes, bytes);
+    const int ntiles = (m.rows + 15) / 16;
+    if ((int)blockIdx.x >= ntiles) return;
+    u32 blo[J], bhi[FMT == FMT_Q1 ? J : 1];
+    if constexpr (FMT == FMT_Q1) b1_planes<J, true>(m.xq, m.xs, chunks, ssm, blo, bhi);
+    else b2_planes<J, true>(m.xq, m.xs, chunks, ssm, blo);
+    __syncwarp();
+    for (int t = blockIdx.x; t < ntiles; t += gridDim.x, k++) {
+        const int s = k % CB1_SLOTS;
+        mbar_wait(smem_addr(&full[s]), (u32)(k / CB1_SLOTS) & 1u);
+        const unsigned char* st = ring + slot_off[s];
+        float acc[2];
+        if constexpr (FMT == FMT_Q1) b1_tile<J, true, 1>(st, code_bytes, chunks, ssm, blo, bhi, acc);
+        else b2_tile<FMT, J, true>(st, code_bytes, chunks, scols, ssm, blo, acc);
+        tile_part<2>(acc, part[s][warp]);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(smem_addr(&done[s]));
+    }
+}
+
+template <int FMT>
+__device__ __forceinline__ void chain_b1_body(const ChainGemv* __restrict__ gs, int ng, int ring_bytes,
+                                              u32* __restrict__ count) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    __shared__ __align__(8) u64 full[CB1_SLOTS];
+    __shared__ __align__(8) u64 done[CB1_SLOTS];
+    __shared__ __align__(8) u64 empty[CB1_SLOTS];
+    __shared__ u32 slot_off[CB1_SLOTS];
+    __shared__ float part[CB1_SLOTS][GEMV1_WARPS][16];
+    __shared__ __align__(16) float2 ssm[CB1_MAX_GROUPS];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    // The dynamic block rounded up to the 1024 bytes the swizzle's boxes need (the host adds
+    // them to the launch).
+    unsigned char* ring = smem + ((1024u - (smem_addr(smem) & 1023u)) & 1023u);
+
+    if (tid == 0) {
+        for (int s = 0; s < CB1_SLOTS; s++) {
+            mbar_init(smem_addr(&full[s]), 1);
+            mbar_init(smem_addr(&done[s]), GEMV1_WARPS);
+            mbar_init(smem_addr(&empty[s]), 1);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp == GEMV1_WARPS) {
+        if (lane != 0) return;
+        ByteRing<CB1_SLOTS> r;
+        int k = 0;
+        for (int g = 0; g < ng; g++) {
+            const ChainGemv m = gs[g];
+            u32 code_bytes, scale_bytes, bytes;
+            cb1_tile_bytes<FMT>(m.cols, code_bytes, scale_bytes, bytes);
+            const int slabs = (int)(code_bytes / 2048);
+            const int ntiles = (m.rows + 15) / 16;
+            // The descriptor's codes are the codes' tensor map, written by the host through the
+            // generic proxy: made visible to the tensor-map proxy before its first use.
+            const TmaMap* map = (const TmaMap*)m.codes;
+            asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(map) : "memory");
+            for (int t = blockIdx.x; t < ntiles; t += gridDim.x, k++) {
+                const int s = k % CB1_SLOTS;
+                // Whole 1024-byte units of a ring aligned to 1024: the swizzle's alignment.
+                const u32 off = r.claim(k, bytes, (u32)ring_bytes, empty);
+                slot_off[s] = off;
+                const u32 bar = smem_addr(&full[s]);
+                const u32 dst = smem_addr(ring + off);
+                mbar_expect_tx(bar, code_bytes + scale_bytes);
+                for (int sl = 0; sl < slabs; sl++) weights_tma_2d(dst + sl * 2048, *map, sl * 128, t * 16, bar);
+                weights_g2s(dst + code_bytes, m.scales + (size_t)t * scale_bytes, scale_bytes, bar);
+            }
+        }
+        return;
+    }
+
+    if (warp == GEMV1_WARPS + 1) {
+        int k = 0;
+        for (int g = 0; g < ng; g++) {
+            const ChainGemv m = gs[g];
+            const int ntiles = (m.rows + 15) / 16;
+            for (int t = blockIdx.x; t < ntiles; t += gridDim.x, k++) {
+                const int s = k % CB1_SLOTS;
+                const int row = t * 16 + lane;
+                // The row's earlier value requested before the wait, as the decode kernels do.
+                const float prior = m.accumulate && lane < 16 && row < m.rows ? m.out[row] : 0.0f;
+                mbar_wait(smem_addr(&done[s]), (u32)(k / CB1_SLOTS) & 1u);
+                if (lane < 16) {
+                    float v = 0.0f;
+#pragma unroll
+                    for (int w = 0; w < GEMV1_WARPS; w++) v += part[s][w][lane];
+                    if (row < m.rows) m.out[row] = m.accumulate ? v + prior : v;
+                }
+                // Every lane has read the partial sums before the stage is refilled.
+                __syncwarp();
+                if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
+            }
+            // This block's rows of GEMV g written (visible at the GPU's scope before the arrival).
+            __syncwarp();
+            if (lane == 0) {
+                __threadfence();
+                asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
+            }
+        }
+        return;
+    }
+
+    int k = 0;
+    for (int g = 0; g < ng; g++) {
+        const ChainGemv m = gs[g];
+        if (g > 0) {
+            // Every block's rows of the previous GEMV written (whose output this one's input
+            // would be).
+            const u32 target = gridDim.x * (u32)g;
+            u32 seen;
+            do {
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
+            } while (seen < target);
+        }
+        const int chunks = m.cols / (FMT == FMT_Q1 ? 128 : 64);
+        const int j = chunks / GEMV1_WARPS;
+        // The 27B's widths, each whole multiples of GEMV1_WARPS chunks (the host checks).
+        if constexpr (FMT == FMT_Q1) {
+            if (j == 5) cb1_consume<FMT, 5>(m, ring, slot_off, full, done, part, ssm, k);
+            else if (j == 6) cb1_consume<FMT, 6>(m, ring, slot_off, full, done, part, ssm, k);
+            else if (j == 17) cb1_consume<FMT, 17>(m, ring, slot_off, full, done, part, ssm, k);
+            else __trap();
+        } else {
+            if (j == 10) cb1_consume<FMT, 10>(m, ring, slot_off, full, done, part, ssm, k);
+            else if (j == 12) cb1_consume<FMT, 12>(m, ring, slot_off, full, done, part, ssm, k);
+            else if (j == 34) cb1_consume<FMT, 34>(m, ring, slot_off, full, done, part, ssm, k);
+            else __trap();
+        }
+    }
+}
+#define CHAIN_B1_CALL(FMT) chain_b1_body<FMT>(gs, ng, ring_bytes, count)
+#else
+#define CHAIN_B1_CALL(FMT) __trap()
+#endif
+
+#define CHAIN_B1_KERNEL(name, FMT)                                                                 \
+    ENTRY __global__ void __launch_bounds__(32 * (GEMV1_WARPS + 2), 1)                            \
+        name(const ChainGemv* __restrict__ gs, int ng, int ring_bytes, u32* __restrict__ count) {    \
+        CHAIN_B1_CALL(FMT);                                                                        \
+    }
+
+CHAIN_B1_KERNEL(gemv_chain_b1_q1, FMT_Q1)
+CHAIN_B1_KERNEL(gemv_chain_b1_q2g64, FMT_Q2G64)
+CHAIN_B1_KERNEL(gemv_chain_b1_q2g128, FMT_Q2G128)
