@@ -222,21 +222,13 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
     if (amax && best) atomicMax(amax, best);
 }
 
-// The consumer warps of the 2-bit kernels (FMT_Q2G64, FMT_Q2G128), tiles of 16 rows. A 2-bit
-// chunk is 64 values, one activation group: lane (g, t) takes word t of rows g and g + 8, whose
-// code bits 1 and 2 of each value face the same activation bit (plane_word2). One MMA of the
-// words masked to their 2s, then one of the whole words accumulating onto it, counts
-// Σ code·bit for every plane: 2·(2s) + (1s and 2s). Per 256 weight bytes (16 rows × 64 values) a
-// warp issues two MMAs, two masks, its loads and the counts' scaling: about 25 instructions in
-// the PTX, against about 35 for the dp4a kernel's warps (whose lanes each spend ~70 on a 16-byte
-// chunk, 512 bytes a warp). J: chunks per warp (at most, unless EXACT).
-// The warp's 2-bit chunks (warp + 8j) as plane words, kept for every tile, and their group
+// Consumer warp `warp`'s 2-bit chunks (warp + 8j) as plane words, kept for every tile, and their group
 // pairs copied to `ssm` (chunk j by lane j % 32; only this warp reads them). The loads of BATCH
 // chunks are issued before the first word is formed (as the 1-bit kernels).
 template <int J, bool EXACT>
-__device__ __forceinline__ void b2_planes(const uint4* __restrict__ xq, const float2* __restrict__ xs, int chunks,
+__device__ __forceinline__ void b2_planes(int warp, const uint4* __restrict__ xq, const float2* __restrict__ xs, int chunks,
                                           float2* ssm, u32 (&bw)[J]) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     // The pairs' loads in flight with the activations' below.
     constexpr int PJ = (J + 31) / 32;
@@ -271,9 +263,9 @@ __device__ __forceinline__ void b2_planes(const uint4* __restrict__ xq, const fl
 // One 16-row tile of 2-bit rows in stage `st` (its codes' slabs, then its rows' scales, `scols`
 // a row): lane (g, t)'s share of rows g and g + 8 over the warp's chunks, in acc[0] and acc[1].
 template <int FMT, int J, bool EXACT>
-__device__ __forceinline__ void b2_tile(const unsigned char* st, u32 code_bytes, int chunks, int scols,
+__device__ __forceinline__ void b2_tile(int warp, const unsigned char* st, u32 code_bytes, int chunks, int scols,
                                         const float2* ssm, const u32 (&bw)[J], float (&acc)[2]) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     // C's columns of this lane are planes 2t and 2t + 1, of weights 2^2t and 2^(2t+1) (the sign
     // plane −128): a row's Σ code·q over the chunk is 2^2t·(c0 + sgn·c1), the power of two exact
@@ -336,13 +328,13 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
                                            const float2* __restrict__ xs) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     u32 bw[J];
-    b2_planes<J, EXACT>(xq, xs, chunks, ssm, bw);
+    b2_planes<J, EXACT>(warp, xq, xs, chunks, ssm, bw);
     __syncwarp();
     for (int i = 0, s = 0, ph = 0; i < mine; i++) {
         const unsigned char* st = stage0 + (size_t)s * stage_bytes;
         mbar_wait(smem_addr(&bars[s]), (u32)ph);
         float acc[2];
-        b2_tile<FMT, J, EXACT>(st, code_bytes, chunks, scols, ssm, bw, acc);
+        b2_tile<FMT, J, EXACT>(warp, st, code_bytes, chunks, scols, ssm, bw, acc);
         tile_part<2>(acc, part[s][warp]);
         // As the 1-bit consumers: done with stage s, partial sums written, then the arrival.
         __syncwarp();
@@ -354,7 +346,7 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
     }
 }
 
-// The warp's 1-bit chunks (warp + 8j) as plane words, kept for every tile, and their group
+// Consumer warp `warp`'s 1-bit chunks (warp + 8j) as plane words, kept for every tile, and their group
 // pairs copied to `ssm` (chunk c's two at float4 c; only this warp reads them). A consumer warp
 // copies its own pairs, their loads in flight with its activations' below, so that no block
 // barrier and no second round trip to L2 stand between the previous kernel's end and the first
@@ -369,10 +361,10 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
 // stalls.) Unguarded kernels may read past a warp's last chunk: they read the row's last chunk
 // instead (the plan's widths are whole multiples of 8 chunks, so there is one) and drop it.
 template <int J, bool EXACT>
-__device__ __forceinline__ void b1_planes(const uint4* __restrict__ xq, const float2* __restrict__ xs, int chunks,
+__device__ __forceinline__ void b1_planes(int warp, const uint4* __restrict__ xq, const float2* __restrict__ xs, int chunks,
                                           float2* ssm, u32 (&blo)[J], u32 (&bhi)[J]) {
     static_assert(J <= 32, "a lane per chunk copies the group pairs");
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int pc = warp + GEMV1_WARPS * lane;
     float2 pair0 = make_float2(0.0f, 0.0f), pair1 = pair0;
@@ -408,9 +400,9 @@ __device__ __forceinline__ void b1_planes(const uint4* __restrict__ xq, const fl
 // One tile of 16·RG 1-bit rows in stage `st` (RG row groups' slabs in turn, then the rows'
 // scales): lane (g, t)'s share of rows g + 8r over the warp's chunks, in acc[r].
 template <int J, bool EXACT, int RG>
-__device__ __forceinline__ void b1_tile(const unsigned char* st, u32 code_bytes, int chunks, const float2* ssm,
+__device__ __forceinline__ void b1_tile(int warp, const unsigned char* st, u32 code_bytes, int chunks, const float2* ssm,
                                         const u32 (&blo)[J], const u32 (&bhi)[J], float (&acc)[2 * RG]) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     // C's columns of this lane are planes 2t and 2t + 1, of weights 2^2t and 2^(2t+1) (the
     // sign plane −128): a row's count over a group is 2^2t·(c0 + sgn·c1), the power of two
@@ -537,14 +529,14 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         if constexpr (NORM) {
             b1_norm_planes<J, EXACT>(xres + (size_t)tok0 * cols, cols, gw, eps, ssm, red, blo, bhi);
         } else {
-            b1_planes<J, EXACT>(xq, xs, chunks, ssm, blo, bhi);
+            b1_planes<J, EXACT>(warp, xq, xs, chunks, ssm, blo, bhi);
         }
         __syncwarp();
         for (int i = 0, s = 0, ph = 0; i < mine; i++) {
             const unsigned char* st = stage0 + (size_t)s * stage_bytes;
             mbar_wait(smem_addr(&bars[s]), (u32)ph);
             float acc[2 * RG];
-            b1_tile<J, EXACT, RG>(st, code_bytes, chunks, ssm, blo, bhi, acc);
+            b1_tile<J, EXACT, RG>(warp, st, code_bytes, chunks, ssm, blo, bhi, acc);
             tile_part<2 * RG>(acc, part[s][warp]);
             // Every lane is done with stage s, and its partial sums are written, before the warp
             // arrives (a release the producer's wait acquires).

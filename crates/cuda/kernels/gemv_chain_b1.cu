@@ -6,14 +6,17 @@
 //
 // Warps of a block, each with one job, as the twenty-fifth session's measurements ask (a warp
 // that issues the copies does nothing else):
-// - the producer (warp GEMV1_WARPS, lane 0) streams the tiles of one GEMV after the other into
-//   a byte ring of shared memory, running on into the next GEMV's weights (which depend on
+// - the producer (warp 0, lane 0) streams the tiles of one GEMV after the other into a byte
+//   ring of shared memory (ByteRing), running on into the next GEMV's weights (which depend on
 //   nothing) while the others still work on the current one;
-// - GEMV1_WARPS consumer warps multiply each 16-row tile by the plane words of their chunks
-//   (b1_tile, b2_tile: the decode kernels' arithmetic) and leave their partial sums;
-// - the reducer (the last warp) adds the partial sums in warp order (the decode kernels' order:
+// - the reducer (warp 1) adds each tile's partial sums in warp order (the decode kernels' order:
 //   the same bits), writes the rows, frees the tile's bytes, and after the block's last tile of
-//   a GEMV arrives on a grid-wide counter.
+//   a GEMV arrives on a grid-wide counter;
+// - G groups of GEMV1_WARPS consumer warps (warps 2..) take the block's tiles in turn (tile k
+//   to group k mod G), each warp multiplying a tile by the plane words of its chunks (b1_tile,
+//   b2_tile: the decode kernels' arithmetic) and leaving its partial sums. The decode kernels
+//   keep three or four blocks of eight consumer warps on a multiprocessor: more groups keep as
+//   much arithmetic in flight.
 // The consumers wait for that counter (every block's rows of the previous GEMV written) before
 // reading a GEMV's input, as a decode step's dependences would make them.
 //
@@ -42,36 +45,46 @@ __device__ __forceinline__ void cb1_tile_bytes(int cols, u32& code_bytes, u32& s
     bytes = (code_bytes + scale_bytes + 1023) & ~1023u;
 }
 
-// The consumers' share of one GEMV: the warp's plane words, then each of the block's tiles.
-template <int FMT, int J>
-__device__ __forceinline__ void cb1_consume(const ChainGemv& m, const unsigned char* ring, const u32* slot_off,
-                                            u64* full, u64* done, float (*part)[GEMV1_WARPS][16], float2* ssm,
-                                            int& k) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+// Consumer warp w of group q's share of one GEMV: its plane words (its group pairs in the
+// group's `ssm`), then the group's tiles among the block's (k counts all of them).
+template <int FMT, int J, int G>
+__device__ __forceinline__ void cb1_consume(const ChainGemv& m, int w, int q, const unsigned char* ring,
+                                            const u32* slot_off, u64* full, u64* done,
+                                            float (*part)[GEMV1_WARPS][16], float2* ssm, int& k) {
+    const int lane = threadIdx.x & 31;
     const int chunks = m.cols / (FMT == FMT_Q1 ? 128 : 64);
     const int scols = FMT == FMT_Q2G128 ? chunks / 2 : chunks;
     u32 code_bytes, scale_bytes, bytes;
     cb1_tile_bytes<FMT>(m.cols, code_bytes, scale_bytes, bytes);
     const int ntiles = (m.rows + 15) / 16;
-    if ((int)blockIdx.x >= ntiles) return;
+    const int mine = (int)blockIdx.x < ntiles ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    // The group's first tile of this GEMV (k + i, i ≡ q − k mod G); none: nothing to stage.
+    const int i0 = ((q - k) % G + G) % G;
+    if (i0 >= mine) {
+        k += mine;
+        return;
+    }
     u32 blo[J], bhi[FMT == FMT_Q1 ? J : 1];
-    if constexpr (FMT == FMT_Q1) b1_planes<J, true>(m.xq, m.xs, chunks, ssm, blo, bhi);
-    else b2_planes<J, true>(m.xq, m.xs, chunks, ssm, blo);
+    if constexpr (FMT == FMT_Q1) b1_planes<J, true>(w, m.xq, m.xs, chunks, ssm, blo, bhi);
+    else b2_planes<J, true>(w, m.xq, m.xs, chunks, ssm, blo);
     __syncwarp();
-    for (int t = blockIdx.x; t < ntiles; t += gridDim.x, k++) {
-        const int s = k % CB1_SLOTS;
-        mbar_wait(smem_addr(&full[s]), (u32)(k / CB1_SLOTS) & 1u);
+    const int k0 = k;
+    k += mine;
+    for (int i = i0; i < mine; i += G) {
+        const int kk = k0 + i;
+        const int s = kk % CB1_SLOTS;
+        mbar_wait(smem_addr(&full[s]), (u32)(kk / CB1_SLOTS) & 1u);
         const unsigned char* st = ring + slot_off[s];
         float acc[2];
-        if constexpr (FMT == FMT_Q1) b1_tile<J, true, 1>(st, code_bytes, chunks, ssm, blo, bhi, acc);
-        else b2_tile<FMT, J, true>(st, code_bytes, chunks, scols, ssm, blo, acc);
-        tile_part<2>(acc, part[s][warp]);
+        if constexpr (FMT == FMT_Q1) b1_tile<J, true, 1>(w, st, code_bytes, chunks, ssm, blo, bhi, acc);
+        else b2_tile<FMT, J, true>(w, st, code_bytes, chunks, scols, ssm, blo, acc);
+        tile_part<2>(acc, part[s][w]);
         __syncwarp();
         if (lane == 0) mbar_arrive(smem_addr(&done[s]));
     }
 }
 
-template <int FMT>
+template <int FMT, int G>
 __device__ __forceinline__ void chain_b1_body(const ChainGemv* __restrict__ gs, int ng, int ring_bytes,
                                               u32* __restrict__ count) {
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -80,7 +93,7 @@ __device__ __forceinline__ void chain_b1_body(const ChainGemv* __restrict__ gs, 
     __shared__ __align__(8) u64 empty[CB1_SLOTS];
     __shared__ u32 slot_off[CB1_SLOTS];
     __shared__ float part[CB1_SLOTS][GEMV1_WARPS][16];
-    __shared__ __align__(16) float2 ssm[CB1_MAX_GROUPS];
+    __shared__ __align__(16) float2 ssm[G][CB1_MAX_GROUPS];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     // The dynamic block rounded up to the 1024 bytes the swizzle's boxes need (the host adds
     // them to the launch).
@@ -96,7 +109,7 @@ __device__ __forceinline__ void chain_b1_body(const ChainGemv* __restrict__ gs, 
     }
     __syncthreads();
 
-    if (warp == GEMV1_WARPS) {
+    if (warp == 0) {
         if (lane != 0) return;
         ByteRing<CB1_SLOTS> r;
         int k = 0;
@@ -125,7 +138,7 @@ __device__ __forceinline__ void chain_b1_body(const ChainGemv* __restrict__ gs, 
         return;
     }
 
-    if (warp == GEMV1_WARPS + 1) {
+    if (warp == 1) {
         int k = 0;
         for (int g = 0; g < ng; g++) {
             const ChainGemv m = gs[g];
@@ -156,6 +169,9 @@ __device__ __forceinline__ void chain_b1_body(const ChainGemv* __restrict__ gs, 
         return;
     }
 
+    // Consumer warp w of group q.
+    const int w = (warp - 2) % GEMV1_WARPS, q = (warp - 2) / GEMV1_WARPS;
+    float2* gssm = ssm[q];
     int k = 0;
     for (int g = 0; g < ng; g++) {
         const ChainGemv m = gs[g];
@@ -170,31 +186,37 @@ __device__ __forceinline__ void chain_b1_body(const ChainGemv* __restrict__ gs, 
         }
         const int chunks = m.cols / (FMT == FMT_Q1 ? 128 : 64);
         const int j = chunks / GEMV1_WARPS;
+#define CB1_TAKE(J) cb1_consume<FMT, J, G>(m, w, q, ring, slot_off, full, done, part, gssm, k)
         // The 27B's widths, each whole multiples of GEMV1_WARPS chunks (the host checks).
         if constexpr (FMT == FMT_Q1) {
-            if (j == 5) cb1_consume<FMT, 5>(m, ring, slot_off, full, done, part, ssm, k);
-            else if (j == 6) cb1_consume<FMT, 6>(m, ring, slot_off, full, done, part, ssm, k);
-            else if (j == 17) cb1_consume<FMT, 17>(m, ring, slot_off, full, done, part, ssm, k);
+            if (j == 5) CB1_TAKE(5);
+            else if (j == 6) CB1_TAKE(6);
+            else if (j == 17) CB1_TAKE(17);
             else __trap();
         } else {
-            if (j == 10) cb1_consume<FMT, 10>(m, ring, slot_off, full, done, part, ssm, k);
-            else if (j == 12) cb1_consume<FMT, 12>(m, ring, slot_off, full, done, part, ssm, k);
-            else if (j == 34) cb1_consume<FMT, 34>(m, ring, slot_off, full, done, part, ssm, k);
+            if (j == 10) CB1_TAKE(10);
+            else if (j == 12) CB1_TAKE(12);
+            else if (j == 34) CB1_TAKE(34);
             else __trap();
         }
+#undef CB1_TAKE
     }
 }
-#define CHAIN_B1_CALL(FMT) chain_b1_body<FMT>(gs, ng, ring_bytes, count)
+#define CHAIN_B1_CALL(FMT, G) chain_b1_body<FMT, G>(gs, ng, ring_bytes, count)
 #else
-#define CHAIN_B1_CALL(FMT) __trap()
+#define CHAIN_B1_CALL(FMT, G) __trap()
 #endif
 
-#define CHAIN_B1_KERNEL(name, FMT)                                                                 \
-    ENTRY __global__ void __launch_bounds__(32 * (GEMV1_WARPS + 2), 1)                            \
-        name(const ChainGemv* __restrict__ gs, int ng, int ring_bytes, u32* __restrict__ count) {    \
-        CHAIN_B1_CALL(FMT);                                                                        \
+// G groups of consumer warps, and the producer and reducer.
+#define CHAIN_B1_KERNEL(name, FMT, G)                                                              \
+    ENTRY __global__ void __launch_bounds__(32 * (GEMV1_WARPS * G + 2), 1)                        \
+        name(const ChainGemv* __restrict__ gs, int ng, int ring_bytes, u32* __restrict__ count) { \
+        CHAIN_B1_CALL(FMT, G);                                                                     \
     }
 
-CHAIN_B1_KERNEL(gemv_chain_b1_q1, FMT_Q1)
-CHAIN_B1_KERNEL(gemv_chain_b1_q2g64, FMT_Q2G64)
-CHAIN_B1_KERNEL(gemv_chain_b1_q2g128, FMT_Q2G128)
+CHAIN_B1_KERNEL(gemv_chain_b1_q1, FMT_Q1, 1)
+CHAIN_B1_KERNEL(gemv_chain_b1_q2g64, FMT_Q2G64, 1)
+CHAIN_B1_KERNEL(gemv_chain_b1_q2g128, FMT_Q2G128, 1)
+CHAIN_B1_KERNEL(gemv_chain_b1_q1_g2, FMT_Q1, 2)
+CHAIN_B1_KERNEL(gemv_chain_b1_q2g64_g2, FMT_Q2G64, 2)
+CHAIN_B1_KERNEL(gemv_chain_b1_q2g128_g2, FMT_Q2G128, 2)

@@ -36,7 +36,6 @@ pub(crate) fn chain_probes(
 ) -> R<()> {
     let chain = g.time_gemv_chain(st, true)?;
     let chain_nodot = g.time_gemv_chain(st, false)?;
-    let chain_b1 = g.time_gemv_chain_b1(st)?;
     if let (Some(c), Some(nd)) = (chain, chain_nodot) {
         rep.check(
             c.differing == 0,
@@ -56,29 +55,30 @@ pub(crate) fn chain_probes(
             g.vocab()
         ));
     }
-    match chain_b1 {
-        Some(c) => {
-            rep.check(
-                c.differing == 0,
-                format!("{format}: the binary chain's LM head differs from the binary decode GEMV's"),
-            );
+    for groups in niwaki_cuda::plan::CHAIN_B1_GROUPS {
+        let Some(c) = g.time_gemv_chain_b1(st, groups)? else {
             profiles.push(format!(
-                "\n{format} persistent-step probe with the binary consumers (kernels/gemv_chain_b1.cu, tiles of 16 rows, one block per multiprocessor: a copy warp, {} consumer warps, a warp adding the partial sums) on the step's {} GEMVs, ms per replay: launched once per GEMV {:.3} ({:.0} GB/s), all in one launch {:.3} ({:.0} GB/s), against the decode GEMVs {:.3} ({:.0} GB/s); LM head after the chain against the binary decode GEMV: {} of {} logits differ (must be 0)\n",
-                niwaki_cuda::plan::GEMV1_WARPS,
-                c.gemvs,
-                c.each * 1e3,
-                wb / c.each / 1e9,
-                c.once * 1e3,
-                wb / c.once / 1e9,
-                gemvs * 1e3,
-                wb / gemvs / 1e9,
-                c.differing,
-                g.vocab()
+                "\n{format}: the persistent-step probe with the binary consumers ({groups} groups) does not take this model\n"
             ));
-        }
-        None => profiles.push(format!(
-            "\n{format}: the persistent-step probe with the binary consumers does not take this model\n"
-        )),
+            continue;
+        };
+        rep.check(
+            c.differing == 0,
+            format!("{format}: the binary chain's LM head ({groups} groups) differs from the binary decode GEMV's"),
+        );
+        profiles.push(format!(
+            "\n{format} persistent-step probe with the binary consumers (kernels/gemv_chain_b1.cu, tiles of 16 rows, one block per multiprocessor: a copy warp, {groups} × {} consumer warps, a warp adding the partial sums) on the step's {} GEMVs, ms per replay: launched once per GEMV {:.3} ({:.0} GB/s), all in one launch {:.3} ({:.0} GB/s), against the decode GEMVs {:.3} ({:.0} GB/s); LM head after the chain against the binary decode GEMV: {} of {} logits differ (must be 0)\n",
+            niwaki_cuda::plan::GEMV1_WARPS,
+            c.gemvs,
+            c.each * 1e3,
+            wb / c.each / 1e9,
+            c.once * 1e3,
+            wb / c.once / 1e9,
+            gemvs * 1e3,
+            wb / gemvs / 1e9,
+            c.differing,
+            g.vocab()
+        ));
     }
     Ok(())
 }

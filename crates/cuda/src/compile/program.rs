@@ -60,7 +60,7 @@ pub const SOURCES: [(&str, &str, usize); 16] = [
 pub const PARTS: usize = 5;
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 97] = [
+pub const KERNELS: [&str; 100] = [
     "read_sum",
     "quant_rms",
     "quant_swiglu",
@@ -120,6 +120,9 @@ pub const KERNELS: [&str; 97] = [
     "gemv_chain_b1_q1",
     "gemv_chain_b1_q2g64",
     "gemv_chain_b1_q2g128",
+    "gemv_chain_b1_q1_g2",
+    "gemv_chain_b1_q2g64_g2",
+    "gemv_chain_b1_q2g128_g2",
     "gemm_q1_m1",
     "gemm_q1_m2",
     "gemm_q2g64_m1",

@@ -89,17 +89,22 @@ impl CudaModel {
     }
 
     /// The persistent-step probe with the binary decode kernels' consumers
-    /// (`kernels/gemv_chain_b1.cu`) on a decode step's GEMVs, tiles of 16 rows as those kernels
+    /// (`kernels/gemv_chain_b1.cu`, `groups` of [`plan::GEMV1_WARPS`] consumer warps, one of
+    /// [`plan::CHAIN_B1_GROUPS`]) on a decode step's GEMVs, tiles of 16 rows as those kernels
     /// take them (a tensor map per matrix). The LM head is compared with the binary decode
     /// GEMV, whose arithmetic and order of summation the probe's are. `None` where the device
     /// is not sm_90, a matrix is not of the output's format or has a width the kernel does not
     /// know ([`plan::chain_b1_tile_bytes`]), or a block does not fit. The outputs go where the
     /// step's would; the state's contents are meaningless afterwards.
     #[doc(hidden)]
-    pub fn time_gemv_chain_b1(&self, st: &mut CudaState) -> Result<Option<ChainTimes>> {
+    pub fn time_gemv_chain_b1(
+        &self,
+        st: &mut CudaState,
+        groups: usize,
+    ) -> Result<Option<ChainTimes>> {
         let g = &self.gpu;
         let fmt = self.output.format;
-        if g.info.compute_capability.0 != 9 {
+        if g.info.compute_capability.0 != 9 || !plan::CHAIN_B1_GROUPS.contains(&groups) {
             return Ok(None);
         }
         let gemvs = self.chain_gemvs(st);
@@ -127,8 +132,12 @@ impl CudaModel {
             / 1024
             * 1024;
         let launch = ChainLaunch {
-            kernel: format!("gemv_chain_b1_{}", fmt.kernel_name()),
-            threads: 32 * (plan::GEMV1_WARPS + 2),
+            kernel: format!(
+                "gemv_chain_b1_{}{}",
+                fmt.kernel_name(),
+                if groups == 1 { "" } else { "_g2" }
+            ),
+            threads: 32 * (plan::GEMV1_WARPS * groups + 2),
             smem: ring + 1024,
             descs: g.upload(&desc, "chain descriptors")?,
             count: g.alloc(8, "chain barrier")?,

@@ -409,9 +409,12 @@ pub fn chain_tile_bytes(format: GpuFormat, cols: usize) -> usize {
 /// (`kernels/gemv_chain_b1.cu`, `CB1_SLOTS`).
 pub const CHAIN_B1_SLOTS: usize = 16;
 
-/// Static shared memory of that probe's block: its barriers, partial sums and group pairs
-/// (10.6 KB with 16 slots), rounded up.
-pub const CHAIN_B1_STATIC_SMEM: usize = 12 << 10;
+/// Static shared memory of that probe's block: its barriers, partial sums and each consumer
+/// group's pairs (10.6 KB with 16 slots and one group, 12.8 KB with two), rounded up.
+pub const CHAIN_B1_STATIC_SMEM: usize = 14 << 10;
+
+/// Groups of [`GEMV1_WARPS`] consumer warps the probe's kernels come with (`_g2`: two).
+pub const CHAIN_B1_GROUPS: [usize; 2] = [1, 2];
 
 /// Shared memory of one tile of the probe with the binary consumers, as the kernel rounds it
 /// (`cb1_tile_bytes`): 16 rows' codes in slabs of 2048 bytes, then their scales, in whole 1024
