@@ -108,6 +108,9 @@ __device__ __forceinline__ void chain_b1_body(const ChainGemv* __restrict__ gs, 
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
+    // The weights depend on nothing: the producer streams them before the previous kernel ends;
+    // the others wait for it (the counter's zeroing, the inputs).
+    pdl_launch();
 
     if (warp == 0) {
         if (lane != 0) return;
@@ -138,6 +141,7 @@ __device__ __forceinline__ void chain_b1_body(const ChainGemv* __restrict__ gs, 
         return;
     }
 
+    pdl_wait();
     if (warp == 1) {
         int k = 0;
         for (int g = 0; g < ng; g++) {
