@@ -50,7 +50,7 @@ __device__ __forceinline__ void cb1_tile_bytes(int cols, u32& code_bytes, u32& s
 template <int FMT, int J, int G>
 __device__ __forceinline__ void cb1_consume(const ChainGemv& m, int w, int q, const unsigned char* ring,
                                             const u32* slot_off, u64* full, u64* done,
-                                            float (*part)[GEMV1_WARPS][16], float2* ssm, int& k) {
+                                            float (*part)[GEMV1_WARPS][16], float2* ssm, int& k, bool dot) {
     const int lane = threadIdx.x & 31;
     const int chunks = m.cols / (FMT == FMT_Q1 ? 128 : 64);
     const int scols = FMT == FMT_Q2G128 ? chunks / 2 : chunks;
@@ -75,9 +75,14 @@ __device__ __forceinline__ void cb1_consume(const ChainGemv& m, int w, int q, co
         const int s = kk % CB1_SLOTS;
         mbar_wait(smem_addr(&full[s]), (u32)(kk / CB1_SLOTS) & 1u);
         const unsigned char* st = ring + slot_off[s];
-        float acc[2];
-        if constexpr (FMT == FMT_Q1) b1_tile<J, true, 1>(w, st, code_bytes, chunks, ssm, blo, bhi, acc);
-        else b2_tile<FMT, J, true>(w, st, code_bytes, chunks, scols, ssm, blo, acc);
+        float acc[2] = {0.0f, 0.0f};
+        if (!dot) {
+            // Streaming without multiplying (a probe of the copies alone).
+        } else if constexpr (FMT == FMT_Q1) {
+            b1_tile<J, true, 1>(w, st, code_bytes, chunks, ssm, blo, bhi, acc);
+        } else {
+            b2_tile<FMT, J, true>(w, st, code_bytes, chunks, scols, ssm, blo, acc);
+        }
         tile_part<2>(acc, part[s][w]);
         __syncwarp();
         if (lane == 0) mbar_arrive(smem_addr(&done[s]));
@@ -86,7 +91,7 @@ __device__ __forceinline__ void cb1_consume(const ChainGemv& m, int w, int q, co
 
 template <int FMT, int G>
 __device__ __forceinline__ void chain_b1_body(const ChainGemv* __restrict__ gs, int ng, int ring_bytes,
-                                              u32* __restrict__ count) {
+                                              u32* __restrict__ count, bool dot) {
     extern __shared__ __align__(1024) unsigned char smem[];
     __shared__ __align__(8) u64 full[CB1_SLOTS];
     __shared__ __align__(8) u64 done[CB1_SLOTS];
@@ -190,7 +195,7 @@ __device__ __forceinline__ void chain_b1_body(const ChainGemv* __restrict__ gs, 
         }
         const int chunks = m.cols / (FMT == FMT_Q1 ? 128 : 64);
         const int j = chunks / GEMV1_WARPS;
-#define CB1_TAKE(J) cb1_consume<FMT, J, G>(m, w, q, ring, slot_off, full, done, part, gssm, k)
+#define CB1_TAKE(J) cb1_consume<FMT, J, G>(m, w, q, ring, slot_off, full, done, part, gssm, k, dot)
         // The 27B's widths, each whole multiples of GEMV1_WARPS chunks (the host checks).
         if constexpr (FMT == FMT_Q1) {
             if (j == 5) CB1_TAKE(5);
@@ -206,7 +211,7 @@ __device__ __forceinline__ void chain_b1_body(const ChainGemv* __restrict__ gs, 
 #undef CB1_TAKE
     }
 }
-#define CHAIN_B1_CALL(FMT, G) chain_b1_body<FMT, G>(gs, ng, ring_bytes, count)
+#define CHAIN_B1_CALL(FMT, G) chain_b1_body<FMT, G>(gs, ng, ring_bytes, count, dot != 0)
 #else
 #define CHAIN_B1_CALL(FMT, G) __trap()
 #endif
@@ -214,7 +219,8 @@ __device__ __forceinline__ void chain_b1_body(const ChainGemv* __restrict__ gs, 
 // G groups of consumer warps, and the producer and reducer.
 #define CHAIN_B1_KERNEL(name, FMT, G)                                                              \
     ENTRY __global__ void __launch_bounds__(32 * (GEMV1_WARPS * G + 2), 1)                        \
-        name(const ChainGemv* __restrict__ gs, int ng, int ring_bytes, u32* __restrict__ count) { \
+        name(const ChainGemv* __restrict__ gs, int ng, int ring_bytes, int dot,                   \
+             u32* __restrict__ count) {                                                            \
         CHAIN_B1_CALL(FMT, G);                                                                     \
     }
 

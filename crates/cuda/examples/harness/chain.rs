@@ -56,18 +56,21 @@ pub(crate) fn chain_probes(
         ));
     }
     for groups in niwaki_cuda::plan::CHAIN_B1_GROUPS {
-        let Some(c) = g.time_gemv_chain_b1(st, groups)? else {
+        let Some(c) = g.time_gemv_chain_b1(st, groups, true)? else {
             profiles.push(format!(
                 "\n{format}: the persistent-step probe with the binary consumers ({groups} groups) does not take this model\n"
             ));
             continue;
         };
+        let nd = g
+            .time_gemv_chain_b1(st, groups, false)?
+            .ok_or("the binary probe took the model multiplying but not streaming alone")?;
         rep.check(
             c.differing == 0,
             format!("{format}: the binary chain's LM head ({groups} groups) differs from the binary decode GEMV's"),
         );
         profiles.push(format!(
-            "\n{format} persistent-step probe with the binary consumers (kernels/gemv_chain_b1.cu, tiles of 16 rows, one block per multiprocessor: a copy warp, {groups} × {} consumer warps, a warp adding the partial sums) on the step's {} GEMVs, ms per replay: launched once per GEMV {:.3} ({:.0} GB/s), all in one launch {:.3} ({:.0} GB/s), against the decode GEMVs {:.3} ({:.0} GB/s); LM head after the chain against the binary decode GEMV: {} of {} logits differ (must be 0)\n",
+            "\n{format} persistent-step probe with the binary consumers (kernels/gemv_chain_b1.cu, tiles of 16 rows, one block per multiprocessor: a copy warp, {groups} × {} consumer warps, a warp adding the partial sums) on the step's {} GEMVs, ms per replay: launched once per GEMV {:.3} ({:.0} GB/s), all in one launch {:.3} ({:.0} GB/s), against the decode GEMVs {:.3} ({:.0} GB/s); not multiplying: {:.3} against {:.3}; LM head after the chain against the binary decode GEMV: {} of {} logits differ (must be 0)\n",
             niwaki_cuda::plan::GEMV1_WARPS,
             c.gemvs,
             c.each * 1e3,
@@ -76,6 +79,8 @@ pub(crate) fn chain_probes(
             wb / c.once / 1e9,
             gemvs * 1e3,
             wb / gemvs / 1e9,
+            nd.each * 1e3,
+            nd.once * 1e3,
             c.differing,
             g.vocab()
         ));

@@ -91,7 +91,8 @@ impl CudaModel {
     /// The persistent-step probe with the binary decode kernels' consumers
     /// (`kernels/gemv_chain_b1.cu`, `groups` of [`plan::GEMV1_WARPS`] consumer warps, one of
     /// [`plan::CHAIN_B1_GROUPS`]) on a decode step's GEMVs, tiles of 16 rows as those kernels
-    /// take them (a tensor map per matrix). The LM head is compared with the binary decode
+    /// take them (a tensor map per matrix). `dot` false: the consumers release each tile
+    /// without multiplying (the logits are not compared). The LM head is compared with the binary decode
     /// GEMV, whose arithmetic and order of summation the probe's are. `None` where the device
     /// is not sm_90, a matrix is not of the output's format or has a width the kernel does not
     /// know ([`plan::chain_b1_tile_bytes`]), or a block does not fit. The outputs go where the
@@ -101,6 +102,7 @@ impl CudaModel {
         &self,
         st: &mut CudaState,
         groups: usize,
+        dot: bool,
     ) -> Result<Option<ChainTimes>> {
         let g = &self.gpu;
         let fmt = self.output.format;
@@ -141,12 +143,12 @@ impl CudaModel {
             smem: ring + 1024,
             descs: g.upload(&desc, "chain descriptors")?,
             count: g.alloc(8, "chain barrier")?,
-            mid: vec![Arg::I32(ring as i32)],
+            mid: vec![Arg::I32(ring as i32), Arg::I32(i32::from(dot))],
         };
         if ring < max_tile || g.blocks_per_sm(&launch.kernel, launch.threads, launch.smem)? < 1 {
             return Ok(None);
         }
-        let times = self.run_chain(st, &launch, Some(true));
+        let times = self.run_chain(st, &launch, dot.then_some(true));
         drop(map_bufs);
         times.map(Some)
     }
