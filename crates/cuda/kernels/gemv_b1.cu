@@ -222,15 +222,23 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
     if (amax && best) atomicMax(amax, best);
 }
 
-// Consumer warp `warp`'s 2-bit chunks (warp + 8j) as plane words, kept for every tile, and their group
-// pairs copied to `ssm` (chunk j by lane j % 32; only this warp reads them). The loads of BATCH
-// chunks are issued before the first word is formed (as the 1-bit kernels).
-template <int J, bool EXACT>
-__device__ __forceinline__ void b2_planes(int warp, const uint4* __restrict__ xq, const float2* __restrict__ xs, int chunks,
-                                          float2* ssm, u32 (&bw)[J]) {
-    const int lane = threadIdx.x & 31;
+// The consumer warps of the 2-bit kernels (FMT_Q2G64, FMT_Q2G128), tiles of 16 rows. A 2-bit
+// chunk is 64 values, one activation group: lane (g, t) takes word t of rows g and g + 8, whose
+// code bits 1 and 2 of each value face the same activation bit (plane_word2). One MMA of the
+// words masked to their 2s, then one of the whole words accumulating onto it, counts
+// Σ code·bit for every plane: 2·(2s) + (1s and 2s). Per 256 weight bytes (16 rows × 64 values) a
+// warp issues two MMAs, two masks, its loads and the counts' scaling: about 25 instructions in
+// the PTX, against about 35 for the dp4a kernel's warps (whose lanes each spend ~70 on a 16-byte
+// chunk, 512 bytes a warp). J: chunks per warp (at most, unless EXACT).
+template <int FMT, int J, bool EXACT>
+__device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stage_bytes, u32 code_bytes, u64* bars,
+                                           u64* empty, float (*part)[GEMV1_WARPS][16], float2* ssm, int mine,
+                                           int stages, int chunks, int scols, const uint4* __restrict__ xq,
+                                           const float2* __restrict__ xs) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    // The pairs' loads in flight with the activations' below.
+    // A warp's chunks' group pairs, copied by its lanes (chunk j by lane j % 32), their loads in
+    // flight with the activations' below.
     constexpr int PJ = (J + 31) / 32;
     float2 pairs[PJ];
 #pragma unroll
@@ -238,6 +246,9 @@ __device__ __forceinline__ void b2_planes(int warp, const uint4* __restrict__ xq
         const int j = lane + 32 * i, c = warp + GEMV1_WARPS * j;
         pairs[i] = j < J && c < chunks ? xs[c] : make_float2(0.0f, 0.0f);
     }
+    // The warp's chunks as plane words, kept for every tile; the loads of BATCH chunks issued
+    // before the first word is formed (as the 1-bit kernels).
+    u32 bw[J];
     constexpr int BATCH = 6;
 #pragma unroll
     for (int j0 = 0; j0 < J; j0 += BATCH) {
@@ -258,15 +269,7 @@ __device__ __forceinline__ void b2_planes(int warp, const uint4* __restrict__ xq
         const int j = lane + 32 * i, c = warp + GEMV1_WARPS * j;
         if (j < J && c < chunks) ssm[c] = pairs[i];
     }
-}
-
-// One 16-row tile of 2-bit rows in stage `st` (its codes' slabs, then its rows' scales, `scols`
-// a row): lane (g, t)'s share of rows g and g + 8 over the warp's chunks, in acc[0] and acc[1].
-template <int FMT, int J, bool EXACT>
-__device__ __forceinline__ void b2_tile(int warp, const unsigned char* st, u32 code_bytes, int chunks, int scols,
-                                        const float2* ssm, const u32 (&bw)[J], float (&acc)[2]) {
-    const int lane = threadIdx.x & 31;
-    const int g = lane >> 2, t = lane & 3;
+    __syncwarp();
     // C's columns of this lane are planes 2t and 2t + 1, of weights 2^2t and 2^(2t+1) (the sign
     // plane −128): a row's Σ code·q over the chunk is 2^2t·(c0 + sgn·c1), the power of two exact
     // in float. Σ q enters a row's sum once: through lane t = 0.
@@ -274,168 +277,46 @@ __device__ __forceinline__ void b2_tile(int warp, const unsigned char* st, u32 c
     const float k1 = (float)(1 << (2 * t));
     const float ysel = t == 0 ? 1.0f : 0.0f;
     const int nj = EXACT ? J : (chunks - warp + GEMV1_WARPS - 1) / GEMV1_WARPS;
-    // Row g's word t of unit `warp` (swizzled) in slab 0; row g + 8 is 1024 bytes on.
-    const unsigned char* a = st + g * 128 + ((warp ^ g) << 4) + 4 * t;
+    const int aoff = g * 128 + ((warp ^ g) << 4) + 4 * t;
     // Row g's scale of chunk warp + 8j: one per chunk (g64) or per two (g128).
     constexpr int SSTEP = FMT == FMT_Q2G128 ? GEMV1_WARPS / 2 : GEMV1_WARPS;
-    const u16* dp = (const u16*)(st + code_bytes) + g * scols + (FMT == FMT_Q2G128 ? warp >> 1 : warp);
-    acc[0] = acc[1] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-        if (EXACT || j < nj) {
-            const float2 sc = ssm[warp + GEMV1_WARPS * j];
-            const u32 a0 = *(const u32*)(a + j * 2048), a1 = *(const u32*)(a + j * 2048 + 1024);
-            int c[4];
-            bmma_and_popc(c, a0 & 0xAAAAAAAAu, a1 & 0xAAAAAAAAu, bw[j]);
-            bmma_and_popc_acc(c, a0, a1, bw[j]);
-            // k1·s·n (s the activation scale) as (k1·s)·n: the same bits, k1 being a power of
-            // two.
-            const float ks = k1 * sc.x, y = ysel * sc.y;
-            acc[0] += h2f(dp[j * SSTEP]) * (ks * (float)(c[0] + sgn * c[1]) - y);
-            acc[1] += h2f(dp[8 * scols + j * SSTEP]) * (ks * (float)(c[2] + sgn * c[3]) - y);
-        }
-    }
-}
+    const int soff = g * scols + (FMT == FMT_Q2G128 ? warp >> 1 : warp);
 
-// A warp's sums of a tile: lane (g, t)'s shares of rows g + 8r added over the quad's four
-// lanes, in that order, and left in `pw` (the warp's row of a stage's partial sums) by t = 0.
-template <int R>
-__device__ __forceinline__ void tile_part(float (&acc)[R], float* pw) {
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 1);
-        acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 2);
-    }
-    if ((lane & 3) == 0) {
-#pragma unroll
-        for (int r = 0; r < R; r++) pw[(lane >> 2) + 8 * r] = acc[r];
-    }
-}
-
-// The consumer warps of the 2-bit kernels (FMT_Q2G64, FMT_Q2G128), tiles of 16 rows. A 2-bit
-// chunk is 64 values, one activation group: lane (g, t) takes word t of rows g and g + 8, whose
-// code bits 1 and 2 of each value face the same activation bit (plane_word2). One MMA of the
-// words masked to their 2s, then one of the whole words accumulating onto it, counts
-// Σ code·bit for every plane: 2·(2s) + (1s and 2s). Per 256 weight bytes (16 rows × 64 values) a
-// warp issues two MMAs, two masks, its loads and the counts' scaling: about 25 instructions in
-// the PTX, against about 35 for the dp4a kernel's warps (whose lanes each spend ~70 on a 16-byte
-// chunk, 512 bytes a warp). J: chunks per warp (at most, unless EXACT).
-template <int FMT, int J, bool EXACT>
-__device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stage_bytes, u32 code_bytes, u64* bars,
-                                           u64* empty, float (*part)[GEMV1_WARPS][16], float2* ssm, int mine,
-                                           int stages, int chunks, int scols, const uint4* __restrict__ xq,
-                                           const float2* __restrict__ xs) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    u32 bw[J];
-    b2_planes<J, EXACT>(warp, xq, xs, chunks, ssm, bw);
-    __syncwarp();
     for (int i = 0, s = 0, ph = 0; i < mine; i++) {
         const unsigned char* st = stage0 + (size_t)s * stage_bytes;
         mbar_wait(smem_addr(&bars[s]), (u32)ph);
-        float acc[2];
-        b2_tile<FMT, J, EXACT>(warp, st, code_bytes, chunks, scols, ssm, bw, acc);
-        tile_part<2>(acc, part[s][warp]);
+        const unsigned char* a = st + aoff;
+        const u16* dp = (const u16*)(st + code_bytes) + soff;
+        float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            if (EXACT || j < nj) {
+                const float2 sc = ssm[warp + GEMV1_WARPS * j];
+                const u32 a0 = *(const u32*)(a + j * 2048), a1 = *(const u32*)(a + j * 2048 + 1024);
+                int c[4];
+                bmma_and_popc(c, a0 & 0xAAAAAAAAu, a1 & 0xAAAAAAAAu, bw[j]);
+                bmma_and_popc_acc(c, a0, a1, bw[j]);
+                // k1·s·n (s the activation scale) as (k1·s)·n: the same bits, k1 being a power of
+                // two.
+                const float ks = k1 * sc.x, y = ysel * sc.y;
+                acc0 += h2f(dp[j * SSTEP]) * (ks * (float)(c[0] + sgn * c[1]) - y);
+                acc1 += h2f(dp[8 * scols + j * SSTEP]) * (ks * (float)(c[2] + sgn * c[3]) - y);
+            }
+        }
+        acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
+        acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
+        acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
+        acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
+        if (t == 0) {
+            part[s][warp][g] = acc0;
+            part[s][warp][g + 8] = acc1;
+        }
         // As the 1-bit consumers: done with stage s, partial sums written, then the arrival.
         __syncwarp();
         if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
         if (++s == stages) {
             s = 0;
             ph ^= 1;
-        }
-    }
-}
-
-// Consumer warp `warp`'s 1-bit chunks (warp + 8j) as plane words, kept for every tile, and their group
-// pairs copied to `ssm` (chunk c's two at float4 c; only this warp reads them). A consumer warp
-// copies its own pairs, their loads in flight with its activations' below, so that no block
-// barrier and no second round trip to L2 stand between the previous kernel's end and the first
-// tile. Lane j copies chunk j's, so a warp has at most 32 chunks. A lane's 32 values lie in one
-// of the chunk's two activation groups, so its word goes to that group's MMA (blo or bhi) and a
-// zero to the other's.
-//
-// The loads of up to BATCH chunks are issued before the first of their plane words is formed:
-// one round trip to L2 per six chunks. (An earlier form guarded each chunk's loads with its own
-// branch, so a warp waited for them chunk after chunk: five round trips in a row for the
-// 5120-wide rows, seventeen for ffn_down's, Nsight Compute's largest share of the kernel's
-// stalls.) Unguarded kernels may read past a warp's last chunk: they read the row's last chunk
-// instead (the plan's widths are whole multiples of 8 chunks, so there is one) and drop it.
-template <int J, bool EXACT>
-__device__ __forceinline__ void b1_planes(int warp, const uint4* __restrict__ xq, const float2* __restrict__ xs, int chunks,
-                                          float2* ssm, u32 (&blo)[J], u32 (&bhi)[J]) {
-    static_assert(J <= 32, "a lane per chunk copies the group pairs");
-    const int lane = threadIdx.x & 31;
-    const int g = lane >> 2, t = lane & 3;
-    const int pc = warp + GEMV1_WARPS * lane;
-    float2 pair0 = make_float2(0.0f, 0.0f), pair1 = pair0;
-    if (lane < J && pc < chunks) {
-        pair0 = xs[2 * pc];
-        pair1 = xs[2 * pc + 1];
-    }
-    constexpr int BATCH = 6;
-#pragma unroll
-    for (int j0 = 0; j0 < J; j0 += BATCH) {
-        uint4 x0[BATCH], x1[BATCH];
-#pragma unroll
-        for (int j = j0; j < j0 + BATCH && j < J; j++) {
-            const int c = warp + GEMV1_WARPS * j;
-            const int cc = EXACT ? c : min(c, chunks - 1);
-            x0[j - j0] = xq[cc * 8 + 2 * t];
-            x1[j - j0] = xq[cc * 8 + 2 * t + 1];
-        }
-#pragma unroll
-        for (int j = j0; j < j0 + BATCH && j < J; j++) {
-            const int c = warp + GEMV1_WARPS * j;
-            const u32 b = EXACT || c < chunks ? plane_word(x0[j - j0], x1[j - j0], g) : 0u;
-            blo[j] = t < 2 ? b : 0u;
-            bhi[j] = t < 2 ? 0u : b;
-        }
-    }
-    if (lane < J && pc < chunks) {
-        ssm[2 * pc] = pair0;
-        ssm[2 * pc + 1] = pair1;
-    }
-}
-
-// One tile of 16·RG 1-bit rows in stage `st` (RG row groups' slabs in turn, then the rows'
-// scales): lane (g, t)'s share of rows g + 8r over the warp's chunks, in acc[r].
-template <int J, bool EXACT, int RG>
-__device__ __forceinline__ void b1_tile(int warp, const unsigned char* st, u32 code_bytes, int chunks, const float2* ssm,
-                                        const u32 (&blo)[J], const u32 (&bhi)[J], float (&acc)[2 * RG]) {
-    const int lane = threadIdx.x & 31;
-    const int g = lane >> 2, t = lane & 3;
-    // C's columns of this lane are planes 2t and 2t + 1, of weights 2^2t and 2^(2t+1) (the
-    // sign plane −128): a row's count over a group is 2^2t·(c0 + sgn·c1), the power of two
-    // exact in float, so it is applied with the group's 2 of 2·Σ − Σq.
-    const int sgn = t == 3 ? -2 : 2;
-    const float k2 = (float)(2 << (2 * t));
-    // Σ q of both groups enters a row's sum once: through lane t = 0.
-    const float ysel = t == 0 ? 1.0f : 0.0f;
-    const int nj = EXACT ? J : (chunks - warp + GEMV1_WARPS - 1) / GEMV1_WARPS;
-    // Row g's word t of unit `warp` (swizzled) in slab 0; row g + 8q is 1024·q bytes on (the
-    // swizzle repeats every 8 rows).
-    const unsigned char* a = st + g * 128 + ((warp ^ g) << 4) + 4 * t;
-    const float4* sc4 = (const float4*)ssm + warp;
-    const u16* dp = (const u16*)(st + code_bytes) + g * chunks + warp;
-#pragma unroll
-    for (int r = 0; r < 2 * RG; r++) acc[r] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-        if (EXACT || j < nj) {
-            const float4 sc = sc4[j * GEMV1_WARPS];
-            const float y = ysel * (sc.y + sc.w);
-#pragma unroll
-            for (int q = 0; q < RG; q++) {
-                const unsigned char* aq = a + j * 2048 * RG + q * 2048;
-                const u32 a0 = *(const u32*)aq, a1 = *(const u32*)(aq + 1024);
-                int lo[4], hi[4];
-                bmma_and_popc(lo, a0, a1, blo[j]);
-                bmma_and_popc(hi, a0, a1, bhi[j]);
-                const float f0 = sc.x * (float)(lo[0] + sgn * lo[1]) + sc.z * (float)(hi[0] + sgn * hi[1]);
-                const float f1 = sc.x * (float)(lo[2] + sgn * lo[3]) + sc.z * (float)(hi[2] + sgn * hi[3]);
-                acc[2 * q] += h2f(dp[(16 * q) * chunks + j * GEMV1_WARPS]) * (k2 * f0 - y);
-                acc[2 * q + 1] += h2f(dp[(16 * q + 8) * chunks + j * GEMV1_WARPS]) * (k2 * f1 - y);
-            }
         }
     }
 }
@@ -467,6 +348,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     // take the same static memory.
     __shared__ float part[GEMV1_MAX_STAGES / RG][GEMV1_WARPS][TR];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
     const int chunks = cols / (FMT == FMT_Q1 ? 128 : 64), groups = cols / 64;
     // Scales per row: one a chunk, or one per two (g128).
     const int scols = FMT == FMT_Q2G128 ? chunks / 2 : chunks;
@@ -525,19 +407,106 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         b2_consume<FMT, J, EXACT>(stage0, stage_bytes, code_bytes, bars, empty, part, ssm, mine, stages, chunks,
                                   scols, xq, xs);
     } else {
+        static_assert(J <= 32, "a lane per chunk copies the group pairs");
         u32 blo[J], bhi[J];
         if constexpr (NORM) {
             b1_norm_planes<J, EXACT>(xres + (size_t)tok0 * cols, cols, gw, eps, ssm, red, blo, bhi);
         } else {
-            b1_planes<J, EXACT>(warp, xq, xs, chunks, ssm, blo, bhi);
+            // A consumer warp reads only its own chunks' group pairs (chunk c's two at float4 c of
+            // `ssm`): it copies them itself, their loads in flight with its activations' below, so that
+            // no block barrier and no second round trip to L2 stand between the previous kernel's end
+            // and the first tile. Lane j copies chunk j's, so a warp has at most 32 chunks.
+            const int pc = warp + GEMV1_WARPS * lane;
+            float2 pair0 = make_float2(0.0f, 0.0f), pair1 = pair0;
+            if (lane < J && pc < chunks) {
+                pair0 = xs[2 * pc];
+                pair1 = xs[2 * pc + 1];
+            }
+            // This warp's chunks as plane words, kept for every tile: a lane's 32 values lie in one of
+            // the chunk's two activation groups, so its word goes to that group's MMA and a zero to
+            // the other's.
+            //
+            // The loads of up to BATCH chunks are issued before the first of their plane words is
+            // formed: one round trip to L2 per six chunks. (An earlier form guarded each chunk's loads
+            // with its own branch, so a warp waited for them chunk after chunk: five round trips in a row
+            // for the 5120-wide rows, seventeen for ffn_down's, Nsight Compute's largest share of the
+            // kernel's stalls.) Unguarded kernels may read past a warp's last chunk: they read the row's
+            // last chunk instead (the plan's widths are whole multiples of 8 chunks, so there is one) and
+            // drop it.
+            constexpr int BATCH = 6;
+        #pragma unroll
+            for (int j0 = 0; j0 < J; j0 += BATCH) {
+                uint4 x0[BATCH], x1[BATCH];
+        #pragma unroll
+                for (int j = j0; j < j0 + BATCH && j < J; j++) {
+                    const int c = warp + GEMV1_WARPS * j;
+                    const int cc = EXACT ? c : min(c, chunks - 1);
+                    x0[j - j0] = xq[cc * 8 + 2 * t];
+                    x1[j - j0] = xq[cc * 8 + 2 * t + 1];
+                }
+        #pragma unroll
+                for (int j = j0; j < j0 + BATCH && j < J; j++) {
+                    const int c = warp + GEMV1_WARPS * j;
+                    const u32 b = EXACT || c < chunks ? plane_word(x0[j - j0], x1[j - j0], g) : 0u;
+                    blo[j] = t < 2 ? b : 0u;
+                    bhi[j] = t < 2 ? 0u : b;
+                }
+            }
+            if (lane < J && pc < chunks) {
+                ssm[2 * pc] = pair0;
+                ssm[2 * pc + 1] = pair1;
+            }
         }
         __syncwarp();
+        // C's columns of this lane are planes 2t and 2t + 1, of weights 2^2t and 2^(2t+1) (the
+        // sign plane −128): a row's count over a group is 2^2t·(c0 + sgn·c1), the power of two
+        // exact in float, so it is applied with the group's 2 of 2·Σ − Σq.
+        const int sgn = t == 3 ? -2 : 2;
+        const float k2 = (float)(2 << (2 * t));
+        // Σ q of both groups enters a row's sum once: through lane t = 0.
+        const float ysel = t == 0 ? 1.0f : 0.0f;
+        const int nj = EXACT ? J : (chunks - warp + GEMV1_WARPS - 1) / GEMV1_WARPS;
+        // Row g's word t of unit `warp` (swizzled) in slab 0; row g + 8q is 1024·q bytes on (the
+        // swizzle repeats every 8 rows).
+        const int aoff = g * 128 + ((warp ^ g) << 4) + 4 * t;
+        const float4* sc4 = (const float4*)ssm + warp;
+
         for (int i = 0, s = 0, ph = 0; i < mine; i++) {
             const unsigned char* st = stage0 + (size_t)s * stage_bytes;
             mbar_wait(smem_addr(&bars[s]), (u32)ph);
+            const unsigned char* a = st + aoff;
+            const u16* dp = (const u16*)(st + code_bytes) + g * chunks + warp;
             float acc[2 * RG];
-            b1_tile<J, EXACT, RG>(warp, st, code_bytes, chunks, ssm, blo, bhi, acc);
-            tile_part<2 * RG>(acc, part[s][warp]);
+#pragma unroll
+            for (int r = 0; r < 2 * RG; r++) acc[r] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                if (EXACT || j < nj) {
+                    const float4 sc = sc4[j * GEMV1_WARPS];
+                    const float y = ysel * (sc.y + sc.w);
+#pragma unroll
+                    for (int q = 0; q < RG; q++) {
+                        const unsigned char* aq = a + j * 2048 * RG + q * 2048;
+                        const u32 a0 = *(const u32*)aq, a1 = *(const u32*)(aq + 1024);
+                        int lo[4], hi[4];
+                        bmma_and_popc(lo, a0, a1, blo[j]);
+                        bmma_and_popc(hi, a0, a1, bhi[j]);
+                        const float f0 = sc.x * (float)(lo[0] + sgn * lo[1]) + sc.z * (float)(hi[0] + sgn * hi[1]);
+                        const float f1 = sc.x * (float)(lo[2] + sgn * lo[3]) + sc.z * (float)(hi[2] + sgn * hi[3]);
+                        acc[2 * q] += h2f(dp[(16 * q) * chunks + j * GEMV1_WARPS]) * (k2 * f0 - y);
+                        acc[2 * q + 1] += h2f(dp[(16 * q + 8) * chunks + j * GEMV1_WARPS]) * (k2 * f1 - y);
+                    }
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < 2 * RG; r++) {
+                acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 1);
+                acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 2);
+            }
+            if (t == 0) {
+#pragma unroll
+                for (int r = 0; r < 2 * RG; r++) part[s][warp][g + 8 * r] = acc[r];
+            }
             // Every lane is done with stage s, and its partial sums are written, before the warp
             // arrives (a release the producer's wait acquires).
             __syncwarp();

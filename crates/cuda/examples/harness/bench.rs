@@ -298,8 +298,8 @@ pub(crate) fn bench_27b(
     let nodot = g.time_decode_subset(&mut sst, &is_gemv);
     g.gpu().set_gemv1_probe(prev);
     let nodot = nodot?;
-    // The persistent-step probes on the same GEMVs: a launch each against one launch for all.
-    crate::chain::chain_probes(rep, &g, &mut sst, format, wb, gemvs, profiles)?;
+    // The persistent-step probe on the same GEMVs: a launch each against one launch for all.
+    crate::chain::chain_probe(rep, &g, &mut sst, format, wb, gemvs, profiles)?;
     drop(sst);
     profiles.push(format!(
         "\n{format} decode step's graph cut down (ms per replay): every op {:.3}; the GEMVs alone {:.3} ({:.0} GB/s of weights); the GEMVs streaming without multiplying {:.3} ({:.0} GB/s); every other op alone {:.3}; every op but the norms {:.3}\n",

@@ -1,6 +1,5 @@
-//! The persistent-step probes on a 27B model's decode step (`CudaModel::time_gemv_chain`,
-//! `CudaModel::time_gemv_chain_b1`), checked and reported, in the 27B section or alone
-//! (`NIWAKI_HARNESS_ONLY=chain`).
+//! The persistent-step probe on a 27B model's decode step (`CudaModel::time_gemv_chain`),
+//! checked and reported, in the 27B section or alone (`NIWAKI_HARNESS_ONLY=chain`).
 
 use std::sync::Arc;
 
@@ -21,11 +20,10 @@ pub(crate) fn is_gemv(op: &Op) -> bool {
     )
 }
 
-/// Both probes on `st`'s decode step (whose contents they overwrite), each chain's LM head
-/// checked against the decode kernel's, with lines for `profiles`. `wb`: weight bytes; `gemvs`:
-/// seconds of the decode GEMVs alone in the cut-down graph, which the binary probe is set
-/// against.
-pub(crate) fn chain_probes(
+/// The probe on `st`'s decode step (whose contents it overwrites), the chain's LM head checked
+/// against the decode kernel's, with a line for `profiles`. `wb`: weight bytes; `gemvs`:
+/// seconds of the decode GEMVs alone in the cut-down graph, which the probe is set against.
+pub(crate) fn chain_probe(
     rep: &mut Report,
     g: &CudaModel,
     st: &mut CudaState,
@@ -42,7 +40,7 @@ pub(crate) fn chain_probes(
             format!("{format}: the chained GEMVs' LM head differs from the decode GEMV's"),
         );
         profiles.push(format!(
-            "\n{format} persistent-step probe (kernels/gemv_chain.cu, tiles of {} rows, one block per multiprocessor) on the step's {} GEMVs, ms per replay: launched once per GEMV {:.3} ({:.0} GB/s), all in one launch with a grid barrier between GEMVs {:.3} ({:.0} GB/s); not multiplying: {:.3} against {:.3}; LM head after the chain against the decode GEMV: {} of {} logits differ (must be 0)\n",
+            "\n{format} persistent-step probe (kernels/gemv_chain.cu, tiles of {} rows, one block per multiprocessor) on the step's {} GEMVs, ms per replay: launched once per GEMV {:.3} ({:.0} GB/s), all in one launch with a grid barrier between GEMVs {:.3} ({:.0} GB/s); not multiplying: {:.3} against {:.3}; the decode GEMVs {:.3} ({:.0} GB/s); LM head after the chain against the decode GEMV: {} of {} logits differ (must be 0)\n",
             niwaki_cuda::plan::CHAIN_WARPS,
             c.gemvs,
             c.each * 1e3,
@@ -51,36 +49,8 @@ pub(crate) fn chain_probes(
             wb / c.once / 1e9,
             nd.each * 1e3,
             nd.once * 1e3,
-            c.differing,
-            g.vocab()
-        ));
-    }
-    for groups in niwaki_cuda::plan::CHAIN_B1_GROUPS {
-        let Some(c) = g.time_gemv_chain_b1(st, groups, true)? else {
-            profiles.push(format!(
-                "\n{format}: the persistent-step probe with the binary consumers ({groups} groups) does not take this model\n"
-            ));
-            continue;
-        };
-        let nd = g
-            .time_gemv_chain_b1(st, groups, false)?
-            .ok_or("the binary probe took the model multiplying but not streaming alone")?;
-        rep.check(
-            c.differing == 0,
-            format!("{format}: the binary chain's LM head ({groups} groups) differs from the binary decode GEMV's"),
-        );
-        profiles.push(format!(
-            "\n{format} persistent-step probe with the binary consumers (kernels/gemv_chain_b1.cu, tiles of 16 rows, one block per multiprocessor: a copy warp, {groups} × {} consumer warps, a warp adding the partial sums) on the step's {} GEMVs, ms per replay: launched once per GEMV {:.3} ({:.0} GB/s), all in one launch {:.3} ({:.0} GB/s), against the decode GEMVs {:.3} ({:.0} GB/s); not multiplying: {:.3} against {:.3}; LM head after the chain against the binary decode GEMV: {} of {} logits differ (must be 0)\n",
-            niwaki_cuda::plan::GEMV1_WARPS,
-            c.gemvs,
-            c.each * 1e3,
-            wb / c.each / 1e9,
-            c.once * 1e3,
-            wb / c.once / 1e9,
             gemvs * 1e3,
             wb / gemvs / 1e9,
-            nd.each * 1e3,
-            nd.once * 1e3,
             c.differing,
             g.vocab()
         ));
@@ -88,8 +58,8 @@ pub(crate) fn chain_probes(
     Ok(())
 }
 
-/// The probes alone on 27B models of `formats`: each model's decode GEMVs in the cut-down
-/// graph, then both probes.
+/// The probe alone on 27B models of `formats`: each model's decode GEMVs in the cut-down
+/// graph, then the probe.
 pub(crate) fn chain_section(rep: &mut Report, formats: &[Format]) -> R<()> {
     let mut profiles = Vec::new();
     for &format in formats {
@@ -103,7 +73,7 @@ pub(crate) fn chain_section(rep: &mut Report, formats: &[Format]) -> R<()> {
         let mut st = g.new_state(4096)?;
         g.forward_greedy(&mut st, &[1, 2, 3, 4])?;
         let gemvs = g.time_decode_subset(&mut st, &is_gemv)?;
-        chain_probes(rep, &g, &mut st, format, wb, gemvs, &mut profiles)?;
+        chain_probe(rep, &g, &mut st, format, wb, gemvs, &mut profiles)?;
     }
     for p in profiles {
         rep.line(p);

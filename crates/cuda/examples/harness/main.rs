@@ -19,7 +19,7 @@
 //! merged decode kernels against the kernels they replace, `NIWAKI_HARNESS_ONLY=ahead` greedy
 //! steps run ahead of the host against host-fed passes, `NIWAKI_HARNESS_ONLY=attention` the
 //! attention kernels' checks and decode at depth (`=depth`: decode at depth alone),
-//! `NIWAKI_HARNESS_ONLY=chain` the persistent-step probes on the 27B formats,
+//! `NIWAKI_HARNESS_ONLY=chain` the persistent-step probe on the 27B formats,
 //! `NIWAKI_HARNESS_ONLY=27b` the 27B
 //! section alone.
 
@@ -167,7 +167,7 @@ fn run(rep: &mut Report) -> R<()> {
             drop(gpu);
             return depth_section(rep);
         }
-        // The persistent-step probes alone, on the 27B formats `NIWAKI_HARNESS_27B` names.
+        // The persistent-step probe alone, on the 27B formats `NIWAKI_HARNESS_27B` names.
         Ok("chain") => {
             drop(gpu);
             return chain::chain_section(rep, &formats_27b("Q2_0,Q1_0"));

@@ -3,7 +3,7 @@
 
 /// The kernel sources in the order they are concatenated, each with the part of the program
 /// whose compilation emits its kernels ([`PARTS`]).
-pub const SOURCES: [(&str, &str, usize); 16] = [
+pub const SOURCES: [(&str, &str, usize); 15] = [
     ("common.cuh", include_str!("../../kernels/common.cuh"), 0),
     ("quant.cu", include_str!("../../kernels/quant.cu"), 0),
     // After quant.cu (the inverse rotation).
@@ -32,12 +32,6 @@ pub const SOURCES: [(&str, &str, usize); 16] = [
         include_str!("../../kernels/gemv_chain.cu"),
         1,
     ),
-    // After gemv_b1.cu (the binary consumers) and sync.cu.
-    (
-        "gemv_chain_b1.cu",
-        include_str!("../../kernels/gemv_chain_b1.cu"),
-        3,
-    ),
     (
         "attention.cu",
         include_str!("../../kernels/attention.cu"),
@@ -60,7 +54,7 @@ pub const SOURCES: [(&str, &str, usize); 16] = [
 pub const PARTS: usize = 5;
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 100] = [
+pub const KERNELS: [&str; 94] = [
     "read_sum",
     "quant_rms",
     "quant_swiglu",
@@ -117,12 +111,6 @@ pub const KERNELS: [&str; 100] = [
     "gemv_chain_q2g64",
     "gemv_chain_q1_nodot",
     "gemv_chain_q2g64_nodot",
-    "gemv_chain_b1_q1",
-    "gemv_chain_b1_q2g64",
-    "gemv_chain_b1_q2g128",
-    "gemv_chain_b1_q1_g2",
-    "gemv_chain_b1_q2g64_g2",
-    "gemv_chain_b1_q2g128_g2",
     "gemm_q1_m1",
     "gemm_q1_m2",
     "gemm_q2g64_m1",

@@ -609,8 +609,6 @@ impl Gpu {
             for k in compile::KERNELS {
                 let fixed = if k.starts_with("gemv_b1_") || k.starts_with("gemv_b2") {
                     plan::GEMV_B1_STATIC_SMEM
-                } else if k.starts_with("gemv_chain_b1_") {
-                    plan::CHAIN_B1_STATIC_SMEM
                 } else if k.starts_with("gemv1_") || k.starts_with("gemv_chain_") {
                     plan::GEMV1_STATIC_SMEM
                 } else {

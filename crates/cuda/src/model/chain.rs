@@ -1,11 +1,10 @@
-//! The persistent-step probes, for the harness: a decode step's GEMVs launched once each
+//! The persistent-step probe, for the harness: a decode step's GEMVs launched once each
 //! against all of them in one launch with a grid-wide barrier between GEMVs
-//! (`kernels/gemv_chain.cu`, consumers a row a warp; `kernels/gemv_chain_b1.cu`, the binary
-//! decode kernels' consumers).
+//! (`kernels/gemv_chain.cu`).
 
 use super::*;
 
-/// What a probe measured: seconds per replay of a graph launching it once per GEMV and of one
+/// What the probe measured: seconds per replay of a graph launching it once per GEMV and of one
 /// launching it once for all; the GEMVs; and how many logits of the last GEMV (the LM head,
 /// after the whole chain in one launch) differ in any bit from the decode kernel's (0 where not
 /// compared).
@@ -17,7 +16,7 @@ pub struct ChainTimes {
     pub differing: usize,
 }
 
-/// How a probe is launched: its kernel, threads and dynamic shared memory a block, its
+/// How the probe is launched: its kernel, threads and dynamic shared memory a block, its
 /// descriptors (one per GEMV, `DESC_BYTES` apart) and grid barrier's counter, and the
 /// arguments between the GEMVs' count and the counter.
 struct ChainLaunch {
@@ -29,12 +28,11 @@ struct ChainLaunch {
     mid: Vec<Arg>,
 }
 
-/// Both probes' descriptors: 5 pointers and 4 ints (the kernels' `ChainGemv`; the binary probe's
-/// first pointer is the codes' tensor map).
+/// A descriptor: 5 pointers and 4 ints (the kernel's `ChainGemv`).
 const DESC_WORDS: usize = 7;
 
 impl CudaModel {
-    /// The decode step's GEMVs in order, as the probes take them (no fold: each GEMV reads its
+    /// The decode step's GEMVs in order, as the probe takes them (no fold: each GEMV reads its
     /// activations and writes its output), with their inputs and outputs on `st`.
     fn chain_gemvs(&self, st: &CudaState) -> Vec<(&DevMat, GemvIo)> {
         forward_ops(&self.dims, 1, Head::Last, true, Fusion::default())
@@ -69,7 +67,7 @@ impl CudaModel {
             }
             max_cols = max_cols.max(m.cols);
             max_tile = max_tile.max(plan::chain_tile_bytes(m.format, m.cols));
-            desc.extend(descriptor(m.codes.ptr, m, &io));
+            desc.extend(descriptor(m, &io));
         }
         let x_bytes = plan::x_bytes(max_cols, false);
         let smem = g.smem_limit.saturating_sub(plan::GEMV1_STATIC_SMEM);
@@ -85,83 +83,13 @@ impl CudaModel {
         if ring < max_tile || g.blocks_per_sm(&launch.kernel, launch.threads, smem)? < 1 {
             return Ok(None);
         }
-        self.run_chain(st, &launch, dot.then_some(false)).map(Some)
-    }
-
-    /// The persistent-step probe with the binary decode kernels' consumers
-    /// (`kernels/gemv_chain_b1.cu`, `groups` of [`plan::GEMV1_WARPS`] consumer warps, one of
-    /// [`plan::CHAIN_B1_GROUPS`]) on a decode step's GEMVs, tiles of 16 rows as those kernels
-    /// take them (a tensor map per matrix). `dot` false: the consumers release each tile
-    /// without multiplying (the logits are not compared). The LM head is compared with the binary decode
-    /// GEMV, whose arithmetic and order of summation the probe's are. `None` where the device
-    /// is not sm_90, a matrix is not of the output's format or has a width the kernel does not
-    /// know ([`plan::chain_b1_tile_bytes`]), or a block does not fit. The outputs go where the
-    /// step's would; the state's contents are meaningless afterwards.
-    #[doc(hidden)]
-    pub fn time_gemv_chain_b1(
-        &self,
-        st: &mut CudaState,
-        groups: usize,
-        dot: bool,
-    ) -> Result<Option<ChainTimes>> {
-        let g = &self.gpu;
-        let fmt = self.output.format;
-        if g.info.compute_capability.0 != 9 || !plan::CHAIN_B1_GROUPS.contains(&groups) {
-            return Ok(None);
-        }
-        let gemvs = self.chain_gemvs(st);
-        let mut maps: Vec<u64> = Vec::new();
-        let mut max_tile = 0;
-        for (m, _) in &gemvs {
-            let Some(tile) =
-                plan::chain_b1_tile_bytes(m.format, m.cols).filter(|_| m.format == fmt)
-            else {
-                return Ok(None);
-            };
-            max_tile = max_tile.max(tile);
-            let map = m.codes_map(16)?;
-            maps.extend(map.0.opaque);
-        }
-        let map_bufs = g.upload(&maps, "chain tensor maps")?;
-        let mut desc: Vec<u64> = Vec::new();
-        for (i, (m, io)) in gemvs.iter().enumerate() {
-            desc.extend(descriptor(map_bufs.ptr + 128 * i as u64, m, io));
-        }
-        // The ring in whole 1024 bytes, and 1024 more to align its start.
-        let ring = g
-            .smem_limit
-            .saturating_sub(plan::CHAIN_B1_STATIC_SMEM + 1024)
-            / 1024
-            * 1024;
-        let launch = ChainLaunch {
-            kernel: format!(
-                "gemv_chain_b1_{}{}",
-                fmt.kernel_name(),
-                if groups == 1 { "" } else { "_g2" }
-            ),
-            threads: 32 * (plan::GEMV1_WARPS * groups + 2),
-            smem: ring + 1024,
-            descs: g.upload(&desc, "chain descriptors")?,
-            count: g.alloc(8, "chain barrier")?,
-            mid: vec![Arg::I32(ring as i32), Arg::I32(i32::from(dot))],
-        };
-        if ring < max_tile || g.blocks_per_sm(&launch.kernel, launch.threads, launch.smem)? < 1 {
-            return Ok(None);
-        }
-        let times = self.run_chain(st, &launch, dot.then_some(true));
-        drop(map_bufs);
-        times.map(Some)
+        self.run_chain(st, &launch, dot).map(Some)
     }
 
     /// Times a probe launched once per GEMV and once for all (one block a multiprocessor);
     /// with `compare`, runs the chain once more and counts the LM head's logits that differ
-    /// from the decode GEMV's, the binary kernels on (`Some(true)`) or off.
-    fn run_chain(
-        &self,
-        st: &mut CudaState,
-        l: &ChainLaunch,
-        compare: Option<bool>,
-    ) -> Result<ChainTimes> {
+    /// from the dp4a decode GEMV's, whose arithmetic the probe's is.
+    fn run_chain(&self, st: &mut CudaState, l: &ChainLaunch, compare: bool) -> Result<ChainTimes> {
         let g = &self.gpu;
         let n = l.descs.bytes / (8 * DESC_WORDS);
         let launch = |first: usize, ng: usize| {
@@ -197,7 +125,7 @@ impl CudaModel {
             launch(0, n)
         })?;
         let mut differing = 0;
-        if let Some(binary) = compare {
+        if compare {
             let logits = |st: &CudaState| -> Result<Vec<u32>> {
                 let mut v = vec![0u32; self.dims.vocab];
                 g.read(&st.stream, st.s("logits"), &mut v)?;
@@ -206,7 +134,7 @@ impl CudaModel {
             zero()?;
             launch(0, n)?;
             let chained = logits(st)?;
-            let (b1, b2) = (g.set_b1(binary), g.set_b2(binary));
+            let (b1, b2) = (g.set_b1(false), g.set_b2(false));
             let plain = self.exec(
                 st,
                 &Op::Gemv {
@@ -234,11 +162,11 @@ impl CudaModel {
     }
 }
 
-/// A probe's descriptor of one GEMV: its codes (or their tensor map), scales, activations and
+/// The probe's descriptor of one GEMV: its codes, scales, activations and
 /// output, then rows and columns in one word and whether the output is added to.
-fn descriptor(codes: u64, m: &DevMat, io: &GemvIo) -> [u64; DESC_WORDS] {
+fn descriptor(m: &DevMat, io: &GemvIo) -> [u64; DESC_WORDS] {
     [
-        codes,
+        m.codes.ptr,
         m.scales.ptr,
         io.xq,
         io.xs,

@@ -154,7 +154,6 @@ impl Dims {
             ("GEMV1_MAX_STAGES", GEMV1_MAX_STAGES),
             ("CH_WARPS", CHAIN_WARPS),
             ("CH_SLOTS", CHAIN_SLOTS),
-            ("CB1_SLOTS", CHAIN_B1_SLOTS),
             ("MM_WARPS", GEMM_WARPS),
             ("MM_BN", GEMM_TOKENS),
             ("MM_KC", GEMM_STAGE_VALUES),

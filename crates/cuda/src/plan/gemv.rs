@@ -405,39 +405,6 @@ pub fn chain_tile_bytes(format: GpuFormat, cols: usize) -> usize {
     round128(CHAIN_WARPS * (cols / format.chunk_values() * 16 + cols / format.scale_values() * 2))
 }
 
-/// Tiles the ring of the persistent-step probe with the binary consumers holds at most
-/// (`kernels/gemv_chain_b1.cu`, `CB1_SLOTS`).
-pub const CHAIN_B1_SLOTS: usize = 16;
-
-/// Static shared memory of that probe's block: its barriers, partial sums and each consumer
-/// group's pairs (10.6 KB with 16 slots and one group, 12.8 KB with two), rounded up.
-pub const CHAIN_B1_STATIC_SMEM: usize = 14 << 10;
-
-/// Groups of [`GEMV1_WARPS`] consumer warps the probe's kernels come with (`_g2`: two).
-pub const CHAIN_B1_GROUPS: [usize; 2] = [1, 2];
-
-/// Shared memory of one tile of the probe with the binary consumers, as the kernel rounds it
-/// (`cb1_tile_bytes`): 16 rows' codes in slabs of 2048 bytes, then their scales, in whole 1024
-/// bytes. `None` where the kernel takes no such rows (its consumers know 1-bit rows of 5, 6 or 17
-/// chunks a warp and 2-bit rows of 10, 12 or 34, the 27B's widths).
-pub fn chain_b1_tile_bytes(format: GpuFormat, cols: usize) -> Option<usize> {
-    let chunks = cols / format.chunk_values();
-    let per_warp = chunks / GEMV1_WARPS;
-    let known: &[usize] = match format {
-        GpuFormat::Q1 => &[5, 6, 17],
-        GpuFormat::Q2G64 | GpuFormat::Q2G128 => &[10, 12, 34],
-    };
-    if !cols.is_multiple_of(format.chunk_values())
-        || !chunks.is_multiple_of(GEMV1_WARPS)
-        || !known.contains(&per_warp)
-    {
-        return None;
-    }
-    let code = (chunks * 16).div_ceil(128) * 2048;
-    let scale = 16 * (cols / format.scale_values()) * 2;
-    Some((code + scale).div_ceil(1024) * 1024)
-}
-
 /// Bytes of the next matrix a one-token GEMV pulls into the L2 cache by default (0: none;
 /// `NIWAKI_CUDA_PREFETCH_MB` sets it for every matrix). It paid when it came (H200, tg128,
 /// Q2_0 / Q1_0: none 243.6 / 264.5, 8 MiB 249.6 / 273.7, 16 MiB 245.7 / 271.2, 32 MiB

@@ -1336,33 +1336,3 @@ fn a_cluster_fold_takes_one_block_per_tile_of_whole_pieces() {
     let l = gemv_b1_launch(GpuFormat::Q1, 34816, 5120, sms, smem, false, (0, 0), 16).unwrap();
     assert!(cluster_fold(l, 34816).is_none());
 }
-
-#[test]
-fn the_binary_chain_takes_the_27b_widths_in_tiles_that_fit_its_ring() {
-    // 16 rows: slabs of 2048 bytes, then 16 rows of f16 scales, rounded to 1024.
-    // Q1_0 5120: 5 slabs and 16 × 40 scales; 2-bit g64 17408: 34 slabs and 16 × 272.
-    assert_eq!(chain_b1_tile_bytes(GpuFormat::Q1, 5120), Some(12 << 10));
-    assert_eq!(chain_b1_tile_bytes(GpuFormat::Q2G64, 17408), Some(77 << 10));
-    // g128 keeps one scale per two chunks: 17408 / 128 = 136 a row.
-    assert_eq!(
-        chain_b1_tile_bytes(GpuFormat::Q2G128, 17408),
-        Some((34 * 2048 + 16 * 136 * 2usize).div_ceil(1024) * 1024)
-    );
-    let d = dims(Preset::B27);
-    for f in GpuFormat::ALL {
-        for cols in [
-            d.hidden,
-            d.ffn,
-            d.value_heads * d.value_dim,
-            d.n_head * d.head_dim,
-        ] {
-            let t = chain_b1_tile_bytes(f, cols);
-            assert!(t.is_some(), "{f:?} {cols}");
-            // Two tiles at least in the ring an H200's block leaves.
-            assert!(2 * t.unwrap_or(usize::MAX) <= (227 << 10) - CHAIN_B1_STATIC_SMEM - 1024);
-        }
-        // Widths the consumers were not built for, or not whole chunks a warp, are refused.
-        assert_eq!(chain_b1_tile_bytes(f, 4096), None);
-        assert_eq!(chain_b1_tile_bytes(f, 5120 + 64), None);
-    }
-}
