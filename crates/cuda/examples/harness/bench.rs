@@ -456,15 +456,21 @@ fn decode_at_depth(g: &CudaModel, depth: usize, first: u32) -> R<(f64, niwaki_cu
     Ok((64.0 / t0.elapsed().as_secs_f64(), st))
 }
 
+/// A synthetic 27B model of `format` (the bench's seed), on the GPU.
+pub(crate) fn load_27b(format: Format) -> R<CudaModel> {
+    let shape = Preset::B27.shape(248_320);
+    let w = synth::random_packed(&shape, format, 27, "bench")?;
+    let m = Model::from_gguf(Arc::new(Gguf::from_bytes(w.to_bytes()?)?))?;
+    drop(w);
+    Ok(CudaModel::load(&m)?)
+}
+
 /// Decode at depth alone (`NIWAKI_HARNESS_ONLY=depth`): a 27B model of `format`, decode tok/s
 /// (64 greedy steps, argmax on the GPU) near depth 0 and at 16k, 32k and 128k for each cache type
 /// and attention tile (the cache type's default first), with the split kernel's µs per layer.
 pub(crate) fn depth_27b(rep: &mut Report, format: Format) -> R<()> {
     let shape = Preset::B27.shape(248_320);
-    let w = synth::random_packed(&shape, format, 27, "bench")?;
-    let m = Model::from_gguf(Arc::new(Gguf::from_bytes(w.to_bytes()?)?))?;
-    drop(w);
-    let mut g = CudaModel::load(&m)?;
+    let mut g = load_27b(format)?;
     rep.line(format!(
         "\n### {format}: decode at depth (64 greedy steps, GPU argmax)\n"
     ));

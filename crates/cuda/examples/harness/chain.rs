@@ -1,11 +1,6 @@
 //! The persistent-step probe on a 27B model's decode step (`CudaModel::time_gemv_chain`),
 //! checked and reported, in the 27B section or alone (`NIWAKI_HARNESS_ONLY=chain`).
 
-use std::sync::Arc;
-
-use gguf::Gguf;
-use model::synth::{self, Preset};
-use model::Model;
 use niwaki_cuda::plan::Op;
 use niwaki_cuda::{CudaModel, CudaState};
 use quant::Format;
@@ -63,12 +58,7 @@ pub(crate) fn chain_probe(
 pub(crate) fn chain_section(rep: &mut Report, formats: &[Format]) -> R<()> {
     let mut profiles = Vec::new();
     for &format in formats {
-        let shape = Preset::B27.shape(248_320);
-        let w = synth::random_packed(&shape, format, 27, "bench")?;
-        let m = Model::from_gguf(Arc::new(Gguf::from_bytes(w.to_bytes()?)?))?;
-        drop(w);
-        let g = CudaModel::load(&m)?;
-        drop(m);
+        let g = crate::bench::load_27b(format)?;
         let wb = g.weight_bytes() as f64;
         let mut st = g.new_state(4096)?;
         g.forward_greedy(&mut st, &[1, 2, 3, 4])?;
