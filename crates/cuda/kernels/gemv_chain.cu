@@ -7,8 +7,9 @@
 // GEMV, the same kernel is the kernel-per-GEMV baseline: the harness times both on a decode
 // step's matrices to measure what the launch boundaries cost.
 //
-// One row per consumer warp (CH_WARPS rows a tile), lanes over the row's chunks as gemv_body
-// (the same bits as gemv_t1). Both formats have a scale per chunk.
+// One row per consumer warp (W rows a tile: CH_WARPS, or 8 for the kernels of several blocks a
+// multiprocessor), lanes over the row's chunks as gemv_body (the same bits as gemv_t1). Both
+// formats have a scale per chunk.
 //
 // The barrier count must be zero at the launch (the harness zeroes it in the same graph). Tiles
 // differ in size from one GEMV to the next, so the ring is a byte buffer (ByteRing).
@@ -30,8 +31,9 @@ struct ChainGemv {
     int pad;
 };
 
+template <int W>
 __device__ __forceinline__ void consumers_sync() {
-    asm volatile("bar.sync 1, %0;" ::"n"(CH_WARPS * 32) : "memory");
+    asm volatile("bar.sync 1, %0;" ::"n"(W * 32) : "memory");
 }
 
 #if __CUDA_ARCH__ >= 900
@@ -60,7 +62,7 @@ struct ByteRing {
     }
 };
 
-template <int FMT, bool DOT>
+template <int FMT, bool DOT, int W>
 __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int ng, int x_bytes,
                                            int ring_bytes, u32* __restrict__ count) {
     extern __shared__ __align__(128) unsigned char smem[];
@@ -76,7 +78,7 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
     if (tid == 0) {
         for (int s = 0; s < CH_SLOTS; s++) {
             mbar_init(smem_addr(&full[s]), 1);
-            mbar_init(smem_addr(&empty[s]), CH_WARPS);
+            mbar_init(smem_addr(&empty[s]), W);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -84,16 +86,16 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
     // The weights depend on nothing: the producer streams them before the previous kernel ends.
     pdl_launch();
 
-    if (warp == CH_WARPS) {
+    if (warp == W) {
         if (lane != 0) return;
         ByteRing<CH_SLOTS> r;
         int k = 0;
         for (int g = 0; g < ng; g++) {
             const ChainGemv m = gs[g];
             const int chunks = m.cols / CV;
-            const u32 code_bytes = (u32)CH_WARPS * chunks * 16, scale_bytes = (u32)CH_WARPS * chunks * 2;
+            const u32 code_bytes = (u32)W * chunks * 16, scale_bytes = (u32)W * chunks * 2;
             const u32 bytes = (code_bytes + scale_bytes + 127) & ~127u;
-            const int ntiles = (m.rows + CH_WARPS - 1) / CH_WARPS;
+            const int ntiles = (m.rows + W - 1) / W;
             for (int t = blockIdx.x; t < ntiles; t += gridDim.x, k++) {
                 const int s = k % CH_SLOTS;
                 const u32 off = r.claim(k, bytes, (u32)ring_bytes, empty);
@@ -113,18 +115,18 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
     for (int g = 0; g < ng; g++) {
         const ChainGemv m = gs[g];
         const int chunks = m.cols / CV, groups = m.cols / 64;
-        const u32 code_bytes = (u32)CH_WARPS * chunks * 16;
+        const u32 code_bytes = (u32)W * chunks * 16;
         if (g > 0) {
             // Every block done with the previous GEMV (whose output this one's input would be).
-            consumers_sync();
+            consumers_sync<W>();
             if (tid == 0) grid_arrive_wait(count, gridDim.x * (u32)g);
-            consumers_sync();
+            consumers_sync<W>();
         }
         float2* ssm = (float2*)(smem + m.cols);
-        to_piece_major<P>(xsm, m.xq, chunks, tid, CH_WARPS * 32);
-        for (int i = tid; i < groups; i += CH_WARPS * 32) ssm[i] = m.xs[i];
-        consumers_sync();
-        const int ntiles = (m.rows + CH_WARPS - 1) / CH_WARPS;
+        to_piece_major<P>(xsm, m.xq, chunks, tid, W * 32);
+        for (int i = tid; i < groups; i += W * 32) ssm[i] = m.xs[i];
+        consumers_sync<W>();
+        const int ntiles = (m.rows + W - 1) / W;
         for (int t = blockIdx.x; t < ntiles; t += gridDim.x, k++) {
             const int s = k % CH_SLOTS;
             mbar_wait(smem_addr(&full[s]), (u32)(k / CH_SLOTS) & 1u);
@@ -138,24 +140,29 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
             __syncwarp();
             if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
             acc = warp_sum(acc);
-            const int row = t * CH_WARPS + warp;
+            const int row = t * W + warp;
             if (lane == 0 && row < m.rows) m.out[row] = m.accumulate ? acc + m.out[row] : acc;
         }
     }
 }
-#define CHAIN_CALL(FMT, DOT) chain_body<FMT, DOT>(gs, ng, x_bytes, ring_bytes, count)
+#define CHAIN_CALL(FMT, DOT, W) chain_body<FMT, DOT, W>(gs, ng, x_bytes, ring_bytes, count)
 #else
-#define CHAIN_CALL(FMT, DOT) __trap()
+#define CHAIN_CALL(FMT, DOT, W) __trap()
 #endif
 
-#define CHAIN_KERNEL(name, FMT, DOT)                                                                \
-    ENTRY __global__ void __launch_bounds__(32 * (CH_WARPS + 1), 1)                           \
+// MINB: the blocks a multiprocessor is meant to hold (their registers must fit beside).
+#define CHAIN_KERNEL(name, FMT, DOT, W, MINB)                                                     \
+    ENTRY __global__ void __launch_bounds__(32 * (W + 1), MINB)                                  \
         name(const ChainGemv* __restrict__ gs, int ng, int x_bytes, int ring_bytes,               \
              u32* __restrict__ count) {                                                            \
-        CHAIN_CALL(FMT, DOT);                                                                      \
+        CHAIN_CALL(FMT, DOT, W);                                                                   \
     }
 
-CHAIN_KERNEL(gemv_chain_q1, FMT_Q1, true)
-CHAIN_KERNEL(gemv_chain_q2g64, FMT_Q2G64, true)
-CHAIN_KERNEL(gemv_chain_q1_nodot, FMT_Q1, false)
-CHAIN_KERNEL(gemv_chain_q2g64_nodot, FMT_Q2G64, false)
+CHAIN_KERNEL(gemv_chain_q1, FMT_Q1, true, CH_WARPS, 1)
+CHAIN_KERNEL(gemv_chain_q2g64, FMT_Q2G64, true, CH_WARPS, 1)
+CHAIN_KERNEL(gemv_chain_q1_nodot, FMT_Q1, false, CH_WARPS, 1)
+CHAIN_KERNEL(gemv_chain_q2g64_nodot, FMT_Q2G64, false, CH_WARPS, 1)
+CHAIN_KERNEL(gemv_chain_q1_w8, FMT_Q1, true, 8, 4)
+CHAIN_KERNEL(gemv_chain_q2g64_w8, FMT_Q2G64, true, 8, 4)
+CHAIN_KERNEL(gemv_chain_q1_nodot_w8, FMT_Q1, false, 8, 4)
+CHAIN_KERNEL(gemv_chain_q2g64_nodot_w8, FMT_Q2G64, false, 8, 4)

@@ -27,16 +27,28 @@ pub(crate) fn chain_probe(
     gemvs: f64,
     profiles: &mut Vec<String>,
 ) -> R<()> {
-    let chain = g.time_gemv_chain(st, true)?;
-    let chain_nodot = g.time_gemv_chain(st, false)?;
-    if let (Some(c), Some(nd)) = (chain, chain_nodot) {
+    for blocks in 1..=4 {
+        let chain = g.time_gemv_chain(st, true, blocks)?;
+        let chain_nodot = g.time_gemv_chain(st, false, blocks)?;
+        let (Some(c), Some(nd)) = (chain, chain_nodot) else {
+            profiles.push(format!(
+                "\n{format} persistent-step probe, {blocks} blocks per multiprocessor: none (the format has no probe kernel, or the blocks and their tiles do not fit)\n"
+            ));
+            continue;
+        };
         rep.check(
             c.differing == 0,
-            format!("{format}: the chained GEMVs' LM head differs from the decode GEMV's"),
+            format!(
+                "{format}: the chained GEMVs' LM head ({blocks} blocks per multiprocessor) differs from the decode GEMV's"
+            ),
         );
+        let warps = if blocks == 1 {
+            niwaki_cuda::plan::CHAIN_WARPS
+        } else {
+            niwaki_cuda::plan::CHAIN_WARPS_SHARED
+        };
         profiles.push(format!(
-            "\n{format} persistent-step probe (kernels/gemv_chain.cu, tiles of {} rows, one block per multiprocessor) on the step's {} GEMVs, ms per replay: launched once per GEMV {:.3} ({:.0} GB/s), all in one launch with a grid barrier between GEMVs {:.3} ({:.0} GB/s); not multiplying: {:.3} against {:.3}; the decode GEMVs {:.3} ({:.0} GB/s); LM head after the chain against the decode GEMV: {} of {} logits differ (must be 0)\n",
-            niwaki_cuda::plan::CHAIN_WARPS,
+            "\n{format} persistent-step probe (kernels/gemv_chain.cu, tiles of {warps} rows, {blocks} blocks per multiprocessor) on the step's {} GEMVs, ms per replay: launched once per GEMV {:.3} ({:.0} GB/s), all in one launch with a grid barrier between GEMVs {:.3} ({:.0} GB/s); not multiplying: {:.3} against {:.3}; the decode GEMVs {:.3} ({:.0} GB/s); LM head after the chain against the decode GEMV: {} of {} logits differ (must be 0)\n",
             c.gemvs,
             c.each * 1e3,
             wb / c.each / 1e9,

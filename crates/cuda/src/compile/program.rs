@@ -54,7 +54,7 @@ pub const SOURCES: [(&str, &str, usize); 15] = [
 pub const PARTS: usize = 5;
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 94] = [
+pub const KERNELS: [&str; 98] = [
     "read_sum",
     "quant_rms",
     "quant_swiglu",
@@ -111,6 +111,10 @@ pub const KERNELS: [&str; 94] = [
     "gemv_chain_q2g64",
     "gemv_chain_q1_nodot",
     "gemv_chain_q2g64_nodot",
+    "gemv_chain_q1_w8",
+    "gemv_chain_q2g64_w8",
+    "gemv_chain_q1_nodot_w8",
+    "gemv_chain_q2g64_nodot_w8",
     "gemm_q1_m1",
     "gemm_q1_m2",
     "gemm_q2g64_m1",

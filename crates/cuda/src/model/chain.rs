@@ -18,20 +18,32 @@ pub struct ChainTimes {
 
 impl CudaModel {
     /// The persistent-step probe (`kernels/gemv_chain.cu`, consumers a row a warp) on a decode
-    /// step's GEMVs in the step's order, in tiles of [`plan::CHAIN_WARPS`] rows. `dot` false:
+    /// step's GEMVs in the step's order, `blocks` resident blocks a multiprocessor in the shape
+    /// [`plan::chain_shape`] gives (`None` where they do not fit, or a tile not a ring). `dot` false:
     /// the consumers release each tile without multiplying (the logits are not compared). The
     /// LM head is compared with the dp4a decode GEMV, whose arithmetic the probe's is. 1-bit
     /// and 2-bit g64 weights only (else `None`). The outputs go where the step's would; the
     /// state's contents are meaningless afterwards.
     #[doc(hidden)]
-    pub fn time_gemv_chain(&self, st: &mut CudaState, dot: bool) -> Result<Option<ChainTimes>> {
+    pub fn time_gemv_chain(
+        &self,
+        st: &mut CudaState,
+        dot: bool,
+        blocks: usize,
+    ) -> Result<Option<ChainTimes>> {
         let fmt = match self.output.format {
             GpuFormat::Q1 => "q1",
             GpuFormat::Q2G64 => "q2g64",
             GpuFormat::Q2G128 => return Ok(None),
         };
-        let kernel = format!("gemv_chain_{fmt}{}", if dot { "" } else { "_nodot" });
         let g = &self.gpu;
+        let Some((warps, suffix, smem)) = plan::chain_shape(blocks, g.smem_limit) else {
+            return Ok(None);
+        };
+        let kernel = format!(
+            "gemv_chain_{fmt}{}{suffix}",
+            if dot { "" } else { "_nodot" }
+        );
         // One descriptor per GEMV (kernels/gemv_chain.cu's ChainGemv: 5 pointers, 4 ints).
         let mut desc: Vec<u64> = Vec::new();
         let mut max_cols = 0;
@@ -45,7 +57,7 @@ impl CudaModel {
                 return Ok(None);
             }
             max_cols = max_cols.max(m.cols);
-            max_tile = max_tile.max(plan::chain_tile_bytes(m.format, m.cols));
+            max_tile = max_tile.max(plan::chain_tile_bytes(m.format, m.cols, warps));
             desc.extend([m.codes.ptr, m.scales.ptr, io.xq, io.xs, io.out]);
             desc.push(m.rows as u64 | (m.cols as u64) << 32);
             desc.push(u64::from(io.accumulate));
@@ -54,13 +66,12 @@ impl CudaModel {
         let descs = g.upload(&desc, "chain descriptors")?;
         let count = g.alloc(8, "chain barrier")?;
         let x_bytes = plan::x_bytes(max_cols, false);
-        let smem = g.smem_limit.saturating_sub(plan::GEMV1_STATIC_SMEM);
         let ring = smem.saturating_sub(x_bytes) / 128 * 128;
-        let threads = 32 * (plan::CHAIN_WARPS + 1);
-        if ring < max_tile || g.blocks_per_sm(&kernel, threads, smem)? < 1 {
+        let threads = 32 * (warps + 1);
+        if ring < max_tile || g.blocks_per_sm(&kernel, threads, smem)? < blocks {
             return Ok(None);
         }
-        let grid = (g.info.multiprocessors.max(1) as u32, 1, 1);
+        let grid = (g.info.multiprocessors.max(1) as u32 * blocks as u32, 1, 1);
         let launch = |first: usize, ng: usize| {
             g.launch_smem(
                 &st.stream,

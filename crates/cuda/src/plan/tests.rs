@@ -1336,3 +1336,30 @@ fn a_cluster_fold_takes_one_block_per_tile_of_whole_pieces() {
     let l = gemv_b1_launch(GpuFormat::Q1, 34816, 5120, sms, smem, false, (0, 0), 16).unwrap();
     assert!(cluster_fold(l, 34816).is_none());
 }
+
+#[test]
+fn the_chain_probes_blocks_fit_a_multiprocessor_with_room_for_their_tiles() {
+    let limit = 227 << 10;
+    assert_eq!(chain_shape(0, limit), None);
+    let (warps, suffix, one) = chain_shape(1, limit).unwrap();
+    assert_eq!((warps, suffix), (CHAIN_WARPS, ""));
+    assert_eq!(one, limit - GEMV1_STATIC_SMEM);
+    for blocks in 2..=4 {
+        let (warps, suffix, smem) = chain_shape(blocks, limit).unwrap();
+        assert_eq!((warps, suffix), (CHAIN_WARPS_SHARED, "_w8"));
+        assert_eq!(smem % 128, 0);
+        assert!(blocks * (smem + GEMV1_STATIC_SMEM + 1024) <= SM90_SMEM_PER_SM);
+        // Up to three blocks hold a 2-bit ffn_down tile (17408 columns) beside its
+        // activations; four only a 1-bit one (the probe says the 2-bit files do not fit).
+        let x = x_bytes(17408, false);
+        let fits = |f| smem >= x + chain_tile_bytes(f, 17408, warps);
+        assert!(fits(GpuFormat::Q1), "{blocks}: {smem}");
+        assert_eq!(fits(GpuFormat::Q2G64), blocks <= 3, "{blocks}: {smem}");
+    }
+    // A tile is its rows' codes and scales: 8 rows of 5120 1-bit values, 40 chunks of 16
+    // bytes and 40 scales each.
+    assert_eq!(
+        chain_tile_bytes(GpuFormat::Q1, 5120, 8),
+        8 * (40 * 16 + 40 * 2)
+    );
+}
