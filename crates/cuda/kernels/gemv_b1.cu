@@ -326,7 +326,10 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
 // and activation scale a warp loads serves twice the rows, and the tile's own work (its wait,
 // shuffles and arrival) is shared by them. FMT: FMT_Q1, or a 2-bit layout (b2_consume; tiles of
 // 16 rows, the norm apart).
-template <int FMT, int J, bool EXACT, int RG, bool NORM, bool CL>
+//
+// IMG: the tiles come from an image of the stage's layout (`cimg`, kernels/tile_image.cu), one
+// bulk copy a tile rather than a tensor-map copy per 128-byte box.
+template <int FMT, int J, bool EXACT, int RG, bool NORM, bool CL, bool IMG>
 __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned char* __restrict__ scales,
                                              int rows, int cols, const uint4* __restrict__ xq,
                                              const float2* __restrict__ xs, float* __restrict__ out,
@@ -336,7 +339,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
                                              const unsigned char* __restrict__ pf_codes, int pf_code_bytes,
                                              const unsigned char* __restrict__ pf_scales, int pf_scale_bytes,
                                              int early, const float* __restrict__ rms_in, float rms_eps,
-                                             const FoldOut& fold) {
+                                             const FoldOut& fold, const unsigned char* __restrict__ cimg) {
     extern __shared__ __align__(1024) unsigned char smem[];
     __shared__ __align__(8) u64 bars[GEMV1_MAX_STAGES];
     __shared__ __align__(8) u64 empty[GEMV1_MAX_STAGES];
@@ -369,7 +372,9 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         const u32 bar = smem_addr(&bars[s]);
         const u32 dst = smem_addr(stage0 + (size_t)s * stage_bytes);
         mbar_expect_tx(bar, code_bytes + scale_bytes);
-        for (int sl = 0; sl < slabs; sl++) weights_tma_2d(dst + sl * 2048 * RG, cmap, sl * 128, tile * TR, bar);
+        if constexpr (IMG) weights_g2s(dst, cimg + (size_t)tile * code_bytes, code_bytes, bar);
+        else
+            for (int sl = 0; sl < slabs; sl++) weights_tma_2d(dst + sl * 2048 * RG, cmap, sl * 128, tile * TR, bar);
         weights_g2s(dst + code_bytes, scales + (size_t)tile * scale_bytes, scale_bytes, bar);
     };
 
@@ -524,18 +529,23 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 #endif
 
 #if __CUDA_ARCH__ >= 900
-#define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL)                                                         \
-    gemv_b1_body<FMT, J, EXACT, RG, NORM, CL>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
+#define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL, IMG, CIMG)                                              \
+    gemv_b1_body<FMT, J, EXACT, RG, NORM, CL, IMG>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
                     pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, early, rms_in, rms_eps,              \
-                    FoldOut{fold_cnt, nw, fold_xq, fold_xs, fold_ss, fold_ffn})
+                    FoldOut{fold_cnt, nw, fold_xq, fold_xs, fold_ss, fold_ffn}, CIMG)
 #else
-#define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL) __trap()
+#define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL, IMG, CIMG) __trap()
 #endif
 
 // J: chunks per warp and tile (EXACT) or at most (else), so 8·J chunks of 128 (1-bit) or 64
 // (2-bit) columns. The exact kernels take the 27B's widths with no guard: 5120, 6144 and 17408
 // columns are 5, 6 and 17 1-bit chunks per warp, 5120 and 6144 are 10 and 12 2-bit ones.
-#define GEMV_BIN_KERNEL(name, FMT, J, EXACT, RG, NORM, MINB) GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, RG, NORM, MINB, false, )
+#define GEMV_BIN_KERNEL(name, FMT, J, EXACT, RG, NORM, MINB) \
+    GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, RG, NORM, MINB, false, , false, , nullptr)
+// The tiles from their images (IMG): the launch adds the image's address.
+#define GEMV_BIN_IMG_KERNEL(name, FMT, J, EXACT, MINB)                                     \
+    GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, 1, false, MINB, false, , true,                 \
+                       MACRO_COMMA const unsigned char* __restrict__ cimg, cimg)
 // The norm's fold gathered in clusters of eight blocks (fold_cluster). Clusters exist from
 // sm_90 on; compiled for earlier devices the kernels keep no cluster shape (and trap).
 #if __CUDA_ARCH__ >= 900
@@ -544,8 +554,9 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 #define FOLD_CLUSTER_DIMS
 #endif
 #define GEMV_BIN_CLUSTER_KERNEL(name, FMT, J, EXACT, MINB) \
-    GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, 1, false, MINB, true, FOLD_CLUSTER_DIMS)
-#define GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, RG, NORM, MINB, CL, DIMS)                                    \
+    GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, 1, false, MINB, true, FOLD_CLUSTER_DIMS, false, , nullptr)
+#define MACRO_COMMA ,
+#define GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, RG, NORM, MINB, CL, DIMS, IMG, IMG_PARAM, CIMG)          \
     ENTRY __global__ void DIMS __launch_bounds__(32 * (GEMV1_WARPS + 1), MINB)              \
         name(const __grid_constant__ TmaMap cmap, const unsigned char* __restrict__ scales,       \
              int rows, int cols, const uint4* __restrict__ xq, const float2* __restrict__ xs,     \
@@ -555,8 +566,8 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
              const unsigned char* __restrict__ pf_scales, int pf_scale_bytes, int early,          \
              const float* __restrict__ rms_in, float rms_eps, u32* __restrict__ fold_cnt,         \
              int* __restrict__ fold_xq, float2* __restrict__ fold_xs, float* __restrict__ fold_ss, \
-             int fold_ffn) {                                                                      \
-        GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL);                                                            \
+             int fold_ffn IMG_PARAM) {                                                            \
+        GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL, IMG, CIMG);                                                 \
     }
 
 GEMV_BIN_KERNEL(gemv_b1_j5x, FMT_Q1, 5, true, 1, false, 4)
@@ -576,12 +587,18 @@ GEMV_BIN_KERNEL(gemv_b1_j5x_r32_n, FMT_Q1, 5, true, 2, true, 3)
 GEMV_BIN_KERNEL(gemv_b1_j6x_r32_n, FMT_Q1, 6, true, 2, true, 3)
 // 2-bit rows (g64: Q2_0; g128: Q2_0_g128, PQ2_0, widened PTQ1_0), up to 12 chunks a warp (6144
 // columns), tiles of 16 rows.
-GEMV_BIN_KERNEL(gemv_b2g64_j10x, FMT_Q2G64, 10, true, 1, false, 3)
-GEMV_BIN_KERNEL(gemv_b2g64_j12x, FMT_Q2G64, 12, true, 1, false, 3)
-GEMV_BIN_KERNEL(gemv_b2g64_j12, FMT_Q2G64, 12, false, 1, false, 3)
-GEMV_BIN_KERNEL(gemv_b2g128_j10x, FMT_Q2G128, 10, true, 1, false, 3)
-GEMV_BIN_KERNEL(gemv_b2g128_j12x, FMT_Q2G128, 12, true, 1, false, 3)
-GEMV_BIN_KERNEL(gemv_b2g128_j12, FMT_Q2G128, 12, false, 1, false, 3)
+// K(name, FMT, J, EXACT, MINB) for each, the name followed by SFX.
+#define GEMV_B2_KERNELS(K, SFX)                          \
+    K(gemv_b2g64_j10x##SFX, FMT_Q2G64, 10, true, 3)      \
+    K(gemv_b2g64_j12x##SFX, FMT_Q2G64, 12, true, 3)      \
+    K(gemv_b2g64_j12##SFX, FMT_Q2G64, 12, false, 3)      \
+    K(gemv_b2g128_j10x##SFX, FMT_Q2G128, 10, true, 3)    \
+    K(gemv_b2g128_j12x##SFX, FMT_Q2G128, 12, true, 3)    \
+    K(gemv_b2g128_j12##SFX, FMT_Q2G128, 12, false, 3)
+#define GEMV_B2_KERNEL(name, FMT, J, EXACT, MINB) GEMV_BIN_KERNEL(name, FMT, J, EXACT, 1, false, MINB)
+GEMV_B2_KERNELS(GEMV_B2_KERNEL, )
+// The same from tile images (gpu/tile_image.rs).
+GEMV_B2_KERNELS(GEMV_BIN_IMG_KERNEL, _i)
 // The residual GEMVs with the norm's fold gathered in a cluster (plan::cluster_fold; opt-in,
 // `NIWAKI_CUDA_FOLD_CLUSTER=1`): the kernels those GEMVs take on the 27B where every tile's
 // block is resident at once (6144 1-bit and 2-bit columns; not ffn_down's 17408, two blocks a

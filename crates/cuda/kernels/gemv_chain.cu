@@ -7,17 +7,41 @@
 // GEMV, the same kernel is the kernel-per-GEMV baseline: the harness times both on a decode
 // step's matrices to measure what the launch boundaries cost.
 //
-// One row per consumer warp (W rows a tile: CH_WARPS, or 8 for the kernels of several blocks a
-// multiprocessor), lanes over the row's chunks as gemv_body (the same bits as gemv_t1). Both
-// formats have a scale per chunk.
+// One row per consumer warp (CH_WARPS rows a tile), lanes over the row's chunks as gemv_body
+// (the same bits as gemv_t1). Both formats have a scale per chunk.
 //
 // The barrier count must be zero at the launch (the harness zeroes it in the same graph). Tiles
 // differ in size from one GEMV to the next, so the ring is a byte buffer (ByteRing).
+//
+// MODE: CHAIN_DOT multiplies; CHAIN_SYNCED releases each tile unread but keeps the barriers and
+// the activations' staging; CHAIN_FREE releases tiles without either, the ring's streaming
+// alone. Where `stats` is not null each block leaves CHAIN_STATS counters there (clock cycles
+// of the multiprocessor, but [5]: the global timer's ns), saying where its warps waited.
 
 // CH_WARPS and CH_SLOTS come from the host (plan::CHAIN_WARPS, plan::CHAIN_SLOTS).
 #if !defined(CH_WARPS) || !defined(CH_SLOTS)
 #error "CH_WARPS and CH_SLOTS must be defined by the host"
 #endif
+
+#define CHAIN_DOT 0
+#define CHAIN_SYNCED 1
+#define CHAIN_FREE 2
+// stats[block * CHAIN_STATS + i]: [0] cycles the producer waited for room in the ring, [1]
+// tiles it issued, [2] cycles consumer warp 0 spent in the grid barriers, [3] in staging the
+// activations, [4] waiting for tiles, [5] the block's ns and [6] cycles from its start to its end.
+#define CHAIN_STATS 8
+
+__device__ __forceinline__ u64 clk() {
+    u64 c;
+    asm volatile("mov.u64 %0, %%clock64;" : "=l"(c));
+    return c;
+}
+
+__device__ __forceinline__ u64 gtimer() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
 
 struct ChainGemv {
     const unsigned char* codes;
@@ -31,9 +55,8 @@ struct ChainGemv {
     int pad;
 };
 
-template <int W>
 __device__ __forceinline__ void consumers_sync() {
-    asm volatile("bar.sync 1, %0;" ::"n"(W * 32) : "memory");
+    asm volatile("bar.sync 1, %0;" ::"n"(CH_WARPS * 32) : "memory");
 }
 
 #if __CUDA_ARCH__ >= 900
@@ -62,9 +85,10 @@ struct ByteRing {
     }
 };
 
-template <int FMT, bool DOT, int W>
+template <int FMT, int MODE>
 __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int ng, int x_bytes,
-                                           int ring_bytes, u32* __restrict__ count) {
+                                           int ring_bytes, u32* __restrict__ count, u64* __restrict__ stats) {
+    const u64 c_start = clk(), t_start = gtimer();
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ __align__(8) u64 full[CH_SLOTS];
     __shared__ __align__(8) u64 empty[CH_SLOTS];
@@ -78,7 +102,7 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
     if (tid == 0) {
         for (int s = 0; s < CH_SLOTS; s++) {
             mbar_init(smem_addr(&full[s]), 1);
-            mbar_init(smem_addr(&empty[s]), W);
+            mbar_init(smem_addr(&empty[s]), CH_WARPS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -86,19 +110,22 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
     // The weights depend on nothing: the producer streams them before the previous kernel ends.
     pdl_launch();
 
-    if (warp == W) {
+    if (warp == CH_WARPS) {
         if (lane != 0) return;
         ByteRing<CH_SLOTS> r;
         int k = 0;
+        u64 waited = 0;
         for (int g = 0; g < ng; g++) {
             const ChainGemv m = gs[g];
             const int chunks = m.cols / CV;
-            const u32 code_bytes = (u32)W * chunks * 16, scale_bytes = (u32)W * chunks * 2;
+            const u32 code_bytes = (u32)CH_WARPS * chunks * 16, scale_bytes = (u32)CH_WARPS * chunks * 2;
             const u32 bytes = (code_bytes + scale_bytes + 127) & ~127u;
-            const int ntiles = (m.rows + W - 1) / W;
+            const int ntiles = (m.rows + CH_WARPS - 1) / CH_WARPS;
             for (int t = blockIdx.x; t < ntiles; t += gridDim.x, k++) {
                 const int s = k % CH_SLOTS;
+                const u64 c0 = clk();
                 const u32 off = r.claim(k, bytes, (u32)ring_bytes, empty);
+                waited += clk() - c0;
                 slot_off[s] = off;
                 const u32 bar = smem_addr(&full[s]);
                 const u32 dst = smem_addr(ring + off);
@@ -107,62 +134,80 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
                 bulk_g2s(dst + code_bytes, m.scales + (size_t)t * scale_bytes, scale_bytes, bar);
             }
         }
+        if (stats) {
+            stats[blockIdx.x * CHAIN_STATS + 0] = waited;
+            stats[blockIdx.x * CHAIN_STATS + 1] = (u64)k;
+        }
         return;
     }
 
     pdl_wait();
     int k = 0;
+    u64 in_barrier = 0, in_staging = 0, in_wait = 0;
     for (int g = 0; g < ng; g++) {
         const ChainGemv m = gs[g];
         const int chunks = m.cols / CV, groups = m.cols / 64;
-        const u32 code_bytes = (u32)W * chunks * 16;
-        if (g > 0) {
+        const u32 code_bytes = (u32)CH_WARPS * chunks * 16;
+        const u64 c0 = clk();
+        if (g > 0 && MODE != CHAIN_FREE) {
             // Every block done with the previous GEMV (whose output this one's input would be).
-            consumers_sync<W>();
+            consumers_sync();
             if (tid == 0) grid_arrive_wait(count, gridDim.x * (u32)g);
-            consumers_sync<W>();
+            consumers_sync();
         }
+        const u64 c1 = clk();
         float2* ssm = (float2*)(smem + m.cols);
-        to_piece_major<P>(xsm, m.xq, chunks, tid, W * 32);
-        for (int i = tid; i < groups; i += W * 32) ssm[i] = m.xs[i];
-        consumers_sync<W>();
-        const int ntiles = (m.rows + W - 1) / W;
+        if (MODE != CHAIN_FREE) {
+            to_piece_major<P>(xsm, m.xq, chunks, tid, CH_WARPS * 32);
+            for (int i = tid; i < groups; i += CH_WARPS * 32) ssm[i] = m.xs[i];
+            consumers_sync();
+        }
+        in_barrier += c1 - c0;
+        in_staging += clk() - c1;
+        const int ntiles = (m.rows + CH_WARPS - 1) / CH_WARPS;
         for (int t = blockIdx.x; t < ntiles; t += gridDim.x, k++) {
             const int s = k % CH_SLOTS;
+            const u64 w0 = clk();
             mbar_wait(smem_addr(&full[s]), (u32)(k / CH_SLOTS) & 1u);
+            in_wait += clk() - w0;
             const unsigned char* st = ring + slot_off[s];
             const uint4* wc = (const uint4*)st + (size_t)warp * chunks;
             const u16* ws = (const u16*)(st + code_bytes) + warp * chunks;
             float acc = 0.0f;
-            if (DOT) {
+            if (MODE == CHAIN_DOT) {
                 for (int c = lane; c < chunks; c += 32) acc += smem_row_dot<FMT>(xsm, ssm, chunks, c, wc[c], h2f(ws[c]));
             }
             __syncwarp();
             if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
             acc = warp_sum(acc);
-            const int row = t * W + warp;
+            const int row = t * CH_WARPS + warp;
             if (lane == 0 && row < m.rows) m.out[row] = m.accumulate ? acc + m.out[row] : acc;
         }
     }
+    if (stats && tid == 0) {
+        u64* b = stats + blockIdx.x * CHAIN_STATS;
+        b[2] = in_barrier;
+        b[3] = in_staging;
+        b[4] = in_wait;
+        b[5] = gtimer() - t_start;
+        b[6] = clk() - c_start;
+    }
 }
-#define CHAIN_CALL(FMT, DOT, W) chain_body<FMT, DOT, W>(gs, ng, x_bytes, ring_bytes, count)
+#define CHAIN_CALL(FMT, MODE) chain_body<FMT, MODE>(gs, ng, x_bytes, ring_bytes, count, stats)
 #else
-#define CHAIN_CALL(FMT, DOT, W) __trap()
+#define CHAIN_CALL(FMT, MODE) __trap()
 #endif
 
-// MINB: the blocks a multiprocessor is meant to hold (their registers must fit beside).
-#define CHAIN_KERNEL(name, FMT, DOT, W, MINB)                                                     \
-    ENTRY __global__ void __launch_bounds__(32 * (W + 1), MINB)                                  \
+#define CHAIN_KERNEL(name, FMT, MODE)                                                               \
+    ENTRY __global__ void __launch_bounds__(32 * (CH_WARPS + 1), 1)                           \
         name(const ChainGemv* __restrict__ gs, int ng, int x_bytes, int ring_bytes,               \
-             u32* __restrict__ count) {                                                            \
-        CHAIN_CALL(FMT, DOT, W);                                                                   \
+             u32* __restrict__ count, u64* __restrict__ stats) {                                   \
+        CHAIN_CALL(FMT, MODE);                                                                     \
     }
 
-CHAIN_KERNEL(gemv_chain_q1, FMT_Q1, true, CH_WARPS, 1)
-CHAIN_KERNEL(gemv_chain_q2g64, FMT_Q2G64, true, CH_WARPS, 1)
-CHAIN_KERNEL(gemv_chain_q1_nodot, FMT_Q1, false, CH_WARPS, 1)
-CHAIN_KERNEL(gemv_chain_q2g64_nodot, FMT_Q2G64, false, CH_WARPS, 1)
-CHAIN_KERNEL(gemv_chain_q1_w8, FMT_Q1, true, 8, 4)
-CHAIN_KERNEL(gemv_chain_q2g64_w8, FMT_Q2G64, true, 8, 4)
-CHAIN_KERNEL(gemv_chain_q1_nodot_w8, FMT_Q1, false, 8, 4)
-CHAIN_KERNEL(gemv_chain_q2g64_nodot_w8, FMT_Q2G64, false, 8, 4)
+CHAIN_KERNEL(gemv_chain_q1, FMT_Q1, CHAIN_DOT)
+CHAIN_KERNEL(gemv_chain_q2g64, FMT_Q2G64, CHAIN_DOT)
+CHAIN_KERNEL(gemv_chain_q1_nodot, FMT_Q1, CHAIN_SYNCED)
+CHAIN_KERNEL(gemv_chain_q2g64_nodot, FMT_Q2G64, CHAIN_SYNCED)
+CHAIN_KERNEL(gemv_chain_q1_free, FMT_Q1, CHAIN_FREE)
+CHAIN_KERNEL(gemv_chain_q2g64_free, FMT_Q2G64, CHAIN_FREE)

@@ -26,7 +26,7 @@ pub mod twin;
 
 pub use error::{CudaError, Result};
 pub use gpu::{available, DeviceInfo};
-pub use model::{CudaModel, CudaState};
+pub use model::{ChainMode, ChainTimes, ChainWaits, CudaModel, CudaState};
 pub use plan::KvCache;
 pub use topk::{Selected, TopkJob, TopkScratch};
 

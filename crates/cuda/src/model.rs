@@ -29,6 +29,7 @@ mod exec;
 mod greedy;
 mod probe;
 
+pub use chain::{ChainMode, ChainTimes, ChainWaits};
 use embed::EmbedTable;
 
 struct GdnW {
@@ -244,7 +245,12 @@ impl CudaModel {
             let name = parts[0].0.clone();
             let p = repack::concat(parts)?;
             let free = gpu.free_bytes()?;
-            check_fits(&format!("weights ({name})"), &[(&name, p.bytes())], free)?;
+            let image = gpu.tile_image_need(&p);
+            check_fits(
+                &format!("weights ({name})"),
+                &[(&name, p.bytes()), ("its tile image", image)],
+                free,
+            )?;
             let d = gpu.upload_packed(&p, &name)?;
             weight_bytes += d.bytes();
             Ok(d)

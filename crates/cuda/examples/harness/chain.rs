@@ -27,28 +27,18 @@ pub(crate) fn chain_probe(
     gemvs: f64,
     profiles: &mut Vec<String>,
 ) -> R<()> {
-    for blocks in 1..=4 {
-        let chain = g.time_gemv_chain(st, true, blocks)?;
-        let chain_nodot = g.time_gemv_chain(st, false, blocks)?;
-        let (Some(c), Some(nd)) = (chain, chain_nodot) else {
-            profiles.push(format!(
-                "\n{format} persistent-step probe, {blocks} blocks per multiprocessor: none (the format has no probe kernel, or the blocks and their tiles do not fit)\n"
-            ));
-            continue;
-        };
+    use niwaki_cuda::ChainMode;
+    let chain = g.time_gemv_chain(st, ChainMode::Dot)?;
+    let synced = g.time_gemv_chain(st, ChainMode::Synced)?;
+    let free = g.time_gemv_chain(st, ChainMode::Free)?;
+    if let (Some(c), Some(nd), Some(fr)) = (chain, synced, free) {
         rep.check(
             c.differing == 0,
-            format!(
-                "{format}: the chained GEMVs' LM head ({blocks} blocks per multiprocessor) differs from the decode GEMV's"
-            ),
+            format!("{format}: the chained GEMVs' LM head differs from the decode GEMV's"),
         );
-        let warps = if blocks == 1 {
-            niwaki_cuda::plan::CHAIN_WARPS
-        } else {
-            niwaki_cuda::plan::CHAIN_WARPS_SHARED
-        };
         profiles.push(format!(
-            "\n{format} persistent-step probe (kernels/gemv_chain.cu, tiles of {warps} rows, {blocks} blocks per multiprocessor) on the step's {} GEMVs, ms per replay: launched once per GEMV {:.3} ({:.0} GB/s), all in one launch with a grid barrier between GEMVs {:.3} ({:.0} GB/s); not multiplying: {:.3} against {:.3}; the decode GEMVs {:.3} ({:.0} GB/s); LM head after the chain against the decode GEMV: {} of {} logits differ (must be 0)\n",
+            "\n{format} persistent-step probe (kernels/gemv_chain.cu, tiles of {} rows, one block per multiprocessor) on the step's {} GEMVs, ms per replay: launched once per GEMV {:.3} ({:.0} GB/s), all in one launch with a grid barrier between GEMVs {:.3} ({:.0} GB/s); not multiplying: {:.3} against {:.3}; streaming alone (no barriers, no staging): {:.3} against {:.3} ({:.0} GB/s in one launch); the decode GEMVs {:.3} ({:.0} GB/s); LM head after the chain against the decode GEMV: {} of {} logits differ (must be 0)\n",
+            niwaki_cuda::plan::CHAIN_WARPS,
             c.gemvs,
             c.each * 1e3,
             wb / c.each / 1e9,
@@ -56,10 +46,34 @@ pub(crate) fn chain_probe(
             wb / c.once / 1e9,
             nd.each * 1e3,
             nd.once * 1e3,
+            fr.each * 1e3,
+            fr.once * 1e3,
+            wb / fr.once / 1e9,
             gemvs * 1e3,
             wb / gemvs / 1e9,
             c.differing,
             g.vocab()
+        ));
+        profiles.push(format!(
+            "\n{format}: where one launch of the chain's blocks waited, µs a block, mean / largest\n\n| mode | block | producer waiting for room | consumer in grid barriers | staging activations | waiting for tiles | tiles | clock GHz |\n|---|---|---|---|---|---|---|---|\n{}",
+            [("multiplying", c), ("not multiplying", nd), ("streaming alone", fr)]
+                .iter()
+                .map(|(name, t)| {
+                    let w = &t.waits;
+                    let f = |v: [f64; 2]| format!("{:.1} / {:.1}", v[0], v[1]);
+                    format!(
+                        "| {name} | {} | {} | {} | {} | {} | {} | {:.3} / {:.3} |\n",
+                        f(w.block),
+                        f(w.producer),
+                        f(w.barrier),
+                        f(w.staging),
+                        f(w.tile_wait),
+                        f(w.tiles),
+                        w.clock_ghz[0],
+                        w.clock_ghz[1]
+                    )
+                })
+                .collect::<String>()
         ));
     }
     Ok(())

@@ -3,7 +3,7 @@
 
 /// The kernel sources in the order they are concatenated, each with the part of the program
 /// whose compilation emits its kernels ([`PARTS`]).
-pub const SOURCES: [(&str, &str, usize); 15] = [
+pub const SOURCES: [(&str, &str, usize); 16] = [
     ("common.cuh", include_str!("../../kernels/common.cuh"), 0),
     ("quant.cu", include_str!("../../kernels/quant.cu"), 0),
     // After quant.cu (the inverse rotation).
@@ -20,6 +20,11 @@ pub const SOURCES: [(&str, &str, usize); 15] = [
         4,
     ),
     ("sync.cu", include_str!("../../kernels/sync.cu"), 0),
+    (
+        "tile_image.cu",
+        include_str!("../../kernels/tile_image.cu"),
+        0,
+    ),
     ("topk.cu", include_str!("../../kernels/topk.cu"), 0),
     (
         "bandwidth.cu",
@@ -54,7 +59,7 @@ pub const SOURCES: [(&str, &str, usize); 15] = [
 pub const PARTS: usize = 5;
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 98] = [
+pub const KERNELS: [&str; 103] = [
     "read_sum",
     "quant_rms",
     "quant_swiglu",
@@ -101,6 +106,12 @@ pub const KERNELS: [&str; 98] = [
     "gemv_b2g128_j10x",
     "gemv_b2g128_j12x",
     "gemv_b2g128_j12",
+    "gemv_b2g64_j10x_i",
+    "gemv_b2g64_j12x_i",
+    "gemv_b2g64_j12_i",
+    "gemv_b2g128_j10x_i",
+    "gemv_b2g128_j12x_i",
+    "gemv_b2g128_j12_i",
     "gemv_b1_j6x_c",
     "gemv_b1_j6_c",
     "gemv_b2g64_j12x_c",
@@ -111,10 +122,9 @@ pub const KERNELS: [&str; 98] = [
     "gemv_chain_q2g64",
     "gemv_chain_q1_nodot",
     "gemv_chain_q2g64_nodot",
-    "gemv_chain_q1_w8",
-    "gemv_chain_q2g64_w8",
-    "gemv_chain_q1_nodot_w8",
-    "gemv_chain_q2g64_nodot_w8",
+    "gemv_chain_q1_free",
+    "gemv_chain_q2g64_free",
+    "b1_tile_image",
     "gemm_q1_m1",
     "gemm_q1_m2",
     "gemm_q2g64_m1",

@@ -97,7 +97,7 @@ impl Gpu {
 
     /// Whether the binary kernels are on for `m`'s format and `m` has the rows
     /// [`plan::prefers_b1`] asks for.
-    fn prefers_b1(&self, m: &DevMat) -> bool {
+    pub(super) fn prefers_b1(&self, m: &DevMat) -> bool {
         let on = match m.format {
             GpuFormat::Q1 => &self.b1,
             GpuFormat::Q2G64 | GpuFormat::Q2G128 => &self.b2,
@@ -113,14 +113,25 @@ impl Gpu {
 
     /// The binary kernel's launch for `m`: sm_90 only (its plan sizes blocks for that
     /// multiprocessor's shared memory), rows of a width the plan takes.
-    fn b1_plan(&self, m: &DevMat, fused: bool) -> Option<plan::GemvB1Launch> {
+    pub(super) fn b1_plan(&self, m: &DevMat, fused: bool) -> Option<plan::GemvB1Launch> {
+        self.b1_plan_shape(m.format, m.rows, m.cols, fused)
+    }
+
+    /// [`Gpu::b1_plan`] for a matrix of that format and shape.
+    pub(super) fn b1_plan_shape(
+        &self,
+        format: GpuFormat,
+        rows: usize,
+        cols: usize,
+        fused: bool,
+    ) -> Option<plan::GemvB1Launch> {
         if self.info.compute_capability.0 != 9 {
             return None;
         }
         plan::gemv_b1_launch(
-            m.format,
-            m.rows,
-            m.cols,
+            format,
+            rows,
+            cols,
             self.info.multiprocessors.max(1) as usize,
             self.smem_limit,
             fused,
@@ -147,9 +158,20 @@ impl Gpu {
             .flatten();
         let l = cluster.unwrap_or(plain);
         let map = m.codes_map(l.tile_rows)?;
+        // The 2-bit kernels take their tiles from an image where one was made (`_i`).
+        let image = if cluster.is_none() {
+            self.tile_image(m, l.tile_rows)
+        } else {
+            0
+        };
+        let kernel = if image != 0 {
+            format!("{}_i", l.kernel)
+        } else {
+            l.kernel.to_string()
+        };
         self.launch_smem(
             stream,
-            l.kernel,
+            &kernel,
             (l.grid as u32, 1, 1),
             (32 * (plan::GEMV1_WARPS as u32 + 1), 1, 1),
             l.smem_bytes as u32,
@@ -161,6 +183,7 @@ impl Gpu {
             ]
             .into_iter()
             .chain(decode_args(io, l.stages, pre, self.early_tiles()))
+            .chain((image != 0).then_some(Arg::Ptr(image)))
             .collect::<Vec<_>>(),
         )?;
         self.count_fold(io.fold);

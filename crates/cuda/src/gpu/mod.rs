@@ -18,6 +18,7 @@ use crate::tma::{self, TensorMap};
 
 mod bandwidth;
 mod decode_gemv;
+mod tile_image;
 mod trace;
 
 pub use trace::{TraceKind, TraceRecord};
@@ -367,6 +368,11 @@ pub struct Gpu {
     /// the decode graph, yet decode 333.3 → 330.2 tok/s (harness) and `niwaki bench` 318.4-322.2
     /// → 317.6-319.7: no faster, so not the default.
     b1_tile_rows: AtomicUsize,
+    /// The 2-bit binary decode GEMVs copy each tile from an image of their stage's layout, one
+    /// bulk copy a tile (`gpu/tile_image.rs`; `NIWAKI_CUDA_B1_IMAGE=0` turns it off).
+    tile_images: bool,
+    /// Those images by the codes' address and the tile's rows.
+    images: Mutex<HashMap<(u64, usize), DevBuf>>,
     /// How many of a decode GEMV's first tiles are requested before its wait for the previous
     /// kernel (`NIWAKI_CUDA_EARLY_TILES`; default [`plan::EARLY_TILES`]).
     early_tiles: AtomicUsize,
@@ -692,6 +698,8 @@ impl Gpu {
                 32 => 32,
                 _ => 16,
             }),
+            tile_images: hopper && env_on("NIWAKI_CUDA_B1_IMAGE"),
+            images: Mutex::new(HashMap::new()),
             early_tiles: AtomicUsize::new(env_usize_or(
                 "NIWAKI_CUDA_EARLY_TILES",
                 plan::EARLY_TILES,
@@ -1129,13 +1137,15 @@ impl Gpu {
             Ok(buf)
         };
         let scale_bytes: Vec<u8> = p.scales.iter().flat_map(|s| s.to_le_bytes()).collect();
-        Ok(DevMat {
+        let m = DevMat {
             format: p.format,
             rows: p.rows,
             cols: p.cols,
             codes: put(&p.codes)?,
             scales: put(&scale_bytes)?,
-        })
+        };
+        self.make_tile_images(&m)?;
+        Ok(m)
     }
 
     /// Launches `name` with raw arguments.

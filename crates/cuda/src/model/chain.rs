@@ -4,23 +4,93 @@
 
 use super::*;
 
+/// What the probe's consumers do with a tile (`kernels/gemv_chain.cu`'s MODE).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChainMode {
+    /// Multiply, with the grid barrier and the activations' staging between GEMVs.
+    Dot,
+    /// Release each tile unread, keeping the barriers and the staging.
+    Synced,
+    /// Release each tile unread, with neither: the ring's streaming alone.
+    Free,
+}
+
+impl ChainMode {
+    fn suffix(self) -> &'static str {
+        match self {
+            Self::Dot => "",
+            Self::Synced => "_nodot",
+            Self::Free => "_free",
+        }
+    }
+}
+
 /// What the probe measured: seconds per replay of a graph launching it once per GEMV and of one
-/// launching it once for all; the GEMVs; and how many logits of the last GEMV (the LM head,
-/// after the whole chain in one launch) differ in any bit from the decode kernel's (0 where not
-/// compared).
+/// launching it once for all; the GEMVs; how many logits of the last GEMV (the LM head, after
+/// the whole chain in one launch) differ in any bit from the decode kernel's (0 where not
+/// compared); and where the blocks waited in one more launch of the whole chain.
 #[derive(Clone, Copy, Debug)]
 pub struct ChainTimes {
     pub each: f64,
     pub once: f64,
     pub gemvs: usize,
     pub differing: usize,
+    pub waits: ChainWaits,
+}
+
+/// Per block of one launch of the whole chain, the mean and the largest over blocks (µs; the
+/// multiprocessors' cycles converted at the clock measured over each block's run).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ChainWaits {
+    /// The producer waiting for room in its ring.
+    pub producer: [f64; 2],
+    /// Tiles a block's producer issued.
+    pub tiles: [f64; 2],
+    /// A consumer warp in the grid barriers.
+    pub barrier: [f64; 2],
+    /// A consumer warp staging the activations.
+    pub staging: [f64; 2],
+    /// A consumer warp waiting for its tiles' bytes.
+    pub tile_wait: [f64; 2],
+    /// The block, start to end.
+    pub block: [f64; 2],
+    /// The multiprocessors' clock (GHz), mean and largest.
+    pub clock_ghz: [f64; 2],
+}
+
+/// Counters per block the kernel leaves (`CHAIN_STATS`).
+const CHAIN_STATS: usize = 8;
+
+impl ChainWaits {
+    /// From the kernel's counters, `CHAIN_STATS` a block.
+    fn from_stats(stats: &[u64]) -> Self {
+        let blocks: Vec<&[u64]> = stats.chunks_exact(CHAIN_STATS).collect();
+        let ghz = |b: &[u64]| b[6] as f64 / b[5].max(1) as f64;
+        let per = |f: &dyn Fn(&[u64]) -> f64| -> [f64; 2] {
+            let v: Vec<f64> = blocks.iter().map(|b| f(b)).collect();
+            let n = v.len().max(1) as f64;
+            [
+                v.iter().sum::<f64>() / n,
+                v.iter().copied().fold(0.0, f64::max),
+            ]
+        };
+        let us = |i: usize| move |b: &[u64]| b[i] as f64 / ghz(b).max(1e-9) / 1e3;
+        Self {
+            producer: per(&us(0)),
+            tiles: per(&|b| b[1] as f64),
+            barrier: per(&us(2)),
+            staging: per(&us(3)),
+            tile_wait: per(&us(4)),
+            block: per(&|b| b[5] as f64 / 1e3),
+            clock_ghz: per(&ghz),
+        }
+    }
 }
 
 impl CudaModel {
     /// The persistent-step probe (`kernels/gemv_chain.cu`, consumers a row a warp) on a decode
-    /// step's GEMVs in the step's order, `blocks` resident blocks a multiprocessor in the shape
-    /// [`plan::chain_shape`] gives (`None` where they do not fit, or a tile not a ring). `dot` false:
-    /// the consumers release each tile without multiplying (the logits are not compared). The
+    /// step's GEMVs in the step's order, in tiles of [`plan::CHAIN_WARPS`] rows; the consumers
+    /// as `mode` says (the logits compared only where they multiply). The
     /// LM head is compared with the dp4a decode GEMV, whose arithmetic the probe's is. 1-bit
     /// and 2-bit g64 weights only (else `None`). The outputs go where the step's would; the
     /// state's contents are meaningless afterwards.
@@ -28,22 +98,15 @@ impl CudaModel {
     pub fn time_gemv_chain(
         &self,
         st: &mut CudaState,
-        dot: bool,
-        blocks: usize,
+        mode: ChainMode,
     ) -> Result<Option<ChainTimes>> {
         let fmt = match self.output.format {
             GpuFormat::Q1 => "q1",
             GpuFormat::Q2G64 => "q2g64",
             GpuFormat::Q2G128 => return Ok(None),
         };
+        let kernel = format!("gemv_chain_{fmt}{}", mode.suffix());
         let g = &self.gpu;
-        let Some((warps, suffix, smem)) = plan::chain_shape(blocks, g.smem_limit) else {
-            return Ok(None);
-        };
-        let kernel = format!(
-            "gemv_chain_{fmt}{}{suffix}",
-            if dot { "" } else { "_nodot" }
-        );
         // One descriptor per GEMV (kernels/gemv_chain.cu's ChainGemv: 5 pointers, 4 ints).
         let mut desc: Vec<u64> = Vec::new();
         let mut max_cols = 0;
@@ -57,7 +120,7 @@ impl CudaModel {
                 return Ok(None);
             }
             max_cols = max_cols.max(m.cols);
-            max_tile = max_tile.max(plan::chain_tile_bytes(m.format, m.cols, warps));
+            max_tile = max_tile.max(plan::chain_tile_bytes(m.format, m.cols));
             desc.extend([m.codes.ptr, m.scales.ptr, io.xq, io.xs, io.out]);
             desc.push(m.rows as u64 | (m.cols as u64) << 32);
             desc.push(u64::from(io.accumulate));
@@ -66,13 +129,16 @@ impl CudaModel {
         let descs = g.upload(&desc, "chain descriptors")?;
         let count = g.alloc(8, "chain barrier")?;
         let x_bytes = plan::x_bytes(max_cols, false);
+        let smem = g.smem_limit.saturating_sub(plan::GEMV1_STATIC_SMEM);
         let ring = smem.saturating_sub(x_bytes) / 128 * 128;
-        let threads = 32 * (warps + 1);
-        if ring < max_tile || g.blocks_per_sm(&kernel, threads, smem)? < blocks {
+        let threads = 32 * (plan::CHAIN_WARPS + 1);
+        if ring < max_tile || g.blocks_per_sm(&kernel, threads, smem)? < 1 {
             return Ok(None);
         }
-        let grid = (g.info.multiprocessors.max(1) as u32 * blocks as u32, 1, 1);
-        let launch = |first: usize, ng: usize| {
+        let blocks = g.info.multiprocessors.max(1) as usize;
+        let grid = (blocks as u32, 1, 1);
+        let stats = g.alloc(8 * CHAIN_STATS * blocks, "chain counters")?;
+        let launch_with = |first: usize, ng: usize, stats: u64| {
             g.launch_smem(
                 &st.stream,
                 &kernel,
@@ -85,9 +151,11 @@ impl CudaModel {
                     Arg::I32(x_bytes as i32),
                     Arg::I32(ring as i32),
                     Arg::Ptr(count.ptr),
+                    Arg::Ptr(stats),
                 ],
             )
         };
+        let launch = |first: usize, ng: usize| launch_with(first, ng, 0);
         let zero = || {
             g.launch(
                 &st.stream,
@@ -102,8 +170,13 @@ impl CudaModel {
             zero()?;
             launch(0, n)
         })?;
+        zero()?;
+        launch_with(0, n, stats.ptr)?;
+        let mut counters = vec![0u64; CHAIN_STATS * blocks];
+        g.read(&st.stream, stats.ptr, &mut counters)?;
+        let waits = ChainWaits::from_stats(&counters);
         let mut differing = 0;
-        if dot {
+        if mode == ChainMode::Dot {
             let logits = |st: &CudaState| -> Result<Vec<u32>> {
                 let mut v = vec![0u32; self.dims.vocab];
                 g.read(&st.stream, st.s("logits"), &mut v)?;
@@ -136,6 +209,7 @@ impl CudaModel {
             once,
             gemvs: n,
             differing,
+            waits,
         }))
     }
 }

@@ -390,39 +390,43 @@ pub fn prefers_b1(rows: usize, sms: usize, min_tiles: usize) -> bool {
     rows.div_ceil(16) >= min_tiles * sms
 }
 
+/// 128-byte boxes a binary decode GEMV's tile spans across a row of `units` 16-byte units (the
+/// tensor map's copies per tile; the last box zero-filled past the row).
+pub fn b1_slabs(units: usize) -> usize {
+    units.div_ceil(8)
+}
+
+/// 16-byte units of a tile image (`kernels/tile_image.cu`) of `rows` padded rows of `units`
+/// units in tiles of `tr` rows.
+pub fn tile_image_units(rows: usize, units: usize, tr: usize) -> usize {
+    rows.div_ceil(tr) * b1_slabs(units) * 8 * tr
+}
+
+/// Where unit `q` of that image comes from: the row-major upload's unit `row · units + u`, or
+/// `None` for a zero unit. Unit p of row r of a tile's box b holds the row's unit
+/// 8b + (p ^ (r & 7)), the tensor map's 128-byte swizzle (the scalar twin of the kernel).
+pub fn tile_image_source(q: usize, rows: usize, units: usize, tr: usize) -> Option<usize> {
+    let per_tile = b1_slabs(units) * 8 * tr;
+    let (tile, rem) = (q / per_tile, q % per_tile);
+    let (b, r, p) = (rem / (8 * tr), (rem / 8) % tr, rem % 8);
+    let u = 8 * b + (p ^ (r & 7));
+    let row = tile * tr + r;
+    (row < rows && u < units).then_some(row * units + u)
+}
+
 /// Consumer warps of the persistent-step probe (`kernels/gemv_chain.cu`: one row each, so a
 /// tile is this many rows; one more warp issues the copies) and the tiles its ring holds at most.
-/// One block a multiprocessor takes [`CHAIN_WARPS`]; several take [`CHAIN_WARPS_SHARED`] each
-/// (the `_w8` kernels), so that their tiles and threads fit beside each other.
 pub const CHAIN_WARPS: usize = 16;
-pub const CHAIN_WARPS_SHARED: usize = 8;
 pub const CHAIN_SLOTS: usize = 8;
 const _: () = assert!(
-    TILE_PAD_ROWS.is_multiple_of(CHAIN_WARPS) && TILE_PAD_ROWS.is_multiple_of(CHAIN_WARPS_SHARED),
+    TILE_PAD_ROWS.is_multiple_of(CHAIN_WARPS),
     "the probe copies whole tiles of the padded upload"
 );
 
-/// The persistent-step probe's shape for `blocks` resident blocks a multiprocessor: consumer
-/// warps a block, the kernel's name suffix, and each block's dynamic shared memory under a
-/// block's `smem_limit` such that the blocks (with their static memory and the driver's 1 KiB
-/// each) fit an sm_90 multiprocessor. `None` for no blocks.
-pub fn chain_shape(blocks: usize, smem_limit: usize) -> Option<(usize, &'static str, usize)> {
-    if blocks == 0 {
-        return None;
-    }
-    let per_block = (SM90_SMEM_PER_SM / blocks).saturating_sub(1024 + GEMV1_STATIC_SMEM);
-    let smem = per_block.min(smem_limit.saturating_sub(GEMV1_STATIC_SMEM)) / 128 * 128;
-    Some(if blocks == 1 {
-        (CHAIN_WARPS, "", smem)
-    } else {
-        (CHAIN_WARPS_SHARED, "_w8", smem)
-    })
-}
-
-/// Shared memory of one tile of the persistent-step probe: `warps` rows' codes and scales
-/// (1-bit and 2-bit g64 rows: a scale per chunk), rounded as the kernel rounds it.
-pub fn chain_tile_bytes(format: GpuFormat, cols: usize, warps: usize) -> usize {
-    round128(warps * (cols / format.chunk_values() * 16 + cols / format.scale_values() * 2))
+/// Shared memory of one tile of the persistent-step probe: [`CHAIN_WARPS`] rows' codes and
+/// scales (1-bit and 2-bit g64 rows: a scale per chunk), rounded as the kernel rounds it.
+pub fn chain_tile_bytes(format: GpuFormat, cols: usize) -> usize {
+    round128(CHAIN_WARPS * (cols / format.chunk_values() * 16 + cols / format.scale_values() * 2))
 }
 
 /// Bytes of the next matrix a one-token GEMV pulls into the L2 cache by default (0: none;

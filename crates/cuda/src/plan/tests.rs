@@ -1338,28 +1338,38 @@ fn a_cluster_fold_takes_one_block_per_tile_of_whole_pieces() {
 }
 
 #[test]
-fn the_chain_probes_blocks_fit_a_multiprocessor_with_room_for_their_tiles() {
-    let limit = 227 << 10;
-    assert_eq!(chain_shape(0, limit), None);
-    let (warps, suffix, one) = chain_shape(1, limit).unwrap();
-    assert_eq!((warps, suffix), (CHAIN_WARPS, ""));
-    assert_eq!(one, limit - GEMV1_STATIC_SMEM);
-    for blocks in 2..=4 {
-        let (warps, suffix, smem) = chain_shape(blocks, limit).unwrap();
-        assert_eq!((warps, suffix), (CHAIN_WARPS_SHARED, "_w8"));
-        assert_eq!(smem % 128, 0);
-        assert!(blocks * (smem + GEMV1_STATIC_SMEM + 1024) <= SM90_SMEM_PER_SM);
-        // Up to three blocks hold a 2-bit ffn_down tile (17408 columns) beside its
-        // activations; four only a 1-bit one (the probe says the 2-bit files do not fit).
-        let x = x_bytes(17408, false);
-        let fits = |f| smem >= x + chain_tile_bytes(f, 17408, warps);
-        assert!(fits(GpuFormat::Q1), "{blocks}: {smem}");
-        assert_eq!(fits(GpuFormat::Q2G64), blocks <= 3, "{blocks}: {smem}");
+fn a_tile_image_holds_every_unit_once_where_the_binary_consumers_read_it() {
+    // 40 rows padded to 48, 13 units a row (two boxes, the second zero past unit 12).
+    let (rows, units) = (48, 13);
+    for tr in [16, 32] {
+        let total = tile_image_units(rows, units, tr);
+        assert_eq!(total, rows.div_ceil(tr) * 2 * 8 * tr);
+        let mut seen = vec![0usize; rows * units];
+        for q in 0..total {
+            if let Some(src) = tile_image_source(q, rows, units, tr) {
+                seen[src] += 1;
+            }
+        }
+        assert!(seen.iter().all(|&n| n == 1), "tiles of {tr}");
+        // The consumers (kernels/gemv_b1.cu) read row r's chunk c of a tile at byte
+        // 2048·RG·(c / 8) + 128·r + 16·((c % 8) ^ (r & 7)) of the stage.
+        let per_tile = 2 * 8 * tr;
+        for (tile, r, c) in [
+            (0, 3, 9),
+            (1, 15, 12),
+            (0, tr - 1, 7),
+            (rows / tr - 1, 5, 0),
+        ] {
+            let q = tile * per_tile + (c / 8) * 8 * tr + r * 8 + ((c % 8) ^ (r & 7));
+            assert_eq!(
+                tile_image_source(q, rows, units, tr),
+                Some((tile * tr + r) * units + c)
+            );
+        }
     }
-    // A tile is its rows' codes and scales: 8 rows of 5120 1-bit values, 40 chunks of 16
-    // bytes and 40 scales each.
+    // Rows past the padded upload are zero.
     assert_eq!(
-        chain_tile_bytes(GpuFormat::Q1, 5120, 8),
-        8 * (40 * 16 + 40 * 2)
+        tile_image_source(tile_image_units(40, 8, 32) - 1, 40, 8, 32),
+        None
     );
 }
