@@ -277,9 +277,18 @@ pub fn cuda_model(model: &Model, kv: KvCacheArg) -> Result<niwaki_cuda::CudaMode
         KvCacheArg::Q8_0 => niwaki_cuda::KvCache::Q8_0,
         KvCacheArg::F32 => anyhow::bail!("the GPU has no f32 KV cache: use f16 or q8_0"),
     };
+    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+    let images = match gpu.tile_image_bytes() {
+        0 => String::new(),
+        b => format!(
+            " and {:.2} GiB of 2-bit tile images (NIWAKI_CUDA_B1_IMAGE=0 goes without)",
+            gib(b)
+        ),
+    };
     eprintln!(
-        "uploaded to the GPU in {:.2} s ({} KV cache; kernels {}, loaded by the driver in {:.2} s)",
+        "uploaded to the GPU in {:.2} s ({:.2} GiB of weights{images}; {} KV cache; kernels {}, loaded by the driver in {:.2} s)",
         t.elapsed().as_secs_f64(),
+        gib(gpu.weight_bytes()),
         kv.as_str(),
         if gpu.kernels_from_cache() {
             "from the cache".to_string()

@@ -376,6 +376,12 @@ impl CudaModel {
         self.weight_bytes
     }
 
+    /// Device bytes of the 2-bit decode GEMVs' tile images, beside [`CudaModel::weight_bytes`]
+    /// (`gpu/tile_image.rs`; 0 without them).
+    pub fn tile_image_bytes(&self) -> usize {
+        self.gpu.tile_image_total()
+    }
+
     /// Seconds NVRTC spent (0 if the kernels came from the on-disk cache).
     pub fn compile_secs(&self) -> f64 {
         self.gpu.compile_secs

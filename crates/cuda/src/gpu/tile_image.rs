@@ -97,6 +97,13 @@ impl Gpu {
         Ok(Some(v))
     }
 
+    /// Device bytes the images take in all.
+    pub fn tile_image_total(&self) -> usize {
+        self.images
+            .lock()
+            .map_or(0, |im| im.values().map(|b| b.bytes).sum())
+    }
+
     /// The image of `m` in tiles of `tr` rows, where one was made (0: none).
     pub(super) fn tile_image(&self, m: &DevMat, tr: usize) -> u64 {
         self.images
