@@ -15,25 +15,27 @@
 //
 // MODE: CHAIN_DOT multiplies; CHAIN_SYNCED releases each tile unread but keeps the barriers and
 // the activations' staging; CHAIN_FREE releases tiles without either, the ring's streaming
-// alone. Where `stats` is not null each block leaves CHAIN_STATS counters there (clock cycles
-// of the multiprocessor, but [5]: the global timer's ns), saying where its warps waited.
+// alone. Where `stats` is not null each block leaves CH_STATS counters there, saying where its
+// warps waited; without it the clocks are not read.
 
-// CH_WARPS and CH_SLOTS come from the host (plan::CHAIN_WARPS, plan::CHAIN_SLOTS).
-#if !defined(CH_WARPS) || !defined(CH_SLOTS)
-#error "CH_WARPS and CH_SLOTS must be defined by the host"
+// CH_WARPS, CH_SLOTS and CH_STATS come from the host (plan::CHAIN_WARPS, CHAIN_SLOTS,
+// CH_STATS).
+#if !defined(CH_WARPS) || !defined(CH_SLOTS) || !defined(CH_STATS)
+#error "CH_WARPS, CH_SLOTS and CH_STATS must be defined by the host"
 #endif
 
 #define CHAIN_DOT 0
 #define CHAIN_SYNCED 1
 #define CHAIN_FREE 2
-// stats[block * CHAIN_STATS + i]: [0] cycles the producer waited for room in the ring, [1]
-// tiles it issued, [2] cycles consumer warp 0 spent in the grid barriers, [3] in staging the
-// activations, [4] waiting for tiles, [5] the block's ns and [6] cycles from its start to its end.
-#define CHAIN_STATS 8
+// stats[block * CH_STATS + i]: [0] cycles the producer waited for room in the ring, [1] the
+// tiles it issued (a count), [2] cycles thread 0 (consumer warp 0) spent between GEMVs in the
+// consumers' block barriers and the grid barrier, [3] in staging the activations, [4] waiting
+// for tiles, [5] the block's ns by the global timer and [6] its cycles, start to end.
 
-__device__ __forceinline__ u64 clk() {
-    u64 c;
-    asm volatile("mov.u64 %0, %%clock64;" : "=l"(c));
+// The multiprocessor's cycle counter where `on`, else 0 (no read in the timed launches).
+__device__ __forceinline__ u64 clk(bool on) {
+    u64 c = 0;
+    if (on) asm volatile("mov.u64 %0, %%clock64;" : "=l"(c));
     return c;
 }
 
@@ -88,7 +90,8 @@ struct ByteRing {
 template <int FMT, int MODE>
 __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int ng, int x_bytes,
                                            int ring_bytes, u32* __restrict__ count, u64* __restrict__ stats) {
-    const u64 c_start = clk(), t_start = gtimer();
+    const bool on = stats != nullptr;
+    const u64 c_start = clk(on), t_start = on ? gtimer() : 0;
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ __align__(8) u64 full[CH_SLOTS];
     __shared__ __align__(8) u64 empty[CH_SLOTS];
@@ -123,9 +126,9 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
             const int ntiles = (m.rows + CH_WARPS - 1) / CH_WARPS;
             for (int t = blockIdx.x; t < ntiles; t += gridDim.x, k++) {
                 const int s = k % CH_SLOTS;
-                const u64 c0 = clk();
+                const u64 c0 = clk(on);
                 const u32 off = r.claim(k, bytes, (u32)ring_bytes, empty);
-                waited += clk() - c0;
+                waited += clk(on) - c0;
                 slot_off[s] = off;
                 const u32 bar = smem_addr(&full[s]);
                 const u32 dst = smem_addr(ring + off);
@@ -135,8 +138,8 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
             }
         }
         if (stats) {
-            stats[blockIdx.x * CHAIN_STATS + 0] = waited;
-            stats[blockIdx.x * CHAIN_STATS + 1] = (u64)k;
+            stats[blockIdx.x * CH_STATS + 0] = waited;
+            stats[blockIdx.x * CH_STATS + 1] = (u64)k;
         }
         return;
     }
@@ -148,14 +151,14 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
         const ChainGemv m = gs[g];
         const int chunks = m.cols / CV, groups = m.cols / 64;
         const u32 code_bytes = (u32)CH_WARPS * chunks * 16;
-        const u64 c0 = clk();
+        const u64 c0 = clk(on);
         if (g > 0 && MODE != CHAIN_FREE) {
             // Every block done with the previous GEMV (whose output this one's input would be).
             consumers_sync();
             if (tid == 0) grid_arrive_wait(count, gridDim.x * (u32)g);
             consumers_sync();
         }
-        const u64 c1 = clk();
+        const u64 c1 = clk(on);
         float2* ssm = (float2*)(smem + m.cols);
         if (MODE != CHAIN_FREE) {
             to_piece_major<P>(xsm, m.xq, chunks, tid, CH_WARPS * 32);
@@ -163,13 +166,13 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
             consumers_sync();
         }
         in_barrier += c1 - c0;
-        in_staging += clk() - c1;
+        in_staging += clk(on) - c1;
         const int ntiles = (m.rows + CH_WARPS - 1) / CH_WARPS;
         for (int t = blockIdx.x; t < ntiles; t += gridDim.x, k++) {
             const int s = k % CH_SLOTS;
-            const u64 w0 = clk();
+            const u64 w0 = clk(on);
             mbar_wait(smem_addr(&full[s]), (u32)(k / CH_SLOTS) & 1u);
-            in_wait += clk() - w0;
+            in_wait += clk(on) - w0;
             const unsigned char* st = ring + slot_off[s];
             const uint4* wc = (const uint4*)st + (size_t)warp * chunks;
             const u16* ws = (const u16*)(st + code_bytes) + warp * chunks;
@@ -185,12 +188,12 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
         }
     }
     if (stats && tid == 0) {
-        u64* b = stats + blockIdx.x * CHAIN_STATS;
+        u64* b = stats + blockIdx.x * CH_STATS;
         b[2] = in_barrier;
         b[3] = in_staging;
         b[4] = in_wait;
         b[5] = gtimer() - t_start;
-        b[6] = clk() - c_start;
+        b[6] = clk(on) - c_start;
     }
 }
 #define CHAIN_CALL(FMT, MODE) chain_body<FMT, MODE>(gs, ng, x_bytes, ring_bytes, count, stats)
@@ -207,7 +210,7 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
 
 CHAIN_KERNEL(gemv_chain_q1, FMT_Q1, CHAIN_DOT)
 CHAIN_KERNEL(gemv_chain_q2g64, FMT_Q2G64, CHAIN_DOT)
-CHAIN_KERNEL(gemv_chain_q1_nodot, FMT_Q1, CHAIN_SYNCED)
-CHAIN_KERNEL(gemv_chain_q2g64_nodot, FMT_Q2G64, CHAIN_SYNCED)
+CHAIN_KERNEL(gemv_chain_q1_synced, FMT_Q1, CHAIN_SYNCED)
+CHAIN_KERNEL(gemv_chain_q2g64_synced, FMT_Q2G64, CHAIN_SYNCED)
 CHAIN_KERNEL(gemv_chain_q1_free, FMT_Q1, CHAIN_FREE)
 CHAIN_KERNEL(gemv_chain_q2g64_free, FMT_Q2G64, CHAIN_FREE)

@@ -75,6 +75,8 @@ pub struct CudaModel {
     /// Bytes of one row of the embedding table.
     embd_row_bytes: usize,
     weight_bytes: usize,
+    /// Device bytes of the weights' tile images (`gpu/tile_image.rs`).
+    image_bytes: usize,
     /// Capture decode steps as CUDA graphs (on by default).
     pub use_graphs: bool,
     /// The embedding table where one-token passes look their row up on the device.
@@ -240,7 +242,7 @@ impl CudaModel {
         let gpu = Arc::new(Gpu::new(&dims)?);
         let file = m.file().clone();
         let f = &*file;
-        let mut weight_bytes = 0usize;
+        let (mut weight_bytes, mut image_bytes) = (0usize, 0usize);
         let mut up = |parts: Vec<(String, Format, Packed)>| -> Result<DevMat> {
             let name = parts[0].0.clone();
             let p = repack::concat(parts)?;
@@ -248,11 +250,15 @@ impl CudaModel {
             let image = gpu.tile_image_need(&p);
             check_fits(
                 &format!("weights ({name})"),
-                &[(&name, p.bytes()), ("its tile image", image)],
+                &[
+                    (&name, p.bytes()),
+                    ("its tile image (NIWAKI_CUDA_B1_IMAGE=0 makes none)", image),
+                ],
                 free,
             )?;
             let d = gpu.upload_packed(&p, &name)?;
             weight_bytes += d.bytes();
+            image_bytes += d.image_bytes();
             Ok(d)
         };
         let mut layers = Vec::with_capacity(dims.layers.len());
@@ -352,6 +358,7 @@ impl CudaModel {
             embd_row_bytes,
             file,
             weight_bytes,
+            image_bytes,
             use_graphs: true,
             embed_table,
             device_embed: AtomicBool::new(crate::gpu::env_on("NIWAKI_CUDA_DEVICE_EMBED")),
@@ -379,7 +386,7 @@ impl CudaModel {
     /// Device bytes of the 2-bit decode GEMVs' tile images, beside [`CudaModel::weight_bytes`]
     /// (`gpu/tile_image.rs`; 0 without them).
     pub fn tile_image_bytes(&self) -> usize {
-        self.gpu.tile_image_total()
+        self.image_bytes
     }
 
     /// Seconds NVRTC spent (0 if the kernels came from the on-disk cache).

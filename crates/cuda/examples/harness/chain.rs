@@ -55,7 +55,7 @@ pub(crate) fn chain_probe(
             g.vocab()
         ));
         profiles.push(format!(
-            "\n{format}: where one launch of the chain's blocks waited, µs a block, mean / largest\n\n| mode | block | producer waiting for room | consumer in grid barriers | staging activations | waiting for tiles | tiles | clock GHz |\n|---|---|---|---|---|---|---|---|\n{}",
+            "\n{format}: where one launch of the chain's blocks waited, µs a block, mean / largest\n\n| mode | block | producer waiting for room | consumer warp 0 in the barriers (block and grid) | its staging activations | its waiting for tiles | tiles | clock GHz |\n|---|---|---|---|---|---|---|---|\n{}",
             [("multiplying", c), ("not multiplying", nd), ("streaming alone", fr)]
                 .iter()
                 .map(|(name, t)| {

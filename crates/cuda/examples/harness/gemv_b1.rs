@@ -4,7 +4,7 @@
 
 use model::synth::{self, BlockPool, Preset};
 use model::Logits;
-use niwaki_cuda::gpu::{GemvIo, Gpu};
+use niwaki_cuda::gpu::{GemvIo, Gpu, ImageUse};
 use niwaki_cuda::{repack, CudaModel};
 use quant::Format;
 use rand::Rng;
@@ -49,7 +49,13 @@ fn format_checks(
     let (mut tiles32_diff, mut tiles32_runs, mut dp4a_runs) = (0usize, 0usize, 0usize);
     let mut refused = Vec::new();
     let (mut fused_runs, mut fused_refused) = (0usize, Vec::new());
-    let (mut image_runs, mut image_diff) = (0usize, 0usize);
+    let (mut image_runs, mut image_diff, mut image_out_diff) = (0usize, 0usize, 0usize);
+    // Images of every shape the plan takes, preferred or not (where they are on at all).
+    let image_use = gpu.image_use();
+    let images = image_use != ImageUse::Off && !one_bit;
+    if images {
+        gpu.set_image_use(ImageUse::Every);
+    }
     // 20×256 is refused (rows of whole 128-byte boxes only). 34816×5120 (the 27B's gate | up)
     // gives each block more tiles than its ring has stages, so stages are refilled and their
     // barriers change parity; 1-bit rows a multiple of 32 are also run on tiles of two row
@@ -103,22 +109,28 @@ fn format_checks(
         let data = pool.fill(format.row_bytes(cols)? * rows, 7);
         let p = repack::repack("m", format, &data, rows, cols)?;
         let m = gpu.upload_packed(&p, "m")?;
-        // With NIWAKI_CUDA_B1_IMAGE=1 the tiles come from images: each against its twin.
-        if let Some(img) = gpu.tile_image_bytes(&m, 16)? {
+        // The 2-bit tiles come from images unless NIWAKI_CUDA_B1_IMAGE=0: each against its
+        // twin, and the kernels' outputs against those of the same matrix without one.
+        let plain = if let Some((shape, img)) = gpu.tile_image_bytes(&m)? {
             image_runs += 1;
-            let (padded, units) = (rows.div_ceil(16) * 16, p.codes.len() / rows / 16);
             let zero = [0u8; 16];
             image_diff += img
                 .chunks_exact(16)
                 .enumerate()
                 .filter(|&(q, got)| {
-                    let want = niwaki_cuda::plan::tile_image_source(q, padded, units, 16)
+                    let want = (shape.source(q))
                         .and_then(|src| p.codes.get(16 * src..16 * src + 16))
                         .unwrap_or(&zero);
                     got != want
                 })
                 .count();
-        }
+            gpu.set_image_use(ImageUse::Off);
+            let plain = gpu.upload_packed(&p, "m");
+            gpu.set_image_use(ImageUse::Every);
+            Some(plain?)
+        } else {
+            None
+        };
         // Activations with a few large values, as normed hidden states have.
         let x: Vec<f32> = (0..cols)
             .map(|i| rng.gen_range(-1.0..1.0) * if i % 331 == 0 { 20.0 } else { 1.0 })
@@ -174,6 +186,11 @@ fn format_checks(
                 .count()
         };
         repeat_diff += differ(&va, &vb);
+        if let Some(plain) = &plain {
+            gpu.gemv_b1(s, plain, &GemvIo::one(xq, xs, b.ptr), None)?;
+            gpu.read(s, b.ptr, &mut vb)?;
+            image_out_diff += differ(&va, &vb);
+        }
         // The same launch on tiles of 32 rows where the plan takes them.
         let prev = gpu.set_b1_tile_rows(32);
         let wide = niwaki_cuda::plan::gemv_b1_launch(
@@ -218,6 +235,7 @@ fn format_checks(
             fused_refused.push(format!("{rows}×{cols}"));
         }
     }
+    gpu.set_image_use(image_use);
     let ok = worst < 1e-5
         && worst_dp4a < 1e-5
         && dp4a_runs == runs
@@ -229,14 +247,16 @@ fn format_checks(
         && fused_refused == want_fused_refused
         && tiles32_runs == want_tiles32
         && tiles32_diff == 0
-        && image_diff == 0;
+        && image_runs == if images { runs } else { 0 }
+        && image_diff == 0
+        && image_out_diff == 0;
     let taken: Vec<String> = shapes
         .iter()
         .map(|(r, c)| format!("{r}×{c}"))
         .filter(|sh| !refused.contains(sh))
         .collect();
     rep.line(format!(
-        "| gemv_b1 {format} (binary tensor cores, 1 token, += prior, argmax; norm {}) | {} (refused: {}) | {} | vs integer twin {worst:.1e} (tol 1e-5), vs the dp4a kernel {worst_dp4a:.1e} (tol 1e-5) in {dp4a_runs} shapes, as a fraction of Σ|w·x|; argmax {}; {runs} shapes; repeated launch: {repeat_diff} differing outputs, fused norm vs quant_rms + kernel: {fused_diff} in {fused_runs} shapes (refused: {}), 32-row tiles vs 16 in {tiles32_runs} shapes: {tiles32_diff}, tile images vs their twin in {image_runs} shapes: {image_diff} differing units (all must be 0) |",
+        "| gemv_b1 {format} (binary tensor cores, 1 token, += prior, argmax; norm {}) | {} (refused: {}) | {} | vs integer twin {worst:.1e} (tol 1e-5), vs the dp4a kernel {worst_dp4a:.1e} (tol 1e-5) in {dp4a_runs} shapes, as a fraction of Σ|w·x|; argmax {}; {runs} shapes; repeated launch: {repeat_diff} differing outputs, fused norm vs quant_rms + kernel: {fused_diff} in {fused_runs} shapes (refused: {}), 32-row tiles vs 16 in {tiles32_runs} shapes: {tiles32_diff}, tile images vs their twin in {image_runs} shapes: {image_diff} differing units, the kernel from them vs from the tensor map: {image_out_diff} differing outputs (all must be 0) |",
         if one_bit { "fused" } else { "refused" },
         taken.join(", "),
         refused.join(", "),

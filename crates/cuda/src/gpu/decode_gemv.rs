@@ -97,15 +97,20 @@ impl Gpu {
 
     /// Whether the binary kernels are on for `m`'s format and `m` has the rows
     /// [`plan::prefers_b1`] asks for.
-    pub(super) fn prefers_b1(&self, m: &DevMat) -> bool {
-        let on = match m.format {
+    fn prefers_b1(&self, m: &DevMat) -> bool {
+        self.prefers_b1_shape(m.format, m.rows)
+    }
+
+    /// [`Gpu::prefers_b1`] for a matrix of that format and rows.
+    pub(super) fn prefers_b1_shape(&self, format: GpuFormat, rows: usize) -> bool {
+        let on = match format {
             GpuFormat::Q1 => &self.b1,
             GpuFormat::Q2G64 | GpuFormat::Q2G128 => &self.b2,
         };
         on.load(Ordering::Relaxed)
             && !self.gemv1_nodot.load(Ordering::Relaxed)
             && plan::prefers_b1(
-                m.rows,
+                rows,
                 self.info.multiprocessors.max(1) as usize,
                 self.b1_min_tiles,
             )
@@ -113,7 +118,7 @@ impl Gpu {
 
     /// The binary kernel's launch for `m`: sm_90 only (its plan sizes blocks for that
     /// multiprocessor's shared memory), rows of a width the plan takes.
-    pub(super) fn b1_plan(&self, m: &DevMat, fused: bool) -> Option<plan::GemvB1Launch> {
+    fn b1_plan(&self, m: &DevMat, fused: bool) -> Option<plan::GemvB1Launch> {
         self.b1_plan_shape(m.format, m.rows, m.cols, fused)
     }
 
@@ -158,20 +163,15 @@ impl Gpu {
             .flatten();
         let l = cluster.unwrap_or(plain);
         let map = m.codes_map(l.tile_rows)?;
-        // The 2-bit kernels take their tiles from an image where one was made (`_i`).
-        let image = if cluster.is_none() {
-            self.tile_image(m, l.tile_rows)
-        } else {
-            0
-        };
-        let kernel = if image != 0 {
-            format!("{}_i", l.kernel)
-        } else {
-            l.kernel.to_string()
-        };
+        // The 2-bit kernels take their tiles from the matrix's image where it has one of these
+        // tiles (the clustered kernels have no such twin).
+        let image = (m.image.as_ref())
+            .filter(|im| im.shape.tile_rows == l.tile_rows)
+            .zip(l.image_kernel);
+        let kernel = image.map_or(l.kernel, |(_, k)| k);
         self.launch_smem(
             stream,
-            &kernel,
+            kernel,
             (l.grid as u32, 1, 1),
             (32 * (plan::GEMV1_WARPS as u32 + 1), 1, 1),
             l.smem_bytes as u32,
@@ -183,7 +183,7 @@ impl Gpu {
             ]
             .into_iter()
             .chain(decode_args(io, l.stages, pre, self.early_tiles()))
-            .chain((image != 0).then_some(Arg::Ptr(image)))
+            .chain(image.map(|(im, _)| Arg::Ptr(im.buf.ptr)))
             .collect::<Vec<_>>(),
         )?;
         self.count_fold(io.fold);

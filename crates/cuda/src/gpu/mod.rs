@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
@@ -19,6 +19,8 @@ use crate::tma::{self, TensorMap};
 mod bandwidth;
 mod decode_gemv;
 mod tile_image;
+
+pub use tile_image::{ImageUse, TileImage};
 mod trace;
 
 pub use trace::{TraceKind, TraceRecord};
@@ -147,6 +149,9 @@ pub struct DevMat {
     pub cols: usize,
     pub codes: DevBuf,
     pub scales: DevBuf,
+    /// The codes again in the binary decode kernel's tiles, where it takes them from an image
+    /// (`gpu/tile_image.rs`).
+    pub(crate) image: Option<TileImage>,
 }
 
 impl DevMat {
@@ -182,6 +187,11 @@ impl DevMat {
     pub fn bytes(&self) -> usize {
         let f = self.format;
         self.rows * (self.cols / f.chunk_values() * 16 + self.cols / f.scale_values() * 2)
+    }
+
+    /// Device bytes of the matrix's tile image (0: none).
+    pub fn image_bytes(&self) -> usize {
+        self.image.as_ref().map_or(0, |im| im.buf.bytes)
     }
 }
 
@@ -369,10 +379,9 @@ pub struct Gpu {
     /// → 317.6-319.7: no faster, so not the default.
     b1_tile_rows: AtomicUsize,
     /// The 2-bit binary decode GEMVs copy each tile from an image of their stage's layout, one
-    /// bulk copy a tile (`gpu/tile_image.rs`; `NIWAKI_CUDA_B1_IMAGE=0` turns it off).
-    tile_images: bool,
-    /// Those images by the codes' address and the tile's rows.
-    images: Mutex<HashMap<(u64, usize), DevBuf>>,
+    /// bulk copy a tile (`gpu/tile_image.rs`; `NIWAKI_CUDA_B1_IMAGE=0` turns it off): an
+    /// [`ImageUse`].
+    image_use: AtomicU8,
     /// How many of a decode GEMV's first tiles are requested before its wait for the previous
     /// kernel (`NIWAKI_CUDA_EARLY_TILES`; default [`plan::EARLY_TILES`]).
     early_tiles: AtomicUsize,
@@ -698,8 +707,12 @@ impl Gpu {
                 32 => 32,
                 _ => 16,
             }),
-            tile_images: hopper && env_on("NIWAKI_CUDA_B1_IMAGE"),
-            images: Mutex::new(HashMap::new()),
+            image_use: if hopper && env_on("NIWAKI_CUDA_B1_IMAGE") {
+                ImageUse::Taken
+            } else {
+                ImageUse::Off
+            }
+            .atomic(),
             early_tiles: AtomicUsize::new(env_usize_or(
                 "NIWAKI_CUDA_EARLY_TILES",
                 plan::EARLY_TILES,
@@ -1137,15 +1150,16 @@ impl Gpu {
             Ok(buf)
         };
         let scale_bytes: Vec<u8> = p.scales.iter().flat_map(|s| s.to_le_bytes()).collect();
-        let m = DevMat {
+        let codes = put(&p.codes)?;
+        let image = self.make_tile_image(p.format, p.rows, p.cols, codes.ptr)?;
+        Ok(DevMat {
             format: p.format,
             rows: p.rows,
             cols: p.cols,
-            codes: put(&p.codes)?,
+            codes,
             scales: put(&scale_bytes)?,
-        };
-        self.make_tile_images(&m)?;
-        Ok(m)
+            image,
+        })
     }
 
     /// Launches `name` with raw arguments.

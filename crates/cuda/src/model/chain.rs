@@ -19,7 +19,7 @@ impl ChainMode {
     fn suffix(self) -> &'static str {
         match self {
             Self::Dot => "",
-            Self::Synced => "_nodot",
+            Self::Synced => "_synced",
             Self::Free => "_free",
         }
     }
@@ -46,11 +46,11 @@ pub struct ChainWaits {
     pub producer: [f64; 2],
     /// Tiles a block's producer issued.
     pub tiles: [f64; 2],
-    /// A consumer warp in the grid barriers.
+    /// Consumer warp 0 between GEMVs, in the consumers' block barriers and the grid barrier.
     pub barrier: [f64; 2],
-    /// A consumer warp staging the activations.
+    /// Consumer warp 0 staging the activations.
     pub staging: [f64; 2],
-    /// A consumer warp waiting for its tiles' bytes.
+    /// Consumer warp 0 waiting for its tiles' bytes.
     pub tile_wait: [f64; 2],
     /// The block, start to end.
     pub block: [f64; 2],
@@ -58,13 +58,10 @@ pub struct ChainWaits {
     pub clock_ghz: [f64; 2],
 }
 
-/// Counters per block the kernel leaves (`CHAIN_STATS`).
-const CHAIN_STATS: usize = 8;
-
 impl ChainWaits {
-    /// From the kernel's counters, `CHAIN_STATS` a block.
+    /// From the kernel's counters, [`plan::CHAIN_STATS`] a block.
     fn from_stats(stats: &[u64]) -> Self {
-        let blocks: Vec<&[u64]> = stats.chunks_exact(CHAIN_STATS).collect();
+        let blocks: Vec<&[u64]> = stats.chunks_exact(plan::CHAIN_STATS).collect();
         let ghz = |b: &[u64]| b[6] as f64 / b[5].max(1) as f64;
         let per = |f: &dyn Fn(&[u64]) -> f64| -> [f64; 2] {
             let v: Vec<f64> = blocks.iter().map(|b| f(b)).collect();
@@ -137,7 +134,7 @@ impl CudaModel {
         }
         let blocks = g.info.multiprocessors.max(1) as usize;
         let grid = (blocks as u32, 1, 1);
-        let stats = g.alloc(8 * CHAIN_STATS * blocks, "chain counters")?;
+        let stats = g.alloc(8 * plan::CHAIN_STATS * blocks, "chain counters")?;
         let launch_with = |first: usize, ng: usize, stats: u64| {
             g.launch_smem(
                 &st.stream,
@@ -172,7 +169,7 @@ impl CudaModel {
         })?;
         zero()?;
         launch_with(0, n, stats.ptr)?;
-        let mut counters = vec![0u64; CHAIN_STATS * blocks];
+        let mut counters = vec![0u64; plan::CHAIN_STATS * blocks];
         g.read(&st.stream, stats.ptr, &mut counters)?;
         let waits = ChainWaits::from_stats(&counters);
         let mut differing = 0;

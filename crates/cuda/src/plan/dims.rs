@@ -154,6 +154,7 @@ impl Dims {
             ("GEMV1_MAX_STAGES", GEMV1_MAX_STAGES),
             ("CH_WARPS", CHAIN_WARPS),
             ("CH_SLOTS", CHAIN_SLOTS),
+            ("CH_STATS", CHAIN_STATS),
             ("MM_WARPS", GEMM_WARPS),
             ("MM_BN", GEMM_TOKENS),
             ("MM_KC", GEMM_STAGE_VALUES),

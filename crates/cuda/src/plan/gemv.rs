@@ -194,11 +194,13 @@ pub const GEMV_B1_STATIC_SMEM: usize = 5 << 10;
 pub const SM90_SMEM_PER_SM: usize = 228 << 10;
 pub const SMEM_RESERVED_PER_BLOCK: usize = 1 << 10;
 
-/// A decode GEMV on the binary tensor cores (`kernels/gemv_b1.cu`): kernel, rows per tile,
-/// stages of tiles, grid and dynamic shared memory.
+/// A decode GEMV on the binary tensor cores (`kernels/gemv_b1.cu`): kernel (and its twin that
+/// takes each tile from a tile image, where it has one), rows per tile, stages of tiles, grid
+/// and dynamic shared memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GemvB1Launch {
     pub kernel: &'static str,
+    pub image_kernel: Option<&'static str>,
     pub tile_rows: usize,
     pub stages: usize,
     pub grid: usize,
@@ -259,10 +261,13 @@ pub fn gemv_b1_launch(
     // would not fit a multiprocessor.
     // The norm is folded in up to six chunks a warp (the `_n` kernels hold the row's values in
     // registers); wider rows run it apart.
-    let (kernel, tile_rows, blocks_per_sm, budget) = match (format, fused_norm) {
-        (GpuFormat::Q1, _) => q1_kernel(per_warp, fused_norm, wide_tiles)?,
+    let ((kernel, tile_rows, blocks_per_sm, budget), image_kernel) = match (format, fused_norm) {
+        (GpuFormat::Q1, _) => (q1_kernel(per_warp, fused_norm, wide_tiles)?, None),
         (_, true) => return None,
-        (f, false) => (gemv_b2_kernel(f, per_warp)?, 16, 3, 72 << 10),
+        (f, false) => {
+            let (k, image) = gemv_b2_kernel(f, per_warp)?;
+            ((k, 16, 3, 72 << 10), Some(image))
+        }
     };
     let blocks_per_sm = if knobs.0 > 0 { knobs.0 } else { blocks_per_sm };
     let budget = if knobs.1 > 0 { knobs.1 } else { budget };
@@ -284,6 +289,7 @@ pub fn gemv_b1_launch(
         ring_stages(budget, x_bytes, stage_bytes, tiles)?.min(GEMV1_MAX_STAGES * 16 / tile_rows);
     Some(GemvB1Launch {
         kernel,
+        image_kernel,
         tile_rows,
         stages,
         grid: tiles.min(sms.max(1) * blocks_per_sm),
@@ -314,8 +320,13 @@ pub fn cluster_fold(l: GemvB1Launch, rows: usize) -> Option<GemvB1Launch> {
     };
     // One block per tile: the plan's grid already holds every tile where they fit at once.
     let one_wave = l.grid == rows / 16;
-    (l.tile_rows == 16 && rows > 0 && rows.is_multiple_of(16 * FOLD_CLUSTER) && one_wave)
-        .then_some(GemvB1Launch { kernel, ..l })
+    (l.tile_rows == 16 && rows > 0 && rows.is_multiple_of(16 * FOLD_CLUSTER) && one_wave).then_some(
+        GemvB1Launch {
+            kernel,
+            image_kernel: None,
+            ..l
+        },
+    )
 }
 
 /// The 1-bit kernel for `per_warp` chunks a warp, the norm folded in or not, tiles of 32 rows
@@ -345,15 +356,16 @@ fn q1_kernel(
 /// The 2-bit binary kernel (`gemv_b2*`) for `per_warp` chunks of 64 values a warp: the exact
 /// kernels for the 27B's 5120 and 6144 columns, the guarded one below; `None` beyond 12 (the
 /// 17408-wide ffn_down: a 16-row tile of its 2-bit rows is 78 KB, more than a block's share
-/// when three share a multiprocessor, and its plane words would crowd the registers).
-pub fn gemv_b2_kernel(format: GpuFormat, per_warp: usize) -> Option<&'static str> {
+/// when three share a multiprocessor, and its plane words would crowd the registers). With
+/// it, its `_i` twin, which takes each tile from a tile image.
+pub fn gemv_b2_kernel(format: GpuFormat, per_warp: usize) -> Option<(&'static str, &'static str)> {
     Some(match (format, per_warp) {
-        (GpuFormat::Q2G64, 10) => "gemv_b2g64_j10x",
-        (GpuFormat::Q2G64, 12) => "gemv_b2g64_j12x",
-        (GpuFormat::Q2G64, 0..=12) => "gemv_b2g64_j12",
-        (GpuFormat::Q2G128, 10) => "gemv_b2g128_j10x",
-        (GpuFormat::Q2G128, 12) => "gemv_b2g128_j12x",
-        (GpuFormat::Q2G128, 0..=12) => "gemv_b2g128_j12",
+        (GpuFormat::Q2G64, 10) => ("gemv_b2g64_j10x", "gemv_b2g64_j10x_i"),
+        (GpuFormat::Q2G64, 12) => ("gemv_b2g64_j12x", "gemv_b2g64_j12x_i"),
+        (GpuFormat::Q2G64, 0..=12) => ("gemv_b2g64_j12", "gemv_b2g64_j12_i"),
+        (GpuFormat::Q2G128, 10) => ("gemv_b2g128_j10x", "gemv_b2g128_j10x_i"),
+        (GpuFormat::Q2G128, 12) => ("gemv_b2g128_j12x", "gemv_b2g128_j12x_i"),
+        (GpuFormat::Q2G128, 0..=12) => ("gemv_b2g128_j12", "gemv_b2g128_j12_i"),
         _ => return None,
     })
 }
@@ -396,28 +408,59 @@ pub fn b1_slabs(units: usize) -> usize {
     units.div_ceil(8)
 }
 
-/// 16-byte units of a tile image (`kernels/tile_image.cu`) of `rows` padded rows of `units`
-/// units in tiles of `tr` rows.
-pub fn tile_image_units(rows: usize, units: usize, tr: usize) -> usize {
-    rows.div_ceil(tr) * b1_slabs(units) * 8 * tr
+/// The shape of a tile image (`kernels/tile_image.cu`): a matrix's rows padded to
+/// [`TILE_PAD_ROWS`], its 16-byte units a row, and the rows of the tiles it is laid out in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileImageShape {
+    pub rows: usize,
+    pub units: usize,
+    pub tile_rows: usize,
 }
 
-/// Where unit `q` of that image comes from: the row-major upload's unit `row · units + u`, or
-/// `None` for a zero unit. Unit p of row r of a tile's box b holds the row's unit
-/// 8b + (p ^ (r & 7)), the tensor map's 128-byte swizzle (the scalar twin of the kernel).
-pub fn tile_image_source(q: usize, rows: usize, units: usize, tr: usize) -> Option<usize> {
-    let per_tile = b1_slabs(units) * 8 * tr;
-    let (tile, rem) = (q / per_tile, q % per_tile);
-    let (b, r, p) = (rem / (8 * tr), (rem / 8) % tr, rem % 8);
-    let u = 8 * b + (p ^ (r & 7));
-    let row = tile * tr + r;
-    (row < rows && u < units).then_some(row * units + u)
+impl TileImageShape {
+    /// The image of a `rows` × `cols` matrix of `format` in tiles of `tile_rows` rows.
+    pub fn new(format: GpuFormat, rows: usize, cols: usize, tile_rows: usize) -> Self {
+        TileImageShape {
+            rows: rows.div_ceil(TILE_PAD_ROWS) * TILE_PAD_ROWS,
+            units: cols / format.chunk_values(),
+            tile_rows,
+        }
+    }
+
+    /// 16-byte units of a tile.
+    fn tile_units(&self) -> usize {
+        b1_slabs(self.units) * 8 * self.tile_rows
+    }
+
+    /// 16-byte units of the image.
+    pub fn units_total(&self) -> usize {
+        self.rows.div_ceil(self.tile_rows) * self.tile_units()
+    }
+
+    /// Device bytes of the image.
+    pub fn bytes(&self) -> usize {
+        16 * self.units_total()
+    }
+
+    /// Where unit `q` of the image comes from: the row-major upload's unit `row · units + u`,
+    /// or `None` for a zero unit. Unit p of row r of a tile's box b holds the row's unit
+    /// 8b + (p ^ (r & 7)), the tensor map's 128-byte swizzle (the scalar twin of the kernel).
+    pub fn source(&self, q: usize) -> Option<usize> {
+        let tr = self.tile_rows;
+        let (tile, rem) = (q / self.tile_units(), q % self.tile_units());
+        let (b, r, p) = (rem / (8 * tr), (rem / 8) % tr, rem % 8);
+        let u = 8 * b + (p ^ (r & 7));
+        let row = tile * tr + r;
+        (row < self.rows && u < self.units).then_some(row * self.units + u)
+    }
 }
 
 /// Consumer warps of the persistent-step probe (`kernels/gemv_chain.cu`: one row each, so a
 /// tile is this many rows; one more warp issues the copies) and the tiles its ring holds at most.
 pub const CHAIN_WARPS: usize = 16;
 pub const CHAIN_SLOTS: usize = 8;
+/// Counters a block of the probe leaves where it is asked where its warps waited.
+pub const CHAIN_STATS: usize = 8;
 const _: () = assert!(
     TILE_PAD_ROWS.is_multiple_of(CHAIN_WARPS),
     "the probe copies whole tiles of the padded upload"

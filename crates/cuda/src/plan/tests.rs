@@ -818,6 +818,14 @@ fn the_binary_decode_gemv_of_2_bit_rows_takes_up_to_12_chunks_a_warp_in_16_row_t
     assert!(gemv_b2_kernel(GpuFormat::Q1, 10).is_none());
     let q1 = gemv_b1_launch(GpuFormat::Q1, 5120, 5120, 132, limit, false, (0, 0), 16).unwrap();
     assert!(q1.kernel.starts_with("gemv_b1_"));
+    // Only the 2-bit kernels have image twins, each its kernel's name and `_i`.
+    assert_eq!(q1.image_kernel, None);
+    for format in [GpuFormat::Q2G64, GpuFormat::Q2G128] {
+        for per_warp in [4, 10, 12] {
+            let (k, i) = gemv_b2_kernel(format, per_warp).unwrap();
+            assert_eq!(i, format!("{k}_i"));
+        }
+    }
 }
 
 #[test]
@@ -1340,13 +1348,16 @@ fn a_cluster_fold_takes_one_block_per_tile_of_whole_pieces() {
 #[test]
 fn a_tile_image_holds_every_unit_once_where_the_binary_consumers_read_it() {
     // 40 rows padded to 48, 13 units a row (two boxes, the second zero past unit 12).
-    let (rows, units) = (48, 13);
     for tr in [16, 32] {
-        let total = tile_image_units(rows, units, tr);
+        let im = TileImageShape::new(GpuFormat::Q2G64, 40, 13 * 64, tr);
+        let (rows, units) = (48, 13);
+        assert_eq!((im.rows, im.units), (rows, units));
+        let total = im.units_total();
         assert_eq!(total, rows.div_ceil(tr) * 2 * 8 * tr);
+        assert_eq!(im.bytes(), 16 * total);
         let mut seen = vec![0usize; rows * units];
         for q in 0..total {
-            if let Some(src) = tile_image_source(q, rows, units, tr) {
+            if let Some(src) = im.source(q) {
                 seen[src] += 1;
             }
         }
@@ -1361,15 +1372,12 @@ fn a_tile_image_holds_every_unit_once_where_the_binary_consumers_read_it() {
             (rows / tr - 1, 5, 0),
         ] {
             let q = tile * per_tile + (c / 8) * 8 * tr + r * 8 + ((c % 8) ^ (r & 7));
-            assert_eq!(
-                tile_image_source(q, rows, units, tr),
-                Some((tile * tr + r) * units + c)
-            );
+            assert_eq!(im.source(q), Some((tile * tr + r) * units + c));
         }
     }
-    // Rows past the padded upload are zero.
-    assert_eq!(
-        tile_image_source(tile_image_units(40, 8, 32) - 1, 40, 8, 32),
-        None
-    );
+    // Rows past the padded upload are zero: 40 rows in 32-row tiles leave 24 of the second
+    // tile empty.
+    let im = TileImageShape::new(GpuFormat::Q1, 40, 8 * 128, 32);
+    assert_eq!(im.rows, 48);
+    assert_eq!(im.source(im.units_total() - 1), None);
 }
