@@ -40,6 +40,12 @@ pub enum CudaError {
     },
     #[error("context of {ctx} tokens exceeds the model's limit of {limit}")]
     ContextTooLong { ctx: usize, limit: usize },
+    #[error("{name}={value}: {why}")]
+    Setting {
+        name: String,
+        value: String,
+        why: String,
+    },
 }
 
 pub type Result<T, E = CudaError> = std::result::Result<T, E>;

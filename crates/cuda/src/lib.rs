@@ -16,6 +16,7 @@
 pub mod compile;
 mod error;
 pub mod gpu;
+pub mod knobs;
 mod model;
 pub mod plan;
 pub mod repack;

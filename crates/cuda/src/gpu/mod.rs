@@ -540,6 +540,7 @@ fn env_opt_in(name: &str) -> bool {
 impl Gpu {
     /// Opens GPU 0 and compiles the kernels for `dims`.
     pub fn new(dims: &Dims) -> Result<Gpu> {
+        crate::knobs::check_env()?;
         let ctx = open_context()?;
         let info = device_info(&ctx)?;
         let smem_limit = ctx

@@ -1,0 +1,194 @@
+//! The backend's switches (`NIWAKI_CUDA_*` in the environment), each with the values it takes.
+//! Most exist to measure one kernel choice against another; a misspelt name or a value a switch
+//! does not take would otherwise run the default without a word, and a measurement would then
+//! compare a build with itself. [`check`] refuses both when the backend starts.
+
+use crate::error::{CudaError, Result};
+#[cfg(test)]
+use crate::plan;
+
+/// What a switch takes.
+#[derive(Clone, Copy, Debug)]
+enum Takes {
+    /// `0` or `1`.
+    OnOff,
+    /// A whole number.
+    Number,
+    /// One of these words.
+    OneOf(&'static [&'static str]),
+    /// A folder.
+    Path,
+}
+
+/// [`crate::plan::GDN_STEP_ROWS`] and [`crate::plan::ATTN_TILES`] as words (a test keeps them so).
+const GDN_ROWS: [&str; 3] = ["32", "16", "8"];
+const ATTN_TILES: [&str; 3] = ["4", "8", "16"];
+
+/// Every switch the backend reads, and what it takes.
+const KNOBS: &[(&str, Takes)] = &[
+    ("NIWAKI_CUDA_ATTN_TILE", Takes::OneOf(&ATTN_TILES)),
+    ("NIWAKI_CUDA_B1", Takes::OnOff),
+    ("NIWAKI_CUDA_B1_BLOCKS", Takes::Number),
+    ("NIWAKI_CUDA_B1_IMAGE", Takes::OnOff),
+    ("NIWAKI_CUDA_B1_MIN_TILES", Takes::Number),
+    ("NIWAKI_CUDA_B1_SMEM_KIB", Takes::Number),
+    ("NIWAKI_CUDA_B1_TILE_ROWS", Takes::OneOf(&["16", "32"])),
+    ("NIWAKI_CUDA_B2", Takes::OnOff),
+    ("NIWAKI_CUDA_CACHE", Takes::Path),
+    ("NIWAKI_CUDA_DEVICE_EMBED", Takes::OnOff),
+    ("NIWAKI_CUDA_EARLY_TILES", Takes::Number),
+    ("NIWAKI_CUDA_FOLD_CLUSTER", Takes::OnOff),
+    ("NIWAKI_CUDA_FOLD_NORM", Takes::OnOff),
+    ("NIWAKI_CUDA_FOLD_SWIGLU", Takes::OnOff),
+    ("NIWAKI_CUDA_FUSE_ATTN", Takes::OnOff),
+    ("NIWAKI_CUDA_FUSE_GDN", Takes::OnOff),
+    (
+        "NIWAKI_CUDA_FUSE_NORM",
+        Takes::OneOf(&["0", "binary", "1", "all"]),
+    ),
+    ("NIWAKI_CUDA_GDN_CHUNK", Takes::OnOff),
+    ("NIWAKI_CUDA_GDN_ROWS", Takes::OneOf(&GDN_ROWS)),
+    ("NIWAKI_CUDA_GEMV1", Takes::OnOff),
+    ("NIWAKI_CUDA_MMA", Takes::OnOff),
+    ("NIWAKI_CUDA_PDL", Takes::OnOff),
+    ("NIWAKI_CUDA_PREFETCH_MB", Takes::Number),
+    ("NIWAKI_CUDA_RUN_AHEAD", Takes::OnOff),
+    ("NIWAKI_CUDA_TOPK", Takes::OnOff),
+    ("NIWAKI_CUDA_TOPK_SUMS", Takes::OnOff),
+    ("NIWAKI_CUDA_TRACE", Takes::Number),
+    ("NIWAKI_CUDA_WEIGHTS_L2", Takes::OneOf(&["first", "normal"])),
+    ("NIWAKI_CUDA_X_COPY", Takes::OneOf(&["0", "1", "all"])),
+];
+
+/// Refuses a `NIWAKI_CUDA_*` variable among `vars` that names no switch, or gives a switch a
+/// value it does not take.
+pub fn check<I: IntoIterator<Item = (String, String)>>(vars: I) -> Result<()> {
+    for (name, value) in vars {
+        if !name.starts_with("NIWAKI_CUDA_") {
+            continue;
+        }
+        let refuse = |why: String| {
+            Err(CudaError::Setting {
+                name: name.clone(),
+                value: value.clone(),
+                why,
+            })
+        };
+        let Some(&(_, takes)) = KNOBS.iter().find(|(n, _)| *n == name) else {
+            let names: Vec<&str> = KNOBS.iter().map(|(n, _)| *n).collect();
+            return refuse(format!(
+                "no such setting (the backend reads {})",
+                names.join(", ")
+            ));
+        };
+        let ok = match takes {
+            Takes::OnOff => value == "0" || value == "1",
+            Takes::Number => value.parse::<u64>().is_ok(),
+            Takes::OneOf(words) => words.contains(&value.as_str()),
+            Takes::Path => !value.is_empty(),
+        };
+        if !ok {
+            return refuse(match takes {
+                Takes::OnOff => "takes 0 or 1".into(),
+                Takes::Number => "takes a whole number".into(),
+                Takes::OneOf(words) => format!("takes one of {}", words.join(", ")),
+                Takes::Path => "takes a folder".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// [`check`] on this process's environment (names and values that are not Unicode are not
+/// the backend's).
+pub fn check_env() -> Result<()> {
+    check(
+        std::env::vars_os()
+            .filter_map(|(n, v)| Some((n.into_string().ok()?, v.into_string().ok()?))),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(name: &str, value: &str) -> Result<()> {
+        check([(name.to_string(), value.to_string())])
+    }
+
+    #[test]
+    fn the_switches_take_their_values_and_refuse_others() {
+        assert!(one("NIWAKI_CUDA_PDL", "0").is_ok());
+        assert!(one("NIWAKI_CUDA_PDL", "1").is_ok());
+        assert!(one("NIWAKI_CUDA_PDL", "yes").is_err());
+        assert!(one("NIWAKI_CUDA_B1_TILE_ROWS", "32").is_ok());
+        assert!(one("NIWAKI_CUDA_B1_TILE_ROWS", "24").is_err());
+        assert!(one("NIWAKI_CUDA_EARLY_TILES", "2").is_ok());
+        assert!(one("NIWAKI_CUDA_EARLY_TILES", "-1").is_err());
+        assert!(one("NIWAKI_CUDA_FUSE_NORM", "binary").is_ok());
+        assert!(one("NIWAKI_CUDA_CACHE", "kc").is_ok());
+        assert!(one("NIWAKI_CUDA_CACHE", "").is_err());
+        // Other programs' variables are not the backend's business.
+        assert!(one("NIWAKI_SIMD", "whatever").is_ok());
+        assert!(one("PATH", "/bin").is_ok());
+    }
+
+    #[test]
+    fn a_misspelt_switch_is_refused_with_the_names_it_could_be() {
+        let e = one("NIWAKI_CUDA_B1_IMAGES", "0").unwrap_err().to_string();
+        assert!(e.contains("NIWAKI_CUDA_B1_IMAGES=0"), "{e}");
+        assert!(e.contains("NIWAKI_CUDA_B1_IMAGE,"), "{e}");
+    }
+
+    #[test]
+    fn the_word_lists_are_the_plans_counts() {
+        let n = |w: &[&str]| -> Vec<usize> { w.iter().map(|r| r.parse().unwrap()).collect() };
+        assert_eq!(n(&GDN_ROWS), plan::GDN_STEP_ROWS);
+        assert_eq!(n(&ATTN_TILES), plan::ATTN_TILES);
+    }
+
+    /// The names the sources hold as string literals (`"NIWAKI_CUDA_…"`), in `dir` and below
+    /// (this list's own file apart).
+    fn names_read(dir: &std::path::Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let path = e.unwrap().path();
+            if path.is_dir() {
+                names_read(&path, out);
+            } else if path.extension().is_some_and(|x| x == "rs") && !path.ends_with("knobs.rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                for part in text.split("\"NIWAKI_CUDA_").skip(1) {
+                    let tail: String = part
+                        .chars()
+                        .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                        .collect();
+                    if part[tail.len()..].starts_with('"') {
+                        out.push(format!("NIWAKI_CUDA_{tail}"));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_switch_the_sources_read_is_listed_and_every_listed_one_is_read() {
+        let mut read = Vec::new();
+        names_read(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            &mut read,
+        );
+        for n in &read {
+            assert!(
+                KNOBS.iter().any(|(k, _)| k == n),
+                "{n} is read but not listed"
+            );
+        }
+        for (k, _) in KNOBS {
+            assert!(read.iter().any(|n| n == k), "{k} is listed but never read");
+        }
+    }
+
+    #[test]
+    fn the_names_are_sorted_and_unique() {
+        assert!(KNOBS.windows(2).all(|w| w[0].0 < w[1].0));
+    }
+}
