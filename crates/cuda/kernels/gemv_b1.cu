@@ -13,16 +13,17 @@
 // Tiles are 16 rows (32 with two MMA row groups, RG), laid out in a stage as boxes of 128
 // bytes × the tile's rows with the 128-byte swizzle (16-byte unit u of row r lands at unit
 // u ^ (r & 7)), so that the lanes of a fragment (row g and g + 8, word t of chunk c) hit 32
-// different banks. The tensor-map copy brings a tile a box at a time; the 2-bit `_i` kernels
-// bring it by one bulk copy from a tile image already in that layout (tile_image.cu, made at
-// upload). A tile's row scales follow by bulk copy. Warp w of GEMV1_WARPS multiplies chunks w, w + 8, … of every tile,
-// leaves its partial sums in shared memory and frees the stage; the producer warp, once every
-// consumer has freed it, adds the partial sums in warp order, writes the rows and refills the
-// stage (b1_produce). Results are deterministic (though not the dp4a kernel's bits: the float
-// sums run in another order). Per 16 rows × 128 values a consumer issues about 33 instructions
-// (two MMAs, five shared loads, the counts' scaling) where the dp4a kernel's lanes issue about
-// 54 per as many weight bytes: on matrices of many tiles the binary kernel is ~22% faster, and
-// since its start waits for one round trip to L2 per six chunks rather than one per chunk, it
+// different banks. The tensor-map copy brings a tile a box at a time; the 2-bit `_i` kernels bring
+// it by one bulk copy from a tile image already in that layout (tile_image.cu, made at upload). A
+// tile's row scales follow by bulk copy. Warp w of GEMV1_WARPS multiplies chunks w, w + 8, … of
+// every tile, leaves its partial sums in shared memory and frees the stage; the producer warp,
+// once every consumer has freed it, adds the partial sums in warp order, writes the rows and
+// refills the stage (b1_produce). Results are deterministic (though not the dp4a kernel's bits:
+// the float sums run in another order). Per 16 rows × 128 values a consumer issues about 33
+// instructions (two MMAs, five shared loads, the counts' scaling) where the dp4a kernel's lanes
+// issue about 54 per as many weight bytes: on matrices of many tiles the binary kernel is ~22%
+// faster, and since its start waits for one round trip to L2 per six chunks rather than one per
+// chunk, it
 // takes every 1-bit matrix (plan::prefers_b1).
 //
 // Fragments (PTX ISA, mma .b1 m16n8k128): lane (g = lane / 4, t = lane % 4) holds A's rows g

@@ -18,8 +18,8 @@
 // alone. Where `stats` is not null each block leaves CH_STATS counters there, saying where its
 // warps waited; without it the clocks are not read.
 
-// CH_WARPS, CH_SLOTS and CH_STATS come from the host (plan::CHAIN_WARPS, CHAIN_SLOTS,
-// CH_STATS).
+// CH_WARPS, CH_SLOTS and CH_STATS come from the host (plan::CHAIN_WARPS, plan::CHAIN_SLOTS,
+// plan::CHAIN_STATS).
 #if !defined(CH_WARPS) || !defined(CH_SLOTS) || !defined(CH_STATS)
 #error "CH_WARPS, CH_SLOTS and CH_STATS must be defined by the host"
 #endif

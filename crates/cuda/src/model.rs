@@ -248,14 +248,11 @@ impl CudaModel {
             let p = repack::concat(parts)?;
             let free = gpu.free_bytes()?;
             let image = gpu.tile_image_need(&p);
-            check_fits(
-                &format!("weights ({name})"),
-                &[
-                    (&name, p.bytes()),
-                    ("its tile image (NIWAKI_CUDA_B1_IMAGE=0 makes none)", image),
-                ],
-                free,
-            )?;
+            let mut parts = vec![(name.as_str(), p.bytes())];
+            if image > 0 {
+                parts.push(("its tile image (NIWAKI_CUDA_B1_IMAGE=0 makes none)", image));
+            }
+            check_fits(&format!("weights ({name})"), &parts, free)?;
             let d = gpu.upload_packed(&p, &name)?;
             weight_bytes += d.bytes();
             image_bytes += d.image_bytes();

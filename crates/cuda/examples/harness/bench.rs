@@ -228,7 +228,8 @@ pub(crate) fn bench_27b(
         let _ = write!(variants, "; binary GEMVs off (dp4a only): {:.1}", off?.0);
     } else {
         // 2-bit matrices on the binary kernels flipped from the default (their float sums run
-        // in another order than dp4a's: tokens not compared).
+        // in another order than dp4a's: tokens not compared). Turned on here after a load with
+        // NIWAKI_CUDA_B2=0, they have no tile images: the figure is the tensor map's.
         let on = g.gpu().b2();
         g.gpu().set_b2(!on);
         let flipped_to = g.gpu().b2();

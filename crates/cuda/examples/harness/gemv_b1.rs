@@ -29,7 +29,11 @@ pub(crate) fn gemv_b1_checks(
         return Ok(());
     }
     for format in FORMATS {
-        format_checks(rep, gpu, xq, xs, rng, format)?;
+        // The checks set which matrices get tile images: restored whatever they return.
+        let image_use = gpu.image_use();
+        let r = format_checks(rep, gpu, xq, xs, rng, format);
+        gpu.set_image_use(image_use);
+        r?;
     }
     Ok(())
 }
@@ -50,9 +54,9 @@ fn format_checks(
     let mut refused = Vec::new();
     let (mut fused_runs, mut fused_refused) = (0usize, Vec::new());
     let (mut image_runs, mut image_diff, mut image_out_diff) = (0usize, 0usize, 0usize);
+    let mut image_launched = 0usize;
     // Images of every shape the plan takes, preferred or not (where they are on at all).
-    let image_use = gpu.image_use();
-    let images = image_use != ImageUse::Off && !one_bit;
+    let images = gpu.image_use() != ImageUse::Off && !one_bit;
     if images {
         gpu.set_image_use(ImageUse::Every);
     }
@@ -118,7 +122,8 @@ fn format_checks(
                 .chunks_exact(16)
                 .enumerate()
                 .filter(|&(q, got)| {
-                    let want = (shape.source(q))
+                    let want = shape
+                        .source(q)
                         .and_then(|src| p.codes.get(16 * src..16 * src + 16))
                         .unwrap_or(&zero);
                     got != want
@@ -171,7 +176,9 @@ fn format_checks(
             gpu.alloc(4 * rows, "out")?,
             gpu.alloc(4 * rows, "out")?,
         );
+        let launched = gpu.image_launches();
         gpu.gemv_b1(s, &m, &GemvIo::one(xq, xs, a.ptr), None)?;
+        image_launched += gpu.image_launches() - launched;
         gpu.gemv_b1(s, &m, &GemvIo::one(xq, xs, b.ptr), None)?;
         let t = niwaki_cuda::plan::Gemv1Tuning::for_shape(p.format, cols);
         let dp4a = gpu.gemv1_tuned(s, &m, &GemvIo::one(xq, xs, c.ptr), t, None)?;
@@ -235,7 +242,6 @@ fn format_checks(
             fused_refused.push(format!("{rows}×{cols}"));
         }
     }
-    gpu.set_image_use(image_use);
     let ok = worst < 1e-5
         && worst_dp4a < 1e-5
         && dp4a_runs == runs
@@ -248,6 +254,7 @@ fn format_checks(
         && tiles32_runs == want_tiles32
         && tiles32_diff == 0
         && image_runs == if images { runs } else { 0 }
+        && image_launched == image_runs
         && image_diff == 0
         && image_out_diff == 0;
     let taken: Vec<String> = shapes
@@ -256,7 +263,7 @@ fn format_checks(
         .filter(|sh| !refused.contains(sh))
         .collect();
     rep.line(format!(
-        "| gemv_b1 {format} (binary tensor cores, 1 token, += prior, argmax; norm {}) | {} (refused: {}) | {} | vs integer twin {worst:.1e} (tol 1e-5), vs the dp4a kernel {worst_dp4a:.1e} (tol 1e-5) in {dp4a_runs} shapes, as a fraction of Σ|w·x|; argmax {}; {runs} shapes; repeated launch: {repeat_diff} differing outputs, fused norm vs quant_rms + kernel: {fused_diff} in {fused_runs} shapes (refused: {}), 32-row tiles vs 16 in {tiles32_runs} shapes: {tiles32_diff}, tile images vs their twin in {image_runs} shapes: {image_diff} differing units, the kernel from them vs from the tensor map: {image_out_diff} differing outputs (all must be 0) |",
+        "| gemv_b1 {format} (binary tensor cores, 1 token, += prior, argmax; norm {}) | {} (refused: {}) | {} | vs integer twin {worst:.1e} (tol 1e-5), vs the dp4a kernel {worst_dp4a:.1e} (tol 1e-5) in {dp4a_runs} shapes, as a fraction of Σ|w·x|; argmax {}; {runs} shapes; repeated launch: {repeat_diff} differing outputs, fused norm vs quant_rms + kernel: {fused_diff} in {fused_runs} shapes (refused: {}), 32-row tiles vs 16 in {tiles32_runs} shapes: {tiles32_diff}, tile images vs their twin in {image_runs} shapes ({image_launched} launched from them): {image_diff} differing units, the kernel from them vs from the tensor map: {image_out_diff} differing outputs (all must be 0) |",
         if one_bit { "fused" } else { "refused" },
         taken.join(", "),
         refused.join(", "),

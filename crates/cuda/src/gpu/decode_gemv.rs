@@ -165,7 +165,9 @@ impl Gpu {
         let map = m.codes_map(l.tile_rows)?;
         // The 2-bit kernels take their tiles from the matrix's image where it has one of these
         // tiles (the clustered kernels have no such twin).
-        let image = (m.image.as_ref())
+        let image = m
+            .image
+            .as_ref()
             .filter(|im| im.shape.tile_rows == l.tile_rows)
             .zip(l.image_kernel);
         let kernel = image.map_or(l.kernel, |(_, k)| k);
@@ -187,6 +189,9 @@ impl Gpu {
             .collect::<Vec<_>>(),
         )?;
         self.count_fold(io.fold);
+        if image.is_some() {
+            self.image_launches.fetch_add(1, Ordering::Relaxed);
+        }
         if cluster.is_some() {
             self.count_cluster_fold();
         }

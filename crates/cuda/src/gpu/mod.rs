@@ -19,10 +19,10 @@ use crate::tma::{self, TensorMap};
 mod bandwidth;
 mod decode_gemv;
 mod tile_image;
-
-pub use tile_image::{ImageUse, TileImage};
 mod trace;
 
+pub use tile_image::ImageUse;
+pub(crate) use tile_image::TileImage;
 pub use trace::{TraceKind, TraceRecord};
 
 use decode_gemv::{X_COPY_ALL, X_COPY_OFF, X_COPY_PLAN};
@@ -353,6 +353,8 @@ pub struct Gpu {
     x_copy: AtomicUsize,
     /// Launches of the swizzled (`_x`) decode GEMVs so far, for the harness to see them run.
     x_copy_launches: AtomicUsize,
+    /// Launches of the 2-bit binary decode GEMVs from tile images (`gemv_b2*_i`).
+    image_launches: AtomicUsize,
     /// Decode GEMVs launched with a folded norm (for checking that a path ran).
     fold_launches: AtomicUsize,
     /// Decode GEMVs launched with a folded SwiGLU.
@@ -647,6 +649,7 @@ impl Gpu {
             gemv1: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_GEMV1")),
             gemv1_nodot: AtomicBool::new(false),
             x_copy_launches: AtomicUsize::new(0),
+            image_launches: AtomicUsize::new(0),
             fold_launches: AtomicUsize::new(0),
             swiglu_launches: AtomicUsize::new(0),
             cluster_fold_launches: AtomicUsize::new(0),
@@ -1061,6 +1064,12 @@ impl Gpu {
             None => return,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Launches of the 2-bit binary decode GEMVs from tile images this device has made.
+    #[doc(hidden)]
+    pub fn image_launches(&self) -> usize {
+        self.image_launches.load(Ordering::Relaxed)
     }
 
     /// Launches of the swizzled decode GEMVs (`gemv1_*_x`) this device has made.

@@ -13,17 +13,21 @@ use crate::plan::TileImageShape;
 use crate::repack::{GpuFormat, Packed};
 
 /// A matrix's codes in the layout of the binary decode kernel's stages.
-pub struct TileImage {
-    pub shape: TileImageShape,
-    pub buf: DevBuf,
+pub(crate) struct TileImage {
+    pub(crate) shape: TileImageShape,
+    pub(crate) buf: DevBuf,
 }
 
 /// Which 2-bit matrices get a tile image at upload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub enum ImageUse {
     /// None (`NIWAKI_CUDA_B1_IMAGE=0`, or a device before sm_90).
     Off,
-    /// Those whose one-token GEMV the binary kernel takes (the default on sm_90).
+    /// Those whose one-token GEMV the binary kernel takes (the default on sm_90), by the
+    /// settings at their upload. Two cases still leave an image unread: a residual GEMV that
+    /// folds the next norm in a cluster (`NIWAKI_CUDA_FOLD_CLUSTER=1`: the `_c` kernels take
+    /// tiles by the tensor map), and the binary kernels turned off after the upload.
     Taken,
     /// Every shape the binary kernel's plan takes, preferred for it or not (the harness's
     /// checks launch the kernel on shapes the decode sends to dp4a).
@@ -51,7 +55,7 @@ impl Gpu {
         let two_bit = matches!(format, GpuFormat::Q2G64 | GpuFormat::Q2G128);
         let wanted = match self.image_use() {
             ImageUse::Off => false,
-            ImageUse::Taken => self.prefers_b1_shape(format, rows),
+            ImageUse::Taken => self.gemv1() && self.prefers_b1_shape(format, rows),
             ImageUse::Every => true,
         };
         (two_bit && wanted)
@@ -80,7 +84,10 @@ impl Gpu {
             return Ok(None);
         };
         let total = shape.units_total();
-        let buf = self.alloc(shape.bytes(), "tile image")?;
+        let buf = self.alloc(
+            shape.bytes(),
+            "a tile image (NIWAKI_CUDA_B1_IMAGE=0 makes none)",
+        )?;
         let blocks = total.div_ceil(256).min(65_535) as u32;
         self.launch(
             &self.stream,

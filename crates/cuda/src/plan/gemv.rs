@@ -418,8 +418,10 @@ pub struct TileImageShape {
 }
 
 impl TileImageShape {
-    /// The image of a `rows` × `cols` matrix of `format` in tiles of `tile_rows` rows.
+    /// The image of a `rows` × `cols` matrix of `format` in tiles of `tile_rows` rows (shapes
+    /// [`gemv_b1_launch`] takes: whole 128-byte boxes a row, tiles of 16 or 32 rows).
     pub fn new(format: GpuFormat, rows: usize, cols: usize, tile_rows: usize) -> Self {
+        debug_assert!(cols >= format.chunk_values() && tile_rows > 0);
         TileImageShape {
             rows: rows.div_ceil(TILE_PAD_ROWS) * TILE_PAD_ROWS,
             units: cols / format.chunk_values(),

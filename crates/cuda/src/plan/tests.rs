@@ -818,12 +818,13 @@ fn the_binary_decode_gemv_of_2_bit_rows_takes_up_to_12_chunks_a_warp_in_16_row_t
     assert!(gemv_b2_kernel(GpuFormat::Q1, 10).is_none());
     let q1 = gemv_b1_launch(GpuFormat::Q1, 5120, 5120, 132, limit, false, (0, 0), 16).unwrap();
     assert!(q1.kernel.starts_with("gemv_b1_"));
-    // Only the 2-bit kernels have image twins, each its kernel's name and `_i`.
+    // Only the 2-bit kernels have image twins, each its kernel's name and `_i`, both compiled.
     assert_eq!(q1.image_kernel, None);
     for format in [GpuFormat::Q2G64, GpuFormat::Q2G128] {
         for per_warp in [4, 10, 12] {
             let (k, i) = gemv_b2_kernel(format, per_warp).unwrap();
             assert_eq!(i, format!("{k}_i"));
+            assert!(crate::compile::KERNELS.contains(&k) && crate::compile::KERNELS.contains(&i));
         }
     }
 }
@@ -1325,6 +1326,8 @@ fn a_cluster_fold_takes_one_block_per_tile_of_whole_pieces() {
         let l = gemv_b1_launch(format, 5120, cols, sms, smem, false, (0, 0), 16).unwrap();
         let c = cluster_fold(l, 5120).unwrap();
         assert_eq!(c.kernel, kernel);
+        // The clustered kernels take their tiles by the tensor map alone.
+        assert_eq!(c.image_kernel, None);
         assert_eq!(c.grid, 320);
         assert_eq!(c.grid % FOLD_CLUSTER, 0);
         assert_eq!(
@@ -1375,8 +1378,8 @@ fn a_tile_image_holds_every_unit_once_where_the_binary_consumers_read_it() {
             assert_eq!(im.source(q), Some((tile * tr + r) * units + c));
         }
     }
-    // Rows past the padded upload are zero: 40 rows in 32-row tiles leave 24 of the second
-    // tile empty.
+    // Rows past the padded upload are zero: 48 padded rows in 32-row tiles leave the second
+    // tile's last 16 rows past the upload.
     let im = TileImageShape::new(GpuFormat::Q1, 40, 8 * 128, 32);
     assert_eq!(im.rows, 48);
     assert_eq!(im.source(im.units_total() - 1), None);
