@@ -99,13 +99,16 @@ pub fn check<I: IntoIterator<Item = (String, String)>>(vars: I) -> Result<()> {
     Ok(())
 }
 
-/// [`check`] on this process's environment (names and values that are not Unicode are not
-/// the backend's).
+/// [`check`] on this process's environment. A name that is not Unicode is not the backend's;
+/// a switch's value that is not Unicode is refused (shown lossily).
 pub fn check_env() -> Result<()> {
-    check(
-        std::env::vars_os()
-            .filter_map(|(n, v)| Some((n.into_string().ok()?, v.into_string().ok()?))),
-    )
+    check(std::env::vars_os().filter_map(|(n, v)| {
+        let name = n.into_string().ok()?;
+        let value = v
+            .into_string()
+            .unwrap_or_else(|v| format!("{} (not Unicode)", v.to_string_lossy()));
+        Some((name, value))
+    }))
 }
 
 #[cfg(test)]
