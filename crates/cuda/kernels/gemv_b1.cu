@@ -23,8 +23,7 @@
 // instructions (two MMAs, five shared loads, the counts' scaling) where the dp4a kernel's lanes
 // issue about 54 per as many weight bytes: on matrices of many tiles the binary kernel is ~22%
 // faster, and since its start waits for one round trip to L2 per six chunks rather than one per
-// chunk, it
-// takes every 1-bit matrix (plan::prefers_b1).
+// chunk, it takes every 1-bit matrix (plan::prefers_b1).
 //
 // Fragments (PTX ISA, mma .b1 m16n8k128): lane (g = lane / 4, t = lane % 4) holds A's rows g
 // and g + 8 and B's column g over k = 32t … 32t + 31, and gets C's rows g, g + 8 at columns 2t,
