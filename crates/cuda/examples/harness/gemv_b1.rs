@@ -34,8 +34,52 @@ pub(crate) fn gemv_b1_checks(
         let r = format_checks(rep, gpu, xq, xs, rng, format);
         gpu.set_image_use(image_use);
         r?;
+        resources(rep, gpu, format);
     }
     Ok(())
+}
+
+/// The registers, spilled bytes and blocks a multiprocessor of the binary kernels the plan
+/// takes for the 27B's one-token GEMVs (a report, for the next kernel change: a kernel that
+/// spills or holds fewer blocks than its plan asks for runs slower than it should).
+fn resources(rep: &mut Report, gpu: &Gpu, format: Format) {
+    let Some(gf) = repack::GpuFormat::for_format(format) else {
+        return;
+    };
+    let sms = gpu.info.multiprocessors.max(1) as usize;
+    let shapes = [
+        (34816, 5120),
+        (16480, 5120),
+        (14336, 5120),
+        (5120, 6144),
+        (5120, 17408),
+        (248_320, 5120),
+    ];
+    let mut seen = Vec::new();
+    for (rows, cols) in shapes {
+        let Some(l) =
+            niwaki_cuda::plan::gemv_b1_launch(gf, rows, cols, sms, 227 << 10, false, (0, 0), 16)
+        else {
+            continue;
+        };
+        // The 2-bit matrices' tiles come from their images where those are on.
+        let kernel = l
+            .image_kernel
+            .filter(|_| gpu.image_use() != ImageUse::Off)
+            .unwrap_or(l.kernel);
+        let threads = 32 * (niwaki_cuda::plan::GEMV1_WARPS as u32 + 1);
+        if let Some((regs, local, blocks)) = gpu.kernel_resources(kernel, threads, l.smem_bytes) {
+            seen.push(format!(
+                "{rows}×{cols} {kernel}: {regs} registers, {local} B spilled, {blocks} blocks/SM (grid {})",
+                l.grid
+            ));
+        }
+    }
+    rep.line(format!(
+        "| binary decode GEMV kernels of the 27B's shapes, {format} (driver's figures) | {} | — | {} |",
+        seen.len(),
+        seen.join("; ")
+    ));
 }
 
 fn format_checks(

@@ -1184,6 +1184,20 @@ impl Gpu {
         self.launch_smem(stream, name, grid, block, 0, args)
     }
 
+    /// Kernel `name`'s registers a thread, local (spilled) bytes a thread, and the blocks of
+    /// `block` threads with `smem` bytes of dynamic shared memory a multiprocessor holds (the
+    /// driver's occupancy query): for the harness's reports. `None` for a kernel not loaded.
+    #[doc(hidden)]
+    pub fn kernel_resources(&self, name: &str, block: u32, smem: usize) -> Option<(i32, i32, u32)> {
+        let f = self.funcs.get(name)?;
+        Some((
+            f.num_regs().ok()?,
+            f.local_size_bytes().ok()?,
+            f.occupancy_max_active_blocks_per_multiprocessor(block, smem, None)
+                .ok()?,
+        ))
+    }
+
     /// Launches `name` with `smem` bytes of dynamic shared memory.
     pub fn launch_smem(
         &self,
