@@ -331,7 +331,13 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
 //
 // IMG: the tiles come from an image of the stage's layout (`cimg`, kernels/tile_image.cu), one
 // bulk copy a tile rather than a tensor-map copy per 128-byte box.
-template <int FMT, int J, bool EXACT, int RG, bool NORM, bool CL, bool IMG>
+//
+// XSM (1-bit rows, the norm apart): the activations' codes and group pairs come into shared
+// memory by two bulk copies issued once the previous kernel has ended, and the consumers form
+// their plane words from there. Their own loads from L2 wait one round trip per BATCH chunks of
+// a warp, three in a row for ffn_down's 17 (the batches bound the registers the loads hold);
+// the copies wait one.
+template <int FMT, int J, bool EXACT, int RG, bool NORM, bool CL, bool IMG, bool XSM>
 __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned char* __restrict__ scales,
                                              int rows, int cols, const uint4* __restrict__ xq,
                                              const float2* __restrict__ xs, float* __restrict__ out,
@@ -346,7 +352,9 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     __shared__ __align__(8) u64 bars[GEMV1_MAX_STAGES];
     __shared__ __align__(8) u64 empty[GEMV1_MAX_STAGES];
     __shared__ float red[32];
+    __shared__ __align__(8) u64 xbar;
     constexpr int TR = 16 * RG;
+    static_assert(!XSM || (FMT == FMT_Q1 && !NORM), "staged activations: 1-bit rows, the norm apart");
     static_assert(FMT == FMT_Q1 || (RG == 1 && !NORM), "2-bit rows: tiles of 16, the norm apart");
     static_assert(!CL || RG == 1, "a cluster's eight blocks hold a 128-row piece in tiles of 16");
     // Tiles of 32 rows keep at most half the stages (plan::gemv_b1_launch), so the partial sums
@@ -366,7 +374,9 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     // swizzle's boxes need (the host adds them to the launch).
     unsigned char* base = smem + ((1024u - (smem_addr(smem) & 1023u)) & 1023u);
     float2* ssm = (float2*)base;
-    unsigned char* stage0 = base + ((((8 * groups + 127) & ~127) + 1023) & ~1023);
+    // XSM: the row's codes between the pairs and the ring (plan::x_staged counts them).
+    unsigned char* sx = base + ((((8 * groups + 127) & ~127) + 1023) & ~1023);
+    unsigned char* stage0 = sx + (XSM ? (cols + 1023) & ~1023 : 0);
 
     auto issue = [&](int i) {
         const int s = i % stages;
@@ -380,7 +390,10 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         weights_g2s(dst + code_bytes, scales + (size_t)tile * scale_bytes, scale_bytes, bar);
     };
 
-    if (tid == 0) ring_init(bars, empty, stages);
+    if (tid == 0) {
+        if (XSM) mbar_init(smem_addr(&xbar), 1);
+        ring_init(bars, empty, stages);
+    }
     __syncthreads();
     // The ring's first tiles: `early` of them requested before the wait for the previous kernel
     // (weights depend on nothing), the rest once it has ended.
@@ -396,6 +409,13 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
                                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     TRACE_ENTRY();
+    if (XSM && tid == 0) {
+        // Before the ring's other tiles: the consumers' first wait.
+        const u32 xb = smem_addr(&xbar);
+        mbar_expect_tx(xb, (u32)cols + 8u * groups);
+        bulk_g2s(smem_addr(sx), xq, (u32)cols, xb);
+        bulk_g2s(smem_addr(ssm), xs, 8u * groups, xb);
+    }
     if (tid == 0)
         for (int i = before; i < first; i++) issue(i);
 
@@ -428,7 +448,10 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
             // and the first tile. Lane j copies chunk j's, so a warp has at most 32 chunks.
             const int pc = warp + GEMV1_WARPS * lane;
             float2 pair0 = make_float2(0.0f, 0.0f), pair1 = pair0;
-            if (lane < J && pc < chunks) {
+            // XSM: the pairs are already in `ssm`, the codes in `sx`.
+            if (XSM) mbar_wait(smem_addr(&xbar), 0u);
+            const uint4* xsrc = XSM ? (const uint4*)sx : xq;
+            if (!XSM && lane < J && pc < chunks) {
                 pair0 = xs[2 * pc];
                 pair1 = xs[2 * pc + 1];
             }
@@ -451,8 +474,8 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
                 for (int j = j0; j < j0 + BATCH && j < J; j++) {
                     const int c = warp + GEMV1_WARPS * j;
                     const int cc = EXACT ? c : min(c, chunks - 1);
-                    x0[j - j0] = xq[cc * 8 + 2 * t];
-                    x1[j - j0] = xq[cc * 8 + 2 * t + 1];
+                    x0[j - j0] = xsrc[cc * 8 + 2 * t];
+                    x1[j - j0] = xsrc[cc * 8 + 2 * t + 1];
                 }
         #pragma unroll
                 for (int j = j0; j < j0 + BATCH && j < J; j++) {
@@ -462,7 +485,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
                     bhi[j] = t < 2 ? 0u : b;
                 }
             }
-            if (lane < J && pc < chunks) {
+            if (!XSM && lane < J && pc < chunks) {
                 ssm[2 * pc] = pair0;
                 ssm[2 * pc + 1] = pair1;
             }
@@ -531,23 +554,23 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 #endif
 
 #if __CUDA_ARCH__ >= 900
-#define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL, IMG, CIMG)                                              \
-    gemv_b1_body<FMT, J, EXACT, RG, NORM, CL, IMG>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
+#define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL, IMG, CIMG, XSM)                                         \
+    gemv_b1_body<FMT, J, EXACT, RG, NORM, CL, IMG, XSM>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
                     pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, early, rms_in, rms_eps,              \
                     FoldOut{fold_cnt, nw, fold_xq, fold_xs, fold_ss, fold_ffn}, CIMG)
 #else
-#define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL, IMG, CIMG) __trap()
+#define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL, IMG, CIMG, XSM) __trap()
 #endif
 
 // J: chunks per warp and tile (EXACT) or at most (else), so 8·J chunks of 128 (1-bit) or 64
 // (2-bit) columns. The exact kernels take the 27B's widths with no guard: 5120, 6144 and 17408
 // columns are 5, 6 and 17 1-bit chunks per warp, 5120 and 6144 are 10 and 12 2-bit ones.
 #define GEMV_BIN_KERNEL(name, FMT, J, EXACT, RG, NORM, MINB) \
-    GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, RG, NORM, MINB, false, , false, , nullptr)
+    GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, RG, NORM, MINB, false, , false, , nullptr, false)
 // The tiles from their images (IMG): the launch adds the image's address.
 #define GEMV_BIN_IMG_KERNEL(name, FMT, J, EXACT, MINB)                                     \
     GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, 1, false, MINB, false, , true,                 \
-                       MACRO_COMMA const unsigned char* __restrict__ cimg, cimg)
+                       MACRO_COMMA const unsigned char* __restrict__ cimg, cimg, false)
 // The norm's fold gathered in clusters of eight blocks (fold_cluster). Clusters exist from
 // sm_90 on; compiled for earlier devices the kernels keep no cluster shape (and trap).
 #if __CUDA_ARCH__ >= 900
@@ -556,9 +579,9 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 #define FOLD_CLUSTER_DIMS
 #endif
 #define GEMV_BIN_CLUSTER_KERNEL(name, FMT, J, EXACT, MINB) \
-    GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, 1, false, MINB, true, FOLD_CLUSTER_DIMS, false, , nullptr)
+    GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, 1, false, MINB, true, FOLD_CLUSTER_DIMS, false, , nullptr, false)
 #define MACRO_COMMA ,
-#define GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, RG, NORM, MINB, CL, DIMS, IMG, IMG_PARAM, CIMG)          \
+#define GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, RG, NORM, MINB, CL, DIMS, IMG, IMG_PARAM, CIMG, XSM)     \
     ENTRY __global__ void DIMS __launch_bounds__(32 * (GEMV1_WARPS + 1), MINB)              \
         name(const __grid_constant__ TmaMap cmap, const unsigned char* __restrict__ scales,       \
              int rows, int cols, const uint4* __restrict__ xq, const float2* __restrict__ xs,     \
@@ -569,7 +592,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
              const float* __restrict__ rms_in, float rms_eps, u32* __restrict__ fold_cnt,         \
              int* __restrict__ fold_xq, float2* __restrict__ fold_xs, float* __restrict__ fold_ss, \
              int fold_ffn IMG_PARAM) {                                                            \
-        GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL, IMG, CIMG);                                                 \
+        GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL, IMG, CIMG, XSM);                                            \
     }
 
 GEMV_BIN_KERNEL(gemv_b1_j5x, FMT_Q1, 5, true, 1, false, 4)
@@ -577,6 +600,11 @@ GEMV_BIN_KERNEL(gemv_b1_j6x, FMT_Q1, 6, true, 1, false, 4)
 GEMV_BIN_KERNEL(gemv_b1_j6, FMT_Q1, 6, false, 1, false, 4)
 GEMV_BIN_KERNEL(gemv_b1_j17x, FMT_Q1, 17, true, 1, false, 2)
 GEMV_BIN_KERNEL(gemv_b1_j17, FMT_Q1, 17, false, 1, false, 2)
+// The same with the activations staged in shared memory (XSM; plan::x_staged).
+#define GEMV_BIN_XSM_KERNEL(name, J, EXACT) \
+    GEMV_BIN_KERNEL_AS(name, FMT_Q1, J, EXACT, 1, false, 2, false, , false, , nullptr, true)
+GEMV_BIN_XSM_KERNEL(gemv_b1_j17x_xs, 17, true)
+GEMV_BIN_XSM_KERNEL(gemv_b1_j17_xs, 17, false)
 // Tiles of 32 rows (row counts a multiple of 32: plan::gemv_b1_launch).
 GEMV_BIN_KERNEL(gemv_b1_j5x_r32, FMT_Q1, 5, true, 2, false, 3)
 GEMV_BIN_KERNEL(gemv_b1_j6x_r32, FMT_Q1, 6, true, 2, false, 3)

@@ -62,6 +62,12 @@ fn resources(rep: &mut Report, gpu: &Gpu, format: Format) {
         else {
             continue;
         };
+        // The widest 1-bit rows' activations staged where that is on.
+        let l = if gpu.b1_x_stage() {
+            niwaki_cuda::plan::x_staged(l, cols).unwrap_or(l)
+        } else {
+            l
+        };
         // The 2-bit matrices' tiles come from their images where those are on.
         let kernel = l
             .image_kernel
@@ -95,6 +101,7 @@ fn format_checks(
     let (mut worst, mut worst_dp4a) = (0f64, 0f64);
     let (mut runs, mut argmax_ok, mut repeat_diff, mut fused_diff) = (0, true, 0usize, 0usize);
     let (mut tiles32_diff, mut tiles32_runs, mut dp4a_runs) = (0usize, 0usize, 0usize);
+    let (mut staged_diff, mut staged_runs) = (0usize, 0usize);
     let mut refused = Vec::new();
     let (mut fused_runs, mut fused_refused) = (0usize, Vec::new());
     let (mut image_runs, mut image_diff, mut image_out_diff) = (0usize, 0usize, 0usize);
@@ -135,6 +142,8 @@ fn format_checks(
             (20, 256),
         ]
     };
+    // 77×17408 and 77×9216 take the kernels with staged activations.
+    let want_staged = if one_bit { 2 } else { 0 };
     let (want_refused, want_fused_refused, want_tiles32): (&[&str], &[&str], usize) = if one_bit {
         // 34816×5120, 992×5120 and 320×6144 take 32-row tiles.
         (&["20×256"], &["77×17408", "77×9216"], 3)
@@ -242,25 +251,42 @@ fn format_checks(
             gpu.read(s, b.ptr, &mut vb)?;
             image_out_diff += differ(&va, &vb);
         }
+        // The H200's plan for tiles of that many rows.
+        let h200_plan = |tile_rows| {
+            niwaki_cuda::plan::gemv_b1_launch(
+                p.format,
+                rows,
+                cols,
+                132,
+                227 << 10,
+                false,
+                (0, 0),
+                tile_rows,
+            )
+        };
         // The same launch on tiles of 32 rows where the plan takes them.
         let prev = gpu.set_b1_tile_rows(32);
-        let wide = niwaki_cuda::plan::gemv_b1_launch(
-            p.format,
-            rows,
-            cols,
-            132,
-            227 << 10,
-            false,
-            (0, 0),
-            32,
-        )
-        .is_some_and(|l| l.tile_rows == 32);
+        let wide = h200_plan(32).is_some_and(|l| l.tile_rows == 32);
         let ran = wide && gpu.gemv_b1(s, &m, &GemvIo::one(xq, xs, b.ptr), None)?;
         gpu.set_b1_tile_rows(prev);
         if ran {
             gpu.read(s, b.ptr, &mut vb)?;
             tiles32_diff += differ(&va, &vb);
             tiles32_runs += 1;
+        }
+        // The activations staged in shared memory by bulk copies, or loaded by each warp, as the
+        // setting is not (the widest 1-bit kernels): the same bits.
+        let staged = h200_plan(16)
+            .and_then(|l| niwaki_cuda::plan::x_staged(l, cols))
+            .is_some();
+        if staged {
+            let prev = gpu.set_b1_x_stage(!gpu.b1_x_stage());
+            let ran = gpu.gemv_b1(s, &m, &GemvIo::one(xq, xs, b.ptr), None);
+            gpu.set_b1_x_stage(prev);
+            ran?;
+            gpu.read(s, b.ptr, &mut vb)?;
+            staged_diff += differ(&va, &vb);
+            staged_runs += 1;
         }
         if dp4a {
             dp4a_runs += 1;
@@ -297,6 +323,8 @@ fn format_checks(
         && fused_refused == want_fused_refused
         && tiles32_runs == want_tiles32
         && tiles32_diff == 0
+        && staged_runs == want_staged
+        && staged_diff == 0
         && image_runs == if images { runs } else { 0 }
         && image_launched == image_runs
         && image_diff == 0
@@ -307,7 +335,7 @@ fn format_checks(
         .filter(|sh| !refused.contains(sh))
         .collect();
     rep.line(format!(
-        "| gemv_b1 {format} (binary tensor cores, 1 token, += prior, argmax; norm {}) | {} (refused: {}) | {} | vs integer twin {worst:.1e} (tol 1e-5), vs the dp4a kernel {worst_dp4a:.1e} (tol 1e-5) in {dp4a_runs} shapes, as a fraction of Σ|w·x|; argmax {}; {runs} shapes; repeated launch: {repeat_diff} differing outputs, fused norm vs quant_rms + kernel: {fused_diff} in {fused_runs} shapes (refused: {}), 32-row tiles vs 16 in {tiles32_runs} shapes: {tiles32_diff}, tile images vs their twin in {image_runs} shapes ({image_launched} launched from them): {image_diff} differing units, the kernel from them vs from the tensor map: {image_out_diff} differing outputs (all must be 0) |",
+        "| gemv_b1 {format} (binary tensor cores, 1 token, += prior, argmax; norm {}) | {} (refused: {}) | {} | vs integer twin {worst:.1e} (tol 1e-5), vs the dp4a kernel {worst_dp4a:.1e} (tol 1e-5) in {dp4a_runs} shapes, as a fraction of Σ|w·x|; argmax {}; {runs} shapes; repeated launch: {repeat_diff} differing outputs, fused norm vs quant_rms + kernel: {fused_diff} in {fused_runs} shapes (refused: {}), 32-row tiles vs 16 in {tiles32_runs} shapes: {tiles32_diff}, activations staged by bulk copies vs loaded by the warps in {staged_runs} shapes: {staged_diff}, tile images vs their twin in {image_runs} shapes ({image_launched} launched from them): {image_diff} differing units, the kernel from them vs from the tensor map: {image_out_diff} differing outputs (all must be 0) |",
         if one_bit { "fused" } else { "refused" },
         taken.join(", "),
         refused.join(", "),

@@ -59,7 +59,7 @@ pub const SOURCES: [(&str, &str, usize); 16] = [
 pub const PARTS: usize = 5;
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 103] = [
+pub const KERNELS: [&str; 105] = [
     "read_sum",
     "quant_rms",
     "quant_swiglu",
@@ -93,6 +93,8 @@ pub const KERNELS: [&str; 103] = [
     "gemv_b1_j6",
     "gemv_b1_j17x",
     "gemv_b1_j17",
+    "gemv_b1_j17x_xs",
+    "gemv_b1_j17_xs",
     "gemv_b1_j5x_r32",
     "gemv_b1_j6x_r32",
     "gemv_b1_j5x_n",

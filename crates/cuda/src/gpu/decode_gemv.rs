@@ -162,6 +162,10 @@ impl Gpu {
             .then(|| plan::cluster_fold(plain, m.rows))
             .flatten();
         let l = cluster.unwrap_or(plain);
+        let l = (pre.is_none() && self.b1_x_stage())
+            .then(|| plan::x_staged(l, m.cols))
+            .flatten()
+            .unwrap_or(l);
         let map = m.codes_map(l.tile_rows)?;
         // The 2-bit kernels take their tiles from the matrix's image where it has one of these
         // tiles (the clustered kernels have no such twin).

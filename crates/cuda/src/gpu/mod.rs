@@ -380,6 +380,10 @@ pub struct Gpu {
     /// the decode graph, yet decode 333.3 → 330.2 tok/s (harness) and `niwaki bench` 318.4-322.2
     /// → 317.6-319.7: no faster, so not the default.
     b1_tile_rows: AtomicUsize,
+    /// The widest 1-bit rows' binary decode GEMV stages its activations in shared memory by
+    /// bulk copies ([`plan::x_staged`]; `NIWAKI_CUDA_B1_X_STAGE`, default
+    /// [`plan::B1_X_STAGE`]).
+    b1_x_stage: AtomicBool,
     /// The 2-bit binary decode GEMVs copy each tile from an image of their stage's layout, one
     /// bulk copy a tile (`gpu/tile_image.rs`; `NIWAKI_CUDA_B1_IMAGE=0` turns it off): an
     /// [`ImageUse`].
@@ -711,6 +715,11 @@ impl Gpu {
                 32 => 32,
                 _ => 16,
             }),
+            b1_x_stage: AtomicBool::new(match std::env::var("NIWAKI_CUDA_B1_X_STAGE").as_deref() {
+                Ok("1") => true,
+                Ok("0") => false,
+                _ => plan::B1_X_STAGE,
+            }),
             image_use: if hopper && env_on("NIWAKI_CUDA_B1_IMAGE") {
                 ImageUse::Taken
             } else {
@@ -1025,6 +1034,19 @@ impl Gpu {
     pub fn set_b1_tile_rows(&self, rows: usize) -> usize {
         self.b1_tile_rows
             .swap(if rows == 32 { 32 } else { 16 }, Ordering::Relaxed)
+    }
+
+    /// Whether the widest 1-bit rows' binary decode GEMV stages its activations in shared
+    /// memory ([`plan::x_staged`]); returns the previous setting. For the harness's checks.
+    #[doc(hidden)]
+    pub fn set_b1_x_stage(&self, on: bool) -> bool {
+        self.b1_x_stage.swap(on, Ordering::Relaxed)
+    }
+
+    /// Whether the widest 1-bit rows' binary decode GEMV stages its activations in shared
+    /// memory ([`plan::x_staged`]).
+    pub fn b1_x_stage(&self) -> bool {
+        self.b1_x_stage.load(Ordering::Relaxed)
     }
 
     /// Where the dp4a decode GEMV stages its activations by the tensor-map copy: `Some(true)`

@@ -298,6 +298,39 @@ pub fn gemv_b1_launch(
     })
 }
 
+/// Whether the widest 1-bit rows' binary decode GEMV stages its activations in shared memory by
+/// bulk copies by default ([`x_staged`]; `NIWAKI_CUDA_B1_X_STAGE=0` turns it off). On the
+/// 27B that is ffn_down's: measured on the H200 (`niwaki bench --device cuda -p 0 -n 128 -r
+/// 3`, Q1_0, alternated, two rounds, medians with min-max) 399.51 (399.41-399.51) and 401.58
+/// (401.18-401.63) tok/s against 394.21 (394.17-394.57) and 394.28 (394.25-394.65) with each
+/// warp loading its chunks from L2: +1.6%, the same bits.
+pub const B1_X_STAGE: bool = true;
+
+/// The binary decode GEMV `l` of `cols` columns with its activations' codes and group pairs
+/// brought into shared memory by two bulk copies rather than loaded by each consumer warp from
+/// L2 (`kernels/gemv_b1.cu`, XSM): its `_xs` kernel, with the row's codes (`cols` bytes, in
+/// whole KiB) between the pairs and the ring, and as many of `l`'s stages as then fit two
+/// blocks a multiprocessor (the only plans with such kernels: 1-bit rows of 9 to 17 chunks a
+/// warp, ffn_down's among them). `None` for other kernels, or where two stages would not fit.
+pub fn x_staged(l: GemvB1Launch, cols: usize) -> Option<GemvB1Launch> {
+    let kernel = match l.kernel {
+        "gemv_b1_j17x" => "gemv_b1_j17x_xs",
+        "gemv_b1_j17" => "gemv_b1_j17_xs",
+        _ => return None,
+    };
+    let x_bytes = gemv_b1_x_bytes(cols) + round1024(cols);
+    let fit = (SM90_SMEM_PER_SM / 2)
+        .saturating_sub(GEMV_B1_STATIC_SMEM + SMEM_RESERVED_PER_BLOCK)
+        .saturating_sub(1024 + x_bytes);
+    let stages = l.stages.min(fit / l.stage_bytes);
+    (stages >= 2).then_some(GemvB1Launch {
+        kernel,
+        stages,
+        smem_bytes: 1024 + x_bytes + stages * l.stage_bytes,
+        ..l
+    })
+}
+
 /// Blocks of a cluster that gathers a folded norm's piece (`kernels/gemv_b1.cu`,
 /// `fold_cluster`): a 128-row piece in tiles of 16 rows.
 pub const FOLD_CLUSTER: usize = 8;

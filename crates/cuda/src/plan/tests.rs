@@ -1384,3 +1384,40 @@ fn a_tile_image_holds_every_unit_once_where_the_binary_consumers_read_it() {
     assert_eq!(im.rows, 48);
     assert_eq!(im.source(im.units_total() - 1), None);
 }
+
+#[test]
+fn staged_activations_take_the_widest_1_bit_kernels_two_blocks_a_multiprocessor() {
+    let (sms, smem) = (132, 227 << 10);
+    // ffn_down's 1-bit rows: the row's 17408 codes beside the pairs and two stages of 39 KiB.
+    let l = gemv_b1_launch(GpuFormat::Q1, 5120, 17408, sms, smem, false, (0, 0), 16).unwrap();
+    assert_eq!(l.kernel, "gemv_b1_j17x");
+    let x = x_staged(l, 17408).unwrap();
+    assert_eq!(x.kernel, "gemv_b1_j17x_xs");
+    assert!(crate::compile::KERNELS.contains(&x.kernel));
+    assert_eq!(
+        (x.grid, x.tile_rows, x.stage_bytes),
+        (l.grid, 16, l.stage_bytes)
+    );
+    assert_eq!(x.stages, 2);
+    assert_eq!(
+        x.smem_bytes,
+        1024 + gemv_b1_x_bytes(17408) + 17408 + 2 * l.stage_bytes
+    );
+    // Two such blocks, each with its static memory and the driver's share, fit a
+    // multiprocessor.
+    assert!(2 * (x.smem_bytes + GEMV_B1_STATIC_SMEM + SMEM_RESERVED_PER_BLOCK) <= SM90_SMEM_PER_SM);
+    // The guarded kernel (9216 columns: nine chunks a warp).
+    let g = gemv_b1_launch(GpuFormat::Q1, 77, 9216, sms, smem, false, (0, 0), 16).unwrap();
+    let xg = x_staged(g, 9216).unwrap();
+    assert_eq!(xg.kernel, "gemv_b1_j17_xs");
+    assert!(crate::compile::KERNELS.contains(&xg.kernel));
+    // Not the narrower 1-bit kernels nor the 2-bit ones.
+    for (format, cols) in [
+        (GpuFormat::Q1, 5120),
+        (GpuFormat::Q1, 6144),
+        (GpuFormat::Q2G64, 6144),
+    ] {
+        let l = gemv_b1_launch(format, 5120, cols, sms, smem, false, (0, 0), 16).unwrap();
+        assert!(x_staged(l, cols).is_none(), "{}", l.kernel);
+    }
+}
