@@ -100,6 +100,60 @@ pub fn check<I: IntoIterator<Item = (String, String)>>(vars: I) -> Result<()> {
     Ok(())
 }
 
+/// What switch `name` takes, or `None` for a name not listed.
+fn takes(name: &str) -> Option<Takes> {
+    KNOBS.iter().find(|(n, _)| *n == name).map(|&(_, t)| t)
+}
+
+/// Switch `name`'s value in the environment, where set: every switch is read through here and
+/// the readers below (debug builds assert that the name is listed and takes what the reader
+/// parses), so the names the backend reads and [`KNOBS`] cannot drift apart. Values a switch
+/// does not take were refused by [`check_env`] when the backend started.
+fn value(name: &str, reader: fn(Takes) -> bool) -> Option<String> {
+    debug_assert!(
+        takes(name).is_some_and(reader),
+        "{name}: not listed as read"
+    );
+    std::env::var(name).ok()
+}
+
+fn is_on_off(t: Takes) -> bool {
+    matches!(t, Takes::OnOff)
+}
+
+/// An on-or-off switch: `default` where unset, else on with `1` and off with `0`.
+pub(crate) fn flag(name: &str, default: bool) -> bool {
+    match value(name, is_on_off).as_deref() {
+        Some("1") => true,
+        Some("0") => false,
+        _ => default,
+    }
+}
+
+/// A whole-number switch, where set.
+pub(crate) fn number_set(name: &str) -> Option<usize> {
+    value(name, |t| matches!(t, Takes::Number)).and_then(|v| v.parse().ok())
+}
+
+/// A whole-number switch, `default` where unset.
+pub(crate) fn number(name: &str, default: usize) -> usize {
+    number_set(name).unwrap_or(default)
+}
+
+/// A switch that takes one of a list of words, as given (`None` where unset).
+pub(crate) fn word(name: &str) -> Option<String> {
+    value(name, |t| matches!(t, Takes::OneOf(_)))
+}
+
+/// A folder switch, as given (not necessarily Unicode; `None` where unset).
+pub(crate) fn path(name: &str) -> Option<std::ffi::OsString> {
+    debug_assert!(
+        takes(name).is_some_and(|t| matches!(t, Takes::Path)),
+        "{name}: not listed as a folder"
+    );
+    std::env::var_os(name)
+}
+
 /// [`check`] on this process's environment. A name that is not Unicode is not the backend's;
 /// a switch's value that is not Unicode is refused (shown lossily).
 pub fn check_env() -> Result<()> {
@@ -189,6 +243,37 @@ mod tests {
         for (k, _) in KNOBS {
             assert!(read.iter().any(|n| n == k), "{k} is listed but never read");
         }
+    }
+
+    #[test]
+    fn each_reader_parses_what_its_switch_takes() {
+        // Unset in the test's environment: the defaults.
+        assert!(flag("NIWAKI_CUDA_PDL", true));
+        assert!(!flag("NIWAKI_CUDA_FOLD_CLUSTER", false));
+        assert_eq!(number("NIWAKI_CUDA_EARLY_TILES", 3), 3);
+        assert_eq!(word("NIWAKI_CUDA_X_COPY"), None);
+        assert_eq!(
+            path("NIWAKI_CUDA_CACHE").is_some(),
+            std::env::var_os("NIWAKI_CUDA_CACHE").is_some()
+        );
+        // Every listed switch has a reader for what it takes.
+        for (name, t) in KNOBS {
+            let fits = [
+                is_on_off(*t),
+                matches!(t, Takes::Number),
+                matches!(t, Takes::OneOf(_)),
+                matches!(t, Takes::Path),
+            ];
+            assert_eq!(fits.iter().filter(|&&f| f).count(), 1, "{name}");
+        }
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "not listed as read")]
+    fn a_reader_refuses_a_switch_of_another_kind() {
+        // NIWAKI_CUDA_EARLY_TILES takes a number, not 0 or 1.
+        flag("NIWAKI_CUDA_EARLY_TILES", false);
     }
 
     #[test]

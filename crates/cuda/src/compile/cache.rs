@@ -19,7 +19,7 @@ pub fn cache_key(src: &str, opts: &[String]) -> String {
 
 /// `$NIWAKI_CUDA_CACHE`, else `$XDG_CACHE_HOME/niwaki/cuda`, else `~/.cache/niwaki/cuda`.
 pub fn cache_dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("NIWAKI_CUDA_CACHE") {
+    if let Some(d) = crate::knobs::path("NIWAKI_CUDA_CACHE") {
         return Some(PathBuf::from(d));
     }
     if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {

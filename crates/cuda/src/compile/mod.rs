@@ -34,7 +34,7 @@ pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) ->
     if trace_capacity > 0 {
         defines.push(format!("-DNIWAKI_TRACE={trace_capacity}"));
     }
-    if plan::weights_evict_first(std::env::var("NIWAKI_CUDA_WEIGHTS_L2").ok().as_deref()) {
+    if plan::weights_evict_first(crate::knobs::word("NIWAKI_CUDA_WEIGHTS_L2").as_deref()) {
         defines.push("-DWEIGHTS_EVICT_FIRST=1".into());
     }
     defines

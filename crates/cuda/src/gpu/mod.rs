@@ -12,6 +12,7 @@ use cudarc::driver::{
 
 use crate::compile;
 use crate::error::{Context, CudaError, Result};
+use crate::knobs;
 use crate::plan::{self, Dims, Gemv1Tuning, GEMV_ROWS, GEMV_TOKENS, TILE_PAD_ROWS};
 use crate::repack::{GpuFormat, Packed, X_GROUP};
 use crate::tma::{self, TensorMap};
@@ -522,31 +523,10 @@ fn raise_dynamic_smem(f: &CudaFunction, name: &str, bytes: usize) -> Result<()> 
     .ctx(|| format!("raising the shared memory limit of {name} to {bytes} bytes"))
 }
 
-pub(crate) fn env_on(name: &str) -> bool {
-    std::env::var(name).map_or(true, |v| v != "0")
-}
-
-/// A number from the environment (0 where unset or not a number): the knobs for measuring.
-fn env_usize(name: &str) -> usize {
-    env_usize_or(name, 0)
-}
-
-fn env_usize_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// Whether an off-by-default setting is turned on (`NAME=1`).
-fn env_opt_in(name: &str) -> bool {
-    std::env::var(name).is_ok_and(|v| v == "1")
-}
-
 impl Gpu {
     /// Opens GPU 0 and compiles the kernels for `dims`.
     pub fn new(dims: &Dims) -> Result<Gpu> {
-        crate::knobs::check_env()?;
+        knobs::check_env()?;
         let ctx = open_context()?;
         let info = device_info(&ctx)?;
         let smem_limit = ctx
@@ -649,45 +629,45 @@ impl Gpu {
             compile_secs,
             load_secs,
             from_cache,
-            pdl: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_PDL")),
-            gemv1: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_GEMV1")),
+            pdl: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_PDL", true)),
+            gemv1: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_GEMV1", true)),
             gemv1_nodot: AtomicBool::new(false),
             x_copy_launches: AtomicUsize::new(0),
             image_launches: AtomicUsize::new(0),
             fold_launches: AtomicUsize::new(0),
             swiglu_launches: AtomicUsize::new(0),
             cluster_fold_launches: AtomicUsize::new(0),
-            x_copy: AtomicUsize::new(match std::env::var("NIWAKI_CUDA_X_COPY").as_deref() {
-                Ok("0") => X_COPY_OFF,
-                Ok("all") => X_COPY_ALL,
+            x_copy: AtomicUsize::new(match knobs::word("NIWAKI_CUDA_X_COPY").as_deref() {
+                Some("0") => X_COPY_OFF,
+                Some("all") => X_COPY_ALL,
                 _ => X_COPY_PLAN,
             }),
-            b1: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_B1")),
-            b2: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_B2")),
-            mma: AtomicBool::new(ampere && env_on("NIWAKI_CUDA_MMA")),
+            b1: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_B1", true)),
+            b2: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_B2", true)),
+            mma: AtomicBool::new(ampere && knobs::flag("NIWAKI_CUDA_MMA", true)),
             gemm_kernel: Mutex::new(None),
-            gdn_chunked: AtomicBool::new(gdn_chunks_fit && env_opt_in("NIWAKI_CUDA_GDN_CHUNK")),
+            gdn_chunked: AtomicBool::new(
+                gdn_chunks_fit && knobs::flag("NIWAKI_CUDA_GDN_CHUNK", false),
+            ),
             gdn_chunks_fit,
             gdn_rows: AtomicUsize::new(
-                std::env::var("NIWAKI_CUDA_GDN_ROWS")
-                    .ok()
+                knobs::word("NIWAKI_CUDA_GDN_ROWS")
                     .and_then(|v| v.parse().ok())
                     .filter(|r| plan::GDN_STEP_ROWS.contains(r))
                     .unwrap_or(plan::GDN_STEP_DEFAULT_ROWS),
             ),
             norm_fusion: Mutex::new(plan::NormFusion::from_setting(
-                std::env::var("NIWAKI_CUDA_FUSE_NORM").ok().as_deref(),
+                knobs::word("NIWAKI_CUDA_FUSE_NORM").as_deref(),
             )),
-            fuse_gdn: AtomicBool::new(env_on("NIWAKI_CUDA_FUSE_GDN")),
-            fuse_attn: AtomicBool::new(env_on("NIWAKI_CUDA_FUSE_ATTN")),
-            fold_norm: AtomicBool::new(hopper && env_on("NIWAKI_CUDA_FOLD_NORM")),
-            fold_swiglu: AtomicBool::new(hopper && env_opt_in("NIWAKI_CUDA_FOLD_SWIGLU")),
-            fold_cluster: AtomicBool::new(hopper && env_opt_in("NIWAKI_CUDA_FOLD_CLUSTER")),
-            topk: AtomicBool::new(env_on("NIWAKI_CUDA_TOPK")),
-            topk_sums: AtomicBool::new(env_on("NIWAKI_CUDA_TOPK_SUMS")),
+            fuse_gdn: AtomicBool::new(knobs::flag("NIWAKI_CUDA_FUSE_GDN", true)),
+            fuse_attn: AtomicBool::new(knobs::flag("NIWAKI_CUDA_FUSE_ATTN", true)),
+            fold_norm: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_FOLD_NORM", true)),
+            fold_swiglu: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_FOLD_SWIGLU", false)),
+            fold_cluster: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_FOLD_CLUSTER", false)),
+            topk: AtomicBool::new(knobs::flag("NIWAKI_CUDA_TOPK", true)),
+            topk_sums: AtomicBool::new(knobs::flag("NIWAKI_CUDA_TOPK_SUMS", true)),
             attn_tile: AtomicUsize::new(
-                std::env::var("NIWAKI_CUDA_ATTN_TILE")
-                    .ok()
+                knobs::word("NIWAKI_CUDA_ATTN_TILE")
                     .and_then(|v| v.parse().ok())
                     .filter(|&t| attn_tile_runs(t, ampere))
                     .unwrap_or(ATTN_TILE_BY_CACHE),
@@ -695,38 +675,33 @@ impl Gpu {
             attn_blocks_per_sm,
             attn_ring,
             prefetch_bytes: AtomicUsize::new(if hopper {
-                std::env::var("NIWAKI_CUDA_PREFETCH_MB")
-                    .ok()
-                    .and_then(|v| v.parse::<usize>().ok())
-                    .map_or(PREFETCH_BY_MATRIX, |mb| {
-                        mb.saturating_mul(1 << 20).min(PREFETCH_BY_MATRIX - 1)
-                    })
+                knobs::number_set("NIWAKI_CUDA_PREFETCH_MB").map_or(PREFETCH_BY_MATRIX, |mb| {
+                    mb.saturating_mul(1 << 20).min(PREFETCH_BY_MATRIX - 1)
+                })
             } else {
                 0
             }),
             blocks_per_sm: AtomicUsize::new(0),
             smem_budget: AtomicUsize::new(0),
             b1_knobs: (
-                env_usize("NIWAKI_CUDA_B1_BLOCKS"),
-                env_usize("NIWAKI_CUDA_B1_SMEM_KIB") << 10,
+                knobs::number("NIWAKI_CUDA_B1_BLOCKS", 0),
+                knobs::number("NIWAKI_CUDA_B1_SMEM_KIB", 0) << 10,
             ),
-            b1_min_tiles: env_usize_or("NIWAKI_CUDA_B1_MIN_TILES", plan::B1_MIN_TILES_PER_SM),
-            b1_tile_rows: AtomicUsize::new(match env_usize("NIWAKI_CUDA_B1_TILE_ROWS") {
-                32 => 32,
-                _ => 16,
-            }),
-            b1_x_stage: AtomicBool::new(match std::env::var("NIWAKI_CUDA_B1_X_STAGE").as_deref() {
-                Ok("1") => true,
-                Ok("0") => false,
-                _ => plan::B1_X_STAGE,
-            }),
-            image_use: if hopper && env_on("NIWAKI_CUDA_B1_IMAGE") {
+            b1_min_tiles: knobs::number("NIWAKI_CUDA_B1_MIN_TILES", plan::B1_MIN_TILES_PER_SM),
+            b1_tile_rows: AtomicUsize::new(
+                match knobs::word("NIWAKI_CUDA_B1_TILE_ROWS").as_deref() {
+                    Some("32") => 32,
+                    _ => 16,
+                },
+            ),
+            b1_x_stage: AtomicBool::new(knobs::flag("NIWAKI_CUDA_B1_X_STAGE", plan::B1_X_STAGE)),
+            image_use: if hopper && knobs::flag("NIWAKI_CUDA_B1_IMAGE", true) {
                 ImageUse::Taken
             } else {
                 ImageUse::Off
             }
             .atomic(),
-            early_tiles: AtomicUsize::new(env_usize_or(
+            early_tiles: AtomicUsize::new(knobs::number(
                 "NIWAKI_CUDA_EARLY_TILES",
                 plan::EARLY_TILES,
             )),

@@ -10,22 +10,19 @@ use crate::error::{Context, Result};
 const DEFAULT_CAPACITY: usize = 1 << 20;
 
 /// The record capacity `NIWAKI_CUDA_TRACE` asks for: none where unset or `0`, its number where
-/// that is at least [`MIN_CAPACITY`], else (`1`, `on`, …) the default.
+/// that is at least [`MIN_CAPACITY`], else (`1`, …) the default.
 pub(super) fn capacity_from_env() -> usize {
-    capacity(std::env::var("NIWAKI_CUDA_TRACE").ok().as_deref())
+    capacity(crate::knobs::number_set("NIWAKI_CUDA_TRACE"))
 }
 
 /// A decode step of the 27B writes about 10⁵ records: a smaller number is taken for "on".
 const MIN_CAPACITY: usize = 4096;
 
-fn capacity(v: Option<&str>) -> usize {
+fn capacity(v: Option<usize>) -> usize {
     match v {
-        None | Some("0") => 0,
-        Some(v) => v
-            .parse::<usize>()
-            .ok()
-            .filter(|&n| n >= MIN_CAPACITY)
-            .unwrap_or(DEFAULT_CAPACITY),
+        None | Some(0) => 0,
+        Some(n) if n >= MIN_CAPACITY => n,
+        Some(_) => DEFAULT_CAPACITY,
     }
 }
 
@@ -142,9 +139,8 @@ mod tests {
     #[test]
     fn tracing_is_off_unless_asked_and_small_numbers_mean_on() {
         assert_eq!(capacity(None), 0);
-        assert_eq!(capacity(Some("0")), 0);
-        assert_eq!(capacity(Some("1")), DEFAULT_CAPACITY);
-        assert_eq!(capacity(Some("on")), DEFAULT_CAPACITY);
-        assert_eq!(capacity(Some("5000")), 5000);
+        assert_eq!(capacity(Some(0)), 0);
+        assert_eq!(capacity(Some(1)), DEFAULT_CAPACITY);
+        assert_eq!(capacity(Some(5000)), 5000);
     }
 }
