@@ -75,7 +75,7 @@ pub fn check<I: IntoIterator<Item = (String, String)>>(vars: I) -> Result<()> {
                 why,
             })
         };
-        let Some(&(_, takes)) = KNOBS.iter().find(|(n, _)| *n == name) else {
+        let Some(takes) = takes(&name) else {
             let names: Vec<&str> = KNOBS.iter().map(|(n, _)| *n).collect();
             return refuse(format!(
                 "no such setting (the backend reads {})",
@@ -110,11 +110,16 @@ fn takes(name: &str) -> Option<Takes> {
 /// parses), so the names the backend reads and [`KNOBS`] cannot drift apart. Values a switch
 /// does not take were refused by [`check_env`] when the backend started.
 fn value(name: &str, reader: fn(Takes) -> bool) -> Option<String> {
+    value_os(name, reader).and_then(|v| v.into_string().ok())
+}
+
+/// [`value`] as the environment holds it (not necessarily Unicode).
+fn value_os(name: &str, reader: fn(Takes) -> bool) -> Option<std::ffi::OsString> {
     debug_assert!(
         takes(name).is_some_and(reader),
         "{name}: not listed as read"
     );
-    std::env::var(name).ok()
+    std::env::var_os(name)
 }
 
 fn is_on_off(t: Takes) -> bool {
@@ -147,11 +152,7 @@ pub(crate) fn word(name: &str) -> Option<String> {
 
 /// A folder switch, as given (not necessarily Unicode; `None` where unset).
 pub(crate) fn path(name: &str) -> Option<std::ffi::OsString> {
-    debug_assert!(
-        takes(name).is_some_and(|t| matches!(t, Takes::Path)),
-        "{name}: not listed as a folder"
-    );
-    std::env::var_os(name)
+    value_os(name, |t| matches!(t, Takes::Path))
 }
 
 /// [`check`] on this process's environment. A name that is not Unicode is not the backend's;

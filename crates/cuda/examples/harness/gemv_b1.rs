@@ -46,7 +46,6 @@ fn resources(rep: &mut Report, gpu: &Gpu, format: Format) {
     let Some(gf) = repack::GpuFormat::for_format(format) else {
         return;
     };
-    let sms = gpu.info.multiprocessors.max(1) as usize;
     let shapes = [
         (34816, 5120),
         (16480, 5120),
@@ -57,16 +56,8 @@ fn resources(rep: &mut Report, gpu: &Gpu, format: Format) {
     ];
     let mut seen = Vec::new();
     for (rows, cols) in shapes {
-        let Some(l) =
-            niwaki_cuda::plan::gemv_b1_launch(gf, rows, cols, sms, 227 << 10, false, (0, 0), 16)
-        else {
+        let Some(l) = gpu.b1_launch_shape(gf, rows, cols) else {
             continue;
-        };
-        // The widest 1-bit rows' activations staged where that is on.
-        let l = if gpu.b1_x_stage() {
-            niwaki_cuda::plan::x_staged(l, cols).unwrap_or(l)
-        } else {
-            l
         };
         // The 2-bit matrices' tiles come from their images where those are on.
         let kernel = l

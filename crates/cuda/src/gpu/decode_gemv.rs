@@ -145,6 +145,30 @@ impl Gpu {
         )
     }
 
+    /// `l` with its activations staged in shared memory where that is on and its kernel has
+    /// such a form ([`plan::x_staged`]; the norm apart).
+    fn staged(&self, l: plan::GemvB1Launch, cols: usize) -> plan::GemvB1Launch {
+        if self.b1_x_stage() {
+            plan::x_staged(l, cols).unwrap_or(l)
+        } else {
+            l
+        }
+    }
+
+    /// The binary kernel's launch for a one-token GEMV of that shape, its norm apart: what
+    /// [`Gpu::gemv_b1`] launches without a folded norm's cluster (its 2-bit kernel's image twin
+    /// where the matrix has an image). For the harness's reports.
+    #[doc(hidden)]
+    pub fn b1_launch_shape(
+        &self,
+        format: GpuFormat,
+        rows: usize,
+        cols: usize,
+    ) -> Option<plan::GemvB1Launch> {
+        self.b1_plan_shape(format, rows, cols, false)
+            .map(|l| self.staged(l, cols))
+    }
+
     /// One-token GEMV on the binary tensor cores (`kernels/gemv_b1.cu`); `false` (nothing
     /// launched) where the plan does not take the shape or the device lacks the kernel.
     pub fn gemv_b1(
@@ -162,10 +186,11 @@ impl Gpu {
             .then(|| plan::cluster_fold(plain, m.rows))
             .flatten();
         let l = cluster.unwrap_or(plain);
-        let l = (pre.is_none() && self.b1_x_stage())
-            .then(|| plan::x_staged(l, m.cols))
-            .flatten()
-            .unwrap_or(l);
+        let l = if pre.is_none() {
+            self.staged(l, m.cols)
+        } else {
+            l
+        };
         let map = m.codes_map(l.tile_rows)?;
         // The 2-bit kernels take their tiles from the matrix's image where it has one of these
         // tiles (the clustered kernels have no such twin).
