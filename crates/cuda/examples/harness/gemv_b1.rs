@@ -67,8 +67,8 @@ fn resources(rep: &mut Report, gpu: &Gpu, format: Format) {
         let threads = 32 * (niwaki_cuda::plan::GEMV1_WARPS as u32 + 1);
         if let Some((regs, local, blocks)) = gpu.kernel_resources(kernel, threads, l.smem_bytes) {
             seen.push(format!(
-                "{rows}×{cols} {kernel}: {regs} registers, {local} B spilled, {blocks} blocks/SM (grid {})",
-                l.grid
+                "{rows}×{cols} {kernel}: {regs} registers, {local} B spilled, {blocks} blocks/SM (grid {}, {} stages)",
+                l.grid, l.stages
             ));
         }
     }
