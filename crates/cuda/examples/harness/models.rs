@@ -320,20 +320,32 @@ pub(crate) fn fused_recurrence(rep: &mut Report) -> R<()> {
     clustered_folds(rep)
 }
 
+/// The CPU model, the same on the GPU, and the calls a fold check runs.
+type FoldFixture = (model::Model, CudaModel, Vec<Vec<u32>>);
+
 /// A random model of `preset` in `format` on both engines (weights and tokens from `seeds`), and
 /// calls of 20, 1, 1, 1, 5, 1, 1, 2, 1, 1, 1, 1, 1 random tokens: multi-token passes between
 /// one-token ones, which the folds take.
-fn fold_fixture(
-    preset: Preset,
-    vocab: usize,
-    format: Format,
-    seeds: (u64, u64),
-) -> R<(model::Model, CudaModel, Vec<Vec<u32>>)> {
+fn fold_fixture(preset: Preset, vocab: usize, format: Format, seeds: (u64, u64)) -> R<FoldFixture> {
     let shape = preset.shape(vocab);
     let t = synth::random_f32_tensors(&shape, format, seeds.0);
     let m = open(&synth::writer_from_f32(&shape, &t, format, "h")?)?;
+    fold_calls(m, vocab, seeds.1)
+}
+
+/// A model of the 27B's widths but four layers (three recurrent, one attention), its weights
+/// drawn packed: its gate | up GEMVs take several tiles a block, as the 27B's do.
+fn wide_fold_fixture(vocab: usize, format: Format, seeds: (u64, u64)) -> R<FoldFixture> {
+    let mut shape = Preset::B27.shape(vocab);
+    shape.n_layers = 4;
+    let m = open(&synth::random_packed(&shape, format, seeds.0, "wide")?)?;
+    fold_calls(m, vocab, seeds.1)
+}
+
+/// `m` on the GPU beside it, and the fold checks' calls, their tokens drawn from `seed`.
+fn fold_calls(m: model::Model, vocab: usize, seed: u64) -> R<FoldFixture> {
     let g = CudaModel::load(&m)?;
-    let mut rng = ChaCha8Rng::seed_from_u64(seeds.1);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let calls = [20, 1, 1, 1, 5, 1, 1, 2, 1, 1, 1, 1, 1]
         .iter()
         .map(|&n| (0..n).map(|_| rng.gen_range(0..vocab as u32)).collect())
@@ -452,19 +464,34 @@ pub(crate) fn folded_swiglus(rep: &mut Report) -> R<()> {
         launches: &|g| g.gpu().swiglu_launches(),
         twin: &|g, st| g.swiglu_twin_differences(st),
     };
-    for (preset, vocab) in [(Preset::Tiny, 1000usize), (Preset::Small, 4096)] {
+    // The 27B's widths last: there a block's gate | up tiles arrive one by one.
+    for (preset, vocab) in [
+        (Preset::Tiny, 1000usize),
+        (Preset::Small, 4096),
+        (Preset::B27, 4096),
+    ] {
         for format in [Format::Q2_0, Format::Q1_0] {
-            let (_, g, calls) = fold_fixture(preset, vocab, format, (14, 19))?;
+            let name = if preset == Preset::B27 {
+                "the 27B's widths, 4 layers".to_string()
+            } else {
+                format!("{preset:?}")
+            };
+            let (_, g, calls) = if preset == Preset::B27 {
+                wide_fold_fixture(vocab, format, (14, 19))?
+            } else {
+                fold_fixture(preset, vocab, format, (14, 19))?
+            };
             let (launches, (twin_diff, twin_words), differing, compared) =
                 either_way(&g, &calls, &setting)?;
             let ok =
                 launches > 0 && twin_words > 0 && twin_diff == 0 && compared > 0 && differing == 0;
             rep.line(format!(
-                "SwiGLU folded into the gate | up decode GEMVs ({preset:?}, {format:?}, {} calls, {launches} folded launches): twin of the last layer's SwiGLU {twin_diff} of {twin_words} words differ; logits against quant_swiglu apart {differing} of {compared} differ in any bit (both must be 0) {}",
+                "SwiGLU folded into the gate | up decode GEMVs ({}, {format:?}, {} calls, {launches} folded launches): twin of the last layer's SwiGLU {twin_diff} of {twin_words} words differ; logits against quant_swiglu apart {differing} of {compared} differ in any bit (both must be 0) {}",
+                name,
                 calls.len(),
                 if ok { "PASS" } else { "FAIL" }
             ));
-            rep.check(ok, format!("folded SwiGLU {preset:?} {format:?}"));
+            rep.check(ok, format!("folded SwiGLU {name} {format:?}"));
         }
     }
     Ok(())

@@ -437,8 +437,12 @@ pub struct Gpu {
     /// --device cuda -p 8 -n 128 -r 3`, medians, four rounds alternated) Q2_0 267.7 / 267.7 /
     /// 274.3 / 260.8 tok/s apart against 255.7 / 252.1 / 255.5 / 248.1 folded, Q1_0 360.5 /
     /// 357.6 / 367.4 / 363.4 against 336.4 / 328.0 / 327.4 / 329.8 (a warp's completed pieces
-    /// loaded four at a time: no better). The pieces complete only as the gate | up GEMV's last
-    /// blocks end, so their folds stand in its tail where the separate kernel's 2.5 µs stood.
+    /// loaded four at a time: no better). Arriving a tile at a time, so that pieces complete and
+    /// fold between a block's tiles rather than all in the GEMV's tail, was as slow (2026-12-04,
+    /// `-p 0`: Q2_0 303.1 → 283.6, Q1_0 388.2 → 343.5, against this form's 306.6 → 285.3 and
+    /// 401.8 → 363.2 in another lease), so the tail is not the cost. A likely one, unmeasured:
+    /// while `quant_swiglu`'s 17 blocks run, the down GEMV's blocks are already resident and
+    /// request their first tiles, which no fold at the gate | up GEMV's end makes room for.
     fold_swiglu: AtomicBool,
     /// With the norms folded, a residual GEMV on the binary kernels gathers each 128-row piece
     /// in a cluster of eight blocks' shared memory (`fold_cluster`, kernels/gemv_b1.cu) rather
