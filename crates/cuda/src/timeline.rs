@@ -21,6 +21,10 @@ pub struct Launch {
     /// The first block whose wait ended (the previous kernel had completed).
     pub first_wait1: u64,
     pub last_end: u64,
+    /// Multiprocessors its blocks ran on, and the most blocks any one of them ran: how the
+    /// block scheduler spread the launch.
+    pub sms: usize,
+    pub most_on_one_sm: usize,
 }
 
 /// Per kind of op: launches, and their mean times (µs).
@@ -36,6 +40,10 @@ pub struct OpTimes {
     pub gap_us: f64,
     /// How long the first block was resident before its wait ended.
     pub early_us: f64,
+    /// Multiprocessors a launch's blocks ran on (mean), and the most blocks one multiprocessor
+    /// ran in any launch.
+    pub sms: f64,
+    pub most_on_one_sm: usize,
 }
 
 /// Groups the records into launches, in the order their first waits ended. `name` names a
@@ -52,12 +60,18 @@ pub fn launches(records: &[TraceRecord], name: impl Fn(TraceKind, u64) -> String
         for i in 1..=recs.len() {
             if i == recs.len() || recs[i].wait1 - recs[i - 1].wait1 > SPLIT_NS {
                 let group = &recs[start..i];
+                let mut per_sm: BTreeMap<u32, usize> = BTreeMap::new();
+                for r in group {
+                    *per_sm.entry(r.sm).or_default() += 1;
+                }
                 out.push(Launch {
                     name: name(kind, tag),
                     blocks: group.len(),
                     first_wait0: group.iter().map(|r| r.wait0).min().unwrap_or(0),
                     first_wait1: group[0].wait1,
                     last_end: group.iter().map(|r| r.end).max().unwrap_or(0),
+                    sms: per_sm.len(),
+                    most_on_one_sm: per_sm.values().copied().max().unwrap_or(0),
                 });
                 start = i;
             }
@@ -67,14 +81,23 @@ pub fn launches(records: &[TraceRecord], name: impl Fn(TraceKind, u64) -> String
     out
 }
 
+/// One op's launches so far, and its sums over them (times in ns).
+#[derive(Default)]
+struct Sums {
+    launches: usize,
+    active: f64,
+    gap: f64,
+    gaps: usize,
+    early: f64,
+    sms: usize,
+    most_on_one_sm: usize,
+}
+
 /// Mean times per op name, in the order the names first appear.
 pub fn summarize(launches: &[Launch]) -> Vec<OpTimes> {
     let mut order: Vec<String> = Vec::new();
-    // Launches, then sums of active time, of gaps, gaps counted, early time (ns).
-    let mut sums: BTreeMap<String, (usize, f64, f64, usize, f64)> = BTreeMap::new();
+    let mut sums: BTreeMap<String, Sums> = BTreeMap::new();
     for (i, l) in launches.iter().enumerate() {
-        let active = l.last_end.saturating_sub(l.first_wait1) as f64;
-        let early = l.first_wait1.saturating_sub(l.first_wait0) as f64;
         // The first launch has no predecessor in the trace; nor does one after a pause longer
         // than a step (between graph replays).
         let gap = match i.checked_sub(1).map(|p| &launches[p]) {
@@ -86,27 +109,31 @@ pub fn summarize(launches: &[Launch]) -> Vec<OpTimes> {
         };
         let e = sums.entry(l.name.clone()).or_insert_with(|| {
             order.push(l.name.clone());
-            (0, 0.0, 0.0, 0, 0.0)
+            Sums::default()
         });
-        e.0 += 1;
-        e.1 += active;
+        e.launches += 1;
+        e.active += l.last_end.saturating_sub(l.first_wait1) as f64;
         if let Some(g) = gap {
-            e.2 += g;
-            e.3 += 1;
+            e.gap += g;
+            e.gaps += 1;
         }
-        e.4 += early;
+        e.early += l.first_wait1.saturating_sub(l.first_wait0) as f64;
+        e.sms += l.sms;
+        e.most_on_one_sm = e.most_on_one_sm.max(l.most_on_one_sm);
     }
     order
         .into_iter()
         .map(|name| {
-            let (n, active, gap, gaps, early) = sums[&name];
-            let mean = |v: f64, n: usize| v / n.max(1) as f64 / 1e3;
+            let e = &sums[&name];
+            let n = e.launches.max(1) as f64;
             OpTimes {
+                launches: e.launches,
+                active_us: e.active / n / 1e3,
+                gap_us: e.gap / e.gaps.max(1) as f64 / 1e3,
+                early_us: e.early / n / 1e3,
+                sms: e.sms as f64 / n,
+                most_on_one_sm: e.most_on_one_sm,
                 name,
-                launches: n,
-                active_us: mean(active, n),
-                gap_us: mean(gap, gaps),
-                early_us: mean(early, n),
             }
         })
         .collect()
@@ -117,11 +144,15 @@ mod tests {
     use super::*;
 
     fn rec(kind: TraceKind, tag: u64, wait0: u64, wait1: u64, end: u64) -> TraceRecord {
+        on_sm(kind, tag, wait0, wait1, end, 0)
+    }
+
+    fn on_sm(kind: TraceKind, tag: u64, wait0: u64, wait1: u64, end: u64, sm: u32) -> TraceRecord {
         TraceRecord {
             kind,
             tag,
             block: 0,
-            sm: 0,
+            sm,
             wait0,
             wait1,
             end,
@@ -187,5 +218,32 @@ mod tests {
         assert_eq!(summarize(&launches(&overlapping, name))[1].gap_us, 0.0);
         let names: Vec<&str> = s.iter().map(|o| o.name.as_str()).collect();
         assert_eq!(names, ["Norm 1", "GemvBinary 7", "Norm 2"]);
+    }
+
+    #[test]
+    fn a_launch_counts_the_multiprocessors_its_blocks_ran_on() {
+        use TraceKind::*;
+        // Two launches of one GEMV a layer apart: blocks on multiprocessors 0, 0, 1, then on 2,
+        // 3, 4, 4, 4.
+        let recs = [
+            on_sm(GemvBinary, 7, 0, 1_000, 2_000, 0),
+            on_sm(GemvBinary, 7, 0, 1_100, 2_000, 0),
+            on_sm(GemvBinary, 7, 0, 1_200, 2_000, 1),
+            on_sm(GemvBinary, 7, 0, 50_000, 51_000, 2),
+            on_sm(GemvBinary, 7, 0, 50_000, 51_000, 3),
+            on_sm(GemvBinary, 7, 0, 50_100, 51_000, 4),
+            on_sm(GemvBinary, 7, 0, 50_100, 51_000, 4),
+            on_sm(GemvBinary, 7, 0, 50_200, 51_000, 4),
+        ];
+        let l = launches(&recs, |k, t| format!("{k:?} {t}"));
+        let got: Vec<(usize, usize, usize)> = l
+            .iter()
+            .map(|l| (l.blocks, l.sms, l.most_on_one_sm))
+            .collect();
+        assert_eq!(got, [(3, 2, 2), (5, 3, 3)]);
+        let s = summarize(&l);
+        assert_eq!(s.len(), 1);
+        assert!((s[0].sms - 2.5).abs() < 1e-9);
+        assert_eq!(s[0].most_on_one_sm, 3);
     }
 }

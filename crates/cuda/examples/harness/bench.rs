@@ -40,7 +40,7 @@ fn timeline_table(format: Format, ops: &[niwaki_cuda::timeline::OpTimes]) -> Str
         .find(|o| o.name == "Gemv Output")
         .map_or(1, |o| o.launches.max(1));
     let mut t = format!(
-        "\n{format} decode step from the kernels' timestamps (`NIWAKI_CUDA_TRACE`, {replays} replays of the step's graph; GEMVs by matrix, other ops by kernel; untraced kernels fall into the gaps): per launch, *run* from its first block's wait ending to its last block's end, *gap* from the previous launch's last block ending to that wait ending, *early* how long its first block was resident before\n\n| op | per token | run µs | gap µs | early µs | (run + gap) per token µs |\n|---|---|---|---|---|---|\n"
+        "\n{format} decode step from the kernels' timestamps (`NIWAKI_CUDA_TRACE`, {replays} replays of the step's graph; GEMVs by matrix, other ops by kernel; untraced kernels fall into the gaps): per launch, *run* from its first block's wait ending to its last block's end, *gap* from the previous launch's last block ending to that wait ending, *early* how long its first block was resident before, *SMs* the multiprocessors a launch's blocks ran on (mean) and *most* the most blocks one of them ran in any launch\n\n| op | per token | run µs | gap µs | early µs | SMs | most | (run + gap) per token µs |\n|---|---|---|---|---|---|---|---|\n"
     );
     let mut total = 0.0;
     for o in ops {
@@ -48,11 +48,11 @@ fn timeline_table(format: Format, ops: &[niwaki_cuda::timeline::OpTimes]) -> Str
         let sum = per * (o.active_us + o.gap_us);
         total += sum;
         t += &format!(
-            "| {} | {per:.0} | {:.2} | {:.2} | {:.2} | {sum:.0} |\n",
-            o.name, o.active_us, o.gap_us, o.early_us
+            "| {} | {per:.0} | {:.2} | {:.2} | {:.2} | {:.1} | {} | {sum:.0} |\n",
+            o.name, o.active_us, o.gap_us, o.early_us, o.sms, o.most_on_one_sm
         );
     }
-    t + &format!("| all | | | | | {total:.0} |\n")
+    t + &format!("| all | | | | | | | {total:.0} |\n")
 }
 
 pub(crate) fn bench_27b(
