@@ -46,14 +46,13 @@ fn resources(rep: &mut Report, gpu: &Gpu, format: Format) {
     let Some(gf) = repack::GpuFormat::for_format(format) else {
         return;
     };
-    let shapes = [
-        (34816, 5120),
-        (16480, 5120),
-        (14336, 5120),
-        (5120, 6144),
-        (5120, 17408),
-        (248_320, 5120),
-    ];
+    let shapes = match crate::attention::b27_dims() {
+        Ok(d) => d.decode_gemv_shapes(),
+        Err(e) => {
+            rep.line(format!("(no 27B shapes for the resource report: {e})"));
+            return;
+        }
+    };
     let mut seen = Vec::new();
     for (rows, cols) in shapes {
         let Some(l) = gpu.b1_launch_shape(gf, rows, cols) else {

@@ -106,6 +106,28 @@ impl Dims {
             .max(self.attn_in_rows())
             .max(self.ffn_in_rows())
     }
+    /// The shapes (rows, columns) of a one-token pass's GEMVs, each once: gate | up, the
+    /// recurrent and attention inputs, the recurrent and attention outputs, ffn_down, the LM
+    /// head.
+    pub fn decode_gemv_shapes(&self) -> Vec<(usize, usize)> {
+        let h = self.hidden;
+        let all = [
+            (self.ffn_in_rows(), h),
+            (self.gdn_in_rows(), h),
+            (self.attn_in_rows(), h),
+            (h, self.gdn_inner()),
+            (h, self.n_head * self.head_dim),
+            (h, self.ffn),
+            (self.vocab, h),
+        ];
+        let mut out: Vec<(usize, usize)> = Vec::new();
+        for s in all {
+            if !out.contains(&s) {
+                out.push(s);
+            }
+        }
+        out
+    }
     pub fn max_cols(&self) -> usize {
         self.hidden
             .max(self.ffn)

@@ -1421,3 +1421,21 @@ fn staged_activations_take_the_widest_1_bit_kernels_two_blocks_a_multiprocessor(
         assert!(x_staged(l, cols).is_none(), "{}", l.kernel);
     }
 }
+
+#[test]
+fn the_27b_decode_gemv_shapes_are_its_published_matrices() {
+    // Bonsai 27B: hidden 5120, feed-forward 17408, 16 key heads and 48 value heads of 128 in
+    // the recurrent layers (conv channels 10240), 24 query heads of 256 with gates and 4 kv
+    // heads in the attention layers; 248,320 tokens. Both output projections read 6144 values.
+    assert_eq!(
+        dims(Preset::B27).decode_gemv_shapes(),
+        [
+            (34816, 5120),
+            (16480, 5120),
+            (14336, 5120),
+            (5120, 6144),
+            (5120, 17408),
+            (248_320, 5120),
+        ]
+    );
+}
