@@ -2,7 +2,7 @@
 //! against the integer twin, the bulk-copy dp4a kernel, themselves (determinism) and with the
 //! norm fused in (1-bit); then in models of the 27B's widths against dp4a and the CPU engine.
 
-use model::synth::{self, BlockPool, Preset};
+use model::synth::BlockPool;
 use model::Logits;
 use niwaki_cuda::gpu::{GemvIo, Gpu, ImageUse};
 use niwaki_cuda::{repack, CudaModel};
@@ -348,9 +348,7 @@ pub(crate) fn wide_model_b1(rep: &mut Report) -> R<()> {
 
 fn wide_model(rep: &mut Report, format: Format) -> R<()> {
     let vocab = 248_320;
-    let mut shape = Preset::B27.shape(vocab);
-    shape.n_layers = 4;
-    let m = open(&synth::random_packed(&shape, format, 31, "wide")?)?;
+    let m = wide_27b(vocab, format, 31)?;
     let g = CudaModel::load(&m)?;
     let prompt = [11u32, 222, 3333, 44_444, 5, 66];
     let steps = [7u32, 888, 9999, 123_456];

@@ -333,15 +333,6 @@ fn fold_fixture(preset: Preset, vocab: usize, format: Format, seeds: (u64, u64))
     fold_calls(m, vocab, seeds.1)
 }
 
-/// A model of the 27B's widths but four layers (three recurrent, one attention), its weights
-/// drawn packed: its gate | up GEMVs take several tiles a block, as the 27B's do.
-fn wide_fold_fixture(vocab: usize, format: Format, seeds: (u64, u64)) -> R<FoldFixture> {
-    let mut shape = Preset::B27.shape(vocab);
-    shape.n_layers = 4;
-    let m = open(&synth::random_packed(&shape, format, seeds.0, "wide")?)?;
-    fold_calls(m, vocab, seeds.1)
-}
-
 /// `m` on the GPU beside it, and the fold checks' calls, their tokens drawn from `seed`.
 fn fold_calls(m: model::Model, vocab: usize, seed: u64) -> R<FoldFixture> {
     let g = CudaModel::load(&m)?;
@@ -471,15 +462,13 @@ pub(crate) fn folded_swiglus(rep: &mut Report) -> R<()> {
         (Preset::B27, 4096),
     ] {
         for format in [Format::Q2_0, Format::Q1_0] {
-            let name = if preset == Preset::B27 {
-                "the 27B's widths, 4 layers".to_string()
+            // At the 27B's widths a gate | up block takes several tiles, as the 27B's do.
+            let (name, (_, g, calls)) = if preset == Preset::B27 {
+                let wide = fold_calls(wide_27b(vocab, format, 14)?, vocab, 19)?;
+                ("the 27B's widths, 4 layers".to_string(), wide)
             } else {
-                format!("{preset:?}")
-            };
-            let (_, g, calls) = if preset == Preset::B27 {
-                wide_fold_fixture(vocab, format, (14, 19))?
-            } else {
-                fold_fixture(preset, vocab, format, (14, 19))?
+                let f = fold_fixture(preset, vocab, format, (14, 19))?;
+                (format!("{preset:?}"), f)
             };
             let (launches, (twin_diff, twin_words), differing, compared) =
                 either_way(&g, &calls, &setting)?;

@@ -49,6 +49,14 @@ pub(crate) fn top2(x: &[f32]) -> (usize, f32) {
     (i, x[i] - second)
 }
 
+/// A model of the 27B's widths but four layers (three recurrent, one attention), random packed
+/// weights drawn from `seed`: its GEMVs take the kernels and tiles a block the 27B's take.
+pub(crate) fn wide_27b(vocab: usize, format: quant::Format, seed: u64) -> R<Model> {
+    let mut shape = model::synth::Preset::B27.shape(vocab);
+    shape.n_layers = 4;
+    open(&model::synth::random_packed(&shape, format, seed, "wide")?)
+}
+
 pub(crate) fn open(w: &gguf::GgufWriter) -> R<Model> {
     Ok(Model::from_gguf(Arc::new(Gguf::from_bytes(
         w.to_bytes()?,

@@ -72,7 +72,7 @@ impl Dims {
             ("hidden", self.hidden),
             ("ffn", self.ffn),
             ("gdn inner", self.gdn_inner()),
-            ("attention width", self.n_head * self.head_dim),
+            ("attention width", self.attn_width()),
         ] {
             if n % 128 != 0 {
                 return bad(format!("{what} width {n} is not a multiple of 128"));
@@ -84,6 +84,10 @@ impl Dims {
         Ok(())
     }
 
+    /// Values of the attention output (every query head's), which its projection reads.
+    pub fn attn_width(&self) -> usize {
+        self.n_head * self.head_dim
+    }
     pub fn gdn_inner(&self) -> usize {
         self.value_heads * self.value_dim
     }
@@ -116,7 +120,7 @@ impl Dims {
             (self.gdn_in_rows(), h),
             (self.attn_in_rows(), h),
             (h, self.gdn_inner()),
-            (h, self.n_head * self.head_dim),
+            (h, self.attn_width()),
             (h, self.ffn),
             (self.vocab, h),
         ];
@@ -132,7 +136,7 @@ impl Dims {
         self.hidden
             .max(self.ffn)
             .max(self.gdn_inner())
-            .max(self.n_head * self.head_dim)
+            .max(self.attn_width())
     }
     pub fn n_attention(&self) -> usize {
         self.layers
