@@ -31,6 +31,13 @@
 // plane words are built in that same order. The two 64-value activation groups of a chunk
 // have their own scales, so each chunk takes two MMAs, B masked to one group's lanes.
 
+//
+// ABLATE_PLANES, ABLATE_MMA, ABLATE_MMAOP, ABLATE_FP (`NIWAKI_CUDA_ABLATE`, a measurement only:
+// the outputs are wrong) take one part of the consumers' work out, so that a decode step's time
+// without it says what it costs: the plane words' bit gathering; a tile's arithmetic (its loads,
+// MMAs and scaling); the MMAs alone (replaced by as many plain ALU operations on the same
+// words); the counts' scaling alone.
+
 #if __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void bmma_and_popc(int* c, u32 a0, u32 a1, u32 b) {
     asm("mma.sync.aligned.m16n8k128.row.col.s32.b1.b1.s32.and.popc {%0,%1,%2,%3}, {%4,%5}, {%6}, "
@@ -263,7 +270,11 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
 #pragma unroll
         for (int j = j0; j < j0 + BATCH && j < J; j++) {
             const int c = warp + GEMV1_WARPS * j;
+#ifdef ABLATE_PLANES
+            bw[j] = x[j - j0].x ^ (u32)g;
+#else
             bw[j] = EXACT || c < chunks ? plane_word2(x[j - j0], g) : 0u;
+#endif
         }
     }
 #pragma unroll
@@ -292,7 +303,11 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
         float acc0 = 0.0f, acc1 = 0.0f;
 #pragma unroll
         for (int j = 0; j < J; j++) {
+#ifdef ABLATE_MMA
+            if (false) {
+#else
             if (EXACT || j < nj) {
+#endif
                 const float2 sc = ssm[warp + GEMV1_WARPS * j];
                 const u32 a0 = *(const u32*)(a + j * 2048), a1 = *(const u32*)(a + j * 2048 + 1024);
                 int c[4];
@@ -480,7 +495,11 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         #pragma unroll
                 for (int j = j0; j < j0 + BATCH && j < J; j++) {
                     const int c = warp + GEMV1_WARPS * j;
+#ifdef ABLATE_PLANES
+                    const u32 b = x0[j - j0].x ^ x1[j - j0].y ^ (u32)g;
+#else
                     const u32 b = EXACT || c < chunks ? plane_word(x0[j - j0], x1[j - j0], g) : 0u;
+#endif
                     blo[j] = t < 2 ? b : 0u;
                     bhi[j] = t < 2 ? 0u : b;
                 }
@@ -514,7 +533,11 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
             for (int r = 0; r < 2 * RG; r++) acc[r] = 0.0f;
 #pragma unroll
             for (int j = 0; j < J; j++) {
+#ifdef ABLATE_MMA
+                if (false) {
+#else
                 if (EXACT || j < nj) {
+#endif
                     const float4 sc = sc4[j * GEMV1_WARPS];
                     const float y = ysel * (sc.y + sc.w);
 #pragma unroll
@@ -522,12 +545,23 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
                         const unsigned char* aq = a + j * 2048 * RG + q * 2048;
                         const u32 a0 = *(const u32*)aq, a1 = *(const u32*)(aq + 1024);
                         int lo[4], hi[4];
+#ifdef ABLATE_MMAOP
+                        lo[0] = (int)(a0 ^ blo[j]); lo[1] = (int)(a1 ^ blo[j]); lo[2] = (int)(a0 & blo[j]); lo[3] = (int)(a1 | blo[j]);
+                        hi[0] = (int)(a0 ^ bhi[j]); hi[1] = (int)(a1 ^ bhi[j]); hi[2] = (int)(a0 & bhi[j]); hi[3] = (int)(a1 | bhi[j]);
+#else
                         bmma_and_popc(lo, a0, a1, blo[j]);
                         bmma_and_popc(hi, a0, a1, bhi[j]);
+#endif
+#ifdef ABLATE_FP
+                        acc[2 * q] += __int_as_float(lo[0] + lo[1] + hi[0] + hi[1]);
+                        acc[2 * q + 1] += __int_as_float(lo[2] + lo[3] + hi[2] + hi[3]);
+                        (void)sc; (void)y;
+#else
                         const float f0 = sc.x * (float)(lo[0] + sgn * lo[1]) + sc.z * (float)(hi[0] + sgn * hi[1]);
                         const float f1 = sc.x * (float)(lo[2] + sgn * lo[3]) + sc.z * (float)(hi[2] + sgn * hi[3]);
                         acc[2 * q] += h2f(dp[(16 * q) * chunks + j * GEMV1_WARPS]) * (k2 * f0 - y);
                         acc[2 * q + 1] += h2f(dp[(16 * q + 8) * chunks + j * GEMV1_WARPS]) * (k2 * f1 - y);
+#endif
                     }
                 }
             }

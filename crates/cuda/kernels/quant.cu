@@ -184,6 +184,11 @@ __device__ __forceinline__ u32 atom_add_acq_rel(u32* p, u32 v) {
 // other blocks' writes.
 __device__ __forceinline__ void fold_arrive(const FoldOut& f, const float* x, int mine, int tr, u32 arrivals) {
     __syncwarp();
+#ifdef ABLATE_FOLD
+    // A measurement only (`NIWAKI_CUDA_ABLATE=fold`): no arrival and no fold, the next
+    // GEMV reading stale inputs; the step's time without what the fold costs.
+    return;
+#endif
     const int lane = threadIdx.x & 31;
     if (f.ffn) arrivals *= 2u;
     for (int i0 = 0; i0 < mine; i0 += 32) {

@@ -26,6 +26,14 @@ const ATTN_TILES: [&str; 3] = ["4", "8", "16"];
 
 /// Every switch the backend reads, and what it takes.
 const KNOBS: &[(&str, Takes)] = &[
+    // A measurement only: the binary decode GEMVs without a part of their work (their plane
+    // words' bit gathering; their tiles' arithmetic; of the 1-bit consumers' arithmetic, the
+    // MMAs alone or the counts' scaling alone) or every residual GEMV without its norm's fold.
+    // The results are wrong; the time says what that part costs.
+    (
+        "NIWAKI_CUDA_ABLATE",
+        Takes::OneOf(&["planes", "mma", "mmaop", "fp", "fold"]),
+    ),
     ("NIWAKI_CUDA_ATTN_TILE", Takes::OneOf(&ATTN_TILES)),
     ("NIWAKI_CUDA_B1", Takes::OnOff),
     ("NIWAKI_CUDA_B1_BLOCKS", Takes::Number),
@@ -183,6 +191,9 @@ mod tests {
         assert!(one("NIWAKI_CUDA_B1_TILE_ROWS", "32").is_ok());
         assert!(one("NIWAKI_CUDA_B1_TILE_ROWS", "24").is_err());
         assert!(one("NIWAKI_CUDA_EARLY_TILES", "2").is_ok());
+        assert!(one("NIWAKI_CUDA_ABLATE", "mma").is_ok());
+        assert!(one("NIWAKI_CUDA_ABLATE", "").is_err());
+        assert!(one("NIWAKI_CUDA_ABLATE", "norm").is_err());
         assert!(one("NIWAKI_CUDA_EARLY_TILES", "-1").is_err());
         assert!(one("NIWAKI_CUDA_FUSE_NORM", "binary").is_ok());
         assert!(one("NIWAKI_CUDA_CACHE", "kc").is_ok());

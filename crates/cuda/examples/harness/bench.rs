@@ -514,3 +514,44 @@ pub(crate) fn depth_27b(rep: &mut Report, format: Format) -> R<()> {
     }
     Ok(())
 }
+
+/// Each decode op's launch with its weights in memory against the same launch with them in the
+/// L2 cache (`NIWAKI_HARNESS_ONLY=l2`): for each kind of op, 20 launches inside a graph cycling
+/// over the layers' ops (`CudaModel::profile`) against 20 of the kind's first op
+/// (`CudaModel::profile_hot`, whose matrix, where the cache holds it, is read from there by all
+/// launches but the first). What the hot launch still costs is the GEMV's ramp, tail and
+/// arithmetic: the part that weights streamed on chip ahead of time could not take away.
+pub(crate) fn l2_section(rep: &mut Report, formats: &[Format]) -> R<()> {
+    for &format in formats {
+        let g = load_27b(format)?;
+        let mut st = g.new_state(4096)?;
+        g.forward_greedy(&mut st, &[1, 2, 3, 4])?;
+        let cold = g.profile(&mut st, 1, 20)?;
+        let hot = g.profile_hot(&mut st, 20)?;
+        rep.line(format!(
+            "\n{format} decode ops, µs a launch inside a graph of 20: the layers' ops in turn (weights from memory) against the first op 20 times (weights from the L2 cache where it holds them)\n"
+        ));
+        rep.line("| op | per token | layers' ops in turn µs | first op 20 times µs | hot / cold | per token saved µs |");
+        rep.line("|---|---|---|---|---|---|");
+        let (mut cold_sum, mut hot_sum) = (0.0, 0.0);
+        for ((name, n, c), (_, _, h)) in cold.iter().zip(&hot) {
+            cold_sum += *n as f64 * c;
+            hot_sum += *n as f64 * h;
+            rep.line(format!(
+                "| {name} | {n} | {:.2} | {:.2} | {:.2} | {:.0} |",
+                c * 1e6,
+                h * 1e6,
+                h / c,
+                *n as f64 * (c - h) * 1e6
+            ));
+        }
+        rep.line(format!(
+            "| all | | {:.0} per token | {:.0} per token | {:.2} | {:.0} |",
+            cold_sum * 1e6,
+            hot_sum * 1e6,
+            hot_sum / cold_sum,
+            (cold_sum - hot_sum) * 1e6
+        ));
+    }
+    Ok(())
+}

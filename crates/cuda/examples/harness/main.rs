@@ -20,6 +20,7 @@
 //! steps run ahead of the host against host-fed passes, `NIWAKI_HARNESS_ONLY=attention` the
 //! attention kernels' checks and decode at depth (`=depth`: decode at depth alone),
 //! `NIWAKI_HARNESS_ONLY=chain` the persistent-step probe on the 27B formats,
+//! `NIWAKI_HARNESS_ONLY=l2` each decode op with its weights in memory and in the L2 cache,
 //! `NIWAKI_HARNESS_ONLY=27b` the 27B
 //! section alone.
 
@@ -171,6 +172,11 @@ fn run(rep: &mut Report) -> R<()> {
         Ok("chain") => {
             drop(gpu);
             return chain::chain_section(rep, &formats_27b("Q2_0,Q1_0"));
+        }
+        // Each decode op with its weights in memory against in the L2 cache.
+        Ok("l2") => {
+            drop(gpu);
+            return bench::l2_section(rep, &formats_27b("Q1_0,Q2_0"));
         }
         Ok("gemm-checks") => {
             kernel_table(rep);

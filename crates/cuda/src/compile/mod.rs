@@ -27,8 +27,9 @@ pub fn options(arch: &str, defines: &[String]) -> Vec<String> {
 
 /// The program's `-D` options for a model of `dims` on a device whose blocks may take
 /// `smem_limit` bytes of shared memory: the model's shapes, the attention ring that fits, the
-/// timeline records' capacity where asked (`trace_capacity`), and the weights' L2 policy
-/// (`NIWAKI_CUDA_WEIGHTS_L2`). What the backend compiles at start and [`precompile`] ahead.
+/// timeline records' capacity where asked (`trace_capacity`), the weights' L2 policy
+/// (`NIWAKI_CUDA_WEIGHTS_L2`) and a measurement's ablation (`NIWAKI_CUDA_ABLATE`). What the
+/// backend compiles at start and [`precompile`] ahead.
 pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) -> Vec<String> {
     let mut defines = dims.defines_for(plan::attn_ring_positions(dims, smem_limit));
     if trace_capacity > 0 {
@@ -36,6 +37,9 @@ pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) ->
     }
     if plan::weights_evict_first(crate::knobs::word("NIWAKI_CUDA_WEIGHTS_L2").as_deref()) {
         defines.push("-DWEIGHTS_EVICT_FIRST=1".into());
+    }
+    if let Some(what) = crate::knobs::word("NIWAKI_CUDA_ABLATE").filter(|w| !w.is_empty()) {
+        defines.push(format!("-DABLATE_{}=1", what.to_uppercase()));
     }
     defines
 }

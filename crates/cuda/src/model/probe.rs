@@ -18,6 +18,30 @@ impl CudaModel {
         ntok: usize,
         reps: usize,
     ) -> Result<Vec<(String, usize, f64)>> {
+        self.profile_ops(st, ntok, reps, true)
+    }
+
+    /// [`CudaModel::profile`] of one-token passes with each kind's first op launched `reps`
+    /// times over rather than the layers' ops in turn: a matrix smaller than the L2 cache is then
+    /// read from it by every launch but the first. Against `profile`, what a GEMV costs when its
+    /// weights are already on chip (its ramp, tail and arithmetic) rather than in memory.
+    #[doc(hidden)]
+    pub fn profile_hot(
+        &self,
+        st: &mut CudaState,
+        reps: usize,
+    ) -> Result<Vec<(String, usize, f64)>> {
+        self.profile_ops(st, 1, reps, false)
+    }
+
+    /// `profile` (`cycle`: the layers' ops of a kind in turn) or `profile_hot` (its first op).
+    fn profile_ops(
+        &self,
+        st: &mut CudaState,
+        ntok: usize,
+        reps: usize,
+        cycle: bool,
+    ) -> Result<Vec<(String, usize, f64)>> {
         // The kernels read the position from the device: make it the one the host plans with.
         st.drop_ahead();
         st.set_pos()?;
@@ -46,7 +70,8 @@ impl CudaModel {
         let mut out = Vec::new();
         for (key, ops) in kinds {
             let secs = self.time_graph(st, || {
-                let run = || (0..reps).try_for_each(|i| self.exec(st, &ops[i % ops.len()]));
+                let pick = |i: usize| if cycle { &ops[i % ops.len()] } else { &ops[0] };
+                let run = || (0..reps).try_for_each(|i| self.exec(st, pick(i)));
                 if ntok == 1 {
                     run()
                 } else {
