@@ -47,13 +47,18 @@ __device__ __forceinline__ void bmma_and_popc(int* c, u32 a0, u32 a1, u32 b) {
 }
 
 // Plane p of the 32 activation bytes `lo`, `hi` (values 32t … 32t + 31 of a chunk) in the
-// chunk's bit order: bit 8b + k is plane p of value 4k + b, i.e. of byte b of word k.
+// chunk's bit order: bit 8b + k is plane p of value 4k + b, i.e. of byte b of word k. (Formed
+// by rotations as plane_word2 is, the same bits, the 1-bit decode was 0.5% slower: the 2-bit
+// form alone takes them.)
 __device__ __forceinline__ u32 plane_word(const u32 (&x)[8], int p) {
     u32 r = 0;
 #pragma unroll
     for (int k = 0; k < 8; k++) r |= ((x[k] >> p) & 0x01010101u) << k;
     return r;
 }
+
+// Word x rotated right by s (mod 32): bit q lands at q − s (mod 32), one funnel shift.
+__device__ __forceinline__ u32 rotr(u32 x, int s) { return __funnelshift_r(x, x, (u32)s); }
 
 __device__ __forceinline__ u32 plane_word(const uint4& lo, const uint4& hi, int p) {
     const u32 x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
@@ -70,12 +75,15 @@ __device__ __forceinline__ void bmma_and_popc_acc(int* c, u32 a0, u32 a1, u32 b)
 
 // Plane p of the 16 activation bytes `x` (values 16t … 16t + 15 of a 2-bit chunk) in the bit
 // order of the chunk's word t, twice: the code of value 16t + 4k + b sits at bits 8b + 2k (its
-// 1) and 8b + 2k + 1 (its 2), and both get plane p of that value.
+// 1) and 8b + 2k + 1 (its 2), and both get plane p of that value. Word k rotated right by
+// p − 2k puts bit p of each byte at bit 2k of the same byte: a rotation and a masked merge (one
+// LOP3) a word where a shift, a mask and a shifted merge took three, the rotations' amounts
+// depending on the lane's plane alone. The same bits; Q2_0 decode 1.0% faster on the H200.
 __device__ __forceinline__ u32 plane_word2(const uint4& x, int p) {
     const u32 w[4] = {x.x, x.y, x.z, x.w};
     u32 r = 0;
 #pragma unroll
-    for (int k = 0; k < 4; k++) r |= ((w[k] >> p) & 0x01010101u) << (2 * k);
+    for (int k = 0; k < 4; k++) r |= rotr(w[k], p - 2 * k) & (0x01010101u << (2 * k));
     return r | (r << 1);
 }
 
