@@ -38,7 +38,7 @@ pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) ->
     if plan::weights_evict_first(crate::knobs::word("NIWAKI_CUDA_WEIGHTS_L2").as_deref()) {
         defines.push("-DWEIGHTS_EVICT_FIRST=1".into());
     }
-    if let Some(what) = crate::knobs::word("NIWAKI_CUDA_ABLATE").filter(|w| !w.is_empty()) {
+    if let Some(what) = crate::knobs::ablation() {
         defines.push(format!("-DABLATE_{}=1", what.to_uppercase()));
     }
     defines
