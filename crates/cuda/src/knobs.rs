@@ -158,11 +158,6 @@ pub(crate) fn word(name: &str) -> Option<String> {
     value(name, |t| matches!(t, Takes::OneOf(_)))
 }
 
-/// The part of the kernels' work a measurement takes out (`NIWAKI_CUDA_ABLATE`), where set.
-pub(crate) fn ablation() -> Option<String> {
-    word("NIWAKI_CUDA_ABLATE").filter(|w| !w.is_empty())
-}
-
 /// A folder switch, as given (not necessarily Unicode; `None` where unset).
 pub(crate) fn path(name: &str) -> Option<std::ffi::OsString> {
     value_os(name, |t| matches!(t, Takes::Path))

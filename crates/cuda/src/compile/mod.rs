@@ -38,10 +38,15 @@ pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) ->
     if plan::weights_evict_first(crate::knobs::word("NIWAKI_CUDA_WEIGHTS_L2").as_deref()) {
         defines.push("-DWEIGHTS_EVICT_FIRST=1".into());
     }
-    if let Some(what) = crate::knobs::ablation() {
+    if let Some(what) = ablation() {
         defines.push(format!("-DABLATE_{}=1", what.to_uppercase()));
     }
     defines
+}
+
+/// The part of the kernels' work a measurement takes out (`NIWAKI_CUDA_ABLATE`), where set.
+pub fn ablation() -> Option<String> {
+    crate::knobs::word("NIWAKI_CUDA_ABLATE").filter(|w| !w.is_empty())
 }
 
 /// The most shared memory a block may opt into on the devices of architecture `arch`, as the

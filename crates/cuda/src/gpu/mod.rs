@@ -531,7 +531,7 @@ impl Gpu {
     /// Opens GPU 0 and compiles the kernels for `dims`.
     pub fn new(dims: &Dims) -> Result<Gpu> {
         knobs::check_env()?;
-        if let Some(what) = knobs::ablation() {
+        if let Some(what) = compile::ablation() {
             // A measurement switch left set would otherwise serve wrong outputs without a word.
             eprintln!(
                 "warning: NIWAKI_CUDA_ABLATE={what} takes part of the kernels' work out: outputs are wrong (for measuring only)"
