@@ -57,9 +57,6 @@ __device__ __forceinline__ u32 plane_word(const u32 (&x)[8], int p) {
     return r;
 }
 
-// Word x rotated right by s (mod 32): bit q lands at q − s (mod 32), one funnel shift.
-__device__ __forceinline__ u32 rotr(u32 x, int s) { return __funnelshift_r(x, x, (u32)s); }
-
 __device__ __forceinline__ u32 plane_word(const uint4& lo, const uint4& hi, int p) {
     const u32 x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
     return plane_word(x, p);
@@ -72,6 +69,9 @@ __device__ __forceinline__ void bmma_and_popc_acc(int* c, u32 a0, u32 a1, u32 b)
         : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
         : "r"(a0), "r"(a1), "r"(b));
 }
+
+// Word x rotated right by s (mod 32): bit q lands at q − s (mod 32), one funnel shift.
+__device__ __forceinline__ u32 rotr(u32 x, int s) { return __funnelshift_r(x, x, (u32)s); }
 
 // Plane p of the 16 activation bytes `x` (values 16t … 16t + 15 of a 2-bit chunk) in the bit
 // order of the chunk's word t, twice: the code of value 16t + 4k + b sits at bits 8b + 2k (its
