@@ -448,10 +448,9 @@ ENTRY __global__ void __launch_bounds__(CW * 32)
 // its 128 values by quant128 as quant_plain would: the same codes and pairs. Models whose
 // attention output is Hadamard-rotated, or whose heads are not whole 128-value pieces
 // (plan::forward_ops), keep the two kernels (the rotation spans four heads).
-ENTRY __global__ void __launch_bounds__(CW * 32)
-    attn_combine_quant(const float* __restrict__ part, int nsplit, const u32* __restrict__ pos_ptr,
-                       const float* __restrict__ proj, int stride, float* __restrict__ attn,
-                       int* __restrict__ xq, float2* __restrict__ xs) {
+__device__ __forceinline__ void attn_combine_quant_body(const float* __restrict__ part, int nsplit,
+        const u32* __restrict__ pos_ptr, const float* __restrict__ proj, int stride, float* __restrict__ attn,
+        int* __restrict__ xq, float2* __restrict__ xs, u32* __restrict__ xp) {
 #if HD % 128 != 0
     __trap();
 #else
@@ -494,10 +493,23 @@ ENTRY __global__ void __launch_bounds__(CW * 32)
                                      (a.z / L) * sigmoidf_(gate.z), (a.w / L) * sigmoidf_(gate.w));
         const int base = head * HD + blockIdx.z * 128;
         *(float4*)(attn + base + 4 * lane) = v;
-        quant128(v, base, xq, xs, nullptr);
+        quant128(v, base, xq, xs, nullptr, xp);
         if (lane == 0) TRACE_EXIT(TRACE_ATTN_MERGE, 0);
     }
 #endif
+}
+
+// Without plane words, and with them (`_p`: quant128's `xp_tok`, for 1-bit models): the first is
+// the kernel the 2-bit models run, the null pointer compiling the words out.
+ENTRY __global__ void __launch_bounds__(CW * 32) attn_combine_quant(const float* __restrict__ part,
+        int nsplit, const u32* __restrict__ pos_ptr, const float* __restrict__ proj, int stride,
+        float* __restrict__ attn, int* __restrict__ xq, float2* __restrict__ xs) {
+    attn_combine_quant_body(part, nsplit, pos_ptr, proj, stride, attn, xq, xs, nullptr);
+}
+ENTRY __global__ void __launch_bounds__(CW * 32) attn_combine_quant_p(const float* __restrict__ part,
+        int nsplit, const u32* __restrict__ pos_ptr, const float* __restrict__ proj, int stride,
+        float* __restrict__ attn, int* __restrict__ xq, float2* __restrict__ xs, u32* __restrict__ xp) {
+    attn_combine_quant_body(part, nsplit, pos_ptr, proj, stride, attn, xq, xs, xp);
 }
 
 // The same merge for multi-token passes, one block of HD threads per (head, token): grid (NH,

@@ -281,12 +281,11 @@ GDN_STEP_KERNEL(gdn_step_r8, 8)
 // The step keeps 32 key rows per lane, as gdn_step_r32, the one-token passes' step without
 // this kernel (plan::GDN_STEP_DECODE_ROWS, asserted there): the two paths give the same bits.
 static_assert(DV == 128 && 16 * (32 / (DK / 32)) == DV, "gdn_decode: 16 warps cover a head");
-ENTRY __global__ void __launch_bounds__(512)
-gdn_decode(const float* __restrict__ proj, int aoff, int boff, int zoff, const u32* __restrict__ pos,
-           float* __restrict__ conv_state, const float* __restrict__ taps,
-           const float* __restrict__ a_neg, const float* __restrict__ dt_bias, float* __restrict__ S,
-           const float* __restrict__ nw, float eps, int* __restrict__ xq, float2* __restrict__ xs,
-           u16* __restrict__ xh) {
+__device__ __forceinline__ void gdn_decode_body(const float* __restrict__ proj, int aoff, int boff, int zoff,
+        const u32* __restrict__ pos, float* __restrict__ conv_state, const float* __restrict__ taps,
+        const float* __restrict__ a_neg, const float* __restrict__ dt_bias, float* __restrict__ S,
+        const float* __restrict__ nw, float eps, int* __restrict__ xq, float2* __restrict__ xs,
+        u16* __restrict__ xh, u32* __restrict__ xp) {
     constexpr int RPL = 32, C = 32 / (DK / RPL);
     __shared__ __align__(16) float qks[16][2][DK];
     // The conv's outputs: q and k of key head kh, then v of head h; then the step's outputs.
@@ -355,7 +354,24 @@ gdn_decode(const float* __restrict__ proj, int aoff, int boff, int zoff, const u
     if (w == 0) {
         const int base = h * DV;
         const float4 v = gated_norm(*(const float4*)(os + lane * 4), z, g, eps);
-        quant128(v, base, xq, xs, xh);
+        quant128(v, base, xq, xs, xh, xp);
         if (lane == 0) TRACE_EXIT(TRACE_GDN, S);
     }
+}
+
+// Without plane words, and with them (`_p`: quant128's `xp_tok`, for 1-bit models): the first is
+// the kernel the 2-bit models run, the null pointer compiling the words out.
+ENTRY __global__ void __launch_bounds__(512) gdn_decode(const float* __restrict__ proj, int aoff, int boff,
+        int zoff, const u32* __restrict__ pos, float* __restrict__ conv_state, const float* __restrict__ taps,
+        const float* __restrict__ a_neg, const float* __restrict__ dt_bias, float* __restrict__ S,
+        const float* __restrict__ nw, float eps, int* __restrict__ xq, float2* __restrict__ xs,
+        u16* __restrict__ xh) {
+    gdn_decode_body(proj, aoff, boff, zoff, pos, conv_state, taps, a_neg, dt_bias, S, nw, eps, xq, xs, xh, nullptr);
+}
+ENTRY __global__ void __launch_bounds__(512) gdn_decode_p(const float* __restrict__ proj, int aoff, int boff,
+        int zoff, const u32* __restrict__ pos, float* __restrict__ conv_state, const float* __restrict__ taps,
+        const float* __restrict__ a_neg, const float* __restrict__ dt_bias, float* __restrict__ S,
+        const float* __restrict__ nw, float eps, int* __restrict__ xq, float2* __restrict__ xs,
+        u16* __restrict__ xh, u32* __restrict__ xp) {
+    gdn_decode_body(proj, aoff, boff, zoff, pos, conv_state, taps, a_neg, dt_bias, S, nw, eps, xq, xs, xh, xp);
 }

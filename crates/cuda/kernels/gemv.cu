@@ -10,6 +10,21 @@
 #define FMT_Q2G64 1
 #define FMT_Q2G128 2
 
+// A decode GEMV's fold writes plane words (FoldOut::xp) in the 1-bit kernels alone, which take
+// their address after the fold's other arguments; the 2-bit kernels (whose models read none)
+// keep the parameter list they had without it. FOLD_XP_PARAM(FMT): that parameter or nothing;
+// FOLD_XP_ARG(FMT): it or a null pointer.
+#define FOLD_XP_PARAM(FMT) FOLD_XP_PARAM_I(FMT)
+#define FOLD_XP_PARAM_I(FMT) FOLD_XP_PARAM_##FMT
+#define FOLD_XP_PARAM_0 , u32* __restrict__ fold_xp
+#define FOLD_XP_PARAM_1
+#define FOLD_XP_PARAM_2
+#define FOLD_XP_ARG(FMT) FOLD_XP_ARG_I(FMT)
+#define FOLD_XP_ARG_I(FMT) FOLD_XP_ARG_##FMT
+#define FOLD_XP_ARG_0 fold_xp
+#define FOLD_XP_ARG_1 nullptr
+#define FOLD_XP_ARG_2 nullptr
+
 // dp4a of unsigned weight bytes with signed activation bytes.
 __device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
     int d;
@@ -536,7 +551,7 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
 #define GEMV1_CALL(FMT, RW, DOT, SWZ) \
     gemv1_body<FMT, RW, DOT, SWZ>(codes, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
                         pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, early, xmap, rms_in, rms_eps, \
-                        FoldOut{fold_cnt, nw, fold_xq, fold_xs, fold_ss, fold_ffn})
+                        FoldOut{fold_cnt, nw, fold_xq, fold_xs, fold_ss, fold_ffn, FOLD_XP_ARG(FMT)})
 #else
 #define GEMV1_CALL(FMT, RW, DOT, SWZ) __trap()
 #endif
@@ -555,7 +570,7 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
              const unsigned char* __restrict__ pf_scales, int pf_scale_bytes, int early,          \
              const float* __restrict__ rms_in, float rms_eps, u32* __restrict__ fold_cnt,         \
              int* __restrict__ fold_xq, float2* __restrict__ fold_xs, float* __restrict__ fold_ss, \
-             int fold_ffn, const __grid_constant__ TmaMap xmap) {                                 \
+             int fold_ffn FOLD_XP_PARAM(FMT), const __grid_constant__ TmaMap xmap) {              \
         GEMV1_CALL(FMT, RW, DOT, SWZ);                                                           \
     }
 

@@ -47,16 +47,8 @@ __device__ __forceinline__ void bmma_and_popc(int* c, u32 a0, u32 a1, u32 b) {
 }
 
 // Plane p of the 32 activation bytes `lo`, `hi` (values 32t … 32t + 31 of a chunk) in the
-// chunk's bit order: bit 8b + k is plane p of value 4k + b, i.e. of byte b of word k. (Formed
-// by rotations as plane_word2 is, the same bits, the 1-bit decode was 0.5% slower: the 2-bit
-// form alone takes them.)
-__device__ __forceinline__ u32 plane_word(const u32 (&x)[8], int p) {
-    u32 r = 0;
-#pragma unroll
-    for (int k = 0; k < 8; k++) r |= ((x[k] >> p) & 0x01010101u) << k;
-    return r;
-}
-
+// chunk's bit order: bit 8b + k is plane p of value 4k + b, i.e. of byte b of word k
+// (quant.cu's plane_word).
 __device__ __forceinline__ u32 plane_word(const uint4& lo, const uint4& hi, int p) {
     const u32 x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
     return plane_word(x, p);
@@ -173,7 +165,7 @@ __device__ __forceinline__ void fold_cluster(const FoldOut& f, float v) {
                      : "memory");
     }
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-    if (rank == 0) fold_piece_regs(x, g, piece * 128, f.xq, f.xs, f.ss);
+    if (rank == 0) fold_piece_regs(x, g, piece * 128, f.xq, f.xs, f.ss, f.xp);
 }
 
 // The producer warp of the binary GEMV: lane 0 keeps the ring full, as ring_produce does, and
@@ -360,7 +352,13 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
 // their plane words from there. Their own loads from L2 wait one round trip per BATCH chunks of
 // a warp, three in a row for ffn_down's 17 (the batches bound the registers the loads hold);
 // the copies wait one.
-template <int FMT, int J, bool EXACT, int RG, bool NORM, bool CL, bool IMG, bool XSM>
+//
+// XP (1-bit rows, the norm apart): `xq` holds the activations' plane words, as quant128 stores
+// them with its `xp_tok`, rather than their codes (the same bytes, in the consumers' order): a
+// lane loads its word of each chunk, one load a chunk where the codes take two and the bit
+// gathering about 24 instructions, and every warp of every block does that at its start, in
+// the kernel's critical path. The same words, so the same bits.
+template <int FMT, int J, bool EXACT, int RG, bool NORM, bool CL, bool IMG, bool XSM, bool XP>
 __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned char* __restrict__ scales,
                                              int rows, int cols, const uint4* __restrict__ xq,
                                              const float2* __restrict__ xs, float* __restrict__ out,
@@ -378,6 +376,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     __shared__ __align__(8) u64 xbar;
     constexpr int TR = 16 * RG;
     static_assert(!XSM || (FMT == FMT_Q1 && !NORM), "staged activations: 1-bit rows, the norm apart");
+    static_assert(!XP || (FMT == FMT_Q1 && !NORM), "plane words: 1-bit rows, the norm apart");
     static_assert(FMT == FMT_Q1 || (RG == 1 && !NORM), "2-bit rows: tiles of 16, the norm apart");
     static_assert(!CL || RG == 1, "a cluster's eight blocks hold a 128-row piece in tiles of 16");
     // Tiles of 32 rows keep at most half the stages (plan::gemv_b1_launch), so the partial sums
@@ -490,6 +489,22 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
             // last chunk instead (the plan's widths are whole multiples of 8 chunks, so there is one) and
             // drop it.
             constexpr int BATCH = 6;
+            if constexpr (XP) {
+                // One word a chunk, all in flight at once.
+                const u32* words = (const u32*)xsrc;
+                u32 w[J];
+#pragma unroll
+                for (int j = 0; j < J; j++) {
+                    const int c = warp + GEMV1_WARPS * j;
+                    w[j] = words[(EXACT ? c : min(c, chunks - 1)) * 32 + lane];
+                }
+#pragma unroll
+                for (int j = 0; j < J; j++) {
+                    const u32 b = EXACT || warp + GEMV1_WARPS * j < chunks ? w[j] : 0u;
+                    blo[j] = t < 2 ? b : 0u;
+                    bhi[j] = t < 2 ? 0u : b;
+                }
+            } else {
         #pragma unroll
             for (int j0 = 0; j0 < J; j0 += BATCH) {
                 uint4 x0[BATCH], x1[BATCH];
@@ -511,6 +526,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
                     blo[j] = t < 2 ? b : 0u;
                     bhi[j] = t < 2 ? 0u : b;
                 }
+            }
             }
             if (!XSM && lane < J && pc < chunks) {
                 ssm[2 * pc] = pair0;
@@ -595,24 +611,25 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 }
 #endif
 
+// A fold writes plane words from the 1-bit kernels alone (FOLD_XP_PARAM, gemv.cu).
 #if __CUDA_ARCH__ >= 900
-#define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL, IMG, CIMG, XSM)                                         \
-    gemv_b1_body<FMT, J, EXACT, RG, NORM, CL, IMG, XSM>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
+#define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL, IMG, CIMG, XSM, XP)                                     \
+    gemv_b1_body<FMT, J, EXACT, RG, NORM, CL, IMG, XSM, XP>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
                     pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, early, rms_in, rms_eps,              \
-                    FoldOut{fold_cnt, nw, fold_xq, fold_xs, fold_ss, fold_ffn}, CIMG)
+                    FoldOut{fold_cnt, nw, fold_xq, fold_xs, fold_ss, fold_ffn, FOLD_XP_ARG(FMT)}, CIMG)
 #else
-#define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL, IMG, CIMG, XSM) __trap()
+#define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL, IMG, CIMG, XSM, XP) __trap()
 #endif
 
 // J: chunks per warp and tile (EXACT) or at most (else), so 8·J chunks of 128 (1-bit) or 64
 // (2-bit) columns. The exact kernels take the 27B's widths with no guard: 5120, 6144 and 17408
 // columns are 5, 6 and 17 1-bit chunks per warp, 5120 and 6144 are 10 and 12 2-bit ones.
 #define GEMV_BIN_KERNEL(name, FMT, J, EXACT, RG, NORM, MINB) \
-    GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, RG, NORM, MINB, false, , false, , nullptr, false)
+    GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, RG, NORM, MINB, false, , false, , nullptr, false, false)
 // The tiles from their images (IMG): the launch adds the image's address.
 #define GEMV_BIN_IMG_KERNEL(name, FMT, J, EXACT, MINB)                                     \
     GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, 1, false, MINB, false, , true,                 \
-                       MACRO_COMMA const unsigned char* __restrict__ cimg, cimg, false)
+                       MACRO_COMMA const unsigned char* __restrict__ cimg, cimg, false, false)
 // The norm's fold gathered in clusters of eight blocks (fold_cluster). Clusters exist from
 // sm_90 on; compiled for earlier devices the kernels keep no cluster shape (and trap).
 #if __CUDA_ARCH__ >= 900
@@ -621,9 +638,9 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 #define FOLD_CLUSTER_DIMS
 #endif
 #define GEMV_BIN_CLUSTER_KERNEL(name, FMT, J, EXACT, MINB) \
-    GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, 1, false, MINB, true, FOLD_CLUSTER_DIMS, false, , nullptr, false)
+    GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, 1, false, MINB, true, FOLD_CLUSTER_DIMS, false, , nullptr, false, false)
 #define MACRO_COMMA ,
-#define GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, RG, NORM, MINB, CL, DIMS, IMG, IMG_PARAM, CIMG, XSM)     \
+#define GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, RG, NORM, MINB, CL, DIMS, IMG, IMG_PARAM, CIMG, XSM, XP) \
     ENTRY __global__ void DIMS __launch_bounds__(32 * (GEMV1_WARPS + 1), MINB)              \
         name(const __grid_constant__ TmaMap cmap, const unsigned char* __restrict__ scales,       \
              int rows, int cols, const uint4* __restrict__ xq, const float2* __restrict__ xs,     \
@@ -633,8 +650,8 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
              const unsigned char* __restrict__ pf_scales, int pf_scale_bytes, int early,          \
              const float* __restrict__ rms_in, float rms_eps, u32* __restrict__ fold_cnt,         \
              int* __restrict__ fold_xq, float2* __restrict__ fold_xs, float* __restrict__ fold_ss, \
-             int fold_ffn IMG_PARAM) {                                                            \
-        GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL, IMG, CIMG, XSM);                                            \
+             int fold_ffn FOLD_XP_PARAM(FMT) IMG_PARAM) {                                         \
+        GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL, IMG, CIMG, XSM, XP);                                        \
     }
 
 GEMV_BIN_KERNEL(gemv_b1_j5x, FMT_Q1, 5, true, 1, false, 4)
@@ -644,7 +661,7 @@ GEMV_BIN_KERNEL(gemv_b1_j17x, FMT_Q1, 17, true, 1, false, 2)
 GEMV_BIN_KERNEL(gemv_b1_j17, FMT_Q1, 17, false, 1, false, 2)
 // The same with the activations staged in shared memory (XSM; plan::x_staged).
 #define GEMV_BIN_XSM_KERNEL(name, J, EXACT) \
-    GEMV_BIN_KERNEL_AS(name, FMT_Q1, J, EXACT, 1, false, 2, false, , false, , nullptr, true)
+    GEMV_BIN_KERNEL_AS(name, FMT_Q1, J, EXACT, 1, false, 2, false, , false, , nullptr, true, false)
 GEMV_BIN_XSM_KERNEL(gemv_b1_j17x_xs, 17, true)
 GEMV_BIN_XSM_KERNEL(gemv_b1_j17_xs, 17, false)
 // Tiles of 32 rows (row counts a multiple of 32: plan::gemv_b1_launch).
@@ -681,3 +698,18 @@ GEMV_BIN_CLUSTER_KERNEL(gemv_b2g64_j12x_c, FMT_Q2G64, 12, true, 3)
 GEMV_BIN_CLUSTER_KERNEL(gemv_b2g64_j12_c, FMT_Q2G64, 12, false, 3)
 GEMV_BIN_CLUSTER_KERNEL(gemv_b2g128_j12x_c, FMT_Q2G128, 12, true, 3)
 GEMV_BIN_CLUSTER_KERNEL(gemv_b2g128_j12_c, FMT_Q2G128, 12, false, 3)
+// The 1-bit kernels that take the norm apart, reading plane words (XP; plan::planes_kernel):
+// the same shapes, the name followed by _p.
+#define GEMV_BIN_P_KERNEL(name, J, EXACT, RG, MINB, CL, DIMS, XSM) \
+    GEMV_BIN_KERNEL_AS(name, FMT_Q1, J, EXACT, RG, false, MINB, CL, DIMS, false, , nullptr, XSM, true)
+GEMV_BIN_P_KERNEL(gemv_b1_j5x_p, 5, true, 1, 4, false, , false)
+GEMV_BIN_P_KERNEL(gemv_b1_j6x_p, 6, true, 1, 4, false, , false)
+GEMV_BIN_P_KERNEL(gemv_b1_j6_p, 6, false, 1, 4, false, , false)
+GEMV_BIN_P_KERNEL(gemv_b1_j17x_p, 17, true, 1, 2, false, , false)
+GEMV_BIN_P_KERNEL(gemv_b1_j17_p, 17, false, 1, 2, false, , false)
+GEMV_BIN_P_KERNEL(gemv_b1_j17x_xs_p, 17, true, 1, 2, false, , true)
+GEMV_BIN_P_KERNEL(gemv_b1_j17_xs_p, 17, false, 1, 2, false, , true)
+GEMV_BIN_P_KERNEL(gemv_b1_j5x_r32_p, 5, true, 2, 3, false, , false)
+GEMV_BIN_P_KERNEL(gemv_b1_j6x_r32_p, 6, true, 2, 3, false, , false)
+GEMV_BIN_P_KERNEL(gemv_b1_j6x_c_p, 6, true, 1, 4, true, FOLD_CLUSTER_DIMS, false)
+GEMV_BIN_P_KERNEL(gemv_b1_j6_c_p, 6, false, 1, 4, true, FOLD_CLUSTER_DIMS, false)

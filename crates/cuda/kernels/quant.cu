@@ -47,9 +47,24 @@ __device__ __forceinline__ u32 quant128_regs(float4 v, float2& pair) {
     return (q0 & 0xff) | ((q1 & 0xff) << 8) | ((q2 & 0xff) << 16) | ((u32)(q3 & 0xff) << 24);
 }
 
+// Plane p of 32 activation codes held four a word (value 4k + b at byte b of word k), in the bit
+// order of the binary GEMV's MMAs (kernels/gemv_b1.cu): bit 8b + k is plane p of value 4k + b.
+// (Formed by rotations as the 2-bit words are, the same bits, the 1-bit decode was 0.5% slower.)
+__device__ __forceinline__ u32 plane_word(const u32 (&x)[8], int p) {
+    u32 r = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) r |= ((x[k] >> p) & 0x01010101u) << k;
+    return r;
+}
+
 // Quantizes the 128 values [base, base+128) of a token; `v` holds this lane's 4 values. With
-// `xh_tok`, also stores them as f16 in the f16 GEMM's order.
-__device__ __forceinline__ void quant128(float4 v, int base, int* xq_tok, float2* xs_tok, u16* xh_tok) {
+// `xh_tok`, also stores them as f16 in the f16 GEMM's order. With `xp_tok` (null or not for the
+// whole warp), also stores them as the plane words the 1-bit binary GEMV's lanes take
+// (kernels/gemv_b1.cu, XP): word 32c + 4g + t, c = base / 128, is plane g of the piece's values
+// 32t … 32t + 31, formed once here from the codes of lanes 8t … 8t + 7 rather than again by
+// every block of the GEMV that reads them.
+__device__ __forceinline__ void quant128(float4 v, int base, int* xq_tok, float2* xs_tok, u16* xh_tok,
+                                         u32* xp_tok = nullptr) {
     const int lane = threadIdx.x & 31;
     if (xh_tok) {
         u16* o = xh_tok + base + 64 * (lane >> 4);
@@ -58,8 +73,16 @@ __device__ __forceinline__ void quant128(float4 v, int base, int* xq_tok, float2
         *(u32*)(o + hgemm_slot(v0 + 1)) = f16_sat(v.y) | (f16_sat(v.w) << 16);
     }
     float2 pair;
-    xq_tok[base / 4 + lane] = quant128_regs(v, pair);
+    const u32 packed = quant128_regs(v, pair);
+    xq_tok[base / 4 + lane] = packed;
     if ((lane & 15) == 0) xs_tok[base / 64 + (lane >> 4)] = pair;
+    if (xp_tok) {
+        const int t = lane & 3;
+        u32 x[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) x[k] = __shfl_sync(0xffffffffu, packed, 8 * t + k);
+        xp_tok[base / 4 + lane] = plane_word(x, lane >> 2);
+    }
 }
 
 // silu(gate)·up of a lane's four values: quant_swiglu's products, and a folded SwiGLU's.
@@ -132,9 +155,11 @@ __device__ __forceinline__ float4 unrot1024(float4 v, const float* __restrict__ 
 
 // One piece: this lane's four values `v` of the residual and of the norm's weights `g`, at
 // value `base` of the row.
-__device__ __forceinline__ void fold_piece_regs(float4 v, float4 g, int base, int* xq, float2* xs, float* piece_ss) {
+// `xp`: where the plane words go too (or null).
+__device__ __forceinline__ void fold_piece_regs(float4 v, float4 g, int base, int* xq, float2* xs, float* piece_ss,
+                                                u32* xp) {
     const float ss = warp_sum(v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w);
-    quant128(make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w), base, xq, xs, nullptr);
+    quant128(make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w), base, xq, xs, nullptr, xp);
     if ((threadIdx.x & 31) == 0) piece_ss[base >> 7] = ss;
 }
 
@@ -167,6 +192,8 @@ struct FoldOut {
     // and a piece's fold is silu(gate)·up quantized, quant_swiglu's arithmetic: a piece of the
     // product is complete once its gate rows and its up rows are.
     int ffn;
+    // Where the codes' plane words go too (or null: quant128's `xp_tok`).
+    u32* xp;
 };
 
 __device__ __forceinline__ u32 atom_add_acq_rel(u32* p, u32 v) {
@@ -203,10 +230,10 @@ __device__ __forceinline__ void fold_arrive(const FoldOut& f, const float* x, in
             const int v = p * 128 + 4 * lane;
             if (f.ffn)
                 quant128(swiglu4(__ldcg((const float4*)(x + v)), __ldcg((const float4*)(x + f.ffn + v))), p * 128,
-                         f.xq, f.xs, nullptr);
+                         f.xq, f.xs, nullptr, f.xp);
             else
                 fold_piece_regs(__ldcg((const float4*)(x + v)), __ldg((const float4*)(f.w + v)), p * 128, f.xq,
-                                f.xs, f.ss);
+                                f.xs, f.ss, f.xp);
         }
     }
 }
@@ -225,11 +252,10 @@ __device__ __forceinline__ void fold_arrive(const FoldOut& f, const float* x, in
 // as it stands and its Σx² goes to piece_ss[piece], the GEMV after it applying 1/rms to its
 // outputs (rms_scale). The arithmetic is fold_piece's, so this is the twin of a residual GEMV
 // that folds the norm into its last writes (and the fallback where none does).
-ENTRY __global__ void __launch_bounds__(256) quant_rms(const float* __restrict__ x, int cols, int tok0,
-                                                            const float* __restrict__ w, float eps,
-                                                            int* __restrict__ xq, float2* __restrict__ xs,
-                                                            u16* __restrict__ xh, const float* __restrict__ signs,
-                                                            float* __restrict__ piece_ss) {
+__device__ __forceinline__ void quant_rms_body(const float* __restrict__ x, int cols, int tok0,
+        const float* __restrict__ w, float eps, int* __restrict__ xq, float2* __restrict__ xs,
+        u16* __restrict__ xh, const float* __restrict__ signs, float* __restrict__ piece_ss,
+        u32* __restrict__ xp) {
     __shared__ float red[32];
     __shared__ float4 rot[256];
     const int t = blockIdx.y, i0 = threadIdx.x * 4, b = blockIdx.x, nb = gridDim.x;
@@ -258,17 +284,18 @@ ENTRY __global__ void __launch_bounds__(256) quant_rms(const float* __restrict__
     int* xq_t = xq + (size_t)t * cols / 4;
     float2* xs_t = xs + (size_t)t * cols / 64;
     u16* xh_t = xh ? xh + (size_t)t * cols : nullptr;
+    u32* xp_t = xp ? xp + (size_t)t * cols / 4 : nullptr;
     const int warp_base = (threadIdx.x >> 5) * 128;
     auto put = [&](int k, float4 u, float4 gk) {
         if (piece_ss) {
-            fold_piece_regs(u, gk, warp_base + 1024 * k, xq_t, xs_t, piece_ss);
+            fold_piece_regs(u, gk, warp_base + 1024 * k, xq_t, xs_t, piece_ss, xp_t);
             return;
         }
         u.x = u.x * scale * gk.x; u.y = u.y * scale * gk.y; u.z = u.z * scale * gk.z; u.w = u.w * scale * gk.w;
         // Rotated rows are whole 1024-value shares (their widths are multiples of 1024), so
         // every thread of the block takes part.
         if (signs) u = rot1024(u, signs + 1024 * k, (float*)rot);
-        quant128(u, warp_base + 1024 * k, xq_t, xs_t, xh_t);
+        quant128(u, warp_base + 1024 * k, xq_t, xs_t, xh_t, xp_t);
     };
     // Whole warps of 128 values: cols is a multiple of 128.
 #pragma unroll
@@ -279,11 +306,23 @@ ENTRY __global__ void __launch_bounds__(256) quant_rms(const float* __restrict__
     if (threadIdx.x == 0) TRACE_EXIT(TRACE_NORM, w);
 }
 
+// Without plane words, and with them (`_p`: quant128's `xp_tok`, for 1-bit models): the first is
+// the kernel the 2-bit models run, the null pointer compiling the words out.
+ENTRY __global__ void __launch_bounds__(256) quant_rms(const float* __restrict__ x, int cols, int tok0,
+        const float* __restrict__ w, float eps, int* __restrict__ xq, float2* __restrict__ xs,
+        u16* __restrict__ xh, const float* __restrict__ signs, float* __restrict__ piece_ss) {
+    quant_rms_body(x, cols, tok0, w, eps, xq, xs, xh, signs, piece_ss, nullptr);
+}
+ENTRY __global__ void __launch_bounds__(256) quant_rms_p(const float* __restrict__ x, int cols, int tok0,
+        const float* __restrict__ w, float eps, int* __restrict__ xq, float2* __restrict__ xs,
+        u16* __restrict__ xh, const float* __restrict__ signs, float* __restrict__ piece_ss,
+        u32* __restrict__ xp) { quant_rms_body(x, cols, tok0, w, eps, xq, xs, xh, signs, piece_ss, xp); }
+
 // silu(gate) * up from the stacked gate|up projection. grid (ceil(ffn/1024), ntok), block 256.
 // With `signs` (ffn a multiple of 1024), each block's 1024 values are Hadamard-rotated first.
-ENTRY __global__ void quant_swiglu(const float* __restrict__ gu, int stride, int ffn,
-                                        int* __restrict__ xq, float2* __restrict__ xs, u16* __restrict__ xh,
-                                        const float* __restrict__ signs) {
+__device__ __forceinline__ void quant_swiglu_body(const float* __restrict__ gu, int stride, int ffn,
+        int* __restrict__ xq, float2* __restrict__ xs, u16* __restrict__ xh, const float* __restrict__ signs,
+        u32* __restrict__ xp) {
     __shared__ float4 rot[256];
     TRACE_ENTRY();
     const int t = blockIdx.y;
@@ -293,9 +332,21 @@ ENTRY __global__ void quant_swiglu(const float* __restrict__ gu, int stride, int
     const float* g = gu + (size_t)t * stride;
     float4 v = swiglu4(*(const float4*)(g + i), *(const float4*)(g + ffn + i));
     if (signs) v = rot1024(v, signs + 1024 * blockIdx.x, (float*)rot);
-    quant128(v, base, xq + (size_t)t * ffn / 4, xs + (size_t)t * ffn / 64, xh ? xh + (size_t)t * ffn : nullptr);
+    quant128(v, base, xq + (size_t)t * ffn / 4, xs + (size_t)t * ffn / 64, xh ? xh + (size_t)t * ffn : nullptr,
+             xp ? xp + (size_t)t * ffn / 4 : nullptr);
     // Warp 0 of every block has values (the grid is the values' 1024-value blocks).
     if (threadIdx.x == 0) TRACE_EXIT(TRACE_SWIGLU, 0);
+}
+
+// Without plane words, and with them (`_p`: quant128's `xp_tok`, for 1-bit models): the first is
+// the kernel the 2-bit models run, the null pointer compiling the words out.
+ENTRY __global__ void quant_swiglu(const float* __restrict__ gu, int stride, int ffn, int* __restrict__ xq,
+        float2* __restrict__ xs, u16* __restrict__ xh, const float* __restrict__ signs) {
+    quant_swiglu_body(gu, stride, ffn, xq, xs, xh, signs, nullptr);
+}
+ENTRY __global__ void quant_swiglu_p(const float* __restrict__ gu, int stride, int ffn, int* __restrict__ xq,
+        float2* __restrict__ xs, u16* __restrict__ xh, const float* __restrict__ signs, u32* __restrict__ xp) {
+    quant_swiglu_body(gu, stride, ffn, xq, xs, xh, signs, xp);
 }
 
 // One 128-wide head of the gated delta net's output, four values per lane of a warp: RMS norm
@@ -314,10 +365,10 @@ __device__ __forceinline__ float4 gated_norm(float4 v, float4 z, float4 g, float
 // grid (ceil(HV/8), ntok), block 256. With `signs` (HV·DV a multiple of 1024), each block's 1024
 // values are Hadamard-rotated first, and with `grouped` the heads are first put in grouped order
 // (output head r + (HV/HK)·k is value head k + HK·r).
-ENTRY __global__ void quant_gated(const float* __restrict__ o, const float* __restrict__ proj,
-                                       int stride, int zoff, const float* __restrict__ w, float eps,
-                                       int* __restrict__ xq, float2* __restrict__ xs, u16* __restrict__ xh,
-                                       const float* __restrict__ signs, int grouped) {
+__device__ __forceinline__ void quant_gated_body(const float* __restrict__ o, const float* __restrict__ proj,
+        int stride, int zoff, const float* __restrict__ w, float eps, int* __restrict__ xq,
+        float2* __restrict__ xs, u16* __restrict__ xh, const float* __restrict__ signs, int grouped,
+        u32* __restrict__ xp) {
     __shared__ float4 rot[256];
     const int lane = threadIdx.x & 31;
     // The norm's weights are constant: read before waiting for the previous kernel.
@@ -334,14 +385,26 @@ ENTRY __global__ void quant_gated(const float* __restrict__ o, const float* __re
                           *(const float4*)(proj + (size_t)t * stride + zoff + i), g, eps);
     if (signs) v = rot1024(v, signs + 1024 * blockIdx.x, (float*)rot);
     quant128(v, base, xq + (size_t)t * HV * DV / 4, xs + (size_t)t * HV * DV / 64,
-             xh ? xh + (size_t)t * HV * DV : nullptr);
+             xh ? xh + (size_t)t * HV * DV : nullptr, xp ? xp + (size_t)t * HV * DV / 4 : nullptr);
+}
+
+// Without plane words, and with them (`_p`: quant128's `xp_tok`, for 1-bit models): the first is
+// the kernel the 2-bit models run, the null pointer compiling the words out.
+ENTRY __global__ void quant_gated(const float* __restrict__ o, const float* __restrict__ proj, int stride,
+        int zoff, const float* __restrict__ w, float eps, int* __restrict__ xq, float2* __restrict__ xs,
+        u16* __restrict__ xh, const float* __restrict__ signs, int grouped) {
+    quant_gated_body(o, proj, stride, zoff, w, eps, xq, xs, xh, signs, grouped, nullptr);
+}
+ENTRY __global__ void quant_gated_p(const float* __restrict__ o, const float* __restrict__ proj, int stride,
+        int zoff, const float* __restrict__ w, float eps, int* __restrict__ xq, float2* __restrict__ xs,
+        u16* __restrict__ xh, const float* __restrict__ signs, int grouped, u32* __restrict__ xp) {
+    quant_gated_body(o, proj, stride, zoff, w, eps, xq, xs, xh, signs, grouped, xp);
 }
 
 // Plain quantization (harness use). grid (ceil(cols/1024), ntok), block 256.
 // With `signs` (cols a multiple of 1024), each block's 1024 values are Hadamard-rotated first.
-ENTRY __global__ void quant_plain(const float* __restrict__ x, int cols,
-                                       int* __restrict__ xq, float2* __restrict__ xs, u16* __restrict__ xh,
-                                       const float* __restrict__ signs) {
+__device__ __forceinline__ void quant_plain_body(const float* __restrict__ x, int cols, int* __restrict__ xq,
+        float2* __restrict__ xs, u16* __restrict__ xh, const float* __restrict__ signs, u32* __restrict__ xp) {
     __shared__ float4 rot[256];
     PDL_ENTRY();
     const int t = blockIdx.y;
@@ -349,7 +412,19 @@ ENTRY __global__ void quant_plain(const float* __restrict__ x, int cols,
     if (base >= cols) return;
     float4 v = *(const float4*)(x + (size_t)t * cols + base + (threadIdx.x & 31) * 4);
     if (signs) v = rot1024(v, signs + 1024 * blockIdx.x, (float*)rot);
-    quant128(v, base, xq + (size_t)t * cols / 4, xs + (size_t)t * cols / 64, xh ? xh + (size_t)t * cols : nullptr);
+    quant128(v, base, xq + (size_t)t * cols / 4, xs + (size_t)t * cols / 64, xh ? xh + (size_t)t * cols : nullptr,
+             xp ? xp + (size_t)t * cols / 4 : nullptr);
+}
+
+// Without plane words, and with them (`_p`: quant128's `xp_tok`, for 1-bit models): the first is
+// the kernel the 2-bit models run, the null pointer compiling the words out.
+ENTRY __global__ void quant_plain(const float* __restrict__ x, int cols, int* __restrict__ xq,
+        float2* __restrict__ xs, u16* __restrict__ xh, const float* __restrict__ signs) {
+    quant_plain_body(x, cols, xq, xs, xh, signs, nullptr);
+}
+ENTRY __global__ void quant_plain_p(const float* __restrict__ x, int cols, int* __restrict__ xq,
+        float2* __restrict__ xs, u16* __restrict__ xh, const float* __restrict__ signs, u32* __restrict__ xp) {
+    quant_plain_body(x, cols, xq, xs, xh, signs, xp);
 }
 
 ENTRY __global__ void fill_u64(u64* p, int n, u64 v) {

@@ -39,6 +39,7 @@ const KNOBS: &[(&str, Takes)] = &[
     ("NIWAKI_CUDA_B1_BLOCKS", Takes::Number),
     ("NIWAKI_CUDA_B1_IMAGE", Takes::OnOff),
     ("NIWAKI_CUDA_B1_MIN_TILES", Takes::Number),
+    ("NIWAKI_CUDA_B1_PLANES", Takes::OnOff),
     ("NIWAKI_CUDA_B1_SMEM_KIB", Takes::Number),
     ("NIWAKI_CUDA_B1_TILE_ROWS", Takes::OneOf(&["16", "32"])),
     ("NIWAKI_CUDA_B1_X_STAGE", Takes::OnOff),

@@ -334,6 +334,31 @@ pub fn quantize_x(x: &[f32]) -> QuantizedX {
     QuantizedX { q, groups }
 }
 
+/// The plane words the 1-bit binary GEMV's lanes take for int8 activations `q` (whole chunks
+/// of 128; the twin of `quant128`'s `xp_tok`, kernels/quant.cu): word `32c + 4g + t` is plane
+/// `g` (bit `g` of the two's-complement code) of values `32t … 32t + 31` of chunk `c`, value
+/// `32t + 4k + b` at bit `8b + k`, where a 1-bit row has that value's weight in word `t` of its
+/// chunk ([`Packed`]), so that AND and popcount of the two count the plane under the row's ones.
+pub fn plane_words(q: &[i8]) -> Vec<u32> {
+    assert!(
+        q.len().is_multiple_of(128),
+        "plane words are of whole chunks of 128"
+    );
+    let mut out = vec![0u32; q.len() / 4];
+    for (chunk, words) in q.chunks_exact(128).zip(out.chunks_exact_mut(32)) {
+        for (i, word) in words.iter_mut().enumerate() {
+            let (g, t) = (i / 4, i % 4);
+            for k in 0..8 {
+                for b in 0..4 {
+                    let bit = (chunk[32 * t + 4 * k + b] as u8 >> g) & 1;
+                    *word |= u32::from(bit) << (8 * b + k);
+                }
+            }
+        }
+    }
+    out
+}
+
 /// An activation as the f16 GEMM sees it: rounded to f16, finite values beyond its range
 /// clamped to its largest (the twin of `f16_sat` in kernels/quant.cu).
 pub fn f16_act(v: f32) -> half::f16 {
@@ -427,6 +452,43 @@ mod tests {
                 }
             }
             assert_eq!(p.codes.len(), rows * cols / p.format.chunk_values() * 16);
+        }
+    }
+
+    #[test]
+    fn plane_words_count_the_codes_under_a_rows_ones() {
+        // What a binary MMA does with a row's words and the plane words: per 64-value group,
+        // Σ over planes of 2^p (the sign plane −128) × popcount(weights AND plane) must be Σq
+        // over the values whose weight is +d, read from the layout's oracle.
+        let cols = 512;
+        let p = repack(
+            "m",
+            Format::Q1_0,
+            &random_rows(Format::Q1_0, 1, cols, 5),
+            1,
+            cols,
+        )
+        .unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(6);
+        let q: Vec<i8> = (0..cols).map(|_| rng.gen()).collect();
+        let planes = plane_words(&q);
+        for c in 0..cols / 128 {
+            for group in 0..2 {
+                let want: i32 = (0..64)
+                    .map(|v| c * 128 + group * 64 + v)
+                    .filter(|&col| p.value(0, col) > 0.0)
+                    .map(|col| i32::from(q[col]))
+                    .sum();
+                let mut got = 0i32;
+                for t in 2 * group..2 * group + 2 {
+                    let w = u32::from_le_bytes(p.codes[16 * c + 4 * t..][..4].try_into().unwrap());
+                    for g in 0..8 {
+                        let weight = if g == 7 { -128 } else { 1 << g };
+                        got += weight * (w & planes[32 * c + 4 * g + t]).count_ones() as i32;
+                    }
+                }
+                assert_eq!(got, want, "chunk {c}, group {group}");
+            }
         }
     }
 

@@ -472,7 +472,17 @@ fn rotated_quant_checks(
     let xd = gpu.upload(x, "x")?;
     let xq = gpu.alloc(cols * ntok, "xq")?;
     let xs = gpu.alloc(8 * cols * ntok / 64, "xs")?;
-    gpu.quantize_rotated(s, xd.ptr, cols, ntok, xq.ptr, xs.ptr, None, Some(sd.ptr))?;
+    gpu.quantize_rotated(
+        s,
+        xd.ptr,
+        cols,
+        ntok,
+        xq.ptr,
+        xs.ptr,
+        None,
+        Some(sd.ptr),
+        None,
+    )?;
     let (mut q, mut g) = (vec![0i8; cols * ntok], vec![[0f32; 2]; cols * ntok / 64]);
     gpu.read(s, xq.ptr, &mut q)?;
     gpu.read(s, xs.ptr, &mut g)?;

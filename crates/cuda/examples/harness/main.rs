@@ -149,6 +149,11 @@ fn run(rep: &mut Report) -> R<()> {
             drop(gpu);
             return fused_recurrence(rep);
         }
+        // The 1-bit GEMVs on plane words against on codes, bit for bit.
+        Ok("planes") => {
+            drop(gpu);
+            return models::plane_words(rep);
+        }
         // The attention kernels' checks (both shapes, the q8_0 cache in whole models), then
         // decode at depth on a 27B model (`NIWAKI_HARNESS_27B`, default Q2_0).
         Ok("attention") => {

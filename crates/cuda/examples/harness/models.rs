@@ -317,7 +317,8 @@ pub(crate) fn fused_recurrence(rep: &mut Report) -> R<()> {
     }
     folded_norms(rep)?;
     folded_swiglus(rep)?;
-    clustered_folds(rep)
+    clustered_folds(rep)?;
+    plane_words(rep)
 }
 
 /// The CPU model, the same on the GPU, and the calls a fold check runs.
@@ -421,13 +422,53 @@ struct BitExactSetting<'a> {
 /// A twin check after a one-token call of a model: words differing, words compared.
 type ModelTwinCheck = dyn Fn(&CudaModel, &CudaState) -> niwaki_cuda::Result<(usize, usize)>;
 
-/// `calls` with the setting off, then on, the norms folded on both sides: its launches, the
-/// twin's words differing and compared, the logits differing in any bit and compared.
-fn either_way(
-    g: &CudaModel,
-    calls: &[Vec<u32>],
-    s: &BitExactSetting,
-) -> R<(usize, (usize, usize), usize, usize)> {
+/// What [`either_way`] found: the launches that took the setting, the twin's words differing
+/// and compared, the logits differing in any bit and compared.
+struct EitherWay {
+    launches: usize,
+    twin_diff: usize,
+    twin_words: usize,
+    differing: usize,
+    compared: usize,
+}
+
+impl EitherWay {
+    /// The setting ran, and changed neither the twin's words nor any logit.
+    fn ok(&self) -> bool {
+        self.launches > 0
+            && self.twin_words > 0
+            && self.twin_diff == 0
+            && self.compared > 0
+            && self.differing == 0
+    }
+
+    /// The report's line and check: `head` says what ran on what (up to its calls), `took` how
+    /// its launches took the setting, `twin` whose twin the words are, `against` what the
+    /// setting's logits were compared with.
+    fn report(
+        &self,
+        rep: &mut Report,
+        head: String,
+        took: &str,
+        twin: &str,
+        against: &str,
+        check: String,
+    ) {
+        rep.line(format!(
+            "{head}, {} {took}): twin of {twin} {} of {} words differ; logits against {against} {} of {} differ in any bit (both must be 0) {}",
+            self.launches,
+            self.twin_diff,
+            self.twin_words,
+            self.differing,
+            self.compared,
+            if self.ok() { "PASS" } else { "FAIL" }
+        ));
+        rep.check(self.ok(), check);
+    }
+}
+
+/// `calls` with the setting off, then on, the norms folded on both sides.
+fn either_way(g: &CudaModel, calls: &[Vec<u32>], s: &BitExactSetting) -> R<EitherWay> {
     let launches0 = (s.launches)(g);
     let (norms, was) = (g.gpu().set_fold_norm(true), (s.set)(g, false));
     let off = run_calls(g, calls, None);
@@ -443,7 +484,13 @@ fn either_way(
         .filter(|(a, b)| a.to_bits() != b.to_bits())
         .count();
     let compared = if off.len() == on.len() { off.len() } else { 0 };
-    Ok(((s.launches)(g) - launches0, twin, differing, compared))
+    Ok(EitherWay {
+        launches: (s.launches)(g) - launches0,
+        twin_diff: twin.0,
+        twin_words: twin.1,
+        differing,
+        compared,
+    })
 }
 
 /// The SwiGLUs folded into the gate | up GEMVs (`Fusion::swiglu`, the norms folded on both
@@ -470,17 +517,17 @@ pub(crate) fn folded_swiglus(rep: &mut Report) -> R<()> {
                 let f = fold_fixture(preset, vocab, format, (14, 19))?;
                 (format!("{preset:?}"), f)
             };
-            let (launches, (twin_diff, twin_words), differing, compared) =
-                either_way(&g, &calls, &setting)?;
-            let ok =
-                launches > 0 && twin_words > 0 && twin_diff == 0 && compared > 0 && differing == 0;
-            rep.line(format!(
-                "SwiGLU folded into the gate | up decode GEMVs ({}, {format:?}, {} calls, {launches} folded launches): twin of the last layer's SwiGLU {twin_diff} of {twin_words} words differ; logits against quant_swiglu apart {differing} of {compared} differ in any bit (both must be 0) {}",
-                name,
-                calls.len(),
-                if ok { "PASS" } else { "FAIL" }
-            ));
-            rep.check(ok, format!("folded SwiGLU {name} {format:?}"));
+            either_way(&g, &calls, &setting)?.report(
+                rep,
+                format!(
+                    "SwiGLU folded into the gate | up decode GEMVs ({name}, {format:?}, {} calls",
+                    calls.len()
+                ),
+                "folded launches",
+                "the last layer's SwiGLU",
+                "quant_swiglu apart",
+                format!("folded SwiGLU {name} {format:?}"),
+            );
         }
     }
     Ok(())
@@ -531,15 +578,55 @@ pub(crate) fn clustered_folds(rep: &mut Report) -> R<()> {
     };
     for format in [Format::Q2_0, Format::Q1_0, Format::Q2_0G128] {
         let (_, g, calls) = fold_fixture(Preset::Small, 4096, format, (16, 21))?;
-        let (launches, (twin_diff, twin_words), differing, compared) =
-            either_way(&g, &calls, &setting)?;
-        let ok = launches > 0 && twin_words > 0 && twin_diff == 0 && compared > 0 && differing == 0;
-        rep.line(format!(
-            "Folded norms gathered in clusters (Small, {format:?}, {} calls, {launches} clustered launches): twin of the output norm's input {twin_diff} of {twin_words} words differ; logits against the arrival counters {differing} of {compared} differ in any bit (both must be 0) {}",
-            calls.len(),
-            if ok { "PASS" } else { "FAIL" }
-        ));
-        rep.check(ok, format!("clustered folds {format:?}"));
+        either_way(&g, &calls, &setting)?.report(
+            rep,
+            format!(
+                "Folded norms gathered in clusters (Small, {format:?}, {} calls",
+                calls.len()
+            ),
+            "clustered launches",
+            "the output norm's input",
+            "the arrival counters",
+            format!("clustered folds {format:?}"),
+        );
+    }
+    Ok(())
+}
+
+/// One-token passes of 1-bit models on their activations' plane words (written by every
+/// quantization, read by the 1-bit binary GEMVs' `_p` kernels; `NIWAKI_CUDA_B1_PLANES`)
+/// against the GEMVs forming them from the codes: the same words, so every logit in every bit,
+/// and the words a pass left must be their CPU twin's (`repack::plane_words` of the codes).
+/// On the small preset and at the 27B's widths (5120, 6144 and 17408 columns: the exact
+/// kernels, ffn_down's staged in shared memory).
+pub(crate) fn plane_words(rep: &mut Report) -> R<()> {
+    let setting = BitExactSetting {
+        set: &|g, on| g.gpu().set_b1_planes(on),
+        launches: &|g| g.gpu().planes_launches(),
+        twin: &|g, st| g.planes_twin_differences(st),
+    };
+    let vocab = 4096;
+    for (name, (_, g, calls)) in [
+        (
+            "Small",
+            fold_fixture(Preset::Small, vocab, Format::Q1_0, (22, 23))?,
+        ),
+        (
+            "the 27B's widths, 4 layers",
+            fold_calls(wide_27b(vocab, Format::Q1_0, 24)?, vocab, 25)?,
+        ),
+    ] {
+        either_way(&g, &calls, &setting)?.report(
+            rep,
+            format!(
+                "Plane words written by the quantizations, read by the 1-bit binary GEMVs ({name}, Q1_0, {} calls",
+                calls.len()
+            ),
+            "launches on them",
+            "the plane words (repack::plane_words of the codes)",
+            "the GEMVs forming them",
+            format!("plane words {name}"),
+        );
     }
     Ok(())
 }

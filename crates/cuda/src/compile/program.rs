@@ -59,7 +59,7 @@ pub const SOURCES: [(&str, &str, usize); 16] = [
 pub const PARTS: usize = 5;
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 105] = [
+pub const KERNELS: [&str; 122] = [
     "read_sum",
     "quant_rms",
     "quant_swiglu",
@@ -120,6 +120,23 @@ pub const KERNELS: [&str; 105] = [
     "gemv_b2g64_j12_c",
     "gemv_b2g128_j12x_c",
     "gemv_b2g128_j12_c",
+    "gemv_b1_j5x_p",
+    "gemv_b1_j6x_p",
+    "gemv_b1_j6_p",
+    "gemv_b1_j17x_p",
+    "gemv_b1_j17_p",
+    "gemv_b1_j17x_xs_p",
+    "gemv_b1_j17_xs_p",
+    "gemv_b1_j5x_r32_p",
+    "gemv_b1_j6x_r32_p",
+    "gemv_b1_j6x_c_p",
+    "gemv_b1_j6_c_p",
+    "quant_rms_p",
+    "quant_swiglu_p",
+    "quant_gated_p",
+    "quant_plain_p",
+    "gdn_decode_p",
+    "attn_combine_quant_p",
     "gemv_chain_q1",
     "gemv_chain_q2g64",
     "gemv_chain_q1_synced",

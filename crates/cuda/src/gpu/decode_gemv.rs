@@ -18,12 +18,12 @@ pub(super) const X_COPY_PLAN: usize = 1;
 pub(super) const X_COPY_ALL: usize = 2;
 
 /// The arguments the decode GEMVs (`gemv1_*`, `gemv_b1_*`, `gemv_b2*`) take after the matrix: the
-/// activations, output and argmax, the ring's stages, the fused norm's input (or nulls), the
+/// activations (`x`: their codes, or their plane words for the `_p` kernels), output and argmax, the ring's stages, the fused norm's input (or nulls), the
 /// next matrix to prefetch (or nulls), how many of the ring's first tiles are requested
 /// before the wait for the previous kernel, a folded norm's input scale, and the fold's
 /// output (or nulls; a folded norm's weights take the fused norm's place, and a folded
 /// SwiGLU's width ends the list).
-fn decode_args(io: &GemvIo, stages: usize, pre: Option<NormIn>, early: usize) -> [Arg; 22] {
+fn decode_args(x: u64, io: &GemvIo, stages: usize, pre: Option<NormIn>, early: usize) -> [Arg; 22] {
     // The kernels take byte counts as i32: a larger prefetch is cut to what that holds.
     let bytes = |n: usize| Arg::I32(n.min(i32::MAX as usize) as i32);
     let (fold_weight, piece_ss, ffn) = match io.fold.map(|f| f.kind) {
@@ -32,7 +32,7 @@ fn decode_args(io: &GemvIo, stages: usize, pre: Option<NormIn>, early: usize) ->
         None => (0, 0, 0),
     };
     [
-        Arg::Ptr(io.xq),
+        Arg::Ptr(x),
         Arg::Ptr(io.xs),
         Arg::Ptr(io.out),
         Arg::I32(i32::from(io.accumulate)),
@@ -55,6 +55,12 @@ fn decode_args(io: &GemvIo, stages: usize, pre: Option<NormIn>, early: usize) ->
         Arg::Ptr(piece_ss),
         Arg::I32(ffn as i32),
     ]
+}
+
+/// Where a 1-bit decode GEMV's fold leaves its plane words (or null), the argument its kernels
+/// take after [`decode_args`]; the 2-bit kernels take none (kernels/gemv.cu, FOLD_XP_PARAM).
+fn fold_planes_arg(io: &GemvIo, format: GpuFormat) -> Option<Arg> {
+    (format == GpuFormat::Q1).then(|| Arg::Ptr(io.fold.and_then(|f| f.xp).unwrap_or(0)))
 }
 
 impl Gpu {
@@ -200,6 +206,13 @@ impl Gpu {
             .filter(|im| im.shape.tile_rows == l.tile_rows)
             .zip(l.image_kernel);
         let kernel = image.map_or(l.kernel, |(_, k)| k);
+        // The activations' plane words where the quantization wrote them and the kernel has a
+        // twin that reads them (1-bit rows, the norm apart).
+        let planes = io
+            .xp
+            .filter(|_| pre.is_none() && m.format == GpuFormat::Q1)
+            .zip(plan::planes_kernel(kernel));
+        let (kernel, x) = planes.map_or((kernel, io.xq), |(xp, k)| (k, xp));
         self.launch_smem(
             stream,
             kernel,
@@ -213,7 +226,8 @@ impl Gpu {
                 Arg::I32(m.cols as i32),
             ]
             .into_iter()
-            .chain(decode_args(io, l.stages, pre, self.early_tiles()))
+            .chain(decode_args(x, io, l.stages, pre, self.early_tiles()))
+            .chain(fold_planes_arg(io, m.format))
             .chain(image.map(|(im, _)| Arg::Ptr(im.buf.ptr)))
             .collect::<Vec<_>>(),
         )?;
@@ -223,6 +237,9 @@ impl Gpu {
         }
         if cluster.is_some() {
             self.count_cluster_fold();
+        }
+        if planes.is_some() {
+            self.planes_launches.fetch_add(1, Ordering::Relaxed);
         }
         Ok(true)
     }
@@ -271,7 +288,10 @@ impl Gpu {
         };
         let args = [
             &m.args()[..],
-            &decode_args(io, l.stages, pre, self.early_tiles()),
+            &decode_args(io.xq, io, l.stages, pre, self.early_tiles()),
+            &fold_planes_arg(io, m.format)
+                .into_iter()
+                .collect::<Vec<_>>(),
             &[Arg::Map(Box::new(xmap))],
         ]
         .concat();

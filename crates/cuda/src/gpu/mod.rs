@@ -203,6 +203,9 @@ impl DevMat {
 pub struct GemvIo {
     pub xq: u64,
     pub xs: u64,
+    /// The same activations as plane words (kernels/quant.cu, `quant128`), where the
+    /// quantization wrote them (one token).
+    pub xp: Option<u64>,
     /// The same activations as f16, in the f16 GEMM's order (kernels/quant.cu), where the
     /// quantization wrote them.
     pub xh: Option<u64>,
@@ -239,6 +242,8 @@ pub struct FoldOut {
     pub counters: u64,
     pub xq: u64,
     pub xs: u64,
+    /// Where the codes' plane words go too, if anywhere.
+    pub xp: Option<u64>,
     pub kind: FoldKind,
 }
 
@@ -287,6 +292,7 @@ impl GemvIo {
         GemvIo {
             xq,
             xs,
+            xp: None,
             xh: None,
             ntok: 1,
             out,
@@ -310,6 +316,16 @@ pub struct NormIn {
     /// The norm's weight, `cols` f32.
     pub weight: u64,
     pub eps: f32,
+}
+
+/// A quantizing kernel's name and arguments: `name` and `args`, or where its codes' plane words
+/// go too (`xp`), its `_p` twin's, which takes their address after `args` (kernels/quant.cu,
+/// `quant128`).
+pub fn planes_twin(name: &str, args: &[Arg], xp: Option<u64>) -> (String, Vec<Arg>) {
+    match xp {
+        None => (name.to_string(), args.to_vec()),
+        Some(xp) => (format!("{name}_p"), [args, &[Arg::Ptr(xp)]].concat()),
+    }
 }
 
 /// A kernel argument.
@@ -362,6 +378,8 @@ pub struct Gpu {
     swiglu_launches: AtomicUsize,
     /// Decode GEMVs launched with the norm's fold gathered in a cluster.
     cluster_fold_launches: AtomicUsize,
+    /// Decode GEMVs launched on their activations' plane words.
+    planes_launches: AtomicUsize,
     /// 1-bit decode GEMVs on the binary tensor cores (`gemv_b1_*`) rather than dp4a, for the
     /// matrices [`plan::prefers_b1`] gives them (sm_90; `NIWAKI_CUDA_B1=0` turns them off).
     b1: AtomicBool,
@@ -375,11 +393,8 @@ pub struct Gpu {
     /// its defaults (`NIWAKI_CUDA_B1_BLOCKS`, `NIWAKI_CUDA_B1_SMEM_KIB`; 0: default), for
     /// measuring them; the budget is still lowered to what that many blocks can hold.
     b1_knobs: (usize, usize),
-    /// Rows per tile the binary decode GEMV asks for: 16, or 32 with `NIWAKI_CUDA_B1_TILE_ROWS=32`
-    /// ([`plan::gemv_b1_launch`] says where it is taken). Measured on the H200, 27B Q1_0, in one
-    /// call: 32-row tiles made gate | up 12.20 → 11.19 µs and the LM head 56.9 → 53.8 inside
-    /// the decode graph, yet decode 333.3 → 330.2 tok/s (harness) and `niwaki bench` 318.4-322.2
-    /// → 317.6-319.7: no faster, so not the default.
+    /// Rows per tile the binary decode GEMV asks for: 32 ([`plan::B1_TILE_ROWS`]), or 16 with
+    /// `NIWAKI_CUDA_B1_TILE_ROWS=16` ([`plan::gemv_b1_launch`] says where 32 is taken).
     b1_tile_rows: AtomicUsize,
     /// The widest 1-bit rows' binary decode GEMV stages its activations in shared memory by
     /// bulk copies ([`plan::x_staged`]; `NIWAKI_CUDA_B1_X_STAGE`, default
@@ -452,6 +467,12 @@ pub struct Gpu {
     /// Q2_0 300.19 / 300.88 tok/s against 299.75 / 299.50 without, but Q1_0 392.24 / 391.08
     /// against 396.27 / 397.70.
     fold_cluster: AtomicBool,
+    /// One-token passes of models with 1-bit matrices have every quantization of their
+    /// activations write the plane words the binary GEMV's lanes take too (`quant128`'s
+    /// `xp_tok`, kernels/quant.cu), and the 1-bit binary GEMVs that take the norm apart read
+    /// those rather than forming them from the codes (their `_p` kernels): the same bits
+    /// (`NIWAKI_CUDA_B1_PLANES`).
+    b1_planes: AtomicBool,
     /// Select the candidates of a draw with a top-k limit on the GPU (`kernels/topk.cu`;
     /// `NIWAKI_CUDA_TOPK=0` copies the row to the host instead, for measuring it).
     topk: AtomicBool,
@@ -647,6 +668,7 @@ impl Gpu {
             fold_launches: AtomicUsize::new(0),
             swiglu_launches: AtomicUsize::new(0),
             cluster_fold_launches: AtomicUsize::new(0),
+            planes_launches: AtomicUsize::new(0),
             x_copy: AtomicUsize::new(match knobs::word("NIWAKI_CUDA_X_COPY").as_deref() {
                 Some("0") => X_COPY_OFF,
                 Some("all") => X_COPY_ALL,
@@ -674,6 +696,9 @@ impl Gpu {
             fold_norm: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_FOLD_NORM", true)),
             fold_swiglu: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_FOLD_SWIGLU", false)),
             fold_cluster: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_FOLD_CLUSTER", false)),
+            b1_planes: AtomicBool::new(
+                hopper && knobs::flag("NIWAKI_CUDA_B1_PLANES", plan::B1_PLANES),
+            ),
             topk: AtomicBool::new(knobs::flag("NIWAKI_CUDA_TOPK", true)),
             topk_sums: AtomicBool::new(knobs::flag("NIWAKI_CUDA_TOPK_SUMS", true)),
             attn_tile: AtomicUsize::new(
@@ -701,7 +726,8 @@ impl Gpu {
             b1_tile_rows: AtomicUsize::new(
                 match knobs::word("NIWAKI_CUDA_B1_TILE_ROWS").as_deref() {
                     Some("32") => 32,
-                    _ => 16,
+                    Some("16") => 16,
+                    _ => plan::B1_TILE_ROWS,
                 },
             ),
             b1_x_stage: AtomicBool::new(knobs::flag("NIWAKI_CUDA_B1_X_STAGE", plan::B1_X_STAGE)),
@@ -904,6 +930,23 @@ impl Gpu {
     /// Whether the folded norms' pieces are gathered in clusters.
     pub(crate) fn fold_cluster(&self) -> bool {
         self.fold_cluster.load(Ordering::Relaxed)
+    }
+
+    /// Turns the plane words of one-token passes on or off (sm_90 only); returns the previous
+    /// setting. A state's captured graphs keep what they were captured with.
+    pub fn set_b1_planes(&self, on: bool) -> bool {
+        self.swap_on_hopper(&self.b1_planes, on)
+    }
+
+    /// Whether one-token passes of models with 1-bit matrices use plane words.
+    pub(crate) fn b1_planes(&self) -> bool {
+        self.b1_planes.load(Ordering::Relaxed)
+    }
+
+    /// Decode GEMVs this device has launched on their activations' plane words.
+    #[doc(hidden)]
+    pub fn planes_launches(&self) -> usize {
+        self.planes_launches.load(Ordering::Relaxed)
     }
 
     /// Decode GEMVs this device has launched with the norm's fold gathered in a cluster.
@@ -1295,7 +1338,7 @@ impl Gpu {
         xs: u64,
         xh: Option<u64>,
     ) -> Result<()> {
-        self.quantize_rotated(stream, x, cols, ntok, xq, xs, xh, None)
+        self.quantize_rotated(stream, x, cols, ntok, xq, xs, xh, None, None)
     }
 
     /// [`Gpu::quantize`], each 1024 values Hadamard-rotated first with `signs` (a device vector
@@ -1311,6 +1354,7 @@ impl Gpu {
         xs: u64,
         xh: Option<u64>,
         signs: Option<u64>,
+        xp: Option<u64>,
     ) -> Result<()> {
         // The kernel rotates whole blocks of 1024 values with every thread of a block.
         if signs.is_some() && !cols.is_multiple_of(plan::ROT_BLOCK) {
@@ -1319,11 +1363,8 @@ impl Gpu {
                 plan::ROT_BLOCK
             )));
         }
-        self.launch(
-            stream,
+        let (name, args) = planes_twin(
             "quant_plain",
-            (cols.div_ceil(1024) as u32, ntok as u32, 1),
-            (256, 1, 1),
             &[
                 Arg::Ptr(x),
                 Arg::I32(cols as i32),
@@ -1332,6 +1373,14 @@ impl Gpu {
                 Arg::Ptr(xh.unwrap_or(0)),
                 Arg::Ptr(signs.unwrap_or(0)),
             ],
+            xp,
+        );
+        self.launch(
+            stream,
+            &name,
+            (cols.div_ceil(1024) as u32, ntok as u32, 1),
+            (256, 1, 1),
+            &args,
         )
     }
 

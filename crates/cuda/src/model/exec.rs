@@ -2,6 +2,7 @@
 //! state each op reads and writes, and the launch of each.
 
 use super::*;
+use crate::gpu::planes_twin;
 
 impl CudaModel {
     /// Sampling's selection after a pass's logits (stream-ordered launches: `Gpu::top_k_enqueue`).
@@ -97,6 +98,25 @@ impl CudaModel {
             })
     }
 
+    /// Where a one-token quantization into the scratch codes `xq` (`xq` or `fold_xq`) also
+    /// leaves their plane words, and the decode GEMVs reading those codes find them: where
+    /// [`crate::gpu::Gpu`]'s plane words are on and the model's matrices are 1-bit. Every
+    /// one-token quantization and every decode GEMV asks here, so the words are written
+    /// wherever they are read.
+    pub(super) fn planes_of(&self, st: &CudaState, xq: u64) -> Option<u64> {
+        let q1 = self
+            .layers
+            .iter()
+            .any(|l| l.ffn_down.format == GpuFormat::Q1);
+        if !self.gpu.b1_planes() || !q1 {
+            return None;
+        }
+        [("xq", "xp"), ("fold_xq", "fold_xp")]
+            .into_iter()
+            .find(|&(codes, _)| st.s(codes) == xq)
+            .map(|(_, planes)| st.s(planes))
+    }
+
     /// RMS norm and quantization of residual rows `tok0..tok0 + ntok` into `(xq, xs)`, rotated
     /// with `rot`; with a third address, one token left unscaled with its pieces' sums of
     /// squares there (the twin of a folded norm, kernels/quant.cu).
@@ -112,20 +132,8 @@ impl CudaModel {
         let (g, d) = (&*self.gpu, &self.dims);
         let e = d.hidden;
         let xh = g.wants_f16_acts(ntok).then(|| st.s("xh"));
-        g.launch(
-            &st.stream,
+        let (name, args) = planes_twin(
             "quant_rms",
-            // A block per 1024 values for one token (latency), one per token for many.
-            (
-                if ntok == 1 {
-                    e.div_ceil(1024) as u32
-                } else {
-                    1
-                },
-                ntok as u32,
-                1,
-            ),
-            (256, 1, 1),
             &[
                 Arg::Ptr(st.s("x")),
                 Arg::I32(e as i32),
@@ -138,6 +146,23 @@ impl CudaModel {
                 Arg::Ptr(self.signs_if(rot, e)?),
                 Arg::Ptr(piece_ss),
             ],
+            self.planes_of(st, xq).filter(|_| ntok == 1),
+        );
+        g.launch(
+            &st.stream,
+            &name,
+            // A block per 1024 values for one token (latency), one per token for many.
+            (
+                if ntok == 1 {
+                    e.div_ceil(1024) as u32
+                } else {
+                    1
+                },
+                ntok as u32,
+                1,
+            ),
+            (256, 1, 1),
+            &args,
         )
     }
 
@@ -150,6 +175,7 @@ impl CudaModel {
             counters: st.s("fold_cnt") + (4 * plan::FOLD_MAX_PIECES * slot) as u64,
             xq: st.s("fold_xq"),
             xs: st.s("fold_xs"),
+            xp: self.planes_of(st, st.s("fold_xq")),
             kind: FoldKind::Norm {
                 weight: self.norm_weight(norm).ptr,
                 piece_ss: st.s("fold_ss"),
@@ -171,6 +197,7 @@ impl CudaModel {
             counters: st.s("swiglu_cnt") + (4 * (ffn / 128) * l) as u64,
             xq: st.s("xq"),
             xs: st.s("xs"),
+            xp: self.planes_of(st, st.s("xq")),
             kind: FoldKind::Swiglu { ffn },
         })
     }
@@ -193,6 +220,7 @@ impl CudaModel {
         GemvIo {
             xq: st.s("fold_xq"),
             xs: st.s("fold_xs"),
+            xp: self.planes_of(st, st.s("fold_xq")),
             rms_in: Some(RmsIn {
                 piece_ss: st.s("fold_ss"),
                 eps: self.dims.rms_eps,
@@ -226,6 +254,11 @@ impl CudaModel {
         GemvIo {
             xq: st.s("xq"),
             xs: st.s("xs"),
+            xp: if ntok == 1 {
+                self.planes_of(st, st.s("xq"))
+            } else {
+                None
+            },
             xh: self.gpu.wants_f16_acts(ntok).then(|| st.s("xh")),
             ntok,
             out,
@@ -326,11 +359,8 @@ impl CudaModel {
     ) -> Result<()> {
         let (g, d) = (&*self.gpu, &self.dims);
         let xh = g.wants_f16_acts(ntok).then(|| st.s("xh"));
-        g.launch(
-            &st.stream,
+        let (name, args) = planes_twin(
             "quant_swiglu",
-            (d.ffn.div_ceil(1024) as u32, ntok as u32, 1),
-            (256, 1, 1),
             &[
                 Arg::Ptr(st.s("proj")),
                 Arg::I32(d.ffn_in_rows() as i32),
@@ -340,6 +370,14 @@ impl CudaModel {
                 Arg::Ptr(xh.unwrap_or(0)),
                 Arg::Ptr(self.signs_if(d.rotation.ffn_down, d.ffn)?),
             ],
+            self.planes_of(st, xq).filter(|_| ntok == 1),
+        );
+        g.launch(
+            &st.stream,
+            &name,
+            (d.ffn.div_ceil(1024) as u32, ntok as u32, 1),
+            (256, 1, 1),
+            &args,
         )
     }
 
@@ -515,11 +553,8 @@ impl CudaModel {
             }
             Op::GdnDecode { layer } => {
                 let [_, proj, _, aoff, boff, a, dt_bias] = self.gdn_inputs(st, layer);
-                g.launch(
-                    s,
+                let (name, args) = planes_twin(
                     "gdn_decode",
-                    (d.value_heads as u32, 1, 1),
-                    (32, 16, 1),
                     &[
                         proj,
                         aoff,
@@ -537,27 +572,36 @@ impl CudaModel {
                         Arg::Ptr(xs),
                         Arg::Ptr(xh(1).unwrap_or(0)),
                     ],
+                    self.planes_of(st, xq),
+                );
+                g.launch(s, &name, (d.value_heads as u32, 1, 1), (32, 16, 1), &args)
+            }
+            Op::GatedQuant { layer, ntok } => {
+                let (name, args) = planes_twin(
+                    "quant_gated",
+                    &[
+                        Arg::Ptr(st.s("gdn")),
+                        Arg::Ptr(proj),
+                        Arg::I32(d.gdn_in_rows() as i32),
+                        Arg::I32(d.conv_channels() as i32),
+                        Arg::Ptr(self.gdn(layer).norm.ptr),
+                        Arg::F32(d.rms_eps),
+                        Arg::Ptr(xq),
+                        Arg::Ptr(xs),
+                        Arg::Ptr(xh(ntok).unwrap_or(0)),
+                        Arg::Ptr(self.signs_if(d.rotation.gdn_out, d.gdn_inner())?),
+                        Arg::I32(i32::from(d.rotation.gdn_out && d.rotation.gdn_v_grouped)),
+                    ],
+                    self.planes_of(st, xq).filter(|_| ntok == 1),
+                );
+                g.launch(
+                    s,
+                    &name,
+                    (d.value_heads.div_ceil(8) as u32, ntok as u32, 1),
+                    (256, 1, 1),
+                    &args,
                 )
             }
-            Op::GatedQuant { layer, ntok } => g.launch(
-                s,
-                "quant_gated",
-                (d.value_heads.div_ceil(8) as u32, ntok as u32, 1),
-                (256, 1, 1),
-                &[
-                    Arg::Ptr(st.s("gdn")),
-                    Arg::Ptr(proj),
-                    Arg::I32(d.gdn_in_rows() as i32),
-                    Arg::I32(d.conv_channels() as i32),
-                    Arg::Ptr(self.gdn(layer).norm.ptr),
-                    Arg::F32(d.rms_eps),
-                    Arg::Ptr(xq),
-                    Arg::Ptr(xs),
-                    Arg::Ptr(xh(ntok).unwrap_or(0)),
-                    Arg::Ptr(self.signs_if(d.rotation.gdn_out, d.gdn_inner())?),
-                    Arg::I32(i32::from(d.rotation.gdn_out && d.rotation.gdn_v_grouped)),
-                ],
-            ),
             Op::AttnPrep { layer, ntok } => {
                 let w = self.attn(layer);
                 let kv = self.kv(st, layer);
@@ -629,22 +673,29 @@ impl CudaModel {
                     ],
                 )
             }
-            Op::AttnCombineQuant { .. } => g.launch(
-                s,
-                "attn_combine_quant",
-                (d.n_head as u32, 1, (d.head_dim / 128) as u32),
-                (256, 1, 1),
-                &[
-                    Arg::Ptr(st.s("part")),
-                    Arg::I32(self.attn_split_plan(st, 1).1 as i32),
-                    Arg::Ptr(pos),
-                    Arg::Ptr(proj),
-                    Arg::I32(d.attn_in_rows() as i32),
-                    Arg::Ptr(st.s("attn")),
-                    Arg::Ptr(xq),
-                    Arg::Ptr(xs),
-                ],
-            ),
+            Op::AttnCombineQuant { .. } => {
+                let (name, args) = planes_twin(
+                    "attn_combine_quant",
+                    &[
+                        Arg::Ptr(st.s("part")),
+                        Arg::I32(self.attn_split_plan(st, 1).1 as i32),
+                        Arg::Ptr(pos),
+                        Arg::Ptr(proj),
+                        Arg::I32(d.attn_in_rows() as i32),
+                        Arg::Ptr(st.s("attn")),
+                        Arg::Ptr(xq),
+                        Arg::Ptr(xs),
+                    ],
+                    self.planes_of(st, xq),
+                );
+                g.launch(
+                    s,
+                    &name,
+                    (d.n_head as u32, 1, (d.head_dim / 128) as u32),
+                    (256, 1, 1),
+                    &args,
+                )
+            }
             Op::PlainQuant { ntok } => {
                 let w = d.n_head * d.head_dim;
                 let signs = self.signs_if(d.rotation.attn_out, w)?;
@@ -657,6 +708,7 @@ impl CudaModel {
                     xs,
                     xh(ntok),
                     (signs != 0).then_some(signs),
+                    self.planes_of(st, xq).filter(|_| ntok == 1),
                 )
             }
             Op::SwigluQuant { ntok } => self.swiglu_quant(st, ntok, (xq, xs)),

@@ -141,6 +141,32 @@ impl CudaModel {
         self.words_differing(st, &regions)
     }
 
+    /// The plane words a one-token pass left beside its activations' codes that differ from
+    /// their CPU twin ([`repack::plane_words`] of those codes), and the words compared: the
+    /// last down GEMV's input (`xp` beside the `ffn` codes of `xq`) and the output norm's
+    /// (`fold_xp` beside `fold_xq`). Meaningful right after a one-token pass of a 1-bit model
+    /// with the plane words and the folded norms on.
+    #[doc(hidden)]
+    pub fn planes_twin_differences(&self, st: &CudaState) -> Result<(usize, usize)> {
+        let d = &self.dims;
+        let (mut differing, mut words) = (0, 0);
+        for (codes, planes, n) in [("xq", "xp", d.ffn), ("fold_xq", "fold_xp", d.hidden)] {
+            let mut q = vec![0u32; n / 4];
+            let mut p = vec![0u32; n / 4];
+            self.gpu.read(&st.stream, st.s(codes), &mut q)?;
+            self.gpu.read(&st.stream, st.s(planes), &mut p)?;
+            let q: Vec<i8> = q
+                .iter()
+                .flat_map(|w| w.to_le_bytes())
+                .map(|b| b as i8)
+                .collect();
+            let twin = repack::plane_words(&q);
+            differing += twin.iter().zip(&p).filter(|(a, b)| a != b).count();
+            words += p.len();
+        }
+        Ok((differing, words))
+    }
+
     /// Of `(a, b, bytes)` regions of device memory, the 4-byte words where a and b differ, and
     /// the words compared.
     pub(super) fn words_differing(

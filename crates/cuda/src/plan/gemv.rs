@@ -306,6 +306,46 @@ pub fn gemv_b1_launch(
 /// warp loading its chunks from L2: +1.6%, the same bits.
 pub const B1_X_STAGE: bool = true;
 
+/// Whether one-token passes of models with 1-bit matrices write their activations' plane
+/// words too, and the 1-bit binary GEMVs that take the norm apart read them
+/// ([`planes_kernel`]; `NIWAKI_CUDA_B1_PLANES=0` turns it off). Measured on the H200
+/// (`niwaki bench --device cuda -p 0 -n 128 -r 3`, 27B synthetic Q1_0, two rounds alternated
+/// in one call, medians with min-max): 418.32 (417.94-418.38) and 418.35 (417.82-418.48) tok/s
+/// against 403.99 (403.00-404.07) and 403.17 (403.10-403.64) with the GEMVs forming the words
+/// from the codes: +3.6%, the same bits.
+pub const B1_PLANES: bool = true;
+
+/// Rows per tile the binary decode GEMV asks for by default ([`gemv_b1_launch`] takes 32 for
+/// 1-bit rows of the exact kernels' widths, 16 elsewhere; `NIWAKI_CUDA_B1_TILE_ROWS` sets it).
+/// With the consumers forming their plane words, 32-row tiles were no faster (27B Q1_0 on the
+/// H200, the tenth session: decode 333.3 → 330.2 tok/s in the harness, `niwaki bench`
+/// 318.4-322.2 → 317.6-319.7, though gate | up 12.20 → 11.19 µs and the LM head 56.9 → 53.8).
+/// Reading the words the quantizations wrote ([`B1_PLANES`]), they are (`niwaki bench --device
+/// cuda -p 0 -n 128 -r 3`, two rounds alternated in one call, medians with min-max): 422.39
+/// (422.21-422.50) and 422.55 (422.49-423.51) tok/s against 415.80 (415.50-415.89) and 415.62
+/// (415.55-415.83) with 16-row tiles, +1.6%, the same bits.
+pub const B1_TILE_ROWS: usize = 32;
+
+/// The twin of the 1-bit binary decode GEMV `kernel` that reads its activations' plane words
+/// rather than their codes (`kernels/gemv_b1.cu`, XP), where it has one: every 1-bit kernel
+/// that takes the norm apart.
+pub fn planes_kernel(kernel: &str) -> Option<&'static str> {
+    Some(match kernel {
+        "gemv_b1_j5x" => "gemv_b1_j5x_p",
+        "gemv_b1_j6x" => "gemv_b1_j6x_p",
+        "gemv_b1_j6" => "gemv_b1_j6_p",
+        "gemv_b1_j17x" => "gemv_b1_j17x_p",
+        "gemv_b1_j17" => "gemv_b1_j17_p",
+        "gemv_b1_j17x_xs" => "gemv_b1_j17x_xs_p",
+        "gemv_b1_j17_xs" => "gemv_b1_j17_xs_p",
+        "gemv_b1_j5x_r32" => "gemv_b1_j5x_r32_p",
+        "gemv_b1_j6x_r32" => "gemv_b1_j6x_r32_p",
+        "gemv_b1_j6x_c" => "gemv_b1_j6x_c_p",
+        "gemv_b1_j6_c" => "gemv_b1_j6_c_p",
+        _ => return None,
+    })
+}
+
 /// The binary decode GEMV `l` of `cols` columns with its activations' codes and group pairs
 /// brought into shared memory by two bulk copies rather than loaded by each consumer warp from
 /// L2 (`kernels/gemv_b1.cu`, XSM): its `_xs` kernel, with the row's codes (`cols` bytes, in

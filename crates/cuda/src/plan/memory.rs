@@ -146,6 +146,10 @@ impl Scratch {
             // Each gate | up GEMV's counters where it folds the SwiGLU.
             ("swiglu_cnt", 4 * d.ffn.div_ceil(128) * d.layers.len()),
             ("pos", 8),
+            // One token's activations as plane words (as many bytes as its codes), and the
+            // folded norm's output as plane words. Last, so that they move no other region.
+            ("xp", d.max_cols()),
+            ("fold_xp", d.hidden),
         ];
         let mut regions = Vec::new();
         let mut at = 0;

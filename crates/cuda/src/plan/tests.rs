@@ -1439,3 +1439,21 @@ fn the_27b_decode_gemv_shapes_are_its_published_matrices() {
         ]
     );
 }
+
+#[test]
+fn every_1_bit_binary_kernel_without_the_norm_has_a_planes_twin_and_no_other_does() {
+    let mut twins = 0;
+    for &k in crate::compile::KERNELS.iter() {
+        let twin = planes_kernel(k);
+        let one_bit = k.starts_with("gemv_b1_j") && !k.ends_with("_n") && !k.ends_with("_p");
+        if one_bit {
+            let name = format!("{k}_p");
+            assert_eq!(twin, Some(name.as_str()), "{k}");
+            assert!(crate::compile::KERNELS.contains(&name.as_str()), "{name}");
+            twins += 1;
+        } else {
+            assert_eq!(twin, None, "{k}");
+        }
+    }
+    assert_eq!(twins, 11);
+}
