@@ -4,8 +4,10 @@
 # drift over the call falls on all of them alike. Usage:
 # ab-h200.sh BIN_DIR OUT_DIR FORMATS ROUNDS SETTING...
 #   BIN_DIR holds a release build of `niwaki` (feature cuda); FORMATS is a comma list (Q2_0,Q1_0);
-#   a SETTING is a label, then optionally `:` and the environment it runs with, as VAR=value
-#   pairs separated by commas: `default`, `cluster:NIWAKI_CUDA_FOLD_CLUSTER=1`.
+#   a SETTING is a label, optionally `@` and another build's folder (its `niwaki`, and its kernel
+#   cache in its `cache` subfolder where it has one), then optionally `:` and the environment it
+#   runs with, as VAR=value pairs separated by commas: `default`,
+#   `cluster:NIWAKI_CUDA_FOLD_CLUSTER=1`, `previous@/tmp/old`, `previous16@/tmp/old:NIWAKI_CUDA_B1_TILE_ROWS=16`.
 #   BENCH_ARGS replaces `-p 0 -n 128 -r 3`.
 # Writes OUT_DIR/ab.txt (a line a run: round, label, format, median (min-max) tok/s, fraction of
 # the decode floor) and OUT_DIR/ab.jsonl (niwaki bench --json), then the medians by setting.
@@ -25,10 +27,16 @@ done
 for round in $(seq 1 "$rounds"); do
     for f in ${formats//,/ }; do
         for setting in "$@"; do
-            label=${setting%%:*}
+            head=${setting%%:*}
             vars=()
-            [ "$setting" = "$label" ] || IFS=, read -ra vars <<<"${setting#*:}"
-            line=$(env "${vars[@]}" "$bin/niwaki" bench --model "/tmp/$f.gguf" --device cuda ${BENCH_ARGS:--p 0 -n 128 -r 3} --json 2>>"$out/err.log" |
+            [ "$setting" = "$head" ] || IFS=, read -ra vars <<<"${setting#*:}"
+            label=${head%%@*}
+            run_bin=$bin
+            if [ "$head" != "$label" ]; then
+                run_bin=${head#*@}
+                [ -d "$run_bin/cache" ] && vars=("NIWAKI_CUDA_CACHE=$run_bin/cache" "${vars[@]}")
+            fi
+            line=$(env "${vars[@]}" "$run_bin/niwaki" bench --model "/tmp/$f.gguf" --device cuda ${BENCH_ARGS:--p 0 -n 128 -r 3} --json 2>>"$out/err.log" |
                 tail -1 | tee -a "$out/ab.jsonl" |
                 python3 -c 'import sys, json; d = json.load(sys.stdin); print("%.2f (%.2f-%.2f) %.1f%%" % (d["tg_tok_s"], d["tg_min"], d["tg_max"], 100 * d["floor_fraction"]))') ||
                 line="failed (see err.log)"
