@@ -18,7 +18,8 @@ pub(super) const X_COPY_PLAN: usize = 1;
 pub(super) const X_COPY_ALL: usize = 2;
 
 /// The arguments the decode GEMVs (`gemv1_*`, `gemv_b1_*`, `gemv_b2*`) take after the matrix: the
-/// activations (`x`: their codes, or their plane words for the `_p` kernels), output and argmax, the ring's stages, the fused norm's input (or nulls), the
+/// activations (`x`: their codes, or their plane words for the `_p` kernels), output and
+/// argmax, the ring's stages, the fused norm's input (or nulls), the
 /// next matrix to prefetch (or nulls), how many of the ring's first tiles are requested
 /// before the wait for the previous kernel, a folded norm's input scale, and the fold's
 /// output (or nulls; a folded norm's weights take the fused norm's place, and a folded

@@ -98,17 +98,17 @@ impl CudaModel {
             })
     }
 
-    /// Where a one-token quantization into the scratch codes `xq` (`xq` or `fold_xq`) also
-    /// leaves their plane words, and the decode GEMVs reading those codes find them: where
-    /// [`crate::gpu::Gpu`]'s plane words are on and the model's matrices are 1-bit. Every
-    /// one-token quantization and every decode GEMV asks here, so the words are written
-    /// wherever they are read.
-    pub(super) fn planes_of(&self, st: &CudaState, xq: u64) -> Option<u64> {
+    /// Where a quantization of `ntok` tokens into the scratch codes `xq` (`xq` or `fold_xq`)
+    /// also leaves their plane words, and the GEMVs reading those codes find them: for one
+    /// token only (the words' regions hold one), where [`crate::gpu::Gpu`]'s plane words are on
+    /// and the model's matrices are 1-bit. Every quantization and every GEMV asks here, so the
+    /// words are written wherever they are read.
+    pub(super) fn planes_of(&self, st: &CudaState, xq: u64, ntok: usize) -> Option<u64> {
         let q1 = self
             .layers
             .iter()
             .any(|l| l.ffn_down.format == GpuFormat::Q1);
-        if !self.gpu.b1_planes() || !q1 {
+        if ntok != 1 || !self.gpu.b1_planes() || !q1 {
             return None;
         }
         [("xq", "xp"), ("fold_xq", "fold_xp")]
@@ -146,7 +146,7 @@ impl CudaModel {
                 Arg::Ptr(self.signs_if(rot, e)?),
                 Arg::Ptr(piece_ss),
             ],
-            self.planes_of(st, xq).filter(|_| ntok == 1),
+            self.planes_of(st, xq, ntok),
         );
         g.launch(
             &st.stream,
@@ -175,7 +175,7 @@ impl CudaModel {
             counters: st.s("fold_cnt") + (4 * plan::FOLD_MAX_PIECES * slot) as u64,
             xq: st.s("fold_xq"),
             xs: st.s("fold_xs"),
-            xp: self.planes_of(st, st.s("fold_xq")),
+            xp: self.planes_of(st, st.s("fold_xq"), 1),
             kind: FoldKind::Norm {
                 weight: self.norm_weight(norm).ptr,
                 piece_ss: st.s("fold_ss"),
@@ -197,7 +197,7 @@ impl CudaModel {
             counters: st.s("swiglu_cnt") + (4 * (ffn / 128) * l) as u64,
             xq: st.s("xq"),
             xs: st.s("xs"),
-            xp: self.planes_of(st, st.s("xq")),
+            xp: self.planes_of(st, st.s("xq"), 1),
             kind: FoldKind::Swiglu { ffn },
         })
     }
@@ -220,7 +220,7 @@ impl CudaModel {
         GemvIo {
             xq: st.s("fold_xq"),
             xs: st.s("fold_xs"),
-            xp: self.planes_of(st, st.s("fold_xq")),
+            xp: self.planes_of(st, st.s("fold_xq"), 1),
             rms_in: Some(RmsIn {
                 piece_ss: st.s("fold_ss"),
                 eps: self.dims.rms_eps,
@@ -254,11 +254,7 @@ impl CudaModel {
         GemvIo {
             xq: st.s("xq"),
             xs: st.s("xs"),
-            xp: if ntok == 1 {
-                self.planes_of(st, st.s("xq"))
-            } else {
-                None
-            },
+            xp: self.planes_of(st, st.s("xq"), ntok),
             xh: self.gpu.wants_f16_acts(ntok).then(|| st.s("xh")),
             ntok,
             out,
@@ -370,7 +366,7 @@ impl CudaModel {
                 Arg::Ptr(xh.unwrap_or(0)),
                 Arg::Ptr(self.signs_if(d.rotation.ffn_down, d.ffn)?),
             ],
-            self.planes_of(st, xq).filter(|_| ntok == 1),
+            self.planes_of(st, xq, ntok),
         );
         g.launch(
             &st.stream,
@@ -572,7 +568,7 @@ impl CudaModel {
                         Arg::Ptr(xs),
                         Arg::Ptr(xh(1).unwrap_or(0)),
                     ],
-                    self.planes_of(st, xq),
+                    self.planes_of(st, xq, 1),
                 );
                 g.launch(s, &name, (d.value_heads as u32, 1, 1), (32, 16, 1), &args)
             }
@@ -592,7 +588,7 @@ impl CudaModel {
                         Arg::Ptr(self.signs_if(d.rotation.gdn_out, d.gdn_inner())?),
                         Arg::I32(i32::from(d.rotation.gdn_out && d.rotation.gdn_v_grouped)),
                     ],
-                    self.planes_of(st, xq).filter(|_| ntok == 1),
+                    self.planes_of(st, xq, ntok),
                 );
                 g.launch(
                     s,
@@ -686,7 +682,7 @@ impl CudaModel {
                         Arg::Ptr(xq),
                         Arg::Ptr(xs),
                     ],
-                    self.planes_of(st, xq),
+                    self.planes_of(st, xq, 1),
                 );
                 g.launch(
                     s,
@@ -708,7 +704,7 @@ impl CudaModel {
                     xs,
                     xh(ntok),
                     (signs != 0).then_some(signs),
-                    self.planes_of(st, xq).filter(|_| ntok == 1),
+                    self.planes_of(st, xq, ntok),
                 )
             }
             Op::SwigluQuant { ntok } => self.swiglu_quant(st, ntok, (xq, xs)),

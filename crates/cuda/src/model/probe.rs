@@ -151,15 +151,10 @@ impl CudaModel {
         let d = &self.dims;
         let (mut differing, mut words) = (0, 0);
         for (codes, planes, n) in [("xq", "xp", d.ffn), ("fold_xq", "fold_xp", d.hidden)] {
-            let mut q = vec![0u32; n / 4];
+            let mut q = vec![0i8; n];
             let mut p = vec![0u32; n / 4];
             self.gpu.read(&st.stream, st.s(codes), &mut q)?;
             self.gpu.read(&st.stream, st.s(planes), &mut p)?;
-            let q: Vec<i8> = q
-                .iter()
-                .flat_map(|w| w.to_le_bytes())
-                .map(|b| b as i8)
-                .collect();
             let twin = repack::plane_words(&q);
             differing += twin.iter().zip(&p).filter(|(a, b)| a != b).count();
             words += p.len();
