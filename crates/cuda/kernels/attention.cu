@@ -20,6 +20,28 @@ __device__ __forceinline__ void kv_store(void* cache, u16* scales, size_t at, fl
     }
 }
 
+// Value i (thread i of a block of HD) of a query or key head `v` after its RMS norm (weight `w`)
+// and NEOX RoPE at position `pos` on its first ROPE values. Every thread of the block calls it
+// (it synchronizes); `buf` holds HD floats, `red` 32.
+__device__ __forceinline__ float norm_rope(float v, float w, float eps, float base, u32 pos, float* buf,
+                                           float* red) {
+    const int i = threadIdx.x;
+    const float ss = block_sum(v * v, red);
+    v = v * (1.0f / sqrtf(ss / (float)HD + eps)) * w;
+    buf[i] = v;
+    __syncthreads();
+    const int half = ROPE / 2;
+    if (i < ROPE) {
+        const int fi = i < half ? i : i - half;
+        const float inv = 1.0f / powf(base, (float)(2 * fi) / (float)ROPE);
+        float sn, cs;
+        sincosf((float)pos * inv, &sn, &cs);
+        if (i < half) v = buf[i] * cs - buf[i + half] * sn;
+        else v = buf[i] * cs + buf[i - half] * sn;
+    }
+    return v;
+}
+
 // grid (NH + NKV, ntok), block HD. proj rows: [q0 g0 q1 g1 ... | k | v]. q_out: [ntok][NH][HD].
 template <bool Q8>
 __device__ __forceinline__ void attn_prep_body(const float* __restrict__ proj, int stride,
@@ -38,20 +60,8 @@ __device__ __forceinline__ void attn_prep_body(const float* __restrict__ proj, i
     TRACE_ENTRY();
     const u32 pos = *pos_ptr + t;
     const float* p = proj + (size_t)t * stride;
-    float v = isq ? p[head * 2 * HD + i] : p[2 * NH * HD + kvh * HD + i];
-    const float ss = block_sum(v * v, red);
-    v = v * (1.0f / sqrtf(ss / (float)HD + eps)) * w;
-    buf[i] = v;
-    __syncthreads();
-    const int half = ROPE / 2;
-    if (i < ROPE) {
-        const int fi = i < half ? i : i - half;
-        const float inv = 1.0f / powf(base, (float)(2 * fi) / (float)ROPE);
-        float sn, cs;
-        sincosf((float)pos * inv, &sn, &cs);
-        if (i < half) v = buf[i] * cs - buf[i + half] * sn;
-        else v = buf[i] * cs + buf[i - half] * sn;
-    }
+    const float v = norm_rope(isq ? p[head * 2 * HD + i] : p[2 * NH * HD + kvh * HD + i], w, eps, base, pos,
+                              buf, red);
     if (isq) {
         q_out[((size_t)t * NH + head) * HD + i] = v;
     } else {
@@ -511,6 +521,192 @@ ENTRY __global__ void __launch_bounds__(CW * 32) attn_combine_quant_p(const floa
         float* __restrict__ attn, int* __restrict__ xq, float2* __restrict__ xs, u32* __restrict__ xp) {
     attn_combine_quant_body(part, nsplit, pos_ptr, proj, stride, attn, xq, xs, xp);
 }
+
+// A one-token pass's whole attention over a short context in one kernel, in place of attn_prep,
+// the split and attn_combine_quant (the host takes it while the context is at most
+// plan::ATTN_SHORT_MAX positions): grid (NH), block HD threads, a block per query head.
+//
+// Thread i norms and rotates value i of the head's query and of its kv head's key by
+// norm_rope, as attn_prep does, and the group's first block appends the key and the value to
+// the cache by kv_store: the cache gets attn_prep's bytes. The cache's earlier positions were
+// written by earlier passes (only this layer's attention writes them, once a pass), so each
+// warp requests its first tiles of them before the wait for the previous kernel: warp w takes
+// tiles w, w + AS_WARPS, … of AS_TILE positions, in the split kernels' layout, through a ring of
+// AS_STAGES. This step's own row is staged from registers as the cache holds it (f16, or q8_0
+// codes and scales), row 0 of a tile whose other rows are zeros, and taken by one warp as a tile
+// of one position. Each warp keeps a running max, sum and accumulators as the split kernels'
+// warps do; the warps are merged in order, the output gated, and its 128-value pieces quantized
+// by quant128. Fixed order throughout: deterministic, though not the split path's bits (its
+// sums run in another order).
+#define AS_WARPS (HD / 32)
+template <bool Q8>
+__device__ __forceinline__ void attn_short_body(const float* __restrict__ proj, const u32* __restrict__ pos_ptr,
+        const float* __restrict__ qn, const float* __restrict__ kn, float eps, float base, float scale,
+        void* __restrict__ kc, void* __restrict__ vc, u16* __restrict__ ks, u16* __restrict__ vs,
+        float* __restrict__ attn, int* __restrict__ xq, float2* __restrict__ xs, u32* __restrict__ xp) {
+#if HD % 128 != 0
+    __trap();
+#else
+    using T = KvTile<Q8, AS_TILE>;
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ float buf[HD], qv[HD], red[32];
+    __shared__ float sw[AS_WARPS][AS_TILE + 1];
+    __shared__ float sml[AS_WARPS][2];
+    const int head = blockIdx.x, kvh = head / GQA, i = threadIdx.x, lane = i & 31, warp = i >> 5;
+    const unsigned char *kb = (const unsigned char*)kc, *vb = (const unsigned char*)vc;
+    const unsigned char *ksb = (const unsigned char*)ks, *vsb = (const unsigned char*)vs;
+    unsigned char* ring = smem + warp * AS_STAGES * T::BYTES;
+    unsigned char* cur = smem + AS_WARPS * AS_STAGES * T::BYTES;
+    // Before the wait: the norms' weights (constant), the position (set before the pass) and
+    // the first tiles of the positions before it.
+    const float wq = qn[i], wk = kn[i];
+    const int pos = (int)*pos_ptr;
+    const int ntiles = (pos + AS_TILE - 1) / AS_TILE;
+    const int mine = ntiles > warp ? (ntiles - 1 - warp) / AS_WARPS + 1 : 0;
+    auto tile_pos = [&](int j) { return (warp + j * AS_WARPS) * AS_TILE; };
+#pragma unroll
+    for (int j = 0; j < AS_STAGES; j++) {
+        if (j < mine) kv_tile_copy<Q8, AS_TILE>(ring + j * T::BYTES, kb, vb, ksb, vsb, kvh, tile_pos(j), pos - 1, lane);
+        cp_async_commit();
+    }
+    // The current row's tile: rows past its first are zeros, finite under their zero weights.
+    for (int o = 16 * i; o < T::BYTES; o += 16 * HD) *(uint4*)(cur + o) = make_uint4(0u, 0u, 0u, 0u);
+    TRACE_ENTRY();
+    const float gate = proj[head * 2 * HD + HD + i];
+    const float v = proj[2 * NH * HD + NKV * HD + kvh * HD + i];
+    const float q = norm_rope(proj[head * 2 * HD + i], wq, eps, base, (u32)pos, buf, red);
+    const float k = norm_rope(proj[2 * NH * HD + kvh * HD + i], wk, eps, base, (u32)pos, buf, red);
+    qv[i] = q;
+    if (head % GQA == 0) {
+        const size_t at = ((size_t)pos * NKV + kvh) * HD + i;
+        kv_store<Q8>(kc, ks, at, k);
+        kv_store<Q8>(vc, vs, at, v);
+    }
+    kv_store<Q8>(cur, (u16*)(cur + 2 * T::VB), i, k);
+    kv_store<Q8>(cur + T::VB, (u16*)(cur + 2 * T::VB + AS_TILE * T::SB), i, v);
+    __syncthreads();
+
+    float qr[EPL], acc[EPL];
+#pragma unroll
+    for (int e = 0; e < EPL; e++) {
+        qr[e] = qv[lane * EPL + e];
+        acc[e] = 0.0f;
+    }
+    // Lane 0: the running max and sum.
+    float m = NEG_INF, l = 0.0f;
+    float* w = sw[warp];
+    // Positions [p, p + AS_TILE) ∩ [.., p1) of a staged tile.
+    auto take = [&](const unsigned char* st, int p, int p1) {
+        float sc[AS_TILE];
+#pragma unroll
+        for (int r = 0; r < AS_TILE; r++) {
+            float kf[EPL];
+            kv_row<Q8, AS_TILE>(st, st + 2 * T::VB, r, lane, kf);
+            float d = 0.0f;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) d += qr[e] * kf[e];
+            sc[r] = d;
+        }
+        int b = 0;
+        reduce_scatter<AS_TILE, 16>(sc, lane, b);
+#pragma unroll
+        for (int f = 0; f < rs_count(AS_TILE, 16); f++) w[b + f] = sc[f] * scale;
+        __syncwarp();
+        if (lane == 0) {
+            float tmax = NEG_INF;
+#pragma unroll
+            for (int r = 0; r < AS_TILE; r++)
+                if (p + r < p1) tmax = fmaxf(tmax, w[r]);
+            const float mn = fmaxf(m, tmax);
+            const float corr = expf(m - mn);
+            float add = 0.0f;
+#pragma unroll
+            for (int r = 0; r < AS_TILE; r++) {
+                const float pe = p + r < p1 ? expf(w[r] - mn) : 0.0f;
+                w[r] = pe;
+                add += pe;
+            }
+            l = l * corr + add;
+            m = mn;
+            w[AS_TILE] = corr;
+        }
+        __syncwarp();
+        const float c = w[AS_TILE];
+#pragma unroll
+        for (int e = 0; e < EPL; e++) acc[e] *= c;
+#pragma unroll
+        for (int r = 0; r < AS_TILE; r++) {
+            float vf[EPL];
+            kv_row<Q8, AS_TILE>(st + T::VB, st + 2 * T::VB + AS_TILE * T::SB, r, lane, vf);
+            const float pe = w[r];
+#pragma unroll
+            for (int e = 0; e < EPL; e++) acc[e] += pe * vf[e];
+        }
+        // The stage and the weights are rewritten next.
+        __syncwarp();
+    };
+    for (int j = 0; j < mine; j++) {
+        // Groups committed: AS_STAGES + j; tile j's done leaves at most AS_STAGES − 1 in flight.
+        cp_async_wait<AS_STAGES - 1>();
+        __syncwarp();
+        unsigned char* st = ring + (j % AS_STAGES) * T::BYTES;
+        take(st, tile_pos(j), pos);
+        if (j + AS_STAGES < mine)
+            kv_tile_copy<Q8, AS_TILE>(st, kb, vb, ksb, vsb, kvh, tile_pos(j + AS_STAGES), pos - 1, lane);
+        cp_async_commit();
+    }
+    // This step's row: the warp whose turn the next tile would be.
+    if (warp == ntiles % AS_WARPS) take(cur, pos, pos + 1);
+
+    // Merge the warps in order; the rings become their accumulators.
+    cp_async_wait<0>();
+    __syncthreads();
+    float* sm_acc = (float*)smem;
+#pragma unroll
+    for (int e = 0; e < EPL; e++) sm_acc[warp * HD + lane * EPL + e] = acc[e];
+    if (lane == 0) {
+        sml[warp][0] = m;
+        sml[warp][1] = l;
+    }
+    __syncthreads();
+    float M = NEG_INF;
+#pragma unroll
+    for (int u = 0; u < AS_WARPS; u++) M = fmaxf(M, sml[u][0]);
+    float L = 0.0f, A = 0.0f;
+#pragma unroll
+    for (int u = 0; u < AS_WARPS; u++) {
+        if (sml[u][0] == NEG_INF) continue;
+        const float f = expf(sml[u][0] - M);
+        L += sml[u][1] * f;
+        A += sm_acc[u * HD + i] * f;
+    }
+    const float o = (A / L) * sigmoidf_(gate);
+    attn[head * HD + i] = o;
+    buf[i] = o;
+    __syncthreads();
+    if (warp < HD / 128) quant128(*(const float4*)(buf + 128 * warp + 4 * lane), head * HD + 128 * warp, xq, xs, nullptr, xp);
+    if (i == 0) TRACE_EXIT(TRACE_ATTN_SHORT, kc);
+#endif
+}
+
+// Without plane words, and with them (`_p`: quant128's `xp_tok`, for 1-bit models).
+#define ATTN_SHORT_PARAMS                                                                                 \
+    const float *__restrict__ proj, const u32 *__restrict__ pos_ptr, const float *__restrict__ qn,         \
+        const float *__restrict__ kn, float eps, float base, float scale, void *__restrict__ kc,           \
+        void *__restrict__ vc, u16 *__restrict__ ks, u16 *__restrict__ vs, float *__restrict__ attn,      \
+        int *__restrict__ xq, float2 *__restrict__ xs
+#define ATTN_SHORT_KERNEL(name, Q8)                                                                        \
+    ENTRY __global__ void __launch_bounds__(HD) name(ATTN_SHORT_PARAMS) {                                   \
+        attn_short_body<Q8>(proj, pos_ptr, qn, kn, eps, base, scale, kc, vc, ks, vs, attn, xq, xs, nullptr); \
+    }
+#define ATTN_SHORT_P_KERNEL(name, Q8)                                                                      \
+    ENTRY __global__ void __launch_bounds__(HD) name(ATTN_SHORT_PARAMS, u32* __restrict__ xp) {             \
+        attn_short_body<Q8>(proj, pos_ptr, qn, kn, eps, base, scale, kc, vc, ks, vs, attn, xq, xs, xp);      \
+    }
+ATTN_SHORT_KERNEL(attn_short, false)
+ATTN_SHORT_KERNEL(attn_short_q8, true)
+ATTN_SHORT_P_KERNEL(attn_short_p, false)
+ATTN_SHORT_P_KERNEL(attn_short_q8_p, true)
 
 // The same merge for multi-token passes, one block of HD threads per (head, token): grid (NH,
 // ntok). attn_combine's 8·HD/32 small blocks per token spend their time in block scheduling and

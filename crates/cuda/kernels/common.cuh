@@ -110,6 +110,7 @@ __device__ __forceinline__ void pdl_launch() {
 #define TRACE_ATTN_PREP 6
 #define TRACE_ATTN_SPLIT 7
 #define TRACE_ATTN_MERGE 8
+#define TRACE_ATTN_SHORT 9
 #ifdef NIWAKI_TRACE
 struct TraceRec {
     u64 tag, wait0, wait1, end;

@@ -34,6 +34,7 @@ const KNOBS: &[(&str, Takes)] = &[
         "NIWAKI_CUDA_ABLATE",
         Takes::OneOf(&["planes", "mma", "mmaop", "fp", "fold"]),
     ),
+    ("NIWAKI_CUDA_ATTN_SHORT", Takes::Number),
     ("NIWAKI_CUDA_ATTN_TILE", Takes::OneOf(&ATTN_TILES)),
     ("NIWAKI_CUDA_B1", Takes::OnOff),
     ("NIWAKI_CUDA_B1_BLOCKS", Takes::Number),

@@ -105,6 +105,8 @@ struct GraphKey {
     tile: usize,
     /// Its first kernel looks the row up (`embed_row`).
     device_embed: bool,
+    /// Its attention layers take the one-kernel short attention (a short context).
+    short_attn: bool,
 }
 
 /// Where a pass's tokens come from.
@@ -411,7 +413,7 @@ impl CudaModel {
             });
         }
         let bytes = StateBytes::new(&self.dims, ctx, self.kv_cache);
-        let layout = Scratch::new(&self.dims, MAX_CHUNK);
+        let layout = Scratch::new(&self.dims, MAX_CHUNK, self.reads_planes());
         check_fits(
             &format!("a sequence of {ctx} tokens"),
             &[
@@ -636,6 +638,11 @@ impl CudaModel {
             tail,
             tile: self.gpu.attn_tile_for(st.bytes.kv_cache, st.pos + 1, 1),
             device_embed: on_device,
+            short_attn: n == 1
+                && self
+                    .gpu
+                    .attn_short_for(st.bytes.kv_cache, st.pos + 1)
+                    .is_some(),
         };
         if n == 1 && self.use_graphs {
             let i = match st.graphs.iter().position(|(k, _)| *k == key) {
@@ -679,6 +686,6 @@ impl CudaModel {
         if key.device_embed {
             self.embed_on_device(st)?;
         }
-        self.exec_all(st, n, key.head, key.tail)
+        self.exec_all(st, n, key.head, key.tail, key.short_attn)
     }
 }

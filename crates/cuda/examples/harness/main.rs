@@ -19,6 +19,8 @@
 //! merged decode kernels against the kernels they replace, `NIWAKI_HARNESS_ONLY=ahead` greedy
 //! steps run ahead of the host against host-fed passes, `NIWAKI_HARNESS_ONLY=attention` the
 //! attention kernels' checks and decode at depth (`=depth`: decode at depth alone),
+//! `NIWAKI_HARNESS_ONLY=short` the one-kernel short attention against the kernels it replaces
+//! (also in `fused`),
 //! `NIWAKI_HARNESS_ONLY=chain` the persistent-step probe on the 27B formats,
 //! `NIWAKI_HARNESS_ONLY=l2` each decode op with its weights in memory and in the L2 cache,
 //! `NIWAKI_HARNESS_ONLY=27b` the 27B
@@ -153,6 +155,11 @@ fn run(rep: &mut Report) -> R<()> {
         Ok("planes") => {
             drop(gpu);
             return models::plane_words(rep);
+        }
+        // The one-kernel short attention against the kernels it replaces.
+        Ok("short") => {
+            drop(gpu);
+            return models::short_attention(rep);
         }
         // The attention kernels' checks (both shapes, the q8_0 cache in whole models), then
         // decode at depth on a 27B model (`NIWAKI_HARNESS_27B`, default Q2_0).

@@ -318,7 +318,8 @@ pub(crate) fn fused_recurrence(rep: &mut Report) -> R<()> {
     folded_norms(rep)?;
     folded_swiglus(rep)?;
     clustered_folds(rep)?;
-    plane_words(rep)
+    plane_words(rep)?;
+    short_attention(rep)
 }
 
 /// The CPU model, the same on the GPU, and the calls a fold check runs.
@@ -350,10 +351,11 @@ type TwinCheck<'a> = &'a dyn Fn(&CudaState) -> niwaki_cuda::Result<(usize, usize
 /// Each call's logits, and the twin checks' words differing and compared, summed.
 type CallsRun = (Vec<Vec<f32>>, (usize, usize));
 
-/// Each call's logits on a fresh state, and with `twin`, the words it finds differing and the
-/// words it compared, summed over the checks it makes after each one-token call.
+/// Each call's logits on a fresh state (of 256 tokens, or the calls' if more), and with `twin`,
+/// the words it finds differing and the words it compared, summed over the checks it makes
+/// after each one-token call.
 fn run_calls(g: &CudaModel, calls: &[Vec<u32>], twin: Option<TwinCheck>) -> R<CallsRun> {
-    let mut st = g.new_state(256)?;
+    let mut st = g.new_state(calls.iter().map(Vec::len).sum::<usize>().max(256))?;
     let (mut out, mut diff, mut words) = (Vec::new(), 0, 0);
     for c in calls {
         out.push(g.forward(&mut st, c, Logits::Last)?);
@@ -627,6 +629,98 @@ pub(crate) fn plane_words(rep: &mut Report) -> R<()> {
             "the GEMVs forming them",
             format!("plane words {name}"),
         );
+    }
+    Ok(())
+}
+
+/// The one-kernel short attention (`attn_short`) against the prep, split and merge kernels it
+/// replaces, on both caches: each one-token call's logits against the split path's (another
+/// order of sums, so not bit for bit) and both against the CPU engine's, the short path no
+/// further from the CPU than the split one; the same calls twice give the same bits. The
+/// calls: 20 tokens then twelve of one (contexts the default takes), and a 300-token prompt then
+/// four of one with the short path taking every context (each warp's ring taken round several
+/// times).
+pub(crate) fn short_attention(rep: &mut Report) -> R<()> {
+    let vocab = 4096;
+    let mut rng = ChaCha8Rng::seed_from_u64(31);
+    let mut toks =
+        |n: usize| -> Vec<u32> { (0..n).map(|_| rng.gen_range(0..vocab as u32)).collect() };
+    let short_calls: Vec<Vec<u32>> = std::iter::once(toks(20))
+        .chain((0..12).map(|_| toks(1)))
+        .collect();
+    let long_calls: Vec<Vec<u32>> = std::iter::once(toks(300))
+        .chain((0..4).map(|_| toks(1)))
+        .collect();
+    let small = |format| -> R<Model> {
+        let shape = Preset::Small.shape(vocab);
+        let t = synth::random_f32_tensors(&shape, format, 32);
+        open(&synth::writer_from_f32(&shape, &t, format, "h")?)
+    };
+    for (name, format, m) in [
+        ("Small", Format::Q2_0, small(Format::Q2_0)?),
+        ("Small", Format::Q1_0, small(Format::Q1_0)?),
+        (
+            "the 27B's widths, 4 layers",
+            Format::Q1_0,
+            wide_27b(vocab, Format::Q1_0, 33)?,
+        ),
+    ] {
+        let mut g = CudaModel::load(&m)?;
+        for kv in [KvCache::F16, KvCache::Q8_0] {
+            g.kv_cache = kv;
+            for (calls, longest) in [(&short_calls, None), (&long_calls, Some(4096))] {
+                let mut cs = m.new_state();
+                let cpu = calls
+                    .iter()
+                    .map(|c| m.forward(&mut cs, c, Logits::Last))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let run = |max: Option<usize>| -> R<Vec<Vec<f32>>> {
+                    let was = max.map(|n| g.gpu().set_attn_short_max(n));
+                    let out = run_calls(&g, calls, None);
+                    if let Some(w) = was {
+                        g.gpu().set_attn_short_max(w);
+                    }
+                    Ok(out?.0)
+                };
+                let split = run(Some(0))?;
+                let launches0 = g.gpu().attn_short_launches();
+                let short = run(longest)?;
+                let launches = g.gpu().attn_short_launches() - launches0;
+                let again = run(longest)?;
+                let worst = |a: &[Vec<f32>], b: &[Vec<f32>]| {
+                    a.iter()
+                        .zip(b)
+                        .skip(1)
+                        .map(|(x, y)| rel_l2(x, y))
+                        .fold(0f64, f64::max)
+                };
+                let (ss, sc, pc) = (
+                    worst(&short, &split),
+                    worst(&short, &cpu),
+                    worst(&split, &cpu),
+                );
+                let repeat = short
+                    .concat()
+                    .iter()
+                    .zip(again.concat())
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                let finite = short.iter().flatten().all(|v| v.is_finite());
+                let ok = launches > 0 && repeat && finite && sc < 0.2 && sc <= 1.25 * pc + 1e-3;
+                rep.line(format!(
+                    "One-kernel short attention ({name}, {format:?}, {kv:?} cache, {} then {} one-token calls, {launches} launches): logits short vs split {ss:.2e}, short vs CPU {sc:.2e}, split vs CPU {pc:.2e} (relative L2, worst one-token call); repeated bit-identical: {repeat} {}",
+                    calls[0].len(),
+                    calls.len() - 1,
+                    if ok { "PASS" } else { "FAIL" }
+                ));
+                rep.check(
+                    ok,
+                    format!(
+                        "short attention {name} {format:?} {kv:?} {}",
+                        calls[0].len()
+                    ),
+                );
+            }
+        }
     }
     Ok(())
 }

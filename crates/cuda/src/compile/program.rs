@@ -59,7 +59,7 @@ pub const SOURCES: [(&str, &str, usize); 16] = [
 pub const PARTS: usize = 5;
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 122] = [
+pub const KERNELS: [&str; 126] = [
     "read_sum",
     "quant_rms",
     "quant_swiglu",
@@ -137,6 +137,8 @@ pub const KERNELS: [&str; 122] = [
     "quant_plain_p",
     "gdn_decode_p",
     "attn_combine_quant_p",
+    "attn_short_p",
+    "attn_short_q8_p",
     "gemv_chain_q1",
     "gemv_chain_q2g64",
     "gemv_chain_q1_synced",
@@ -182,6 +184,8 @@ pub const KERNELS: [&str; 122] = [
     "attn_combine",
     "attn_combine_quant",
     "attn_combine_rows",
+    "attn_short",
+    "attn_short_q8",
 ];
 
 /// The whole program as one translation unit, every kernel emitted.

@@ -380,6 +380,8 @@ pub struct Gpu {
     cluster_fold_launches: AtomicUsize,
     /// Decode GEMVs launched on their activations' plane words.
     planes_launches: AtomicUsize,
+    /// One-kernel short attentions launched.
+    attn_short_launches: AtomicUsize,
     /// 1-bit decode GEMVs on the binary tensor cores (`gemv_b1_*`) rather than dp4a, for the
     /// matrices [`plan::prefers_b1`] gives them (sm_90; `NIWAKI_CUDA_B1=0` turns them off).
     b1: AtomicBool,
@@ -489,6 +491,12 @@ pub struct Gpu {
     attn_blocks_per_sm: HashMap<&'static str, usize>,
     /// Cache positions in flight per warp of the SIMT attention split (compiled in).
     attn_ring: usize,
+    /// The one-kernel short attention's launch for each cache type this device holds its
+    /// shared memory for ([`plan::attn_short_launch`]).
+    attn_short: Vec<(plan::KvCache, plan::AttnLaunch)>,
+    /// The longest context whose one-token passes take it ([`plan::ATTN_SHORT_MAX`];
+    /// `NIWAKI_CUDA_ATTN_SHORT`, 0: never).
+    attn_short_max: AtomicUsize,
     /// Bytes of the next matrix a one-token GEMV pulls into the L2 cache, where set for every
     /// matrix (`NIWAKI_CUDA_PREFETCH_MB`, or [`Gpu::set_prefetch`]); [`PREFETCH_BY_MATRIX`]:
     /// each matrix's default, [`plan::default_prefetch_bytes`]. Always 0 before sm_90.
@@ -637,6 +645,17 @@ impl Gpu {
             }
             attn_blocks_per_sm.insert(k, occupancy(&funcs[k], k, a.threads, a.smem_bytes)?);
         }
+        let mut attn_short = Vec::new();
+        for kv in [plan::KvCache::F16, plan::KvCache::Q8_0] {
+            if let Some(a) = plan::attn_short_launch(dims, kv, smem_limit.max(48 << 10)) {
+                for k in [a.kernel.to_string(), format!("{}_p", a.kernel)] {
+                    if a.smem_bytes > 48 << 10 {
+                        raise_dynamic_smem(&funcs[k.as_str()], &k, a.smem_bytes)?;
+                    }
+                }
+                attn_short.push((kv, a));
+            }
+        }
         if hopper {
             // The bulk-copy kernels: all the shared memory their static part leaves.
             for k in compile::KERNELS {
@@ -669,6 +688,7 @@ impl Gpu {
             swiglu_launches: AtomicUsize::new(0),
             cluster_fold_launches: AtomicUsize::new(0),
             planes_launches: AtomicUsize::new(0),
+            attn_short_launches: AtomicUsize::new(0),
             x_copy: AtomicUsize::new(match knobs::word("NIWAKI_CUDA_X_COPY").as_deref() {
                 Some("0") => X_COPY_OFF,
                 Some("all") => X_COPY_ALL,
@@ -709,6 +729,11 @@ impl Gpu {
             ),
             attn_blocks_per_sm,
             attn_ring,
+            attn_short,
+            attn_short_max: AtomicUsize::new(knobs::number(
+                "NIWAKI_CUDA_ATTN_SHORT",
+                plan::ATTN_SHORT_MAX,
+            )),
             prefetch_bytes: AtomicUsize::new(if hopper {
                 knobs::number_set("NIWAKI_CUDA_PREFETCH_MB").map_or(PREFETCH_BY_MATRIX, |mb| {
                     mb.saturating_mul(1 << 20).min(PREFETCH_BY_MATRIX - 1)
@@ -842,6 +867,30 @@ impl Gpu {
         }
     }
 
+    /// The one-kernel short attention's launch where a one-token pass over `n_ctx` positions of
+    /// a `kv` cache takes it (heads of whole 128-value pieces, the shared memory there, the
+    /// context at most [`Gpu::set_attn_short_max`]'s).
+    pub fn attn_short_for(&self, kv: plan::KvCache, n_ctx: usize) -> Option<plan::AttnLaunch> {
+        if n_ctx > self.attn_short_max.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.attn_short_launch(kv)
+    }
+
+    /// The one-kernel short attention's launch for a `kv` cache, where this device holds it.
+    pub fn attn_short_launch(&self, kv: plan::KvCache) -> Option<plan::AttnLaunch> {
+        self.attn_short
+            .iter()
+            .find(|(k, _)| *k == kv)
+            .map(|&(_, a)| a)
+    }
+
+    /// Sets the longest context whose one-token passes take the short attention (0: none);
+    /// returns the previous. A state's captured graphs keep what they were captured with.
+    pub fn set_attn_short_max(&self, n: usize) -> usize {
+        self.attn_short_max.swap(n, Ordering::Relaxed)
+    }
+
     /// Sets [`Gpu::attn_tile`] (for measuring the variants; others, and the tensor-core
     /// kernels' 16 before sm_80, are ignored).
     pub fn set_attn_tile(&self, tile: usize) {
@@ -907,6 +956,8 @@ impl Gpu {
             attn: self.fuse_attn.load(Ordering::Relaxed),
             fold: self.gemv1() && self.fold_norm.load(Ordering::Relaxed),
             swiglu: self.gemv1() && self.fold_swiglu.load(Ordering::Relaxed),
+            // A property of each pass (its context): the model sets it.
+            attn_short: false,
         }
     }
 
@@ -947,6 +998,17 @@ impl Gpu {
     #[doc(hidden)]
     pub fn planes_launches(&self) -> usize {
         self.planes_launches.load(Ordering::Relaxed)
+    }
+
+    /// One-kernel short attentions this device has launched.
+    #[doc(hidden)]
+    pub fn attn_short_launches(&self) -> usize {
+        self.attn_short_launches.load(Ordering::Relaxed)
+    }
+
+    /// Counts a launch of the one-kernel short attention.
+    pub(crate) fn count_attn_short(&self) {
+        self.attn_short_launches.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Decode GEMVs this device has launched with the norm's fold gathered in a cluster.

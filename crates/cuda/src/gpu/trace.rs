@@ -37,6 +37,7 @@ pub enum TraceKind {
     AttnPrep,
     AttnSplit,
     AttnMerge,
+    AttnShort,
     Other(u32),
 }
 
@@ -51,6 +52,7 @@ impl TraceKind {
             6 => TraceKind::AttnPrep,
             7 => TraceKind::AttnSplit,
             8 => TraceKind::AttnMerge,
+            9 => TraceKind::AttnShort,
             k => TraceKind::Other(k),
         }
     }

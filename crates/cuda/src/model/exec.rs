@@ -29,9 +29,22 @@ impl CudaModel {
         }
     }
 
-    pub(super) fn exec_all(&self, st: &CudaState, n: usize, head: Head, tail: Tail) -> Result<()> {
+    /// A pass's kernels; `short_attn`: its attention layers take the one-kernel short
+    /// attention (one token, a short context: [`crate::gpu::Gpu::attn_short_for`]).
+    pub(super) fn exec_all(
+        &self,
+        st: &CudaState,
+        n: usize,
+        head: Head,
+        tail: Tail,
+        short_attn: bool,
+    ) -> Result<()> {
         let argmax = tail == Tail::Argmax;
-        let ops = forward_ops(&self.dims, n, head, argmax, self.gpu.fusion());
+        let fusion = Fusion {
+            attn_short: short_attn,
+            ..self.gpu.fusion()
+        };
+        let ops = forward_ops(&self.dims, n, head, argmax, fusion);
         let all = || {
             ops.iter().try_for_each(|op| self.exec(st, op))?;
             if let Tail::TopK { k, t, floor } = tail {
@@ -98,17 +111,21 @@ impl CudaModel {
             })
     }
 
+    /// Whether the model's one-token passes may use plane words: its matrices are 1-bit (its
+    /// states' scratch then holds the words' regions).
+    pub(super) fn reads_planes(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| l.ffn_down.format == GpuFormat::Q1)
+    }
+
     /// Where a quantization of `ntok` tokens into the scratch codes `xq` (`xq` or `fold_xq`)
     /// also leaves their plane words, and the GEMVs reading those codes find them: for one
     /// token only (the words' regions hold one), where [`crate::gpu::Gpu`]'s plane words are on
     /// and the model's matrices are 1-bit. Every quantization and every GEMV asks here, so the
     /// words are written wherever they are read.
     pub(super) fn planes_of(&self, st: &CudaState, xq: u64, ntok: usize) -> Option<u64> {
-        let q1 = self
-            .layers
-            .iter()
-            .any(|l| l.ffn_down.format == GpuFormat::Q1);
-        if ntok != 1 || !self.gpu.b1_planes() || !q1 {
+        if ntok != 1 || !self.gpu.b1_planes() || !self.reads_planes() {
             return None;
         }
         [("xq", "xp"), ("fold_xq", "fold_xp")]
@@ -691,6 +708,40 @@ impl CudaModel {
                     (256, 1, 1),
                     &args,
                 )
+            }
+            Op::AttnShort { layer } => {
+                let w = self.attn(layer);
+                let a = g.attn_short_launch(st.bytes.kv_cache).ok_or_else(|| {
+                    CudaError::Unsupported("the short attention on this device and cache".into())
+                })?;
+                let (name, args) = planes_twin(
+                    a.kernel,
+                    &[
+                        &[
+                            Arg::Ptr(proj),
+                            Arg::Ptr(pos),
+                            Arg::Ptr(w.q_norm.ptr),
+                            Arg::Ptr(w.k_norm.ptr),
+                            Arg::F32(d.rms_eps),
+                            Arg::F32(d.rope_base),
+                            Arg::F32(1.0 / (d.head_dim as f32).sqrt()),
+                        ][..],
+                        &self.kv(st, layer),
+                        &[Arg::Ptr(st.s("attn")), Arg::Ptr(xq), Arg::Ptr(xs)],
+                    ]
+                    .concat(),
+                    self.planes_of(st, xq, 1),
+                );
+                g.launch_smem(
+                    s,
+                    &name,
+                    (d.n_head as u32, 1, 1),
+                    (a.threads as u32, 1, 1),
+                    a.smem_bytes as u32,
+                    &args,
+                )?;
+                g.count_attn_short();
+                Ok(())
             }
             Op::PlainQuant { ntok } => {
                 let w = d.n_head * d.head_dim;

@@ -151,3 +151,44 @@ pub fn attn_split_launch(d: &Dims, kv: KvCache, tile: usize, ring: usize) -> Att
         (KvCache::Q8_0, _) => simt("attn_split_q8_t8"),
     }
 }
+
+/// Cache positions a warp of the one-kernel short attention (`attn_short`, kernels/attention.cu)
+/// takes at a time, and the tiles of its ring (the kernel's AS_TILE, AS_STAGES): with heads of
+/// 256 values, eight warps have 128 positions in flight, requested before the wait.
+pub const ATTN_SHORT_TILE: usize = 8;
+pub const ATTN_SHORT_STAGES: usize = 2;
+/// The longest context whose one-token passes take the short attention by default
+/// (`NIWAKI_CUDA_ATTN_SHORT` sets it; 0: never). H200, 27B Q1_0, decode tok/s against the
+/// split path: 440.4 against 418.3 over contexts 1-128 (`-p 0 -n 128`), 416.4 against 411.6
+/// over 257-320, 401.8 against 410.5 over 513-576, 373.0 against 410.4 over 1025-1088: a
+/// block a head streams the whole context, and past a few hundred positions the split's many
+/// blocks win.
+pub const ATTN_SHORT_MAX: usize = 320;
+
+/// The one-kernel short attention's launch for a cache type: a block of `head_dim` threads per
+/// query head, a ring of [`ATTN_SHORT_STAGES`] tiles a warp and one tile more for the step's own
+/// row; `None` where it does not apply (heads not whole 128-value pieces of the quantization, or
+/// of more than 1024 values), or where a block's shared memory, its static arrays included,
+/// would pass `smem_limit`.
+pub fn attn_short_launch(d: &Dims, kv: KvCache, smem_limit: usize) -> Option<AttnLaunch> {
+    let hd = d.head_dim;
+    if !hd.is_multiple_of(128) || hd > 1024 {
+        return None;
+    }
+    let row = hd * kv.value_bytes() + kv.scale_bytes(hd);
+    let tile = 2 * ATTN_SHORT_TILE * row;
+    let warps = hd / 32;
+    // The kernel's static arrays: the head's rotation buffer and query, a block sum's, and per
+    // warp a tile's weights with its correction and the running max and sum.
+    let fixed = 4 * (2 * hd + 32 + warps * (ATTN_SHORT_TILE + 1) + warps * 2);
+    let launch = AttnLaunch {
+        kernel: match kv {
+            KvCache::F16 => "attn_short",
+            KvCache::Q8_0 => "attn_short_q8",
+        },
+        threads: hd,
+        // The rings end as the warps' accumulators for the merge: warps · hd floats.
+        smem_bytes: (warps * ATTN_SHORT_STAGES * tile + tile).max(4 * warps * hd),
+    };
+    (launch.smem_bytes + fixed <= smem_limit).then_some(launch)
+}

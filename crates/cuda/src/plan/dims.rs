@@ -176,6 +176,8 @@ impl Dims {
             ("ARING", ring),
             ("AM_STAGES", ATTN_MMA_STAGES),
             ("AQ_STAGES", ATTN_Q8_MMA_STAGES),
+            ("AS_TILE", ATTN_SHORT_TILE),
+            ("AS_STAGES", ATTN_SHORT_STAGES),
             ("GEMV1_WARPS", GEMV1_WARPS),
             ("GEMV1_MAX_STAGES", GEMV1_MAX_STAGES),
             ("CH_WARPS", CHAIN_WARPS),

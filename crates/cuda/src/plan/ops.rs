@@ -140,6 +140,10 @@ pub enum Op {
     AttnCombineQuant {
         layer: usize,
     },
+    /// One token over a short context: AttnPrep, AttnSplit and AttnCombineQuant in one kernel.
+    AttnShort {
+        layer: usize,
+    },
     /// Quantizes the attention output for its projection.
     PlainQuant {
         ntok: usize,
@@ -222,6 +226,9 @@ pub struct Fusion {
     /// With `fold`, each SwiGLU folded into the gate | up GEMV's last writes
     /// ([`Op::GemvSwiglu`]; feed-forward widths of whole 128-value pieces).
     pub swiglu: bool,
+    /// An attention layer's whole one-token attention in one kernel ([`Op::AttnShort`]; heads
+    /// of a multiple of 128 values): a property of the pass, whose context is short enough.
+    pub attn_short: bool,
 }
 
 /// Pieces of 128 values a folded norm's row may have: the GEMV after it adds their sums of
@@ -278,6 +285,13 @@ pub fn forward_ops(d: &Dims, ntok: usize, head: Head, argmax: bool, fusion: Fusi
                     ops.push(Op::GatedQuant { layer: il, ntok });
                 }
                 ops.push(gemv(Mat::GdnOut(il), Out::Residual));
+            }
+            LayerKind::Attention
+                if fusion.attn_short && ntok == 1 && d.head_dim.is_multiple_of(128) =>
+            {
+                ops.push(gemv(Mat::AttnIn(il), Out::Proj));
+                ops.push(Op::AttnShort { layer: il });
+                ops.push(gemv(Mat::AttnOut(il), Out::Residual));
             }
             LayerKind::Attention => {
                 ops.push(gemv(Mat::AttnIn(il), Out::Proj));

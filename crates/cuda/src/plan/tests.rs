@@ -65,7 +65,7 @@ fn a_full_262k_context_fits_beside_the_27b_weights_on_an_h200() {
     assert_eq!(vs + q.kv_scales, q.total());
     // Two buffers of 48 heads of 128×128 f32 for each of 48 layers.
     assert_eq!(s.ssm, 2 * 48 * 48 * 128 * 128 * 4);
-    let scratch = Scratch::new(&d, MAX_CHUNK).bytes;
+    let scratch = Scratch::new(&d, MAX_CHUNK, true).bytes;
     let weights = 7_600_000_000usize;
     let h200_free = 139usize << 30;
     check_fits(
@@ -158,6 +158,7 @@ const NORM_ONLY: Fusion = Fusion {
     attn: false,
     fold: false,
     swiglu: false,
+    attn_short: false,
 };
 const ALL: Fusion = Fusion {
     norm: true,
@@ -165,6 +166,7 @@ const ALL: Fusion = Fusion {
     attn: true,
     fold: true,
     swiglu: true,
+    attn_short: true,
 };
 
 #[test]
@@ -418,7 +420,7 @@ fn every_layer_reads_what_an_earlier_op_wrote() {
 #[test]
 fn scratch_regions_are_aligned_and_disjoint() {
     let d = dims(Preset::B27);
-    let s = Scratch::new(&d, MAX_CHUNK);
+    let s = Scratch::new(&d, MAX_CHUNK, true);
     let mut end = 0;
     for &(name, at, n) in &s.regions {
         assert_eq!(at % 256, 0, "{name}");
@@ -427,6 +429,16 @@ fn scratch_regions_are_aligned_and_disjoint() {
     }
     assert!(s.bytes >= end);
     assert_eq!(s.offset("x"), 0);
+    // Without plane words the same regions, the words' two empty at the end.
+    let bare = Scratch::new(&d, MAX_CHUNK, false);
+    for &(name, at, n) in &bare.regions {
+        if name == "xp" || name == "fold_xp" {
+            assert_eq!((at, n), (bare.bytes, 0), "{name}");
+        } else {
+            assert_eq!((at, n), (s.offset(name), s.size(name)), "{name}");
+        }
+    }
+    assert_eq!(bare.bytes, s.offset("xp"));
 }
 
 #[test]
@@ -1456,4 +1468,74 @@ fn every_1_bit_binary_kernel_without_the_norm_has_a_planes_twin_and_no_other_doe
         }
     }
     assert_eq!(twins, 11);
+}
+
+#[test]
+fn the_short_attention_takes_the_place_of_prep_split_and_merge_in_one_token_passes_only() {
+    let d = dims(Preset::B27);
+    let merged = Fusion {
+        attn: true,
+        ..Fusion::default()
+    };
+    let short = Fusion {
+        attn_short: true,
+        ..merged
+    };
+    let plain = forward_ops(&d, 1, Head::Last, true, merged);
+    let with = forward_ops(&d, 1, Head::Last, true, short);
+    assert_eq!(plain.len() - with.len(), 2 * d.n_attention());
+    let expanded: Vec<Op> = with
+        .iter()
+        .flat_map(|op| match *op {
+            Op::AttnShort { layer } => vec![
+                Op::AttnPrep { layer, ntok: 1 },
+                Op::AttnSplit { layer, ntok: 1 },
+                Op::AttnCombineQuant { layer },
+            ],
+            op => vec![op],
+        })
+        .collect();
+    assert_eq!(expanded, plain);
+    for ntok in [2, 256] {
+        assert_eq!(
+            forward_ops(&d, ntok, Head::Last, false, short),
+            forward_ops(&d, ntok, Head::Last, false, merged)
+        );
+    }
+    // Heads of 64 values are not whole pieces of the quantization.
+    let tiny = dims(Preset::Tiny);
+    assert_eq!(
+        forward_ops(&tiny, 1, Head::Last, true, short),
+        forward_ops(&tiny, 1, Head::Last, true, merged)
+    );
+}
+
+#[test]
+fn the_short_attention_launch_fits_its_rings_and_refuses_what_it_cannot_hold() {
+    let d = dims(Preset::B27);
+    let h200 = 227 << 10;
+    let f16 = attn_short_launch(&d, KvCache::F16, h200).unwrap();
+    // Eight warps of two tiles of 8 positions of 256 f16 keys and values, and the step's tile.
+    assert_eq!(f16.kernel, "attn_short");
+    assert_eq!(f16.threads, 256);
+    assert_eq!(
+        f16.smem_bytes,
+        (8 * ATTN_SHORT_STAGES + 1) * 2 * ATTN_SHORT_TILE * 512
+    );
+    let q8 = attn_short_launch(&d, KvCache::Q8_0, h200).unwrap();
+    assert_eq!(q8.kernel, "attn_short_q8");
+    assert_eq!(
+        q8.smem_bytes,
+        (8 * ATTN_SHORT_STAGES + 1) * 2 * ATTN_SHORT_TILE * (256 + 16)
+    );
+    // The merge's accumulators fit where the rings were.
+    assert!(f16.smem_bytes >= 4 * 8 * 256 && q8.smem_bytes >= 4 * 8 * 256);
+    // A device of 99 KiB a block holds the q8_0 rings, not the f16 ones.
+    assert!(attn_short_launch(&d, KvCache::F16, 99 << 10).is_none());
+    assert!(attn_short_launch(&d, KvCache::Q8_0, 99 << 10).is_some());
+    // Heads of 64 values: never.
+    let tiny = dims(Preset::Tiny);
+    assert!(attn_short_launch(&tiny, KvCache::F16, h200).is_none());
+    // The short path's tiles are the split kernels' (their copy and row readers).
+    assert!(ATTN_TILES.contains(&ATTN_SHORT_TILE));
 }
