@@ -638,11 +638,7 @@ impl CudaModel {
             tail,
             tile: self.gpu.attn_tile_for(st.bytes.kv_cache, st.pos + 1, 1),
             device_embed: on_device,
-            short_attn: n == 1
-                && self
-                    .gpu
-                    .attn_short_for(st.bytes.kv_cache, st.pos + 1)
-                    .is_some(),
+            short_attn: self.short_attn(st, n),
         };
         if n == 1 && self.use_graphs {
             let i = match st.graphs.iter().position(|(k, _)| *k == key) {

@@ -29,8 +29,27 @@ impl CudaModel {
         }
     }
 
-    /// A pass's kernels; `short_attn`: its attention layers take the one-kernel short
+    /// Whether a pass of `n` tokens at the state's position takes the one-kernel short
     /// attention (one token, a short context: [`crate::gpu::Gpu::attn_short_for`]).
+    pub(super) fn short_attn(&self, st: &CudaState, n: usize) -> bool {
+        n == 1
+            && self
+                .gpu
+                .attn_short_for(st.bytes.kv_cache, st.pos + 1)
+                .is_some()
+    }
+
+    /// The fusions of a pass of `n` tokens at the state's position, as a decode step's graph
+    /// takes them (the probes time what decode runs).
+    pub(super) fn pass_fusion(&self, st: &CudaState, n: usize) -> Fusion {
+        Fusion {
+            attn_short: self.short_attn(st, n),
+            ..self.gpu.fusion()
+        }
+    }
+
+    /// A pass's kernels; `short_attn`: its attention layers take the one-kernel short
+    /// attention ([`CudaModel::short_attn`], decided when its graph's key is).
     pub(super) fn exec_all(
         &self,
         st: &CudaState,

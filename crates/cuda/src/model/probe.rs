@@ -47,7 +47,13 @@ impl CudaModel {
         st.set_pos()?;
         let mut kinds: Vec<(String, Vec<Op>)> = Vec::new();
         let argmax = ntok == 1;
-        for op in forward_ops(&self.dims, ntok, Head::Last, argmax, self.gpu.fusion()) {
+        for op in forward_ops(
+            &self.dims,
+            ntok,
+            Head::Last,
+            argmax,
+            self.pass_fusion(st, ntok),
+        ) {
             let name = match op {
                 Op::Gemv { mat, .. } => format!("Gemv {}", mat.kind()),
                 Op::NormGemv { mat, .. } => format!("NormGemv {}", mat.kind()),
@@ -95,7 +101,7 @@ impl CudaModel {
     ) -> Result<f64> {
         st.drop_ahead();
         st.set_pos()?;
-        let ops: Vec<Op> = forward_ops(&self.dims, 1, Head::Last, true, self.gpu.fusion())
+        let ops: Vec<Op> = forward_ops(&self.dims, 1, Head::Last, true, self.pass_fusion(st, 1))
             .into_iter()
             .filter(|op| keep(op))
             .collect();
@@ -223,7 +229,7 @@ impl CudaModel {
             return Ok(None);
         };
         let mut gemvs = std::collections::HashMap::new();
-        for op in forward_ops(&self.dims, 1, Head::Last, true, self.gpu.fusion()) {
+        for op in forward_ops(&self.dims, 1, Head::Last, true, self.pass_fusion(st, 1)) {
             if let Op::Gemv { mat, .. }
             | Op::NormGemv { mat, .. }
             | Op::GemvFold { mat, .. }
