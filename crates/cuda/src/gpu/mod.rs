@@ -494,8 +494,8 @@ pub struct Gpu {
     /// The one-kernel short attention's launch for each cache type this device holds its
     /// shared memory for ([`plan::attn_short_launch`]).
     attn_short: Vec<(plan::KvCache, plan::AttnLaunch)>,
-    /// The longest context whose one-token passes take it ([`plan::ATTN_SHORT_MAX`];
-    /// `NIWAKI_CUDA_ATTN_SHORT`, 0: never).
+    /// The longest context whose one-token passes take it ([`plan::ATTN_SHORT_MAX`] on sm_90,
+    /// where it was measured, else 0; `NIWAKI_CUDA_ATTN_SHORT`, 0: never).
     attn_short_max: AtomicUsize,
     /// Bytes of the next matrix a one-token GEMV pulls into the L2 cache, where set for every
     /// matrix (`NIWAKI_CUDA_PREFETCH_MB`, or [`Gpu::set_prefetch`]); [`PREFETCH_BY_MATRIX`]:
@@ -730,9 +730,10 @@ impl Gpu {
             attn_blocks_per_sm,
             attn_ring,
             attn_short,
+            // Measured on the H200 only: elsewhere off unless asked for.
             attn_short_max: AtomicUsize::new(knobs::number(
                 "NIWAKI_CUDA_ATTN_SHORT",
-                plan::ATTN_SHORT_MAX,
+                if hopper { plan::ATTN_SHORT_MAX } else { 0 },
             )),
             prefetch_bytes: AtomicUsize::new(if hopper {
                 knobs::number_set("NIWAKI_CUDA_PREFETCH_MB").map_or(PREFETCH_BY_MATRIX, |mb| {
