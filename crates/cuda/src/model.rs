@@ -682,6 +682,6 @@ impl CudaModel {
         if key.device_embed {
             self.embed_on_device(st)?;
         }
-        self.exec_all(st, n, key.head, key.tail, key.short_attn)
+        self.exec_all(st, n, key.head, key.tail)
     }
 }

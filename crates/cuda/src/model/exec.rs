@@ -48,22 +48,11 @@ impl CudaModel {
         }
     }
 
-    /// A pass's kernels; `short_attn`: its attention layers take the one-kernel short
-    /// attention ([`CudaModel::short_attn`], decided when its graph's key is).
-    pub(super) fn exec_all(
-        &self,
-        st: &CudaState,
-        n: usize,
-        head: Head,
-        tail: Tail,
-        short_attn: bool,
-    ) -> Result<()> {
+    /// A pass's kernels, with the fusions a pass of `n` tokens takes at the state's position
+    /// ([`CudaModel::pass_fusion`]; a graph's key records the one that varies with it).
+    pub(super) fn exec_all(&self, st: &CudaState, n: usize, head: Head, tail: Tail) -> Result<()> {
         let argmax = tail == Tail::Argmax;
-        let fusion = Fusion {
-            attn_short: short_attn,
-            ..self.gpu.fusion()
-        };
-        let ops = forward_ops(&self.dims, n, head, argmax, fusion);
+        let ops = forward_ops(&self.dims, n, head, argmax, self.pass_fusion(st, n));
         let all = || {
             ops.iter().try_for_each(|op| self.exec(st, op))?;
             if let Tail::TopK { k, t, floor } = tail {
