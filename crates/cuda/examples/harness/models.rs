@@ -16,8 +16,7 @@ use crate::report::*;
 pub(crate) fn whole_model(rep: &mut Report, preset: Preset, vocab: usize) -> R<()> {
     for format in FORMATS {
         let shape = preset.shape(vocab);
-        let t = synth::random_f32_tensors(&shape, format, 5);
-        let m = open(&synth::writer_from_f32(&shape, &t, format, "h")?)?;
+        let m = random_model(&shape, format, 5)?;
         against_cpu(rep, preset, &format.to_string(), &m, vocab)?;
     }
     Ok(())
@@ -180,8 +179,7 @@ pub(crate) fn kv_q8_checks(rep: &mut Report) -> R<()> {
     for (preset, vocab) in [(Preset::Tiny, 1000usize), (Preset::Small, 4096)] {
         for format in [Format::Q2_0, Format::Q1_0] {
             let shape = preset.shape(vocab);
-            let t = synth::random_f32_tensors(&shape, format, 5);
-            let m = open(&synth::writer_from_f32(&shape, &t, format, "h")?)?;
+            let m = random_model(&shape, format, 5)?;
             let mut g = CudaModel::load(&m)?;
             let mut rng = ChaCha8Rng::seed_from_u64(9);
             let prompt: Vec<u32> = (0..20).map(|_| rng.gen_range(0..vocab as u32)).collect();
@@ -259,8 +257,7 @@ pub(crate) fn kv_q8_checks(rep: &mut Report) -> R<()> {
 pub(crate) fn fused_recurrence(rep: &mut Report) -> R<()> {
     for (preset, vocab) in [(Preset::Tiny, 1000usize), (Preset::Small, 4096)] {
         let shape = preset.shape(vocab);
-        let t = synth::random_f32_tensors(&shape, Format::Q2_0, 12);
-        let m = open(&synth::writer_from_f32(&shape, &t, Format::Q2_0, "h")?)?;
+        let m = random_model(&shape, Format::Q2_0, 12)?;
         let g = CudaModel::load(&m)?;
         let mut rng = ChaCha8Rng::seed_from_u64(13);
         let mut tok = || rng.gen_range(0..vocab as u32);
@@ -330,8 +327,7 @@ type FoldFixture = (model::Model, CudaModel, Vec<Vec<u32>>);
 /// one-token ones, which the folds take.
 fn fold_fixture(preset: Preset, vocab: usize, format: Format, seeds: (u64, u64)) -> R<FoldFixture> {
     let shape = preset.shape(vocab);
-    let t = synth::random_f32_tensors(&shape, format, seeds.0);
-    let m = open(&synth::writer_from_f32(&shape, &t, format, "h")?)?;
+    let m = random_model(&shape, format, seeds.0)?;
     fold_calls(m, vocab, seeds.1)
 }
 
@@ -538,8 +534,7 @@ pub(crate) fn folded_swiglus(rep: &mut Report) -> R<()> {
 pub(crate) fn determinism(rep: &mut Report) -> R<()> {
     let vocab = 4096;
     let shape = Preset::Small.shape(vocab);
-    let t = synth::random_f32_tensors(&shape, Format::Q2_0, 8);
-    let m = open(&synth::writer_from_f32(&shape, &t, Format::Q2_0, "h")?)?;
+    let m = random_model(&shape, Format::Q2_0, 8)?;
     let g = CudaModel::load(&m)?;
     let prompt: Vec<u32> = (0..37).map(|i| (i * 101 % vocab) as u32).collect();
     let mut runs = Vec::new();
@@ -651,11 +646,7 @@ pub(crate) fn short_attention(rep: &mut Report) -> R<()> {
     let long_calls: Vec<Vec<u32>> = std::iter::once(toks(300))
         .chain((0..4).map(|_| toks(1)))
         .collect();
-    let small = |format| -> R<Model> {
-        let shape = Preset::Small.shape(vocab);
-        let t = synth::random_f32_tensors(&shape, format, 32);
-        open(&synth::writer_from_f32(&shape, &t, format, "h")?)
-    };
+    let small = |format| random_model(&Preset::Small.shape(vocab), format, 32);
     for (name, format, m) in [
         ("Small", Format::Q2_0, small(Format::Q2_0)?),
         ("Small", Format::Q1_0, small(Format::Q1_0)?),

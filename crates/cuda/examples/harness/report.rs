@@ -49,6 +49,16 @@ pub(crate) fn top2(x: &[f32]) -> (usize, f32) {
     (i, x[i] - second)
 }
 
+/// A model of `shape` with random weights drawn from `seed`, quantized to `format`.
+pub(crate) fn random_model(
+    shape: &model::synth::Shape,
+    format: quant::Format,
+    seed: u64,
+) -> R<Model> {
+    let t = model::synth::random_f32_tensors(shape, format, seed);
+    open(&model::synth::writer_from_f32(shape, &t, format, "h")?)
+}
+
 /// A model of the 27B's widths but four layers (three recurrent, one attention), random packed
 /// weights drawn from `seed`: its GEMVs take the kernels and tiles a block the 27B's take.
 pub(crate) fn wide_27b(vocab: usize, format: quant::Format, seed: u64) -> R<Model> {
