@@ -159,8 +159,11 @@ pub(crate) fn bench_27b(
     let (v, toks) = flipped?;
     // Opt-in settings of the same arithmetic, each run the other way from its default: the
     // SwiGLU folded into the gate | up GEMV (slower), the folded norms' pieces gathered in
-    // clusters (slower on Q1_0). The same tokens; run on with the norms folded, they must have
-    // launched. Labels: run off, run on; then the setter and the launches that took it.
+    // clusters (slower on Q1_0; their kernels take tiles of 16 rows, so with them on the 1-bit
+    // rows' default of 32 gives way to 16: the same bits). The same tokens; run on with the
+    // norms folded, they must have launched. Labels: run off, run on; then the setter and the
+    // launches that took it.
+    let rows = g.gpu().b1_tile_rows();
     type Flip<'a> = (
         &'a str,
         &'a str,
@@ -177,7 +180,10 @@ pub(crate) fn bench_27b(
         (
             "folded norms by counters, not clusters",
             "folded norms gathered in clusters",
-            &|on| g.gpu().set_fold_cluster(on),
+            &|on| {
+                g.gpu().set_b1_tile_rows(if on { 16 } else { rows });
+                g.gpu().set_fold_cluster(on)
+            },
             &|| g.gpu().cluster_fold_launches(),
         ),
     ];

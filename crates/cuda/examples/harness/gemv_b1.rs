@@ -256,8 +256,7 @@ fn format_checks(
         };
         // The same launch on the other tile height (32 rows where the plan takes them, or 16
         // where 32 is the setting).
-        let prev = gpu.set_b1_tile_rows(16);
-        gpu.set_b1_tile_rows(if prev == 32 { 16 } else { 32 });
+        let prev = gpu.set_b1_tile_rows(if gpu.b1_tile_rows() == 32 { 16 } else { 32 });
         let wide = h200_plan(32).is_some_and(|l| l.tile_rows == 32);
         let ran = wide && gpu.gemv_b1(s, &m, &GemvIo::one(xq, xs, b.ptr), None)?;
         gpu.set_b1_tile_rows(prev);

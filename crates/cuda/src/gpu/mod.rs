@@ -1119,8 +1119,14 @@ impl Gpu {
         self.early_tiles.swap(n, Ordering::Relaxed)
     }
 
-    /// Rows per tile the binary decode GEMV asks for (16 or 32); returns the previous setting.
-    /// For the harness's comparison of the two.
+    /// Rows per tile the binary decode GEMV asks for (16 or 32).
+    #[doc(hidden)]
+    pub fn b1_tile_rows(&self) -> usize {
+        self.b1_tile_rows.load(Ordering::Relaxed)
+    }
+
+    /// Sets [`Gpu::b1_tile_rows`] (16 or 32); returns the previous setting. For the harness's
+    /// comparison of the two.
     #[doc(hidden)]
     pub fn set_b1_tile_rows(&self, rows: usize) -> usize {
         self.b1_tile_rows
