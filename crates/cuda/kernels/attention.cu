@@ -219,6 +219,76 @@ __device__ __forceinline__ void reduce_scatter(float* v, int lane, int& base) {
     }
 }
 
+// One warp's step over a staged tile of TILE cache positions (p .. p + TILE − 1, those from p1
+// on masked) for G query heads (qr: this lane's EPL dimensions of each): the TILE·G scores
+// summed across the warp by one reduce-scatter, the online softmax of each head in lane g < G
+// (its running max m and sum l), then every lane's accumulators rescaled and the tile's values
+// added with the weights from `w` (TILE·G weights, then the heads' corrections). The split
+// kernels (G = GQA) and the short attention (G = 1) take the same step.
+template <bool Q8, int TILE, int G>
+__device__ __forceinline__ void kv_tile_step(const unsigned char* st, int p, int p1, const float (&qr)[G][EPL],
+                                             float (&acc)[G][EPL], float& m, float& l, float* w, float scale,
+                                             int lane) {
+    using T = KvTile<Q8, TILE>;
+    constexpr int NS = TILE * G;
+    float sc[NS];
+#pragma unroll
+    for (int r = 0; r < TILE; r++) {
+        float kf[EPL];
+        kv_row<Q8, TILE>(st, st + 2 * T::VB, r, lane, kf);
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            float d = 0.0f;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) d += qr[g][e] * kf[e];
+            sc[r * G + g] = d;
+        }
+    }
+    int base = 0;
+    reduce_scatter<NS, 16>(sc, lane, base);
+#pragma unroll
+    for (int k = 0; k < rs_count(NS, 16); k++) w[base + k] = sc[k] * scale;
+    __syncwarp();
+    if (lane < G) {
+        float tmax = NEG_INF;
+#pragma unroll
+        for (int r = 0; r < TILE; r++)
+            if (p + r < p1) tmax = fmaxf(tmax, w[r * G + lane]);
+        const float mn = fmaxf(m, tmax);
+        const float corr = expf(m - mn);
+        float add = 0.0f;
+#pragma unroll
+        for (int r = 0; r < TILE; r++) {
+            const float pe = p + r < p1 ? expf(w[r * G + lane] - mn) : 0.0f;
+            w[r * G + lane] = pe;
+            add += pe;
+        }
+        l = l * corr + add;
+        m = mn;
+        w[NS + lane] = corr;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        const float c = w[NS + g];
+#pragma unroll
+        for (int e = 0; e < EPL; e++) acc[g][e] *= c;
+    }
+#pragma unroll
+    for (int r = 0; r < TILE; r++) {
+        float vf[EPL];
+        kv_row<Q8, TILE>(st + T::VB, st + 2 * T::VB + TILE * T::SB, r, lane, vf);
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const float pe = w[r * G + g];
+#pragma unroll
+            for (int e = 0; e < EPL; e++) acc[g][e] += pe * vf[e];
+        }
+    }
+    // The stage and the weights are rewritten next.
+    __syncwarp();
+}
+
 // Merges the per-warp (acc[HD], m, l) of the GQA heads (sm_acc: [nw][GQA][HD], sm_ml:
 // [nw][GQA][2]) into this split's partial rows, warps in order: deterministic.
 __device__ __forceinline__ void attn_merge_warps(const float* sm_acc, const float* sm_ml, int nw,
@@ -300,64 +370,7 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
         cp_async_commit();
         cp_async_wait<STAGES - 1>();
         __syncwarp();
-        const unsigned char* st = ring + (i % STAGES) * T::BYTES;
-        const int p = tile_pos(i);
-        float sc[NS];
-#pragma unroll
-        for (int r = 0; r < TILE; r++) {
-            float kf[EPL];
-            kv_row<Q8, TILE>(st, st + 2 * T::VB, r, lane, kf);
-#pragma unroll
-            for (int g = 0; g < GQA; g++) {
-                float d = 0.0f;
-#pragma unroll
-                for (int e = 0; e < EPL; e++) d += qr[g][e] * kf[e];
-                sc[r * GQA + g] = d;
-            }
-        }
-        int base = 0;
-        reduce_scatter<NS, 16>(sc, lane, base);
-#pragma unroll
-        for (int k = 0; k < NF; k++) w[base + k] = sc[k] * scale;
-        __syncwarp();
-        if (lane < GQA) {
-            float tmax = NEG_INF;
-#pragma unroll
-            for (int r = 0; r < TILE; r++)
-                if (p + r < p1) tmax = fmaxf(tmax, w[r * GQA + lane]);
-            const float mn = fmaxf(m, tmax);
-            const float corr = expf(m - mn);
-            float add = 0.0f;
-#pragma unroll
-            for (int r = 0; r < TILE; r++) {
-                const float pe = p + r < p1 ? expf(w[r * GQA + lane] - mn) : 0.0f;
-                w[r * GQA + lane] = pe;
-                add += pe;
-            }
-            l = l * corr + add;
-            m = mn;
-            w[NS + lane] = corr;
-        }
-        __syncwarp();
-#pragma unroll
-        for (int g = 0; g < GQA; g++) {
-            const float c = w[NS + g];
-#pragma unroll
-            for (int e = 0; e < EPL; e++) acc[g][e] *= c;
-        }
-#pragma unroll
-        for (int r = 0; r < TILE; r++) {
-            float vf[EPL];
-            kv_row<Q8, TILE>(st + T::VB, st + 2 * T::VB + TILE * T::SB, r, lane, vf);
-#pragma unroll
-            for (int g = 0; g < GQA; g++) {
-                const float pe = w[r * GQA + g];
-#pragma unroll
-                for (int e = 0; e < EPL; e++) acc[g][e] += pe * vf[e];
-            }
-        }
-        // The stage and the weights are rewritten next iteration.
-        __syncwarp();
+        kv_tile_step<Q8, TILE, GQA>(ring + (i % STAGES) * T::BYTES, tile_pos(i), p1, qr, acc, m, l, w, scale, lane);
     }
     cp_async_wait<0>();
     // Merge the warps: the rings become [AWARPS][GQA][HD] accumulators and (m, l) pairs.
@@ -586,84 +599,34 @@ __device__ __forceinline__ void attn_short_body(const float* __restrict__ proj, 
     kv_store<Q8>(cur + T::VB, (u16*)(cur + 2 * T::VB + AS_TILE * T::SB), i, v);
     __syncthreads();
 
-    float qr[EPL], acc[EPL];
+    float qr[1][EPL], acc[1][EPL];
 #pragma unroll
     for (int e = 0; e < EPL; e++) {
-        qr[e] = qv[lane * EPL + e];
-        acc[e] = 0.0f;
+        qr[0][e] = qv[lane * EPL + e];
+        acc[0][e] = 0.0f;
     }
     // Lane 0: the running max and sum.
     float m = NEG_INF, l = 0.0f;
     float* w = sw[warp];
-    // Positions [p, p + AS_TILE) ∩ [.., p1) of a staged tile.
-    auto take = [&](const unsigned char* st, int p, int p1) {
-        float sc[AS_TILE];
-#pragma unroll
-        for (int r = 0; r < AS_TILE; r++) {
-            float kf[EPL];
-            kv_row<Q8, AS_TILE>(st, st + 2 * T::VB, r, lane, kf);
-            float d = 0.0f;
-#pragma unroll
-            for (int e = 0; e < EPL; e++) d += qr[e] * kf[e];
-            sc[r] = d;
-        }
-        int b = 0;
-        reduce_scatter<AS_TILE, 16>(sc, lane, b);
-#pragma unroll
-        for (int f = 0; f < rs_count(AS_TILE, 16); f++) w[b + f] = sc[f] * scale;
-        __syncwarp();
-        if (lane == 0) {
-            float tmax = NEG_INF;
-#pragma unroll
-            for (int r = 0; r < AS_TILE; r++)
-                if (p + r < p1) tmax = fmaxf(tmax, w[r]);
-            const float mn = fmaxf(m, tmax);
-            const float corr = expf(m - mn);
-            float add = 0.0f;
-#pragma unroll
-            for (int r = 0; r < AS_TILE; r++) {
-                const float pe = p + r < p1 ? expf(w[r] - mn) : 0.0f;
-                w[r] = pe;
-                add += pe;
-            }
-            l = l * corr + add;
-            m = mn;
-            w[AS_TILE] = corr;
-        }
-        __syncwarp();
-        const float c = w[AS_TILE];
-#pragma unroll
-        for (int e = 0; e < EPL; e++) acc[e] *= c;
-#pragma unroll
-        for (int r = 0; r < AS_TILE; r++) {
-            float vf[EPL];
-            kv_row<Q8, AS_TILE>(st + T::VB, st + 2 * T::VB + AS_TILE * T::SB, r, lane, vf);
-            const float pe = w[r];
-#pragma unroll
-            for (int e = 0; e < EPL; e++) acc[e] += pe * vf[e];
-        }
-        // The stage and the weights are rewritten next.
-        __syncwarp();
-    };
     for (int j = 0; j < mine; j++) {
         // Groups committed: AS_STAGES + j; tile j's done leaves at most AS_STAGES − 1 in flight.
         cp_async_wait<AS_STAGES - 1>();
         __syncwarp();
         unsigned char* st = ring + (j % AS_STAGES) * T::BYTES;
-        take(st, tile_pos(j), pos);
+        kv_tile_step<Q8, AS_TILE, 1>(st, tile_pos(j), pos, qr, acc, m, l, w, scale, lane);
         if (j + AS_STAGES < mine)
             kv_tile_copy<Q8, AS_TILE>(st, kb, vb, ksb, vsb, kvh, tile_pos(j + AS_STAGES), pos - 1, lane);
         cp_async_commit();
     }
     // This step's row: the warp whose turn the next tile would be.
-    if (warp == ntiles % AS_WARPS) take(cur, pos, pos + 1);
+    if (warp == ntiles % AS_WARPS) kv_tile_step<Q8, AS_TILE, 1>(cur, pos, pos + 1, qr, acc, m, l, w, scale, lane);
 
     // Merge the warps in order; the rings become their accumulators.
     cp_async_wait<0>();
     __syncthreads();
     float* sm_acc = (float*)smem;
 #pragma unroll
-    for (int e = 0; e < EPL; e++) sm_acc[warp * HD + lane * EPL + e] = acc[e];
+    for (int e = 0; e < EPL; e++) sm_acc[warp * HD + lane * EPL + e] = acc[0][e];
     if (lane == 0) {
         sml[warp][0] = m;
         sml[warp][1] = l;
