@@ -688,8 +688,8 @@ GEMV_BIN_KERNEL(gemv_b1_j6x_r32_n, FMT_Q1, 6, true, 2, true, 3)
 GEMV_B2_KERNELS(GEMV_B2_KERNEL, )
 // The same from tile images (gpu/tile_image.rs).
 GEMV_B2_KERNELS(GEMV_BIN_IMG_KERNEL, _i)
-// The residual GEMVs with the norm's fold gathered in a cluster (plan::cluster_fold; opt-in,
-// `NIWAKI_CUDA_FOLD_CLUSTER=1`): the kernels those GEMVs take on the 27B where every tile's
+// The residual GEMVs with the norm's fold gathered in a cluster (plan::cluster_fold; by default
+// for Q2_0 g64 rows, plan::ClusterFold): the kernels those GEMVs take on the 27B where every tile's
 // block is resident at once (6144 1-bit and 2-bit columns; not ffn_down's 17408, two blocks a
 // multiprocessor) and the guarded ones of the harness's smaller models.
 GEMV_BIN_CLUSTER_KERNEL(gemv_b1_j6x_c, FMT_Q1, 6, true, 4)

@@ -138,10 +138,15 @@ fn is_on_off(t: Takes) -> bool {
 
 /// An on-or-off switch: `default` where unset, else on with `1` and off with `0`.
 pub(crate) fn flag(name: &str, default: bool) -> bool {
+    flag_set(name).unwrap_or(default)
+}
+
+/// An on-or-off switch, where set.
+pub(crate) fn flag_set(name: &str) -> Option<bool> {
     match value(name, is_on_off).as_deref() {
-        Some("1") => true,
-        Some("0") => false,
-        _ => default,
+        Some("1") => Some(true),
+        Some("0") => Some(false),
+        _ => None,
     }
 }
 

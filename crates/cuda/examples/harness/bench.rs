@@ -8,7 +8,8 @@ use std::time::Instant;
 use gguf::Gguf;
 use model::synth::{self, Preset};
 use model::{Logits, Model};
-use niwaki_cuda::plan::{NormFusion, Op};
+use niwaki_cuda::plan::{ClusterFold, NormFusion, Op};
+use niwaki_cuda::repack::GpuFormat;
 use niwaki_cuda::{CudaModel, KvCache};
 use quant::Format;
 
@@ -157,13 +158,15 @@ pub(crate) fn bench_27b(
     let flipped = decode(true, true, (NormFusion::Apart, 0, 0));
     g.gpu().set_fold_norm(was);
     let (v, toks) = flipped?;
-    // Opt-in settings of the same arithmetic, each run the other way from its default: the
-    // SwiGLU folded into the gate | up GEMV (slower), the folded norms' pieces gathered in
-    // clusters (slower on Q1_0; their kernels take tiles of 16 rows, so with them on the 1-bit
-    // rows' default of 32 gives way to 16: the same bits). The same tokens; run on with the
-    // norms folded, they must have launched. Labels: run off, run on; then the setter and the
-    // launches that took it.
-    let rows = g.gpu().b1_tile_rows();
+    // Settings of the same arithmetic, each run the other way from its default: the SwiGLU
+    // folded into the gate | up GEMV (slower; opt-in), the folded norms' pieces gathered in
+    // clusters (the default for Q2_0 g64 rows alone; their kernels take tiles of 16 rows, so
+    // with them on the 1-bit rows' default of 32 gives way to 16: the same bits). The same
+    // tokens; run on with the norms folded, they must have launched. Labels: run off, run on;
+    // then the setter (taking on or off, giving whether the setting before took this model's
+    // rows) and the launches that took it.
+    let (rows, clusters) = (g.gpu().b1_tile_rows(), g.gpu().fold_cluster());
+    let gpu_format = GpuFormat::for_format(format);
     type Flip<'a> = (
         &'a str,
         &'a str,
@@ -182,7 +185,13 @@ pub(crate) fn bench_27b(
             "folded norms gathered in clusters",
             &|on| {
                 g.gpu().set_b1_tile_rows(if on { 16 } else { rows });
-                g.gpu().set_fold_cluster(on)
+                let c = if on {
+                    ClusterFold::All
+                } else {
+                    ClusterFold::Off
+                };
+                let was = g.gpu().set_fold_cluster(c);
+                gpu_format.is_some_and(|f| was.takes(f))
             },
             &|| g.gpu().cluster_fold_launches(),
         ),
@@ -205,6 +214,9 @@ pub(crate) fn bench_27b(
         );
         let _ = write!(variants, "; {what}: {vf:.1}");
     }
+    // Each setting back as the backend chose it (the flips restore on or off).
+    g.gpu().set_b1_tile_rows(rows);
+    g.gpu().set_fold_cluster(clusters);
     let same = toks
         .iter()
         .zip(&toks_serial)

@@ -3,7 +3,7 @@
 
 use model::synth::{self, Preset};
 use model::{Logits, Model};
-use niwaki_cuda::plan::GemmKernel;
+use niwaki_cuda::plan::{ClusterFold, GemmKernel};
 use niwaki_cuda::repack::FORMATS;
 use niwaki_cuda::twin::Twin;
 use niwaki_cuda::{CudaModel, CudaState, KvCache};
@@ -569,7 +569,14 @@ pub(crate) fn determinism(rep: &mut Report) -> R<()> {
 /// GEMVs (1024 rows, 1024 and 3072 columns) take the binary kernels; the tiny one's take none.
 pub(crate) fn clustered_folds(rep: &mut Report) -> R<()> {
     let setting = BitExactSetting {
-        set: &|g, on| g.gpu().set_fold_cluster(on),
+        set: &|g, on| {
+            let c = if on {
+                ClusterFold::All
+            } else {
+                ClusterFold::Off
+            };
+            g.gpu().set_fold_cluster(c) != ClusterFold::Off
+        },
         launches: &|g| g.gpu().cluster_fold_launches(),
         twin: &|g, st| g.fold_twin_differences(st),
     };

@@ -189,7 +189,7 @@ impl Gpu {
             return Ok(false);
         };
         let norm_fold = matches!(io.fold.map(|f| f.kind), Some(FoldKind::Norm { .. }));
-        let cluster = (norm_fold && self.fold_cluster())
+        let cluster = (norm_fold && self.fold_cluster().takes(m.format))
             .then(|| plan::cluster_fold(plain, m.rows))
             .flatten();
         let l = cluster.unwrap_or(plain);

@@ -461,14 +461,12 @@ pub struct Gpu {
     /// while `quant_swiglu`'s 17 blocks run, the down GEMV's blocks are already resident and
     /// request their first tiles, which no fold at the gate | up GEMV's end makes room for.
     fold_swiglu: AtomicBool,
-    /// With the norms folded, a residual GEMV on the binary kernels gathers each 128-row piece
-    /// in a cluster of eight blocks' shared memory (`fold_cluster`, kernels/gemv_b1.cu) rather
-    /// than by an arrival counter and a read back from L2 (`fold_arrive`): the same bits, two
-    /// round trips fewer after the last tile. Opt-in (`NIWAKI_CUDA_FOLD_CLUSTER=1`): on the
-    /// H200 (`niwaki bench --device cuda -p 0 -n 128 -r 3`, two rounds alternated in one call)
-    /// Q2_0 300.19 / 300.88 tok/s against 299.75 / 299.50 without, but Q1_0 392.24 / 391.08
-    /// against 396.27 / 397.70.
-    fold_cluster: AtomicBool,
+    /// With the norms folded, which residual GEMVs on the binary kernels gather each 128-row
+    /// piece in a cluster of eight blocks' shared memory (`fold_cluster`, kernels/gemv_b1.cu)
+    /// rather than by an arrival counter and a read back from L2 (`fold_arrive`): the same
+    /// bits, two round trips fewer after the last tile ([`plan::ClusterFold`]'s code: those of
+    /// Q2_0 g64 rows by default, `NIWAKI_CUDA_FOLD_CLUSTER=0` none, `=1` every format's).
+    fold_cluster: AtomicU8,
     /// One-token passes of models with 1-bit matrices have every quantization of their
     /// activations write the plane words the binary GEMV's lanes take too (`quant128`'s
     /// `xp_tok`, kernels/quant.cu), and the 1-bit binary GEMVs that take the norm apart read
@@ -715,7 +713,14 @@ impl Gpu {
             fuse_attn: AtomicBool::new(knobs::flag("NIWAKI_CUDA_FUSE_ATTN", true)),
             fold_norm: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_FOLD_NORM", true)),
             fold_swiglu: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_FOLD_SWIGLU", false)),
-            fold_cluster: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_FOLD_CLUSTER", false)),
+            fold_cluster: AtomicU8::new(
+                if hopper {
+                    plan::ClusterFold::from_setting(knobs::flag_set("NIWAKI_CUDA_FOLD_CLUSTER"))
+                } else {
+                    plan::ClusterFold::Off
+                }
+                .code(),
+            ),
             b1_planes: AtomicBool::new(
                 hopper && knobs::flag("NIWAKI_CUDA_B1_PLANES", plan::B1_PLANES),
             ),
@@ -973,15 +978,21 @@ impl Gpu {
         switch.swap(on && self.info.compute_capability.0 >= 9, Ordering::Relaxed)
     }
 
-    /// Turns the folded norms' pieces gathered in clusters on or off (sm_90 only); returns the
-    /// previous setting. A state's captured graphs keep what they were captured with.
-    pub fn set_fold_cluster(&self, on: bool) -> bool {
-        self.swap_on_hopper(&self.fold_cluster, on)
+    /// Sets which residual GEMVs gather their folded norms' pieces in clusters (sm_90 only:
+    /// none elsewhere); returns the previous setting. A state's captured graphs keep what they
+    /// were captured with.
+    pub fn set_fold_cluster(&self, c: plan::ClusterFold) -> plan::ClusterFold {
+        let c = if self.info.compute_capability.0 >= 9 {
+            c
+        } else {
+            plan::ClusterFold::Off
+        };
+        plan::ClusterFold::from_code(self.fold_cluster.swap(c.code(), Ordering::Relaxed))
     }
 
-    /// Whether the folded norms' pieces are gathered in clusters.
-    pub(crate) fn fold_cluster(&self) -> bool {
-        self.fold_cluster.load(Ordering::Relaxed)
+    /// Which residual GEMVs gather their folded norms' pieces in clusters.
+    pub fn fold_cluster(&self) -> plan::ClusterFold {
+        plan::ClusterFold::from_code(self.fold_cluster.load(Ordering::Relaxed))
     }
 
     /// Turns the plane words of one-token passes on or off (sm_90 only); returns the previous

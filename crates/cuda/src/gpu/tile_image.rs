@@ -26,8 +26,9 @@ pub enum ImageUse {
     Off,
     /// Those whose one-token GEMV the binary kernel takes (the default on sm_90), by the
     /// settings at their upload. Two cases still leave an image unread: a residual GEMV that
-    /// folds the next norm in a cluster (`NIWAKI_CUDA_FOLD_CLUSTER=1`: the `_c` kernels take
-    /// tiles by the tensor map), and the binary kernels turned off after the upload.
+    /// folds the next norm in a cluster (the `_c` kernels take tiles by the tensor map: on the
+    /// 27B Q2_0 g64 files by default, [`crate::plan::ClusterFold`], the 64 matrices of 5120 ×
+    /// 6144), and the binary kernels turned off after the upload.
     Taken,
     /// Every shape the binary kernel's plan takes, preferred for it or not (the harness's
     /// checks launch the kernel on shapes the decode sends to dp4a).

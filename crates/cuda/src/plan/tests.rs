@@ -1539,3 +1539,19 @@ fn the_short_attention_launch_fits_its_rings_and_refuses_what_it_cannot_hold() {
     // The short path's tiles are the split kernels' (their copy and row readers).
     assert!(ATTN_TILES.contains(&ATTN_SHORT_TILE));
 }
+
+#[test]
+fn clustered_folds_by_default_for_q2_g64_rows_alone() {
+    let d = ClusterFold::from_setting(None);
+    assert_eq!(d, ClusterFold::Q2G64);
+    assert!(d.takes(GpuFormat::Q2G64));
+    assert!(!d.takes(GpuFormat::Q2G128));
+    assert!(!d.takes(GpuFormat::Q1));
+    let all = ClusterFold::from_setting(Some(true));
+    assert!(GpuFormat::ALL.iter().all(|&f| all.takes(f)));
+    let off = ClusterFold::from_setting(Some(false));
+    assert!(GpuFormat::ALL.iter().all(|&f| !off.takes(f)));
+    for c in [ClusterFold::Off, ClusterFold::Q2G64, ClusterFold::All] {
+        assert_eq!(ClusterFold::from_code(c.code()), c);
+    }
+}
