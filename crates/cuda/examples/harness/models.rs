@@ -385,16 +385,10 @@ pub(crate) fn folded_norms(rep: &mut Report) -> R<()> {
             g.gpu().set_fold_norm(was);
             let ((apart, _), (folded, (twin_diff, twin_words))) = (apart?, folded?);
             let launches = g.gpu().fold_launches() - launches0;
-            let worst = |a: &[Vec<f32>], b: &[Vec<f32>]| {
-                a.iter()
-                    .zip(b)
-                    .map(|(x, y)| rel_l2(x, y))
-                    .fold(0f64, f64::max)
-            };
             let (fa, fc, ac) = (
-                worst(&folded, &apart),
-                worst(&folded, &cpu),
-                worst(&apart, &cpu),
+                worst_rel_l2(&folded, &apart),
+                worst_rel_l2(&folded, &cpu),
+                worst_rel_l2(&apart, &cpu),
             );
             let ok = launches > 0 && twin_diff == 0 && fc < 0.2 && fc <= 1.25 * ac + 1e-3;
             rep.line(format!(
@@ -685,17 +679,11 @@ pub(crate) fn short_attention(rep: &mut Report) -> R<()> {
                 let short = run(longest)?;
                 let launches = g.gpu().attn_short_launches() - launches0;
                 let again = run(longest)?;
-                let worst = |a: &[Vec<f32>], b: &[Vec<f32>]| {
-                    a.iter()
-                        .zip(b)
-                        .skip(1)
-                        .map(|(x, y)| rel_l2(x, y))
-                        .fold(0f64, f64::max)
-                };
+                // The one-token calls: the first call is the multi-token prompt.
                 let (ss, sc, pc) = (
-                    worst(&short, &split),
-                    worst(&short, &cpu),
-                    worst(&split, &cpu),
+                    worst_rel_l2(&short[1..], &split[1..]),
+                    worst_rel_l2(&short[1..], &cpu[1..]),
+                    worst_rel_l2(&split[1..], &cpu[1..]),
                 );
                 let repeat = short
                     .concat()

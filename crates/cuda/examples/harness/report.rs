@@ -31,6 +31,14 @@ pub(crate) fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     (num / den.max(1e-30)).sqrt()
 }
 
+/// The largest relative L2 distance between calls' logits, `a`'s against `b`'s call by call.
+pub(crate) fn worst_rel_l2(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| rel_l2(x, y))
+        .fold(0f64, f64::max)
+}
+
 pub(crate) fn max_abs(a: &[f32], b: &[f32]) -> f32 {
     a.iter()
         .zip(b)
