@@ -227,8 +227,7 @@ GEMV_KERNEL(gemv_q2g128_t8, FMT_Q2G128, 8)
 // Chunk c's row dot given its activation words `xw`, with the (d, d*sum q) pairs of its groups
 // from `ssm` (a 1-bit chunk spans two groups, read as one 16-byte load; a 2-bit chunk one).
 template <int FMT>
-__device__ __forceinline__ float staged_dot(const uint4& w, float d, const int* xw, const float2* ssm, int c) {
-    float2 s0, s1;
+__device__ __forceinline__ void chunk_pairs(const float2* ssm, int c, float2& s0, float2& s1) {
     if (FMT == FMT_Q1) {
         const float4 v = ((const float4*)ssm)[c];
         s0 = make_float2(v.x, v.y);
@@ -237,6 +236,12 @@ __device__ __forceinline__ float staged_dot(const uint4& w, float d, const int* 
         s0 = ssm[c];
         s1 = s0;
     }
+}
+
+template <int FMT>
+__device__ __forceinline__ float staged_dot(const uint4& w, float d, const int* xw, const float2* ssm, int c) {
+    float2 s0, s1;
+    chunk_pairs<FMT>(ssm, c, s0, s1);
     return row_dot<FMT>(w, d, xw, s0, s1);
 }
 
@@ -287,15 +292,20 @@ __device__ __forceinline__ void stage_row(uint4* xsm, float2* ssm, const uint4* 
 // Chunk c of a row (codes `w`, scale `d`) against activations staged in shared memory piece-major
 // (`xsm`: piece p of chunk c at p·chunks + c) with their group pairs `ssm`.
 template <int FMT>
-__device__ __forceinline__ float smem_row_dot(const uint4* xsm, const float2* ssm, int chunks, int c,
-                                              const uint4& w, float d) {
+__device__ __forceinline__ void smem_x_words(const uint4* xsm, int chunks, int c, int* xw) {
     constexpr int P = (FMT == FMT_Q1 ? 128 : 64) / 16;
-    int xw[4 * P];
 #pragma unroll
     for (int p = 0; p < P; p++) {
         const uint4 v = xsm[p * chunks + c];
         xw[4 * p] = (int)v.x; xw[4 * p + 1] = (int)v.y; xw[4 * p + 2] = (int)v.z; xw[4 * p + 3] = (int)v.w;
     }
+}
+
+template <int FMT>
+__device__ __forceinline__ float smem_row_dot(const uint4* xsm, const float2* ssm, int chunks, int c,
+                                              const uint4& w, float d) {
+    int xw[4 * ((FMT == FMT_Q1 ? 128 : 64) / 16)];
+    smem_x_words<FMT>(xsm, chunks, c, xw);
     return staged_dot<FMT>(w, d, xw, ssm, c);
 }
 
@@ -323,15 +333,20 @@ __device__ __forceinline__ uint4 lds128(u32 a) {
 // row (1-bit: the whole row; 2-bit: its half), so piece p sits at swz128(first byte) ^ 16p, the
 // base adding no carry into those bits: one instruction per piece on top of the load.
 template <int FMT>
-__device__ __forceinline__ float swz_row_dot(u32 xa, const float2* ssm, int c, const uint4& w, float d) {
+__device__ __forceinline__ void swz_x_words(u32 xa, int c, int* xw) {
     constexpr int P = (FMT == FMT_Q1 ? 128 : 64) / 16;
     const u32 base = xa + swz128((u32)c * (16 * P));
-    int xw[4 * P];
 #pragma unroll
     for (int p = 0; p < P; p++) {
         const uint4 v = lds128(base ^ (u32)(p << 4));
         xw[4 * p] = (int)v.x; xw[4 * p + 1] = (int)v.y; xw[4 * p + 2] = (int)v.z; xw[4 * p + 3] = (int)v.w;
     }
+}
+
+template <int FMT>
+__device__ __forceinline__ float swz_row_dot(u32 xa, const float2* ssm, int c, const uint4& w, float d) {
+    int xw[4 * ((FMT == FMT_Q1 ? 128 : 64) / 16)];
+    swz_x_words<FMT>(xa, c, xw);
     return staged_dot<FMT>(w, d, xw, ssm, c);
 }
 
@@ -397,9 +412,60 @@ __device__ __forceinline__ void ring_produce(u64* empty, int stages, int mine, I
     prefetch_l2_share(pf_scales, pf_scale_bytes);
 }
 
-// DOT false: the consumers wait for each tile and release it without multiplying (a probe for
-// the harness, separating the memory pipeline's time from the arithmetic's).
+// One tile of a SHARE decode GEMV (gemv1_body): the warp's RW rows from `rt` (`row`: the first
+// one's index in the matrix), every lane over chunks lane, lane + 32, … of each. Waits for the
+// tile on `full` (parity `phase`), releases it on `empty` once the warp has read it, writes the
+// rows (the product added to their earlier values where `accumulate`) and keeps the largest
+// argmax key in `best`.
 template <int FMT, int RW, bool DOT, bool SWZ>
+__device__ __forceinline__ void shared_tile(const uint4* wc, const u16* ws, int chunks, int spr, int rt, int lane,
+                                            int row, int rows, const uint4* xsm, u32 xa, const float2* ssm,
+                                            float* __restrict__ out, int accumulate, float oscale, u32 full,
+                                            u32 phase, u32 empty, u64& best) {
+    float prev[RW], acc[RW];
+#pragma unroll
+    for (int r = 0; r < RW; r++) {
+        prev[r] = accumulate && lane == 0 && row + r < rows ? out[row + r] : 0.0f;
+        acc[r] = 0.0f;
+    }
+    mbar_wait(full, phase);
+    constexpr int P = (FMT == FMT_Q1 ? 128 : 64) / 16;
+    for (int c = lane; DOT && c < chunks; c += 32) {
+        int xw[4 * P];
+        if (SWZ) swz_x_words<FMT>(xa, c, xw);
+        else smem_x_words<FMT>(xsm, chunks, c, xw);
+        float2 s0, s1;
+        chunk_pairs<FMT>(ssm, c, s0, s1);
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            const uint4 w = wc[(size_t)(rt + r) * chunks + c];
+            const float d = h2f(ws[(rt + r) * spr + (FMT == FMT_Q2G128 ? c >> 1 : c)]);
+            acc[r] += row_dot<FMT>(w, d, xw, s0, s1);
+        }
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty);
+#pragma unroll
+    for (int r = 0; r < RW; r++) {
+        float a = acc[r];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+        if (lane == 0 && row + r < rows) {
+            const float v = accumulate ? a * oscale + prev[r] : a * oscale;
+            out[row + r] = v;
+            best = max(best, argmax_key(v, (u32)(row + r)));
+        }
+    }
+}
+
+// DOT false: the consumers wait for each tile and release it without multiplying (a probe for
+// the harness, separating the memory pipeline's time from the arithmetic's). SHARE: every lane
+// of a warp takes its chunks of all the warp's RW rows, so that a chunk's activations, loaded
+// from shared memory once, serve RW rows (without it, 32 / RW lanes to a row, each lane loading
+// them for its one row: four 16-byte loads for a 2-bit chunk's one of weights). Each row's sum
+// keeps the one-row order (lane l sums chunks l, l + 32, … and the warp adds its lanes as
+// warp_sum does): the same bits.
+template <int FMT, int RW, bool DOT, bool SWZ, bool SHARE>
 __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ codes,
                                            const unsigned char* __restrict__ scales, int rows,
                                            int cols, const uint4* __restrict__ xq,
@@ -419,7 +485,7 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
     constexpr int CV = FMT == FMT_Q1 ? 128 : 64;
     constexpr int SV = FMT == FMT_Q2G64 ? 64 : 128;
     constexpr int P = CV / 16;
-    constexpr int L = 32 / RW;
+    constexpr int L = SHARE ? 32 : 32 / RW;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tr = GEMV1_WARPS * RW;
     const int chunks = cols / CV, spr = cols / SV, groups = cols / 64;
@@ -483,7 +549,8 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
         if (lane == 0) ring_produce(empty, stages, mine, issue, pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes);
         return;
     }
-    const int rt = warp * RW + lane / L, sub = lane % L;
+    // The lane's (first) row in a tile, and its place among the row's lanes.
+    const int rt = SHARE ? warp * RW : warp * RW + lane / L, sub = lane % L;
     const u32 xa = smem_addr(xb);
     if (x_copy) mbar_wait(smem_addr(&xbar), 0);
     // Activations left unscaled by a folded norm: the outputs take its 1/rms (its sums loaded
@@ -494,6 +561,13 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
         const int s = i % stages;
         const unsigned char* st = stage0 + (size_t)s * stage_bytes;
         const int row = (int)(blockIdx.x + (size_t)i * gridDim.x) * tr + rt;
+        if (SHARE) {
+            shared_tile<FMT, RW, DOT, SWZ>((const uint4*)st, (const u16*)(st + code_bytes), chunks, spr, rt, lane,
+                                           row, rows, xsm, xa, ssm, out, accumulate, oscale,
+                                           smem_addr(&bars[s]), (u32)(i / stages) & 1u, smem_addr(&empty[s]),
+                                           best);
+            continue;
+        }
         // The row's earlier value, where the product adds to it, is loaded before the tile's
         // arithmetic rather than after it: its latency hides behind the dot products.
         const float prev = accumulate && sub == 0 && row < rows ? out[row] : 0.0f;
@@ -548,19 +622,20 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
 #endif
 
 #if __CUDA_ARCH__ >= 900
-#define GEMV1_CALL(FMT, RW, DOT, SWZ) \
-    gemv1_body<FMT, RW, DOT, SWZ>(codes, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
+#define GEMV1_CALL(FMT, RW, DOT, SWZ, SHARE) \
+    gemv1_body<FMT, RW, DOT, SWZ, SHARE>(codes, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
                         pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, early, xmap, rms_in, rms_eps, \
                         FoldOut{fold_cnt, nw, fold_xq, fold_xs, fold_ss, fold_ffn, FOLD_XP_ARG(FMT)})
 #else
-#define GEMV1_CALL(FMT, RW, DOT, SWZ) __trap()
+#define GEMV1_CALL(FMT, RW, DOT, SWZ, SHARE) __trap()
 #endif
 
 // MINB: blocks per SM the register budget must allow (plan/gemv.rs runs four of the 1-bit
 // kernel with two rows per warp, three of the other kernels with two rows per warp and of the
-// 1-bit one with one). SWZ: the activations swizzled and copied by `xmap` (the `_x` kernels), or
-// piece-major and staged by the threads (`xmap` unread).
-#define GEMV1_KERNEL(name, FMT, RW, MINB, DOT, SWZ)                                              \
+// 1-bit one with one; the shared-lanes kernels, `r2s`, one: their two stages of 16 wide rows
+// fill a multiprocessor's shared memory). SWZ: the activations swizzled and copied by `xmap` (the
+// `_x` kernels), or piece-major and staged by the threads (`xmap` unread).
+#define GEMV1_KERNEL(name, FMT, RW, MINB, DOT, SWZ, SHARE)                                      \
     ENTRY __global__ void __launch_bounds__(32 * (GEMV1_WARPS + 1), MINB)                   \
         name(const unsigned char* __restrict__ codes, const unsigned char* __restrict__ scales,   \
              int rows, int cols, const uint4* __restrict__ xq, const float2* __restrict__ xs,     \
@@ -571,22 +646,28 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
              const float* __restrict__ rms_in, float rms_eps, u32* __restrict__ fold_cnt,         \
              int* __restrict__ fold_xq, float2* __restrict__ fold_xs, float* __restrict__ fold_ss, \
              int fold_ffn FOLD_XP_PARAM(FMT), const __grid_constant__ TmaMap xmap) {              \
-        GEMV1_CALL(FMT, RW, DOT, SWZ);                                                           \
+        GEMV1_CALL(FMT, RW, DOT, SWZ, SHARE);                                                    \
     }
 
-GEMV1_KERNEL(gemv1_q1_r1, FMT_Q1, 1, 3, true, false)
-GEMV1_KERNEL(gemv1_q1_r2, FMT_Q1, 2, 4, true, false)
-GEMV1_KERNEL(gemv1_q2g64_r1, FMT_Q2G64, 1, 2, true, false)
-GEMV1_KERNEL(gemv1_q2g64_r2, FMT_Q2G64, 2, 3, true, false)
-GEMV1_KERNEL(gemv1_q2g128_r1, FMT_Q2G128, 1, 2, true, false)
-GEMV1_KERNEL(gemv1_q2g128_r2, FMT_Q2G128, 2, 3, true, false)
-GEMV1_KERNEL(gemv1_q1_r1_x, FMT_Q1, 1, 3, true, true)
-GEMV1_KERNEL(gemv1_q1_r2_x, FMT_Q1, 2, 4, true, true)
-GEMV1_KERNEL(gemv1_q2g64_r1_x, FMT_Q2G64, 1, 2, true, true)
-GEMV1_KERNEL(gemv1_q2g64_r2_x, FMT_Q2G64, 2, 3, true, true)
-GEMV1_KERNEL(gemv1_q2g128_r1_x, FMT_Q2G128, 1, 2, true, true)
-GEMV1_KERNEL(gemv1_q2g128_r2_x, FMT_Q2G128, 2, 3, true, true)
-GEMV1_KERNEL(gemv1_q1_r1_nodot, FMT_Q1, 1, 3, false, false)
-GEMV1_KERNEL(gemv1_q1_r2_nodot, FMT_Q1, 2, 4, false, false)
-GEMV1_KERNEL(gemv1_q2g64_r1_nodot, FMT_Q2G64, 1, 2, false, false)
-GEMV1_KERNEL(gemv1_q2g64_r2_nodot, FMT_Q2G64, 2, 3, false, false)
+GEMV1_KERNEL(gemv1_q1_r1, FMT_Q1, 1, 3, true, false, false)
+GEMV1_KERNEL(gemv1_q1_r2, FMT_Q1, 2, 4, true, false, false)
+GEMV1_KERNEL(gemv1_q2g64_r1, FMT_Q2G64, 1, 2, true, false, false)
+GEMV1_KERNEL(gemv1_q2g64_r2, FMT_Q2G64, 2, 3, true, false, false)
+GEMV1_KERNEL(gemv1_q2g128_r1, FMT_Q2G128, 1, 2, true, false, false)
+GEMV1_KERNEL(gemv1_q2g128_r2, FMT_Q2G128, 2, 3, true, false, false)
+GEMV1_KERNEL(gemv1_q1_r1_x, FMT_Q1, 1, 3, true, true, false)
+GEMV1_KERNEL(gemv1_q1_r2_x, FMT_Q1, 2, 4, true, true, false)
+GEMV1_KERNEL(gemv1_q2g64_r1_x, FMT_Q2G64, 1, 2, true, true, false)
+GEMV1_KERNEL(gemv1_q2g64_r2_x, FMT_Q2G64, 2, 3, true, true, false)
+GEMV1_KERNEL(gemv1_q2g128_r1_x, FMT_Q2G128, 1, 2, true, true, false)
+GEMV1_KERNEL(gemv1_q2g128_r2_x, FMT_Q2G128, 2, 3, true, true, false)
+GEMV1_KERNEL(gemv1_q1_r1_nodot, FMT_Q1, 1, 3, false, false, false)
+GEMV1_KERNEL(gemv1_q1_r2_nodot, FMT_Q1, 2, 4, false, false, false)
+GEMV1_KERNEL(gemv1_q2g64_r1_nodot, FMT_Q2G64, 1, 2, false, false, false)
+GEMV1_KERNEL(gemv1_q2g64_r2_nodot, FMT_Q2G64, 2, 3, false, false, false)
+GEMV1_KERNEL(gemv1_q1_r2s, FMT_Q1, 2, 1, true, false, true)
+GEMV1_KERNEL(gemv1_q2g64_r2s, FMT_Q2G64, 2, 1, true, false, true)
+GEMV1_KERNEL(gemv1_q2g128_r2s, FMT_Q2G128, 2, 1, true, false, true)
+GEMV1_KERNEL(gemv1_q1_r2s_x, FMT_Q1, 2, 1, true, true, true)
+GEMV1_KERNEL(gemv1_q2g64_r2s_x, FMT_Q2G64, 2, 1, true, true, true)
+GEMV1_KERNEL(gemv1_q2g128_r2s_x, FMT_Q2G128, 2, 1, true, true, true)

@@ -60,6 +60,7 @@ const KNOBS: &[(&str, Takes)] = &[
     ("NIWAKI_CUDA_GDN_CHUNK", Takes::OnOff),
     ("NIWAKI_CUDA_GDN_ROWS", Takes::OneOf(&GDN_ROWS)),
     ("NIWAKI_CUDA_GEMV1", Takes::OnOff),
+    ("NIWAKI_CUDA_GEMV1_SHARE", Takes::OnOff),
     ("NIWAKI_CUDA_MMA", Takes::OnOff),
     ("NIWAKI_CUDA_PDL", Takes::OnOff),
     ("NIWAKI_CUDA_PREFETCH_MB", Takes::Number),

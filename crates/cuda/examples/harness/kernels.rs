@@ -3,7 +3,7 @@
 
 use model::synth::BlockPool;
 use niwaki_cuda::gpu::{Arg, DevMat, GemvIo, Gpu, NormIn};
-use niwaki_cuda::plan::Gemv1Tuning;
+use niwaki_cuda::plan::{Gemv1Tuning, RowLanes};
 use niwaki_cuda::repack::{self, GpuFormat, FORMATS};
 use quant::Format;
 use rand::{Rng, SeedableRng};
@@ -187,11 +187,12 @@ pub(crate) fn kernel_checks(rep: &mut Report, gpu: &Gpu, bw: f64) -> R<()> {
             let gf = GpuFormat::for_format(format).unwrap();
             let def = time1(Gemv1Tuning::for_shape(gf, cols), &mut i)?;
             let mut best: Option<(f64, Gemv1Tuning)> = None;
-            for rows_per_warp in [1, 2] {
+            for (rows_per_warp, lanes) in LANE_SHAPES {
                 for kib in [48, 100, 160, 200] {
                     for blocks_per_sm in [1, 2] {
                         let t = Gemv1Tuning {
                             rows_per_warp,
+                            lanes,
                             smem_budget: kib << 10,
                             blocks_per_sm,
                         };
@@ -221,8 +222,9 @@ pub(crate) fn kernel_checks(rep: &mut Report, gpu: &Gpu, bw: f64) -> R<()> {
                 frac(plain),
                 show(def),
                 best.map_or("—".to_string(), |(secs, t)| format!(
-                    "({}, {}, {}): {:.1}, {:.0}%",
+                    "({}{}, {}, {}): {:.1}, {:.0}%",
                     t.rows_per_warp,
+                    if t.lanes == RowLanes::Shared { "s" } else { "" },
                     t.smem_budget >> 10,
                     t.blocks_per_sm,
                     secs * 1e6,
@@ -234,6 +236,14 @@ pub(crate) fn kernel_checks(rep: &mut Report, gpu: &Gpu, bw: f64) -> R<()> {
     gemm_speed(rep, gpu)?;
     Ok(())
 }
+
+/// The decode GEMV's rows per warp and how its lanes take them: one row, two rows split between
+/// the lanes, two rows every lane takes (sharing the activations' loads).
+const LANE_SHAPES: [(usize, RowLanes); 3] = [
+    (1, RowLanes::Split),
+    (2, RowLanes::Split),
+    (2, RowLanes::Shared),
+];
 
 /// The bulk-copy decode GEMV against the CPU twin: every format, partial last tiles, rows wider
 /// than a stage of the small budget, blocks that wrap around their ring many times, both rows per
@@ -296,6 +306,8 @@ pub(crate) fn gemv1_checks(
         // not to that took it anyway. The plan no longer takes it by default, so these
         // forced launches are what checks the swizzled kernels.
         let (mut x_asked, mut x_took, mut x_unasked) = (0usize, 0usize, 0usize);
+        // Launches of the shared-lanes kernels among those compared with gemv_t1.
+        let mut shared_runs = 0usize;
         for (rows, cols) in [(1001usize, 5120usize), (77, 17408), (20000, 256)] {
             let pool = BlockPool::new(format, cols, 11)?;
             let data = pool.fill(format.row_bytes(cols)? * rows, 5);
@@ -319,11 +331,21 @@ pub(crate) fn gemv1_checks(
             // Activations staged by the tensor map (swizzled) and by the threads (piece-major),
             // in turn, so that a swizzled launch finds the other layout's bytes in shared memory
             // rather than its own from the launch before.
-            for (rows_per_warp, copy) in [(1, true), (1, false), (2, true), (2, false)] {
+            for ((rows_per_warp, lanes), copy) in LANE_SHAPES
+                .into_iter()
+                .flat_map(|l| [(l, true), (l, false)])
+            {
                 let copy = Some(copy);
+                // A budget the shared lanes' 16-row tiles of 17408-wide rows fit (one block).
+                let base = Gemv1Tuning::split_lanes(GpuFormat::for_format(format).unwrap(), cols);
                 let t = Gemv1Tuning {
                     rows_per_warp,
-                    ..Gemv1Tuning::for_shape(GpuFormat::for_format(format).unwrap(), cols)
+                    lanes,
+                    ..if lanes == RowLanes::Shared {
+                        Gemv1Tuning::shared_wide()
+                    } else {
+                        base
+                    }
                 };
                 let o = gpu.alloc(4 * rows, "out")?;
                 let was = gpu.set_x_copy(copy);
@@ -342,12 +364,14 @@ pub(crate) fn gemv1_checks(
                     gpu.read(s, o.ptr, &mut got)?;
                     order_diff += got.iter().zip(&want).filter(|(a, b)| a != b).count();
                     order_runs += 1;
+                    shared_runs += usize::from(lanes == RowLanes::Shared);
                 }
             }
-            for rows_per_warp in [1, 2] {
-                for kib in [48, 100] {
+            for (rows_per_warp, lanes) in LANE_SHAPES {
+                for kib in [48, 100, 224] {
                     let t = Gemv1Tuning {
                         rows_per_warp,
+                        lanes,
                         smem_budget: kib << 10,
                         blocks_per_sm: 1,
                     };
@@ -378,21 +402,26 @@ pub(crate) fn gemv1_checks(
             let res: Vec<f32> = (0..2 * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
             let nw: Vec<f32> = (0..cols).map(|_| rng.gen_range(0.5..1.5)).collect();
             let (resd, nwd) = (gpu.upload(&res, "x")?, gpu.upload(&nw, "norm")?);
-            let t = Gemv1Tuning::for_shape(GpuFormat::for_format(format).unwrap(), cols);
-            let (a, b) = (gpu.alloc(4 * rows, "out")?, gpu.alloc(4 * rows, "out")?);
-            let pre = quant_rms_row1(gpu, resd.ptr, nwd.ptr, cols, xq, xs)?;
-            if gpu.gemv1_tuned(s, &m, &GemvIo::one(xq, xs, a.ptr), t, None)?
-                && gpu.gemv1_tuned(s, &m, &GemvIo::one(0, 0, b.ptr), t, Some(pre))?
-            {
-                let (mut va, mut vb) = (vec![0f32; rows], vec![0f32; rows]);
-                gpu.read(s, a.ptr, &mut va)?;
-                gpu.read(s, b.ptr, &mut vb)?;
-                fused_diff += va
-                    .iter()
-                    .zip(&vb)
-                    .filter(|(x, y)| x.to_bits() != y.to_bits())
-                    .count();
-                fused_runs += 1;
+            let gf = GpuFormat::for_format(format).unwrap();
+            for t in [
+                Gemv1Tuning::split_lanes(gf, cols),
+                Gemv1Tuning::shared_wide(),
+            ] {
+                let (a, b) = (gpu.alloc(4 * rows, "out")?, gpu.alloc(4 * rows, "out")?);
+                let pre = quant_rms_row1(gpu, resd.ptr, nwd.ptr, cols, xq, xs)?;
+                if gpu.gemv1_tuned(s, &m, &GemvIo::one(xq, xs, a.ptr), t, None)?
+                    && gpu.gemv1_tuned(s, &m, &GemvIo::one(0, 0, b.ptr), t, Some(pre))?
+                {
+                    let (mut va, mut vb) = (vec![0f32; rows], vec![0f32; rows]);
+                    gpu.read(s, a.ptr, &mut va)?;
+                    gpu.read(s, b.ptr, &mut vb)?;
+                    fused_diff += va
+                        .iter()
+                        .zip(&vb)
+                        .filter(|(x, y)| x.to_bits() != y.to_bits())
+                        .count();
+                    fused_runs += 1;
+                }
             }
         }
         // The tensor map's kernels ran wherever forced (every shape, at least one rows per
@@ -404,11 +433,12 @@ pub(crate) fn gemv1_checks(
             && argmax_ok
             && runs >= 8
             && fused_diff == 0
-            && fused_runs >= 2
+            && fused_runs >= 4
             && order_diff == 0
-            && order_runs >= 8;
+            && order_runs >= 12
+            && shared_runs >= 6;
         rep.line(format!(
-            "| gemv1 {format} (bulk-copy, 1 token, += prior, argmax; norm fused) | 1001×5120, 77×17408, 20000×256; 1–2 rows/warp; 48/100 KiB | {} | vs integer twin {worst:.1e} (tol 1e-5) as a fraction of Σ|w·x|; argmax {}; {runs} launches; fused norm vs quant_rms + GEMV: {fused_diff} differing outputs in {fused_runs} shapes (must be 0); vs the multi-token kernel (gemv_t1), activations by tensor map ({x_took} of {x_asked} launches asked to take it, {x_unasked} of the others) and by threads: {order_diff} differing outputs in {order_runs} launches (must be 0) |",
+            "| gemv1 {format} (bulk-copy, 1 token, += prior, argmax; norm fused) | 1001×5120, 77×17408, 20000×256; 1–2 rows/warp, lanes split or shared; 48/100/224 KiB | {} | vs integer twin {worst:.1e} (tol 1e-5) as a fraction of Σ|w·x|; argmax {}; {runs} launches; fused norm vs quant_rms + GEMV: {fused_diff} differing outputs in {fused_runs} shapes (must be 0); vs the multi-token kernel (gemv_t1), activations by tensor map ({x_took} of {x_asked} launches asked to take it, {x_unasked} of the others) and by threads: {order_diff} differing outputs in {order_runs} launches (must be 0), {shared_runs} of them shared lanes |",
             if ok { "PASS" } else { "FAIL" },
             if argmax_ok { "matches" } else { "WRONG" }
         ));

@@ -59,7 +59,7 @@ pub const SOURCES: [(&str, &str, usize); 16] = [
 pub const PARTS: usize = 5;
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 126] = [
+pub const KERNELS: [&str; 132] = [
     "read_sum",
     "quant_rms",
     "quant_swiglu",
@@ -88,6 +88,12 @@ pub const KERNELS: [&str; 126] = [
     "gemv1_q1_r2_nodot",
     "gemv1_q2g64_r1_nodot",
     "gemv1_q2g64_r2_nodot",
+    "gemv1_q1_r2s",
+    "gemv1_q2g64_r2s",
+    "gemv1_q2g128_r2s",
+    "gemv1_q1_r2s_x",
+    "gemv1_q2g64_r2s_x",
+    "gemv1_q2g128_r2s_x",
     "gemv_b1_j5x",
     "gemv_b1_j6x",
     "gemv_b1_j6",

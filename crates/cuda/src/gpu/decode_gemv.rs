@@ -277,8 +277,10 @@ impl Gpu {
             (false, Some(_)) => "_x",
             (false, None) => "",
         };
+        // The probe's consumers multiply nothing: the split kernel's tiles are the same.
+        let shared = if l.shared_lanes && !nodot { "s" } else { "" };
         let name = format!(
-            "gemv1_{}_r{}{variant}",
+            "gemv1_{}_r{}{shared}{variant}",
             m.format.kernel_name(),
             l.rows_per_warp
         );

@@ -503,6 +503,9 @@ pub struct Gpu {
     /// [`Gemv1Tuning::for_shape`]).
     blocks_per_sm: AtomicUsize,
     smem_budget: AtomicUsize,
+    /// Whether the wide 2-bit rows take the shared-lanes decode GEMV
+    /// ([`plan::SHARED_WIDE_ROWS`]; `NIWAKI_CUDA_GEMV1_SHARE`).
+    gemv1_share: AtomicBool,
     /// Shared memory a block may opt in to.
     pub smem_limit: usize,
 }
@@ -748,6 +751,10 @@ impl Gpu {
                 0
             }),
             blocks_per_sm: AtomicUsize::new(0),
+            gemv1_share: AtomicBool::new(knobs::flag(
+                "NIWAKI_CUDA_GEMV1_SHARE",
+                plan::SHARED_WIDE_ROWS,
+            )),
             smem_budget: AtomicUsize::new(0),
             b1_knobs: (
                 knobs::number("NIWAKI_CUDA_B1_BLOCKS", 0),
@@ -1056,7 +1063,8 @@ impl Gpu {
     /// The decode-GEMV tuning for a matrix: the defaults, or the knobs set by
     /// [`Gpu::set_gemv1_knobs`].
     pub fn gemv1_tuning(&self, format: GpuFormat, cols: usize) -> Gemv1Tuning {
-        let mut t = Gemv1Tuning::for_shape(format, cols);
+        let shared = self.gemv1_share.load(Ordering::Relaxed);
+        let mut t = Gemv1Tuning::for_shape_with(format, cols, shared);
         match self.blocks_per_sm.load(Ordering::Relaxed) {
             0 => {}
             n => t.blocks_per_sm = n,
@@ -1066,6 +1074,12 @@ impl Gpu {
             n => t.smem_budget = n,
         }
         t
+    }
+
+    /// Sets whether the wide 2-bit rows take the shared-lanes decode GEMV; returns the previous
+    /// setting. For the harness; captured graphs keep what they were built with.
+    pub fn set_gemv1_share(&self, on: bool) -> bool {
+        self.gemv1_share.swap(on, Ordering::Relaxed)
     }
 
     /// Which decode GEMVs norm their input themselves.

@@ -15,7 +15,10 @@ pub const ATTN_TILES: [usize; 3] = [4, 8, 16];
 /// arithmetic per position wins. H200, 27B Q2_0, decode tok/s (GPU argmax), SIMT against
 /// tensor cores: f16 287.3 / 278.6 at 133 positions, 256.9 / 260.0 at 16,453, 240.8 / 244.1
 /// at 32,837, 173.5 / 178.0 at 131,141; q8_0 289.5 / 279.5, 255.6 / 255.4, 238.5 / 247.4,
-/// 167.0 / 202.8 (crossing near 12k and 16k).
+/// 167.0 / 202.8 (crossing near 12k and 16k). Measured again at 32,768 (thirty-seventh session,
+/// `-p 0 -n 64 -r 3 -d 32768`, `NIWAKI_CUDA_ATTN_TILE=8` against the default): tensor cores
+/// 257.41 / 261.18 tok/s against SIMT 253.48 / 254.21, though the harness had timed the f16
+/// SIMT split alone faster than the tensor-core one (44.6 against 48.9 µs a layer).
 pub const ATTN_MMA_FROM: [usize; 2] = [12_288, 16_384];
 
 /// The attention-split tile a pass of `ntok` tokens over a context of `n_ctx` positions takes

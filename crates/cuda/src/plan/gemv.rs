@@ -20,17 +20,49 @@ pub const GEMV1_STATIC_SMEM: usize = 1024;
 /// Shared-memory stages of the decode GEMV's copy ring (the kernel's barrier array).
 pub const GEMV1_MAX_STAGES: usize = 8;
 
-/// The knobs of the decode GEMV: rows per warp (1 or 2), the shared memory a block may use for
-/// activations and its ring of tiles, and blocks per multiprocessor.
+/// How the lanes of a decode-GEMV warp share its rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowLanes {
+    /// 32 / rows-per-warp lanes to a row, each lane loading a chunk's activations for its row.
+    Split,
+    /// Every lane over its chunks of each of the warp's rows, a chunk's activations loaded once
+    /// for all of them (the `r2s` kernels; with one row per warp the same as `Split`).
+    Shared,
+}
+
+/// The knobs of the decode GEMV: rows per warp (1 or 2) and how its lanes take them, the shared
+/// memory a block may use for activations and its ring of tiles, and blocks per multiprocessor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Gemv1Tuning {
     pub rows_per_warp: usize,
+    pub lanes: RowLanes,
     pub smem_budget: usize,
     pub blocks_per_sm: usize,
 }
 
+/// Whether the wide 2-bit rows (ffn_down's) take tiles of two rows per warp with the lanes
+/// shared ([`Gemv1Tuning::shared_wide`]) rather than one row per warp in two blocks a
+/// multiprocessor (`NIWAKI_CUDA_GEMV1_SHARE=0`): yes, measured faster.
+pub const SHARED_WIDE_ROWS: bool = true;
+
 impl Gemv1Tuning {
-    /// Default for a matrix: two rows per warp while a tile of 16 rows stays small (≤ ~26 KB),
+    /// Default for a matrix: [`Gemv1Tuning::for_shape_with`] as [`SHARED_WIDE_ROWS`] says.
+    pub fn for_shape(format: GpuFormat, cols: usize) -> Gemv1Tuning {
+        Gemv1Tuning::for_shape_with(format, cols, SHARED_WIDE_ROWS)
+    }
+
+    /// [`Gemv1Tuning::split_lanes`], or for the rows it gives one row per warp that are not
+    /// 1-bit (the wide 2-bit rows) with `shared_wide`, [`Gemv1Tuning::shared_wide`].
+    pub fn for_shape_with(format: GpuFormat, cols: usize, shared_wide: bool) -> Gemv1Tuning {
+        let t = Gemv1Tuning::split_lanes(format, cols);
+        if shared_wide && t.rows_per_warp == 1 && format != GpuFormat::Q1 {
+            Gemv1Tuning::shared_wide()
+        } else {
+            t
+        }
+    }
+
+    /// A matrix's tuning with each row's chunks split between lanes: two rows per warp while a tile of 16 rows stays small (≤ ~26 KB),
     /// and then three blocks per multiprocessor of up to 72 KiB each; wide 2-bit rows (one row
     /// per warp: ffn_down, 39 KB tiles) two of 100 KiB, where three would not hold two stages.
     /// Measured on the H200 over whole 27B decode steps: one block per SM (so that the next
@@ -47,7 +79,7 @@ impl Gemv1Tuning {
     /// on Q1_0 (`niwaki bench`, host logits, four runs each on the H200: 280.4-289.5 against
     /// 275.0-285.0 tok/s). Four blocks of the 2-bit kernels measured 2-4% slower on Q2_0, and one
     /// block of 100 KiB for ffn_down another 2% slower still.
-    pub fn for_shape(format: GpuFormat, cols: usize) -> Gemv1Tuning {
+    pub fn split_lanes(format: GpuFormat, cols: usize) -> Gemv1Tuning {
         let row_bytes = cols / format.chunk_values() * 16;
         let rows_per_warp = if row_bytes <= 1600 { 2 } else { 1 };
         let (blocks_per_sm, smem_budget) = if format == GpuFormat::Q1
@@ -62,8 +94,28 @@ impl Gemv1Tuning {
         };
         Gemv1Tuning {
             rows_per_warp,
+            lanes: RowLanes::Split,
             smem_budget,
             blocks_per_sm,
+        }
+    }
+
+    /// Wide rows in tiles of two rows per warp whose lanes share each chunk's activations: a
+    /// 2-bit chunk's four 16-byte loads of activations serve two rows (six loads for two rows'
+    /// chunks where there were ten; the 2-bit tile loop 100 instructions for two rows' chunks
+    /// where one row's took about 55). Its 16-row tiles of a 17408-wide 2-bit row are 78 KB,
+    /// so two stages take one block a multiprocessor (as many bytes in flight as two blocks of
+    /// two 39 KB stages, the activations staged once per multiprocessor rather than twice).
+    /// H200, 27B decode (`niwaki bench --device cuda -p 0 -n 128 -r 3`, settings alternated in
+    /// one call), against one row per warp in two blocks: Q2_0 322.67 / 321.90 tok/s against
+    /// 318.87 / 318.69 (+1.1%), PQ2_0 332.05 against 326.82 (+1.6%), PTQ1_0 331.47 against
+    /// 326.56 (+1.5%).
+    pub fn shared_wide() -> Gemv1Tuning {
+        Gemv1Tuning {
+            rows_per_warp: 2,
+            lanes: RowLanes::Shared,
+            smem_budget: 224 << 10,
+            blocks_per_sm: 1,
         }
     }
 }
@@ -72,6 +124,8 @@ impl Gemv1Tuning {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Gemv1Launch {
     pub rows_per_warp: usize,
+    /// [`RowLanes::Shared`] with two rows per warp (the `r2s` kernels).
+    pub shared_lanes: bool,
     pub stages: usize,
     pub grid: usize,
     pub smem_bytes: usize,
@@ -177,6 +231,7 @@ pub fn gemv1_launch(
     // 254.6, Q1_0 276.2 against 277.2).
     Some(Gemv1Launch {
         rows_per_warp: t.rows_per_warp,
+        shared_lanes: t.lanes == RowLanes::Shared && t.rows_per_warp == 2,
         stages,
         grid: tiles.min(sms.max(1) * t.blocks_per_sm.max(1)),
         smem_bytes: x_bytes + stages * stage_bytes,

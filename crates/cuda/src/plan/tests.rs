@@ -475,7 +475,15 @@ fn one_bit_decode_gemvs_of_short_rows_run_four_blocks_per_multiprocessor() {
     // ffn_down's 1-bit rows take one row per warp: three blocks.
     assert_eq!(blocks(GpuFormat::Q1, d.ffn), 3);
     assert_eq!(blocks(GpuFormat::Q2G64, d.hidden), 3);
-    assert_eq!(blocks(GpuFormat::Q2G64, d.ffn), 2);
+    // ffn_down's 2-bit rows: two blocks with their lanes split, one with them shared.
+    assert_eq!(
+        Gemv1Tuning::split_lanes(GpuFormat::Q2G64, d.ffn).blocks_per_sm,
+        2
+    );
+    assert_eq!(
+        blocks(GpuFormat::Q2G64, d.ffn),
+        if SHARED_WIDE_ROWS { 1 } else { 2 }
+    );
 }
 
 #[test]
@@ -676,12 +684,57 @@ fn the_f16_gemm_order_puts_each_threads_fragment_pairs_where_its_masks_find_them
 fn a_row_too_wide_for_two_stages_falls_back_to_the_plain_kernel() {
     let t = Gemv1Tuning {
         rows_per_warp: 2,
+        lanes: RowLanes::Split,
         smem_budget: 48 << 10,
         blocks_per_sm: 1,
     };
     assert!(gemv1_launch(GpuFormat::Q2G64, 5120, 17408, t, 132, 227 << 10, false).is_none());
     let small = gemv1_launch(GpuFormat::Q2G64, 3, 64, t, 132, 227 << 10, false).unwrap();
     assert_eq!((small.grid, small.stages), (1, 2));
+}
+
+#[test]
+fn the_wide_two_bit_rows_take_shared_lanes_in_one_block_of_two_stages_when_asked() {
+    let d = dims(Preset::B27);
+    for f in [GpuFormat::Q2G64, GpuFormat::Q2G128] {
+        let t = Gemv1Tuning::for_shape_with(f, d.ffn, true);
+        assert_eq!(t, Gemv1Tuning::shared_wide());
+        let l = gemv1_launch(f, d.hidden, d.ffn, t, 132, 227 << 10, false).unwrap();
+        assert!(l.shared_lanes && l.rows_per_warp == 2, "{l:?}");
+        assert_eq!((l.stages, l.grid), (2, 132));
+        // One block's memory with its static part fits a multiprocessor; two would not.
+        let block = l.smem_bytes + GEMV1_STATIC_SMEM + SMEM_RESERVED_PER_BLOCK;
+        assert!(block <= SM90_SMEM_PER_SM && 2 * block > SM90_SMEM_PER_SM);
+        // Not asked, or rows of two per warp already: the lanes split.
+        assert_eq!(
+            Gemv1Tuning::for_shape_with(f, d.ffn, false),
+            Gemv1Tuning::split_lanes(f, d.ffn)
+        );
+        assert_eq!(
+            Gemv1Tuning::for_shape_with(f, d.hidden, true),
+            Gemv1Tuning::split_lanes(f, d.hidden)
+        );
+    }
+    // 1-bit rows keep theirs (their wide GEMV runs on the binary kernel).
+    assert_eq!(
+        Gemv1Tuning::for_shape_with(GpuFormat::Q1, d.ffn, true),
+        Gemv1Tuning::split_lanes(GpuFormat::Q1, d.ffn)
+    );
+    // Split lanes never name the shared kernel.
+    let split = Gemv1Tuning {
+        lanes: RowLanes::Split,
+        ..Gemv1Tuning::shared_wide()
+    };
+    let l = gemv1_launch(
+        GpuFormat::Q2G64,
+        d.hidden,
+        d.ffn,
+        split,
+        132,
+        227 << 10,
+        false,
+    );
+    assert!(!l.unwrap().shared_lanes);
 }
 
 /// Whether `blocks` blocks of a binary decode GEMV launch fit one sm_90 multiprocessor with their
