@@ -62,9 +62,10 @@ impl Gemv1Tuning {
         }
     }
 
-    /// A matrix's tuning with each row's chunks split between lanes: two rows per warp while a tile of 16 rows stays small (≤ ~26 KB),
-    /// and then three blocks per multiprocessor of up to 72 KiB each; wide 2-bit rows (one row
-    /// per warp: ffn_down, 39 KB tiles) two of 100 KiB, where three would not hold two stages.
+    /// A matrix's tuning with each row's chunks split between lanes: two rows per warp while a
+    /// tile of 16 rows stays small (≤ ~26 KB), and then three blocks per multiprocessor of up to
+    /// 72 KiB each; wide 2-bit rows (one row per warp: ffn_down, 39 KB tiles) two of 100 KiB,
+    /// where three would not hold two stages.
     /// Measured on the H200 over whole 27B decode steps: one block per SM (so that the next
     /// GEMV's block could fit beside it) was 17-27% slower, 64 or 160 KiB with one block slower
     /// still. Three blocks of 72 KiB were 2.3% faster than two of 100 KiB on Q1_0 (its GEMVs
@@ -78,7 +79,8 @@ impl Gemv1Tuning {
     /// the activations, a norm folded in or not (their kernel fits 56 registers): +2.6% decode
     /// on Q1_0 (`niwaki bench`, host logits, four runs each on the H200: 280.4-289.5 against
     /// 275.0-285.0 tok/s). Four blocks of the 2-bit kernels measured 2-4% slower on Q2_0, and one
-    /// block of 100 KiB for ffn_down another 2% slower still.
+    /// block of 100 KiB for ffn_down's split lanes another 2% slower still (its shared lanes take
+    /// one block of two 78 KB stages: [`Gemv1Tuning::shared_wide`]).
     pub fn split_lanes(format: GpuFormat, cols: usize) -> Gemv1Tuning {
         let row_bytes = cols / format.chunk_values() * 16;
         let rows_per_warp = if row_bytes <= 1600 { 2 } else { 1 };
