@@ -308,6 +308,7 @@ pub(crate) fn gemv1_checks(
         let (mut x_asked, mut x_took, mut x_unasked) = (0usize, 0usize, 0usize);
         // Launches of the shared-lanes kernels among those compared with gemv_t1.
         let mut shared_runs = 0usize;
+        let gf = GpuFormat::for_format(format).unwrap();
         for (rows, cols) in [(1001usize, 5120usize), (77, 17408), (20000, 256)] {
             let pool = BlockPool::new(format, cols, 11)?;
             let data = pool.fill(format.row_bytes(cols)? * rows, 5);
@@ -336,15 +337,13 @@ pub(crate) fn gemv1_checks(
                 .flat_map(|l| [(l, true), (l, false)])
             {
                 let copy = Some(copy);
-                // A budget the shared lanes' 16-row tiles of 17408-wide rows fit (one block).
-                let base = Gemv1Tuning::split_lanes(GpuFormat::for_format(format).unwrap(), cols);
+                // The shared lanes in their own budget, which their 16-row tiles of 17408-wide
+                // rows fit (one block).
                 let t = Gemv1Tuning {
                     rows_per_warp,
-                    lanes,
-                    ..if lanes == RowLanes::Shared {
-                        Gemv1Tuning::shared_wide()
-                    } else {
-                        base
+                    ..match lanes {
+                        RowLanes::Shared => Gemv1Tuning::shared_wide(),
+                        RowLanes::Split => Gemv1Tuning::split_lanes(gf, cols),
                     }
                 };
                 let o = gpu.alloc(4 * rows, "out")?;
@@ -402,7 +401,6 @@ pub(crate) fn gemv1_checks(
             let res: Vec<f32> = (0..2 * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
             let nw: Vec<f32> = (0..cols).map(|_| rng.gen_range(0.5..1.5)).collect();
             let (resd, nwd) = (gpu.upload(&res, "x")?, gpu.upload(&nw, "norm")?);
-            let gf = GpuFormat::for_format(format).unwrap();
             for t in [
                 Gemv1Tuning::split_lanes(gf, cols),
                 Gemv1Tuning::shared_wide(),

@@ -1076,12 +1076,6 @@ impl Gpu {
         t
     }
 
-    /// Sets whether the wide 2-bit rows take the shared-lanes decode GEMV; returns the previous
-    /// setting. For the harness; captured graphs keep what they were built with.
-    pub fn set_gemv1_share(&self, on: bool) -> bool {
-        self.gemv1_share.swap(on, Ordering::Relaxed)
-    }
-
     /// Which decode GEMVs norm their input themselves.
     pub fn norm_fusion(&self) -> plan::NormFusion {
         *self
