@@ -111,10 +111,17 @@ __device__ __forceinline__ void pdl_launch() {
 #define TRACE_ATTN_SPLIT 7
 #define TRACE_ATTN_MERGE 8
 #define TRACE_ATTN_SHORT 9
+// Besides those, a block may mark up to TRACE_MARKS moments of its own (TRACE_MARK_FIRST: the
+// global timer the first time a thread passes, kept in the block's shared memory and written
+// with its record; 0 where never passed), e.g. when its activations were ready, its first tile
+// arrived and its rows were written, before its fold. Four keep a record 80 bytes, a multiple
+// of the 16 its stores may assume (with three, 72-byte records took a misaligned store).
+#define TRACE_MARKS 4
 #ifdef NIWAKI_TRACE
 struct TraceRec {
     u64 tag, wait0, wait1, end;
     u32 kind, block, sm, pad;
+    u64 marks[TRACE_MARKS];
 };
 extern "C" {
 __device__ TraceRec niwaki_trace[NIWAKI_TRACE];
@@ -125,6 +132,7 @@ __device__ __forceinline__ u64 global_ns() {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
+__shared__ u64 niwaki_trace_mk[TRACE_MARKS];
 __device__ __forceinline__ void trace_put(u32 kind, u64 tag, u64 wait0, u64 wait1) {
     const u32 i = atomicAdd(&niwaki_trace_n, 1u);
     if (i >= NIWAKI_TRACE) return;
@@ -139,18 +147,29 @@ __device__ __forceinline__ void trace_put(u32 kind, u64 tag, u64 wait0, u64 wait
     r.block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
     r.sm = sm;
     r.pad = 0;
+#pragma unroll
+    for (int k = 0; k < TRACE_MARKS; k++) r.marks[k] = niwaki_trace_mk[k];
     niwaki_trace[i] = r;
 }
-#define TRACE_ENTRY()                 \
-    const u64 trace_w0 = global_ns(); \
-    PDL_ENTRY();                      \
+#define TRACE_ENTRY()                                                   \
+    if (threadIdx.x == 0)                                               \
+        for (int trace_k = 0; trace_k < TRACE_MARKS; trace_k++) niwaki_trace_mk[trace_k] = 0; \
+    const u64 trace_w0 = global_ns();                                   \
+    PDL_ENTRY();                                                        \
     const u64 trace_w1 = global_ns()
+#define TRACE_MARK_FIRST(k)                                                 \
+    do {                                                                    \
+        if (niwaki_trace_mk[k] == 0) niwaki_trace_mk[k] = global_ns();      \
+    } while (0)
 // Called by one thread of each block, the block's last to finish where it can be told.
 #define TRACE_EXIT(kind, tag) trace_put(kind, (u64)(tag), trace_w0, trace_w1)
 #else
 #define TRACE_ENTRY() PDL_ENTRY()
 #define TRACE_EXIT(kind, tag) \
     do {                      \
+    } while (0)
+#define TRACE_MARK_FIRST(k) \
+    do {                    \
     } while (0)
 #endif
 

@@ -335,6 +335,7 @@ __device__ __forceinline__ void gdn_decode_body(const float* __restrict__ proj, 
         }
     }
     __syncthreads();
+    if (tid == 0) TRACE_MARK_FIRST(0);
     float cur[11];
 #pragma unroll
     for (int m = 0; m < 4; m++) {
@@ -351,6 +352,7 @@ __device__ __forceinline__ void gdn_decode_body(const float* __restrict__ proj, 
 #pragma unroll
     for (int i = 0; i < RPL; i++) Sw[(size_t)(r * RPL + i) * DV + j] = s[i];
     __syncthreads();
+    if (tid == 0) TRACE_MARK_FIRST(1);
     if (w == 0) {
         const int base = h * DV;
         const float4 v = gated_norm(*(const float4*)(os + lane * 4), z, g, eps);

@@ -429,6 +429,7 @@ __device__ __forceinline__ void shared_tile(const uint4* wc, const u16* ws, int 
         acc[r] = 0.0f;
     }
     mbar_wait(full, phase);
+    if (threadIdx.x == 0) TRACE_MARK_FIRST(1);
     constexpr int P = (FMT == FMT_Q1 ? 128 : 64) / 16;
     for (int c = lane; DOT && c < chunks; c += 32) {
         int xw[4 * P];
@@ -522,6 +523,7 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
     const int first = min(stages, mine), before = min(first, early);
     if (tid == 0)
         for (int i = 0; i < before; i++) issue(i);
+    if (warp == 1) fold_prefetch(fold, mine, tr);
     TRACE_ENTRY();
     if (tid == 0)
         for (int i = before; i < first; i++) issue(i);
@@ -556,6 +558,7 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
     // Activations left unscaled by a folded norm: the outputs take its 1/rms (its sums loaded
     // with the activations, above).
     const float oscale = rms_in ? rms_finish(ss_part, cols, rms_eps) : 1.0f;
+    if (tid == 0) TRACE_MARK_FIRST(0);
     u64 best = 0;
     for (int i = 0; i < mine; i++) {
         const int s = i % stages;
@@ -572,6 +575,7 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
         // arithmetic rather than after it: its latency hides behind the dot products.
         const float prev = accumulate && sub == 0 && row < rows ? out[row] : 0.0f;
         mbar_wait(smem_addr(&bars[s]), (u32)(i / stages) & 1u);
+        if (tid == 0) TRACE_MARK_FIRST(1);
         const uint4* wc = (const uint4*)st;
         const u16* ws = (const u16*)(st + code_bytes);
         // Chunk c of this warp's row against the activations.
@@ -606,13 +610,18 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
             best = max(best, argmax_key(v, (u32)row));
         }
     }
+    if (tid == 0) TRACE_MARK_FIRST(3);
     // With a fold, the block's rows all written (the consumer warps meet at a named barrier the
     // producer does not join), warp 0 arrives once per tile: a counter then takes 128 / tr
     // atomics a piece rather than eight times as many.
     if (fold.cnt) {
         asm volatile("bar.sync 1, %0;" ::"n"(32 * GEMV1_WARPS) : "memory");
-        if (warp == 0) fold_arrive(fold, out, mine, tr, (u32)(128 / tr));
+        if (tid == 0) TRACE_MARK_FIRST(2);
+        // Two or three tiles a block with the shared lanes (ffn_down), whose registers allow
+        // their folds' reads together.
+        if (warp == 0) fold_arrive<SHARE ? 4 : 1>(fold, out, mine, tr, (u32)(128 / tr));
     }
+    if (tid == 0) TRACE_MARK_FIRST(2);
     // One atomic per row group: a vocabulary of rows each hitting one address serializes
     // (measured at ~190 µs for the 248k-row LM head).
     if (amax && sub == 0 && best) atomicMax(amax, best);

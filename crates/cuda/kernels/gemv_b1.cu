@@ -173,7 +173,7 @@ __device__ __forceinline__ void fold_cluster(const FoldOut& f, float v) {
 // `empty` barrier (lane r: row r, the warps in order, so the sums are deterministic), writes
 // the rows and then refills the stage. The consumers thus end a tile with no fence, counter or
 // reduction of their own.
-template <int TR, bool CL, class Issue>
+template <int TR, bool CL, int FB, class Issue>
 __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS][TR], int stages,
                                            int mine, int rows, Issue issue, float* __restrict__ out,
                                            int accumulate, u64* __restrict__ amax,
@@ -226,8 +226,9 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
     }
     // Every row of the block written: one arrival per tile on its 128-row piece, or (CL) the
     // piece gathered from the cluster's blocks.
+    if (lane == 0) TRACE_MARK_FIRST(2);
     if constexpr (CL) fold_cluster(fold, last);
-    else if (fold.cnt) fold_arrive(fold, out, mine, TR, 128u / TR);
+    else if (fold.cnt) fold_arrive<FB>(fold, out, mine, TR, 128u / TR);
     if (amax && best) atomicMax(amax, best);
 }
 
@@ -283,6 +284,7 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
         if (j < J && c < chunks) ssm[c] = pairs[i];
     }
     __syncwarp();
+    if (threadIdx.x == 0) TRACE_MARK_FIRST(0);
     // C's columns of this lane are planes 2t and 2t + 1, of weights 2^2t and 2^(2t+1) (the sign
     // plane −128): a row's Σ code·q over the chunk is 2^2t·(c0 + sgn·c1), the power of two exact
     // in float. Σ q enters a row's sum once: through lane t = 0.
@@ -298,6 +300,7 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
     for (int i = 0, s = 0, ph = 0; i < mine; i++) {
         const unsigned char* st = stage0 + (size_t)s * stage_bytes;
         mbar_wait(smem_addr(&bars[s]), (u32)ph);
+        if (threadIdx.x == 0) TRACE_MARK_FIRST(1);
         const unsigned char* a = st + aoff;
         const u16* dp = (const u16*)(st + code_bytes) + soff;
         float acc0 = 0.0f, acc1 = 0.0f;
@@ -330,6 +333,7 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
         }
         // As the 1-bit consumers: done with stage s, partial sums written, then the arrival.
         __syncwarp();
+        if (threadIdx.x == 0 && i == mine - 1) TRACE_MARK_FIRST(3);
         if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
         if (++s == stages) {
             s = 0;
@@ -418,7 +422,10 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     }
     __syncthreads();
     // The ring's first tiles: `early` of them requested before the wait for the previous kernel
-    // (weights depend on nothing), the rest once it has ended.
+    // (weights depend on nothing), the rest once it has ended, or with 1-bit rows (RING_LATE_Q1)
+    // once consumer warp 0 holds its plane words (ring_rest), so that the activations' loads do
+    // not queue behind those copies (plan::RING_LATE_Q1).
+    constexpr bool late = FMT == FMT_Q1 && RING_LATE_Q1;
     const int first = min(stages, mine), before = min(first, early);
     if (tid == 0)
         for (int i = 0; i < before; i++) issue(i);
@@ -430,6 +437,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
             gw[j] = EXACT || warp + GEMV1_WARPS * j < chunks ? *(const float4*)(nw + 4 * tid + 1024 * j)
                                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
+    if (!CL && warp == 1) fold_prefetch(fold, mine, TR);
     TRACE_ENTRY();
     if (XSM && tid == 0) {
         // Before the ring's other tiles: the consumers' first wait.
@@ -438,13 +446,18 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         bulk_g2s(smem_addr(sx), xq, (u32)cols, xb);
         bulk_g2s(smem_addr(ssm), xs, 8u * groups, xb);
     }
-    if (tid == 0)
+    if (tid == 0 && !late)
         for (int i = before; i < first; i++) issue(i);
+    auto ring_rest = [&]() {
+        if (tid == 0 && late)
+            for (int i = before; i < first; i++) issue(i);
+    };
 
     if (warp == GEMV1_WARPS) {
         // Activations left unscaled by a folded norm: the rows take its 1/rms.
         const float oscale = rms_in ? rms_scale(rms_in, cols, rms_eps) : 1.0f;
-        b1_produce<TR, CL>(empty, part, stages, mine, rows, issue, out, accumulate, amax, pf_codes, pf_code_bytes,
+        // ffn_down's blocks (J 17) have two tiles, and the registers for both folds' reads.
+        b1_produce<TR, CL, J >= 17 ? 2 : 1>(empty, part, stages, mine, rows, issue, out, accumulate, amax, pf_codes, pf_code_bytes,
                    pf_scales, pf_scale_bytes, oscale, fold);
         // The producer writes the block's last rows.
         if (lane == 0) TRACE_EXIT(TRACE_GEMV_B1, scales);
@@ -534,6 +547,8 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
             }
         }
         __syncwarp();
+        if (threadIdx.x == 0) TRACE_MARK_FIRST(0);
+        ring_rest();
         // C's columns of this lane are planes 2t and 2t + 1, of weights 2^2t and 2^(2t+1) (the
         // sign plane −128): a row's count over a group is 2^2t·(c0 + sgn·c1), the power of two
         // exact in float, so it is applied with the group's 2 of 2·Σ − Σq.
@@ -550,6 +565,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         for (int i = 0, s = 0, ph = 0; i < mine; i++) {
             const unsigned char* st = stage0 + (size_t)s * stage_bytes;
             mbar_wait(smem_addr(&bars[s]), (u32)ph);
+            if (threadIdx.x == 0) TRACE_MARK_FIRST(1);
             const unsigned char* a = st + aoff;
             const u16* dp = (const u16*)(st + code_bytes) + g * chunks + warp;
             float acc[2 * RG];
@@ -601,6 +617,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
             // Every lane is done with stage s, and its partial sums are written, before the warp
             // arrives (a release the producer's wait acquires).
             __syncwarp();
+            if (threadIdx.x == 0 && i == mine - 1) TRACE_MARK_FIRST(3);
             if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
             if (++s == stages) {
                 s = 0;

@@ -202,13 +202,30 @@ __device__ __forceinline__ u32 atom_add_acq_rel(u32* p, u32 v) {
     return old;
 }
 
+// The norm's weights of the pieces a block's first eight tiles fall in (tiles blockIdx.x +
+// i·gridDim.x of `tr` rows), asked of the L2 cache by one warp before the block's wait: they are
+// constant and read once a token, so nothing keeps them in the cache, and a fold asked for them
+// only after its arrivals (a lane a 128-byte line, four a piece).
+__device__ __forceinline__ void fold_prefetch(const FoldOut& f, int mine, int tr) {
+    if (!f.cnt || f.ffn) return;
+    const int lane = threadIdx.x & 31, k = lane >> 2;
+    if (k < mine) {
+        const int row = (int)(blockIdx.x + (u32)k * gridDim.x) * tr;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(f.w + (row >> 7) * 128 + 32 * (lane & 3)));
+    }
+}
+
 // A whole warp, once it has written its rows of the `mine` tiles of `tr` rows its block had
 // (tiles blockIdx.x + i·gridDim.x): counts one arrival per tile on the tile's 128-row piece,
 // `arrivals` completing a piece (twice as many with a SwiGLU, whose gate and up rows of a piece
 // count on one counter), and folds each piece it completed. The arrivals of up to 32
 // tiles go out together, one lane each, so the warp waits for one round trip, not one a tile;
-// the reads of a piece go past the L1 cache, which may hold lines of the row from before the
-// other blocks' writes.
+// so do the reads of up to FB pieces it completed (a block ending last may complete one piece
+// a tile: read one after another, they took a round trip each, up to 5 µs where the rest of
+// the launch had ended; FB is what the kernel's registers allow, 1 where its blocks have one
+// tile). The reads of a piece go past the L1 cache, which may hold lines of the row from
+// before the other blocks' writes.
+template <int FB>
 __device__ __forceinline__ void fold_arrive(const FoldOut& f, const float* x, int mine, int tr, u32 arrivals) {
     __syncwarp();
 #ifdef ABLATE_FOLD
@@ -225,15 +242,35 @@ __device__ __forceinline__ void fold_arrive(const FoldOut& f, const float* x, in
         const int piece = row >> 7;
         const bool last =
             i < mine && ((atom_add_acq_rel(f.cnt + piece, 1u) + 1u) & (arrivals - 1u)) == 0u;
-        for (u32 done = __ballot_sync(0xffffffffu, last); done; done &= done - 1) {
-            const int p = __shfl_sync(0xffffffffu, piece, __ffs(done) - 1);
-            const int v = p * 128 + 4 * lane;
-            if (f.ffn)
-                quant128(swiglu4(__ldcg((const float4*)(x + v)), __ldcg((const float4*)(x + f.ffn + v))), p * 128,
-                         f.xq, f.xs, nullptr, f.xp);
-            else
-                fold_piece_regs(__ldcg((const float4*)(x + v)), __ldg((const float4*)(f.w + v)), p * 128, f.xq,
-                                f.xs, f.ss, f.xp);
+        for (u32 done = __ballot_sync(0xffffffffu, last); done;) {
+            // Up to FB completed pieces (n, warp-uniform), their reads all in flight.
+            int p[FB];
+            int n = 0;
+#pragma unroll
+            for (int k = 0; k < FB; k++) {
+                p[k] = 0;
+                if (done) {
+                    p[k] = __shfl_sync(0xffffffffu, piece, __ffs(done) - 1);
+                    done &= done - 1;
+                    n = k + 1;
+                }
+            }
+            float4 a[FB], b[FB];
+#pragma unroll
+            for (int k = 0; k < FB; k++) {
+                if (k < n) {
+                    const int v = p[k] * 128 + 4 * lane;
+                    a[k] = __ldcg((const float4*)(x + v));
+                    b[k] = f.ffn ? __ldcg((const float4*)(x + f.ffn + v)) : __ldg((const float4*)(f.w + v));
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < FB; k++) {
+                if (k < n) {
+                    if (f.ffn) quant128(swiglu4(a[k], b[k]), p[k] * 128, f.xq, f.xs, nullptr, f.xp);
+                    else fold_piece_regs(a[k], b[k], p[k] * 128, f.xq, f.xs, f.ss, f.xp);
+                }
+            }
         }
     }
 }

@@ -64,6 +64,7 @@ const KNOBS: &[(&str, Takes)] = &[
     ("NIWAKI_CUDA_MMA", Takes::OnOff),
     ("NIWAKI_CUDA_PDL", Takes::OnOff),
     ("NIWAKI_CUDA_PREFETCH_MB", Takes::Number),
+    ("NIWAKI_CUDA_RING_LATE", Takes::OnOff),
     ("NIWAKI_CUDA_RUN_AHEAD", Takes::OnOff),
     ("NIWAKI_CUDA_TOPK", Takes::OnOff),
     ("NIWAKI_CUDA_TOPK_SUMS", Takes::OnOff),

@@ -156,6 +156,7 @@ mod tests {
             wait0,
             wait1,
             end,
+            marks: [0; crate::gpu::TRACE_MARKS],
         }
     }
 

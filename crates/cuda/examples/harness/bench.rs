@@ -33,6 +33,30 @@ pub(crate) fn op_table(title: &str, per: &str, prof: &[(String, usize, f64)]) ->
     t
 }
 
+/// Every record of a traced decode step's replays (`NIWAKI_HARNESS_TRACE_CSV`: the folder), one
+/// line each, for reading a launch block by block: op, block, multiprocessor, then the global
+/// timer (ns) at the block's wait's start and end, its marks and its end.
+fn write_trace_csv(
+    g: &CudaModel,
+    st: &mut niwaki_cuda::CudaState,
+    path: &std::path::Path,
+) -> R<()> {
+    let Some(records) = g.trace_decode_records(st)? else {
+        return Ok(());
+    };
+    let mut text = String::from("op,block,sm,wait0,wait1,mark0,mark1,mark2,mark3,end\n");
+    for (r, name) in &records {
+        let [m0, m1, m2, m3] = r.marks;
+        writeln!(
+            text,
+            "{name},{},{},{},{},{m0},{m1},{m2},{m3},{}",
+            r.block, r.sm, r.wait0, r.wait1, r.end
+        )?;
+    }
+    std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    Ok(())
+}
+
 /// The decode step's timeline (`niwaki_cuda::timeline`) as a table, per token: the LM head
 /// runs once a token, so its launches count the replays.
 fn timeline_table(format: Format, ops: &[niwaki_cuda::timeline::OpTimes]) -> String {
@@ -528,6 +552,30 @@ pub(crate) fn depth_27b(rep: &mut Report, format: Format) -> R<()> {
                 ));
             }
             g.gpu().set_attn_tile(by_cache);
+        }
+    }
+    Ok(())
+}
+
+/// A decode step's timeline alone (`NIWAKI_HARNESS_ONLY=timeline`, with `NIWAKI_CUDA_TRACE`):
+/// per op as the 27B section gives it, and every record where `NIWAKI_HARNESS_TRACE_CSV` names
+/// a folder.
+pub(crate) fn timeline_section(rep: &mut Report, formats: &[Format]) -> R<()> {
+    for &format in formats {
+        let g = load_27b(format)?;
+        let mut st = g.new_state(4096)?;
+        g.forward_greedy(&mut st, &[1, 2, 3, 4])?;
+        let Some(ops) = g.trace_decode(&mut st)? else {
+            rep.line("no timeline: the kernels keep no records (set NIWAKI_CUDA_TRACE)");
+            return Ok(());
+        };
+        rep.line(timeline_table(format, &ops));
+        if let Some(dir) = std::env::var_os("NIWAKI_HARNESS_TRACE_CSV") {
+            write_trace_csv(
+                &g,
+                &mut st,
+                &std::path::Path::new(&dir).join(format!("{format}.csv")),
+            )?;
         }
     }
     Ok(())

@@ -23,6 +23,8 @@
 //! (also in `fused`),
 //! `NIWAKI_HARNESS_ONLY=chain` the persistent-step probe on the 27B formats,
 //! `NIWAKI_HARNESS_ONLY=l2` each decode op with its weights in memory and in the L2 cache,
+//! `NIWAKI_HARNESS_ONLY=timeline` a decode step's timeline from the kernels' records (with
+//! `NIWAKI_CUDA_TRACE`; `NIWAKI_HARNESS_TRACE_CSV` a folder for every record),
 //! `NIWAKI_HARNESS_ONLY=27b` the 27B
 //! section alone.
 
@@ -96,6 +98,11 @@ fn run(rep: &mut Report) -> R<()> {
             .unwrap_or_else(|_| httpdate::fmt_http_date(std::time::SystemTime::now()))
     ));
     rep.line(format!("Device: {info}"));
+    // A decode step's timeline alone (the kernels' records), with no program compiled for the
+    // small models first.
+    if std::env::var("NIWAKI_HARNESS_ONLY").as_deref() == Ok("timeline") {
+        return bench::timeline_section(rep, &formats_27b("Q2_0,Q1_0"));
+    }
     let small_shape = Preset::Small.shape(4096);
     let t = synth::random_f32_tensors(&small_shape, Format::Q2_0, 1);
     let small = open(&synth::writer_from_f32(

@@ -28,10 +28,18 @@ pub fn options(arch: &str, defines: &[String]) -> Vec<String> {
 /// The program's `-D` options for a model of `dims` on a device whose blocks may take
 /// `smem_limit` bytes of shared memory: the model's shapes, the attention ring that fits, the
 /// timeline records' capacity where asked (`trace_capacity`), the weights' L2 policy
-/// (`NIWAKI_CUDA_WEIGHTS_L2`) and a measurement's ablation (`NIWAKI_CUDA_ABLATE`). What the
+/// (`NIWAKI_CUDA_WEIGHTS_L2`), the 1-bit GEMVs' ring order (`NIWAKI_CUDA_RING_LATE`,
+/// [`plan::RING_LATE_Q1`]) and a measurement's ablation (`NIWAKI_CUDA_ABLATE`). What the
 /// backend compiles at start and [`precompile`] ahead.
 pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) -> Vec<String> {
     let mut defines = dims.defines_for(plan::attn_ring_positions(dims, smem_limit));
+    let late = crate::knobs::flag("NIWAKI_CUDA_RING_LATE", plan::RING_LATE_Q1);
+    for d in defines
+        .iter_mut()
+        .filter(|d| d.starts_with("-DRING_LATE_Q1="))
+    {
+        *d = format!("-DRING_LATE_Q1={}", u8::from(late));
+    }
     if trace_capacity > 0 {
         defines.push(format!("-DNIWAKI_TRACE={trace_capacity}"));
     }
@@ -75,12 +83,14 @@ pub struct Precompiled {
 /// Compiles the program for a model of `dims` on devices of architecture `arch` with
 /// `smem_limit` bytes of shared memory a block into the on-disk cache, as the backend would at
 /// its start there (no GPU needed, NVRTC is): a GPU host whose cache holds it then starts
-/// without compiling, and without NVRTC.
+/// without compiling, and without NVRTC. With `NIWAKI_CUDA_TRACE` set, the program with the
+/// timeline records the backend then compiles (whole, one part).
 pub fn precompile(dims: &Dims, arch: &str, smem_limit: usize) -> Result<Precompiled> {
     let dir = cache_dir().ok_or_else(|| {
         CudaError::Unsupported("no cache folder: set NIWAKI_CUDA_CACHE or HOME".into())
     })?;
-    let (ptx, cached) = nvrtc_compile(arch, &program_defines(dims, smem_limit, 0), true)?;
+    let trace = crate::gpu::trace_capacity_from_env();
+    let (ptx, cached) = nvrtc_compile(arch, &program_defines(dims, smem_limit, trace), trace == 0)?;
     Ok(Precompiled {
         dir,
         parts: ptx.len(),

@@ -68,6 +68,16 @@ fn an_architecture_gives_its_blocks_shared_memory_and_the_defines_follow_it() {
         let defines = program_defines(&d, smem, 0);
         assert!(defines.contains(&ring(smem)), "{defines:?}");
         assert!(!defines.iter().any(|x| x.starts_with("-DNIWAKI_TRACE")));
+        // The 1-bit GEMVs' ring order: one define, the plan's unless the switch says otherwise.
+        let late: Vec<_> = defines
+            .iter()
+            .filter(|x| x.starts_with("-DRING_LATE_Q1="))
+            .collect();
+        assert_eq!(late.len(), 1, "{defines:?}");
+        if std::env::var_os("NIWAKI_CUDA_RING_LATE").is_none() {
+            let want = format!("-DRING_LATE_Q1={}", u8::from(plan::RING_LATE_Q1));
+            assert_eq!(late[0], &want);
+        }
     }
     assert_ne!(ring(227 << 10), ring(64 << 10));
     assert!(program_defines(&d, 227 << 10, 16).contains(&"-DNIWAKI_TRACE=16".to_string()));

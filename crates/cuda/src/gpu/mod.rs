@@ -24,7 +24,8 @@ mod trace;
 
 pub use tile_image::ImageUse;
 pub(crate) use tile_image::TileImage;
-pub use trace::{TraceKind, TraceRecord};
+pub(crate) use trace::capacity_from_env as trace_capacity_from_env;
+pub use trace::{TraceKind, TraceRecord, TRACE_MARKS};
 
 use decode_gemv::{X_COPY_ALL, X_COPY_OFF, X_COPY_PLAN};
 

@@ -11,7 +11,7 @@ const DEFAULT_CAPACITY: usize = 1 << 20;
 
 /// The record capacity `NIWAKI_CUDA_TRACE` asks for: none where unset or `0`, its number where
 /// that is at least [`MIN_CAPACITY`], else (`1`, …) the default.
-pub(super) fn capacity_from_env() -> usize {
+pub(crate) fn capacity_from_env() -> usize {
     capacity(crate::knobs::number_set("NIWAKI_CUDA_TRACE"))
 }
 
@@ -58,9 +58,14 @@ impl TraceKind {
     }
 }
 
+/// Moments a block may mark of its own (`TRACE_MARKS` in kernels/common.cuh).
+pub const TRACE_MARKS: usize = 4;
+
 /// One block's record: the kernel, the tag telling its launches apart (a pointer argument),
 /// and the global timer (ns) when the block began and ended its wait for the previous kernel,
-/// and when it ended.
+/// and when it ended; `marks`: the moments the kernel marks (0 where it marks none), for the
+/// GEMVs its activations ready, its first tile arrived, its rows written and its first
+/// consumer warp's tiles done.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TraceRecord {
     pub kind: TraceKind,
@@ -70,6 +75,7 @@ pub struct TraceRecord {
     pub wait0: u64,
     pub wait1: u64,
     pub end: u64,
+    pub marks: [u64; TRACE_MARKS],
 }
 
 /// The device's layout of a record (`struct TraceRec`).
@@ -84,6 +90,7 @@ struct RawRecord {
     block: u32,
     sm: u32,
     pad: u32,
+    marks: [u64; TRACE_MARKS],
 }
 
 impl Gpu {
@@ -128,6 +135,7 @@ impl Gpu {
                     wait0: r.wait0,
                     wait1: r.wait1,
                     end: r.end,
+                    marks: r.marks,
                 })
                 .collect(),
         ))

@@ -220,6 +220,27 @@ impl CudaModel {
         &self,
         st: &mut CudaState,
     ) -> Result<Option<Vec<crate::timeline::OpTimes>>> {
+        let Some(records) = self.trace_decode_records(st)? else {
+            return Ok(None);
+        };
+        let names: std::collections::HashMap<_, _> = records
+            .iter()
+            .map(|(r, name)| ((r.kind, r.tag), name.clone()))
+            .collect();
+        let records: Vec<_> = records.into_iter().map(|(r, _)| r).collect();
+        let launches = crate::timeline::launches(&records, |kind, tag| {
+            names.get(&(kind, tag)).cloned().unwrap_or_default()
+        });
+        Ok(Some(crate::timeline::summarize(&launches)))
+    }
+
+    /// The records of a decode step's graph replays (`NIWAKI_CUDA_TRACE`; `None` where the
+    /// kernels keep none), each with its op's name ("Gemv" and the matrix's kind for the GEMVs,
+    /// else the kernel's kind).
+    pub fn trace_decode_records(
+        &self,
+        st: &mut CudaState,
+    ) -> Result<Option<Vec<(crate::gpu::TraceRecord, String)>>> {
         if !self.gpu.tracing() {
             return Ok(None);
         }
@@ -239,11 +260,18 @@ impl CudaModel {
                 gemvs.insert(self.mat(mat).scales.ptr, format!("Gemv {}", mat.kind()));
             }
         }
-        let name = |k: crate::gpu::TraceKind, tag: u64| {
-            gemvs.get(&tag).cloned().unwrap_or_else(|| format!("{k:?}"))
-        };
-        let launches = crate::timeline::launches(&records, name);
-        Ok(Some(crate::timeline::summarize(&launches)))
+        Ok(Some(
+            records
+                .into_iter()
+                .map(|r| {
+                    let name = gemvs
+                        .get(&r.tag)
+                        .cloned()
+                        .unwrap_or_else(|| format!("{:?}", r.kind));
+                    (r, name)
+                })
+                .collect(),
+        ))
     }
 
     /// Median seconds of 5 replays of the graph `record` captures on the state's stream (after

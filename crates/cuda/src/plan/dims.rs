@@ -180,6 +180,7 @@ impl Dims {
             ("AS_STAGES", ATTN_SHORT_STAGES),
             ("GEMV1_WARPS", GEMV1_WARPS),
             ("GEMV1_MAX_STAGES", GEMV1_MAX_STAGES),
+            ("RING_LATE_Q1", usize::from(RING_LATE_Q1)),
             ("CH_WARPS", CHAIN_WARPS),
             ("CH_SLOTS", CHAIN_SLOTS),
             ("CH_STATS", CHAIN_STATS),

@@ -560,6 +560,18 @@ pub fn gemv_b2_kernel(format: GpuFormat, per_warp: usize) -> Option<(&'static st
 /// 273.5 with one, 271.8 / 271.8 with two, 238.9 / 246.4 with none.
 pub const EARLY_TILES: usize = 1;
 
+/// Whether the 1-bit binary decode GEMVs request the rest of their ring (after the tiles
+/// requested before the wait, [`EARLY_TILES`]) once their first consumer warp holds its plane
+/// words rather than as soon as the previous kernel has ended, so that the activations' loads
+/// do not queue behind the ring's copies: a compile-time choice of the program
+/// (`RING_LATE_Q1`; `NIWAKI_CUDA_RING_LATE=0` turns it off). On the H200, with the choice made
+/// at run time for every decode GEMV (`niwaki bench --device cuda -p 0 -n 128 -r 3`, one round,
+/// tok/s): Q1_0 466.25 against 445.57 with the rest requested at once; Q2_0 326.09 against
+/// 327.84 and PQ2_0 334.70 against 335.27, so the 2-bit and dp4a kernels keep requesting it at
+/// once (and the run-time test itself cost every format 1.2-1.4% against the build without it,
+/// hence a compile-time one).
+pub const RING_LATE_Q1: bool = true;
+
 /// Tiles of 16 rows per multiprocessor from which a 1-bit decode GEMV goes to the binary tensor
 /// cores rather than dp4a: every matrix. Measured first per op inside the 27B Q1_0 decode graph
 /// on the H200 (µs, dp4a against binary): 34816 rows (ffn gate | up) 16.24 against 12.60, the
