@@ -25,6 +25,11 @@ pub struct Launch {
     /// block scheduler spread the launch.
     pub sms: usize,
     pub most_on_one_sm: usize,
+    /// Where its blocks mark them (the decode GEMVs): when the median block held its
+    /// activations (mark 0), and when the last block had written its rows (mark 2, before a
+    /// fold).
+    pub ready_median: Option<u64>,
+    pub rows_last: Option<u64>,
 }
 
 /// Per kind of op: launches, and their mean times (µs).
@@ -44,6 +49,11 @@ pub struct OpTimes {
     /// ran in any launch.
     pub sms: f64,
     pub most_on_one_sm: usize,
+    /// From the first block's wait ending to the median block holding its activations, and to
+    /// the last block's rows written (means over the launches whose blocks mark them): with
+    /// `active_us`, what a launch spends before its arithmetic and after its last row.
+    pub ready_us: Option<f64>,
+    pub rows_us: Option<f64>,
 }
 
 /// Groups the records into launches, in the order their first waits ended. `name` names a
@@ -64,6 +74,12 @@ pub fn launches(records: &[TraceRecord], name: impl Fn(TraceKind, u64) -> String
                 for r in group {
                     *per_sm.entry(r.sm).or_default() += 1;
                 }
+                let mut ready: Vec<u64> = group
+                    .iter()
+                    .map(|r| r.marks[0])
+                    .filter(|&m| m > 0)
+                    .collect();
+                ready.sort_unstable();
                 out.push(Launch {
                     name: name(kind, tag),
                     blocks: group.len(),
@@ -72,6 +88,8 @@ pub fn launches(records: &[TraceRecord], name: impl Fn(TraceKind, u64) -> String
                     last_end: group.iter().map(|r| r.end).max().unwrap_or(0),
                     sms: per_sm.len(),
                     most_on_one_sm: per_sm.values().copied().max().unwrap_or(0),
+                    ready_median: ready.get(ready.len() / 2).copied(),
+                    rows_last: group.iter().map(|r| r.marks[2]).filter(|&m| m > 0).max(),
                 });
                 start = i;
             }
@@ -91,6 +109,8 @@ struct Sums {
     early: f64,
     sms: usize,
     most_on_one_sm: usize,
+    ready: (f64, usize),
+    rows: (f64, usize),
 }
 
 /// Mean times per op name, in the order the names first appear.
@@ -120,7 +140,15 @@ pub fn summarize(launches: &[Launch]) -> Vec<OpTimes> {
         e.early += l.first_wait1.saturating_sub(l.first_wait0) as f64;
         e.sms += l.sms;
         e.most_on_one_sm = e.most_on_one_sm.max(l.most_on_one_sm);
+        let since_wait = |t: u64| t.saturating_sub(l.first_wait1) as f64;
+        if let Some(t) = l.ready_median {
+            e.ready = (e.ready.0 + since_wait(t), e.ready.1 + 1);
+        }
+        if let Some(t) = l.rows_last {
+            e.rows = (e.rows.0 + since_wait(t), e.rows.1 + 1);
+        }
     }
+    let mean_us = |(sum, n): (f64, usize)| (n > 0).then(|| sum / n as f64 / 1e3);
     order
         .into_iter()
         .map(|name| {
@@ -133,6 +161,8 @@ pub fn summarize(launches: &[Launch]) -> Vec<OpTimes> {
                 early_us: e.early / n / 1e3,
                 sms: e.sms as f64 / n,
                 most_on_one_sm: e.most_on_one_sm,
+                ready_us: mean_us(e.ready),
+                rows_us: mean_us(e.rows),
                 name,
             }
         })
@@ -145,6 +175,13 @@ mod tests {
 
     fn rec(kind: TraceKind, tag: u64, wait0: u64, wait1: u64, end: u64) -> TraceRecord {
         on_sm(kind, tag, wait0, wait1, end, 0)
+    }
+
+    fn marked(wait1: u64, ready: u64, rows: u64, end: u64) -> TraceRecord {
+        TraceRecord {
+            marks: [ready, 0, rows, 0],
+            ..rec(TraceKind::GemvBinary, 7, 0, wait1, end)
+        }
     }
 
     fn on_sm(kind: TraceKind, tag: u64, wait0: u64, wait1: u64, end: u64, sm: u32) -> TraceRecord {
@@ -219,6 +256,36 @@ mod tests {
         assert_eq!(summarize(&launches(&overlapping, name))[1].gap_us, 0.0);
         let names: Vec<&str> = s.iter().map(|o| o.name.as_str()).collect();
         assert_eq!(names, ["Norm 1", "GemvBinary 7", "Norm 2"]);
+    }
+
+    #[test]
+    fn the_blocks_marks_give_the_median_blocks_activations_and_the_last_rows() {
+        // Two launches: blocks holding their activations at 3.7, 3.5, 4.0 µs (waits ending from
+        // 3.0) and writing their rows by 6.0 and 7.0 (one block marking none), ending at 9.0;
+        // then, 50 µs on, blocks at 1.2 and 1.6 µs after the wait, rows by 2.0.
+        let recs = [
+            marked(3_000, 3_700, 6_000, 8_000),
+            marked(3_100, 3_500, 7_000, 9_000),
+            marked(3_200, 4_000, 0, 8_500),
+            marked(53_000, 54_200, 55_000, 56_000),
+            marked(53_000, 54_600, 54_000, 56_500),
+        ];
+        let l = launches(&recs, |k, t| format!("{k:?} {t}"));
+        let got: Vec<_> = l.iter().map(|l| (l.ready_median, l.rows_last)).collect();
+        assert_eq!(
+            got,
+            [(Some(3_700), Some(7_000)), (Some(54_600), Some(55_000))]
+        );
+        let s = summarize(&l);
+        // (0.7 + 1.6) / 2 and (4.0 + 2.0) / 2 µs from the first wait's end.
+        assert!((s[0].ready_us.unwrap() - 1.15).abs() < 1e-9);
+        assert!((s[0].rows_us.unwrap() - 3.0).abs() < 1e-9);
+        // Kernels that mark nothing have neither.
+        let plain = summarize(&launches(
+            &[rec(TraceKind::Norm, 1, 0, 1_000, 2_000)],
+            |k, t| format!("{k:?} {t}"),
+        ));
+        assert_eq!((plain[0].ready_us, plain[0].rows_us), (None, None));
     }
 
     #[test]
