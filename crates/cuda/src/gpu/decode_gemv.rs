@@ -256,7 +256,7 @@ impl Gpu {
         t: Gemv1Tuning,
         pre: Option<NormIn>,
     ) -> Result<bool> {
-        if self.info.compute_capability.0 < 9 || io.ntok != 1 {
+        if !self.info.sm90() || io.ntok != 1 {
             return Ok(false);
         }
         let sms = self.info.multiprocessors.max(1) as usize;

@@ -64,6 +64,12 @@ impl DeviceInfo {
     pub fn wgmma(&self) -> bool {
         self.compute_capability == (9, 0)
     }
+
+    /// Whether the device is sm_90 or later, where the decode paths built on the copy engine,
+    /// programmatic launches and clusters run (and every switch of those paths may be on).
+    pub fn sm90(&self) -> bool {
+        self.compute_capability.0 >= 9
+    }
 }
 
 impl std::fmt::Display for DeviceInfo {
@@ -606,7 +612,7 @@ impl Gpu {
         }
         let load_secs = t.elapsed().as_secs_f64();
         let stream = ctx.new_stream().ctx(|| "creating a stream".into())?;
-        let hopper = info.compute_capability.0 >= 9;
+        let hopper = info.sm90();
         let ampere = info.compute_capability.0 >= 8;
         let wgmma = info.wgmma();
         // The chunked recurrence's preparation needs more shared memory than devices before
@@ -953,7 +959,7 @@ impl Gpu {
     /// Sets [`Gpu::prefetch_setting`] (for measuring it; never on before sm_90, and captured
     /// graphs keep what they were built with).
     pub fn set_prefetch(&self, bytes: Option<usize>) {
-        let hopper = self.info.compute_capability.0 >= 9;
+        let hopper = self.info.sm90();
         let v = match bytes {
             _ if !hopper => 0,
             None => PREFETCH_BY_MATRIX,
@@ -983,14 +989,14 @@ impl Gpu {
 
     /// Sets a switch of an sm_90-only path (never on elsewhere); returns the previous setting.
     fn swap_on_hopper(&self, switch: &AtomicBool, on: bool) -> bool {
-        switch.swap(on && self.info.compute_capability.0 >= 9, Ordering::Relaxed)
+        switch.swap(on && self.info.sm90(), Ordering::Relaxed)
     }
 
     /// Sets which residual GEMVs gather their folded norms' pieces in clusters (sm_90 only:
     /// none elsewhere); returns the previous setting. A state's captured graphs keep what they
     /// were captured with.
     pub fn set_fold_cluster(&self, c: plan::ClusterFold) -> plan::ClusterFold {
-        let c = if self.info.compute_capability.0 >= 9 {
+        let c = if self.info.sm90() {
             c
         } else {
             plan::ClusterFold::Off
@@ -1105,7 +1111,7 @@ impl Gpu {
     /// captured graphs keep the setting they were captured with). Never turns on what the
     /// device lacks.
     pub fn set_fast_paths(&self, pdl: bool, gemv1: bool) {
-        let hopper = self.info.compute_capability.0 >= 9;
+        let hopper = self.info.sm90();
         self.pdl.store(pdl && hopper, Ordering::Relaxed);
         self.gemv1.store(gemv1 && hopper, Ordering::Relaxed);
     }
@@ -1725,5 +1731,36 @@ impl Gpu {
             .get(kernel)
             .ok_or_else(|| CudaError::Unsupported(format!("no kernel named {kernel}")))?;
         occupancy(f, kernel, threads, smem)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DeviceInfo;
+
+    fn device(compute_capability: (i32, i32)) -> DeviceInfo {
+        DeviceInfo {
+            name: "test".into(),
+            compute_capability,
+            multiprocessors: 1,
+            total_bytes: 0,
+            free_bytes: 0,
+            driver_version: 13000,
+        }
+    }
+
+    #[test]
+    fn the_architecture_names_its_target_and_its_paths() {
+        let cases = [
+            ((8, 0), "sm_80", false),
+            ((8, 9), "sm_89", false),
+            ((9, 0), "sm_90a", true),
+            ((10, 0), "sm_100", true),
+            ((12, 0), "sm_120", true),
+        ];
+        for (cc, arch, sm90) in cases {
+            let d = device(cc);
+            assert_eq!((d.arch().as_str(), d.sm90()), (arch, sm90), "{cc:?}");
+        }
     }
 }
