@@ -99,6 +99,23 @@ pub fn launches(records: &[TraceRecord], name: impl Fn(TraceKind, u64) -> String
     out
 }
 
+/// Mean times per op of records that carry their op's name (as
+/// `CudaModel::trace_decode_records` gives them): their launches, summarized.
+pub fn summarize_named(records: &[(TraceRecord, String)]) -> Vec<OpTimes> {
+    let names: BTreeMap<(TraceKind, u64), &str> = records
+        .iter()
+        .map(|(r, name)| ((r.kind, r.tag), name.as_str()))
+        .collect();
+    let plain: Vec<TraceRecord> = records.iter().map(|(r, _)| *r).collect();
+    summarize(&launches(&plain, |kind, tag| {
+        names
+            .get(&(kind, tag))
+            .copied()
+            .unwrap_or_default()
+            .to_string()
+    }))
+}
+
 /// One op's launches so far, and its sums over them (times in ns).
 #[derive(Default)]
 struct Sums {
@@ -286,6 +303,27 @@ mod tests {
             |k, t| format!("{k:?} {t}"),
         ));
         assert_eq!((plain[0].ready_us, plain[0].rows_us), (None, None));
+    }
+
+    #[test]
+    fn named_records_summarize_by_their_names() {
+        use TraceKind::*;
+        // Two layers' GEMVs of one kind (two tags, one name) and a norm.
+        let named = [
+            (
+                rec(GemvBinary, 7, 0, 1_000, 3_000),
+                "Gemv GdnIn".to_string(),
+            ),
+            (rec(Norm, 1, 3_000, 3_500, 4_000), "Norm".to_string()),
+            (
+                rec(GemvBinary, 9, 50_000, 51_000, 54_000),
+                "Gemv GdnIn".to_string(),
+            ),
+        ];
+        let s = summarize_named(&named);
+        let got: Vec<(&str, usize)> = s.iter().map(|o| (o.name.as_str(), o.launches)).collect();
+        assert_eq!(got, [("Gemv GdnIn", 2), ("Norm", 1)]);
+        assert!((s[0].active_us - 2.5).abs() < 1e-9);
     }
 
     #[test]

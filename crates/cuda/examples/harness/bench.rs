@@ -33,19 +33,15 @@ pub(crate) fn op_table(title: &str, per: &str, prof: &[(String, usize, f64)]) ->
     t
 }
 
-/// Every record of a traced decode step's replays (`NIWAKI_HARNESS_TRACE_CSV`: the folder), one
-/// line each, for reading a launch block by block: op, block, multiprocessor, then the global
-/// timer (ns) at the block's wait's start and end, its marks and its end.
+/// Every record of a traced decode step's replays, one line each, for reading a launch block
+/// by block: op, block, multiprocessor, then the global timer (ns) at the block's wait's start
+/// and end, its marks and its end.
 fn write_trace_csv(
-    g: &CudaModel,
-    st: &mut niwaki_cuda::CudaState,
+    records: &[(niwaki_cuda::gpu::TraceRecord, String)],
     path: &std::path::Path,
 ) -> R<()> {
-    let Some(records) = g.trace_decode_records(st)? else {
-        return Ok(());
-    };
     let mut text = String::from("op,block,sm,wait0,wait1,mark0,mark1,mark2,mark3,end\n");
-    for (r, name) in &records {
+    for (r, name) in records {
         let [m0, m1, m2, m3] = r.marks;
         writeln!(
             text,
@@ -573,15 +569,18 @@ pub(crate) fn timeline_section(rep: &mut Report, formats: &[Format]) -> R<()> {
         let g = load_27b(format)?;
         let mut st = g.new_state(4096)?;
         g.forward_greedy(&mut st, &[1, 2, 3, 4])?;
-        let Some(ops) = g.trace_decode(&mut st)? else {
+        // One set of replays gives the table and, where asked, every record.
+        let Some(records) = g.trace_decode_records(&mut st)? else {
             rep.line("no timeline: the kernels keep no records (set NIWAKI_CUDA_TRACE)");
             return Ok(());
         };
-        rep.line(timeline_table(format, &ops));
+        rep.line(timeline_table(
+            format,
+            &niwaki_cuda::timeline::summarize_named(&records),
+        ));
         if let Some(dir) = std::env::var_os("NIWAKI_HARNESS_TRACE_CSV") {
             write_trace_csv(
-                &g,
-                &mut st,
+                &records,
                 &std::path::Path::new(&dir).join(format!("{format}.csv")),
             )?;
         }

@@ -220,18 +220,9 @@ impl CudaModel {
         &self,
         st: &mut CudaState,
     ) -> Result<Option<Vec<crate::timeline::OpTimes>>> {
-        let Some(records) = self.trace_decode_records(st)? else {
-            return Ok(None);
-        };
-        let names: std::collections::HashMap<_, _> = records
-            .iter()
-            .map(|(r, name)| ((r.kind, r.tag), name.clone()))
-            .collect();
-        let records: Vec<_> = records.into_iter().map(|(r, _)| r).collect();
-        let launches = crate::timeline::launches(&records, |kind, tag| {
-            names.get(&(kind, tag)).cloned().unwrap_or_default()
-        });
-        Ok(Some(crate::timeline::summarize(&launches)))
+        Ok(self
+            .trace_decode_records(st)?
+            .map(|records| crate::timeline::summarize_named(&records)))
     }
 
     /// The records of a decode step's graph replays (`NIWAKI_CUDA_TRACE`; `None` where the
