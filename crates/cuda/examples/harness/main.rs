@@ -25,7 +25,8 @@
 //! `NIWAKI_HARNESS_ONLY=l2` each decode op with its weights in memory and in the L2 cache,
 //! `NIWAKI_HARNESS_ONLY=timeline` a decode step's timeline from the kernels' records (with
 //! `NIWAKI_CUDA_TRACE`; `NIWAKI_HARNESS_TRACE_CSV` a folder for every record),
-//! `NIWAKI_HARNESS_ONLY=27b` the 27B
+//! `NIWAKI_HARNESS_ONLY=pdl` when a dependent kernel's blocks start and whether their copies
+//! issued before their wait stream (`pdl.rs`), `NIWAKI_HARNESS_ONLY=27b` the 27B
 //! section alone.
 
 use std::fmt::Write as _;
@@ -45,6 +46,7 @@ mod gemm;
 mod gemv_b1;
 mod kernels;
 mod models;
+mod pdl;
 mod report;
 mod sampling;
 
@@ -124,6 +126,8 @@ fn run(rep: &mut Report) -> R<()> {
         gpu.load_secs
     ));
     match std::env::var("NIWAKI_HARNESS_ONLY").as_deref() {
+        // Whether copies issued before a kernel's wait stream during the kernel before it.
+        Ok("pdl") => return pdl::pdl_section(rep, &gpu),
         // For a profiler: the GEMM timings alone.
         Ok("gemm") => return gemm_speed(rep, &gpu),
         // A new GEMM kernel's first run: its checks, then its timings.

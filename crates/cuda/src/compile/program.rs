@@ -3,7 +3,7 @@
 
 /// The kernel sources in the order they are concatenated, each with the part of the program
 /// whose compilation emits its kernels ([`PARTS`]).
-pub const SOURCES: [(&str, &str, usize); 16] = [
+pub const SOURCES: [(&str, &str, usize); 17] = [
     ("common.cuh", include_str!("../../kernels/common.cuh"), 0),
     ("quant.cu", include_str!("../../kernels/quant.cu"), 0),
     // After quant.cu (the inverse rotation).
@@ -29,6 +29,11 @@ pub const SOURCES: [(&str, &str, usize); 16] = [
     (
         "bandwidth.cu",
         include_str!("../../kernels/bandwidth.cu"),
+        0,
+    ),
+    (
+        "pdl_probe.cu",
+        include_str!("../../kernels/pdl_probe.cu"),
         0,
     ),
     // After gemv.cu (its chunk dot and staging) and sync.cu (the grid barrier).
@@ -59,8 +64,10 @@ pub const SOURCES: [(&str, &str, usize); 16] = [
 pub const PARTS: usize = 5;
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 132] = [
+pub const KERNELS: [&str; 134] = [
     "read_sum",
+    "pdl_spin",
+    "pdl_copy",
     "quant_rms",
     "quant_swiglu",
     "quant_gated",

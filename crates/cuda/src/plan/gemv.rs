@@ -557,7 +557,12 @@ pub fn gemv_b2_kernel(format: GpuFormat, per_warp: usize) -> Option<(&'static st
 /// (the GEMVs' own runs 0.2–1 µs longer). `niwaki bench --device cuda -p 8 -n 128 -r 3`, two
 /// rounds interleaved (medians, tok/s): Q1_0 348.0 / 360.2 with all, 363.1 / 376.2 with one,
 /// 374.8 / 371.2 with two, 344.4 / 353.4 with none; Q2_0 272.9 / 273.1 with all, 273.9 /
-/// 273.5 with one, 271.8 / 271.8 with two, 238.9 / 246.4 with none.
+/// 273.5 with one, 271.8 / 271.8 with two, 238.9 / 246.4 with none. Again with b97be45's
+/// kernels (2026-12-04, `-p 0 -n 128 -r 3`, two rounds): Q2_0 329.0 / 330.2 with one, 308.3 /
+/// 309.5 with two, 308.4 / 309.5 with three; the timeline's marks put a 2-bit GEMV's
+/// activations in its consumers' registers 3.9 µs after its wait with none, 2.05 with one and
+/// 1.46 with two (the loads queue behind the copies requested after the wait), and its first
+/// tile about 2 µs after its wait whenever that tile was requested (1 to 7 µs before).
 pub const EARLY_TILES: usize = 1;
 
 /// Whether the 1-bit binary decode GEMVs request the rest of their ring (after the tiles
@@ -680,7 +685,8 @@ pub const DEFAULT_PREFETCH_BYTES: usize = 0;
 /// alternated, two rounds, medians with min-max): Q2_0 301.09 (300.90-301.50) and 301.50
 /// (301.44-301.86) tok/s against 298.83 (298.70-298.98) and 298.86 (297.92-298.87); Q1_0 397.49
 /// (396.84-397.62) and 397.79 (397.70-398.33) against 394.56 (393.46-394.95) and 394.68
-/// (394.41-395.05): +0.8% on both, every run with it above every run without.
+/// (394.41-395.05): +0.8% on both, every run with it above every run without. Again on
+/// 2026-12-04 (two rounds): Q2_0 329.96 / 329.62 against 328.74 / 329.18.
 pub const WEIGHTS_EVICT_FIRST: bool = true;
 
 /// The weights' L2 policy from `NIWAKI_CUDA_WEIGHTS_L2` (`first`: evict first; `normal`: the
@@ -697,7 +703,10 @@ pub fn weights_evict_first(setting: Option<&str>) -> bool {
 /// runs on the binary tensor cores. Since those kernels wait for one round trip to L2 per six
 /// chunks of a warp before their first tile (rather than one per chunk), the prefetch slows them: same binary, `NIWAKI_CUDA_PREFETCH_MB=0` against 8 on the H200, two
 /// rounds interleaved, tg128 Q1_0 354.5-356.5 against 341.2-348.3 tok/s, Q2_0 (dp4a) 269.4-275.8
-/// against 269.6-275.9.
+/// against 269.6-275.9. Again at b97be45's kernels (2026-12-04, one round, Q1_0, whose
+/// kernels read the codes the prefetch names): 449.9 tok/s with none, 444.0 with 4 MiB, 440.5
+/// with 8, 431.0 with 16. (The 2-bit kernels that take tile images read other bytes than the
+/// codes this prefetches.)
 pub fn default_prefetch_bytes(binary: bool) -> usize {
     if binary {
         0

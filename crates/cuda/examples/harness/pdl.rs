@@ -1,0 +1,202 @@
+//! Do a kernel's bulk copies issued before its `griddepcontrol.wait` stream while the kernel
+//! before it still runs, and when do its blocks start (`NIWAKI_HARNESS_ONLY=pdl`,
+//! kernels/pdl_probe.cu)? A first kernel that spins touching no memory, or one that streams a
+//! buffer, then a dependent one whose blocks copy a tile each, before their wait or after it,
+//! from bytes no earlier case read; the times are the blocks' own (global timer), in µs from
+//! the first block's wait ending.
+
+use niwaki_cuda::gpu::{Arg, Gpu};
+
+use crate::report::{Report, R};
+
+/// Bytes a block copies: a 2-bit 16-row tile of 5120 columns with its scales, about.
+const TILE: usize = 22 << 10;
+/// Replays of each case (a fresh region each, unless the case reads the last one again).
+const REPS: usize = 5;
+/// Bytes the streaming kernel reads (past the L2 cache).
+const STREAM: usize = 96 << 20;
+/// How long the spinning kernel spins: far longer than any launch takes to reach the device.
+const SPIN_US: u64 = 100;
+
+/// The kernel before the copies.
+#[derive(Clone, Copy)]
+enum First {
+    /// Spins [`SPIN_US`]; with `touch`, its threads first read a word every 64 KiB of the
+    /// region the copies read (their pages' translations cached); its first `quick` blocks end
+    /// at once.
+    Spin { touch: bool, quick: i32 },
+    /// Streams [`STREAM`] bytes, one block a multiprocessor.
+    Stream,
+}
+
+struct Case {
+    name: &'static str,
+    first: First,
+    /// The copies are issued before the wait (else after it).
+    before: bool,
+    /// The copies take the decode GEMVs' L2 policy for weights.
+    weights: bool,
+    /// The region the previous replay copied (in L2) rather than a fresh one.
+    again: bool,
+}
+
+const SPIN: First = First::Spin {
+    touch: false,
+    quick: 0,
+};
+
+const fn case(name: &'static str, first: First, before: bool) -> Case {
+    Case {
+        name,
+        first,
+        before,
+        weights: false,
+        again: false,
+    }
+}
+
+const CASES: [Case; 9] = [
+    case("before the wait, spin", SPIN, true),
+    case("after the wait, spin", SPIN, false),
+    Case {
+        weights: true,
+        ..case("before the wait, spin, weights' L2 policy", SPIN, true)
+    },
+    case(
+        "before the wait, spin, pages touched",
+        First::Spin {
+            touch: true,
+            quick: 0,
+        },
+        true,
+    ),
+    case(
+        "before the wait, spin, one block ending at once",
+        First::Spin {
+            touch: false,
+            quick: 1,
+        },
+        true,
+    ),
+    Case {
+        again: true,
+        ..case("before the wait, spin, bytes in L2", SPIN, true)
+    },
+    case("before the wait, after a stream", First::Stream, true),
+    Case {
+        weights: true,
+        ..case(
+            "before the wait, after a stream, weights' L2 policy",
+            First::Stream,
+            true,
+        )
+    },
+    case("after the wait, after a stream", First::Stream, false),
+];
+
+pub(crate) fn pdl_section(rep: &mut Report, gpu: &Gpu) -> R<()> {
+    let s = &gpu.stream;
+    let sms = gpu.info.multiprocessors.max(1) as u32;
+    let blocks = 3 * sms as usize;
+    let per_rep = blocks * TILE;
+    let stream = gpu.alloc(STREAM, "pdl probe stream")?;
+    let region = gpu.alloc(per_rep * (REPS * CASES.len() + 1), "pdl probe source")?;
+    let out = gpu.alloc(32 * blocks, "pdl probe times")?;
+    let sink = gpu.alloc(4, "pdl probe sink")?;
+    rep.line(format!(
+        "\nBulk copies before griddepcontrol.wait ({blocks} blocks of {} KiB after a kernel that \
+         spins {SPIN_US} µs or streams {} MiB; µs from the first wait's end, medians over \
+         blocks, then over {REPS} replays):",
+        TILE >> 10,
+        STREAM >> 20
+    ));
+    rep.line("| case | issued | copy done | wait ended | copy time (done − issued) |");
+    rep.line("|---|---|---|---|---|");
+    let mut next = 0usize;
+    for c in &CASES {
+        let mut rows: Vec<[f64; 4]> = Vec::new();
+        for _ in 0..REPS {
+            if !c.again {
+                next += 1;
+            }
+            let src = region.ptr + (next * per_rep) as u64;
+            match c.first {
+                First::Stream => gpu.launch(
+                    s,
+                    "read_sum",
+                    (sms, 1, 1),
+                    (512, 1, 1),
+                    &[
+                        Arg::Ptr(stream.ptr),
+                        Arg::U64((STREAM / 16) as u64),
+                        Arg::Ptr(sink.ptr),
+                    ],
+                )?,
+                First::Spin { touch, quick } => gpu.launch(
+                    s,
+                    "pdl_spin",
+                    (sms, 1, 1),
+                    (32, 1, 1),
+                    &[
+                        Arg::U64(SPIN_US * 1000),
+                        Arg::Ptr(if touch { src } else { 0 }),
+                        Arg::U64((per_rep / 4) as u64),
+                        Arg::U64(16 << 10),
+                        Arg::Ptr(sink.ptr),
+                        Arg::I32(quick),
+                    ],
+                )?,
+            }
+            gpu.launch_smem(
+                s,
+                "pdl_copy",
+                (blocks as u32, 1, 1),
+                (32, 1, 1),
+                TILE as u32,
+                &[
+                    Arg::Ptr(src),
+                    Arg::I32(TILE as i32),
+                    Arg::I32(i32::from(c.before)),
+                    Arg::I32(i32::from(c.weights)),
+                    Arg::Ptr(out.ptr),
+                ],
+            )?;
+            let mut t = vec![0u64; 4 * blocks];
+            gpu.read(s, out.ptr, &mut t)?;
+            rows.push(block_medians(&t, blocks));
+        }
+        rep.line(format!(
+            "| {} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            c.name,
+            median_of(&rows, 0),
+            median_of(&rows, 1),
+            median_of(&rows, 2),
+            median_of(&rows, 3)
+        ));
+    }
+    Ok(())
+}
+
+/// The blocks' median issue, completion and wait end (µs from the first wait end) and copy
+/// time, from `pdl_copy`'s records (issued, done, wait ended, multiprocessor).
+fn block_medians(t: &[u64], blocks: usize) -> [f64; 4] {
+    let t0 = (0..blocks).map(|b| t[4 * b + 2]).min().unwrap_or(0);
+    let us = |a: u64, b: u64| (a as i64 - b as i64) as f64 / 1e3;
+    let med = |f: &dyn Fn(usize) -> f64| {
+        let mut v: Vec<f64> = (0..blocks).map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    [
+        med(&|b| us(t[4 * b], t0)),
+        med(&|b| us(t[4 * b + 1], t0)),
+        med(&|b| us(t[4 * b + 2], t0)),
+        med(&|b| us(t[4 * b + 1], t[4 * b])),
+    ]
+}
+
+fn median_of(rows: &[[f64; 4]], k: usize) -> f64 {
+    let mut v: Vec<f64> = rows.iter().map(|r| r[k]).collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}

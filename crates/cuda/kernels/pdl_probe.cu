@@ -1,0 +1,79 @@
+// A probe of programmatic dependent launch (the harness's `pdl` mode, a measurement only): do a
+// dependent kernel's bulk copies issued before its griddepcontrol.wait stream while the kernel
+// before it still runs? The decode GEMVs request their ring's first tiles there (plan::
+// EARLY_TILES), yet the timeline's marks put those tiles' arrival after the previous kernel's
+// end whenever they were requested.
+//
+// pdl_spin: every block lets the dependent launch at once, then spins for `ns` nanoseconds of
+// the global timer, so that nothing of its own competes with the copies; first, with `touch`,
+// its threads read one word every `step` words of it (`words` in all), which leaves the
+// address translations of those pages cached (and a sector of each in L2). Blocks below `quick`
+// end at once (no spin, no touch).
+ENTRY __global__ void __launch_bounds__(32) pdl_spin(u64 ns, const u32* __restrict__ touch, u64 words, u64 step,
+                                                  u32* __restrict__ sink, int quick) {
+    pdl_launch();
+    pdl_wait();
+    if ((int)blockIdx.x < quick) return;
+    if (touch) {
+        u32 acc = 0;
+        for (u64 i = ((u64)blockIdx.x * 32 + threadIdx.x) * step; i < words; i += (u64)gridDim.x * 32 * step)
+            acc ^= touch[i];
+        // Never true for the harness's zeroed buffer: keeps the loads.
+        if (acc == 0x9e3779b9u) *sink = acc;
+    }
+    u64 t0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    for (;;) {
+        u64 t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (t - t0 >= ns) break;
+    }
+}
+
+// pdl_copy: block b copies `bytes` (a multiple of 16) from src + b·bytes into its shared memory
+// by one bulk copy (`weights`: the decode GEMVs' weights_g2s, with their L2 policy), issued
+// before its wait (`before`) or after it, and records the global timer when it issued the copy,
+// when the copy completed and when its wait ended, and its multiprocessor: out[4b .. 4b + 3].
+ENTRY __global__ void __launch_bounds__(32) pdl_copy(const unsigned char* __restrict__ src, u32 bytes, int before,
+                                                  int weights, u64* __restrict__ out) {
+#if __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(128) unsigned char buf[];
+    __shared__ __align__(8) u64 bar;
+    const u32 b = smem_addr(&bar);
+    if (threadIdx.x == 0) {
+        mbar_init(b, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncwarp();
+    u64 t_issue = 0, t_done, t_wait;
+    const unsigned char* from = src + (size_t)blockIdx.x * bytes;
+    if (before && threadIdx.x == 0) {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_issue));
+        mbar_expect_tx(b, bytes);
+        if (weights) weights_g2s(smem_addr(buf), from, bytes, b);
+        else bulk_g2s(smem_addr(buf), from, bytes, b);
+    }
+    pdl_launch();
+    pdl_wait();
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_wait));
+    if (!before && threadIdx.x == 0) {
+        t_issue = t_wait;
+        mbar_expect_tx(b, bytes);
+        if (weights) weights_g2s(smem_addr(buf), from, bytes, b);
+        else bulk_g2s(smem_addr(buf), from, bytes, b);
+    }
+    if (threadIdx.x == 0) {
+        mbar_wait(b, 0u);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_done));
+        u32 sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        out[4 * blockIdx.x] = t_issue;
+        out[4 * blockIdx.x + 1] = t_done;
+        out[4 * blockIdx.x + 2] = t_wait;
+        out[4 * blockIdx.x + 3] = sm;
+    }
+#else
+    // Bulk copies and their barriers are sm_90's.
+    __trap();
+#endif
+}
