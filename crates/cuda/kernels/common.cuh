@@ -82,7 +82,7 @@ __device__ __forceinline__ u64 argmax_key(float v, u32 row) {
 // schedules the next kernel later than that allows (the harness's `pdl` mode, H200): after a
 // kernel whose blocks all call pdl_launch() and then spin 100 µs, the next kernel's blocks
 // started 0.06 µs before its end; after one streaming memory, 3.3 µs before it. Copies those
-// blocks issue before their wait do stream at once.
+// blocks issue before their wait stream while that kernel runs.
 __device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -34,7 +34,10 @@ ENTRY __global__ void __launch_bounds__(32) pdl_spin(u64 ns, const u32* __restri
 // by one bulk copy (`weights`: the decode GEMVs' weights_g2s, with their L2 policy), issued
 // before its wait (`before`) or after it, and records the global timer when it issued the copy,
 // when the copy completed and when its wait ended, and its multiprocessor: out[4b .. 4b + 3].
-ENTRY __global__ void __launch_bounds__(32) pdl_copy(const unsigned char* __restrict__ src, u32 bytes, int before,
+// Warp 0 issues and waits; warp 1 watches the copy's barrier without waiting for the previous
+// kernel, so that a copy done before the wait ends is seen done then (a thread that waited
+// first would see it done only after). Blocks of 64 threads.
+ENTRY __global__ void __launch_bounds__(64) pdl_copy(const unsigned char* __restrict__ src, u32 bytes, int before,
                                                   int weights, u64* __restrict__ out) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) unsigned char buf[];
@@ -44,33 +47,34 @@ ENTRY __global__ void __launch_bounds__(32) pdl_copy(const unsigned char* __rest
         mbar_init(b, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    __syncwarp();
-    u64 t_issue = 0, t_done, t_wait;
-    const unsigned char* from = src + (size_t)blockIdx.x * bytes;
-    if (before && threadIdx.x == 0) {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_issue));
-        mbar_expect_tx(b, bytes);
-        if (weights) weights_g2s(smem_addr(buf), from, bytes, b);
-        else bulk_g2s(smem_addr(buf), from, bytes, b);
-    }
+    __syncthreads();
     pdl_launch();
-    pdl_wait();
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_wait));
-    if (!before && threadIdx.x == 0) {
-        t_issue = t_wait;
+    const unsigned char* from = src + (size_t)blockIdx.x * bytes;
+    auto copy = [&]() {
+        u64 t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
         mbar_expect_tx(b, bytes);
         if (weights) weights_g2s(smem_addr(buf), from, bytes, b);
         else bulk_g2s(smem_addr(buf), from, bytes, b);
-    }
+        return t;
+    };
     if (threadIdx.x == 0) {
-        mbar_wait(b, 0u);
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_done));
+        u64 t_issue = before ? copy() : 0;
+        pdl_wait();
+        u64 t_wait;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_wait));
+        if (!before) t_issue = copy();
         u32 sm;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
         out[4 * blockIdx.x] = t_issue;
-        out[4 * blockIdx.x + 1] = t_done;
         out[4 * blockIdx.x + 2] = t_wait;
         out[4 * blockIdx.x + 3] = sm;
+    } else if (threadIdx.x == 32) {
+        // Touches no buffer of an earlier kernel: `out` is this kernel's alone.
+        mbar_wait(b, 0u);
+        u64 t_done;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_done));
+        out[4 * blockIdx.x + 1] = t_done;
     }
 #else
     // Bulk copies and their barriers are sm_90's.

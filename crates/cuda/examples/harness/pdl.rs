@@ -151,7 +151,7 @@ pub(crate) fn pdl_section(rep: &mut Report, gpu: &Gpu) -> R<()> {
                 s,
                 "pdl_copy",
                 (blocks as u32, 1, 1),
-                (32, 1, 1),
+                (64, 1, 1),
                 TILE as u32,
                 &[
                     Arg::Ptr(src),
