@@ -30,6 +30,9 @@ pub struct Launch {
     /// fold).
     pub ready_median: Option<u64>,
     pub rows_last: Option<u64>,
+    /// When the first of its blocks had its first tile (mark 1): however early the blocks
+    /// asked for it, it says when the launch's weights first arrived.
+    pub tile_first: Option<u64>,
 }
 
 /// Per kind of op: launches, and their mean times (µs).
@@ -54,6 +57,9 @@ pub struct OpTimes {
     /// `active_us`, what a launch spends before its arithmetic and after its last row.
     pub ready_us: Option<f64>,
     pub rows_us: Option<f64>,
+    /// From the first block's wait ending to the first tile any block had (mean over the
+    /// launches whose blocks mark it).
+    pub tile_us: Option<f64>,
 }
 
 /// Groups the records into launches, in the order their first waits ended. `name` names a
@@ -90,6 +96,7 @@ pub fn launches(records: &[TraceRecord], name: impl Fn(TraceKind, u64) -> String
                     most_on_one_sm: per_sm.values().copied().max().unwrap_or(0),
                     ready_median: ready.get(ready.len() / 2).copied(),
                     rows_last: group.iter().map(|r| r.marks[2]).filter(|&m| m > 0).max(),
+                    tile_first: group.iter().map(|r| r.marks[1]).filter(|&m| m > 0).min(),
                 });
                 start = i;
             }
@@ -128,6 +135,7 @@ struct Sums {
     most_on_one_sm: usize,
     ready: (f64, usize),
     rows: (f64, usize),
+    tile: (f64, usize),
 }
 
 /// Mean times per op name, in the order the names first appear.
@@ -164,6 +172,9 @@ pub fn summarize(launches: &[Launch]) -> Vec<OpTimes> {
         if let Some(t) = l.rows_last {
             e.rows = (e.rows.0 + since_wait(t), e.rows.1 + 1);
         }
+        if let Some(t) = l.tile_first {
+            e.tile = (e.tile.0 + since_wait(t), e.tile.1 + 1);
+        }
     }
     let mean_us = |(sum, n): (f64, usize)| (n > 0).then(|| sum / n as f64 / 1e3);
     order
@@ -180,6 +191,7 @@ pub fn summarize(launches: &[Launch]) -> Vec<OpTimes> {
                 most_on_one_sm: e.most_on_one_sm,
                 ready_us: mean_us(e.ready),
                 rows_us: mean_us(e.rows),
+                tile_us: mean_us(e.tile),
                 name,
             }
         })
@@ -196,7 +208,7 @@ mod tests {
 
     fn marked(wait1: u64, ready: u64, rows: u64, end: u64) -> TraceRecord {
         TraceRecord {
-            marks: [ready, 0, rows, 0],
+            marks: [ready, ready + 100, rows, 0],
             ..rec(TraceKind::GemvBinary, 7, 0, wait1, end)
         }
     }
@@ -276,7 +288,7 @@ mod tests {
     }
 
     #[test]
-    fn the_blocks_marks_give_the_median_blocks_activations_and_the_last_rows() {
+    fn the_blocks_marks_give_the_median_blocks_activations_the_first_tile_and_the_last_rows() {
         // Two launches: blocks holding their activations at 3.7, 3.5, 4.0 µs (waits ending from
         // 3.0) and writing their rows by 6.0 and 7.0 (one block marking none), ending at 9.0;
         // then, 50 µs on, blocks at 1.2 and 1.6 µs after the wait, rows by 2.0.
@@ -288,21 +300,33 @@ mod tests {
             marked(53_000, 54_600, 54_000, 56_500),
         ];
         let l = launches(&recs, |k, t| format!("{k:?} {t}"));
-        let got: Vec<_> = l.iter().map(|l| (l.ready_median, l.rows_last)).collect();
+        let got: Vec<_> = l
+            .iter()
+            .map(|l| (l.ready_median, l.rows_last, l.tile_first))
+            .collect();
+        // Each block's first tile 0.1 µs after its activations: the launch's first at 3.6 and
+        // 54.3.
         assert_eq!(
             got,
-            [(Some(3_700), Some(7_000)), (Some(54_600), Some(55_000))]
+            [
+                (Some(3_700), Some(7_000), Some(3_600)),
+                (Some(54_600), Some(55_000), Some(54_300))
+            ]
         );
         let s = summarize(&l);
-        // (0.7 + 1.6) / 2 and (4.0 + 2.0) / 2 µs from the first wait's end.
+        // (0.7 + 1.6) / 2, (4.0 + 2.0) / 2 and (0.6 + 1.3) / 2 µs from the first wait's end.
         assert!((s[0].ready_us.unwrap() - 1.15).abs() < 1e-9);
         assert!((s[0].rows_us.unwrap() - 3.0).abs() < 1e-9);
+        assert!((s[0].tile_us.unwrap() - 0.95).abs() < 1e-9);
         // Kernels that mark nothing have neither.
         let plain = summarize(&launches(
             &[rec(TraceKind::Norm, 1, 0, 1_000, 2_000)],
             |k, t| format!("{k:?} {t}"),
         ));
-        assert_eq!((plain[0].ready_us, plain[0].rows_us), (None, None));
+        assert_eq!(
+            (plain[0].ready_us, plain[0].rows_us, plain[0].tile_us),
+            (None, None, None)
+        );
     }
 
     #[test]

@@ -61,7 +61,7 @@ fn timeline_table(format: Format, ops: &[niwaki_cuda::timeline::OpTimes]) -> Str
         .find(|o| o.name == "Gemv Output")
         .map_or(1, |o| o.launches.max(1));
     let mut t = format!(
-        "\n{format} decode step from the kernels' timestamps (`NIWAKI_CUDA_TRACE`, {replays} replays of the step's graph; GEMVs by matrix, other ops by kernel; untraced kernels fall into the gaps): per launch, *run* from its first block's wait ending to its last block's end, *ready* to its median block holding its activations and *rows* to its last block's rows written (the GEMVs' marks; the rest of *run* is its fold and its records), *gap* from the previous launch's last block ending to that wait ending, *early* how long its first block was resident before, *SMs* the multiprocessors a launch's blocks ran on (mean) and *most* the most blocks one of them ran in any launch\n\n| op | per token | run µs | ready µs | rows µs | gap µs | early µs | SMs | most | (run + gap) per token µs |\n|---|---|---|---|---|---|---|---|---|---|\n"
+        "\n{format} decode step from the kernels' timestamps (`NIWAKI_CUDA_TRACE`, {replays} replays of the step's graph; GEMVs by matrix, other ops by kernel; untraced kernels fall into the gaps): per launch, *run* from its first block's wait ending to its last block's end, *ready* to its median block holding its activations, *tile* to its first block's first tile arriving and *rows* to its last block's rows written (the GEMVs' marks; the rest of *run* is its fold and its records), *gap* from the previous launch's last block ending to that wait ending, *early* how long its first block was resident before, *SMs* the multiprocessors a launch's blocks ran on (mean) and *most* the most blocks one of them ran in any launch\n\n| op | per token | run µs | ready µs | tile µs | rows µs | gap µs | early µs | SMs | most | (run + gap) per token µs |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     let mut total = 0.0;
     for o in ops {
@@ -70,10 +70,11 @@ fn timeline_table(format: Format, ops: &[niwaki_cuda::timeline::OpTimes]) -> Str
         total += sum;
         let opt = |v: Option<f64>| v.map_or("—".to_string(), |v| format!("{v:.2}"));
         t += &format!(
-            "| {} | {per:.0} | {:.2} | {} | {} | {:.2} | {:.2} | {:.1} | {} | {sum:.0} |\n",
+            "| {} | {per:.0} | {:.2} | {} | {} | {} | {:.2} | {:.2} | {:.1} | {} | {sum:.0} |\n",
             o.name,
             o.active_us,
             opt(o.ready_us),
+            opt(o.tile_us),
             opt(o.rows_us),
             o.gap_us,
             o.early_us,
@@ -81,7 +82,7 @@ fn timeline_table(format: Format, ops: &[niwaki_cuda::timeline::OpTimes]) -> Str
             o.most_on_one_sm
         );
     }
-    t + &format!("| all | | | | | | | | | {total:.0} |\n")
+    t + &format!("| all | | | | | | | | | | {total:.0} |\n")
 }
 
 pub(crate) fn bench_27b(
