@@ -564,14 +564,31 @@ pub(crate) fn depth_27b(rep: &mut Report, format: Format) -> R<()> {
 
 /// A decode step's timeline alone (`NIWAKI_HARNESS_ONLY=timeline`, with `NIWAKI_CUDA_TRACE`):
 /// per op as the 27B section gives it, and every record where `NIWAKI_HARNESS_TRACE_CSV` names
-/// a folder.
+/// a folder. `NIWAKI_HARNESS_TIMELINE_MATS` (a comma list of matrix kinds, as `GdnIn,FfnDown`)
+/// keeps only the GEMVs of those matrices in the step: how they run back to back, without the
+/// kernels between them (the results meaningless).
 pub(crate) fn timeline_section(rep: &mut Report, formats: &[Format]) -> R<()> {
+    let mats = std::env::var("NIWAKI_HARNESS_TIMELINE_MATS").ok();
+    let kinds: Option<Vec<&str>> = mats
+        .as_deref()
+        .map(|m| m.split(',').map(str::trim).collect());
+    let keep = |op: &Op| match &kinds {
+        None => true,
+        Some(k) => op.matrix().is_some_and(|m| k.contains(&m.kind())),
+    };
+    if let Some(k) = &kinds {
+        rep.line(format!(
+            "
+The decode step's GEMVs of {} alone:",
+            k.join(", ")
+        ));
+    }
     for &format in formats {
         let g = load_27b(format)?;
         let mut st = g.new_state(4096)?;
         g.forward_greedy(&mut st, &[1, 2, 3, 4])?;
         // One set of replays gives the table and, where asked, every record.
-        let Some(records) = g.trace_decode_records(&mut st)? else {
+        let Some(records) = g.trace_decode_records(&mut st, &keep)? else {
             rep.line("no timeline: the kernels keep no records (set NIWAKI_CUDA_TRACE)");
             return Ok(());
         };

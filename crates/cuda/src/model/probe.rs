@@ -221,33 +221,31 @@ impl CudaModel {
         st: &mut CudaState,
     ) -> Result<Option<Vec<crate::timeline::OpTimes>>> {
         Ok(self
-            .trace_decode_records(st)?
+            .trace_decode_records(st, &|_| true)?
             .map(|records| crate::timeline::summarize_named(&records)))
     }
 
-    /// The records of a decode step's graph replays (`NIWAKI_CUDA_TRACE`; `None` where the
-    /// kernels keep none), each with its op's name ("Gemv" and the matrix's kind for the GEMVs,
-    /// else the kernel's kind).
+    /// The records of the graph replays of a decode step holding the ops `keep` accepts
+    /// (`NIWAKI_CUDA_TRACE`; `None` where the kernels keep none; as
+    /// [`CudaModel::time_decode_subset`], a subset's results are meaningless and its times say
+    /// how those ops run back to back), each with its op's name ("Gemv" and the matrix's kind
+    /// for the GEMVs, else the kernel's kind).
     pub fn trace_decode_records(
         &self,
         st: &mut CudaState,
+        keep: &dyn Fn(&Op) -> bool,
     ) -> Result<Option<Vec<(crate::gpu::TraceRecord, String)>>> {
         if !self.gpu.tracing() {
             return Ok(None);
         }
         self.gpu.take_trace()?;
-        self.time_decode_subset(st, &|_| true)?;
+        self.time_decode_subset(st, keep)?;
         let Some(records) = self.gpu.take_trace()? else {
             return Ok(None);
         };
         let mut gemvs = std::collections::HashMap::new();
         for op in forward_ops(&self.dims, 1, Head::Last, true, self.pass_fusion(st, 1)) {
-            if let Op::Gemv { mat, .. }
-            | Op::NormGemv { mat, .. }
-            | Op::GemvFold { mat, .. }
-            | Op::GemvScaled { mat, .. }
-            | Op::GemvSwiglu { mat, .. } = op
-            {
+            if let Some(mat) = op.matrix() {
                 gemvs.insert(self.mat(mat).scales.ptr, format!("Gemv {}", mat.kind()));
             }
         }

@@ -516,20 +516,24 @@ pub fn gdn_prep_smem(d: &Dims) -> usize {
     4 * (2 * GDN_CHUNK * (d.key_dim + 4) + GDN_CHUNK * GDN_CHUNK + 2 * GDN_CHUNK)
 }
 
-/// For each matrix a forward pass multiplies by, the one multiplied next (the last one's is the
-/// first: a decode step's next token starts again at the first layer).
-pub fn next_matrices(ops: &[Op]) -> Vec<(Mat, Mat)> {
-    let mats: Vec<Mat> = ops
-        .iter()
-        .filter_map(|op| match *op {
+impl Op {
+    /// The matrix the op multiplies by, for the GEMV ops.
+    pub fn matrix(&self) -> Option<Mat> {
+        match *self {
             Op::Gemv { mat, .. }
             | Op::NormGemv { mat, .. }
             | Op::GemvFold { mat, .. }
             | Op::GemvScaled { mat, .. }
             | Op::GemvSwiglu { mat, .. } => Some(mat),
             _ => None,
-        })
-        .collect();
+        }
+    }
+}
+
+/// For each matrix a forward pass multiplies by, the one multiplied next (the last one's is the
+/// first: a decode step's next token starts again at the first layer).
+pub fn next_matrices(ops: &[Op]) -> Vec<(Mat, Mat)> {
+    let mats: Vec<Mat> = ops.iter().filter_map(Op::matrix).collect();
     mats.iter()
         .enumerate()
         .map(|(i, &m)| (m, mats[(i + 1) % mats.len()]))

@@ -988,6 +988,51 @@ fn each_matrix_is_followed_by_the_next_one_multiplied() {
 }
 
 #[test]
+fn every_gemv_op_names_its_matrix_whatever_the_fusion() {
+    let d = dims(Preset::Tiny);
+    let layer_mats = |l: usize| match d.layers[l] {
+        LayerKind::Attention => [
+            Mat::AttnIn(l),
+            Mat::AttnOut(l),
+            Mat::FfnIn(l),
+            Mat::FfnDown(l),
+        ],
+        _ => [
+            Mat::GdnIn(l),
+            Mat::GdnOut(l),
+            Mat::FfnIn(l),
+            Mat::FfnDown(l),
+        ],
+    };
+    let want: Vec<Mat> = (0..d.layers.len())
+        .flat_map(layer_mats)
+        .chain([Mat::Output])
+        .collect();
+    for fusion in [
+        Fusion::default(),
+        Fusion {
+            norm: true,
+            ..Fusion::default()
+        },
+        Fusion {
+            fold: true,
+            swiglu: true,
+            ..Fusion::default()
+        },
+    ] {
+        let ops = forward_ops(&d, 1, Head::Last, true, fusion);
+        let mats: Vec<Mat> = ops.iter().filter_map(Op::matrix).collect();
+        assert_eq!(mats, want, "{fusion:?}");
+        // The other ops multiply by none.
+        assert!(ops
+            .iter()
+            .filter(|op| op.matrix().is_none())
+            .all(|op| !format!("{op:?}").starts_with("Gemv")
+                && !format!("{op:?}").starts_with("NormGemv")));
+    }
+}
+
+#[test]
 fn calls_are_cut_into_chunks() {
     let c: Vec<_> = chunks(2 * MAX_CHUNK + 22).collect();
     assert_eq!(
