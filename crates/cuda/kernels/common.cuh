@@ -121,6 +121,12 @@ __device__ __forceinline__ void pdl_launch() {
 // arrived and its rows were written, before its fold. Four keep a record 80 bytes, a multiple
 // of the 16 its stores may assume (with three, 72-byte records took a misaligned store).
 #define TRACE_MARKS 4
+// The global timer (ns), for the records and for the harness's probes.
+__device__ __forceinline__ u64 global_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
 #ifdef NIWAKI_TRACE
 struct TraceRec {
     u64 tag, wait0, wait1, end;
@@ -130,11 +136,6 @@ struct TraceRec {
 extern "C" {
 __device__ TraceRec niwaki_trace[NIWAKI_TRACE];
 __device__ u32 niwaki_trace_n;
-}
-__device__ __forceinline__ u64 global_ns() {
-    u64 t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
 }
 __shared__ u64 niwaki_trace_mk[TRACE_MARKS];
 __device__ __forceinline__ void trace_put(u32 kind, u64 tag, u64 wait0, u64 wait1) {

@@ -21,12 +21,8 @@ ENTRY __global__ void __launch_bounds__(32) pdl_spin(u64 ns, const u32* __restri
         // Never true for the harness's zeroed buffer: keeps the loads.
         if (acc == 0x9e3779b9u) *sink = acc;
     }
-    u64 t0;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    for (;;) {
-        u64 t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (t - t0 >= ns) break;
+    const u64 t0 = global_ns();
+    while (global_ns() - t0 < ns) {
     }
 }
 
@@ -51,8 +47,7 @@ ENTRY __global__ void __launch_bounds__(64) pdl_copy(const unsigned char* __rest
     pdl_launch();
     const unsigned char* from = src + (size_t)blockIdx.x * bytes;
     auto copy = [&]() {
-        u64 t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        const u64 t = global_ns();
         mbar_expect_tx(b, bytes);
         if (weights) weights_g2s(smem_addr(buf), from, bytes, b);
         else bulk_g2s(smem_addr(buf), from, bytes, b);
@@ -61,8 +56,7 @@ ENTRY __global__ void __launch_bounds__(64) pdl_copy(const unsigned char* __rest
     if (threadIdx.x == 0) {
         u64 t_issue = before ? copy() : 0;
         pdl_wait();
-        u64 t_wait;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_wait));
+        const u64 t_wait = global_ns();
         if (!before) t_issue = copy();
         u32 sm;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
@@ -72,9 +66,7 @@ ENTRY __global__ void __launch_bounds__(64) pdl_copy(const unsigned char* __rest
     } else if (threadIdx.x == 32) {
         // Touches no buffer of an earlier kernel: `out` is this kernel's alone.
         mbar_wait(b, 0u);
-        u64 t_done;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_done));
-        out[4 * blockIdx.x + 1] = t_done;
+        out[4 * blockIdx.x + 1] = global_ns();
     }
 #else
     // Bulk copies and their barriers are sm_90's.

@@ -572,14 +572,19 @@ pub(crate) fn timeline_section(rep: &mut Report, formats: &[Format]) -> R<()> {
     let kinds: Option<Vec<&str>> = mats
         .as_deref()
         .map(|m| m.split(',').map(str::trim).collect());
-    let keep = |op: &Op| match &kinds {
-        None => true,
-        Some(k) => op.matrix().is_some_and(|m| k.contains(&m.kind())),
+    // Every matrix kind the step multiplies by, as `keep` sees the step's ops.
+    let seen = std::cell::RefCell::new(std::collections::BTreeSet::new());
+    let keep = |op: &Op| {
+        let kind = op.matrix().map(|m| m.kind());
+        seen.borrow_mut().extend(kind);
+        match &kinds {
+            None => true,
+            Some(k) => kind.is_some_and(|m| k.contains(&m)),
+        }
     };
     if let Some(k) = &kinds {
         rep.line(format!(
-            "
-The decode step's GEMVs of {} alone:",
+            "\nThe decode step's GEMVs of {} alone:",
             k.join(", ")
         ));
     }
@@ -592,6 +597,15 @@ The decode step's GEMVs of {} alone:",
             rep.line("no timeline: the kernels keep no records (set NIWAKI_CUDA_TRACE)");
             return Ok(());
         };
+        // A kind the step does not multiply by (a misspelling) would leave nothing to read.
+        if let Some(missing) = kinds.iter().flatten().find(|k| !seen.borrow().contains(*k)) {
+            return Err(format!(
+                "NIWAKI_HARNESS_TIMELINE_MATS: the {format} decode step has no {missing} matrix \
+                 (its matrices: {})",
+                seen.borrow().iter().copied().collect::<Vec<_>>().join(", ")
+            )
+            .into());
+        }
         rep.line(timeline_table(
             format,
             &niwaki_cuda::timeline::summarize_named(&records),

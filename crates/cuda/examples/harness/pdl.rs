@@ -182,11 +182,7 @@ pub(crate) fn pdl_section(rep: &mut Report, gpu: &Gpu) -> R<()> {
 fn block_medians(t: &[u64], blocks: usize) -> [f64; 4] {
     let t0 = (0..blocks).map(|b| t[4 * b + 2]).min().unwrap_or(0);
     let us = |a: u64, b: u64| (a as i64 - b as i64) as f64 / 1e3;
-    let med = |f: &dyn Fn(usize) -> f64| {
-        let mut v: Vec<f64> = (0..blocks).map(f).collect();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
+    let med = |f: &dyn Fn(usize) -> f64| median((0..blocks).map(f).collect());
     [
         med(&|b| us(t[4 * b], t0)),
         med(&|b| us(t[4 * b + 1], t0)),
@@ -196,7 +192,11 @@ fn block_medians(t: &[u64], blocks: usize) -> [f64; 4] {
 }
 
 fn median_of(rows: &[[f64; 4]], k: usize) -> f64 {
-    let mut v: Vec<f64> = rows.iter().map(|r| r[k]).collect();
+    median(rows.iter().map(|r| r[k]).collect())
+}
+
+/// The upper median (of an even count, the larger middle value).
+fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
