@@ -79,10 +79,13 @@ __device__ __forceinline__ u64 argmax_key(float v, u32 row) {
 // complete before its own wait for k-1 returned. (A waiting block holds its resources, but
 // dependents launch only once every block of their predecessor is resident, so they can never
 // starve it.) Without the launch attribute (or before sm_90) both are no-ops. The device
-// schedules the next kernel later than that allows (the harness's `pdl` mode, H200): after a
-// kernel whose blocks all call pdl_launch() and then spin 100 µs, the next kernel's blocks
-// started 0.06 µs before its end; after one streaming memory, 3.3 µs before it. Copies those
-// blocks issue before their wait stream while that kernel runs.
+// schedules the next kernel later than that allows while the kernel before has a block on
+// every multiprocessor (the harness's `pdl` mode, H200): after 132 blocks that call
+// pdl_launch() and then spin 100 µs, the next kernel's blocks started 0.06 µs before their
+// end; after 132 streaming memory, 3.3 µs before; after five spinning 20 µs, 17.7 µs before.
+// Copies those blocks issue before their wait stream while that kernel runs. (A lane that
+// spins on a barrier while the rest of its warp is in pdl_wait() runs only once the wait
+// ends: a watch of a copy needs a warp of its own.)
 __device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -118,9 +121,9 @@ __device__ __forceinline__ void pdl_launch() {
 // Besides those, a block may mark up to TRACE_MARKS moments of its own (TRACE_MARK_FIRST: the
 // global timer the first time a thread passes, kept in the block's shared memory and written
 // with its record; 0 where never passed), e.g. when its activations were ready, its first tile
-// arrived and its rows were written, before its fold. Four keep a record 80 bytes, a multiple
+// arrived and its rows were written, before its fold. Six keep a record 96 bytes, a multiple
 // of the 16 its stores may assume (with three, 72-byte records took a misaligned store).
-#define TRACE_MARKS 4
+#define TRACE_MARKS 6
 // The global timer (ns), for the records and for the harness's probes.
 __device__ __forceinline__ u64 global_ns() {
     u64 t;

@@ -62,6 +62,16 @@ __device__ __forceinline__ void bmma_and_popc_acc(int* c, u32 a0, u32 a1, u32 b)
         : "r"(a0), "r"(a1), "r"(b));
 }
 
+// C = A·B over k = 256 as two k = 128 halves side by side: a0, a1 the rows g and g + 8 of the
+// first half (as bmma_and_popc's), a2, a3 those of the second, b0 and b1 the halves of B; so
+// one MMA counts what two bmma_and_popc count on (a0, a1, b0) and (a2, a3, b1), summed.
+__device__ __forceinline__ void bmma256_and_popc(int* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k256.row.col.s32.b1.b1.s32.and.popc {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
+
 // Word x rotated right by s (mod 32): bit q lands at q − s (mod 32), one funnel shift.
 __device__ __forceinline__ u32 rotr(u32 x, int s) { return __funnelshift_r(x, x, (u32)s); }
 
@@ -236,7 +246,9 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
 // chunk is 64 values, one activation group: lane (g, t) takes word t of rows g and g + 8, whose
 // code bits 1 and 2 of each value face the same activation bit (plane_word2). One MMA of the
 // words masked to their 2s, then one of the whole words accumulating onto it, counts
-// Σ code·bit for every plane: 2·(2s) + (1s and 2s). Per 256 weight bytes (16 rows × 64 values) a
+// Σ code·bit for every plane: 2·(2s) + (1s and 2s); with B2_K256 (plan::B2_K256) one MMA of
+// k = 256 takes both, the masked words in its first half and the whole ones in its second (one
+// MMA's latency where the two chained take two's). Per 256 weight bytes (16 rows × 64 values) a
 // warp issues two MMAs, two masks, its loads and the counts' scaling: about 25 instructions in
 // the PTX, against about 35 for the dp4a kernel's warps (whose lanes each spend ~70 on a 16-byte
 // chunk, 512 bytes a warp). J: chunks per warp (at most, unless EXACT).
@@ -314,8 +326,12 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
                 const float2 sc = ssm[warp + GEMV1_WARPS * j];
                 const u32 a0 = *(const u32*)(a + j * 2048), a1 = *(const u32*)(a + j * 2048 + 1024);
                 int c[4];
+#ifdef B2_K256
+                bmma256_and_popc(c, a0 & 0xAAAAAAAAu, a1 & 0xAAAAAAAAu, a0, a1, bw[j], bw[j]);
+#else
                 bmma_and_popc(c, a0 & 0xAAAAAAAAu, a1 & 0xAAAAAAAAu, bw[j]);
                 bmma_and_popc_acc(c, a0, a1, bw[j]);
+#endif
                 // k1·s·n (s the activation scale) as (k1·s)·n: the same bits, k1 being a power of
                 // two.
                 const float ks = k1 * sc.x, y = ysel * sc.y;
@@ -333,7 +349,9 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
         }
         // As the 1-bit consumers: done with stage s, partial sums written, then the arrival.
         __syncwarp();
+#ifndef ABLATE_WATCH
         if (threadIdx.x == 0 && i == mine - 1) TRACE_MARK_FIRST(3);
+#endif
         if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
         if (++s == stages) {
             s = 0;
@@ -378,6 +396,9 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     __shared__ __align__(8) u64 empty[GEMV1_MAX_STAGES];
     __shared__ float red[32];
     __shared__ __align__(8) u64 xbar;
+#if defined(ABLATE_WATCH) && defined(NIWAKI_TRACE)
+    const u64 watch_start = global_ns();
+#endif
     constexpr int TR = 16 * RG;
     static_assert(!XSM || (FMT == FMT_Q1 && !NORM), "staged activations: 1-bit rows, the norm apart");
     static_assert(!XP || (FMT == FMT_Q1 && !NORM), "plane words: 1-bit rows, the norm apart");
@@ -427,6 +448,9 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     // not queue behind those copies (plan::RING_LATE_Q1).
     constexpr bool late = FMT == FMT_Q1 && RING_LATE_Q1;
     const int first = min(stages, mine), before = min(first, early);
+#if defined(ABLATE_WATCH) && defined(NIWAKI_TRACE)
+    const u64 watch_issued = global_ns();
+#endif
     if (tid == 0)
         for (int i = 0; i < before; i++) issue(i);
     // The norm's weights are constant: a consumer's share is read before the wait.
@@ -438,7 +462,29 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
                                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     if (!CL && warp == 1) fold_prefetch(fold, mine, TR);
+#if defined(ABLATE_WATCH) && defined(NIWAKI_TRACE)
+    // A measurement of when the ring's first tile, requested before the wait, arrives: the
+    // producer warp watches its barrier before its own wait, where the consumers see it only
+    // after the wait and their activations; the next kernel is let launch first, as without
+    // the watch. The whole warp: a lane that watched while the others of its warp waited for
+    // the previous kernel saw the tile only once that wait had ended. Marks 3, 4 and 5 (set
+    // after the wait: TRACE_ENTRY clears the marks): the tile seen, the block's start and the
+    // tile's request (the consumers' mark 3 is left out).
+    u64 watch_seen = 0;
+    if (warp == GEMV1_WARPS && before > 0) {
+        pdl_launch();
+        mbar_wait(smem_addr(&bars[0]), 0u);
+        if (lane == 0) watch_seen = global_ns();
+    }
+#endif
     TRACE_ENTRY();
+#if defined(ABLATE_WATCH) && defined(NIWAKI_TRACE)
+    if (watch_seen) {
+        niwaki_trace_mk[3] = watch_seen;
+        niwaki_trace_mk[4] = watch_start;
+    }
+    if (tid == 0 && before > 0) niwaki_trace_mk[5] = watch_issued;
+#endif
     if (XSM && tid == 0) {
         // Before the ring's other tiles: the consumers' first wait.
         const u32 xb = smem_addr(&xbar);
@@ -617,7 +663,9 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
             // Every lane is done with stage s, and its partial sums are written, before the warp
             // arrives (a release the producer's wait acquires).
             __syncwarp();
+#ifndef ABLATE_WATCH
             if (threadIdx.x == 0 && i == mine - 1) TRACE_MARK_FIRST(3);
+#endif
             if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
             if (++s == stages) {
                 s = 0;

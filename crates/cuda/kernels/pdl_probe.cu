@@ -1,8 +1,9 @@
 // A probe of programmatic dependent launch (the harness's `pdl` mode, a measurement only): do a
 // dependent kernel's bulk copies issued before its griddepcontrol.wait stream while the kernel
 // before it still runs? The decode GEMVs request their ring's first tiles there (plan::
-// EARLY_TILES), yet the timeline's marks put those tiles' arrival after the previous kernel's
-// end whenever they were requested.
+// EARLY_TILES); their consumers see those tiles only after their own wait and activations, so
+// the probe watches a copy from a warp that does not wait (the GEMVs' own watch is
+// NIWAKI_CUDA_ABLATE=watch in traced builds).
 //
 // pdl_spin: every block lets the dependent launch at once, then spins for `ns` nanoseconds of
 // the global timer, so that nothing of its own competes with the copies; first, with `touch`,
@@ -28,12 +29,13 @@ ENTRY __global__ void __launch_bounds__(32) pdl_spin(u64 ns, const u32* __restri
 
 // pdl_copy: block b copies `bytes` (a multiple of 16) from src + b·bytes into its shared memory
 // by one bulk copy (`weights`: the decode GEMVs' weights_g2s, with their L2 policy), issued
-// before its wait (`before`) or after it, and records the global timer when it issued the copy,
+// before its wait (`before`) or after it (`weights` 2: by warp 0's plain loads), and records the global timer when it issued the copy,
 // when the copy completed and when its wait ended, and its multiprocessor: out[4b .. 4b + 3].
 // Warp 0 issues and waits; warp 1 watches the copy's barrier without waiting for the previous
 // kernel, so that a copy done before the wait ends is seen done then (a thread that waited
-// first would see it done only after). Blocks of 64 threads.
-ENTRY __global__ void __launch_bounds__(64) pdl_copy(const unsigned char* __restrict__ src, u32 bytes, int before,
+// first would see it done only after). Blocks of 64 threads or more (the others idle:
+// the harness gives some a decode GEMV's threads and shared memory).
+ENTRY __global__ void __launch_bounds__(288) pdl_copy(const unsigned char* __restrict__ src, u32 bytes, int before,
                                                   int weights, u64* __restrict__ out) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) unsigned char buf[];
@@ -53,6 +55,43 @@ ENTRY __global__ void __launch_bounds__(64) pdl_copy(const unsigned char* __rest
         else bulk_g2s(smem_addr(buf), from, bytes, b);
         return t;
     };
+    if (weights == 2) {
+        // Plain loads by warp 0's lanes instead of a bulk copy (the generic proxy, not the
+        // async one): issued and done as the warp sees them.
+        if (threadIdx.x >= 32) return;
+        auto load = [&]() {
+            const uint4* p = (const uint4*)from;
+            uint4 acc = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll 8
+            for (u32 i = threadIdx.x; i < bytes / 16; i += 32) {
+                const uint4 v = p[i];
+                acc.x ^= v.x;
+                acc.y ^= v.y;
+                acc.z ^= v.z;
+                acc.w ^= v.w;
+            }
+            ((uint4*)buf)[threadIdx.x] = acc;
+            __syncwarp();
+        };
+        u64 t_issue = global_ns();
+        if (before) load();
+        const u64 t_done = global_ns();
+        pdl_wait();
+        const u64 t_wait = global_ns();
+        if (!before) {
+            t_issue = t_wait;
+            load();
+        }
+        if (threadIdx.x == 0) {
+            u32 sm;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            out[4 * blockIdx.x] = t_issue;
+            out[4 * blockIdx.x + 1] = before ? t_done : global_ns();
+            out[4 * blockIdx.x + 2] = t_wait;
+            out[4 * blockIdx.x + 3] = sm;
+        }
+        return;
+    }
     if (threadIdx.x == 0) {
         u64 t_issue = before ? copy() : 0;
         pdl_wait();

@@ -29,10 +29,11 @@ const KNOBS: &[(&str, Takes)] = &[
     // A measurement only: the binary decode GEMVs without a part of their work (their plane
     // words' bit gathering; their tiles' arithmetic; of the 1-bit consumers' arithmetic, the
     // MMAs alone or the counts' scaling alone) or every residual GEMV without its norm's fold.
-    // The results are wrong; the time says what that part costs.
+    // The results are wrong; the time says what that part costs. `watch` takes nothing out: in
+    // traced builds a binary GEMV's producer watches its ring's first tile before its wait.
     (
         "NIWAKI_CUDA_ABLATE",
-        Takes::OneOf(&["planes", "mma", "mmaop", "fp", "fold"]),
+        Takes::OneOf(&["planes", "mma", "mmaop", "fp", "fold", "watch"]),
     ),
     ("NIWAKI_CUDA_ATTN_SHORT", Takes::Number),
     ("NIWAKI_CUDA_ATTN_TILE", Takes::OneOf(&ATTN_TILES)),
@@ -45,6 +46,7 @@ const KNOBS: &[(&str, Takes)] = &[
     ("NIWAKI_CUDA_B1_TILE_ROWS", Takes::OneOf(&["16", "32"])),
     ("NIWAKI_CUDA_B1_X_STAGE", Takes::OnOff),
     ("NIWAKI_CUDA_B2", Takes::OnOff),
+    ("NIWAKI_CUDA_B2_K256", Takes::OnOff),
     ("NIWAKI_CUDA_CACHE", Takes::Path),
     ("NIWAKI_CUDA_DEVICE_EMBED", Takes::OnOff),
     ("NIWAKI_CUDA_EARLY_TILES", Takes::Number),
@@ -201,6 +203,7 @@ mod tests {
         assert!(one("NIWAKI_CUDA_B1_TILE_ROWS", "24").is_err());
         assert!(one("NIWAKI_CUDA_EARLY_TILES", "2").is_ok());
         assert!(one("NIWAKI_CUDA_ABLATE", "mma").is_ok());
+        assert!(one("NIWAKI_CUDA_ABLATE", "watch").is_ok());
         assert!(one("NIWAKI_CUDA_ABLATE", "").is_err());
         assert!(one("NIWAKI_CUDA_ABLATE", "norm").is_err());
         assert!(one("NIWAKI_CUDA_EARLY_TILES", "-1").is_err());

@@ -208,7 +208,7 @@ mod tests {
 
     fn marked(wait1: u64, ready: u64, rows: u64, end: u64) -> TraceRecord {
         TraceRecord {
-            marks: [ready, ready + 100, rows, 0],
+            marks: [ready, ready + 100, rows, 0, 0, 0],
             ..rec(TraceKind::GemvBinary, 7, 0, wait1, end)
         }
     }

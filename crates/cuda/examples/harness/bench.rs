@@ -40,12 +40,13 @@ fn write_trace_csv(
     records: &[(niwaki_cuda::gpu::TraceRecord, String)],
     path: &std::path::Path,
 ) -> R<()> {
-    let mut text = String::from("op,block,sm,wait0,wait1,mark0,mark1,mark2,mark3,end\n");
+    let mut text =
+        String::from("op,block,sm,wait0,wait1,mark0,mark1,mark2,mark3,mark4,mark5,end\n");
     for (r, name) in records {
-        let [m0, m1, m2, m3] = r.marks;
+        let [m0, m1, m2, m3, m4, m5] = r.marks;
         writeln!(
             text,
-            "{name},{},{},{},{},{m0},{m1},{m2},{m3},{}",
+            "{name},{},{},{},{},{m0},{m1},{m2},{m3},{m4},{m5},{}",
             r.block, r.sm, r.wait0, r.wait1, r.end
         )?;
     }

@@ -5,6 +5,7 @@
 //! from bytes no earlier case read; the times are the blocks' own (global timer), in µs from
 //! the first block's wait ending.
 
+use cudarc::driver::sys;
 use niwaki_cuda::gpu::{Arg, Gpu};
 
 use crate::report::{Report, R};
@@ -27,7 +28,17 @@ enum First {
     Spin { touch: bool, quick: i32 },
     /// Streams [`STREAM`] bytes, one block a multiprocessor.
     Stream,
+    /// [`FEW`] blocks spin [`FEW_US`], leaving the multiprocessors to the dependent kernel's
+    /// blocks at once (as a decode step's norm does).
+    Few,
 }
+
+/// The blocks of [`First::Few`], and how long they spin.
+const FEW: u32 = 5;
+const FEW_US: u64 = 20;
+/// Threads and shared memory of [`Case::big`]'s blocks: a 2-bit decode GEMV's.
+const BIG_THREADS: u32 = 288;
+const BIG_SMEM: u32 = 72 << 10;
 
 struct Case {
     name: &'static str,
@@ -38,6 +49,12 @@ struct Case {
     weights: bool,
     /// The region the previous replay copied (in L2) rather than a fresh one.
     again: bool,
+    /// Both kernels captured into a graph and launched as one, as decode runs its step.
+    graph: bool,
+    /// Warp 0's plain loads rather than a bulk copy.
+    plain: bool,
+    /// Blocks of a decode GEMV's threads and shared memory ([`BIG_THREADS`], [`BIG_SMEM`]).
+    big: bool,
 }
 
 const SPIN: First = First::Spin {
@@ -52,10 +69,13 @@ const fn case(name: &'static str, first: First, before: bool) -> Case {
         before,
         weights: false,
         again: false,
+        graph: false,
+        plain: false,
+        big: false,
     }
 }
 
-const CASES: [Case; 9] = [
+const CASES: [Case; 16] = [
     case("before the wait, spin", SPIN, true),
     case("after the wait, spin", SPIN, false),
     Case {
@@ -92,6 +112,52 @@ const CASES: [Case; 9] = [
         )
     },
     case("after the wait, after a stream", First::Stream, false),
+    Case {
+        graph: true,
+        ..case("before the wait, spin, in a graph", SPIN, true)
+    },
+    Case {
+        graph: true,
+        ..case(
+            "before the wait, after a stream, in a graph",
+            First::Stream,
+            true,
+        )
+    },
+    Case {
+        plain: true,
+        ..case(
+            "before the wait, after a stream, plain loads",
+            First::Stream,
+            true,
+        )
+    },
+    Case {
+        plain: true,
+        graph: true,
+        ..case(
+            "before the wait, after a stream, in a graph, plain loads",
+            First::Stream,
+            true,
+        )
+    },
+    case("before the wait, few blocks spinning", First::Few, true),
+    Case {
+        big: true,
+        ..case(
+            "before the wait, few blocks spinning, GEMV-sized blocks",
+            First::Few,
+            true,
+        )
+    },
+    Case {
+        big: true,
+        ..case(
+            "before the wait, after a stream, GEMV-sized blocks",
+            First::Stream,
+            true,
+        )
+    },
 ];
 
 pub(crate) fn pdl_section(rep: &mut Report, gpu: &Gpu) -> R<()> {
@@ -120,6 +186,9 @@ pub(crate) fn pdl_section(rep: &mut Report, gpu: &Gpu) -> R<()> {
                 next += 1;
             }
             let src = region.ptr + (next * per_rep) as u64;
+            if c.graph {
+                s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+            }
             match c.first {
                 First::Stream => gpu.launch(
                     s,
@@ -130,6 +199,20 @@ pub(crate) fn pdl_section(rep: &mut Report, gpu: &Gpu) -> R<()> {
                         Arg::Ptr(stream.ptr),
                         Arg::U64((STREAM / 16) as u64),
                         Arg::Ptr(sink.ptr),
+                    ],
+                )?,
+                First::Few => gpu.launch(
+                    s,
+                    "pdl_spin",
+                    (FEW, 1, 1),
+                    (32, 1, 1),
+                    &[
+                        Arg::U64(FEW_US * 1000),
+                        Arg::Ptr(0),
+                        Arg::U64(0),
+                        Arg::U64(1),
+                        Arg::Ptr(sink.ptr),
+                        Arg::I32(0),
                     ],
                 )?,
                 First::Spin { touch, quick } => gpu.launch(
@@ -151,18 +234,29 @@ pub(crate) fn pdl_section(rep: &mut Report, gpu: &Gpu) -> R<()> {
                 s,
                 "pdl_copy",
                 (blocks as u32, 1, 1),
-                (64, 1, 1),
-                TILE as u32,
+                (if c.big { BIG_THREADS } else { 64 }, 1, 1),
+                if c.big { BIG_SMEM } else { TILE as u32 },
                 &[
                     Arg::Ptr(src),
                     Arg::I32(TILE as i32),
                     Arg::I32(i32::from(c.before)),
-                    Arg::I32(i32::from(c.weights)),
+                    Arg::I32(if c.plain { 2 } else { i32::from(c.weights) }),
                     Arg::Ptr(out.ptr),
                 ],
             )?;
+            // Kept until the times are read: the replay may still run.
+            let graph = if c.graph {
+                let g = s
+                    .end_capture(sys::CUgraphInstantiate_flags(0))?
+                    .ok_or("the probe's graph is empty")?;
+                g.launch()?;
+                Some(g)
+            } else {
+                None
+            };
             let mut t = vec![0u64; 4 * blocks];
             gpu.read(s, out.ptr, &mut t)?;
+            drop(graph);
             rows.push(block_medians(&t, blocks));
         }
         rep.line(format!(

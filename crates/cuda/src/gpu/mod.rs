@@ -569,10 +569,17 @@ impl Gpu {
     pub fn new(dims: &Dims) -> Result<Gpu> {
         knobs::check_env()?;
         if let Some(what) = compile::ablation() {
-            // A measurement switch left set would otherwise serve wrong outputs without a word.
-            eprintln!(
-                "warning: NIWAKI_CUDA_ABLATE={what} takes part of the kernels' work out: outputs are wrong (for measuring only)"
-            );
+            // A measurement switch left set would otherwise serve wrong outputs (or, with
+            // `watch`, slower ones) without a word.
+            if what == "watch" {
+                eprintln!(
+                    "warning: NIWAKI_CUDA_ABLATE=watch makes traced binary GEMVs watch their first tile before their wait (for measuring only)"
+                );
+            } else {
+                eprintln!(
+                    "warning: NIWAKI_CUDA_ABLATE={what} takes part of the kernels' work out: outputs are wrong (for measuring only)"
+                );
+            }
         }
         let ctx = open_context()?;
         let info = device_info(&ctx)?;
@@ -671,6 +678,10 @@ impl Gpu {
                     plan::GEMV_B1_STATIC_SMEM
                 } else if k.starts_with("gemv1_") || k.starts_with("gemv_chain_") {
                     plan::GEMV1_STATIC_SMEM
+                } else if k == "pdl_copy" {
+                    // The probe's blocks may take a decode GEMV's shared memory; its barrier
+                    // is all it has beside.
+                    1 << 10
                 } else {
                     continue;
                 };

@@ -59,7 +59,7 @@ impl TraceKind {
 }
 
 /// Moments a block may mark of its own (`TRACE_MARKS` in kernels/common.cuh).
-pub const TRACE_MARKS: usize = 4;
+pub const TRACE_MARKS: usize = 6;
 
 /// One block's record: the kernel, the tag telling its launches apart (a pointer argument),
 /// and the global timer (ns) when the block began and ended its wait for the previous kernel,
@@ -92,6 +92,10 @@ struct RawRecord {
     pad: u32,
     marks: [u64; TRACE_MARKS],
 }
+
+// The kernels store a record with 16-byte stores: its size must stay a multiple of 16 (as
+// `TRACE_MARKS` in kernels/common.cuh says).
+const _: () = assert!(std::mem::size_of::<RawRecord>().is_multiple_of(16));
 
 impl Gpu {
     /// Whether the kernels were compiled with timeline records.

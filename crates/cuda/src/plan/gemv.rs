@@ -561,9 +561,21 @@ pub fn gemv_b2_kernel(format: GpuFormat, per_warp: usize) -> Option<(&'static st
 /// kernels (2026-12-04, `-p 0 -n 128 -r 3`, two rounds): Q2_0 329.0 / 330.2 with one, 308.3 /
 /// 309.5 with two, 308.4 / 309.5 with three; the timeline's marks put a 2-bit GEMV's
 /// activations in its consumers' registers 3.9 µs after its wait with none, 2.05 with one and
-/// 1.46 with two (the loads queue behind the copies requested after the wait), and its first
-/// tile about 2 µs after its wait whenever that tile was requested (1 to 7 µs before).
+/// 1.46 with two (the loads queue behind the copies requested after the wait). The tile
+/// requested early is there before the wait ends (a watching warp, `NIWAKI_CUDA_ABLATE=watch`:
+/// a GdnIn block requests it 2.9 µs before ffn_down's last block ends and holds it 1.2 µs
+/// later), so the consumers take it as soon as they hold their activations; with three early
+/// tiles those are there 1 µs sooner, but the previous kernel's fold runs about 2 µs longer
+/// under the next one's copies (ffn_down's last rows to its end 5.1 µs against 3.2).
 pub const EARLY_TILES: usize = 1;
+
+/// Whether the 2-bit binary decode GEMVs count a chunk by one MMA of k = 256 (its masked and
+/// whole code words side by side) rather than two chained MMAs of k = 128: a compile-time
+/// choice of the program (`B2_K256`; `NIWAKI_CUDA_B2_K256=1` turns it on). The same counts by
+/// the PTX ISA's fragment layouts (k = 256's are k = 128's two halves), not yet checked against
+/// the CPU on the GPU, hence off. One H200 call (2026-12-04, `niwaki bench --device cuda -p 0 -n
+/// 128 -r 3`, Q2_0, one run each): 330.04 tok/s against 326.11.
+pub const B2_K256: bool = false;
 
 /// Whether the 1-bit binary decode GEMVs request the rest of their ring (after the tiles
 /// requested before the wait, [`EARLY_TILES`]) once their first consumer warp holds its plane
