@@ -247,8 +247,9 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
 // code bits 1 and 2 of each value face the same activation bit (plane_word2). One MMA of the
 // words masked to their 2s, then one of the whole words accumulating onto it, counts
 // Σ code·bit for every plane: 2·(2s) + (1s and 2s); with B2_K256 (plan::B2_K256) one MMA of
-// k = 256 takes both, the masked words in its first half and the whole ones in its second (one
-// MMA's latency where the two chained take two's). Per 256 weight bytes (16 rows × 64 values) a
+// k = 256 takes both, the code words twice and the activations' plane word masked to the 2s in
+// its first half, whole in its second (one MMA's latency where the two chained take two's, and
+// one mask where there were two). Per 256 weight bytes (16 rows × 64 values) a
 // warp issues two MMAs, two masks, its loads and the counts' scaling: about 25 instructions in
 // the PTX, against about 35 for the dp4a kernel's warps (whose lanes each spend ~70 on a 16-byte
 // chunk, 512 bytes a warp). J: chunks per warp (at most, unless EXACT).
@@ -327,7 +328,9 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
                 const u32 a0 = *(const u32*)(a + j * 2048), a1 = *(const u32*)(a + j * 2048 + 1024);
                 int c[4];
 #ifdef B2_K256
-                bmma256_and_popc(c, a0 & 0xAAAAAAAAu, a1 & 0xAAAAAAAAu, a0, a1, bw[j], bw[j]);
+                // The 2s' mask on the activations' word (a chunk's, the same for every tile)
+                // rather than on the tile's two: a & (w & M) = (a & M) & w.
+                bmma256_and_popc(c, a0, a1, a0, a1, bw[j] & 0xAAAAAAAAu, bw[j]);
 #else
                 bmma_and_popc(c, a0 & 0xAAAAAAAAu, a1 & 0xAAAAAAAAu, bw[j]);
                 bmma_and_popc_acc(c, a0, a1, bw[j]);

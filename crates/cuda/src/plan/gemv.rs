@@ -574,7 +574,10 @@ pub const EARLY_TILES: usize = 1;
 /// choice of the program (`B2_K256`; `NIWAKI_CUDA_B2_K256=1` turns it on). The same counts by
 /// the PTX ISA's fragment layouts (k = 256's are k = 128's two halves), not yet checked against
 /// the CPU on the GPU, hence off. One H200 call (2026-12-04, `niwaki bench --device cuda -p 0 -n
-/// 128 -r 3`, Q2_0, one run each): 330.04 tok/s against 326.11.
+/// 128 -r 3`, Q2_0, one run each): 330.04 tok/s against 326.11, with the masks on the code words
+/// (the SASS's tile loop of the 5120-wide image kernel 276 instructions against 275: the MMA's
+/// four A registers take copies); the form committed masks the activations' word instead, 267
+/// instructions, not yet measured.
 pub const B2_K256: bool = false;
 
 /// Whether the 1-bit binary decode GEMVs request the rest of their ring (after the tiles
