@@ -253,6 +253,10 @@ fn bench_reports_json() {
         assert_eq!(runs.len(), 2, "{key}: {v}");
         assert!(runs.iter().all(|x| x.as_f64().is_some_and(|x| x > 0.0)));
     }
+    // The two decode runs picked the same tokens (greedy decode is deterministic), named by
+    // their digest.
+    assert_eq!(v["tg_tokens_agree"], true, "{v}");
+    assert_eq!(v["tg_tokens_fnv64"].as_str().map(str::len), Some(16), "{v}");
 }
 
 #[test]

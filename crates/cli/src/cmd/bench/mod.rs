@@ -2,6 +2,7 @@
 //! the memory bandwidth sets, measured in the same command.
 
 mod cpu_bandwidth;
+mod picks;
 mod report;
 
 use std::path::PathBuf;
@@ -100,6 +101,8 @@ struct Runs {
     pp: Vec<f64>,
     tg: Vec<f64>,
     state_bytes: u64,
+    /// The tokens each decode run picked.
+    picks: Option<picks::Picks>,
 }
 
 /// Prefill and decode tok/s of every repetition, on any backend; `after_decode` runs after
@@ -126,12 +129,14 @@ fn measure<B: engine::Backend>(
     }
     let mut tg = Vec::new();
     let mut state_bytes = 0;
+    let mut picked = Vec::new();
     for r in 0..a.reps {
         if a.n_gen == 0 {
             break;
         }
         let mut state = new_state()?;
         let mut tok = prompt.first().copied().unwrap_or(1);
+        let mut toks = Vec::with_capacity(a.n_gen);
         let t = Instant::now();
         for _ in 0..a.n_gen {
             tok = if a.host_logits {
@@ -140,8 +145,10 @@ fn measure<B: engine::Backend>(
             } else {
                 model.forward_argmax(&mut state, &[tok])?
             };
+            toks.push(tok);
         }
         let s = a.n_gen as f64 / t.elapsed().as_secs_f64();
+        picked.push(toks);
         eprintln!("tg{} run {}/{}: {s:.2} tok/s", a.n_gen, r + 1, a.reps);
         tg.push(s);
         state_bytes = bytes(&state);
@@ -152,6 +159,7 @@ fn measure<B: engine::Backend>(
         pp,
         tg,
         state_bytes,
+        picks: picks::Picks::of(&picked),
     })
 }
 
@@ -200,6 +208,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
         host_logits: a.host_logits,
         pp: runs.pp,
         tg: runs.tg,
+        picks: runs.picks,
         bw_after,
         // The cache a decode step reads: on average the depth plus half the generated tokens.
         bytes_per_token: bytes_per_token(&model, a.depth + a.n_gen / 2, kv),

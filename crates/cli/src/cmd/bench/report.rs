@@ -63,6 +63,8 @@ pub struct Report<'a> {
     /// tok/s of each repetition.
     pub pp: Vec<f64>,
     pub tg: Vec<f64>,
+    /// The tokens the decode runs picked (`None` without a decode run).
+    pub picks: Option<super::picks::Picks>,
     /// Read bandwidth (GB/s) measured after each decode run (or once, with none).
     pub bw_after: Vec<f64>,
     /// Bytes a decode step moves at the runs' average context.
@@ -148,6 +150,10 @@ impl Report<'_> {
         if let (Some(o), serde_json::Value::Object(extra)) = (o.as_object_mut(), extra) {
             o.extend(extra);
         }
+        if let (Some(o), Some(p)) = (o.as_object_mut(), self.picks) {
+            o.insert("tg_tokens_fnv64".into(), p.hex().into());
+            o.insert("tg_tokens_agree".into(), p.agree.into());
+        }
         o
     }
 
@@ -208,6 +214,17 @@ impl Report<'_> {
                 self.floor(),
                 100.0 * self.fraction()
             );
+            if let Some(p) = self.picks {
+                s += &format!(
+                    "decode tokens: FNV-1a {} (the first run's), {}\n",
+                    p.hex(),
+                    if p.agree {
+                        "the same in every run"
+                    } else {
+                        "NOT the same in every run: decode is not deterministic here"
+                    }
+                );
+            }
         }
         let (kv_cache, state) = (self.kv_cache, gib(self.state_bytes));
         s += &match &self.place {
@@ -249,6 +266,7 @@ mod tests {
             host_logits: false,
             pp: vec![10.0, 30.0, 20.0],
             tg,
+            picks: None,
             bw_after,
             bytes_per_token: 4_000_000_000,
         }
@@ -289,6 +307,29 @@ mod tests {
             vec![],
         );
         assert_eq!(none.fractions(), vec![0.0]);
+    }
+
+    #[test]
+    fn the_decode_picks_are_reported_and_runs_that_differ_are_called_out() {
+        let cpu = Place::Cpu {
+            threads: 2,
+            peak_rss: 1 << 30,
+            simd: "avx2",
+        };
+        let mut r = report(cpu, vec![5.0, 6.0], vec![30.0, 30.0]);
+        let t = r.table();
+        assert!(!t.contains("decode tokens"), "{t}");
+        assert!(r.json().get("tg_tokens_fnv64").is_none());
+        r.picks = super::super::picks::Picks::of(&[vec![1, 2, 3], vec![1, 2, 3]]);
+        let (t, j) = (r.table(), r.json());
+        let hex = r.picks.map(|p| p.hex()).unwrap_or_default();
+        assert!(t.contains(&format!("decode tokens: FNV-1a {hex}")), "{t}");
+        assert!(t.contains("the same in every run"), "{t}");
+        assert_eq!(j["tg_tokens_fnv64"], hex.as_str());
+        assert_eq!(j["tg_tokens_agree"], true);
+        r.picks = super::super::picks::Picks::of(&[vec![1, 2, 3], vec![1, 2, 4]]);
+        assert!(r.table().contains("NOT the same in every run"));
+        assert_eq!(r.json()["tg_tokens_agree"], false);
     }
 
     #[test]
