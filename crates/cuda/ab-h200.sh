@@ -47,3 +47,6 @@ for round in $(seq 1 "$rounds"); do
 done
 echo "medians by setting and file:"
 awk '$4 != "failed" { m[$2 " " $3] = m[$2 " " $3] " " $4 } END { for (k in m) print k ":" m[k] }' "$out/ab.txt" | sort
+# Settings that give the same bits pick the same tokens: a file whose runs show more than one
+# digest had a setting change the results (or a run that was not deterministic).
+awk '$7 == "tokens" { d[$3] = d[$3] (index(d[$3], $8) ? "" : " " $8) } END { for (f in d) print f " token digests:" d[f] (split(d[f], x, " ") > 1 ? "  DIFFER" : "  the same") }' "$out/ab.txt" | sort
