@@ -171,8 +171,8 @@ pub(crate) fn pdl_section(rep: &mut Report, gpu: &Gpu) -> R<()> {
     let sink = gpu.alloc(4, "pdl probe sink")?;
     rep.line(format!(
         "\nBulk copies before griddepcontrol.wait ({blocks} blocks of {} KiB after a kernel that \
-         spins {SPIN_US} µs or streams {} MiB; µs from the first wait's end, medians over \
-         blocks, then over {REPS} replays):",
+         spins {SPIN_US} µs, streams {} MiB or has {FEW} blocks spin {FEW_US} µs; µs from the \
+         first wait's end, medians over blocks, then over {REPS} replays):",
         TILE >> 10,
         STREAM >> 20
     ));
