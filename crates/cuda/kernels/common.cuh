@@ -130,6 +130,13 @@ __device__ __forceinline__ u64 global_ns() {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
+
+// The multiprocessor the block runs on, for the same.
+__device__ __forceinline__ u32 sm_id() {
+    u32 sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    return sm;
+}
 #ifdef NIWAKI_TRACE
 struct TraceRec {
     u64 tag, wait0, wait1, end;
@@ -144,8 +151,7 @@ __shared__ u64 niwaki_trace_mk[TRACE_MARKS];
 __device__ __forceinline__ void trace_put(u32 kind, u64 tag, u64 wait0, u64 wait1) {
     const u32 i = atomicAdd(&niwaki_trace_n, 1u);
     if (i >= NIWAKI_TRACE) return;
-    u32 sm;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    const u32 sm = sm_id();
     TraceRec r;
     r.tag = tag;
     r.wait0 = wait0;

@@ -27,16 +27,17 @@ ENTRY __global__ void __launch_bounds__(32) pdl_spin(u64 ns, const u32* __restri
     }
 }
 
-// pdl_copy: block b copies `bytes` (a multiple of 16) from src + b·bytes into its shared memory
-// by one bulk copy (`weights`: the decode GEMVs' weights_g2s, with their L2 policy), issued
-// before its wait (`before`) or after it (`weights` 2: by warp 0's plain loads), and records the global timer when it issued the copy,
-// when the copy completed and when its wait ended, and its multiprocessor: out[4b .. 4b + 3].
-// Warp 0 issues and waits; warp 1 watches the copy's barrier without waiting for the previous
-// kernel, so that a copy done before the wait ends is seen done then (a thread that waited
-// first would see it done only after). Blocks of 64 threads or more (the others idle:
-// the harness gives some a decode GEMV's threads and shared memory).
+// pdl_copy: block b copies `bytes` (a multiple of 16) from src + b·bytes into its shared memory,
+// issued before its wait (`before`) or after it, `how`: 0 by one bulk copy, 1 by the decode
+// GEMVs' weights_g2s (their L2 policy), 2 by warp 0's plain loads; and records the global
+// timer when it issued the copy, when the copy completed and when its wait ended, and its
+// multiprocessor: out[4b .. 4b + 3]. With a bulk copy warp 0 issues and waits, and warp 1
+// watches the copy's barrier without waiting for the previous kernel, so that a copy done
+// before the wait ends is seen done then (a thread that waited first would see it done only
+// after). Blocks of 64 threads or more (the others idle: the harness gives some a decode
+// GEMV's threads and shared memory).
 ENTRY __global__ void __launch_bounds__(288) pdl_copy(const unsigned char* __restrict__ src, u32 bytes, int before,
-                                                  int weights, u64* __restrict__ out) {
+                                                  int how, u64* __restrict__ out) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) unsigned char buf[];
     __shared__ __align__(8) u64 bar;
@@ -48,16 +49,16 @@ ENTRY __global__ void __launch_bounds__(288) pdl_copy(const unsigned char* __res
     __syncthreads();
     pdl_launch();
     const unsigned char* from = src + (size_t)blockIdx.x * bytes;
-    auto copy = [&]() {
-        const u64 t = global_ns();
-        mbar_expect_tx(b, bytes);
-        if (weights) weights_g2s(smem_addr(buf), from, bytes, b);
-        else bulk_g2s(smem_addr(buf), from, bytes, b);
-        return t;
+    u64* rec = out + 4 * blockIdx.x;
+    // Thread 0's part of the record: the request, the wait's end and the multiprocessor.
+    auto record = [&](u64 t_issue, u64 t_wait) {
+        rec[0] = t_issue;
+        rec[2] = t_wait;
+        rec[3] = sm_id();
     };
-    if (weights == 2) {
-        // Plain loads by warp 0's lanes instead of a bulk copy (the generic proxy, not the
-        // async one): issued and done as the warp sees them.
+    if (how == 2) {
+        // Plain loads (the generic proxy, not the async one): issued and done as the warp sees
+        // them.
         if (threadIdx.x >= 32) return;
         auto load = [&]() {
             const uint4* p = (const uint4*)from;
@@ -73,39 +74,35 @@ ENTRY __global__ void __launch_bounds__(288) pdl_copy(const unsigned char* __res
             ((uint4*)buf)[threadIdx.x] = acc;
             __syncwarp();
         };
-        u64 t_issue = global_ns();
+        const u64 t_issue = before ? global_ns() : 0;
         if (before) load();
         const u64 t_done = global_ns();
         pdl_wait();
         const u64 t_wait = global_ns();
-        if (!before) {
-            t_issue = t_wait;
-            load();
-        }
+        if (!before) load();
         if (threadIdx.x == 0) {
-            u32 sm;
-            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-            out[4 * blockIdx.x] = t_issue;
-            out[4 * blockIdx.x + 1] = before ? t_done : global_ns();
-            out[4 * blockIdx.x + 2] = t_wait;
-            out[4 * blockIdx.x + 3] = sm;
+            record(before ? t_issue : t_wait, t_wait);
+            rec[1] = before ? t_done : global_ns();
         }
         return;
     }
+    auto copy = [&]() {
+        const u64 t = global_ns();
+        mbar_expect_tx(b, bytes);
+        if (how == 1) weights_g2s(smem_addr(buf), from, bytes, b);
+        else bulk_g2s(smem_addr(buf), from, bytes, b);
+        return t;
+    };
     if (threadIdx.x == 0) {
         u64 t_issue = before ? copy() : 0;
         pdl_wait();
         const u64 t_wait = global_ns();
         if (!before) t_issue = copy();
-        u32 sm;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        out[4 * blockIdx.x] = t_issue;
-        out[4 * blockIdx.x + 2] = t_wait;
-        out[4 * blockIdx.x + 3] = sm;
+        record(t_issue, t_wait);
     } else if (threadIdx.x == 32) {
         // Touches no buffer of an earlier kernel: `out` is this kernel's alone.
         mbar_wait(b, 0u);
-        out[4 * blockIdx.x + 1] = global_ns();
+        rec[1] = global_ns();
     }
 #else
     // Bulk copies and their barriers are sm_90's.

@@ -30,8 +30,9 @@ pub struct Launch {
     /// fold).
     pub ready_median: Option<u64>,
     pub rows_last: Option<u64>,
-    /// When the first of its blocks had its first tile (mark 1): however early the blocks
-    /// asked for it, it says when the launch's weights first arrived.
+    /// When the first of its blocks' consumers took their first tile (mark 1). They take it
+    /// once they hold their activations, so the tile itself may have arrived well before
+    /// (`NIWAKI_CUDA_ABLATE=watch` times its arrival).
     pub tile_first: Option<u64>,
 }
 
@@ -57,8 +58,8 @@ pub struct OpTimes {
     /// `active_us`, what a launch spends before its arithmetic and after its last row.
     pub ready_us: Option<f64>,
     pub rows_us: Option<f64>,
-    /// From the first block's wait ending to the first tile any block had (mean over the
-    /// launches whose blocks mark it).
+    /// From the first block's wait ending to the first tile any block's consumers took (mean
+    /// over the launches whose blocks mark it).
     pub tile_us: Option<f64>,
 }
 

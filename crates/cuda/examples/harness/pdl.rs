@@ -40,19 +40,27 @@ const FEW_US: u64 = 20;
 const BIG_THREADS: u32 = 288;
 const BIG_SMEM: u32 = 72 << 10;
 
+/// How a block brings its bytes in (`pdl_copy`'s `how`).
+#[derive(Clone, Copy)]
+enum How {
+    /// One bulk copy.
+    Bulk = 0,
+    /// One bulk copy with the decode GEMVs' L2 policy for weights.
+    Weights = 1,
+    /// Warp 0's plain loads.
+    Plain = 2,
+}
+
 struct Case {
     name: &'static str,
     first: First,
     /// The copies are issued before the wait (else after it).
     before: bool,
-    /// The copies take the decode GEMVs' L2 policy for weights.
-    weights: bool,
+    how: How,
     /// The region the previous replay copied (in L2) rather than a fresh one.
     again: bool,
     /// Both kernels captured into a graph and launched as one, as decode runs its step.
     graph: bool,
-    /// Warp 0's plain loads rather than a bulk copy.
-    plain: bool,
     /// Blocks of a decode GEMV's threads and shared memory ([`BIG_THREADS`], [`BIG_SMEM`]).
     big: bool,
 }
@@ -67,10 +75,9 @@ const fn case(name: &'static str, first: First, before: bool) -> Case {
         name,
         first,
         before,
-        weights: false,
+        how: How::Bulk,
         again: false,
         graph: false,
-        plain: false,
         big: false,
     }
 }
@@ -79,7 +86,7 @@ const CASES: [Case; 16] = [
     case("before the wait, spin", SPIN, true),
     case("after the wait, spin", SPIN, false),
     Case {
-        weights: true,
+        how: How::Weights,
         ..case("before the wait, spin, weights' L2 policy", SPIN, true)
     },
     case(
@@ -104,7 +111,7 @@ const CASES: [Case; 16] = [
     },
     case("before the wait, after a stream", First::Stream, true),
     Case {
-        weights: true,
+        how: How::Weights,
         ..case(
             "before the wait, after a stream, weights' L2 policy",
             First::Stream,
@@ -125,7 +132,7 @@ const CASES: [Case; 16] = [
         )
     },
     Case {
-        plain: true,
+        how: How::Plain,
         ..case(
             "before the wait, after a stream, plain loads",
             First::Stream,
@@ -133,7 +140,7 @@ const CASES: [Case; 16] = [
         )
     },
     Case {
-        plain: true,
+        how: How::Plain,
         graph: true,
         ..case(
             "before the wait, after a stream, in a graph, plain loads",
@@ -240,7 +247,7 @@ pub(crate) fn pdl_section(rep: &mut Report, gpu: &Gpu) -> R<()> {
                     Arg::Ptr(src),
                     Arg::I32(TILE as i32),
                     Arg::I32(i32::from(c.before)),
-                    Arg::I32(if c.plain { 2 } else { i32::from(c.weights) }),
+                    Arg::I32(c.how as i32),
                     Arg::Ptr(out.ptr),
                 ],
             )?;

@@ -571,15 +571,12 @@ impl Gpu {
         if let Some(what) = compile::ablation() {
             // A measurement switch left set would otherwise serve wrong outputs (or, with
             // `watch`, slower ones) without a word.
-            if what == "watch" {
-                eprintln!(
-                    "warning: NIWAKI_CUDA_ABLATE=watch makes traced binary GEMVs watch their first tile before their wait (for measuring only)"
-                );
+            let effect = if what == "watch" {
+                "makes traced binary GEMVs watch their first tile before their wait"
             } else {
-                eprintln!(
-                    "warning: NIWAKI_CUDA_ABLATE={what} takes part of the kernels' work out: outputs are wrong (for measuring only)"
-                );
-            }
+                "takes part of the kernels' work out: outputs are wrong"
+            };
+            eprintln!("warning: NIWAKI_CUDA_ABLATE={what} {effect} (for measuring only)");
         }
         let ctx = open_context()?;
         let info = device_info(&ctx)?;
