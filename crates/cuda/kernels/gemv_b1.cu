@@ -244,15 +244,16 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
 
 // The consumer warps of the 2-bit kernels (FMT_Q2G64, FMT_Q2G128), tiles of 16 rows. A 2-bit
 // chunk is 64 values, one activation group: lane (g, t) takes word t of rows g and g + 8, whose
-// code bits 1 and 2 of each value face the same activation bit (plane_word2). One MMA of the
-// words masked to their 2s, then one of the whole words accumulating onto it, counts
-// Σ code·bit for every plane: 2·(2s) + (1s and 2s); with B2_K256 (plan::B2_K256) one MMA of
-// k = 256 takes both, the code words twice and the activations' plane word masked to the 2s in
-// its first half, whole in its second (one MMA's latency where the two chained take two's, and
-// one mask where there were two). Per 256 weight bytes (16 rows × 64 values) a
-// warp issues two MMAs, two masks, its loads and the counts' scaling: about 25 instructions in
-// the PTX, against about 35 for the dp4a kernel's warps (whose lanes each spend ~70 on a 16-byte
-// chunk, 512 bytes a warp). J: chunks per warp (at most, unless EXACT).
+// code bits 1 and 2 of each value face the same activation bit (plane_word2). The counts of
+// the words masked to their 2s and of the whole words, added, give Σ code·bit for every plane:
+// 2·(2s) + (1s and 2s). By default (B2_K256, plan::B2_K256) one MMA of k = 256 takes both, the
+// code words twice and the activations' plane word masked to the 2s in its first half, whole in
+// its second (one MMA's latency where two chained take two's, and one mask where there were
+// two); without it, one MMA of k = 128 on the masked words, then one of the whole words
+// accumulating onto it. Per 256 weight bytes (16 rows × 64 values) a warp issues its MMAs, the
+// masks, its loads and the counts' scaling: about 25 instructions in the PTX, against about 35
+// for the dp4a kernel's warps (whose lanes each spend ~70 on a 16-byte chunk, 512 bytes a
+// warp). J: chunks per warp (at most, unless EXACT).
 template <int FMT, int J, bool EXACT>
 __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stage_bytes, u32 code_bytes, u64* bars,
                                            u64* empty, float (*part)[GEMV1_WARPS][16], float2* ssm, int mine,

@@ -132,8 +132,8 @@ fn the_kernels_compile_for_hopper_when_nvrtc_is_present() {
     use model::synth::Preset;
     // The 27B shapes also with the small attention ring (devices of 64 KiB per block); the
     // tiny ones with and without the timeline records (`NIWAKI_CUDA_TRACE`), the weights'
-    // evict-first copies (`NIWAKI_CUDA_WEIGHTS_L2`) and the 2-bit GEMVs' one MMA a chunk
-    // (`NIWAKI_CUDA_B2_K256`), the others with the default policy; and
+    // evict-first copies (`NIWAKI_CUDA_WEIGHTS_L2`) and the 2-bit GEMVs' two MMAs a chunk
+    // (`NIWAKI_CUDA_B2_K256=0`), the others with the default policy and MMA shape; and
     // the 27B's for an sm_80 device (no Hopper instructions, no clusters), where the
     // backend runs too.
     let policy = WEIGHTS_EVICT_FIRST;
@@ -161,6 +161,7 @@ fn the_kernels_compile_for_hopper_when_nvrtc_is_present() {
         let mut defines = d.defines_for(ring);
         if trace {
             defines.push("-DNIWAKI_TRACE=16".into());
+        } else if crate::plan::B2_K256 {
             defines.push("-DB2_K256=1".into());
         }
         if evict_first {

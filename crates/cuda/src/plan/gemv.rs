@@ -569,16 +569,17 @@ pub fn gemv_b2_kernel(format: GpuFormat, per_warp: usize) -> Option<(&'static st
 /// under the next one's copies (ffn_down's last rows to its end 5.1 µs against 3.2).
 pub const EARLY_TILES: usize = 1;
 
-/// Whether the 2-bit binary decode GEMVs count a chunk by one MMA of k = 256 (its masked and
-/// whole code words side by side) rather than two chained MMAs of k = 128: a compile-time
-/// choice of the program (`B2_K256`; `NIWAKI_CUDA_B2_K256=1` turns it on). The same counts by
-/// the PTX ISA's fragment layouts (k = 256's are k = 128's two halves), not yet checked against
-/// the CPU on the GPU, hence off. One H200 call (2026-12-04, `niwaki bench --device cuda -p 0 -n
-/// 128 -r 3`, Q2_0, one run each): 330.04 tok/s against 326.11, with the masks on the code words
-/// (the SASS's tile loop of the 5120-wide image kernel 276 instructions against 275: the MMA's
-/// four A registers take copies); the form committed masks the activations' word instead, 267
-/// instructions, not yet measured.
-pub const B2_K256: bool = false;
+/// Whether the 2-bit binary decode GEMVs count a chunk by one MMA of k = 256 (its code words
+/// twice, the activations' plane word masked to the 2s in the first half and whole in the
+/// second) rather than two chained MMAs of k = 128: a compile-time choice of the program
+/// (`B2_K256`; `NIWAKI_CUDA_B2_K256=0` compiles the two). The same counts by the PTX ISA's
+/// fragment layouts (k = 256's are k = 128's two halves), and the same bits on the GPU: the
+/// harness's binary GEMV checks pass with it (every 2-bit format against the integer twin, and
+/// the 27B-wide Q2_0 model against the CPU), and the picked tokens of a 128-token decode are
+/// the same. One H200 call (2026-12-04, `crates/cuda/ab-h200.sh`, two rounds alternated): Q2_0
+/// 332.25 / 332.18 tok/s against 327.38 / 327.18 (+1.5%), Q1_0 level (its kernels unchanged).
+/// The tile loop of the 5120-wide image kernel: 267 SASS instructions against 275.
+pub const B2_K256: bool = true;
 
 /// Whether the 1-bit binary decode GEMVs request the rest of their ring (after the tiles
 /// requested before the wait, [`EARLY_TILES`]) once their first consumer warp holds its plane
