@@ -120,8 +120,9 @@ __device__ __forceinline__ void pdl_launch() {
 #define TRACE_ATTN_SHORT 9
 // Besides those, a block may mark up to TRACE_MARKS moments of its own (TRACE_MARK_FIRST: the
 // global timer the first time a thread passes, kept in the block's shared memory and written
-// with its record; 0 where never passed), e.g. when its activations were ready, its first tile
-// arrived and its rows were written, before its fold. Six keep a record 96 bytes, a multiple
+// with its record, 0 where never passed; TRACE_MARK_LAST: when its last warp passed), e.g.
+// when its activations were ready, its first tile arrived and its rows were written, before
+// its fold. Six keep a record 96 bytes, a multiple
 // of the 16 its stores may assume (with three, 72-byte records took a misaligned store).
 #define TRACE_MARKS 6
 // The global timer (ns), for the records and for the harness's probes.
@@ -175,6 +176,15 @@ __device__ __forceinline__ void trace_put(u32 kind, u64 tag, u64 wait0, u64 wait
     do {                                                                    \
         if (niwaki_trace_mk[k] == 0) niwaki_trace_mk[k] = global_ns();      \
     } while (0)
+// The global timer when the last warp has passed (lane 0 of each once its warp has: one
+// shared atomic a warp, where one a thread would queue hundreds on one word), kept likewise.
+// Blocks whose warps are whole rows of threadIdx.x.
+#define TRACE_MARK_LAST(k)                                                                     \
+    do {                                                                                       \
+        __syncwarp();                                                                          \
+        if ((threadIdx.x & 31) == 0)                                                           \
+            atomicMax((unsigned long long*)&niwaki_trace_mk[k], (unsigned long long)global_ns()); \
+    } while (0)
 // Called by one thread of each block, the block's last to finish where it can be told.
 #define TRACE_EXIT(kind, tag) trace_put(kind, (u64)(tag), trace_w0, trace_w1)
 #else
@@ -184,6 +194,9 @@ __device__ __forceinline__ void trace_put(u32 kind, u64 tag, u64 wait0, u64 wait
     } while (0)
 #define TRACE_MARK_FIRST(k) \
     do {                    \
+    } while (0)
+#define TRACE_MARK_LAST(k) \
+    do {                   \
     } while (0)
 #endif
 

@@ -130,34 +130,32 @@ __device__ __forceinline__ float2 gdn_stage(const float* cur, bool prepped, floa
 }
 
 // One token of the delta rule for one lane's RPL key rows `s` of a value column (row group r
-// of R = DK / RPL): decay, k·S reduced over the warp's row groups, the update by
-// β·(v − k·S), and the output q·S / sqrt(DK), reduced likewise (every lane of the column gets
-// it).
+// of R = DK / RPL), in two halves around each reduction over the row groups: the decay and the
+// lane's share of k·S (gdn_kpart), then the update by β·(v − k·S) and the lane's share of the
+// output q·S / sqrt(DK) (gdn_opart). `kr`: the lane's rows of k, loaded by the first.
 template <int RPL>
-__device__ __forceinline__ float gdn_token(float (&s)[RPL], const float* qs, const float* ks, float v,
-                                           float2 gates, int r) {
-    constexpr int R = DK / RPL, C = 32 / R;
-    static_assert(RPL % 4 == 0 && R * C == 32, "gdn_step: whole row groups of float4s");
-    const float scale = 1.0f / sqrtf((float)DK);
-    // Four partial sums: a chain of 32 dependent FMAs per token was the step's latency.
+__device__ __forceinline__ float gdn_kpart(float (&s)[RPL], float (&kr)[RPL], const float* ks, float decay, int r) {
+    static_assert(RPL % 4 == 0, "gdn_step: whole row groups of float4s");
     const float4* k4 = (const float4*)(ks + RPL * r);
-    const float4* q4 = (const float4*)(qs + RPL * r);
-    float kr[RPL];
 #pragma unroll
     for (int i = 0; i < RPL / 4; i++) {
         const float4 v4 = k4[i];
         kr[4 * i] = v4.x; kr[4 * i + 1] = v4.y; kr[4 * i + 2] = v4.z; kr[4 * i + 3] = v4.w;
     }
+    // Four partial sums: a chain of 32 dependent FMAs per token was the step's latency.
     float kp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < RPL; i++) {
-        s[i] *= gates.x;
+        s[i] *= decay;
         kp[i & 3] += s[i] * kr[i];
     }
-    float km = (kp[0] + kp[1]) + (kp[2] + kp[3]);
-#pragma unroll
-    for (int m = C; m < 32; m <<= 1) km += __shfl_xor_sync(0xffffffffu, km, m);
-    const float delta = (v - km) * gates.y;
+    return (kp[0] + kp[1]) + (kp[2] + kp[3]);
+}
+
+template <int RPL>
+__device__ __forceinline__ float gdn_opart(float (&s)[RPL], const float (&kr)[RPL], const float* qs, float delta, int r) {
+    const float scale = 1.0f / sqrtf((float)DK);
+    const float4* q4 = (const float4*)(qs + RPL * r);
     float op[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < RPL / 4; i++) {
@@ -169,7 +167,21 @@ __device__ __forceinline__ float gdn_token(float (&s)[RPL], const float* qs, con
             op[u] += s[4 * i + u] * (qv[u] * scale);
         }
     }
-    float oo = (op[0] + op[1]) + (op[2] + op[3]);
+    return (op[0] + op[1]) + (op[2] + op[3]);
+}
+
+// The token with the row groups of a column in one warp (C columns of R row groups), reduced
+// by shuffles: every lane of the column gets the output.
+template <int RPL>
+__device__ __forceinline__ float gdn_token(float (&s)[RPL], const float* qs, const float* ks, float v,
+                                           float2 gates, int r) {
+    constexpr int R = DK / RPL, C = 32 / R;
+    static_assert(R * C == 32, "gdn_step: whole row groups in a warp");
+    float kr[RPL];
+    float km = gdn_kpart<RPL>(s, kr, ks, gates.x, r);
+#pragma unroll
+    for (int m = C; m < 32; m <<= 1) km += __shfl_xor_sync(0xffffffffu, km, m);
+    float oo = gdn_opart<RPL>(s, kr, qs, (v - km) * gates.y, r);
 #pragma unroll
     for (int m = C; m < 32; m <<= 1) oo += __shfl_xor_sync(0xffffffffu, oo, m);
     return oo;
@@ -270,8 +282,9 @@ GDN_STEP_KERNEL(gdn_step_r16, 16)
 GDN_STEP_KERNEL(gdn_step_r8, 8)
 
 // A decode step's whole recurrence of value head h in one block: the causal conv of the head's
-// q, k and v channels (gdn_conv's arithmetic), the step (gdn_step_r32's, 16 warps of 8 columns
-// covering the head), then quant_gated's norm, gate and quantization of the head — the three
+// q, k and v channels (gdn_conv's arithmetic), the step (gdn_step_r32's arithmetic, each of 16
+// warps holding 32 key rows of 32 columns, the sums over the four row groups taken through
+// shared memory), then quant_gated's norm, gate and quantization of the head — the three
 // kernels' bits in one launch (each launch of a decode token's chain of dependent kernels costs
 // microseconds). grid HV, block (32, 16).
 // The conv state is double-buffered by the parity of the position (`pos`): the HV / HK value
@@ -280,20 +293,23 @@ GDN_STEP_KERNEL(gdn_step_r8, 8)
 // buffer pos & 1 and writes buffer (pos + ntok) & 1).
 // The step keeps 32 key rows per lane, as gdn_step_r32, the one-token passes' step without
 // this kernel (plan::GDN_STEP_DECODE_ROWS, asserted there): the two paths give the same bits.
-static_assert(DV == 128 && 16 * (32 / (DK / 32)) == DV, "gdn_decode: 16 warps cover a head");
+static_assert(DV == 128 && DK == 128, "gdn_decode: 16 warps of 32 columns' 32 rows cover a head");
 __device__ __forceinline__ void gdn_decode_body(const float* __restrict__ proj, int aoff, int boff, int zoff,
         const u32* __restrict__ pos, float* __restrict__ conv_state, const float* __restrict__ taps,
         const float* __restrict__ a_neg, const float* __restrict__ dt_bias, float* __restrict__ S,
         const float* __restrict__ nw, float eps, int* __restrict__ xq, float2* __restrict__ xs,
         u16* __restrict__ xh, u32* __restrict__ xp) {
-    constexpr int RPL = 32, C = 32 / (DK / RPL);
+    constexpr int RPL = 32, R = DK / RPL;
     __shared__ __align__(16) float qks[16][2][DK];
-    // The conv's outputs: q and k of key head kh, then v of head h; then the step's outputs.
+    // The conv's outputs: q and k of key head kh, then v of head h.
     __shared__ __align__(16) float xin[2 * DK + DV];
-    __shared__ __align__(16) float os[DV];
+    // Each row group's share of k·S and of the output, per column.
+    __shared__ __align__(16) float kred[R][DV], ored[R][DV];
     const int h = blockIdx.x, kh = h % HK;
     const int lane = threadIdx.x, w = threadIdx.y, tid = 32 * w + lane;
-    const int r = lane / C, j = w * C + lane % C;
+    // Warp w holds rows 32·(w / 4).. of columns 32·(w % 4).. (a lane a column), so that each of
+    // its state loads and stores is one whole 128-byte line.
+    const int r = w / (DV / 32), j = 32 * (w % (DV / 32)) + lane;
     const u32 p = *pos;
     const float* Sh = ssm_read(S, p) + (size_t)h * DK * DV;
     float s[RPL];
@@ -336,6 +352,17 @@ __device__ __forceinline__ void gdn_decode_body(const float* __restrict__ proj, 
     }
     __syncthreads();
     if (tid == 0) TRACE_MARK_FIRST(0);
+#ifdef NIWAKI_TRACE
+    {
+        // When the last warp holds its state (requested before the wait): mark 5, a use of
+        // every register's value standing for the step's first (the comparison keeps the sum).
+        float any = 0.0f;
+#pragma unroll
+        for (int i = 0; i < RPL; i++) any += s[i];
+        if (any == 1.25e-37f) niwaki_trace_mk[4] = 1;
+        TRACE_MARK_LAST(5);
+    }
+#endif
     float cur[11];
 #pragma unroll
     for (int m = 0; m < 4; m++) {
@@ -346,19 +373,41 @@ __device__ __forceinline__ void gdn_decode_body(const float* __restrict__ proj, 
     cur[9] = ga;
     cur[10] = gb;
     const float2 gates = gdn_stage(cur, false, an, dtb, qks[w][0], qks[w][1]);
-    const float oo = gdn_token<RPL>(s, qks[w][0], qks[w][1], cur[8], gates, r);
-    if (r == 0) os[j] = oo;
+    // gdn_token's arithmetic with its reductions over the row groups through shared memory:
+    // the same sums in the same order ((0 + 1) + (2 + 3), as its shuffles add them).
+    float kr[RPL];
+    kred[r][j] = gdn_kpart<RPL>(s, kr, qks[w][1], gates.x, r);
+    __syncthreads();
+    const float km = (kred[0][j] + kred[1][j]) + (kred[2][j] + kred[3][j]);
+    ored[r][j] = gdn_opart<RPL>(s, kr, qks[w][0], (cur[8] - km) * gates.y, r);
+    TRACE_MARK_LAST(3);
+    __syncthreads();
+    if (tid == 0) TRACE_MARK_FIRST(1);
+    // The head's output first, its new state after: the kernel ends when both are done, and
+    // (traced, on the H200) the state's 64 KB of stores took the load-store path 1.1 µs where a
+    // warp's store was 8 columns of 4 rows (four lines), as long as the norm and quantization
+    // take on one warp. Q2_0 decode 332.6 → 335.5 tok/s for the order, 337.9 with a line a
+    // store; Q1_0 level (460.0 against 458.5, one call).
+    if (w == 0) {
+        const int base = h * DV;
+        float4 o[R];
+#pragma unroll
+        for (int q = 0; q < R; q++) o[q] = *(const float4*)(&ored[q][lane * 4]);
+        const float4 oo = make_float4((o[0].x + o[1].x) + (o[2].x + o[3].x), (o[0].y + o[1].y) + (o[2].y + o[3].y),
+                                      (o[0].z + o[1].z) + (o[2].z + o[3].z), (o[0].w + o[1].w) + (o[2].w + o[3].w));
+        const float4 v = gated_norm(oo, z, g, eps);
+        quant128(v, base, xq, xs, xh, xp);
+        TRACE_MARK_LAST(2);
+    }
     float* Sw = ssm_write(S, p, 1) + (size_t)h * DK * DV;
 #pragma unroll
     for (int i = 0; i < RPL; i++) Sw[(size_t)(r * RPL + i) * DV + j] = s[i];
+    TRACE_MARK_LAST(4);
+#ifdef NIWAKI_TRACE
+    // The record's end is the block's: every warp's stores issued.
     __syncthreads();
-    if (tid == 0) TRACE_MARK_FIRST(1);
-    if (w == 0) {
-        const int base = h * DV;
-        const float4 v = gated_norm(*(const float4*)(os + lane * 4), z, g, eps);
-        quant128(v, base, xq, xs, xh, xp);
-        if (lane == 0) TRACE_EXIT(TRACE_GDN, S);
-    }
+    if (tid == 0) TRACE_EXIT(TRACE_GDN, S);
+#endif
 }
 
 // Without plane words, and with them (`_p`: quant128's `xp_tok`, for 1-bit models): the first is
