@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::gpu::{TraceKind, TraceRecord};
+use crate::gpu::{TraceKind, TraceRecord, TRACE_MARKS};
 
 /// Records of one (kind, tag) whose waits ended further apart than this belong to different
 /// launches: a launch's blocks end their waits within a few microseconds of each other, and the
@@ -15,6 +15,7 @@ pub const SPLIT_NS: u64 = 5_000;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Launch {
     pub name: String,
+    pub kind: TraceKind,
     pub blocks: usize,
     /// The first block to begin waiting for the previous kernel (it was resident from then).
     pub first_wait0: u64,
@@ -34,12 +35,15 @@ pub struct Launch {
     /// once they hold their activations, so the tile itself may have arrived well before
     /// (`NIWAKI_CUDA_ABLATE=watch` times its arrival).
     pub tile_first: Option<u64>,
+    /// Each mark's median over the blocks that set it.
+    pub marks_median: [Option<u64>; TRACE_MARKS],
 }
 
 /// Per kind of op: launches, and their mean times (µs).
 #[derive(Clone, Debug, PartialEq)]
 pub struct OpTimes {
     pub name: String,
+    pub kind: TraceKind,
     pub launches: usize,
     /// From the first block's wait ending to the last block's end.
     pub active_us: f64,
@@ -61,6 +65,9 @@ pub struct OpTimes {
     /// From the first block's wait ending to the first tile any block's consumers took (mean
     /// over the launches whose blocks mark it).
     pub tile_us: Option<f64>,
+    /// From the first block's wait ending to each mark's median block (means over the launches
+    /// whose blocks set it): what [`TraceKind::mark_names`] names, for the other kernels.
+    pub marks_us: [Option<f64>; TRACE_MARKS],
 }
 
 /// Groups the records into launches, in the order their first waits ended. `name` names a
@@ -81,23 +88,41 @@ pub fn launches(records: &[TraceRecord], name: impl Fn(TraceKind, u64) -> String
                 for r in group {
                     *per_sm.entry(r.sm).or_default() += 1;
                 }
-                let mut ready: Vec<u64> = group
-                    .iter()
-                    .map(|r| r.marks[0])
-                    .filter(|&m| m > 0)
-                    .collect();
-                ready.sort_unstable();
+                let marks_median: [Option<u64>; TRACE_MARKS] = std::array::from_fn(|k| {
+                    let mut set: Vec<u64> = group
+                        .iter()
+                        .map(|r| r.marks[k])
+                        .filter(|&m| m > 0)
+                        .collect();
+                    set.sort_unstable();
+                    set.get(set.len() / 2).copied()
+                });
+                // Marks 0-2 are the GEMVs' activations, first tile and rows; other kernels' are
+                // their own (TraceKind::mark_names).
+                let gemv = kind.is_gemv();
+                let first_last = |k: usize, last: bool| {
+                    let set = group.iter().map(|r| r.marks[k]).filter(|&m| m > 0);
+                    if !gemv {
+                        None
+                    } else if last {
+                        set.max()
+                    } else {
+                        set.min()
+                    }
+                };
                 out.push(Launch {
                     name: name(kind, tag),
+                    kind,
                     blocks: group.len(),
                     first_wait0: group.iter().map(|r| r.wait0).min().unwrap_or(0),
                     first_wait1: group[0].wait1,
                     last_end: group.iter().map(|r| r.end).max().unwrap_or(0),
                     sms: per_sm.len(),
                     most_on_one_sm: per_sm.values().copied().max().unwrap_or(0),
-                    ready_median: ready.get(ready.len() / 2).copied(),
-                    rows_last: group.iter().map(|r| r.marks[2]).filter(|&m| m > 0).max(),
-                    tile_first: group.iter().map(|r| r.marks[1]).filter(|&m| m > 0).min(),
+                    ready_median: marks_median[0].filter(|_| gemv),
+                    rows_last: first_last(2, true),
+                    tile_first: first_last(1, false),
+                    marks_median,
                 });
                 start = i;
             }
@@ -137,11 +162,12 @@ struct Sums {
     ready: (f64, usize),
     rows: (f64, usize),
     tile: (f64, usize),
+    marks: [(f64, usize); TRACE_MARKS],
 }
 
 /// Mean times per op name, in the order the names first appear.
 pub fn summarize(launches: &[Launch]) -> Vec<OpTimes> {
-    let mut order: Vec<String> = Vec::new();
+    let mut order: Vec<(String, TraceKind)> = Vec::new();
     let mut sums: BTreeMap<String, Sums> = BTreeMap::new();
     for (i, l) in launches.iter().enumerate() {
         // The first launch has no predecessor in the trace; nor does one after a pause longer
@@ -154,7 +180,7 @@ pub fn summarize(launches: &[Launch]) -> Vec<OpTimes> {
             _ => None,
         };
         let e = sums.entry(l.name.clone()).or_insert_with(|| {
-            order.push(l.name.clone());
+            order.push((l.name.clone(), l.kind));
             Sums::default()
         });
         e.launches += 1;
@@ -176,11 +202,16 @@ pub fn summarize(launches: &[Launch]) -> Vec<OpTimes> {
         if let Some(t) = l.tile_first {
             e.tile = (e.tile.0 + since_wait(t), e.tile.1 + 1);
         }
+        for (m, t) in e.marks.iter_mut().zip(l.marks_median) {
+            if let Some(t) = t {
+                *m = (m.0 + since_wait(t), m.1 + 1);
+            }
+        }
     }
     let mean_us = |(sum, n): (f64, usize)| (n > 0).then(|| sum / n as f64 / 1e3);
     order
         .into_iter()
-        .map(|name| {
+        .map(|(name, kind)| {
             let e = &sums[&name];
             let n = e.launches.max(1) as f64;
             OpTimes {
@@ -193,7 +224,9 @@ pub fn summarize(launches: &[Launch]) -> Vec<OpTimes> {
                 ready_us: mean_us(e.ready),
                 rows_us: mean_us(e.rows),
                 tile_us: mean_us(e.tile),
+                marks_us: e.marks.map(mean_us),
                 name,
+                kind,
             }
         })
         .collect()
@@ -328,6 +361,42 @@ mod tests {
             (plain[0].ready_us, plain[0].rows_us, plain[0].tile_us),
             (None, None, None)
         );
+    }
+
+    #[test]
+    fn a_recurrences_marks_are_its_own_not_the_gemvs_columns() {
+        // One launch of the recurrence, waits ending from 1.0 µs: three blocks set marks 0 and
+        // 3 (conv at 1.5, 1.4, 1.6; step at 2.5, 2.9, 2.7), one of them mark 5 too.
+        let gdn = |wait1: u64, conv: u64, step: u64, held: u64| TraceRecord {
+            marks: [conv, 0, 0, step, 0, held],
+            ..rec(TraceKind::Gdn, 3, 0, wait1, 4_000)
+        };
+        let recs = [
+            gdn(1_000, 1_500, 2_500, 0),
+            gdn(1_010, 1_400, 2_900, 1_200),
+            gdn(1_020, 1_600, 2_700, 0),
+        ];
+        let l = launches(&recs, |k, t| format!("{k:?} {t}"));
+        assert_eq!(l[0].kind, TraceKind::Gdn);
+        assert_eq!(
+            l[0].marks_median,
+            [Some(1_500), None, None, Some(2_700), None, Some(1_200)]
+        );
+        let s = summarize(&l);
+        // Not the GEMVs' activations, first tile and rows.
+        assert_eq!(
+            (s[0].ready_us, s[0].tile_us, s[0].rows_us),
+            (None, None, None)
+        );
+        let us: Vec<Option<f64>> = s[0].marks_us.to_vec();
+        let close = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < 1e-9);
+        assert!(close(us[0], 0.5) && close(us[3], 1.7) && close(us[5], 0.2));
+        assert_eq!((us[1], us[2], us[4]), (None, None, None));
+        // Every mark the recurrence sets is named, each once.
+        let mut named: Vec<usize> = TraceKind::Gdn.mark_names().iter().map(|m| m.0).collect();
+        named.sort_unstable();
+        assert_eq!(named, [0, 1, 2, 3, 4, 5]);
+        assert!(TraceKind::GemvBinary.is_gemv() && !TraceKind::Gdn.is_gemv());
     }
 
     #[test]

@@ -83,7 +83,30 @@ fn timeline_table(format: Format, ops: &[niwaki_cuda::timeline::OpTimes]) -> Str
             o.most_on_one_sm
         );
     }
-    t + &format!("| all | | | | | | | | | | {total:.0} |\n")
+    t + &format!("| all | | | | | | | | | | {total:.0} |\n") + &marks_tables(ops)
+}
+
+/// The marks of the ops other than the GEMVs that set any (`TraceKind::mark_names`), one table
+/// a kind of kernel: µs from the first block's wait ending to each mark's median block.
+fn marks_tables(ops: &[niwaki_cuda::timeline::OpTimes]) -> String {
+    let mut t = String::new();
+    for o in ops.iter().filter(|o| !o.kind.mark_names().is_empty()) {
+        let names = o.kind.mark_names();
+        t += &format!(
+            "
+{}'s marks, µs from its first block's wait ending to each mark's median block (mean over {} launches):\n\n| op | {} |\n|---|{}\n| {} |",
+            o.name,
+            o.launches,
+            names.iter().map(|n| n.1).collect::<Vec<_>>().join(" | "),
+            "---|".repeat(names.len()),
+            o.name
+        );
+        for &(k, _) in names {
+            t += &o.marks_us[k].map_or(" — |".to_string(), |v| format!(" {v:.2} |"));
+        }
+        t += "\n";
+    }
+    t
 }
 
 pub(crate) fn bench_27b(

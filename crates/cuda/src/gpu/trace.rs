@@ -58,6 +58,30 @@ impl TraceKind {
     }
 }
 
+impl TraceKind {
+    /// The decode GEMVs, whose marks 0-2 are their activations ready, their first tile taken and
+    /// their rows written (the timeline's *ready*, *tile* and *rows*).
+    pub fn is_gemv(self) -> bool {
+        matches!(self, TraceKind::GemvBinary | TraceKind::GemvDp4a)
+    }
+
+    /// What the kernel's marks time, in the order they come, for the kernels other than the
+    /// GEMVs that mark anything (`gdn_decode`, kernels/gdn.cu): (mark, what).
+    pub fn mark_names(self) -> &'static [(usize, &'static str)] {
+        match self {
+            TraceKind::Gdn => &[
+                (0, "conv outputs in shared memory"),
+                (5, "state held (last warp)"),
+                (3, "step done (last warp)"),
+                (1, "past the step's barrier"),
+                (2, "output normed and quantized (warp 0)"),
+                (4, "state stores issued (last warp)"),
+            ],
+            _ => &[],
+        }
+    }
+}
+
 /// Moments a block may mark of its own (`TRACE_MARKS` in kernels/common.cuh).
 pub const TRACE_MARKS: usize = 6;
 
