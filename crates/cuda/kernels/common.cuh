@@ -178,7 +178,8 @@ __device__ __forceinline__ void trace_put(u32 kind, u64 tag, u64 wait0, u64 wait
     } while (0)
 // The global timer when the last warp has passed (lane 0 of each once its warp has: one
 // shared atomic a warp, where one a thread would queue hundreds on one word), kept likewise.
-// Blocks whose warps are whole rows of threadIdx.x.
+// Called by whole warps (its __syncwarp takes every lane), in blocks whose warps are whole rows
+// of threadIdx.x.
 #define TRACE_MARK_LAST(k)                                                                     \
     do {                                                                                       \
         __syncwarp();                                                                          \

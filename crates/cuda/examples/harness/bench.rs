@@ -86,15 +86,14 @@ fn timeline_table(format: Format, ops: &[niwaki_cuda::timeline::OpTimes]) -> Str
     t + &format!("| all | | | | | | | | | | {total:.0} |\n") + &marks_tables(ops)
 }
 
-/// The marks of the ops other than the GEMVs that set any (`TraceKind::mark_names`), one table
-/// a kind of kernel: µs from the first block's wait ending to each mark's median block.
+/// The marks of the ops whose kernels name theirs (`TraceKind::mark_names`: not the GEMVs'),
+/// a table an op: µs from the first block's wait ending to each mark's median block.
 fn marks_tables(ops: &[niwaki_cuda::timeline::OpTimes]) -> String {
     let mut t = String::new();
     for o in ops.iter().filter(|o| !o.kind.mark_names().is_empty()) {
         let names = o.kind.mark_names();
         t += &format!(
-            "
-{}'s marks, µs from its first block's wait ending to each mark's median block (mean over {} launches):\n\n| op | {} |\n|---|{}\n| {} |",
+            "\n{}'s marks, µs from its first block's wait ending to each mark's median block (mean over {} launches):\n\n| op | {} |\n|---|{}\n| {} |",
             o.name,
             o.launches,
             names.iter().map(|n| n.1).collect::<Vec<_>>().join(" | "),
@@ -102,7 +101,8 @@ fn marks_tables(ops: &[niwaki_cuda::timeline::OpTimes]) -> String {
             o.name
         );
         for &(k, _) in names {
-            t += &o.marks_us[k].map_or(" — |".to_string(), |v| format!(" {v:.2} |"));
+            let us = o.marks_us.get(k).copied().flatten();
+            t += &us.map_or(" — |".to_string(), |v| format!(" {v:.2} |"));
         }
         t += "\n";
     }

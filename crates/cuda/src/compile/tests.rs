@@ -161,7 +161,9 @@ fn the_kernels_compile_for_hopper_when_nvrtc_is_present() {
         let mut defines = d.defines_for(ring);
         if trace {
             defines.push("-DNIWAKI_TRACE=16".into());
-        } else if crate::plan::B2_K256 {
+        }
+        // The default MMA shape untraced, the other one traced: both forms compiled.
+        if crate::plan::B2_K256 != trace {
             defines.push("-DB2_K256=1".into());
         }
         if evict_first {

@@ -71,7 +71,7 @@ impl TraceKind {
         match self {
             TraceKind::Gdn => &[
                 (0, "conv outputs in shared memory"),
-                (5, "state held (last warp)"),
+                (5, "state held, past the conv's barrier (last warp)"),
                 (3, "step done (last warp)"),
                 (1, "past the step's barrier"),
                 (2, "output normed and quantized (warp 0)"),
