@@ -129,6 +129,11 @@ __device__ __forceinline__ float2 gdn_stage(const float* cur, bool prepped, floa
     return gates;
 }
 
+// (a + b) + (c + d): the order every sum of four in the step takes (a lane's partial sums, and
+// the row groups' shares as gdn_token's shuffles add them), one place so that the decode
+// kernel's sums through shared memory keep the same bits.
+__device__ __forceinline__ float sum4(float a, float b, float c, float d) { return (a + b) + (c + d); }
+
 // One token of the delta rule for one lane's RPL key rows `s` of a value column (row group r
 // of R = DK / RPL), in two halves around each reduction over the row groups: the decay and the
 // lane's share of k·S (gdn_kpart), then the update by β·(v − k·S) and the lane's share of the
@@ -149,7 +154,7 @@ __device__ __forceinline__ float gdn_kpart(float (&s)[RPL], float (&kr)[RPL], co
         s[i] *= decay;
         kp[i & 3] += s[i] * kr[i];
     }
-    return (kp[0] + kp[1]) + (kp[2] + kp[3]);
+    return sum4(kp[0], kp[1], kp[2], kp[3]);
 }
 
 template <int RPL>
@@ -167,7 +172,7 @@ __device__ __forceinline__ float gdn_opart(float (&s)[RPL], const float (&kr)[RP
             op[u] += s[4 * i + u] * (qv[u] * scale);
         }
     }
-    return (op[0] + op[1]) + (op[2] + op[3]);
+    return sum4(op[0], op[1], op[2], op[3]);
 }
 
 // The token with the row groups of a column in one warp (C columns of R row groups), reduced
@@ -378,11 +383,11 @@ __device__ __forceinline__ void gdn_decode_body(const float* __restrict__ proj, 
     cur[10] = gb;
     const float2 gates = gdn_stage(cur, false, an, dtb, qks[w][0], qks[w][1]);
     // gdn_token's arithmetic with its reductions over the row groups through shared memory:
-    // the same sums in the same order ((0 + 1) + (2 + 3), as its shuffles add them).
+    // the same sums in the same order (sum4).
     float kr[RPL];
     kred[r][j] = gdn_kpart<RPL>(s, kr, qks[w][1], gates.x, r);
     __syncthreads();
-    const float km = (kred[0][j] + kred[1][j]) + (kred[2][j] + kred[3][j]);
+    const float km = sum4(kred[0][j], kred[1][j], kred[2][j], kred[3][j]);
     ored[r][j] = gdn_opart<RPL>(s, kr, qks[w][0], (cur[8] - km) * gates.y, r);
     TRACE_MARK_LAST(3);
     __syncthreads();
@@ -396,8 +401,8 @@ __device__ __forceinline__ void gdn_decode_body(const float* __restrict__ proj, 
         float4 o[R];
 #pragma unroll
         for (int q = 0; q < R; q++) o[q] = *(const float4*)(&ored[q][lane * 4]);
-        const float4 oo = make_float4((o[0].x + o[1].x) + (o[2].x + o[3].x), (o[0].y + o[1].y) + (o[2].y + o[3].y),
-                                      (o[0].z + o[1].z) + (o[2].z + o[3].z), (o[0].w + o[1].w) + (o[2].w + o[3].w));
+        const float4 oo = make_float4(sum4(o[0].x, o[1].x, o[2].x, o[3].x), sum4(o[0].y, o[1].y, o[2].y, o[3].y),
+                                      sum4(o[0].z, o[1].z, o[2].z, o[3].z), sum4(o[0].w, o[1].w, o[2].w, o[3].w));
         const float4 v = gated_norm(oo, z, g, eps);
         quant128(v, base, xq, xs, xh, xp);
         TRACE_MARK_LAST(2);

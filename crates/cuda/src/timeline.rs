@@ -26,16 +26,16 @@ pub struct Launch {
     /// block scheduler spread the launch.
     pub sms: usize,
     pub most_on_one_sm: usize,
-    /// Where its blocks mark them (the decode GEMVs): when the median block held its
-    /// activations (mark 0), and when the last block had written its rows (mark 2, before a
-    /// fold).
-    pub ready_median: Option<u64>,
+    /// Where its blocks mark it (the decode GEMVs): when the last block had written its rows
+    /// (mark 2, before a fold). (When the median block held its activations is
+    /// `marks_median[0]`.)
     pub rows_last: Option<u64>,
     /// When the first of its blocks' consumers took their first tile (mark 1). They take it
     /// once they hold their activations, so the tile itself may have arrived well before
     /// (`NIWAKI_CUDA_ABLATE=watch` times its arrival).
     pub tile_first: Option<u64>,
-    /// Each mark's median over the blocks that set it.
+    /// Each mark's median over the blocks that set it (for a GEMV, mark 0: the median block
+    /// holding its activations).
     pub marks_median: [Option<u64>; TRACE_MARKS],
 }
 
@@ -99,16 +99,11 @@ pub fn launches(records: &[TraceRecord], name: impl Fn(TraceKind, u64) -> String
                 });
                 // Marks 0-2 are the GEMVs' activations, first tile and rows; other kernels' are
                 // their own (TraceKind::mark_names).
-                let gemv = kind.is_gemv();
-                let first_last = |k: usize, last: bool| {
-                    let set = group.iter().map(|r| r.marks[k]).filter(|&m| m > 0);
-                    if !gemv {
-                        None
-                    } else if last {
-                        set.max()
-                    } else {
-                        set.min()
-                    }
+                let gemv_marks = |k: usize| {
+                    group
+                        .iter()
+                        .map(move |r| r.marks[k])
+                        .filter(|&m| m > 0 && kind.is_gemv())
                 };
                 out.push(Launch {
                     name: name(kind, tag),
@@ -119,9 +114,8 @@ pub fn launches(records: &[TraceRecord], name: impl Fn(TraceKind, u64) -> String
                     last_end: group.iter().map(|r| r.end).max().unwrap_or(0),
                     sms: per_sm.len(),
                     most_on_one_sm: per_sm.values().copied().max().unwrap_or(0),
-                    ready_median: marks_median[0].filter(|_| gemv),
-                    rows_last: first_last(2, true),
-                    tile_first: first_last(1, false),
+                    rows_last: gemv_marks(2).max(),
+                    tile_first: gemv_marks(1).min(),
                     marks_median,
                 });
                 start = i;
@@ -159,7 +153,6 @@ struct Sums {
     early: f64,
     sms: usize,
     most_on_one_sm: usize,
-    ready: (f64, usize),
     rows: (f64, usize),
     tile: (f64, usize),
     marks: [(f64, usize); TRACE_MARKS],
@@ -193,9 +186,6 @@ pub fn summarize(launches: &[Launch]) -> Vec<OpTimes> {
         e.sms += l.sms;
         e.most_on_one_sm = e.most_on_one_sm.max(l.most_on_one_sm);
         let since_wait = |t: u64| t.saturating_sub(l.first_wait1) as f64;
-        if let Some(t) = l.ready_median {
-            e.ready = (e.ready.0 + since_wait(t), e.ready.1 + 1);
-        }
         if let Some(t) = l.rows_last {
             e.rows = (e.rows.0 + since_wait(t), e.rows.1 + 1);
         }
@@ -221,7 +211,8 @@ pub fn summarize(launches: &[Launch]) -> Vec<OpTimes> {
                 early_us: e.early / n / 1e3,
                 sms: e.sms as f64 / n,
                 most_on_one_sm: e.most_on_one_sm,
-                ready_us: mean_us(e.ready),
+                // A GEMV's mark 0: its median block holding its activations.
+                ready_us: mean_us(e.marks[0]).filter(|_| kind.is_gemv()),
                 rows_us: mean_us(e.rows),
                 tile_us: mean_us(e.tile),
                 marks_us: e.marks.map(mean_us),
@@ -336,7 +327,7 @@ mod tests {
         let l = launches(&recs, |k, t| format!("{k:?} {t}"));
         let got: Vec<_> = l
             .iter()
-            .map(|l| (l.ready_median, l.rows_last, l.tile_first))
+            .map(|l| (l.marks_median[0], l.rows_last, l.tile_first))
             .collect();
         // Each block's first tile 0.1 µs after its activations: the launch's first at 3.6 and
         // 54.3.
