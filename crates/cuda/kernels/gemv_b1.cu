@@ -178,32 +178,81 @@ __device__ __forceinline__ void fold_cluster(const FoldOut& f, float v) {
     if (rank == 0) fold_piece_regs(x, g, piece * 128, f.xq, f.xs, f.ss, f.xp);
 }
 
+// Tiles handed out as blocks come for them (DYN_TILES, plan::DYN_TILES; a one-token GEMV
+// without a fold, given a pool counter, whose tiles outnumber its blocks' first fills): each
+// block's first `stages` tiles are b + i·grid as without it, so the ring's first fill and the
+// tiles requested before the wait are unchanged, and the rest come from one counter, a tile a
+// refill, so that a block that streams slower, or started later, takes fewer of them. The
+// statically assigned tiles left the last blocks of a launch ~2 µs behind its median block
+// (the timeline's rows written, thirty-eighth session). Lane 0 of the producer asks for its
+// next pool tile one refill ahead, so the counter's round trip runs beside a tile. The counter
+// pair is zero at each launch: the block that finishes last resets it, after every block's
+// last request has come back (the next launch to use it does so after its wait, past this
+// launch's end).
+struct TilePool {
+    // [0]: pool tiles requested; [1]: blocks done requesting. Null: static tiles only.
+    u32* cnt;
+    // The pool's first tile (stages·grid) and the matrix's tiles.
+    int first, ntiles;
+    // Shared: the tile of each stage's fill past the first (−1: the block's end), and the
+    // number of tiles the block takes, once its last request has come back.
+    int* slot_tile;
+    int* total;
+};
+
+__device__ __forceinline__ u32 pool_request(u32* cnt) {
+    u32 old;
+    asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(cnt) : "memory");
+    return old;
+}
+
+// A block's last request has come back: counted, and the last block resets the pair.
+__device__ __forceinline__ void pool_done(u32* cnt) {
+    if (atom_add_acq_rel(cnt + 1, 1u) == gridDim.x - 1u) {
+        atomicExch(cnt, 0u);
+        atomicExch(cnt + 1, 0u);
+    }
+}
+
 // The producer warp of the binary GEMV: lane 0 keeps the ring full, as ring_produce does, and
 // the warp adds each tile's partial sums once every consumer warp has arrived on the tile's
 // `empty` barrier (lane r: row r, the warps in order, so the sums are deterministic), writes
 // the rows and then refills the stage. The consumers thus end a tile with no fence, counter or
 // reduction of their own.
 template <int TR, bool CL, int FB, class Issue>
-__device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS][TR], int stages,
-                                           int mine, int rows, Issue issue, float* __restrict__ out,
+__device__ __forceinline__ void b1_produce(u64* bars, u64* empty, float (*part)[GEMV1_WARPS][TR], int stages,
+                                           int mine, const TilePool& pool, int rows, Issue issue,
+                                           float* __restrict__ out,
                                            int accumulate, u64* __restrict__ amax,
                                            const unsigned char* pf_codes, int pf_code_bytes,
                                            const unsigned char* pf_scales, int pf_scale_bytes,
                                            float oscale, const FoldOut& fold) {
     const int lane = threadIdx.x & 31;
+    const bool dyn = pool.cnt != nullptr;
     // The copies are all issued once tile mine − 1 − stages is freed, or at once where the ring
-    // holds every tile: then the L2 cache may take the next GEMV's first bytes.
+    // holds every tile: then the L2 cache may take the next GEMV's first bytes. (From a pool:
+    // once a request comes back empty.)
     const int last_issue = mine - 1 - stages;
-    if (last_issue < 0 && lane == 0) {
+    if (!dyn && last_issue < 0 && lane == 0) {
         prefetch_l2_share(pf_codes, pf_code_bytes);
         prefetch_l2_share(pf_scales, pf_scale_bytes);
     }
+    // Lane 0: the pool tile its next refill takes, requested a refill ahead.
+    u32 ask = 0;
+    bool asked_all = false;
+    if (dyn && lane == 0) ask = pool_request(pool.cnt);
     u64 best = 0;
     // The row this lane wrote last (CL: the block's one tile).
     float last = 0.0f;
-    // Stage s of tile i and the parity of its use, counted rather than divided.
+    // Stage s of tile i and the parity of its use, counted rather than divided. (From a pool,
+    // `mine` is no bound: the fill the producer marks ends the block.)
     for (int i = 0, s = 0, ph = 0; i < mine; i++) {
-        const int row = ((int)blockIdx.x + i * (int)gridDim.x) * TR + lane;
+        int tile = (int)blockIdx.x + i * (int)gridDim.x;
+        if (dyn && i >= stages) {
+            tile = pool.slot_tile[s];
+            if (tile < 0) break;
+        }
+        const int row = tile * TR + lane;
         // The row's earlier value, where the product adds to it, is requested before the wait
         // for the consumers: its round trip to L2 overlaps their tile instead of following it.
         const float prior = accumulate && lane < TR && row < rows ? out[row] : 0.0f;
@@ -223,12 +272,34 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
         // issued: its consumers, who wait for that copy, then write them again.
         __syncwarp();
         if (lane == 0) {
-            if (i + stages < mine) issue(i + stages);
-            if (i == last_issue) {
-                prefetch_l2_share(pf_codes, pf_code_bytes);
-                prefetch_l2_share(pf_scales, pf_scale_bytes);
+            if (dyn) {
+                if (!asked_all) {
+                    const int next = pool.first + (int)ask;
+                    if (next < pool.ntiles) {
+                        ask = pool_request(pool.cnt);
+                        pool.slot_tile[s] = next;
+                        issue(i + stages, next);
+                    } else {
+                        // The block's end: the consumers find it at fill i + stages.
+                        asked_all = true;
+                        pool.slot_tile[s] = -1;
+                        *(volatile int*)pool.total = i + stages;
+                        mbar_arrive(smem_addr(&bars[s]));
+                        pool_done(pool.cnt);
+                        prefetch_l2_share(pf_codes, pf_code_bytes);
+                        prefetch_l2_share(pf_scales, pf_scale_bytes);
+                    }
+                }
+            } else {
+                if (i + stages < mine) issue(i + stages, -1);
+                if (i == last_issue) {
+                    prefetch_l2_share(pf_codes, pf_code_bytes);
+                    prefetch_l2_share(pf_scales, pf_scale_bytes);
+                }
             }
         }
+        // The pool tile lane 0 put in the stage is read by every lane at its next fill.
+        if (dyn) __syncwarp();
         if (++s == stages) {
             s = 0;
             ph ^= 1;
@@ -257,8 +328,8 @@ __device__ __forceinline__ void b1_produce(u64* empty, float (*part)[GEMV1_WARPS
 template <int FMT, int J, bool EXACT>
 __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stage_bytes, u32 code_bytes, u64* bars,
                                            u64* empty, float (*part)[GEMV1_WARPS][16], float2* ssm, int mine,
-                                           int stages, int chunks, int scols, const uint4* __restrict__ xq,
-                                           const float2* __restrict__ xs) {
+                                           const int* total, int stages, int chunks, int scols,
+                                           const uint4* __restrict__ xq, const float2* __restrict__ xs) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     // A warp's chunks' group pairs, copied by its lanes (chunk j by lane j % 32), their loads in
@@ -311,9 +382,11 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
     constexpr int SSTEP = FMT == FMT_Q2G128 ? GEMV1_WARPS / 2 : GEMV1_WARPS;
     const int soff = g * scols + (FMT == FMT_Q2G128 ? warp >> 1 : warp);
 
-    for (int i = 0, s = 0, ph = 0; i < mine; i++) {
+    // From a pool (`total` not null), the block's tiles end at the fill the producer marks.
+    for (int i = 0, s = 0, ph = 0; total || i < mine; i++) {
         const unsigned char* st = stage0 + (size_t)s * stage_bytes;
         mbar_wait(smem_addr(&bars[s]), (u32)ph);
+        if (total && i == *(const volatile int*)total) break;
         if (threadIdx.x == 0) TRACE_MARK_FIRST(1);
         const unsigned char* a = st + aoff;
         const u16* dp = (const u16*)(st + code_bytes) + soff;
@@ -354,7 +427,7 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
         // As the 1-bit consumers: done with stage s, partial sums written, then the arrival.
         __syncwarp();
 #ifndef ABLATE_WATCH
-        if (threadIdx.x == 0 && i == mine - 1) TRACE_MARK_FIRST(3);
+        if (threadIdx.x == 0 && !total && i == mine - 1) TRACE_MARK_FIRST(3);
 #endif
         if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
         if (++s == stages) {
@@ -394,7 +467,8 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
                                              const unsigned char* __restrict__ pf_codes, int pf_code_bytes,
                                              const unsigned char* __restrict__ pf_scales, int pf_scale_bytes,
                                              int early, const float* __restrict__ rms_in, float rms_eps,
-                                             const FoldOut& fold, const unsigned char* __restrict__ cimg) {
+                                             const FoldOut& fold, u32* __restrict__ tile_cnt,
+                                             const unsigned char* __restrict__ cimg) {
     extern __shared__ __align__(1024) unsigned char smem[];
     __shared__ __align__(8) u64 bars[GEMV1_MAX_STAGES];
     __shared__ __align__(8) u64 empty[GEMV1_MAX_STAGES];
@@ -420,7 +494,21 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     const u32 code_bytes = (u32)slabs * 2048 * RG, scale_bytes = (u32)TR * scols * 2;
     const u32 stage_bytes = (code_bytes + scale_bytes + 1023) & ~1023u;
     const int ntiles = (rows + TR - 1) / TR;
-    const int mine = (int)blockIdx.x < ntiles ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+#ifdef DYN_TILES
+    // The launch's every block alike.
+    const bool dyn = !CL && tile_cnt && !fold.cnt && ntiles > stages * (int)gridDim.x;
+#else
+    constexpr bool dyn = false;
+#endif
+    __shared__ int slot_tile[GEMV1_MAX_STAGES];
+    __shared__ int pool_total;
+    const TilePool pool{dyn ? tile_cnt : nullptr, stages * (int)gridDim.x, ntiles, slot_tile, &pool_total};
+    // Where the consumers learn the block's count of tiles (null: `mine`).
+    const int* const total = dyn ? &pool_total : nullptr;
+    // From a pool, the block's tiles past its first fill are counted as they come.
+    const int mine = dyn                           ? stages
+                     : (int)blockIdx.x < ntiles ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1
+                                                 : 0;
     // The dynamic block starts after the static one: rounded up here to the 1024 bytes the
     // swizzle's boxes need (the host adds them to the launch).
     unsigned char* base = smem + ((1024u - (smem_addr(smem) & 1023u)) & 1023u);
@@ -429,9 +517,10 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     unsigned char* sx = base + ((((8 * groups + 127) & ~127) + 1023) & ~1023);
     unsigned char* stage0 = sx + (XSM ? (cols + 1023) & ~1023 : 0);
 
-    auto issue = [&](int i) {
+    // Fill i of the ring: its static tile, or (from a pool) `pool_tile`.
+    auto issue = [&](int i, int pool_tile) {
         const int s = i % stages;
-        const int tile = (int)blockIdx.x + i * (int)gridDim.x;
+        const int tile = pool_tile >= 0 ? pool_tile : (int)blockIdx.x + i * (int)gridDim.x;
         const u32 bar = smem_addr(&bars[s]);
         const u32 dst = smem_addr(stage0 + (size_t)s * stage_bytes);
         mbar_expect_tx(bar, code_bytes + scale_bytes);
@@ -442,6 +531,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     };
 
     if (tid == 0) {
+        if (dyn) pool_total = 0x7fffffff;
         if (XSM) mbar_init(smem_addr(&xbar), 1);
         ring_init(bars, empty, stages);
     }
@@ -456,7 +546,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     const u64 watch_issued = global_ns();
 #endif
     if (tid == 0)
-        for (int i = 0; i < before; i++) issue(i);
+        for (int i = 0; i < before; i++) issue(i, -1);
     // The norm's weights are constant: a consumer's share is read before the wait.
     float4 gw[NORM ? J : 1];
     if (NORM && warp < GEMV1_WARPS) {
@@ -497,17 +587,17 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         bulk_g2s(smem_addr(ssm), xs, 8u * groups, xb);
     }
     if (tid == 0 && !late)
-        for (int i = before; i < first; i++) issue(i);
+        for (int i = before; i < first; i++) issue(i, -1);
     auto ring_rest = [&]() {
         if (tid == 0 && late)
-            for (int i = before; i < first; i++) issue(i);
+            for (int i = before; i < first; i++) issue(i, -1);
     };
 
     if (warp == GEMV1_WARPS) {
         // Activations left unscaled by a folded norm: the rows take its 1/rms.
         const float oscale = rms_in ? rms_scale(rms_in, cols, rms_eps) : 1.0f;
         // ffn_down's blocks (J 17) have two tiles, and the registers for both folds' reads.
-        b1_produce<TR, CL, J >= 17 ? 2 : 1>(empty, part, stages, mine, rows, issue, out, accumulate, amax, pf_codes, pf_code_bytes,
+        b1_produce<TR, CL, J >= 17 ? 2 : 1>(bars, empty, part, stages, dyn ? 0x7fffffff : mine, pool, rows, issue, out, accumulate, amax, pf_codes, pf_code_bytes,
                    pf_scales, pf_scale_bytes, oscale, fold);
         // The producer writes the block's last rows.
         if (lane == 0) TRACE_EXIT(TRACE_GEMV_B1, scales);
@@ -519,8 +609,8 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     // and 1.0% of Q1_0's decode on the H200 (b0d8a25, measured against a621f36).
     static_assert(GEMV1_WARPS == 8, "warp w takes chunks w + 8j: slab j, unit w of each row");
     if constexpr (FMT != FMT_Q1) {
-        b2_consume<FMT, J, EXACT>(stage0, stage_bytes, code_bytes, bars, empty, part, ssm, mine, stages, chunks,
-                                  scols, xq, xs);
+        b2_consume<FMT, J, EXACT>(stage0, stage_bytes, code_bytes, bars, empty, part, ssm, mine,
+                                  total, stages, chunks, scols, xq, xs);
     } else {
         static_assert(J <= 32, "a lane per chunk copies the group pairs");
         u32 blo[J], bhi[J];
@@ -612,9 +702,10 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         const int aoff = g * 128 + ((warp ^ g) << 4) + 4 * t;
         const float4* sc4 = (const float4*)ssm + warp;
 
-        for (int i = 0, s = 0, ph = 0; i < mine; i++) {
+        for (int i = 0, s = 0, ph = 0; total || i < mine; i++) {
             const unsigned char* st = stage0 + (size_t)s * stage_bytes;
             mbar_wait(smem_addr(&bars[s]), (u32)ph);
+            if (total && i == *(const volatile int*)total) break;
             if (threadIdx.x == 0) TRACE_MARK_FIRST(1);
             const unsigned char* a = st + aoff;
             const u16* dp = (const u16*)(st + code_bytes) + g * chunks + warp;
@@ -668,7 +759,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
             // arrives (a release the producer's wait acquires).
             __syncwarp();
 #ifndef ABLATE_WATCH
-            if (threadIdx.x == 0 && i == mine - 1) TRACE_MARK_FIRST(3);
+            if (threadIdx.x == 0 && !total && i == mine - 1) TRACE_MARK_FIRST(3);
 #endif
             if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
             if (++s == stages) {
@@ -680,12 +771,20 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 }
 #endif
 
-// A fold writes plane words from the 1-bit kernels alone (FOLD_XP_PARAM, gemv.cu).
+// A fold writes plane words from the 1-bit kernels alone (FOLD_XP_PARAM, gemv.cu). The tiles'
+// counter pair (TilePool) is a parameter of the programs that hand tiles out alone.
+#ifdef DYN_TILES
+#define TILE_CNT_PARAM , u32* __restrict__ tile_cnt
+#define TILE_CNT_ARG tile_cnt
+#else
+#define TILE_CNT_PARAM
+#define TILE_CNT_ARG nullptr
+#endif
 #if __CUDA_ARCH__ >= 900
 #define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL, IMG, CIMG, XSM, XP)                                     \
     gemv_b1_body<FMT, J, EXACT, RG, NORM, CL, IMG, XSM, XP>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
                     pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, early, rms_in, rms_eps,              \
-                    FoldOut{fold_cnt, nw, fold_xq, fold_xs, fold_ss, fold_ffn, FOLD_XP_ARG(FMT)}, CIMG)
+                    FoldOut{fold_cnt, nw, fold_xq, fold_xs, fold_ss, fold_ffn, FOLD_XP_ARG(FMT)}, TILE_CNT_ARG, CIMG)
 #else
 #define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL, IMG, CIMG, XSM, XP) __trap()
 #endif
@@ -719,7 +818,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
              const unsigned char* __restrict__ pf_scales, int pf_scale_bytes, int early,          \
              const float* __restrict__ rms_in, float rms_eps, u32* __restrict__ fold_cnt,         \
              int* __restrict__ fold_xq, float2* __restrict__ fold_xs, float* __restrict__ fold_ss, \
-             int fold_ffn FOLD_XP_PARAM(FMT) IMG_PARAM) {                                         \
+             int fold_ffn FOLD_XP_PARAM(FMT) TILE_CNT_PARAM IMG_PARAM) {                          \
         GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL, IMG, CIMG, XSM, XP);                                        \
     }
 

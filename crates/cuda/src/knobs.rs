@@ -49,6 +49,7 @@ const KNOBS: &[(&str, Takes)] = &[
     ("NIWAKI_CUDA_B2_K256", Takes::OnOff),
     ("NIWAKI_CUDA_CACHE", Takes::Path),
     ("NIWAKI_CUDA_DEVICE_EMBED", Takes::OnOff),
+    ("NIWAKI_CUDA_DYN_TILES", Takes::OnOff),
     ("NIWAKI_CUDA_EARLY_TILES", Takes::Number),
     ("NIWAKI_CUDA_FOLD_CLUSTER", Takes::OnOff),
     ("NIWAKI_CUDA_FOLD_NORM", Takes::OnOff),

@@ -96,6 +96,10 @@ fn format_checks(
     let (mut fused_runs, mut fused_refused) = (0usize, Vec::new());
     let (mut image_runs, mut image_diff, mut image_out_diff) = (0usize, 0usize, 0usize);
     let mut image_launched = 0usize;
+    // Two zeroed counters the launches below take their tiles from where the program hands
+    // them out (plan::DYN_TILES): each launch must leave them zeroed.
+    let tiles = gpu.upload(&[0u32; 2], "tile counters")?;
+    let mut tiles_left = 0usize;
     // Images of every shape the plan takes, preferred or not (where they are on at all).
     let images = gpu.image_use() != ImageUse::Off && !one_bit;
     if images {
@@ -196,6 +200,7 @@ fn format_checks(
         let io = GemvIo {
             accumulate: true,
             argmax: Some(amax.ptr),
+            tile_counter: Some(tiles.ptr),
             ..GemvIo::one(xq, xs, out.ptr)
         };
         if !gpu.gemv_b1(s, &m, &io, None)? {
@@ -220,8 +225,15 @@ fn format_checks(
             gpu.alloc(4 * rows, "out")?,
         );
         let launched = gpu.image_launches();
-        gpu.gemv_b1(s, &m, &GemvIo::one(xq, xs, a.ptr), None)?;
+        let from_counter = GemvIo {
+            tile_counter: Some(tiles.ptr),
+            ..GemvIo::one(xq, xs, a.ptr)
+        };
+        gpu.gemv_b1(s, &m, &from_counter, None)?;
         image_launched += gpu.image_launches() - launched;
+        let mut left = [0u32; 2];
+        gpu.read(s, tiles.ptr, &mut left)?;
+        tiles_left += left.iter().filter(|&&c| c != 0).count();
         gpu.gemv_b1(s, &m, &GemvIo::one(xq, xs, b.ptr), None)?;
         let t = niwaki_cuda::plan::Gemv1Tuning::for_shape(p.format, cols);
         let dp4a = gpu.gemv1_tuned(s, &m, &GemvIo::one(xq, xs, c.ptr), t, None)?;
@@ -310,6 +322,7 @@ fn format_checks(
         && runs == shapes.len() - want_refused.len()
         && refused == want_refused
         && repeat_diff == 0
+        && tiles_left == 0
         && fused_diff == 0
         && fused_refused == want_fused_refused
         && tiles32_runs == want_tiles32
@@ -326,12 +339,13 @@ fn format_checks(
         .filter(|sh| !refused.contains(sh))
         .collect();
     rep.line(format!(
-        "| gemv_b1 {format} (binary tensor cores, 1 token, += prior, argmax; norm {}) | {} (refused: {}) | {} | vs integer twin {worst:.1e} (tol 1e-5), vs the dp4a kernel {worst_dp4a:.1e} (tol 1e-5) in {dp4a_runs} shapes, as a fraction of Σ|w·x|; argmax {}; {runs} shapes; repeated launch: {repeat_diff} differing outputs, fused norm vs quant_rms + kernel: {fused_diff} in {fused_runs} shapes (refused: {}), 32-row tiles vs 16 in {tiles32_runs} shapes: {tiles32_diff}, activations staged by bulk copies vs loaded by the warps in {staged_runs} shapes: {staged_diff}, tile images vs their twin in {image_runs} shapes ({image_launched} launched from them): {image_diff} differing units, the kernel from them vs from the tensor map: {image_out_diff} differing outputs (all must be 0) |",
+        "| gemv_b1 {format} (binary tensor cores, 1 token, += prior, argmax; norm {}) | {} (refused: {}) | {} | vs integer twin {worst:.1e} (tol 1e-5), vs the dp4a kernel {worst_dp4a:.1e} (tol 1e-5) in {dp4a_runs} shapes, as a fraction of Σ|w·x|; argmax {}; {runs} shapes; repeated launch (the first taking its tiles from a counter where the program hands them out: {}): {repeat_diff} differing outputs, counters left nonzero {tiles_left}, fused norm vs quant_rms + kernel: {fused_diff} in {fused_runs} shapes (refused: {}), 32-row tiles vs 16 in {tiles32_runs} shapes: {tiles32_diff}, activations staged by bulk copies vs loaded by the warps in {staged_runs} shapes: {staged_diff}, tile images vs their twin in {image_runs} shapes ({image_launched} launched from them): {image_diff} differing units, the kernel from them vs from the tensor map: {image_out_diff} differing outputs (all must be 0) |",
         if one_bit { "fused" } else { "refused" },
         taken.join(", "),
         refused.join(", "),
         if ok { "PASS" } else { "FAIL" },
         if argmax_ok { "matches" } else { "WRONG" },
+        if niwaki_cuda::compile::dyn_tiles() { "on" } else { "off" },
         fused_refused.join(", "),
     ));
     rep.check(ok, format!("gemv_b1 {format}"));

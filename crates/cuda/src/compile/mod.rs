@@ -30,7 +30,8 @@ pub fn options(arch: &str, defines: &[String]) -> Vec<String> {
 /// timeline records' capacity where asked (`trace_capacity`), the weights' L2 policy
 /// (`NIWAKI_CUDA_WEIGHTS_L2`), the 1-bit GEMVs' ring order (`NIWAKI_CUDA_RING_LATE`,
 /// [`plan::RING_LATE_Q1`]), the 2-bit GEMVs' MMA shape (`NIWAKI_CUDA_B2_K256`,
-/// [`plan::B2_K256`]) and a measurement's ablation (`NIWAKI_CUDA_ABLATE`). What the
+/// [`plan::B2_K256`]), the binary GEMVs' tiles handed out from a counter
+/// (`NIWAKI_CUDA_DYN_TILES`, [`plan::DYN_TILES`]) and a measurement's ablation (`NIWAKI_CUDA_ABLATE`). What the
 /// backend compiles at start and [`precompile`] ahead.
 pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) -> Vec<String> {
     let mut defines = dims.defines_for(plan::attn_ring_positions(dims, smem_limit));
@@ -50,10 +51,19 @@ pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) ->
     if crate::knobs::flag("NIWAKI_CUDA_B2_K256", plan::B2_K256) {
         defines.push("-DB2_K256=1".into());
     }
+    if dyn_tiles() {
+        defines.push("-DDYN_TILES=1".into());
+    }
     if let Some(what) = ablation() {
         defines.push(format!("-DABLATE_{}=1", what.to_uppercase()));
     }
     defines
+}
+
+/// Whether the program hands the binary GEMVs' tiles out from a counter
+/// (`NIWAKI_CUDA_DYN_TILES`, [`plan::DYN_TILES`]).
+pub fn dyn_tiles() -> bool {
+    crate::knobs::flag("NIWAKI_CUDA_DYN_TILES", plan::DYN_TILES)
 }
 
 /// The part of the kernels' work a measurement takes out (`NIWAKI_CUDA_ABLATE`), where set.

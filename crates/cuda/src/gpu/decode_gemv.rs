@@ -229,6 +229,7 @@ impl Gpu {
             .into_iter()
             .chain(decode_args(x, io, l.stages, pre, self.early_tiles()))
             .chain(fold_planes_arg(io, m.format))
+            .chain(crate::compile::dyn_tiles().then(|| Arg::Ptr(io.tile_counter.unwrap_or(0))))
             .chain(image.map(|(im, _)| Arg::Ptr(im.buf.ptr)))
             .collect::<Vec<_>>(),
         )?;

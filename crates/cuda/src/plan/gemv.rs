@@ -581,6 +581,13 @@ pub const EARLY_TILES: usize = 1;
 /// The tile loop of the 5120-wide image kernel: 267 SASS instructions against 275.
 pub const B2_K256: bool = true;
 
+/// Whether the binary decode GEMVs that fold nothing hand out their tiles past each block's
+/// first fill from a counter, a tile a refill, rather than each block taking tiles b + i·grid
+/// (kernels/gemv_b1.cu, `TilePool`): a compile-time choice of the program (`DYN_TILES`;
+/// `NIWAKI_CUDA_DYN_TILES=1` compiles it). Each tile's rows are the same arithmetic wherever it
+/// runs, so the same bits.
+pub const DYN_TILES: bool = false;
+
 /// Whether the 1-bit binary decode GEMVs request the rest of their ring (after the tiles
 /// requested before the wait, [`EARLY_TILES`]) once their first consumer warp holds its plane
 /// words rather than as soon as the previous kernel has ended, so that the activations' loads
