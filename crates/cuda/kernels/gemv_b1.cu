@@ -274,8 +274,10 @@ __device__ __forceinline__ void b1_produce(u64* bars, u64* empty, float (*part)[
         if (lane == 0) {
             if (dyn) {
                 if (!asked_all) {
-                    const int next = pool.first + (int)ask;
-                    if (next < pool.ntiles) {
+                    // Unsigned: a counter left wrong (it is zero at each launch) stops the
+                    // block rather than take a tile outside the matrix.
+                    if (ask < (u32)(pool.ntiles - pool.first)) {
+                        const int next = pool.first + (int)ask;
                         ask = pool_request(pool.cnt);
                         pool.slot_tile[s] = next;
                         issue(i + stages, next);
@@ -325,11 +327,14 @@ __device__ __forceinline__ void b1_produce(u64* bars, u64* empty, float (*part)[
 // masks, its loads and the counts' scaling: about 25 instructions in the PTX, against about 35
 // for the dp4a kernel's warps (whose lanes each spend ~70 on a 16-byte chunk, 512 bytes a
 // warp). J: chunks per warp (at most, unless EXACT).
-template <int FMT, int J, bool EXACT>
+// XSM: the activations' codes (`sx`) and group pairs (`ssm`) are brought into shared memory by
+// the block's bulk copies (`xbar`), as the 1-bit kernels' XSM.
+template <int FMT, int J, bool EXACT, bool XSM>
 __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stage_bytes, u32 code_bytes, u64* bars,
                                            u64* empty, float (*part)[GEMV1_WARPS][16], float2* ssm, int mine,
                                            const int* total, int stages, int chunks, int scols,
-                                           const uint4* __restrict__ xq, const float2* __restrict__ xs) {
+                                           const uint4* __restrict__ xq, const float2* __restrict__ xs,
+                                           const unsigned char* sx, u64* xbar) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     // A warp's chunks' group pairs, copied by its lanes (chunk j by lane j % 32), their loads in
@@ -339,8 +344,10 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
 #pragma unroll
     for (int i = 0; i < PJ; i++) {
         const int j = lane + 32 * i, c = warp + GEMV1_WARPS * j;
-        pairs[i] = j < J && c < chunks ? xs[c] : make_float2(0.0f, 0.0f);
+        pairs[i] = !XSM && j < J && c < chunks ? xs[c] : make_float2(0.0f, 0.0f);
     }
+    if (XSM) mbar_wait(smem_addr(xbar), 0u);
+    const uint4* xsrc = XSM ? (const uint4*)sx : xq;
     // The warp's chunks as plane words, kept for every tile; the loads of BATCH chunks issued
     // before the first word is formed (as the 1-bit kernels).
     u32 bw[J];
@@ -351,7 +358,7 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
 #pragma unroll
         for (int j = j0; j < j0 + BATCH && j < J; j++) {
             const int c = warp + GEMV1_WARPS * j;
-            x[j - j0] = xq[(EXACT ? c : min(c, chunks - 1)) * 4 + t];
+            x[j - j0] = xsrc[(EXACT ? c : min(c, chunks - 1)) * 4 + t];
         }
 #pragma unroll
         for (int j = j0; j < j0 + BATCH && j < J; j++) {
@@ -366,7 +373,7 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
 #pragma unroll
     for (int i = 0; i < PJ; i++) {
         const int j = lane + 32 * i, c = warp + GEMV1_WARPS * j;
-        if (j < J && c < chunks) ssm[c] = pairs[i];
+        if (!XSM && j < J && c < chunks) ssm[c] = pairs[i];
     }
     __syncwarp();
     if (threadIdx.x == 0) TRACE_MARK_FIRST(0);
@@ -386,7 +393,10 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
     for (int i = 0, s = 0, ph = 0; total || i < mine; i++) {
         const unsigned char* st = stage0 + (size_t)s * stage_bytes;
         mbar_wait(smem_addr(&bars[s]), (u32)ph);
-        if (total && i == *(const volatile int*)total) break;
+        if (total && i == *(const volatile int*)total) {
+            if (threadIdx.x == 0) TRACE_MARK_FIRST(3);
+            break;
+        }
         if (threadIdx.x == 0) TRACE_MARK_FIRST(1);
         const unsigned char* a = st + aoff;
         const u16* dp = (const u16*)(st + code_bytes) + soff;
@@ -446,11 +456,12 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
 // IMG: the tiles come from an image of the stage's layout (`cimg`, kernels/tile_image.cu), one
 // bulk copy a tile rather than a tensor-map copy per 128-byte box.
 //
-// XSM (1-bit rows, the norm apart): the activations' codes and group pairs come into shared
-// memory by two bulk copies issued once the previous kernel has ended, and the consumers form
-// their plane words from there. Their own loads from L2 wait one round trip per BATCH chunks of
-// a warp, three in a row for ffn_down's 17 (the batches bound the registers the loads hold);
-// the copies wait one.
+// XSM (the norm apart): the activations' codes and group pairs come into shared memory by two
+// bulk copies issued once the previous kernel has ended, before the ring's other tiles, and
+// the consumers form their plane words from there. Their own loads from L2 wait one round
+// trip per BATCH chunks of a warp, three in a row for ffn_down's 17 1-bit chunks, two for the
+// 2-bit rows' 10 or 12 (the batches bound the registers the loads hold), and queue behind the
+// ring's copies; the bulk copies wait one, ahead of those copies.
 //
 // XP (1-bit rows, the norm apart): `xq` holds the activations' plane words, as quant128 stores
 // them with its `xp_tok`, rather than their codes (the same bytes, in the consumers' order): a
@@ -478,7 +489,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     const u64 watch_start = global_ns();
 #endif
     constexpr int TR = 16 * RG;
-    static_assert(!XSM || (FMT == FMT_Q1 && !NORM), "staged activations: 1-bit rows, the norm apart");
+    static_assert(!XSM || !NORM, "staged activations: the norm apart");
     static_assert(!XP || (FMT == FMT_Q1 && !NORM), "plane words: 1-bit rows, the norm apart");
     static_assert(FMT == FMT_Q1 || (RG == 1 && !NORM), "2-bit rows: tiles of 16, the norm apart");
     static_assert(!CL || RG == 1, "a cluster's eight blocks hold a 128-row piece in tiles of 16");
@@ -505,7 +516,8 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     const TilePool pool{dyn ? tile_cnt : nullptr, stages * (int)gridDim.x, ntiles, slot_tile, &pool_total};
     // Where the consumers learn the block's count of tiles (null: `mine`).
     const int* const total = dyn ? &pool_total : nullptr;
-    // From a pool, the block's tiles past its first fill are counted as they come.
+    // From a pool, the block's tiles past its first fill are counted as they come (a GEMV that
+    // folds, whose fold reads `mine`, takes none).
     const int mine = dyn                           ? stages
                      : (int)blockIdx.x < ntiles ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1
                                                  : 0;
@@ -609,8 +621,8 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     // and 1.0% of Q1_0's decode on the H200 (b0d8a25, measured against a621f36).
     static_assert(GEMV1_WARPS == 8, "warp w takes chunks w + 8j: slab j, unit w of each row");
     if constexpr (FMT != FMT_Q1) {
-        b2_consume<FMT, J, EXACT>(stage0, stage_bytes, code_bytes, bars, empty, part, ssm, mine,
-                                  total, stages, chunks, scols, xq, xs);
+        b2_consume<FMT, J, EXACT, XSM>(stage0, stage_bytes, code_bytes, bars, empty, part, ssm, mine,
+                                       total, stages, chunks, scols, xq, xs, sx, &xbar);
     } else {
         static_assert(J <= 32, "a lane per chunk copies the group pairs");
         u32 blo[J], bhi[J];
@@ -705,7 +717,10 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         for (int i = 0, s = 0, ph = 0; total || i < mine; i++) {
             const unsigned char* st = stage0 + (size_t)s * stage_bytes;
             mbar_wait(smem_addr(&bars[s]), (u32)ph);
-            if (total && i == *(const volatile int*)total) break;
+            if (total && i == *(const volatile int*)total) {
+                if (threadIdx.x == 0) TRACE_MARK_FIRST(3);
+                break;
+            }
             if (threadIdx.x == 0) TRACE_MARK_FIRST(1);
             const unsigned char* a = st + aoff;
             const u16* dp = (const u16*)(st + code_bytes) + g * chunks + warp;
@@ -856,6 +871,14 @@ GEMV_BIN_KERNEL(gemv_b1_j6x_r32_n, FMT_Q1, 6, true, 2, true, 3)
 GEMV_B2_KERNELS(GEMV_B2_KERNEL, )
 // The same from tile images (gpu/tile_image.rs).
 GEMV_B2_KERNELS(GEMV_BIN_IMG_KERNEL, _i)
+// Both with their activations staged in shared memory (XSM; plan::x_staged, plan::B2_X_STAGE).
+#define GEMV_B2_XSM_KERNEL(name, FMT, J, EXACT, MINB) \
+    GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, 1, false, MINB, false, , false, , nullptr, true, false)
+#define GEMV_B2_IMG_XSM_KERNEL(name, FMT, J, EXACT, MINB)                                  \
+    GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, 1, false, MINB, false, , true,                 \
+                       MACRO_COMMA const unsigned char* __restrict__ cimg, cimg, true, false)
+GEMV_B2_KERNELS(GEMV_B2_XSM_KERNEL, _xs)
+GEMV_B2_KERNELS(GEMV_B2_IMG_XSM_KERNEL, _i_xs)
 // The residual GEMVs with the norm's fold gathered in a cluster (plan::cluster_fold; by default
 // for Q2_0 g64 rows, plan::ClusterFold): the kernels those GEMVs take on the 27B where every tile's
 // block is resident at once (6144 1-bit and 2-bit columns; not ffn_down's 17408, two blocks a

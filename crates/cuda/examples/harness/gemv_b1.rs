@@ -136,8 +136,9 @@ fn format_checks(
             (20, 256),
         ]
     };
-    // 77×17408 and 77×9216 take the kernels with staged activations.
-    let want_staged = if one_bit { 2 } else { 0 };
+    // 77×17408 and 77×9216 take the kernels with staged activations, and every 2-bit shape
+    // the plan takes.
+    let want_staged = if one_bit { 2 } else { 6 };
     let (want_refused, want_fused_refused, want_tiles32): (&[&str], &[&str], usize) = if one_bit {
         // 34816×5120, 992×5120 and 320×6144 take 32-row tiles.
         (&["20×256"], &["77×17408", "77×9216"], 3)
@@ -278,14 +279,14 @@ fn format_checks(
             tiles32_runs += 1;
         }
         // The activations staged in shared memory by bulk copies, or loaded by each warp, as the
-        // setting is not (the widest 1-bit kernels): the same bits.
+        // setting is not (the widest 1-bit kernels, the 2-bit ones): the same bits.
         let staged = h200_plan(16)
             .and_then(|l| niwaki_cuda::plan::x_staged(l, cols))
             .is_some();
         if staged {
-            let prev = gpu.set_b1_x_stage(!gpu.b1_x_stage());
+            let prev = gpu.set_x_stage(m.format, !gpu.x_stage(m.format));
             let ran = gpu.gemv_b1(s, &m, &GemvIo::one(xq, xs, b.ptr), None);
-            gpu.set_b1_x_stage(prev);
+            gpu.set_x_stage(m.format, prev);
             ran?;
             gpu.read(s, b.ptr, &mut vb)?;
             staged_diff += differ(&va, &vb);
@@ -345,7 +346,7 @@ fn format_checks(
         refused.join(", "),
         if ok { "PASS" } else { "FAIL" },
         if argmax_ok { "matches" } else { "WRONG" },
-        if niwaki_cuda::compile::dyn_tiles() { "on" } else { "off" },
+        if gpu.dyn_tiles() { "on" } else { "off" },
         fused_refused.join(", "),
     ));
     rep.check(ok, format!("gemv_b1 {format}"));

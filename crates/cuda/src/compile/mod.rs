@@ -52,13 +52,16 @@ pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) ->
         defines.push("-DB2_K256=1".into());
     }
     if dyn_tiles() {
-        defines.push("-DDYN_TILES=1".into());
+        defines.push(DYN_TILES_DEFINE.into());
     }
     if let Some(what) = ablation() {
         defines.push(format!("-DABLATE_{}=1", what.to_uppercase()));
     }
     defines
 }
+
+/// The option that compiles the binary GEMVs' tiles handed out from a counter.
+pub const DYN_TILES_DEFINE: &str = "-DDYN_TILES=1";
 
 /// Whether the program hands the binary GEMVs' tiles out from a counter
 /// (`NIWAKI_CUDA_DYN_TILES`, [`plan::DYN_TILES`]).

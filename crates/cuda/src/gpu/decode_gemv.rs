@@ -152,10 +152,10 @@ impl Gpu {
         )
     }
 
-    /// `l` with its activations staged in shared memory where that is on and its kernel has
-    /// such a form ([`plan::x_staged`]; the norm apart).
-    fn staged(&self, l: plan::GemvB1Launch, cols: usize) -> plan::GemvB1Launch {
-        if self.b1_x_stage() {
+    /// `l` with its activations staged in shared memory where that is on for `format`'s rows
+    /// and its kernel has such a form ([`plan::x_staged`]; the norm apart).
+    fn staged(&self, l: plan::GemvB1Launch, format: GpuFormat, cols: usize) -> plan::GemvB1Launch {
+        if self.x_stage(format) {
             plan::x_staged(l, cols).unwrap_or(l)
         } else {
             l
@@ -173,7 +173,7 @@ impl Gpu {
         cols: usize,
     ) -> Option<plan::GemvB1Launch> {
         self.b1_plan_shape(format, rows, cols, false)
-            .map(|l| self.staged(l, cols))
+            .map(|l| self.staged(l, format, cols))
     }
 
     /// One-token GEMV on the binary tensor cores (`kernels/gemv_b1.cu`); `false` (nothing
@@ -194,7 +194,7 @@ impl Gpu {
             .flatten();
         let l = cluster.unwrap_or(plain);
         let l = if pre.is_none() {
-            self.staged(l, m.cols)
+            self.staged(l, m.format, m.cols)
         } else {
             l
         };
@@ -229,7 +229,10 @@ impl Gpu {
             .into_iter()
             .chain(decode_args(x, io, l.stages, pre, self.early_tiles()))
             .chain(fold_planes_arg(io, m.format))
-            .chain(crate::compile::dyn_tiles().then(|| Arg::Ptr(io.tile_counter.unwrap_or(0))))
+            .chain(
+                self.dyn_tiles()
+                    .then(|| Arg::Ptr(io.tile_counter.unwrap_or(0))),
+            )
             .chain(image.map(|(im, _)| Arg::Ptr(im.buf.ptr)))
             .collect::<Vec<_>>(),
         )?;

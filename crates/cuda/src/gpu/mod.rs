@@ -414,6 +414,8 @@ pub struct Gpu {
     /// bulk copies ([`plan::x_staged`]; `NIWAKI_CUDA_B1_X_STAGE`, default
     /// [`plan::B1_X_STAGE`]).
     b1_x_stage: AtomicBool,
+    /// The same for the 2-bit rows' (`NIWAKI_CUDA_B2_X_STAGE`, default [`plan::B2_X_STAGE`]).
+    b2_x_stage: AtomicBool,
     /// The 2-bit binary decode GEMVs copy each tile from an image of their stage's layout, one
     /// bulk copy a tile (`gpu/tile_image.rs`; `NIWAKI_CUDA_B1_IMAGE=0` turns it off): an
     /// [`ImageUse`].
@@ -421,6 +423,9 @@ pub struct Gpu {
     /// How many of a decode GEMV's first tiles are requested before its wait for the previous
     /// kernel (`NIWAKI_CUDA_EARLY_TILES`; default [`plan::EARLY_TILES`]).
     early_tiles: AtomicUsize,
+    /// The program hands the binary GEMVs' tiles out from a counter ([`plan::DYN_TILES`]):
+    /// their kernels then take the counter's address.
+    dyn_tiles: bool,
     /// Tiles per multiprocessor from which a 1-bit matrix takes the binary kernel
     /// (`NIWAKI_CUDA_B1_MIN_TILES`; default [`plan::B1_MIN_TILES_PER_SM`]).
     b1_min_tiles: usize,
@@ -595,6 +600,7 @@ impl Gpu {
         let t = std::time::Instant::now();
         let trace_capacity = trace::capacity_from_env();
         let defines = compile::program_defines(dims, smem_limit, trace_capacity);
+        let dyn_tiles = defines.iter().any(|d| d == compile::DYN_TILES_DEFINE);
         // In parts side by side, but whole where the kernels keep timeline records: the
         // timeline reads them from one module's symbols.
         let (ptxs, from_cache) =
@@ -789,12 +795,14 @@ impl Gpu {
                 },
             ),
             b1_x_stage: AtomicBool::new(knobs::flag("NIWAKI_CUDA_B1_X_STAGE", plan::B1_X_STAGE)),
+            b2_x_stage: AtomicBool::new(knobs::flag("NIWAKI_CUDA_B2_X_STAGE", plan::B2_X_STAGE)),
             image_use: if hopper && knobs::flag("NIWAKI_CUDA_B1_IMAGE", true) {
                 ImageUse::Taken
             } else {
                 ImageUse::Off
             }
             .atomic(),
+            dyn_tiles,
             early_tiles: AtomicUsize::new(knobs::number(
                 "NIWAKI_CUDA_EARLY_TILES",
                 plan::EARLY_TILES,
@@ -1172,17 +1180,31 @@ impl Gpu {
             .swap(if rows == 32 { 32 } else { 16 }, Ordering::Relaxed)
     }
 
-    /// Whether the widest 1-bit rows' binary decode GEMV stages its activations in shared
-    /// memory ([`plan::x_staged`]); returns the previous setting. For the harness's checks.
+    /// Whether the binary decode GEMVs of `format`'s rows stage their activations in shared
+    /// memory where their plan has such a kernel ([`plan::x_staged`]); returns the previous
+    /// setting. For the harness's checks.
     #[doc(hidden)]
-    pub fn set_b1_x_stage(&self, on: bool) -> bool {
-        self.b1_x_stage.swap(on, Ordering::Relaxed)
+    pub fn set_x_stage(&self, format: GpuFormat, on: bool) -> bool {
+        self.x_stage_flag(format).swap(on, Ordering::Relaxed)
     }
 
-    /// Whether the widest 1-bit rows' binary decode GEMV stages its activations in shared
+    /// Whether the binary decode GEMVs of `format`'s rows stage their activations in shared
     /// memory ([`plan::x_staged`]).
-    pub fn b1_x_stage(&self) -> bool {
-        self.b1_x_stage.load(Ordering::Relaxed)
+    pub fn x_stage(&self, format: GpuFormat) -> bool {
+        self.x_stage_flag(format).load(Ordering::Relaxed)
+    }
+
+    /// Whether the program hands the binary GEMVs' tiles out from a counter
+    /// ([`plan::DYN_TILES`]).
+    pub fn dyn_tiles(&self) -> bool {
+        self.dyn_tiles
+    }
+
+    fn x_stage_flag(&self, format: GpuFormat) -> &AtomicBool {
+        match format {
+            GpuFormat::Q1 => &self.b1_x_stage,
+            GpuFormat::Q2G64 | GpuFormat::Q2G128 => &self.b2_x_stage,
+        }
     }
 
     /// Where the dp4a decode GEMV stages its activations by the tensor-map copy: `Some(true)`

@@ -363,6 +363,13 @@ pub fn gemv_b1_launch(
 /// warp loading its chunks from L2: +1.6%, the same bits.
 pub const B1_X_STAGE: bool = true;
 
+/// Whether the 2-bit rows' binary decode GEMVs stage their activations in shared memory by
+/// bulk copies issued before the ring's other tiles ([`x_staged`]; `NIWAKI_CUDA_B2_X_STAGE=1`
+/// turns it on): their consumers' own loads queue behind the ring's copies (the thirty-ninth
+/// session's marks put the activations in their registers ~2 µs after the wait), as ffn_down's
+/// 1-bit loads did before [`B1_X_STAGE`]. The same codes and pairs, so the same bits.
+pub const B2_X_STAGE: bool = false;
+
 /// Whether one-token passes of models with 1-bit matrices write their activations' plane
 /// words too, and the 1-bit binary GEMVs that take the norm apart read them
 /// ([`planes_kernel`]; `NIWAKI_CUDA_B1_PLANES=0` turns it off). Measured on the H200
@@ -405,23 +412,33 @@ pub fn planes_kernel(kernel: &str) -> Option<&'static str> {
 
 /// The binary decode GEMV `l` of `cols` columns with its activations' codes and group pairs
 /// brought into shared memory by two bulk copies rather than loaded by each consumer warp from
-/// L2 (`kernels/gemv_b1.cu`, XSM): its `_xs` kernel, with the row's codes (`cols` bytes, in
-/// whole KiB) between the pairs and the ring, and as many of `l`'s stages as then fit two
-/// blocks a multiprocessor (the only plans with such kernels: 1-bit rows of 9 to 17 chunks a
-/// warp, ffn_down's among them). `None` for other kernels, or where two stages would not fit.
+/// L2 (`kernels/gemv_b1.cu`, XSM): its `_xs` kernel (and its image twin's, 2-bit rows), with
+/// the row's codes (`cols` bytes, in whole KiB) between the pairs and the ring, and as many of
+/// `l`'s stages as then fit its blocks a multiprocessor: two for the 1-bit rows of 9 to 17
+/// chunks a warp (ffn_down's among them), three for the 2-bit rows. `None` for other kernels,
+/// or where two stages would not fit. Whether a launch takes it is the backend's setting, per
+/// kind of row ([`B1_X_STAGE`], [`B2_X_STAGE`]).
 pub fn x_staged(l: GemvB1Launch, cols: usize) -> Option<GemvB1Launch> {
-    let kernel = match l.kernel {
-        "gemv_b1_j17x" => "gemv_b1_j17x_xs",
-        "gemv_b1_j17" => "gemv_b1_j17_xs",
+    let b2 = |k: &'static str, i: &'static str| (k, Some(i), 3);
+    let (kernel, image_kernel, per_sm) = match l.kernel {
+        "gemv_b1_j17x" => ("gemv_b1_j17x_xs", None, 2),
+        "gemv_b1_j17" => ("gemv_b1_j17_xs", None, 2),
+        "gemv_b2g64_j10x" => b2("gemv_b2g64_j10x_xs", "gemv_b2g64_j10x_i_xs"),
+        "gemv_b2g64_j12x" => b2("gemv_b2g64_j12x_xs", "gemv_b2g64_j12x_i_xs"),
+        "gemv_b2g64_j12" => b2("gemv_b2g64_j12_xs", "gemv_b2g64_j12_i_xs"),
+        "gemv_b2g128_j10x" => b2("gemv_b2g128_j10x_xs", "gemv_b2g128_j10x_i_xs"),
+        "gemv_b2g128_j12x" => b2("gemv_b2g128_j12x_xs", "gemv_b2g128_j12x_i_xs"),
+        "gemv_b2g128_j12" => b2("gemv_b2g128_j12_xs", "gemv_b2g128_j12_i_xs"),
         _ => return None,
     };
     let x_bytes = gemv_b1_x_bytes(cols) + round1024(cols);
-    let fit = (SM90_SMEM_PER_SM / 2)
+    let fit = (SM90_SMEM_PER_SM / per_sm)
         .saturating_sub(GEMV_B1_STATIC_SMEM + SMEM_RESERVED_PER_BLOCK)
         .saturating_sub(1024 + x_bytes);
     let stages = l.stages.min(fit / l.stage_bytes);
     (stages >= 2).then_some(GemvB1Launch {
         kernel,
+        image_kernel,
         stages,
         smem_bytes: 1024 + x_bytes + stages * l.stage_bytes,
         ..l
