@@ -47,6 +47,7 @@ const KNOBS: &[(&str, Takes)] = &[
     ("NIWAKI_CUDA_B1_X_STAGE", Takes::OnOff),
     ("NIWAKI_CUDA_B2", Takes::OnOff),
     ("NIWAKI_CUDA_B2_K256", Takes::OnOff),
+    ("NIWAKI_CUDA_B2_MINB", Takes::OneOf(&["3", "4"])),
     ("NIWAKI_CUDA_B2_X_STAGE", Takes::OnOff),
     ("NIWAKI_CUDA_CACHE", Takes::Path),
     ("NIWAKI_CUDA_DEVICE_EMBED", Takes::OnOff),

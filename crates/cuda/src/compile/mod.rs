@@ -31,7 +31,9 @@ pub fn options(arch: &str, defines: &[String]) -> Vec<String> {
 /// (`NIWAKI_CUDA_WEIGHTS_L2`), the 1-bit GEMVs' ring order (`NIWAKI_CUDA_RING_LATE`,
 /// [`plan::RING_LATE_Q1`]), the 2-bit GEMVs' MMA shape (`NIWAKI_CUDA_B2_K256`,
 /// [`plan::B2_K256`]), the binary GEMVs' tiles handed out from a counter
-/// (`NIWAKI_CUDA_DYN_TILES`, [`plan::DYN_TILES`]) and a measurement's ablation (`NIWAKI_CUDA_ABLATE`). What the
+/// (`NIWAKI_CUDA_DYN_TILES`, [`plan::DYN_TILES`]), the blocks a multiprocessor the 2-bit
+/// binary GEMVs' registers are bounded for (`NIWAKI_CUDA_B2_MINB`, [`plan::B2_MINB`]) and a
+/// measurement's ablation (`NIWAKI_CUDA_ABLATE`). What the
 /// backend compiles at start and [`precompile`] ahead.
 pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) -> Vec<String> {
     let mut defines = dims.defines_for(plan::attn_ring_positions(dims, smem_limit));
@@ -53,6 +55,10 @@ pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) ->
     }
     if dyn_tiles() {
         defines.push(DYN_TILES_DEFINE.into());
+    }
+    let minb = crate::knobs::number("NIWAKI_CUDA_B2_MINB", plan::B2_MINB);
+    if minb != plan::B2_MINB {
+        defines.push(format!("-DB2_MINB={minb}"));
     }
     if let Some(what) = ablation() {
         defines.push(format!("-DABLATE_{}=1", what.to_uppercase()));

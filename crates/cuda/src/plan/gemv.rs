@@ -198,10 +198,22 @@ pub fn prefers_x_copy(rows: usize, cols: usize, sms: usize, always: bool) -> boo
 /// Stages of a decode GEMV's ring: as many as the budget holds beside the activations, at most
 /// [`GEMV1_MAX_STAGES`] and no more than the tiles (but two); `None` where two do not fit.
 fn ring_stages(budget: usize, x_bytes: usize, stage_bytes: usize, tiles: usize) -> Option<usize> {
+    ring_stages_least(budget, x_bytes, stage_bytes, tiles, 2)
+}
+
+/// [`ring_stages`] with at least `least` stages (one where no block has a second tile to
+/// stream behind its first).
+fn ring_stages_least(
+    budget: usize,
+    x_bytes: usize,
+    stage_bytes: usize,
+    tiles: usize,
+    least: usize,
+) -> Option<usize> {
     let stages = (budget.saturating_sub(x_bytes) / stage_bytes)
         .min(GEMV1_MAX_STAGES)
         .min(tiles.max(2));
-    (stages >= 2).then_some(stages)
+    (stages >= least).then_some(stages)
 }
 
 /// Plans a decode GEMV, or `None` when not even two stages fit (the caller then uses the plain
@@ -342,14 +354,18 @@ pub fn gemv_b1_launch(
     let stage_bytes = gemv_b1_stage_bytes(format, cols, tile_rows);
     let x_bytes = gemv_b1_x_bytes(cols);
     let tiles = rows.div_ceil(tile_rows);
-    let stages =
-        ring_stages(budget, x_bytes, stage_bytes, tiles)?.min(GEMV1_MAX_STAGES * 16 / tile_rows);
+    let grid = tiles.min(sms.max(1) * blocks_per_sm);
+    // A block with one tile needs no second stage: where two do not fit (more blocks a
+    // multiprocessor than the default, `NIWAKI_CUDA_B1_BLOCKS`), one.
+    let least = if tiles <= grid { 1 } else { 2 };
+    let stages = ring_stages_least(budget, x_bytes, stage_bytes, tiles, least)?
+        .min(GEMV1_MAX_STAGES * 16 / tile_rows);
     Some(GemvB1Launch {
         kernel,
         image_kernel,
         tile_rows,
         stages,
-        grid: tiles.min(sms.max(1) * blocks_per_sm),
+        grid,
         smem_bytes: 1024 + x_bytes + stages * stage_bytes,
         stage_bytes,
     })
@@ -604,6 +620,13 @@ pub const B2_K256: bool = true;
 /// `NIWAKI_CUDA_DYN_TILES=1` compiles it). Each tile's rows are the same arithmetic wherever it
 /// runs, so the same bits.
 pub const DYN_TILES: bool = false;
+
+/// The blocks a multiprocessor the 2-bit binary decode GEMVs' registers are bounded for
+/// (kernels/gemv_b1.cu, `B2_MINB`; `NIWAKI_CUDA_B2_MINB=4` compiles them for four): three
+/// leave them 72 registers, four 56, without spills either way (ptxas for sm_90a). The plan
+/// takes as many blocks a multiprocessor as `NIWAKI_CUDA_B1_BLOCKS` asks (three by default),
+/// so four are measured with both set.
+pub const B2_MINB: usize = 3;
 
 /// Whether the 1-bit binary decode GEMVs request the rest of their ring (after the tiles
 /// requested before the wait, [`EARLY_TILES`]) once their first consumer warp holds its plane

@@ -800,7 +800,8 @@ fn the_binary_decode_gemv_takes_whole_boxes_and_fits_its_budget() {
             "{rows}×{cols}"
         );
     }
-    // Knobs replace the defaults; a budget under two stages is refused.
+    // Knobs replace the defaults; a budget under two stages is refused where a block has more
+    // than one tile, and gives one stage where none has.
     let l = gemv_b1_launch(
         GpuFormat::Q1,
         5120,
@@ -816,7 +817,7 @@ fn the_binary_decode_gemv_takes_whole_boxes_and_fits_its_budget() {
     assert!(l.smem_bytes <= 56 << 10);
     assert!(gemv_b1_launch(
         GpuFormat::Q1,
-        5120,
+        34816,
         17408,
         132,
         limit,
@@ -825,6 +826,19 @@ fn the_binary_decode_gemv_takes_whole_boxes_and_fits_its_budget() {
         16
     )
     .is_none());
+    let one = gemv_b1_launch(
+        GpuFormat::Q1,
+        5120,
+        17408,
+        132,
+        limit,
+        false,
+        (4, 56 << 10),
+        16,
+    )
+    .unwrap();
+    assert_eq!((one.grid, one.stages), (320, 1));
+    assert!(one.smem_bytes <= 56 << 10);
     // A device limit below the default budget is what counts.
     let small =
         gemv_b1_launch(GpuFormat::Q1, 5120, 5120, 132, 48 << 10, false, (0, 0), 16).unwrap();
@@ -1697,5 +1711,30 @@ fn clustered_folds_by_default_for_q2_g64_rows_alone() {
     assert!(GpuFormat::ALL.iter().all(|&f| !off.takes(f)));
     for c in [ClusterFold::Off, ClusterFold::Q2G64, ClusterFold::All] {
         assert_eq!(ClusterFold::from_code(c.code()), c);
+    }
+}
+
+#[test]
+fn four_2_bit_blocks_a_multiprocessor_keep_every_6144_wide_tile_in_one_wave() {
+    let (sms, smem) = (132, 227 << 10);
+    for format in [GpuFormat::Q2G64, GpuFormat::Q2G128] {
+        // The default: three blocks a multiprocessor, two stages each.
+        let three = gemv_b1_launch(format, 5120, 6144, sms, smem, false, (0, 0), 16).unwrap();
+        assert_eq!((three.grid, three.stages), (320, 2));
+        // Four (`NIWAKI_CUDA_B1_BLOCKS=4`): a 6144-wide stage does not fit twice, and a block
+        // with one tile takes one stage; every tile still has its block, so the clusters' fold
+        // takes the launch, and four blocks with their static memory fit a multiprocessor.
+        let four = gemv_b1_launch(format, 5120, 6144, sms, smem, false, (4, 0), 16).unwrap();
+        assert_eq!((four.grid, four.stages), (320, 1));
+        assert!(
+            4 * (four.smem_bytes + GEMV_B1_STATIC_SMEM + SMEM_RESERVED_PER_BLOCK)
+                <= SM90_SMEM_PER_SM
+        );
+        if format == GpuFormat::Q2G64 {
+            assert!(cluster_fold(four, 5120).is_some());
+        }
+        // Blocks of several tiles keep two stages: gate | up on 528 blocks.
+        let gu = gemv_b1_launch(format, 34816, 5120, sms, smem, false, (4, 0), 16).unwrap();
+        assert_eq!((gu.grid, gu.stages), (4 * sms, 2));
     }
 }
