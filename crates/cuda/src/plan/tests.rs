@@ -802,41 +802,23 @@ fn the_binary_decode_gemv_takes_whole_boxes_and_fits_its_budget() {
     }
     // Knobs replace the defaults; a budget under two stages is refused where a block has more
     // than one tile, and gives one stage where none has.
-    let l = gemv_b1_launch(
-        GpuFormat::Q1,
-        5120,
-        5120,
-        132,
-        limit,
-        false,
-        (4, 56 << 10),
-        16,
-    )
-    .unwrap();
+    let knobbed = |rows, cols| {
+        gemv_b1_launch(
+            GpuFormat::Q1,
+            rows,
+            cols,
+            132,
+            limit,
+            false,
+            (4, 56 << 10),
+            16,
+        )
+    };
+    let l = knobbed(5120, 5120).unwrap();
     assert_eq!(l.grid, 320);
     assert!(l.smem_bytes <= 56 << 10);
-    assert!(gemv_b1_launch(
-        GpuFormat::Q1,
-        34816,
-        17408,
-        132,
-        limit,
-        false,
-        (4, 56 << 10),
-        16
-    )
-    .is_none());
-    let one = gemv_b1_launch(
-        GpuFormat::Q1,
-        5120,
-        17408,
-        132,
-        limit,
-        false,
-        (4, 56 << 10),
-        16,
-    )
-    .unwrap();
+    assert!(knobbed(34816, 17408).is_none());
+    let one = knobbed(5120, 17408).unwrap();
     assert_eq!((one.grid, one.stages), (320, 1));
     assert!(one.smem_bytes <= 56 << 10);
     // A device limit below the default budget is what counts.
