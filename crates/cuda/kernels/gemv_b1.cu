@@ -858,22 +858,25 @@ GEMV_BIN_KERNEL(gemv_b1_j6_n, FMT_Q1, 6, false, 1, true, 3)
 GEMV_BIN_KERNEL(gemv_b1_j5x_r32_n, FMT_Q1, 5, true, 2, true, 3)
 GEMV_BIN_KERNEL(gemv_b1_j6x_r32_n, FMT_Q1, 6, true, 2, true, 3)
 // 2-bit rows (g64: Q2_0; g128: Q2_0_g128, PQ2_0, widened PTQ1_0), up to 12 chunks a warp (6144
-// columns), tiles of 16 rows. B2_MINB: the blocks a multiprocessor their registers are bounded
-// for (plan::B2_MINB; `NIWAKI_CUDA_B2_MINB=4` compiles them for four, 56 registers without
-// spills in ptxas for sm_90a, where three leave them 72: with `NIWAKI_CUDA_B1_BLOCKS=4` the
-// plan then takes four, so that every block of the 6144-wide GEMVs after the recurrence can be
-// resident on the multiprocessors it leaves free).
+// columns), tiles of 16 rows. B2_MINB, B2_MINB_WIDE: the blocks a multiprocessor the registers
+// of the 5120-wide kernels (10 chunks a warp) and of the wider ones (up to 12) are bounded for
+// (plan::B2Four, `NIWAKI_CUDA_B2_FOUR`): three leave them 72, four 56, without spills either
+// way (ptxas for sm_90a), and the plan then takes four blocks a multiprocessor, so that every
+// block of the 6144-wide GEMVs after the recurrence can be resident beside it.
 #ifndef B2_MINB
 #define B2_MINB 3
 #endif
+#ifndef B2_MINB_WIDE
+#define B2_MINB_WIDE B2_MINB
+#endif
 // K(name, FMT, J, EXACT, MINB) for each, the name followed by SFX.
 #define GEMV_B2_KERNELS(K, SFX)                          \
-    K(gemv_b2g64_j10x##SFX, FMT_Q2G64, 10, true, B2_MINB)      \
-    K(gemv_b2g64_j12x##SFX, FMT_Q2G64, 12, true, B2_MINB)      \
-    K(gemv_b2g64_j12##SFX, FMT_Q2G64, 12, false, B2_MINB)      \
-    K(gemv_b2g128_j10x##SFX, FMT_Q2G128, 10, true, B2_MINB)    \
-    K(gemv_b2g128_j12x##SFX, FMT_Q2G128, 12, true, B2_MINB)    \
-    K(gemv_b2g128_j12##SFX, FMT_Q2G128, 12, false, B2_MINB)
+    K(gemv_b2g64_j10x##SFX, FMT_Q2G64, 10, true, B2_MINB)        \
+    K(gemv_b2g64_j12x##SFX, FMT_Q2G64, 12, true, B2_MINB_WIDE)   \
+    K(gemv_b2g64_j12##SFX, FMT_Q2G64, 12, false, B2_MINB_WIDE)   \
+    K(gemv_b2g128_j10x##SFX, FMT_Q2G128, 10, true, B2_MINB)      \
+    K(gemv_b2g128_j12x##SFX, FMT_Q2G128, 12, true, B2_MINB_WIDE) \
+    K(gemv_b2g128_j12##SFX, FMT_Q2G128, 12, false, B2_MINB_WIDE)
 #define GEMV_B2_KERNEL(name, FMT, J, EXACT, MINB) GEMV_BIN_KERNEL(name, FMT, J, EXACT, 1, false, MINB)
 GEMV_B2_KERNELS(GEMV_B2_KERNEL, )
 // The same from tile images (gpu/tile_image.rs).
@@ -892,10 +895,10 @@ GEMV_B2_KERNELS(GEMV_B2_IMG_XSM_KERNEL, _i_xs)
 // multiprocessor) and the guarded ones of the harness's smaller models.
 GEMV_BIN_CLUSTER_KERNEL(gemv_b1_j6x_c, FMT_Q1, 6, true, 4)
 GEMV_BIN_CLUSTER_KERNEL(gemv_b1_j6_c, FMT_Q1, 6, false, 4)
-GEMV_BIN_CLUSTER_KERNEL(gemv_b2g64_j12x_c, FMT_Q2G64, 12, true, B2_MINB)
-GEMV_BIN_CLUSTER_KERNEL(gemv_b2g64_j12_c, FMT_Q2G64, 12, false, B2_MINB)
-GEMV_BIN_CLUSTER_KERNEL(gemv_b2g128_j12x_c, FMT_Q2G128, 12, true, B2_MINB)
-GEMV_BIN_CLUSTER_KERNEL(gemv_b2g128_j12_c, FMT_Q2G128, 12, false, B2_MINB)
+GEMV_BIN_CLUSTER_KERNEL(gemv_b2g64_j12x_c, FMT_Q2G64, 12, true, B2_MINB_WIDE)
+GEMV_BIN_CLUSTER_KERNEL(gemv_b2g64_j12_c, FMT_Q2G64, 12, false, B2_MINB_WIDE)
+GEMV_BIN_CLUSTER_KERNEL(gemv_b2g128_j12x_c, FMT_Q2G128, 12, true, B2_MINB_WIDE)
+GEMV_BIN_CLUSTER_KERNEL(gemv_b2g128_j12_c, FMT_Q2G128, 12, false, B2_MINB_WIDE)
 // The 1-bit kernels that take the norm apart, reading plane words (XP; plan::planes_kernel):
 // the same shapes, the name followed by _p.
 #define GEMV_BIN_P_KERNEL(name, J, EXACT, RG, MINB, CL, DIMS, XSM) \

@@ -32,7 +32,7 @@ pub fn options(arch: &str, defines: &[String]) -> Vec<String> {
 /// [`plan::RING_LATE_Q1`]), the 2-bit GEMVs' MMA shape (`NIWAKI_CUDA_B2_K256`,
 /// [`plan::B2_K256`]), the binary GEMVs' tiles handed out from a counter
 /// (`NIWAKI_CUDA_DYN_TILES`, [`plan::DYN_TILES`]), the blocks a multiprocessor the 2-bit
-/// binary GEMVs' registers are bounded for (`NIWAKI_CUDA_B2_MINB`, [`plan::B2_MINB`]) and a
+/// binary GEMVs' registers are bounded for (`NIWAKI_CUDA_B2_FOUR`, [`plan::B2Four`]) and a
 /// measurement's ablation (`NIWAKI_CUDA_ABLATE`). What the
 /// backend compiles at start and [`precompile`] ahead.
 pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) -> Vec<String> {
@@ -56,14 +56,16 @@ pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) ->
     if dyn_tiles() {
         defines.push(DYN_TILES_DEFINE.into());
     }
-    let minb = crate::knobs::number("NIWAKI_CUDA_B2_MINB", plan::B2_MINB);
-    if minb != plan::B2_MINB {
-        defines.push(format!("-DB2_MINB={minb}"));
-    }
+    defines.extend(b2_four().defines());
     if let Some(what) = ablation() {
         defines.push(format!("-DABLATE_{}=1", what.to_uppercase()));
     }
     defines
+}
+
+/// Which 2-bit binary GEMVs run four blocks a multiprocessor (`NIWAKI_CUDA_B2_FOUR`).
+pub fn b2_four() -> plan::B2Four {
+    plan::B2Four::from_setting(crate::knobs::word("NIWAKI_CUDA_B2_FOUR").as_deref())
 }
 
 /// The option that compiles the binary GEMVs' tiles handed out from a counter.

@@ -135,7 +135,7 @@ fn the_kernels_compile_for_hopper_when_nvrtc_is_present() {
     // evict-first copies (`NIWAKI_CUDA_WEIGHTS_L2`), the 2-bit GEMVs' two MMAs a chunk
     // (`NIWAKI_CUDA_B2_K256=0`), the binary GEMVs' tiles from a counter
     // (`NIWAKI_CUDA_DYN_TILES=1`) and the 2-bit ones bounded for four blocks a multiprocessor
-    // (`NIWAKI_CUDA_B2_MINB=4`), the others with the default policy and MMA shape; and
+    // (`NIWAKI_CUDA_B2_FOUR=all`), the others with the default policy and MMA shape; and
     // the 27B's for an sm_80 device (no Hopper instructions, no clusters), where the
     // backend runs too.
     let policy = WEIGHTS_EVICT_FIRST;
@@ -174,7 +174,7 @@ fn the_kernels_compile_for_hopper_when_nvrtc_is_present() {
             defines.push("-DDYN_TILES=1".into());
         }
         if trace {
-            defines.push("-DB2_MINB=4".into());
+            defines.extend(crate::plan::B2Four::All.defines());
         }
         if evict_first {
             defines.push("-DWEIGHTS_EVICT_FIRST=1".into());

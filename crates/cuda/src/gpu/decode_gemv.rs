@@ -147,7 +147,9 @@ impl Gpu {
             self.info.multiprocessors.max(1) as usize,
             self.smem_limit,
             fused,
-            self.b1_knobs,
+            self.b2_four
+                .blocks(format, cols)
+                .map_or(self.b1_knobs, |b| (b, self.b1_knobs.1)),
             self.b1_tile_rows.load(Ordering::Relaxed),
         )
     }

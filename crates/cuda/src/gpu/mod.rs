@@ -423,6 +423,9 @@ pub struct Gpu {
     /// How many of a decode GEMV's first tiles are requested before its wait for the previous
     /// kernel (`NIWAKI_CUDA_EARLY_TILES`; default [`plan::EARLY_TILES`]).
     early_tiles: AtomicUsize,
+    /// Which 2-bit binary GEMVs run four blocks a multiprocessor (`NIWAKI_CUDA_B2_FOUR`), as the
+    /// program was compiled for.
+    b2_four: plan::B2Four,
     /// The program hands the binary GEMVs' tiles out from a counter ([`plan::DYN_TILES`]):
     /// their kernels then take the counter's address.
     dyn_tiles: bool,
@@ -803,6 +806,7 @@ impl Gpu {
             }
             .atomic(),
             dyn_tiles,
+            b2_four: compile::b2_four(),
             early_tiles: AtomicUsize::new(knobs::number(
                 "NIWAKI_CUDA_EARLY_TILES",
                 plan::EARLY_TILES,

@@ -275,6 +275,8 @@ pub struct GemvB1Launch {
     pub grid: usize,
     pub smem_bytes: usize,
     pub stage_bytes: usize,
+    /// The blocks a multiprocessor its shared memory was sized for.
+    pub blocks_per_sm: usize,
 }
 
 fn round1024(n: usize) -> usize {
@@ -368,6 +370,7 @@ pub fn gemv_b1_launch(
         grid,
         smem_bytes: 1024 + x_bytes + stages * stage_bytes,
         stage_bytes,
+        blocks_per_sm,
     })
 }
 
@@ -430,15 +433,16 @@ pub fn planes_kernel(kernel: &str) -> Option<&'static str> {
 /// brought into shared memory by two bulk copies rather than loaded by each consumer warp from
 /// L2 (`kernels/gemv_b1.cu`, XSM): its `_xs` kernel (and its image twin's, 2-bit rows), with
 /// the row's codes (`cols` bytes, in whole KiB) between the pairs and the ring, and as many of
-/// `l`'s stages as then fit its blocks a multiprocessor: two for the 1-bit rows of 9 to 17
-/// chunks a warp (ffn_down's among them), three for the 2-bit rows. `None` for other kernels,
+/// `l`'s stages as then fit the blocks a multiprocessor of its plan: two for the 1-bit rows of
+/// 9 to 17 chunks a warp (ffn_down's among them), three for the 2-bit rows by default. `None`
+/// for other kernels,
 /// or where two stages would not fit. Whether a launch takes it is the backend's setting, per
 /// kind of row ([`B1_X_STAGE`], [`B2_X_STAGE`]).
 pub fn x_staged(l: GemvB1Launch, cols: usize) -> Option<GemvB1Launch> {
-    let b2 = |k: &'static str, i: &'static str| (k, Some(i), 3);
-    let (kernel, image_kernel, per_sm) = match l.kernel {
-        "gemv_b1_j17x" => ("gemv_b1_j17x_xs", None, 2),
-        "gemv_b1_j17" => ("gemv_b1_j17_xs", None, 2),
+    let b2 = |k: &'static str, i: &'static str| (k, Some(i));
+    let (kernel, image_kernel) = match l.kernel {
+        "gemv_b1_j17x" => ("gemv_b1_j17x_xs", None),
+        "gemv_b1_j17" => ("gemv_b1_j17_xs", None),
         "gemv_b2g64_j10x" => b2("gemv_b2g64_j10x_xs", "gemv_b2g64_j10x_i_xs"),
         "gemv_b2g64_j12x" => b2("gemv_b2g64_j12x_xs", "gemv_b2g64_j12x_i_xs"),
         "gemv_b2g64_j12" => b2("gemv_b2g64_j12_xs", "gemv_b2g64_j12_i_xs"),
@@ -448,7 +452,7 @@ pub fn x_staged(l: GemvB1Launch, cols: usize) -> Option<GemvB1Launch> {
         _ => return None,
     };
     let x_bytes = gemv_b1_x_bytes(cols) + round1024(cols);
-    let fit = (SM90_SMEM_PER_SM / per_sm)
+    let fit = (SM90_SMEM_PER_SM / l.blocks_per_sm.max(1))
         .saturating_sub(GEMV_B1_STATIC_SMEM + SMEM_RESERVED_PER_BLOCK)
         .saturating_sub(1024 + x_bytes);
     let stages = l.stages.min(fit / l.stage_bytes);
@@ -621,12 +625,52 @@ pub const B2_K256: bool = true;
 /// runs, so the same bits.
 pub const DYN_TILES: bool = false;
 
-/// The blocks a multiprocessor the 2-bit binary decode GEMVs' registers are bounded for
-/// (kernels/gemv_b1.cu, `B2_MINB`; `NIWAKI_CUDA_B2_MINB=4` compiles them for four): three
-/// leave them 72 registers, four 56, without spills either way (ptxas for sm_90a). The plan
-/// takes as many blocks a multiprocessor as `NIWAKI_CUDA_B1_BLOCKS` asks (three by default),
-/// so four are measured with both set.
-pub const B2_MINB: usize = 3;
+/// Which 2-bit binary decode GEMVs run four blocks a multiprocessor rather than three
+/// (`NIWAKI_CUDA_B2_FOUR`: none by default, `wide` those wider than 5120 columns, on the 27B
+/// the 6144-wide residual GEMVs after the recurrence and the attention, `all` every one): their
+/// kernels compiled with registers bounded for four (kernels/gemv_b1.cu, `B2_MINB_WIDE`,
+/// `B2_MINB`: 56 registers where three leave 72, no spills either way in ptxas for sm_90a) and
+/// their plans taking four. The forty-first session found the GEMV after the recurrence unable
+/// to place its blocks on the 48 multiprocessors the recurrence holds, and three a
+/// multiprocessor on the other 84 hold 252 of its 320.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum B2Four {
+    #[default]
+    Off,
+    Wide,
+    All,
+}
+
+impl B2Four {
+    /// From the knob's word (`wide`, `all`; anything else: off).
+    pub fn from_setting(word: Option<&str>) -> B2Four {
+        match word {
+            Some("wide") => B2Four::Wide,
+            Some("all") => B2Four::All,
+            _ => B2Four::Off,
+        }
+    }
+
+    /// The blocks a multiprocessor the plan takes for a binary GEMV of `format`'s rows and
+    /// `cols` columns where this setting changes it.
+    pub fn blocks(self, format: GpuFormat, cols: usize) -> Option<usize> {
+        let two_bit = format != GpuFormat::Q1;
+        match self {
+            B2Four::All if two_bit => Some(4),
+            B2Four::Wide if two_bit && cols > 5120 => Some(4),
+            _ => None,
+        }
+    }
+
+    /// The program's options for it.
+    pub fn defines(self) -> Vec<String> {
+        match self {
+            B2Four::Off => vec![],
+            B2Four::Wide => vec!["-DB2_MINB_WIDE=4".into()],
+            B2Four::All => vec!["-DB2_MINB=4".into(), "-DB2_MINB_WIDE=4".into()],
+        }
+    }
+}
 
 /// Whether the 1-bit binary decode GEMVs request the rest of their ring (after the tiles
 /// requested before the wait, [`EARLY_TILES`]) once their first consumer warp holds its plane

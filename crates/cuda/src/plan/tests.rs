@@ -1720,3 +1720,24 @@ fn four_2_bit_blocks_a_multiprocessor_keep_every_6144_wide_tile_in_one_wave() {
         assert_eq!((gu.grid, gu.stages), (4 * sms, 2));
     }
 }
+
+#[test]
+fn four_2_bit_blocks_are_asked_for_the_wide_rows_or_every_2_bit_row() {
+    use GpuFormat::*;
+    let wide = B2Four::from_setting(Some("wide"));
+    let all = B2Four::from_setting(Some("all"));
+    assert_eq!(B2Four::from_setting(None), B2Four::Off);
+    assert_eq!(B2Four::from_setting(Some("off")), B2Four::Off);
+    for f in [Q2G64, Q2G128] {
+        assert_eq!(wide.blocks(f, 6144), Some(4));
+        assert_eq!(wide.blocks(f, 5120), None);
+        assert_eq!(all.blocks(f, 5120), Some(4));
+        assert_eq!(B2Four::Off.blocks(f, 6144), None);
+    }
+    // 1-bit rows keep their plans.
+    assert_eq!(all.blocks(Q1, 6144), None);
+    // The wide kernels bounded alone, or every 2-bit kernel.
+    assert_eq!(wide.defines(), ["-DB2_MINB_WIDE=4"]);
+    assert_eq!(all.defines(), ["-DB2_MINB=4", "-DB2_MINB_WIDE=4"]);
+    assert!(B2Four::Off.defines().is_empty());
+}
