@@ -859,7 +859,7 @@ GEMV_BIN_KERNEL(gemv_b1_j5x_r32_n, FMT_Q1, 5, true, 2, true, 3)
 GEMV_BIN_KERNEL(gemv_b1_j6x_r32_n, FMT_Q1, 6, true, 2, true, 3)
 // 2-bit rows (g64: Q2_0; g128: Q2_0_g128, PQ2_0, widened PTQ1_0), up to 12 chunks a warp (6144
 // columns), tiles of 16 rows. B2_MINB, B2_MINB_WIDE: the blocks a multiprocessor the registers
-// of the 5120-wide kernels (10 chunks a warp) and of the wider ones (up to 12) are bounded for
+// of the exact 5120-wide kernels (10 chunks a warp) and of the others (up to 12) are bounded for
 // (plan::B2Four, `NIWAKI_CUDA_B2_FOUR`): three leave them 72, four 56, without spills either
 // way (ptxas for sm_90a), and the plan then takes four blocks a multiprocessor, so that every
 // block of the 6144-wide GEMVs after the recurrence can be resident beside it.

@@ -604,6 +604,7 @@ impl Gpu {
         let trace_capacity = trace::capacity_from_env();
         let defines = compile::program_defines(dims, smem_limit, trace_capacity);
         let dyn_tiles = defines.iter().any(|d| d == compile::DYN_TILES_DEFINE);
+        let b2_four = plan::B2Four::from_defines(&defines);
         // In parts side by side, but whole where the kernels keep timeline records: the
         // timeline reads them from one module's symbols.
         let (ptxs, from_cache) =
@@ -806,7 +807,7 @@ impl Gpu {
             }
             .atomic(),
             dyn_tiles,
-            b2_four: compile::b2_four(),
+            b2_four,
             early_tiles: AtomicUsize::new(knobs::number(
                 "NIWAKI_CUDA_EARLY_TILES",
                 plan::EARLY_TILES,

@@ -626,11 +626,13 @@ pub const B2_K256: bool = true;
 pub const DYN_TILES: bool = false;
 
 /// Which 2-bit binary decode GEMVs run four blocks a multiprocessor rather than three
-/// (`NIWAKI_CUDA_B2_FOUR`: none by default, `wide` those wider than 5120 columns, on the 27B
-/// the 6144-wide residual GEMVs after the recurrence and the attention, `all` every one): their
-/// kernels compiled with registers bounded for four (kernels/gemv_b1.cu, `B2_MINB_WIDE`,
-/// `B2_MINB`: 56 registers where three leave 72, no spills either way in ptxas for sm_90a) and
-/// their plans taking four. The forty-first session found the GEMV after the recurrence unable
+/// (`NIWAKI_CUDA_B2_FOUR`: none by default, `wide` those of the kernels of up to 12 chunks a
+/// warp, every width but the exact 5120 — on the 27B the 6144-wide residual GEMVs after the
+/// recurrence and the attention —, `all` every one): their kernels compiled with registers
+/// bounded for four (kernels/gemv_b1.cu, `B2_MINB_WIDE`, `B2_MINB`: 56 registers where three
+/// leave 72, no spills either way in ptxas for sm_90a) and their plans taking four (a plan
+/// that then fits fewer than two stages for blocks of several tiles is refused, and the matrix
+/// goes to the dp4a kernel: none of the 27B's). The forty-first session found the GEMV after the recurrence unable
 /// to place its blocks on the 48 multiprocessors the recurrence holds, and three a
 /// multiprocessor on the other 84 hold 252 of its 320.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -652,13 +654,25 @@ impl B2Four {
     }
 
     /// The blocks a multiprocessor the plan takes for a binary GEMV of `format`'s rows and
-    /// `cols` columns where this setting changes it.
+    /// `cols` columns where this setting changes it: those whose kernel it bounds for four.
     pub fn blocks(self, format: GpuFormat, cols: usize) -> Option<usize> {
         let two_bit = format != GpuFormat::Q1;
+        // The exact kernel of 10 chunks a warp is the one `wide` leaves (gemv_b2_kernel).
+        let wide = cols / format.chunk_values() != 10 * GEMV1_WARPS;
         match self {
             B2Four::All if two_bit => Some(4),
-            B2Four::Wide if two_bit && cols > 5120 => Some(4),
+            B2Four::Wide if two_bit && wide => Some(4),
             _ => None,
+        }
+    }
+
+    /// The setting a program's options compiled (its [`B2Four::defines`]).
+    pub fn from_defines(defines: &[String]) -> B2Four {
+        let has = |d: &str| defines.iter().any(|x| x == d);
+        match (has("-DB2_MINB=4"), has("-DB2_MINB_WIDE=4")) {
+            (true, _) => B2Four::All,
+            (false, true) => B2Four::Wide,
+            _ => B2Four::Off,
         }
     }
 

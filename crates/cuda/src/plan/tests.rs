@@ -1731,6 +1731,8 @@ fn four_2_bit_blocks_are_asked_for_the_wide_rows_or_every_2_bit_row() {
     for f in [Q2G64, Q2G128] {
         assert_eq!(wide.blocks(f, 6144), Some(4));
         assert_eq!(wide.blocks(f, 5120), None);
+        // The guarded kernel of up to 12 chunks, bounded with the wide ones.
+        assert_eq!(wide.blocks(f, 4096), Some(4));
         assert_eq!(all.blocks(f, 5120), Some(4));
         assert_eq!(B2Four::Off.blocks(f, 6144), None);
     }
@@ -1740,4 +1742,10 @@ fn four_2_bit_blocks_are_asked_for_the_wide_rows_or_every_2_bit_row() {
     assert_eq!(wide.defines(), ["-DB2_MINB_WIDE=4"]);
     assert_eq!(all.defines(), ["-DB2_MINB=4", "-DB2_MINB_WIDE=4"]);
     assert!(B2Four::Off.defines().is_empty());
+    // What a program compiled is read back from its options.
+    for b in [B2Four::Off, wide, all] {
+        let mut defines = vec!["-DHIDDEN=5120".to_string()];
+        defines.extend(b.defines());
+        assert_eq!(B2Four::from_defines(&defines), b);
+    }
 }
