@@ -32,7 +32,9 @@ pub fn options(arch: &str, defines: &[String]) -> Vec<String> {
 /// [`plan::RING_LATE_Q1`]), the 2-bit GEMVs' MMA shape (`NIWAKI_CUDA_B2_K256`,
 /// [`plan::B2_K256`]), the binary GEMVs' tiles handed out from a counter
 /// (`NIWAKI_CUDA_DYN_TILES`, [`plan::DYN_TILES`]), the blocks a multiprocessor the 2-bit
-/// binary GEMVs' registers are bounded for (`NIWAKI_CUDA_B2_FOUR`, [`plan::B2Four`]) and a
+/// binary GEMVs' registers are bounded for (`NIWAKI_CUDA_B2_FOUR`, [`plan::B2Four`]), the
+/// one-kernel recurrence's output written before any warp stores its state (a measurement,
+/// `NIWAKI_CUDA_GDN_OUT_ALONE=1`) and a
 /// measurement's ablation (`NIWAKI_CUDA_ABLATE`). What the
 /// backend compiles at start and [`precompile`] ahead.
 pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) -> Vec<String> {
@@ -57,6 +59,9 @@ pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) ->
         defines.push(DYN_TILES_DEFINE.into());
     }
     defines.extend(b2_four().defines());
+    if crate::knobs::flag("NIWAKI_CUDA_GDN_OUT_ALONE", false) {
+        defines.push("-DGDN_OUT_ALONE=1".into());
+    }
     if let Some(what) = ablation() {
         defines.push(format!("-DABLATE_{}=1", what.to_uppercase()));
     }
