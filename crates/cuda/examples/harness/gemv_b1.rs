@@ -286,11 +286,23 @@ fn format_checks(
         if staged {
             let prev = gpu.set_x_stage(m.format, !gpu.x_stage(m.format));
             let ran = gpu.gemv_b1(s, &m, &GemvIo::one(xq, xs, b.ptr), None);
+            // The 2-bit kernels' twins from the tensor map (the matrix without an image), too.
+            let ran_plain = ran.and_then(|_| {
+                let Some(plain) = &plain else { return Ok(None) };
+                gpu.gemv_b1(s, plain, &GemvIo::one(xq, xs, c.ptr), None)
+                    .map(Some)
+            });
             gpu.set_x_stage(m.format, prev);
-            ran?;
+            let ran_plain = ran_plain?;
             gpu.read(s, b.ptr, &mut vb)?;
             staged_diff += differ(&va, &vb);
             staged_runs += 1;
+            if ran_plain == Some(true) {
+                // Into the dp4a kernel's buffer, whose outputs `vc` already holds.
+                let mut vd = vec![0f32; rows];
+                gpu.read(s, c.ptr, &mut vd)?;
+                staged_diff += differ(&va, &vd);
+            }
         }
         if dp4a {
             dp4a_runs += 1;
