@@ -122,8 +122,8 @@ __device__ __forceinline__ void pdl_launch() {
 // global timer the first time a thread passes, kept in the block's shared memory and written
 // with its record, 0 where never passed; TRACE_MARK_LAST: when its last warp passed), e.g.
 // when its activations were ready, its first tile arrived and its rows were written, before
-// its fold. Six keep a record 96 bytes, a multiple
-// of the 16 its stores may assume (with three, 72-byte records took a misaligned store).
+// its fold. Six keep a record 96 bytes, a multiple of the 16 its stores may assume (with
+// three, 72-byte records took a misaligned store).
 #define TRACE_MARKS 6
 // The global timer (ns), for the records and for the harness's probes.
 __device__ __forceinline__ u64 global_ns() {

@@ -214,6 +214,15 @@ __device__ __forceinline__ void pool_done(u32* cnt) {
     }
 }
 
+// Whether fill i, whose barrier a consumer has just waited on, is the end the producer marked
+// (`total`: the block's count of tiles once known; null where the tiles are static): its last
+// tile's mark then.
+__device__ __forceinline__ bool pool_ended(const int* total, int i) {
+    if (!total || i != *(const volatile int*)total) return false;
+    if (threadIdx.x == 0) TRACE_MARK_FIRST(3);
+    return true;
+}
+
 // The producer warp of the binary GEMV: lane 0 keeps the ring full, as ring_produce does, and
 // the warp adds each tile's partial sums once every consumer warp has arrived on the tile's
 // `empty` barrier (lane r: row r, the warps in order, so the sums are deterministic), writes
@@ -229,14 +238,15 @@ __device__ __forceinline__ void b1_produce(u64* bars, u64* empty, float (*part)[
                                            float oscale, const FoldOut& fold) {
     const int lane = threadIdx.x & 31;
     const bool dyn = pool.cnt != nullptr;
+    auto prefetch_next = [&]() {
+        prefetch_l2_share(pf_codes, pf_code_bytes);
+        prefetch_l2_share(pf_scales, pf_scale_bytes);
+    };
     // The copies are all issued once tile mine − 1 − stages is freed, or at once where the ring
     // holds every tile: then the L2 cache may take the next GEMV's first bytes. (From a pool:
     // once a request comes back empty.)
     const int last_issue = mine - 1 - stages;
-    if (!dyn && last_issue < 0 && lane == 0) {
-        prefetch_l2_share(pf_codes, pf_code_bytes);
-        prefetch_l2_share(pf_scales, pf_scale_bytes);
-    }
+    if (!dyn && last_issue < 0 && lane == 0) prefetch_next();
     // Lane 0: the pool tile its next refill takes, requested a refill ahead.
     u32 ask = 0;
     bool asked_all = false;
@@ -245,8 +255,8 @@ __device__ __forceinline__ void b1_produce(u64* bars, u64* empty, float (*part)[
     // The row this lane wrote last (CL: the block's one tile).
     float last = 0.0f;
     // Stage s of tile i and the parity of its use, counted rather than divided. (From a pool,
-    // `mine` is no bound: the fill the producer marks ends the block.)
-    for (int i = 0, s = 0, ph = 0; i < mine; i++) {
+    // `mine` is the first fill alone: the fill the producer marks ends the block.)
+    for (int i = 0, s = 0, ph = 0; dyn || i < mine; i++) {
         int tile = (int)blockIdx.x + i * (int)gridDim.x;
         if (dyn && i >= stages) {
             tile = pool.slot_tile[s];
@@ -288,16 +298,12 @@ __device__ __forceinline__ void b1_produce(u64* bars, u64* empty, float (*part)[
                         *(volatile int*)pool.total = i + stages;
                         mbar_arrive(smem_addr(&bars[s]));
                         pool_done(pool.cnt);
-                        prefetch_l2_share(pf_codes, pf_code_bytes);
-                        prefetch_l2_share(pf_scales, pf_scale_bytes);
+                        prefetch_next();
                     }
                 }
             } else {
                 if (i + stages < mine) issue(i + stages, -1);
-                if (i == last_issue) {
-                    prefetch_l2_share(pf_codes, pf_code_bytes);
-                    prefetch_l2_share(pf_scales, pf_scale_bytes);
-                }
+                if (i == last_issue) prefetch_next();
             }
         }
         // The pool tile lane 0 put in the stage is read by every lane at its next fill.
@@ -393,10 +399,7 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
     for (int i = 0, s = 0, ph = 0; total || i < mine; i++) {
         const unsigned char* st = stage0 + (size_t)s * stage_bytes;
         mbar_wait(smem_addr(&bars[s]), (u32)ph);
-        if (total && i == *(const volatile int*)total) {
-            if (threadIdx.x == 0) TRACE_MARK_FIRST(3);
-            break;
-        }
+        if (pool_ended(total, i)) break;
         if (threadIdx.x == 0) TRACE_MARK_FIRST(1);
         const unsigned char* a = st + aoff;
         const u16* dp = (const u16*)(st + code_bytes) + soff;
@@ -609,7 +612,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         // Activations left unscaled by a folded norm: the rows take its 1/rms.
         const float oscale = rms_in ? rms_scale(rms_in, cols, rms_eps) : 1.0f;
         // ffn_down's blocks (J 17) have two tiles, and the registers for both folds' reads.
-        b1_produce<TR, CL, J >= 17 ? 2 : 1>(bars, empty, part, stages, dyn ? 0x7fffffff : mine, pool, rows, issue, out, accumulate, amax, pf_codes, pf_code_bytes,
+        b1_produce<TR, CL, J >= 17 ? 2 : 1>(bars, empty, part, stages, mine, pool, rows, issue, out, accumulate, amax, pf_codes, pf_code_bytes,
                    pf_scales, pf_scale_bytes, oscale, fold);
         // The producer writes the block's last rows.
         if (lane == 0) TRACE_EXIT(TRACE_GEMV_B1, scales);
@@ -717,10 +720,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         for (int i = 0, s = 0, ph = 0; total || i < mine; i++) {
             const unsigned char* st = stage0 + (size_t)s * stage_bytes;
             mbar_wait(smem_addr(&bars[s]), (u32)ph);
-            if (total && i == *(const volatile int*)total) {
-                if (threadIdx.x == 0) TRACE_MARK_FIRST(3);
-                break;
-            }
+            if (pool_ended(total, i)) break;
             if (threadIdx.x == 0) TRACE_MARK_FIRST(1);
             const unsigned char* a = st + aoff;
             const u16* dp = (const u16*)(st + code_bytes) + g * chunks + warp;

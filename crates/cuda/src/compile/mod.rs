@@ -34,9 +34,8 @@ pub fn options(arch: &str, defines: &[String]) -> Vec<String> {
 /// (`NIWAKI_CUDA_DYN_TILES`, [`plan::DYN_TILES`]), the blocks a multiprocessor the 2-bit
 /// binary GEMVs' registers are bounded for (`NIWAKI_CUDA_B2_FOUR`, [`plan::B2Four`]), the
 /// one-kernel recurrence's output written before any warp stores its state (a measurement,
-/// `NIWAKI_CUDA_GDN_OUT_ALONE=1`) and a
-/// measurement's ablation (`NIWAKI_CUDA_ABLATE`). What the
-/// backend compiles at start and [`precompile`] ahead.
+/// `NIWAKI_CUDA_GDN_OUT_ALONE=1`) and a measurement's ablation (`NIWAKI_CUDA_ABLATE`). What
+/// the backend compiles at start and [`precompile`] ahead.
 pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) -> Vec<String> {
     let mut defines = dims.defines_for(plan::attn_ring_positions(dims, smem_limit));
     let late = crate::knobs::flag("NIWAKI_CUDA_RING_LATE", plan::RING_LATE_Q1);

@@ -172,7 +172,7 @@ fn the_kernels_compile_for_hopper_when_nvrtc_is_present() {
         // The tiles' hand-out likewise: the default untraced, the other traced; and the 2-bit
         // GEMVs bounded for four blocks a multiprocessor, traced.
         if crate::plan::DYN_TILES != trace {
-            defines.push("-DDYN_TILES=1".into());
+            defines.push(DYN_TILES_DEFINE.into());
         }
         if trace {
             defines.extend(crate::plan::B2Four::All.defines());

@@ -56,9 +56,7 @@ impl TraceKind {
             k => TraceKind::Other(k),
         }
     }
-}
 
-impl TraceKind {
     /// The decode GEMVs, whose marks 0-2 are their activations ready, their first tile taken and
     /// their rows written (the timeline's *ready*, *tile* and *rows*).
     pub fn is_gemv(self) -> bool {

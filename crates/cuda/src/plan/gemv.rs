@@ -196,14 +196,9 @@ pub fn prefers_x_copy(rows: usize, cols: usize, sms: usize, always: bool) -> boo
 }
 
 /// Stages of a decode GEMV's ring: as many as the budget holds beside the activations, at most
-/// [`GEMV1_MAX_STAGES`] and no more than the tiles (but two); `None` where two do not fit.
-fn ring_stages(budget: usize, x_bytes: usize, stage_bytes: usize, tiles: usize) -> Option<usize> {
-    ring_stages_least(budget, x_bytes, stage_bytes, tiles, 2)
-}
-
-/// [`ring_stages`] with at least `least` stages (one where no block has a second tile to
-/// stream behind its first).
-fn ring_stages_least(
+/// [`GEMV1_MAX_STAGES`] and no more than the tiles (but two); `None` where fewer than `least`
+/// fit (two, or one where no block has a second tile to stream behind its first).
+fn ring_stages(
     budget: usize,
     x_bytes: usize,
     stage_bytes: usize,
@@ -239,7 +234,7 @@ pub fn gemv1_launch(
         .smem_budget
         .min(smem_limit.saturating_sub(GEMV1_STATIC_SMEM));
     let tiles = rows.div_ceil(tr);
-    let stages = ring_stages(budget, x_bytes, stage_bytes, tiles)?;
+    let stages = ring_stages(budget, x_bytes, stage_bytes, tiles, 2)?;
     // Every place filled, even where blocks then differ by a tile: giving every block the same
     // number of tiles (fewer blocks) measured no faster on the H200 (tg128 Q2_0 251.4 against
     // 254.6, Q1_0 276.2 against 277.2).
@@ -360,7 +355,7 @@ pub fn gemv_b1_launch(
     // A block with one tile needs no second stage: where two do not fit (more blocks a
     // multiprocessor than the default, `NIWAKI_CUDA_B1_BLOCKS`), one.
     let least = if tiles <= grid { 1 } else { 2 };
-    let stages = ring_stages_least(budget, x_bytes, stage_bytes, tiles, least)?
+    let stages = ring_stages(budget, x_bytes, stage_bytes, tiles, least)?
         .min(GEMV1_MAX_STAGES * 16 / tile_rows);
     Some(GemvB1Launch {
         kernel,
@@ -435,9 +430,8 @@ pub fn planes_kernel(kernel: &str) -> Option<&'static str> {
 /// the row's codes (`cols` bytes, in whole KiB) between the pairs and the ring, and as many of
 /// `l`'s stages as then fit the blocks a multiprocessor of its plan: two for the 1-bit rows of
 /// 9 to 17 chunks a warp (ffn_down's among them), three for the 2-bit rows by default. `None`
-/// for other kernels,
-/// or where two stages would not fit. Whether a launch takes it is the backend's setting, per
-/// kind of row ([`B1_X_STAGE`], [`B2_X_STAGE`]).
+/// for other kernels, or where two stages would not fit. Whether a launch takes it is the
+/// backend's setting, per kind of row ([`B1_X_STAGE`], [`B2_X_STAGE`]).
 pub fn x_staged(l: GemvB1Launch, cols: usize) -> Option<GemvB1Launch> {
     let b2 = |k: &'static str, i: &'static str| (k, Some(i));
     let (kernel, image_kernel) = match l.kernel {
@@ -632,9 +626,9 @@ pub const DYN_TILES: bool = false;
 /// bounded for four (kernels/gemv_b1.cu, `B2_MINB_WIDE`, `B2_MINB`: 56 registers where three
 /// leave 72, no spills either way in ptxas for sm_90a) and their plans taking four (a plan
 /// that then fits fewer than two stages for blocks of several tiles is refused, and the matrix
-/// goes to the dp4a kernel: none of the 27B's). The forty-first session found the GEMV after the recurrence unable
-/// to place its blocks on the 48 multiprocessors the recurrence holds, and three a
-/// multiprocessor on the other 84 hold 252 of its 320.
+/// goes to the dp4a kernel: none of the 27B's). The forty-first session found the GEMV after
+/// the recurrence unable to place its blocks on the 48 multiprocessors the recurrence holds,
+/// and three a multiprocessor on the other 84 hold 252 of its 320.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum B2Four {
     #[default]
