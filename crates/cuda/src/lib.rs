@@ -1,7 +1,7 @@
 //! The CUDA backend of niwaki: the qwen35 (Bonsai 27B) forward pass on an NVIDIA GPU.
 //!
 //! - [`available`] says whether a GPU can be used (never panics without one).
-//! - [`CudaModel::load`] re-tiles and uploads a [`model::Model`]'s weights and compiles the
+//! - [`CudaModel::load`] re-tiles and uploads a [`::model::Model`]'s weights and compiles the
 //!   kernels for the device with NVRTC (cached on disk, see [`compile::cache_dir`]).
 //! - [`CudaModel::new_state`] sizes a sequence's recurrent state and f16 KV cache for a context.
 //! - [`CudaModel::forward`] has the contract of `model::Model::forward`;

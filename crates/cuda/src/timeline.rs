@@ -1,4 +1,4 @@
-//! A decode step's timeline from the kernels' records ([`gpu::TraceRecord`]): the records
+//! A decode step's timeline from the kernels' records ([`crate::gpu::TraceRecord`]): the records
 //! grouped into launches, and per kind of op how long its launches ran and how long each waited
 //! after the launch before it had ended.
 

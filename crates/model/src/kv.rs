@@ -98,7 +98,7 @@ enum Heads {
     F16(Vec<Vec<f16>>),
 }
 
-/// Keys and values of every position so far, each kv head's apart, as [`Layout`] says. A
+/// Keys and values of every position so far, each kv head's apart, as `Layout` says. A
 /// decode step's attention reads one kv head's keys and values from first to last; with each
 /// position's heads side by side instead, a 27B head's rows lay 4 KiB apart, each on a page of
 /// its own.
@@ -299,12 +299,12 @@ impl KvCache {
         self.positions
     }
 
-    /// Head `h`'s keys, as [`Layout::Keys`] says.
+    /// Head `h`'s keys, as `Layout::Keys` says.
     pub fn k(&self, h: usize) -> HeadRows<'_> {
         self.k.head(h)
     }
 
-    /// Head `h`'s values, as [`Layout::Values`] says.
+    /// Head `h`'s values, as `Layout::Values` says.
     pub fn v(&self, h: usize) -> HeadRows<'_> {
         self.v.head(h)
     }

@@ -35,7 +35,7 @@ impl Gpu {
         Ok(2.0 * bytes as f64 / secs)
     }
 
-    /// A read test over `bytes` (whole 16-byte words), refused below [`MIN_READ_TEST_BYTES`]:
+    /// A read test over `bytes` (whole 16-byte words), refused below `MIN_READ_TEST_BYTES`:
     /// a smaller buffer would be read from the cache.
     pub fn read_test(&self, bytes: usize) -> Result<ReadTest> {
         if bytes < MIN_READ_TEST_BYTES {

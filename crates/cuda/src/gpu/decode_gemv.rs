@@ -66,7 +66,7 @@ fn fold_planes_arg(io: &GemvIo, format: GpuFormat) -> Option<Arg> {
 
 impl Gpu {
     /// The one-token GEMV of the sm_90 paths, where they are on and take the matrix: the binary
-    /// tensor cores where [`Gpu::takes_b1`] (1-bit rows, 2-bit rows up to 6144 columns), else
+    /// tensor cores where `Gpu::takes_b1` (1-bit rows, 2-bit rows up to 6144 columns), else
     /// the bulk-copy dp4a kernel with its default tuning. `false`: nothing launched. With `pre`,
     /// the kernel norms and quantizes its input itself where [`Gpu::norm_fusion`] folds the norm
     /// into that kernel and it takes it; else nothing is launched and the caller runs the norm

@@ -1,0 +1,273 @@
+//! Opening the device: the kernels compiled (or taken from the cache) and loaded, their
+//! shared-memory limits raised, and every switch read from the environment.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize};
+use std::sync::Mutex;
+
+use cudarc::driver::{sys, CudaFunction};
+
+use super::decode_gemv::{X_COPY_ALL, X_COPY_OFF, X_COPY_PLAN};
+use super::device::{device_info, open_context};
+use super::launch::occupancy;
+use super::settings::{attn_tile_runs, ATTN_TILE_BY_CACHE, PREFETCH_BY_MATRIX};
+use super::{trace, Gpu, ImageUse};
+use crate::compile;
+use crate::error::{Context, Result};
+use crate::knobs;
+use crate::plan::{self, Dims};
+
+/// Lets kernel `name` use `bytes` of dynamic shared memory per block (above the 48 KiB every
+/// kernel may use without asking).
+fn raise_dynamic_smem(f: &CudaFunction, name: &str, bytes: usize) -> Result<()> {
+    // SAFETY: a function handle of this context and a documented attribute.
+    unsafe {
+        sys::cuFuncSetAttribute(
+            f.cu_function(),
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+    }
+    .result()
+    .ctx(|| format!("raising the shared memory limit of {name} to {bytes} bytes"))
+}
+
+impl Gpu {
+    /// Opens GPU 0 and compiles the kernels for `dims`.
+    pub fn new(dims: &Dims) -> Result<Gpu> {
+        knobs::check_env()?;
+        if let Some(what) = compile::ablation() {
+            // A measurement switch left set would otherwise serve wrong outputs (or, with
+            // `watch`, slower ones) without a word.
+            let effect = if what == "watch" {
+                "makes traced binary GEMVs watch their first tile before their wait"
+            } else {
+                "takes part of the kernels' work out: outputs are wrong"
+            };
+            eprintln!("warning: NIWAKI_CUDA_ABLATE={what} {effect} (for measuring only)");
+        }
+        let ctx = open_context()?;
+        let info = device_info(&ctx)?;
+        let smem_limit = ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .ctx(|| "shared memory limit".into())?
+            .max(0) as usize;
+        let attn_ring = plan::attn_ring_positions(dims, smem_limit);
+        let t = std::time::Instant::now();
+        let trace_capacity = trace::capacity_from_env();
+        let defines = compile::program_defines(dims, smem_limit, trace_capacity);
+        let dyn_tiles = defines.iter().any(|d| d == compile::DYN_TILES_DEFINE);
+        let b2_four = plan::B2Four::from_defines(&defines);
+        // In parts side by side, but whole where the kernels keep timeline records: the
+        // timeline reads them from one module's symbols.
+        let (ptxs, from_cache) =
+            compile::nvrtc_compile(&info.arch(), &defines, trace_capacity == 0)?;
+        let compile_secs = t.elapsed().as_secs_f64();
+        // Each kernel from the one part that emits it.
+        let parts = compile::kernel_parts(&ptxs)?;
+        let t = std::time::Instant::now();
+        let mut modules = Vec::new();
+        let mut funcs = HashMap::new();
+        for (i, ptx) in ptxs.into_iter().enumerate() {
+            let module = ctx
+                .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+                .ctx(|| "loading the kernels' PTX".into())?;
+            for (&k, _) in compile::KERNELS.iter().zip(&parts).filter(|(_, &p)| p == i) {
+                funcs.insert(
+                    k,
+                    module
+                        .load_function(k)
+                        .ctx(|| format!("finding kernel {k}"))?,
+                );
+            }
+            modules.push(module);
+        }
+        let load_secs = t.elapsed().as_secs_f64();
+        let stream = ctx.new_stream().ctx(|| "creating a stream".into())?;
+        let hopper = info.sm90();
+        let ampere = info.compute_capability.0 >= 8;
+        let wgmma = info.wgmma();
+        // The chunked recurrence's preparation needs more shared memory than devices before
+        // Volta's successors offer; where it does not fit, the recurrence stays token by token.
+        let gdn_chunks_fit = plan::gdn_prep_smem(dims) <= smem_limit;
+        if gdn_chunks_fit {
+            raise_dynamic_smem(
+                &funcs["gdn_chunk_prep"],
+                "gdn_chunk_prep",
+                plan::gdn_prep_smem(dims),
+            )?;
+        }
+        if ampere {
+            for (k, kernel) in compile::KERNELS
+                .iter()
+                .filter_map(|k| plan::GemmKernel::of_name(k).map(|g| (k, g)))
+                .filter(|(_, g)| wgmma || matches!(g, plan::GemmKernel::Int8 { .. }))
+            {
+                raise_dynamic_smem(&funcs[*k], k, kernel.smem_bytes())?;
+            }
+        }
+        // The attention-split variants this device can run (the tensor-core one from sm_80, each
+        // within the per-block shared memory), their limits raised, and their blocks per SM.
+        let mut attn_blocks_per_sm = HashMap::new();
+        for (kv, tile) in [plan::KvCache::F16, plan::KvCache::Q8_0]
+            .into_iter()
+            .flat_map(|kv| plan::ATTN_TILES.map(|t| (kv, t)))
+        {
+            let a = plan::attn_split_launch(dims, kv, tile, attn_ring);
+            let k = a.kernel;
+            if (k.ends_with("_mma") && !ampere)
+                || a.smem_bytes + plan::ATTN_STATIC_SMEM > smem_limit.max(48 << 10)
+            {
+                continue;
+            }
+            if a.smem_bytes > 48 << 10 {
+                raise_dynamic_smem(&funcs[k], k, a.smem_bytes)?;
+            }
+            attn_blocks_per_sm.insert(k, occupancy(&funcs[k], k, a.threads, a.smem_bytes)?);
+        }
+        let mut attn_short = Vec::new();
+        for kv in [plan::KvCache::F16, plan::KvCache::Q8_0] {
+            if let Some(a) = plan::attn_short_launch(dims, kv, smem_limit.max(48 << 10)) {
+                for k in [a.kernel.to_string(), format!("{}_p", a.kernel)] {
+                    if a.smem_bytes > 48 << 10 {
+                        raise_dynamic_smem(&funcs[k.as_str()], &k, a.smem_bytes)?;
+                    }
+                }
+                attn_short.push((kv, a));
+            }
+        }
+        if hopper {
+            // The bulk-copy kernels: all the shared memory their static part leaves.
+            for k in compile::KERNELS {
+                let fixed = if k.starts_with("gemv_b1_") || k.starts_with("gemv_b2") {
+                    plan::GEMV_B1_STATIC_SMEM
+                } else if k.starts_with("gemv1_") || k.starts_with("gemv_chain_") {
+                    plan::GEMV1_STATIC_SMEM
+                } else if k == "pdl_copy" {
+                    // The probe's blocks may take a decode GEMV's shared memory; its barrier
+                    // is all it has beside.
+                    1 << 10
+                } else {
+                    continue;
+                };
+                raise_dynamic_smem(&funcs[k], k, smem_limit.saturating_sub(fixed))?;
+            }
+        }
+        Ok(Gpu {
+            ctx,
+            stream,
+            modules,
+            trace_capacity,
+            funcs,
+            info,
+            compile_secs,
+            load_secs,
+            from_cache,
+            pdl: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_PDL", true)),
+            gemv1: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_GEMV1", true)),
+            gemv1_nodot: AtomicBool::new(false),
+            x_copy_launches: AtomicUsize::new(0),
+            image_launches: AtomicUsize::new(0),
+            fold_launches: AtomicUsize::new(0),
+            swiglu_launches: AtomicUsize::new(0),
+            cluster_fold_launches: AtomicUsize::new(0),
+            planes_launches: AtomicUsize::new(0),
+            attn_short_launches: AtomicUsize::new(0),
+            x_copy: AtomicUsize::new(match knobs::word("NIWAKI_CUDA_X_COPY").as_deref() {
+                Some("0") => X_COPY_OFF,
+                Some("all") => X_COPY_ALL,
+                _ => X_COPY_PLAN,
+            }),
+            b1: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_B1", true)),
+            b2: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_B2", true)),
+            mma: AtomicBool::new(ampere && knobs::flag("NIWAKI_CUDA_MMA", true)),
+            gemm_kernel: Mutex::new(None),
+            gdn_chunked: AtomicBool::new(
+                gdn_chunks_fit && knobs::flag("NIWAKI_CUDA_GDN_CHUNK", false),
+            ),
+            gdn_chunks_fit,
+            gdn_rows: AtomicUsize::new(
+                knobs::word("NIWAKI_CUDA_GDN_ROWS")
+                    .and_then(|v| v.parse().ok())
+                    .filter(|r| plan::GDN_STEP_ROWS.contains(r))
+                    .unwrap_or(plan::GDN_STEP_DEFAULT_ROWS),
+            ),
+            norm_fusion: Mutex::new(plan::NormFusion::from_setting(
+                knobs::word("NIWAKI_CUDA_FUSE_NORM").as_deref(),
+            )),
+            fuse_gdn: AtomicBool::new(knobs::flag("NIWAKI_CUDA_FUSE_GDN", true)),
+            fuse_attn: AtomicBool::new(knobs::flag("NIWAKI_CUDA_FUSE_ATTN", true)),
+            fold_norm: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_FOLD_NORM", true)),
+            fold_swiglu: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_FOLD_SWIGLU", false)),
+            fold_cluster: AtomicU8::new(
+                if hopper {
+                    plan::ClusterFold::from_setting(knobs::flag_set("NIWAKI_CUDA_FOLD_CLUSTER"))
+                } else {
+                    plan::ClusterFold::Off
+                }
+                .code(),
+            ),
+            b1_planes: AtomicBool::new(
+                hopper && knobs::flag("NIWAKI_CUDA_B1_PLANES", plan::B1_PLANES),
+            ),
+            topk: AtomicBool::new(knobs::flag("NIWAKI_CUDA_TOPK", true)),
+            topk_sums: AtomicBool::new(knobs::flag("NIWAKI_CUDA_TOPK_SUMS", true)),
+            attn_tile: AtomicUsize::new(
+                knobs::word("NIWAKI_CUDA_ATTN_TILE")
+                    .and_then(|v| v.parse().ok())
+                    .filter(|&t| attn_tile_runs(t, ampere))
+                    .unwrap_or(ATTN_TILE_BY_CACHE),
+            ),
+            attn_blocks_per_sm,
+            attn_ring,
+            attn_short,
+            // Measured on the H200 only: elsewhere off unless asked for.
+            attn_short_max: AtomicUsize::new(knobs::number(
+                "NIWAKI_CUDA_ATTN_SHORT",
+                if hopper { plan::ATTN_SHORT_MAX } else { 0 },
+            )),
+            prefetch_bytes: AtomicUsize::new(if hopper {
+                knobs::number_set("NIWAKI_CUDA_PREFETCH_MB").map_or(PREFETCH_BY_MATRIX, |mb| {
+                    mb.saturating_mul(1 << 20).min(PREFETCH_BY_MATRIX - 1)
+                })
+            } else {
+                0
+            }),
+            blocks_per_sm: AtomicUsize::new(0),
+            gemv1_share: AtomicBool::new(knobs::flag(
+                "NIWAKI_CUDA_GEMV1_SHARE",
+                plan::SHARED_WIDE_ROWS,
+            )),
+            smem_budget: AtomicUsize::new(0),
+            b1_knobs: (
+                knobs::number("NIWAKI_CUDA_B1_BLOCKS", 0),
+                knobs::number("NIWAKI_CUDA_B1_SMEM_KIB", 0) << 10,
+            ),
+            b1_min_tiles: knobs::number("NIWAKI_CUDA_B1_MIN_TILES", plan::B1_MIN_TILES_PER_SM),
+            b1_tile_rows: AtomicUsize::new(
+                match knobs::word("NIWAKI_CUDA_B1_TILE_ROWS").as_deref() {
+                    Some("32") => 32,
+                    Some("16") => 16,
+                    _ => plan::B1_TILE_ROWS,
+                },
+            ),
+            b1_x_stage: AtomicBool::new(knobs::flag("NIWAKI_CUDA_B1_X_STAGE", plan::B1_X_STAGE)),
+            b2_x_stage: AtomicBool::new(knobs::flag("NIWAKI_CUDA_B2_X_STAGE", plan::B2_X_STAGE)),
+            image_use: if hopper && knobs::flag("NIWAKI_CUDA_B1_IMAGE", true) {
+                ImageUse::Taken
+            } else {
+                ImageUse::Off
+            }
+            .atomic(),
+            dyn_tiles,
+            b2_four,
+            early_tiles: AtomicUsize::new(knobs::number(
+                "NIWAKI_CUDA_EARLY_TILES",
+                plan::EARLY_TILES,
+            )),
+            smem_limit,
+        })
+    }
+}

@@ -1,0 +1,109 @@
+//! The attention kernels' launches and shared memory.
+
+use super::super::*;
+use super::dims;
+use model::synth::Preset;
+
+#[test]
+fn the_attention_split_memory_holds_the_rings_and_the_merge() {
+    let d = dims(Preset::B27);
+    let l = |kv, tile| attn_split_launch(&d, kv, tile, ATTN_RING_POSITIONS);
+    assert_eq!(l(KvCache::F16, 8).smem_bytes, 4 * 16 * 2 * 512);
+    assert_eq!(l(KvCache::Q8_0, 4).smem_bytes, 4 * 16 * 2 * (256 + 16));
+    assert_eq!(l(KvCache::Q8_0, 8).kernel, "attn_split_q8_t8");
+    let mma = l(KvCache::F16, 16);
+    assert_eq!((mma.kernel, mma.threads), ("attn_split_mma", 64));
+    // Two warps' rings of two f16 tiles (16 rows of keys, 16 of values, 528 bytes each), the
+    // queries (hi, lo), the weights (hi, lo).
+    assert_eq!(
+        mma.smem_bytes,
+        2 * 2 * 2 * 16 * 528 + 2 * 8 * 264 * 2 + 2 * 2 * 8 * 24 * 2
+    );
+    // The q8_0 one: rings of two tiles as cached (16 key rows of 288 bytes, 16 value rows of
+    // 272, 16 bytes of scales a row each), the queries, the f32 weights.
+    let q8 = l(KvCache::Q8_0, 16);
+    assert_eq!((q8.kernel, q8.threads), ("attn_split_q8_mma", 64));
+    assert_eq!(
+        q8.smem_bytes,
+        2 * 2 * 16 * (288 + 272 + 2 * 16) + 2 * 8 * 264 * 2 + 2 * 8 * 20 * 4
+    );
+    // Two f16 blocks, four q8_0 ones fit an H200 multiprocessor (228 KiB, 1 KiB reserved a
+    // block).
+    for (a, blocks) in [(mma, 2), (q8, 4)] {
+        assert!(
+            blocks * (a.smem_bytes + 1024) <= 228 << 10,
+            "{}",
+            a.smem_bytes
+        );
+    }
+    // Decode steps over short contexts take the SIMT kernel, over long ones the tensor cores,
+    // each cache from its own length; multi-token passes keep the SIMT kernel.
+    for (kv, from) in [
+        (KvCache::F16, ATTN_MMA_FROM[0]),
+        (KvCache::Q8_0, ATTN_MMA_FROM[1]),
+    ] {
+        assert_eq!(default_attn_tile(kv, 1, 1), 8);
+        assert_eq!(default_attn_tile(kv, from - 1, 1), 8);
+        assert_eq!(default_attn_tile(kv, from, 1), 16);
+        assert_eq!(default_attn_tile(kv, 262_144, 1), 16);
+        assert_eq!(default_attn_tile(kv, 262_144, 512), 8);
+    }
+    for p in [Preset::Tiny, Preset::Small, Preset::B27] {
+        let d = dims(p);
+        let gqa = d.n_head / d.n_head_kv;
+        for kv in [KvCache::F16, KvCache::Q8_0] {
+            for tile in ATTN_TILES {
+                let a = attn_split_launch(&d, kv, tile, ATTN_RING_POSITIONS_SMALL);
+                let warps = a.threads / 32;
+                assert!(
+                    a.smem_bytes >= 4 * warps * gqa * (d.head_dim + 2),
+                    "{p:?} {kv:?} {tile}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_device_with_64_kib_per_block_gets_the_small_attention_ring() {
+    let d = dims(Preset::B27);
+    assert_eq!(attn_ring_positions(&d, 227 << 10), ATTN_RING_POSITIONS);
+    assert_eq!(attn_ring_positions(&d, 64 << 10), ATTN_RING_POSITIONS_SMALL);
+    let small = attn_split_launch(&d, KvCache::F16, 8, ATTN_RING_POSITIONS_SMALL);
+    assert!(small.smem_bytes + ATTN_STATIC_SMEM <= 48 << 10);
+    // Smaller models keep the full ring within the 48 KiB every device has.
+    assert_eq!(
+        attn_ring_positions(&dims(Preset::Small), 48 << 10),
+        ATTN_RING_POSITIONS
+    );
+}
+
+#[test]
+fn the_short_attention_launch_fits_its_rings_and_refuses_what_it_cannot_hold() {
+    let d = dims(Preset::B27);
+    let h200 = 227 << 10;
+    let f16 = attn_short_launch(&d, KvCache::F16, h200).unwrap();
+    // Eight warps of two tiles of 8 positions of 256 f16 keys and values, and the step's tile.
+    assert_eq!(f16.kernel, "attn_short");
+    assert_eq!(f16.threads, 256);
+    assert_eq!(
+        f16.smem_bytes,
+        (8 * ATTN_SHORT_STAGES + 1) * 2 * ATTN_SHORT_TILE * 512
+    );
+    let q8 = attn_short_launch(&d, KvCache::Q8_0, h200).unwrap();
+    assert_eq!(q8.kernel, "attn_short_q8");
+    assert_eq!(
+        q8.smem_bytes,
+        (8 * ATTN_SHORT_STAGES + 1) * 2 * ATTN_SHORT_TILE * (256 + 16)
+    );
+    // The merge's accumulators fit where the rings were.
+    assert!(f16.smem_bytes >= 4 * 8 * 256 && q8.smem_bytes >= 4 * 8 * 256);
+    // A device of 99 KiB a block holds the q8_0 rings, not the f16 ones.
+    assert!(attn_short_launch(&d, KvCache::F16, 99 << 10).is_none());
+    assert!(attn_short_launch(&d, KvCache::Q8_0, 99 << 10).is_some());
+    // Heads of 64 values: never.
+    let tiny = dims(Preset::Tiny);
+    assert!(attn_short_launch(&tiny, KvCache::F16, h200).is_none());
+    // The short path's tiles are the split kernels' (their copy and row readers).
+    assert!(ATTN_TILES.contains(&ATTN_SHORT_TILE));
+}
