@@ -218,7 +218,7 @@ GEMV_KERNEL(gemv_q2g128_t8, FMT_Q2G128, 8)
 // itself (the same operations in the same order as quant_rms, so the same bits) while its first
 // tiles are in flight: a decode step then needs no separate norm kernel before this GEMV. The
 // quantized row goes through `lin` (cols bytes, before the stages) on its way to the layout.
-// GEMV1_MAX_STAGES and GEMV1_WARPS come from the host's plan (plan/gemv.rs), which sizes the
+// GEMV1_MAX_STAGES and GEMV1_WARPS come from the host's plan (plan/gemv/), which sizes the
 // launches with them.
 #if !defined(GEMV1_MAX_STAGES) || !defined(GEMV1_WARPS)
 #error "GEMV1_MAX_STAGES and GEMV1_WARPS must be defined by the host"
@@ -639,7 +639,7 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
 #define GEMV1_CALL(FMT, RW, DOT, SWZ, SHARE) __trap()
 #endif
 
-// MINB: blocks per SM the register budget must allow (plan/gemv.rs runs four of the 1-bit
+// MINB: blocks per SM the register budget must allow (plan/gemv/ runs four of the 1-bit
 // kernel with two rows per warp, three of the other kernels with two rows per warp and of the
 // 1-bit one with one; the shared-lanes kernels, `r2s`, one: their two stages of 16 wide rows
 // fill a multiprocessor's shared memory). SWZ: the activations swizzled and copied by `xmap` (the

@@ -1,0 +1,374 @@
+//! The decode GEMV on the binary tensor cores (`kernels/gemv_b1.cu`): which kernel takes a
+//! shape, its tiles, stages, blocks a multiprocessor, and the program's choices for it.
+
+use super::*;
+
+/// Static shared memory of the binary decode GEMV (`gemv_b1_*`): its barriers and each stage's
+/// partial sums (4 KiB), kept out of its dynamic budget.
+pub const GEMV_B1_STATIC_SMEM: usize = 5 << 10;
+
+/// Shared memory of one sm_90 multiprocessor, and what the driver reserves of it per resident
+/// block: the blocks per multiprocessor a plan asks for must fit in it with their static and
+/// dynamic memory.
+pub const SM90_SMEM_PER_SM: usize = 228 << 10;
+pub const SMEM_RESERVED_PER_BLOCK: usize = 1 << 10;
+
+/// A decode GEMV on the binary tensor cores (`kernels/gemv_b1.cu`): kernel (and its twin that
+/// takes each tile from a tile image, where it has one), rows per tile, stages of tiles, grid
+/// and dynamic shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemvB1Launch {
+    pub kernel: &'static str,
+    pub image_kernel: Option<&'static str>,
+    pub tile_rows: usize,
+    pub stages: usize,
+    pub grid: usize,
+    pub smem_bytes: usize,
+    pub stage_bytes: usize,
+    /// The blocks a multiprocessor its shared memory was sized for.
+    pub blocks_per_sm: usize,
+}
+
+fn round1024(n: usize) -> usize {
+    n.div_ceil(1024) * 1024
+}
+
+/// Shared memory of one stage of the binary decode GEMV: a tile's `tile_rows` rows of codes in
+/// boxes of 128 bytes a row (the tensor map's swizzle needs them 1 KiB-aligned), then the rows'
+/// scales.
+pub fn gemv_b1_stage_bytes(format: GpuFormat, cols: usize, tile_rows: usize) -> usize {
+    let row_bytes = cols / format.chunk_values() * 16;
+    let scales = cols / format.scale_values();
+    round1024(row_bytes.div_ceil(128) * 128 * tile_rows + tile_rows * scales * 2)
+}
+
+/// Shared memory before the binary decode GEMV's stages: the activation group pairs (the
+/// kernels with the norm folded in keep their codes in registers too).
+pub fn gemv_b1_x_bytes(cols: usize) -> usize {
+    round1024(round128(8 * cols / X_GROUP))
+}
+
+/// Plans a binary decode GEMV of a `rows × cols` matrix, or `None` where the kernel does not
+/// take the shape: `cols` a multiple of 1024 (rows of whole 128-byte boxes and of whole slabs of
+/// eight chunks a warp, for either width of codes) and at most 17 chunks per warp (17408
+/// columns) of 1-bit rows, 12 (6144 columns) of 2-bit rows, whose kernels take tiles of 16 rows
+/// and no norm ([`gemv_b2_kernel`]). Up to 6144 columns: three blocks per multiprocessor of
+/// up to 72 KiB (the kernels that keep five or six plane words per lane); beyond, two of up to
+/// 100 KiB; each as many stages as fit beside the blocks' static memory. `fused_norm`: the
+/// kernel norms and quantizes its input itself, taken up to 6144 columns.
+/// `knobs`: blocks per multiprocessor and shared-memory budget in place of the defaults (0:
+/// default), for measuring them. `tile_rows`: 32 asks for tiles of two row groups, taken where
+/// the rows are a multiple of 32 and the width is one of the exact kernels' (5120 or 6144
+/// columns), 16 elsewhere.
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_b1_launch(
+    format: GpuFormat,
+    rows: usize,
+    cols: usize,
+    sms: usize,
+    smem_limit: usize,
+    fused_norm: bool,
+    knobs: (usize, usize),
+    tile_rows: usize,
+) -> Option<GemvB1Launch> {
+    if rows == 0 || cols == 0 || !cols.is_multiple_of(1024) {
+        return None;
+    }
+    let per_warp = (cols / format.chunk_values()).div_ceil(GEMV1_WARPS);
+    let wide_tiles = tile_rows == 32 && rows.is_multiple_of(32);
+    // Every warp takes exactly `per_warp` chunks (`cols` is a multiple of 8 chunks): the
+    // kernels made for a count run it unguarded. Tiles of 32 rows take at most half the stages
+    // (their partial sums' static memory); budgets are caps, lowered below where the blocks
+    // would not fit a multiprocessor.
+    // The norm is folded in up to six chunks a warp (the `_n` kernels hold the row's values in
+    // registers); wider rows run it apart.
+    let ((kernel, tile_rows, blocks_per_sm, budget), image_kernel) = match (format, fused_norm) {
+        (GpuFormat::Q1, _) => (q1_kernel(per_warp, fused_norm, wide_tiles)?, None),
+        (_, true) => return None,
+        (f, false) => {
+            let (k, image) = gemv_b2_kernel(f, per_warp)?;
+            ((k, 16, 3, 72 << 10), Some(image))
+        }
+    };
+    let blocks_per_sm = if knobs.0 > 0 { knobs.0 } else { blocks_per_sm };
+    let budget = if knobs.1 > 0 { knobs.1 } else { budget };
+    // No more than `blocks_per_sm` blocks can hold: three of 72 KiB with their static memory
+    // do not fit a multiprocessor, and the 6144-wide kernel's five stages of that budget then
+    // ran two blocks a multiprocessor (Nsight Compute on the H200: 73.7 KB each, "block limit
+    // shared mem 2", 320 blocks in 1.21 waves).
+    let fit = (SM90_SMEM_PER_SM / blocks_per_sm.max(1))
+        .saturating_sub(GEMV_B1_STATIC_SMEM + SMEM_RESERVED_PER_BLOCK);
+    // Less the 1 KiB the kernel may skip to align its boxes.
+    let budget = budget
+        .min(fit)
+        .min(smem_limit.saturating_sub(GEMV_B1_STATIC_SMEM))
+        .saturating_sub(1024);
+    let stage_bytes = gemv_b1_stage_bytes(format, cols, tile_rows);
+    let x_bytes = gemv_b1_x_bytes(cols);
+    let tiles = rows.div_ceil(tile_rows);
+    let grid = tiles.min(sms.max(1) * blocks_per_sm);
+    // A block with one tile needs no second stage: where two do not fit (more blocks a
+    // multiprocessor than the default, `NIWAKI_CUDA_B1_BLOCKS`), one.
+    let least = if tiles <= grid { 1 } else { 2 };
+    let stages = ring_stages(budget, x_bytes, stage_bytes, tiles, least)?
+        .min(GEMV1_MAX_STAGES * 16 / tile_rows);
+    Some(GemvB1Launch {
+        kernel,
+        image_kernel,
+        tile_rows,
+        stages,
+        grid,
+        smem_bytes: 1024 + x_bytes + stages * stage_bytes,
+        stage_bytes,
+        blocks_per_sm,
+    })
+}
+
+/// Whether the widest 1-bit rows' binary decode GEMV stages its activations in shared memory by
+/// bulk copies by default ([`x_staged`]; `NIWAKI_CUDA_B1_X_STAGE=0` turns it off). On the
+/// 27B that is ffn_down's: measured on the H200 (`niwaki bench --device cuda -p 0 -n 128 -r
+/// 3`, Q1_0, alternated, two rounds, medians with min-max) 399.51 (399.41-399.51) and 401.58
+/// (401.18-401.63) tok/s against 394.21 (394.17-394.57) and 394.28 (394.25-394.65) with each
+/// warp loading its chunks from L2: +1.6%, the same bits.
+pub const B1_X_STAGE: bool = true;
+
+/// Whether the 2-bit rows' binary decode GEMVs stage their activations in shared memory by
+/// bulk copies issued before the ring's other tiles ([`x_staged`]; `NIWAKI_CUDA_B2_X_STAGE=1`
+/// turns it on): their consumers' own loads queue behind the ring's copies (the thirty-ninth
+/// session's marks put the activations in their registers ~2 µs after the wait), as ffn_down's
+/// 1-bit loads did before [`B1_X_STAGE`]. The same codes and pairs, so the same bits.
+pub const B2_X_STAGE: bool = false;
+
+/// Whether one-token passes of models with 1-bit matrices write their activations' plane
+/// words too, and the 1-bit binary GEMVs that take the norm apart read them
+/// ([`planes_kernel`]; `NIWAKI_CUDA_B1_PLANES=0` turns it off). Measured on the H200
+/// (`niwaki bench --device cuda -p 0 -n 128 -r 3`, 27B synthetic Q1_0, two rounds alternated
+/// in one call, medians with min-max): 418.32 (417.94-418.38) and 418.35 (417.82-418.48) tok/s
+/// against 403.99 (403.00-404.07) and 403.17 (403.10-403.64) with the GEMVs forming the words
+/// from the codes: +3.6%, the same bits.
+pub const B1_PLANES: bool = true;
+
+/// Rows per tile the binary decode GEMV asks for by default ([`gemv_b1_launch`] takes 32 for
+/// 1-bit rows of the exact kernels' widths, 16 elsewhere; `NIWAKI_CUDA_B1_TILE_ROWS` sets it).
+/// With the consumers forming their plane words, 32-row tiles were no faster (27B Q1_0 on the
+/// H200, the tenth session: decode 333.3 → 330.2 tok/s in the harness, `niwaki bench`
+/// 318.4-322.2 → 317.6-319.7, though gate | up 12.20 → 11.19 µs and the LM head 56.9 → 53.8).
+/// Reading the words the quantizations wrote ([`B1_PLANES`]), they are (`niwaki bench --device
+/// cuda -p 0 -n 128 -r 3`, two rounds alternated in one call, medians with min-max): 422.39
+/// (422.21-422.50) and 422.55 (422.49-423.51) tok/s against 415.80 (415.50-415.89) and 415.62
+/// (415.55-415.83) with 16-row tiles, +1.6%, the same bits.
+pub const B1_TILE_ROWS: usize = 32;
+
+/// The twin of the 1-bit binary decode GEMV `kernel` that reads its activations' plane words
+/// rather than their codes (`kernels/gemv_b1.cu`, XP), where it has one: every 1-bit kernel
+/// that takes the norm apart.
+pub fn planes_kernel(kernel: &str) -> Option<&'static str> {
+    Some(match kernel {
+        "gemv_b1_j5x" => "gemv_b1_j5x_p",
+        "gemv_b1_j6x" => "gemv_b1_j6x_p",
+        "gemv_b1_j6" => "gemv_b1_j6_p",
+        "gemv_b1_j17x" => "gemv_b1_j17x_p",
+        "gemv_b1_j17" => "gemv_b1_j17_p",
+        "gemv_b1_j17x_xs" => "gemv_b1_j17x_xs_p",
+        "gemv_b1_j17_xs" => "gemv_b1_j17_xs_p",
+        "gemv_b1_j5x_r32" => "gemv_b1_j5x_r32_p",
+        "gemv_b1_j6x_r32" => "gemv_b1_j6x_r32_p",
+        "gemv_b1_j6x_c" => "gemv_b1_j6x_c_p",
+        "gemv_b1_j6_c" => "gemv_b1_j6_c_p",
+        _ => return None,
+    })
+}
+
+/// The binary decode GEMV `l` of `cols` columns with its activations' codes and group pairs
+/// brought into shared memory by two bulk copies rather than loaded by each consumer warp from
+/// L2 (`kernels/gemv_b1.cu`, XSM): its `_xs` kernel (and its image twin's, 2-bit rows), with
+/// the row's codes (`cols` bytes, in whole KiB) between the pairs and the ring, and as many of
+/// `l`'s stages as then fit the blocks a multiprocessor of its plan: two for the 1-bit rows of
+/// 9 to 17 chunks a warp (ffn_down's among them), three for the 2-bit rows by default. `None`
+/// for other kernels, or where two stages would not fit. Whether a launch takes it is the
+/// backend's setting, per kind of row ([`B1_X_STAGE`], [`B2_X_STAGE`]).
+pub fn x_staged(l: GemvB1Launch, cols: usize) -> Option<GemvB1Launch> {
+    let b2 = |k: &'static str, i: &'static str| (k, Some(i));
+    let (kernel, image_kernel) = match l.kernel {
+        "gemv_b1_j17x" => ("gemv_b1_j17x_xs", None),
+        "gemv_b1_j17" => ("gemv_b1_j17_xs", None),
+        "gemv_b2g64_j10x" => b2("gemv_b2g64_j10x_xs", "gemv_b2g64_j10x_i_xs"),
+        "gemv_b2g64_j12x" => b2("gemv_b2g64_j12x_xs", "gemv_b2g64_j12x_i_xs"),
+        "gemv_b2g64_j12" => b2("gemv_b2g64_j12_xs", "gemv_b2g64_j12_i_xs"),
+        "gemv_b2g128_j10x" => b2("gemv_b2g128_j10x_xs", "gemv_b2g128_j10x_i_xs"),
+        "gemv_b2g128_j12x" => b2("gemv_b2g128_j12x_xs", "gemv_b2g128_j12x_i_xs"),
+        "gemv_b2g128_j12" => b2("gemv_b2g128_j12_xs", "gemv_b2g128_j12_i_xs"),
+        _ => return None,
+    };
+    let x_bytes = gemv_b1_x_bytes(cols) + round1024(cols);
+    let fit = (SM90_SMEM_PER_SM / l.blocks_per_sm.max(1))
+        .saturating_sub(GEMV_B1_STATIC_SMEM + SMEM_RESERVED_PER_BLOCK)
+        .saturating_sub(1024 + x_bytes);
+    let stages = l.stages.min(fit / l.stage_bytes);
+    (stages >= 2).then_some(GemvB1Launch {
+        kernel,
+        image_kernel,
+        stages,
+        smem_bytes: 1024 + x_bytes + stages * l.stage_bytes,
+        ..l
+    })
+}
+
+/// The 1-bit kernel for `per_warp` chunks a warp, the norm folded in or not, tiles of 32 rows
+/// where asked for and allowed: name, rows per tile, blocks per multiprocessor, budget.
+fn q1_kernel(
+    per_warp: usize,
+    fused_norm: bool,
+    wide_tiles: bool,
+) -> Option<(&'static str, usize, usize, usize)> {
+    Some(match (per_warp, fused_norm) {
+        (5, false) if wide_tiles => ("gemv_b1_j5x_r32", 32, 3, 66 << 10),
+        (6, false) if wide_tiles => ("gemv_b1_j6x_r32", 32, 3, 66 << 10),
+        (5, true) if wide_tiles => ("gemv_b1_j5x_r32_n", 32, 3, 66 << 10),
+        (6, true) if wide_tiles => ("gemv_b1_j6x_r32_n", 32, 3, 66 << 10),
+        (5, false) => ("gemv_b1_j5x", 16, 3, 72 << 10),
+        (6, false) => ("gemv_b1_j6x", 16, 3, 72 << 10),
+        (0..=6, false) => ("gemv_b1_j6", 16, 3, 72 << 10),
+        (5, true) => ("gemv_b1_j5x_n", 16, 3, 72 << 10),
+        (6, true) => ("gemv_b1_j6x_n", 16, 3, 72 << 10),
+        (0..=6, true) => ("gemv_b1_j6_n", 16, 3, 72 << 10),
+        (17, false) => ("gemv_b1_j17x", 16, 2, 100 << 10),
+        (7..=17, false) => ("gemv_b1_j17", 16, 2, 100 << 10),
+        _ => return None,
+    })
+}
+
+/// The 2-bit binary kernel (`gemv_b2*`) for `per_warp` chunks of 64 values a warp: the exact
+/// kernels for the 27B's 5120 and 6144 columns, the guarded one below; `None` beyond 12 (the
+/// 17408-wide ffn_down: a 16-row tile of its 2-bit rows is 78 KB, more than a block's share
+/// when three share a multiprocessor, and its plane words would crowd the registers). With
+/// it, its `_i` twin, which takes each tile from a tile image.
+pub fn gemv_b2_kernel(format: GpuFormat, per_warp: usize) -> Option<(&'static str, &'static str)> {
+    Some(match (format, per_warp) {
+        (GpuFormat::Q2G64, 10) => ("gemv_b2g64_j10x", "gemv_b2g64_j10x_i"),
+        (GpuFormat::Q2G64, 12) => ("gemv_b2g64_j12x", "gemv_b2g64_j12x_i"),
+        (GpuFormat::Q2G64, 0..=12) => ("gemv_b2g64_j12", "gemv_b2g64_j12_i"),
+        (GpuFormat::Q2G128, 10) => ("gemv_b2g128_j10x", "gemv_b2g128_j10x_i"),
+        (GpuFormat::Q2G128, 12) => ("gemv_b2g128_j12x", "gemv_b2g128_j12x_i"),
+        (GpuFormat::Q2G128, 0..=12) => ("gemv_b2g128_j12", "gemv_b2g128_j12_i"),
+        _ => return None,
+    })
+}
+
+/// Whether the 2-bit binary decode GEMVs count a chunk by one MMA of k = 256 (its code words
+/// twice, the activations' plane word masked to the 2s in the first half and whole in the
+/// second) rather than two chained MMAs of k = 128: a compile-time choice of the program
+/// (`B2_K256`; `NIWAKI_CUDA_B2_K256=0` compiles the two). The same counts by the PTX ISA's
+/// fragment layouts (k = 256's are k = 128's two halves), and the same bits on the GPU: the
+/// harness's binary GEMV checks pass with it (every 2-bit format against the integer twin, and
+/// the 27B-wide Q2_0 model against the CPU), and the picked tokens of a 128-token decode are
+/// the same. One H200 call (2026-12-04, `crates/cuda/ab-h200.sh`, two rounds alternated): Q2_0
+/// 332.25 / 332.18 tok/s against 327.38 / 327.18 (+1.5%), Q1_0 level (its kernels unchanged).
+/// The tile loop of the 5120-wide image kernel: 267 SASS instructions against 275.
+pub const B2_K256: bool = true;
+
+/// Whether the binary decode GEMVs that fold nothing hand out their tiles past each block's
+/// first fill from a counter, a tile a refill, rather than each block taking tiles b + i·grid
+/// (kernels/gemv_b1.cu, `TilePool`): a compile-time choice of the program (`DYN_TILES`;
+/// `NIWAKI_CUDA_DYN_TILES=1` compiles it). Each tile's rows are the same arithmetic wherever it
+/// runs, so the same bits.
+pub const DYN_TILES: bool = false;
+
+/// Which 2-bit binary decode GEMVs run four blocks a multiprocessor rather than three
+/// (`NIWAKI_CUDA_B2_FOUR`: none by default, `wide` those of the kernels of up to 12 chunks a
+/// warp, every width but the exact 5120 — on the 27B the 6144-wide residual GEMVs after the
+/// recurrence and the attention —, `all` every one): their kernels compiled with registers
+/// bounded for four (kernels/gemv_b1.cu, `B2_MINB_WIDE`, `B2_MINB`: 56 registers where three
+/// leave 72, no spills either way in ptxas for sm_90a) and their plans taking four (a plan
+/// that then fits fewer than two stages for blocks of several tiles is refused, and the matrix
+/// goes to the dp4a kernel: none of the 27B's). The forty-first session found the GEMV after
+/// the recurrence unable to place its blocks on the 48 multiprocessors the recurrence holds,
+/// and three a multiprocessor on the other 84 hold 252 of its 320.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum B2Four {
+    #[default]
+    Off,
+    Wide,
+    All,
+}
+
+impl B2Four {
+    /// From the knob's word (`wide`, `all`; anything else: off).
+    pub fn from_setting(word: Option<&str>) -> B2Four {
+        match word {
+            Some("wide") => B2Four::Wide,
+            Some("all") => B2Four::All,
+            _ => B2Four::Off,
+        }
+    }
+
+    /// The blocks a multiprocessor the plan takes for a binary GEMV of `format`'s rows and
+    /// `cols` columns where this setting changes it: those whose kernel it bounds for four.
+    pub fn blocks(self, format: GpuFormat, cols: usize) -> Option<usize> {
+        let two_bit = format != GpuFormat::Q1;
+        // The exact kernel of 10 chunks a warp is the one `wide` leaves (gemv_b2_kernel).
+        let wide = cols / format.chunk_values() != 10 * GEMV1_WARPS;
+        match self {
+            B2Four::All if two_bit => Some(4),
+            B2Four::Wide if two_bit && wide => Some(4),
+            _ => None,
+        }
+    }
+
+    /// The setting a program's options compiled (its [`B2Four::defines`]).
+    pub fn from_defines(defines: &[String]) -> B2Four {
+        let has = |d: &str| defines.iter().any(|x| x == d);
+        match (has("-DB2_MINB=4"), has("-DB2_MINB_WIDE=4")) {
+            (true, _) => B2Four::All,
+            (false, true) => B2Four::Wide,
+            _ => B2Four::Off,
+        }
+    }
+
+    /// The program's options for it.
+    pub fn defines(self) -> Vec<String> {
+        match self {
+            B2Four::Off => vec![],
+            B2Four::Wide => vec!["-DB2_MINB_WIDE=4".into()],
+            B2Four::All => vec!["-DB2_MINB=4".into(), "-DB2_MINB_WIDE=4".into()],
+        }
+    }
+}
+
+/// Whether the 1-bit binary decode GEMVs request the rest of their ring (after the tiles
+/// requested before the wait, [`EARLY_TILES`]) once their first consumer warp holds its plane
+/// words rather than as soon as the previous kernel has ended, so that the activations' loads
+/// do not queue behind the ring's copies: a compile-time choice of the program
+/// (`RING_LATE_Q1`; `NIWAKI_CUDA_RING_LATE=0` turns it off). On the H200, with the choice made
+/// at run time for every decode GEMV (`niwaki bench --device cuda -p 0 -n 128 -r 3`, one round,
+/// tok/s): Q1_0 466.25 against 445.57 with the rest requested at once; Q2_0 326.09 against
+/// 327.84 and PQ2_0 334.70 against 335.27, so the 2-bit and dp4a kernels keep requesting it at
+/// once (and the run-time test itself cost every format 1.2-1.4% against the build without it,
+/// hence a compile-time one).
+pub const RING_LATE_Q1: bool = true;
+
+/// Tiles of 16 rows per multiprocessor from which a 1-bit decode GEMV goes to the binary tensor
+/// cores rather than dp4a: every matrix. Measured first per op inside the 27B Q1_0 decode graph
+/// on the H200 (µs, dp4a against binary): 34816 rows (ffn gate | up) 16.24 against 12.60, the
+/// 248,320-row LM head 76.1 against 58.5, 16480 rows 8.96 against 7.59, 14336 rows 7.69
+/// against 6.85; but then not the 5120-row matrices (2.4 tiles per multiprocessor): 5.12
+/// against 5.23 (6144 columns) and 10.04 against 10.58 (17408), so the bound was 4 tiles. Those
+/// kernels then still waited for each of a warp's chunks of activations in turn before their
+/// first tile (17 round trips to L2 for ffn_down's rows, now 3); with the loads issued together,
+/// decode with every 1-bit matrix on the binary kernel measured 344.0-348.6 tok/s against
+/// 327.8-339.9 with the bound of 4 (`niwaki bench --device cuda -p 8 -n 128 -r 3`, two rounds interleaved,
+/// same binary). `NIWAKI_CUDA_B1_MIN_TILES=4` restores the bound for measuring.
+pub const B1_MIN_TILES_PER_SM: usize = 0;
+
+/// Whether a one-token GEMV of a 1-bit `rows`-row matrix on `sms` multiprocessors goes to the
+/// binary tensor cores (where [`gemv_b1_launch`] takes its shape), from `min_tiles` tiles of 16
+/// rows per multiprocessor ([`B1_MIN_TILES_PER_SM`] by default).
+pub fn prefers_b1(rows: usize, sms: usize, min_tiles: usize) -> bool {
+    rows.div_ceil(16) >= min_tiles * sms
+}
+
+/// 128-byte boxes a binary decode GEMV's tile spans across a row of `units` 16-byte units (the
+/// tensor map's copies per tile; the last box zero-filled past the row).
+pub fn b1_slabs(units: usize) -> usize {
+    units.div_ceil(8)
+}
