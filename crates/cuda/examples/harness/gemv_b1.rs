@@ -9,6 +9,7 @@ use niwaki_cuda::{repack, CudaModel};
 use quant::Format;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
 
 use crate::kernels::quant_rms_row1;
 use crate::report::*;
@@ -78,6 +79,20 @@ fn resources(rep: &mut Report, gpu: &Gpu, format: Format) {
     ));
 }
 
+/// Each row's integer-twin product and Σ|w·x| (what an error is measured against), the rows
+/// spread over the host's threads: the largest shapes are hundreds of millions of values.
+fn twin_rows(p: &repack::Packed, x: &[f32], qx: &repack::QuantizedX) -> (Vec<f32>, Vec<f32>) {
+    (0..p.rows)
+        .into_par_iter()
+        .map(|r| {
+            let mag = (0..p.cols)
+                .map(|c| (p.value(r, c) * x[c]).abs())
+                .sum::<f32>();
+            (repack::dot_row(p, r, qx), mag)
+        })
+        .unzip()
+}
+
 fn format_checks(
     rep: &mut Report,
     gpu: &Gpu,
@@ -111,7 +126,11 @@ fn format_checks(
     // groups, which must give the same bits. 9216 1-bit columns (nine chunks a warp) take the
     // guarded kernel of up to 17 chunks, whose loads past a warp's last chunk are clamped; 4096
     // 2-bit ones (eight) the guarded kernel of up to 12. 2-bit rows of 17408 (ffn_down, 34
-    // chunks a warp) are refused, and 2-bit kernels never fold the norm in.
+    // chunks a warp) are refused, and 2-bit kernels never fold the norm in. The shapes of more
+    // tiles than their blocks' first fills (on the H200: 34816×5120, and 26016×6144,
+    // 17600×9216 and 8800×17408 of 1-bit rows, 13600×6144 and 26000×4096 of 2-bit ones, a few
+    // dozen tiles past the fills at least) hand the rest out from the counter where the
+    // program does (plan::DYN_TILES): each kernel family's pool is run.
     let shapes: &[(usize, usize)] = if one_bit {
         &[
             (34816, 5120),
@@ -123,6 +142,9 @@ fn format_checks(
             (40, 1024),
             (77, 9216),
             (20, 256),
+            (26016, 6144),
+            (17600, 9216),
+            (8800, 17408),
         ]
     } else {
         &[
@@ -134,14 +156,20 @@ fn format_checks(
             (77, 4096),
             (77, 17408),
             (20, 256),
+            (13600, 6144),
+            (26000, 4096),
         ]
     };
-    // 77×17408 and 77×9216 take the kernels with staged activations, and every 2-bit shape
-    // the plan takes.
-    let want_staged = if one_bit { 2 } else { 6 };
+    // 77×17408, 77×9216, 17600×9216 and 8800×17408 take the kernels with staged activations,
+    // and every 2-bit shape the plan takes.
+    let want_staged = if one_bit { 4 } else { 8 };
     let (want_refused, want_fused_refused, want_tiles32): (&[&str], &[&str], usize) = if one_bit {
-        // 34816×5120, 992×5120 and 320×6144 take 32-row tiles.
-        (&["20×256"], &["77×17408", "77×9216"], 3)
+        // 34816×5120, 992×5120, 320×6144 and 26016×6144 take 32-row tiles.
+        (
+            &["20×256"],
+            &["77×17408", "77×9216", "17600×9216", "8800×17408"],
+            4,
+        )
     } else {
         (
             &["77×17408", "20×256"],
@@ -152,10 +180,15 @@ fn format_checks(
                 "333×6144",
                 "40×1024",
                 "77×4096",
+                "13600×6144",
+                "26000×4096",
             ],
             0,
         )
     };
+    // Shapes whose plan has tiles past its blocks' first fills: a pool where the program hands
+    // them out.
+    let mut pooled = 0usize;
     for &(rows, cols) in shapes {
         let pool = BlockPool::new(format, cols, 13)?;
         let data = pool.fill(format.row_bytes(cols)? * rows, 7);
@@ -191,10 +224,7 @@ fn format_checks(
         let xd = gpu.upload(&x, "x")?;
         gpu.quantize(s, xd.ptr, cols, 1, xq, xs, None)?;
         let qx = repack::quantize_x(&x);
-        let twin: Vec<f32> = (0..rows).map(|r| repack::dot_row(&p, r, &qx)).collect();
-        let mag: Vec<f32> = (0..rows)
-            .map(|r| (0..cols).map(|c| (p.value(r, c) * x[c]).abs()).sum::<f32>())
-            .collect();
+        let (twin, mag) = twin_rows(&p, &x, &qx);
         let prior: Vec<f32> = (0..rows).map(|_| rng.gen_range(-1.0..1.0)).collect();
         let out = gpu.upload(&prior, "out")?;
         let amax = gpu.upload(&[0u64], "argmax")?;
@@ -209,6 +239,12 @@ fn format_checks(
             continue;
         }
         runs += 1;
+        if gpu
+            .b1_launch_shape(p.format, rows, cols)
+            .is_some_and(|l| rows.div_ceil(l.tile_rows) > l.stages * l.grid)
+        {
+            pooled += 1;
+        }
         let mut got = vec![0f32; rows];
         gpu.read(s, out.ptr, &mut got)?;
         let mut key = [0u64];
@@ -336,6 +372,7 @@ fn format_checks(
         && refused == want_refused
         && repeat_diff == 0
         && tiles_left == 0
+        && pooled >= if one_bit { 4 } else { 3 }
         && fused_diff == 0
         && fused_refused == want_fused_refused
         && tiles32_runs == want_tiles32
@@ -352,7 +389,7 @@ fn format_checks(
         .filter(|sh| !refused.contains(sh))
         .collect();
     rep.line(format!(
-        "| gemv_b1 {format} (binary tensor cores, 1 token, += prior, argmax; norm {}) | {} (refused: {}) | {} | vs integer twin {worst:.1e} (tol 1e-5), vs the dp4a kernel {worst_dp4a:.1e} (tol 1e-5) in {dp4a_runs} shapes, as a fraction of Σ|w·x|; argmax {}; {runs} shapes; repeated launch (the first taking its tiles from a counter where the program hands them out: {}): {repeat_diff} differing outputs, counters left nonzero {tiles_left}, fused norm vs quant_rms + kernel: {fused_diff} in {fused_runs} shapes (refused: {}), 32-row tiles vs 16 in {tiles32_runs} shapes: {tiles32_diff}, activations staged by bulk copies vs loaded by the warps in {staged_runs} shapes: {staged_diff}, tile images vs their twin in {image_runs} shapes ({image_launched} launched from them): {image_diff} differing units, the kernel from them vs from the tensor map: {image_out_diff} differing outputs (all must be 0) |",
+        "| gemv_b1 {format} (binary tensor cores, 1 token, += prior, argmax; norm {}) | {} (refused: {}) | {} | vs integer twin {worst:.1e} (tol 1e-5), vs the dp4a kernel {worst_dp4a:.1e} (tol 1e-5) in {dp4a_runs} shapes, as a fraction of Σ|w·x|; argmax {}; {runs} shapes; repeated launch (the first taking its tiles from a counter where the program hands them out: {}; {pooled} shapes with tiles past their blocks' first fills): {repeat_diff} differing outputs, counters left nonzero {tiles_left}, fused norm vs quant_rms + kernel: {fused_diff} in {fused_runs} shapes (refused: {}), 32-row tiles vs 16 in {tiles32_runs} shapes: {tiles32_diff}, activations staged by bulk copies vs loaded by the warps in {staged_runs} shapes: {staged_diff}, tile images vs their twin in {image_runs} shapes ({image_launched} launched from them): {image_diff} differing units, the kernel from them vs from the tensor map: {image_out_diff} differing outputs (all must be 0) |",
         if one_bit { "fused" } else { "refused" },
         taken.join(", "),
         refused.join(", "),
