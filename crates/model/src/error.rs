@@ -35,6 +35,8 @@ pub enum ModelError {
     },
     #[error("sequence state belongs to a different model shape")]
     StateMismatch,
+    #[error("cannot rewind a sequence state of {have} tokens to {to}")]
+    RewindPastEnd { to: usize, have: usize },
 }
 
 pub type Result<T> = std::result::Result<T, ModelError>;

@@ -263,6 +263,34 @@ impl Heads {
             Heads::F16(x) => seek_to(x, len, cap),
         }
     }
+
+    fn truncate(&mut self, layout: Layout, hd: usize, positions: usize) {
+        match self {
+            Heads::F32(x) => truncate_to(x, layout, hd, positions),
+            Heads::F16(x) => truncate_to(x, layout, hd, positions),
+        }
+    }
+}
+
+/// Cuts every head's buffer back to its first `positions` positions: whole tiles, the last
+/// one's later positions zeroed again (as a cache that never held them has them), the
+/// allocation kept for the positions that follow.
+fn truncate_to<T: Copy + Default>(
+    heads: &mut [Vec<T>],
+    layout: Layout,
+    hd: usize,
+    positions: usize,
+) {
+    let end = layout.len(positions, hd);
+    for buf in heads {
+        buf.truncate(end);
+        let held = buf.len() / hd.max(1);
+        for p in positions..held {
+            for d in 0..hd {
+                buf[layout.index(hd, p, d)] = T::default();
+            }
+        }
+    }
 }
 
 impl KvCache {
@@ -329,6 +357,18 @@ impl KvCache {
         self.k.append(Layout::Keys, k, hd, pos0);
         self.v.append(Layout::Values, v, hd, pos0);
         self.positions += k.len() / row;
+    }
+
+    /// Forgets every position from `positions` on (none where it holds no more): the cache is
+    /// then as if it had only ever held the first `positions`.
+    pub fn truncate(&mut self, positions: usize) {
+        if positions >= self.positions {
+            return;
+        }
+        let hd = self.head_dim;
+        self.k.truncate(Layout::Keys, hd, positions);
+        self.v.truncate(Layout::Values, hd, positions);
+        self.positions = positions;
     }
 
     /// Adds `positions` positions of zeros, with room for `room` more (and the tiles they

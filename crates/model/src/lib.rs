@@ -23,4 +23,4 @@ pub use error::{ModelError, Result};
 pub use input::Kernels;
 pub use kv::{KvCache, KvFormat};
 pub use model::{Logits, Model};
-pub use state::State;
+pub use state::{Checkpoint, State};

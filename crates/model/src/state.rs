@@ -4,6 +4,7 @@
 use std::ops::Range;
 
 use crate::config::{Config, LayerKind};
+use crate::error::{ModelError, Result};
 use crate::kv::{KvCache, KvFormat};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -25,6 +26,24 @@ pub struct State {
     pub(crate) layers: Vec<LayerState>,
     /// The recurrent states of every gated-delta-net layer, back to back (150 MB for 27B).
     pub(crate) ssm: Vec<f32>,
+}
+
+/// A state's position and recurrent part, saved by [`State::save`] for [`State::rewind`]:
+/// what a speculative step keeps to go back to the tokens it verified (150 MB for 27B; a
+/// checkpoint's buffers are reused from one save to the next).
+#[derive(Clone, Debug, Default)]
+pub struct Checkpoint {
+    pos: usize,
+    /// Each layer's conv inputs (empty for attention layers).
+    conv: Vec<Vec<f32>>,
+    ssm: Vec<f32>,
+}
+
+impl Checkpoint {
+    /// The position saved.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
 }
 
 impl State {
@@ -93,6 +112,52 @@ impl State {
             }
         }
         self.pos += depth;
+    }
+
+    /// Records this state's position and recurrent part in `into` (its buffers reused), for
+    /// [`State::rewind`] to come back to: the KV caches need no copy, as the tokens that follow
+    /// only add positions to them.
+    pub fn save(&self, into: &mut Checkpoint) {
+        into.pos = self.pos;
+        into.ssm.clone_from(&self.ssm);
+        into.conv.resize(self.layers.len(), Vec::new());
+        for (c, l) in into.conv.iter_mut().zip(&self.layers) {
+            match l {
+                LayerState::Recurrent { conv, .. } => c.clone_from(conv),
+                LayerState::Attention(_) => c.clear(),
+            }
+        }
+    }
+
+    /// Takes this state back to where `c` was saved from it: the recurrent part as it was
+    /// there, every KV cache cut back to its position. Only the tokens consumed since are
+    /// forgotten, so `c` must come from this state, saved since its last rewind to an earlier
+    /// position. Refused where `c` holds a later position than this state or another shape.
+    pub fn rewind(&mut self, c: &Checkpoint) -> Result<()> {
+        if c.pos > self.pos {
+            return Err(ModelError::RewindPastEnd {
+                to: c.pos,
+                have: self.pos,
+            });
+        }
+        let shapes_match = c.ssm.len() == self.ssm.len()
+            && c.conv.len() == self.layers.len()
+            && self.layers.iter().zip(&c.conv).all(|(l, saved)| match l {
+                LayerState::Recurrent { conv, .. } => conv.len() == saved.len(),
+                LayerState::Attention(_) => saved.is_empty(),
+            });
+        if !shapes_match {
+            return Err(ModelError::StateMismatch);
+        }
+        self.ssm.copy_from_slice(&c.ssm);
+        for (l, saved) in self.layers.iter_mut().zip(&c.conv) {
+            match l {
+                LayerState::Recurrent { conv, .. } => conv.copy_from_slice(saved),
+                LayerState::Attention(kv) => kv.truncate(c.pos),
+            }
+        }
+        self.pos = c.pos;
+        Ok(())
     }
 
     /// Whether this state fits a model of this shape.

@@ -188,6 +188,63 @@ fn restored_state_continues_identically() {
 }
 
 #[test]
+fn a_rewound_state_is_the_state_that_never_went_further() {
+    let (shape, t) = tiny(Format::Q2_0, 4);
+    let mut m = open(&synth::writer_from_f32(&shape, &t, Format::Q2_0, "t").unwrap());
+    m.set_kernels(Kernels::Int8);
+    let toks = tokens(90);
+    for kv in [KvFormat::F32, KvFormat::F16] {
+        m.set_kv_format(kv);
+        // 20 positions end inside a key tile (16) and a value tile (64); the 50 more that are
+        // forgotten fill and start further tiles of both.
+        let mut s = m.new_state();
+        m.forward(&mut s, &toks[..20], Logits::None).unwrap();
+        let mut c = model::Checkpoint::default();
+        s.save(&mut c);
+        assert_eq!(c.position(), 20);
+        let gone = m.forward(&mut s, &toks[20..70], Logits::All).unwrap();
+        s.rewind(&c).unwrap();
+        let mut plain = m.new_state();
+        m.forward(&mut plain, &toks[..20], Logits::None).unwrap();
+        assert_eq!(s, plain, "{kv:?}: the rewound state");
+        // It goes on as the plain one does, and as it went the first time.
+        let again = m.forward(&mut s, &toks[20..], Logits::All).unwrap();
+        assert_eq!(
+            again,
+            m.forward(&mut plain, &toks[20..], Logits::All).unwrap()
+        );
+        assert_eq!(again[..gone.len()], gone[..]);
+        // The same checkpoint, its buffers reused, saved again later.
+        s.save(&mut c);
+        m.forward(&mut s, &toks[..3], Logits::None).unwrap();
+        s.rewind(&c).unwrap();
+        assert_eq!(s, plain, "{kv:?}: rewound a second time");
+    }
+}
+
+#[test]
+fn a_rewind_past_the_state_or_from_another_shape_is_refused() {
+    let (shape, t) = tiny(Format::Q1_0, 6);
+    let m = open(&synth::writer_from_f32(&shape, &t, Format::Q1_0, "t").unwrap());
+    let mut s = m.new_state();
+    m.forward(&mut s, &tokens(8), Logits::None).unwrap();
+    let mut c = model::Checkpoint::default();
+    s.save(&mut c);
+    let mut short = m.new_state();
+    m.forward(&mut short, &tokens(3), Logits::None).unwrap();
+    let kept = short.clone();
+    assert!(matches!(
+        short.rewind(&c),
+        Err(ModelError::RewindPastEnd { to: 8, have: 3 })
+    ));
+    assert!(matches!(
+        s.rewind(&model::Checkpoint::default()),
+        Err(ModelError::StateMismatch)
+    ));
+    assert_eq!(short, kept, "a refused rewind changes nothing");
+}
+
+#[test]
 fn bad_tokens_and_lengths_are_errors() {
     let (shape, t) = tiny(Format::F32, 4);
     let m = open(&synth::writer_from_f32(&shape, &t, Format::F32, "t").unwrap());
