@@ -1,7 +1,7 @@
 //! What the generation loop needs from a device: a forward pass over a sequence state. The CPU
 //! model always provides it; the CUDA model does with the `cuda` feature.
 
-use model::{Logits, Model, State};
+use model::{Checkpoint, Logits, Model, State};
 
 use crate::error::{EngineError, Result};
 use crate::ranking::RankedRequest;
@@ -10,6 +10,9 @@ use crate::sampler::{argmax, SamplerError};
 pub trait Backend {
     /// Per-sequence state (KV cache and recurrent state) on this device.
     type State;
+
+    /// What [`Backend::save`] keeps of a state to rewind it to ([`Backend::verifies_drafts`]).
+    type Checkpoint: Default;
 
     /// Tokens the state has consumed.
     fn state_len(&self, state: &Self::State) -> usize;
@@ -50,6 +53,27 @@ pub trait Backend {
             "this device returns whole rows only".into(),
         ))
     }
+
+    /// Whether tokens drafted ahead can be verified without changing the output: a pass over
+    /// several tokens gives each position the logits one-token passes would, bit for bit, and
+    /// a state can be saved and rewound ([`Backend::save`], [`Backend::rewind`]).
+    fn verifies_drafts(&self) -> bool {
+        false
+    }
+
+    /// Saves `state`'s position and what a rewind to it needs into `into`.
+    fn save(&self, _state: &Self::State, _into: &mut Self::Checkpoint) -> Result<()> {
+        Err(EngineError::Backend(
+            "this device cannot rewind a sequence".into(),
+        ))
+    }
+
+    /// Takes `state` back to where `to` was saved from it, forgetting the tokens since.
+    fn rewind(&self, _state: &mut Self::State, _to: &Self::Checkpoint) -> Result<()> {
+        Err(EngineError::Backend(
+            "this device cannot rewind a sequence".into(),
+        ))
+    }
 }
 
 /// What [`Backend::forward_top_k`] returns.
@@ -57,6 +81,7 @@ pub use model::rank::Ranked;
 
 impl Backend for Model {
     type State = State;
+    type Checkpoint = Checkpoint;
 
     fn state_len(&self, state: &State) -> usize {
         state.len()
@@ -69,11 +94,29 @@ impl Backend for Model {
     fn forward(&self, state: &mut State, tokens: &[u32], logits: Logits) -> Result<Vec<f32>> {
         Ok(Model::forward(self, state, tokens, logits)?)
     }
+
+    /// Each (row, token) product and each token's recurrence step are computed alike whatever
+    /// the pass's token count (`model::ops::matmul`; the model's chunked-prefill test).
+    fn verifies_drafts(&self) -> bool {
+        true
+    }
+
+    fn save(&self, state: &State, into: &mut Checkpoint) -> Result<()> {
+        state.save(into);
+        Ok(())
+    }
+
+    fn rewind(&self, state: &mut State, to: &Checkpoint) -> Result<()> {
+        Ok(state.rewind(to)?)
+    }
 }
 
 #[cfg(feature = "cuda")]
 impl Backend for niwaki_cuda::CudaModel {
     type State = niwaki_cuda::CudaState;
+    // Its several-token passes run other kernels than its one-token ones (GEMMs, not the
+    // decode GEMVs): their logits differ in the last bits, so drafts are not verified here.
+    type Checkpoint = ();
 
     fn state_len(&self, state: &Self::State) -> usize {
         state.len()

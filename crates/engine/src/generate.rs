@@ -2,6 +2,7 @@
 //! complete UTF-8 text and stopping at end-of-generation tokens, stop strings, the token budget or
 //! the context limit.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use model::Logits;
@@ -9,8 +10,9 @@ use tokenizer::Tokenizer;
 
 use crate::backend::{Backend, Ranked};
 use crate::error::{EngineError, Result};
+use crate::lookup::LookupConfig;
 use crate::ranking::Drawn;
-use crate::sampler::{Sampler, SamplerConfig};
+use crate::sampler::{argmax, Sampler, SamplerConfig, SamplerError};
 use crate::stop::{Scan, StopMatcher};
 
 /// Tokens per prefill chunk by default: large enough that weights are read once for many tokens,
@@ -25,6 +27,11 @@ pub struct GenerateParams {
     /// Extra token ids that end generation, besides the tokenizer's end-of-generation ids.
     pub stop_tokens: Vec<u32>,
     pub prefill_chunk: usize,
+    /// Drafts looked up in the sequence so far and verified several tokens a pass
+    /// ([`crate::lookup`]), where decoding is plain greedy, nothing reads the logits and the
+    /// device verifies drafts losslessly ([`Backend::verifies_drafts`]): the same tokens as
+    /// without, in fewer passes where the output repeats its context. `None`: one token a pass.
+    pub lookup: Option<LookupConfig>,
 }
 
 impl Default for GenerateParams {
@@ -35,6 +42,7 @@ impl Default for GenerateParams {
             stop_strings: Vec::new(),
             stop_tokens: Vec::new(),
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            lookup: None,
         }
     }
 }
@@ -91,6 +99,20 @@ pub struct Generation {
     pub prompt_tokens: usize,
     pub prefill_time: Duration,
     pub decode_time: Duration,
+    /// Passes that verified a looked-up draft, and the drafted tokens they accepted
+    /// ([`GenerateParams::lookup`]).
+    pub drafts: DraftStats,
+}
+
+/// What drafting did in one generation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DraftStats {
+    /// Passes that verified a draft.
+    pub passes: usize,
+    /// Tokens drafted into those passes.
+    pub drafted: usize,
+    /// Drafted tokens that were the model's own picks, taken without a pass of their own.
+    pub accepted: usize,
 }
 
 impl Generation {
@@ -184,6 +206,114 @@ enum Next {
         sums: Option<(f32, f32)>,
     },
     Picked(u32),
+    /// Drafted tokens a verifying pass accepted, which the state has already consumed, then
+    /// the model's pick after them, which it has not.
+    Drafted {
+        fed: VecDeque<u32>,
+        then: u32,
+    },
+}
+
+/// Drafting for one generation: the lookup, and the checkpoint each verifying pass saves.
+struct Drafting<C> {
+    config: LookupConfig,
+    checkpoint: C,
+    /// Whether `checkpoint` is from this generation (a rewind at the end may need it).
+    saved: bool,
+    stats: DraftStats,
+}
+
+impl<C: Default> Drafting<C> {
+    fn new(config: LookupConfig) -> Self {
+        Drafting {
+            config,
+            checkpoint: C::default(),
+            saved: false,
+            stats: DraftStats::default(),
+        }
+    }
+
+    /// Consumes `next` (the token just taken, last of `history`) and picks the one after it
+    /// as a one-token pass would: with a draft, by one pass over `next` and the draft, each
+    /// drafted token the pick at the position before it accepted and the state taken back to
+    /// the last one accepted. `most` bounds the draft (the room left in the context and in the
+    /// token budget); `ends` cut it before an end-of-generation token, which is never consumed.
+    fn step<B: Backend<Checkpoint = C>>(
+        &mut self,
+        model: &B,
+        state: &mut B::State,
+        history: &[u32],
+        most: usize,
+        ends: &[u32],
+    ) -> Result<Next> {
+        let next = *history.last().ok_or(EngineError::EmptyPrompt)?;
+        let mut draft = self.config.draft(history);
+        draft.truncate(most);
+        if let Some(end) = draft.iter().position(|t| ends.contains(t)) {
+            draft.truncate(end);
+        }
+        if draft.is_empty() {
+            return Ok(Next::Picked(model.forward_argmax(state, &[next])?));
+        }
+        model.save(state, &mut self.checkpoint)?;
+        self.saved = true;
+        let feed: Vec<u32> = std::iter::once(next).chain(draft.iter().copied()).collect();
+        let logits = model.forward(state, &feed, Logits::All)?;
+        let vocab = logits.len() / feed.len();
+        let mut picks = logits.chunks_exact(vocab.max(1)).map(|row| {
+            argmax(row)
+                .map(|i| i as u32)
+                .ok_or(SamplerError::NoFiniteLogit)
+        });
+        let mut accepted = 0;
+        let then = loop {
+            let pick = picks.next().ok_or_else(|| {
+                EngineError::Backend("a pass gave fewer rows of logits than tokens".into())
+            })??;
+            if draft.get(accepted) != Some(&pick) {
+                break pick;
+            }
+            accepted += 1;
+        };
+        if accepted < draft.len() {
+            // The state holds the rejected tokens too: back, and the accepted ones again.
+            model.rewind(state, &self.checkpoint)?;
+            model.forward(state, &feed[..=accepted], Logits::None)?;
+        }
+        self.stats.passes += 1;
+        self.stats.drafted += draft.len();
+        self.stats.accepted += accepted;
+        draft.truncate(accepted);
+        Ok(Next::Drafted {
+            fed: draft.into(),
+            then,
+        })
+    }
+
+    /// Where a generation ends holding drafted tokens the one-token loop would not have
+    /// consumed (past the last shown, or an ending one), the state is taken back to the last
+    /// checkpoint and given `tokens`: it then holds what it would without drafting.
+    fn settle<B: Backend<Checkpoint = C>>(
+        &self,
+        model: &B,
+        state: &mut B::State,
+        want: usize,
+        consumed_since_start: &[u32],
+        start: usize,
+    ) -> Result<()> {
+        if !self.saved || model.state_len(state) <= want {
+            return Ok(());
+        }
+        model.rewind(state, &self.checkpoint)?;
+        let from = model.state_len(state);
+        let tokens = consumed_since_start
+            .get(from.saturating_sub(start)..want.saturating_sub(start))
+            .unwrap_or(&[]);
+        if !tokens.is_empty() {
+            model.forward(state, tokens, Logits::None)?;
+        }
+        Ok(())
+    }
 }
 
 /// [`generate`] with [`Hooks`]: a mask on the logits before each token is sampled (constrained
@@ -203,6 +333,14 @@ pub fn generate_with<B: Backend>(
     let device_picks = sampler.is_plain_greedy() && !hooks.wants_logits();
     // Likewise a random draw without penalties: the device may select the best candidates.
     let device_ranks = sampler.ranked_draw().filter(|_| !hooks.wants_logits());
+    // Drafts verified a pass at a time: only where the device picks greedy tokens and its
+    // several-token passes give one-token passes' logits, so the output cannot change.
+    let mut drafting = params
+        .lookup
+        .filter(|_| device_picks && model.verifies_drafts())
+        .map(Drafting::<B::Checkpoint>::new);
+    // State positions from here on hold `history`'s tokens in order.
+    let start = model.state_len(state);
     let t0 = Instant::now();
     let mut next_from = Next::Logits(prefill(model, state, prompt, params.prefill_chunk)?);
     let prefill_time = t0.elapsed();
@@ -225,6 +363,9 @@ pub fn generate_with<B: Backend>(
         }
     };
     let mut stopped_by_string = false;
+    // Whether the token taken last is one the one-token loop would not have consumed yet (it
+    // consumes each at the end of its turn).
+    let mut unconsumed = false;
     let finish = loop {
         if out_tokens.len() >= params.max_tokens {
             break FinishReason::Length;
@@ -232,16 +373,25 @@ pub fn generate_with<B: Backend>(
         if hooks.cancelled() {
             break FinishReason::Cancelled;
         }
-        let (next, seen): (u32, &[f32]) = match &mut next_from {
+        // `in_state`: a drafted token the state has already consumed.
+        let (next, seen, in_state): (u32, &[f32], bool) = match &mut next_from {
             Next::Logits(logits) => {
                 hooks.mask(logits)?;
-                (sampler.sample(logits, &history)?, logits)
+                (sampler.sample(logits, &history)?, logits, false)
             }
             Next::Ranked { top, sums } => match sampler.sample_ranked(top, *sums)? {
-                Drawn::Token(id) => (id, &[]),
-                Drawn::NeedsRow => (sampler.sample_from_row(&model.last_row(state)?)?, &[]),
+                Drawn::Token(id) => (id, &[], false),
+                Drawn::NeedsRow => (
+                    sampler.sample_from_row(&model.last_row(state)?)?,
+                    &[],
+                    false,
+                ),
             },
-            Next::Picked(next) => (*next, &[]),
+            Next::Picked(next) => (*next, &[], false),
+            Next::Drafted { fed, then } => match fed.pop_front() {
+                Some(t) => (t, &[], true),
+                None => (*then, &[], false),
+            },
         };
         if hooks.on_token(next, seen) == Flow::Stop {
             break FinishReason::Cancelled;
@@ -251,6 +401,7 @@ pub fn generate_with<B: Backend>(
         }
         out_tokens.push(next);
         history.push(next);
+        unconsumed = true;
         let piece = decoder.push(next)?;
         match stops.push(&piece) {
             Scan::Stopped(before) => {
@@ -267,11 +418,27 @@ pub fn generate_with<B: Backend>(
         if out_tokens.len() >= params.max_tokens {
             break FinishReason::Length;
         }
-        if model.state_len(state) >= limit {
+        // What the one-token loop's state holds here: every token taken but this one.
+        let consumed = start + history.len() - 1;
+        if consumed >= limit {
             break FinishReason::ContextFull;
         }
+        unconsumed = false;
+        if in_state {
+            // The rest of the accepted draft, then the pick after it, come next.
+            continue;
+        }
         next_from = if device_picks {
-            Next::Picked(model.forward_argmax(state, &[next])?)
+            match drafting.as_mut() {
+                Some(d) => {
+                    // Room for `next` and the draft in the context, and for the pick after
+                    // the draft in the token budget.
+                    let room = limit - consumed - 1;
+                    let budget = params.max_tokens - out_tokens.len() - 1;
+                    d.step(model, state, &history, room.min(budget), &end_ids)?
+                }
+                None => Next::Picked(model.forward_argmax(state, &[next])?),
+            }
         } else if let Some(request) = device_ranks {
             match model.forward_top_k(state, &[next], request)? {
                 Ranked::Top { top, sums } => Next::Ranked { top, sums },
@@ -281,6 +448,10 @@ pub fn generate_with<B: Backend>(
             Next::Logits(model.forward(state, &[next], Logits::Last)?)
         };
     };
+    if let Some(d) = &drafting {
+        let want = start + history.len() - usize::from(unconsumed);
+        d.settle(model, state, want, &history, start)?;
+    }
     if !stopped_by_string {
         // Flush what was held back: incomplete UTF-8 at the very end, and text that looked like
         // the start of a stop string but never became one.
@@ -298,5 +469,6 @@ pub fn generate_with<B: Backend>(
         prompt_tokens: prompt.len(),
         prefill_time,
         decode_time: t1.elapsed(),
+        drafts: drafting.map(|d| d.stats).unwrap_or_default(),
     })
 }

@@ -6,6 +6,7 @@ mod error;
 pub mod eval;
 mod generate;
 pub mod logprobs;
+pub mod lookup;
 mod ranking;
 pub mod sampler;
 mod stop;
@@ -13,9 +14,10 @@ mod stop;
 pub use backend::{Backend, Ranked};
 pub use error::{EngineError, Result};
 pub use generate::{
-    generate, generate_with, prefill, FinishReason, Flow, GenerateParams, Generation, Hooks,
-    DEFAULT_PREFILL_CHUNK,
+    generate, generate_with, prefill, DraftStats, FinishReason, Flow, GenerateParams, Generation,
+    Hooks, DEFAULT_PREFILL_CHUNK,
 };
+pub use lookup::LookupConfig;
 pub use ranking::{Drawn, RankedRequest, RANKED_CANDIDATES};
 pub use sampler::{Sampler, SamplerConfig};
 pub use stop::{Scan, StopMatcher};

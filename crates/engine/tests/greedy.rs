@@ -73,6 +73,7 @@ struct Fixed(Vec<f32>);
 
 impl Backend for Fixed {
     type State = ();
+    type Checkpoint = ();
     fn state_len(&self, _: &()) -> usize {
         0
     }

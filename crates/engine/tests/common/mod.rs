@@ -46,6 +46,7 @@ fn bump(c: &Cell<usize>) {
 
 impl Backend for Counting<'_> {
     type State = State;
+    type Checkpoint = ();
     fn state_len(&self, s: &State) -> usize {
         s.len()
     }
