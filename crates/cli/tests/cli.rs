@@ -308,6 +308,30 @@ fn bench_at_depth_counts_the_cache_it_reads() {
 }
 
 #[test]
+fn lookup_drafting_leaves_greedy_output_as_it_was_and_says_when_it_is_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), "t.gguf", "Q2_0");
+    let run = |extra: &[&str]| {
+        let mut c = niwaki();
+        c.args(["run", "-n", "40", "--prompt", "ab ab ab ab ab ab ab"])
+            .args(extra)
+            .arg("--model")
+            .arg(&m);
+        c
+    };
+    let plain = stdout(&mut run(&["--temperature", "0"]));
+    assert!(!plain.trim().is_empty());
+    assert_eq!(plain, stdout(&mut run(&["--temperature", "0", "--lookup"])));
+    let out = run(&["--temperature", "0.6", "--lookup"]).output().unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--lookup is ignored") && err.contains("greedy"),
+        "{err}"
+    );
+}
+
+#[test]
 fn the_cpu_runs_an_f16_kv_cache_and_refuses_the_gpus_q8_0() {
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), "t.gguf", "Q1_0");

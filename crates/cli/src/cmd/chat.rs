@@ -30,6 +30,9 @@ pub struct Args {
 pub fn main(a: Args) -> Result<ExitCode> {
     let kv = a.sampling.place.kv()?;
     load::init_threads(a.sampling.threads)?;
+    if let Some(why) = a.sampling.lookup_unused(&a.sampling.place.device) {
+        eprintln!("warning: --lookup is ignored: {why}");
+    }
     let model = a.sampling.place.open(&a.model, a.sampling.ctx, kv)?;
     let tok = load::tokenizer(model.file())?;
     let context = model.config.context_length;

@@ -14,7 +14,7 @@ pub mod synth;
 pub mod tokenize;
 pub mod validate;
 
-use engine::{GenerateParams, SamplerConfig};
+use engine::{GenerateParams, LookupConfig, SamplerConfig};
 
 /// Sampling and stopping options shared by `run` and `chat`. Defaults follow Qwen's
 /// recommendation for thinking models; a fixed seed keeps runs reproducible.
@@ -43,6 +43,11 @@ pub struct Sampling {
     /// Stop when this text appears (not printed); may be repeated.
     #[arg(long)]
     pub stop: Vec<String>,
+    /// Draft tokens by prompt lookup (what followed the last few tokens where they occurred
+    /// before) and verify them several a pass: the same output, in fewer passes where it
+    /// repeats its context. Greedy decoding (--temperature 0) on the CPU only.
+    #[arg(long)]
+    pub lookup: bool,
     /// Context limit in tokens (default: the model's).
     #[arg(long)]
     pub ctx: Option<usize>,
@@ -54,6 +59,23 @@ pub struct Sampling {
 }
 
 impl Sampling {
+    /// Why `--lookup` will not draft on `device` with these settings, if it will not.
+    pub fn lookup_unused(&self, device: &crate::load::DeviceArg) -> Option<&'static str> {
+        if !self.lookup {
+            None
+        } else if self.temperature != 0.0
+            || self.repeat_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+        {
+            Some("it drafts for plain greedy decoding only (--temperature 0, no penalties)")
+        } else if !matches!(device, crate::load::DeviceArg::Cpu) {
+            Some("it drafts on the CPU only, whose several-token passes give one-token passes' logits")
+        } else {
+            None
+        }
+    }
+
     pub fn params(&self) -> GenerateParams {
         GenerateParams {
             max_tokens: self.max_tokens,
@@ -69,6 +91,7 @@ impl Sampling {
                 seed: self.seed,
             },
             stop_strings: self.stop.clone(),
+            lookup: self.lookup.then(LookupConfig::default),
             ..GenerateParams::default()
         }
     }

@@ -56,6 +56,9 @@ pub fn main(a: Args) -> Result<ExitCode> {
         }
     }
     let params = a.sampling.params();
+    if let Some(why) = a.sampling.lookup_unused(&a.sampling.place.device) {
+        eprintln!("warning: --lookup is ignored: {why}");
+    }
     let g = match a.sampling.place.device {
         load::DeviceArg::Cpu => stream(&model, &tok, &mut model.new_state(), &ids, &params)?,
         #[cfg(feature = "cuda")]
@@ -106,4 +109,11 @@ pub fn report(g: &Generation, context: usize) {
         g.decode_tok_s(),
         g.finish
     );
+    let d = g.drafts;
+    if d.passes > 0 {
+        eprintln!(
+            "lookup: {} passes verified drafts; {} of {} drafted tokens accepted",
+            d.passes, d.accepted, d.drafted
+        );
+    }
 }

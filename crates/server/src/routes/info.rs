@@ -86,7 +86,7 @@ fn policy_json(st: &AppState) -> Value {
         "slots": {"value": st.scheduler.slots(), "rule": slots_rule,
                   "measured_decode_step_s": st.decode_step_s, "measured_new_state_s": st.new_state_s},
         "queue": {"value": st.scheduler.capacity() - st.scheduler.slots(), "rule": "requests that may wait for a slot (--queue); past it, 503 with Retry-After"},
-        "speculation": {"value": "off", "rule": "the engine has no speculative decoding yet"},
+        "speculation": {"value": "off", "rule": "the server decodes a token a pass; prompt-lookup drafting (greedy, on the CPU) is in the CLI's run and chat (--lookup)"},
         "prefill_chunk": {"value": engine::DEFAULT_PREFILL_CHUNK, "rule": "engine default: weights are read once per chunk of prompt tokens"},
         "sequence_state_bytes_max": {"value": d.state_bytes(c.context_length), "rule": d.state_rule},
         "request_timeout_s": {"value": st.config.request_timeout.as_secs_f64(), "rule": "--request-timeout: a generation running longer ends with finish_reason length"},
