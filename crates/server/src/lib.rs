@@ -60,6 +60,10 @@ pub struct ServerConfig {
     /// Test-only scripted replies (`--script-responses`).
     pub script: Vec<ScriptedReply>,
     pub model_path: PathBuf,
+    /// Greedy requests draft tokens by prompt lookup and verify them several a pass
+    /// (`serve --lookup`): the same replies, where the device verifies drafts losslessly (the
+    /// CPU).
+    pub lookup: bool,
 }
 
 /// The kind of device generation runs on.

@@ -31,6 +31,7 @@ fn config(slots: usize) -> ServerConfig {
         context_rule: "test".into(),
         script: Vec::new(),
         model_path: fixture(),
+        lookup: false,
     }
 }
 
@@ -56,6 +57,22 @@ async fn get(st: &Arc<AppState>, path: &str) -> (StatusCode, String) {
     let status = resp.status();
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     (status, String::from_utf8(body.to_vec()).unwrap())
+}
+
+/// A `/v1/completions` request's JSON reply (which must be 200).
+async fn complete(st: &Arc<AppState>, body: &Value) -> Value {
+    let resp = server::router(st.clone())
+        .oneshot(
+            Request::post("/v1/completions")
+                .header("content-type", "application/json")
+                .body(Body::from(body.to_string()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&bytes).unwrap()
 }
 
 async fn policy(st: &Arc<AppState>) -> Value {
@@ -129,18 +146,7 @@ async fn a_request_runs_through_the_runner_and_releases_its_state() {
     // reply); afterwards the memory metric is back to zero.
     let st = gpu_like("gpu", 777);
     let body = json!({"model": "tiny", "prompt": "hello", "max_tokens": 3, "temperature": 0});
-    let resp = server::router(st.clone())
-        .oneshot(
-            Request::post("/v1/completions")
-                .header("content-type", "application/json")
-                .body(Body::from(body.to_string()))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), StatusCode::OK);
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    let v = complete(&st, &body).await;
     let n = v["usage"]["completion_tokens"].as_u64().unwrap();
     assert!((1..=3).contains(&n), "{v}");
     for _ in 0..100 {
@@ -150,4 +156,27 @@ async fn a_request_runs_through_the_runner_and_releases_its_state() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(st.scheduler.state_bytes(), 0);
+}
+
+/// A greedy completion's text and the policy's speculation entry, with `serve --lookup` or not.
+async fn greedy_reply(lookup: bool) -> (Value, String) {
+    let (model, tok) = model();
+    let mut c = config(1);
+    c.lookup = lookup;
+    let st = AppState::new(c, model, tok, ChatTemplate::builtin_qwen35());
+    let p = policy(&st).await;
+    let body = json!({"model": "tiny", "prompt": "a b a b a b a b a b", "max_tokens": 24, "temperature": 0});
+    let v = complete(&st, &body).await;
+    let text = v["choices"][0]["text"].as_str().unwrap().to_string();
+    (p["speculation"]["value"].clone(), text)
+}
+
+#[tokio::test]
+async fn lookup_drafting_leaves_greedy_replies_as_they_were_and_the_policy_says_so() {
+    let (off_policy, off) = greedy_reply(false).await;
+    let (on_policy, on) = greedy_reply(true).await;
+    assert_eq!(off_policy, "off");
+    assert_eq!(on_policy, "prompt lookup");
+    assert!(!off.is_empty());
+    assert_eq!(off, on);
 }

@@ -56,6 +56,11 @@ pub struct Args {
     /// sampling, parsing and streaming path. For deterministic tests on random models.
     #[arg(long, hide = true)]
     pub script_responses: Option<PathBuf>,
+    /// Greedy requests (temperature 0, no logprobs or grammar) draft tokens by prompt lookup
+    /// and verify them several a pass: the same replies, in fewer passes where they repeat the
+    /// conversation. On the CPU only.
+    #[arg(long)]
+    pub lookup: bool,
 }
 
 /// Requests generating at once on the CPU unless `--parallel` says otherwise.
@@ -131,7 +136,11 @@ pub fn main(a: Args) -> Result<ExitCode> {
         },
         script,
         model_path: a.model.clone(),
+        lookup: a.lookup && matches!(a.place.device, load::DeviceArg::Cpu),
     };
+    if a.lookup && !config.lookup {
+        eprintln!("warning: --lookup is ignored: it drafts on the CPU only, whose several-token passes give one-token passes' logits");
+    }
     let state = match a.place.device {
         load::DeviceArg::Cpu => AppState::with_runner(config, Runner::cpu(model), tok, template),
         #[cfg(feature = "cuda")]

@@ -10,7 +10,7 @@ use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::logprobs::TokenLogprob;
-use engine::GenerateParams;
+use engine::{GenerateParams, LookupConfig};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
@@ -194,6 +194,7 @@ fn plan_chat(st: &AppState, r: ChatCompletionRequest) -> Result<ChatPlan, ApiErr
                 max_tokens,
                 sampler: sampling.config()?,
                 stop_strings: stop,
+                lookup: st.config.lookup.then(LookupConfig::default),
                 ..GenerateParams::default()
             },
             constraint,

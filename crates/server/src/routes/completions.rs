@@ -8,7 +8,7 @@ use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::logprobs::TokenLogprob;
-use engine::GenerateParams;
+use engine::{GenerateParams, LookupConfig};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
@@ -147,6 +147,7 @@ pub(super) async fn completions(
             max_tokens,
             sampler: sampling.config()?,
             stop_strings: stop,
+            lookup: st.config.lookup.then(LookupConfig::default),
             ..GenerateParams::default()
         },
         constraint: scripted(&st, &prompt_text)?,

@@ -86,7 +86,7 @@ fn policy_json(st: &AppState) -> Value {
         "slots": {"value": st.scheduler.slots(), "rule": slots_rule,
                   "measured_decode_step_s": st.decode_step_s, "measured_new_state_s": st.new_state_s},
         "queue": {"value": st.scheduler.capacity() - st.scheduler.slots(), "rule": "requests that may wait for a slot (--queue); past it, 503 with Retry-After"},
-        "speculation": {"value": "off", "rule": "the server decodes a token a pass; prompt-lookup drafting (greedy, on the CPU) is in the CLI's run and chat (--lookup)"},
+        "speculation": speculation(st),
         "prefill_chunk": {"value": engine::DEFAULT_PREFILL_CHUNK, "rule": "engine default: weights are read once per chunk of prompt tokens"},
         "sequence_state_bytes_max": {"value": d.state_bytes(c.context_length), "rule": d.state_rule},
         "request_timeout_s": {"value": st.config.request_timeout.as_secs_f64(), "rule": "--request-timeout: a generation running longer ends with finish_reason length"},
@@ -94,6 +94,14 @@ fn policy_json(st: &AppState) -> Value {
         "thinking_with_json_output": {"value": "off", "rule": "response_format json_object/json_schema turns thinking off so the whole reply follows the grammar"},
         "default_sampling": {"value": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}, "rule": "OpenAI's defaults; requests set their own"},
     })
+}
+
+fn speculation(st: &AppState) -> Value {
+    if st.config.lookup {
+        json!({"value": "prompt lookup", "rule": "--lookup: greedy requests without logprobs or a grammar draft up to 8 tokens from the conversation and verify them a pass at a time; the same replies"})
+    } else {
+        json!({"value": "off", "rule": "a token a pass (serve --lookup drafts by prompt lookup for greedy requests on the CPU)"})
+    }
 }
 
 fn backend_rule(kind: DeviceKind) -> &'static str {
