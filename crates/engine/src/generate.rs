@@ -306,9 +306,17 @@ impl<C: Default> Drafting<C> {
         }
         model.rewind(state, &self.checkpoint)?;
         let from = model.state_len(state);
-        let tokens = consumed_since_start
-            .get(from.saturating_sub(start)..want.saturating_sub(start))
-            .unwrap_or(&[]);
+        // The checkpoint lies inside this generation's tokens, at or before `want`.
+        let tokens = from
+            .checked_sub(start)
+            .zip(want.checked_sub(start))
+            .and_then(|(a, b)| consumed_since_start.get(a..b))
+            .ok_or_else(|| {
+                EngineError::Backend(format!(
+                    "a draft's checkpoint at {from} lies outside the generation's positions \
+                     {start}..{want}"
+                ))
+            })?;
         if !tokens.is_empty() {
             model.forward(state, tokens, Logits::None)?;
         }
@@ -424,6 +432,8 @@ pub fn generate_with<B: Backend>(
             break FinishReason::ContextFull;
         }
         unconsumed = false;
+        // The context check above counts on it, for every device.
+        debug_assert!(in_state || consumed == model.state_len(state));
         if in_state {
             // The rest of the accepted draft, then the pick after it, come next.
             continue;
