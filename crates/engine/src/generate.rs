@@ -217,9 +217,8 @@ enum Next {
 /// Drafting for one generation: the lookup, and the checkpoint each verifying pass saves.
 struct Drafting<C> {
     config: LookupConfig,
+    /// Saved by every verifying pass (`stats.passes` of them) before it runs.
     checkpoint: C,
-    /// Whether `checkpoint` is from this generation (a rewind at the end may need it).
-    saved: bool,
     stats: DraftStats,
 }
 
@@ -228,7 +227,6 @@ impl<C: Default> Drafting<C> {
         Drafting {
             config,
             checkpoint: C::default(),
-            saved: false,
             stats: DraftStats::default(),
         }
     }
@@ -256,7 +254,6 @@ impl<C: Default> Drafting<C> {
             return Ok(Next::Picked(model.forward_argmax(state, &[next])?));
         }
         model.save(state, &mut self.checkpoint)?;
-        self.saved = true;
         let feed: Vec<u32> = std::iter::once(next).chain(draft.iter().copied()).collect();
         let logits = model.forward(state, &feed, Logits::All)?;
         let vocab = logits.len() / feed.len();
@@ -301,7 +298,8 @@ impl<C: Default> Drafting<C> {
         consumed_since_start: &[u32],
         start: usize,
     ) -> Result<()> {
-        if !self.saved || model.state_len(state) <= want {
+        // Without a verifying pass the checkpoint is not this generation's, nor is it needed.
+        if self.stats.passes == 0 || model.state_len(state) <= want {
             return Ok(());
         }
         model.rewind(state, &self.checkpoint)?;

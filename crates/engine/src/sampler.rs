@@ -32,6 +32,20 @@ pub struct SamplerConfig {
     pub seed: u64,
 }
 
+impl SamplerConfig {
+    /// Whether every pick is the largest raw logit (greedy, no penalties): the device may then
+    /// pick it itself ([`crate::Backend::forward_argmax`]), and drafts can be verified.
+    pub fn is_plain_greedy(&self) -> bool {
+        self.temperature == 0.0 && !self.has_penalties()
+    }
+
+    fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+    }
+}
+
 impl Default for SamplerConfig {
     fn default() -> Self {
         SamplerConfig {
@@ -134,15 +148,13 @@ impl Sampler {
         &self.cfg
     }
 
-    /// Whether every pick is the largest raw logit (greedy, no penalties): the device may then
-    /// pick it itself ([`crate::Backend::forward_argmax`]).
+    /// Whether every pick is the largest raw logit ([`SamplerConfig::is_plain_greedy`]).
     pub fn is_plain_greedy(&self) -> bool {
-        self.cfg.temperature == 0.0 && !self.has_penalties()
+        self.cfg.is_plain_greedy()
     }
 
     fn has_penalties(&self) -> bool {
-        let c = &self.cfg;
-        c.repetition_penalty != 1.0 || c.presence_penalty != 0.0 || c.frequency_penalty != 0.0
+        self.cfg.has_penalties()
     }
 
     /// What a device must return for a draw to be made from the best candidates alone (random

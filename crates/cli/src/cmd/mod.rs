@@ -16,6 +16,13 @@ pub mod validate;
 
 use engine::{GenerateParams, LookupConfig, SamplerConfig};
 
+/// Why prompt-lookup drafting (`--lookup`) does not run on `device`, if it does not.
+pub fn lookup_device_unused(device: &crate::load::DeviceArg) -> Option<&'static str> {
+    (!matches!(device, crate::load::DeviceArg::Cpu)).then_some(
+        "it drafts on the CPU only, whose several-token passes give one-token passes' logits",
+    )
+}
+
 /// Sampling and stopping options shared by `run` and `chat`. Defaults follow Qwen's
 /// recommendation for thinking models; a fixed seed keeps runs reproducible.
 #[derive(clap::Args, Clone, Debug)]
@@ -63,16 +70,10 @@ impl Sampling {
     pub fn lookup_unused(&self, device: &crate::load::DeviceArg) -> Option<&'static str> {
         if !self.lookup {
             None
-        } else if self.temperature != 0.0
-            || self.repeat_penalty != 1.0
-            || self.presence_penalty != 0.0
-            || self.frequency_penalty != 0.0
-        {
+        } else if !self.params().sampler.is_plain_greedy() {
             Some("it drafts for plain greedy decoding only (--temperature 0, no penalties)")
-        } else if !matches!(device, crate::load::DeviceArg::Cpu) {
-            Some("it drafts on the CPU only, whose several-token passes give one-token passes' logits")
         } else {
-            None
+            lookup_device_unused(device)
         }
     }
 

@@ -136,10 +136,10 @@ pub fn main(a: Args) -> Result<ExitCode> {
         },
         script,
         model_path: a.model.clone(),
-        lookup: a.lookup && matches!(a.place.device, load::DeviceArg::Cpu),
+        lookup: a.lookup && super::lookup_device_unused(&a.place.device).is_none(),
     };
-    if a.lookup && !config.lookup {
-        eprintln!("warning: --lookup is ignored: it drafts on the CPU only, whose several-token passes give one-token passes' logits");
+    if let Some(why) = super::lookup_device_unused(&a.place.device).filter(|_| a.lookup) {
+        eprintln!("warning: --lookup is ignored: {why}");
     }
     let state = match a.place.device {
         load::DeviceArg::Cpu => AppState::with_runner(config, Runner::cpu(model), tok, template),
