@@ -407,12 +407,6 @@ __device__ __forceinline__ void gdn_decode_body(const float* __restrict__ proj, 
         quant128(v, base, xq, xs, xh, xp);
         TRACE_MARK_LAST(2);
     }
-#ifdef GDN_OUT_ALONE
-    // A measurement (`NIWAKI_CUDA_GDN_OUT_ALONE=1`): the other warps hold their state stores
-    // until warp 0 has written the output, so that its shuffles and loads do not queue behind
-    // ~480 stores in the multiprocessor's memory pipeline; the stores then go all at once.
-    __syncthreads();
-#endif
     float* Sw = ssm_write(S, p, 1) + (size_t)h * DK * DV;
 #pragma unroll
     for (int i = 0; i < RPL; i++) Sw[(size_t)(r * RPL + i) * DV + j] = s[i];

@@ -178,51 +178,6 @@ __device__ __forceinline__ void fold_cluster(const FoldOut& f, float v) {
     if (rank == 0) fold_piece_regs(x, g, piece * 128, f.xq, f.xs, f.ss, f.xp);
 }
 
-// Tiles handed out as blocks come for them (DYN_TILES, plan::DYN_TILES; a one-token GEMV
-// without a fold, given a pool counter, whose tiles outnumber its blocks' first fills): each
-// block's first `stages` tiles are b + i·grid as without it, so the ring's first fill and the
-// tiles requested before the wait are unchanged, and the rest come from one counter, a tile a
-// refill, so that a block that streams slower, or started later, takes fewer of them. The
-// statically assigned tiles left the last blocks of a launch ~2 µs behind its median block
-// (the timeline's rows written, thirty-eighth session). Lane 0 of the producer asks for its
-// next pool tile one refill ahead, so the counter's round trip runs beside a tile. The counter
-// pair is zero at each launch: the block that finishes last resets it, after every block's
-// last request has come back (the next launch to use it does so after its wait, past this
-// launch's end).
-struct TilePool {
-    // [0]: pool tiles requested; [1]: blocks done requesting. Null: static tiles only.
-    u32* cnt;
-    // The pool's first tile (stages·grid) and the matrix's tiles.
-    int first, ntiles;
-    // Shared: the tile of each stage's fill past the first (−1: the block's end), and the
-    // number of tiles the block takes, once its last request has come back.
-    int* slot_tile;
-    int* total;
-};
-
-__device__ __forceinline__ u32 pool_request(u32* cnt) {
-    u32 old;
-    asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(cnt) : "memory");
-    return old;
-}
-
-// A block's last request has come back: counted, and the last block resets the pair.
-__device__ __forceinline__ void pool_done(u32* cnt) {
-    if (atom_add_acq_rel(cnt + 1, 1u) == gridDim.x - 1u) {
-        atomicExch(cnt, 0u);
-        atomicExch(cnt + 1, 0u);
-    }
-}
-
-// Whether fill i, whose barrier a consumer has just waited on, is the end the producer marked
-// (`total`: the block's count of tiles once known; null where the tiles are static): its last
-// tile's mark then.
-__device__ __forceinline__ bool pool_ended(const int* total, int i) {
-    if (!total || i != *(const volatile int*)total) return false;
-    if (threadIdx.x == 0) TRACE_MARK_FIRST(3);
-    return true;
-}
-
 // The producer warp of the binary GEMV: lane 0 keeps the ring full, as ring_produce does, and
 // the warp adds each tile's partial sums once every consumer warp has arrived on the tile's
 // `empty` barrier (lane r: row r, the warps in order, so the sums are deterministic), writes
@@ -230,38 +185,27 @@ __device__ __forceinline__ bool pool_ended(const int* total, int i) {
 // reduction of their own.
 template <int TR, bool CL, int FB, class Issue>
 __device__ __forceinline__ void b1_produce(u64* bars, u64* empty, float (*part)[GEMV1_WARPS][TR], int stages,
-                                           int mine, const TilePool& pool, int rows, Issue issue,
+                                           int mine, int rows, Issue issue,
                                            float* __restrict__ out,
                                            int accumulate, u64* __restrict__ amax,
                                            const unsigned char* pf_codes, int pf_code_bytes,
                                            const unsigned char* pf_scales, int pf_scale_bytes,
                                            float oscale, const FoldOut& fold) {
     const int lane = threadIdx.x & 31;
-    const bool dyn = pool.cnt != nullptr;
     auto prefetch_next = [&]() {
         prefetch_l2_share(pf_codes, pf_code_bytes);
         prefetch_l2_share(pf_scales, pf_scale_bytes);
     };
     // The copies are all issued once tile mine − 1 − stages is freed, or at once where the ring
-    // holds every tile: then the L2 cache may take the next GEMV's first bytes. (From a pool:
-    // once a request comes back empty.)
+    // holds every tile: then the L2 cache may take the next GEMV's first bytes.
     const int last_issue = mine - 1 - stages;
-    if (!dyn && last_issue < 0 && lane == 0) prefetch_next();
-    // Lane 0: the pool tile its next refill takes, requested a refill ahead.
-    u32 ask = 0;
-    bool asked_all = false;
-    if (dyn && lane == 0) ask = pool_request(pool.cnt);
+    if (last_issue < 0 && lane == 0) prefetch_next();
     u64 best = 0;
     // The row this lane wrote last (CL: the block's one tile).
     float last = 0.0f;
-    // Stage s of tile i and the parity of its use, counted rather than divided. (From a pool,
-    // `mine` is the first fill alone: the fill the producer marks ends the block.)
-    for (int i = 0, s = 0, ph = 0; dyn || i < mine; i++) {
-        int tile = (int)blockIdx.x + i * (int)gridDim.x;
-        if (dyn && i >= stages) {
-            tile = pool.slot_tile[s];
-            if (tile < 0) break;
-        }
+    // Stage s of tile i and the parity of its use, counted rather than divided.
+    for (int i = 0, s = 0, ph = 0; i < mine; i++) {
+        const int tile = (int)blockIdx.x + i * (int)gridDim.x;
         const int row = tile * TR + lane;
         // The row's earlier value, where the product adds to it, is requested before the wait
         // for the consumers: its round trip to L2 overlaps their tile instead of following it.
@@ -282,32 +226,9 @@ __device__ __forceinline__ void b1_produce(u64* bars, u64* empty, float (*part)[
         // issued: its consumers, who wait for that copy, then write them again.
         __syncwarp();
         if (lane == 0) {
-            if (dyn) {
-                if (!asked_all) {
-                    // Unsigned: a counter left wrong (it is zero at each launch) stops the
-                    // block rather than take a tile outside the matrix.
-                    if (ask < (u32)(pool.ntiles - pool.first)) {
-                        const int next = pool.first + (int)ask;
-                        ask = pool_request(pool.cnt);
-                        pool.slot_tile[s] = next;
-                        issue(i + stages, next);
-                    } else {
-                        // The block's end: the consumers find it at fill i + stages.
-                        asked_all = true;
-                        pool.slot_tile[s] = -1;
-                        *(volatile int*)pool.total = i + stages;
-                        mbar_arrive(smem_addr(&bars[s]));
-                        pool_done(pool.cnt);
-                        prefetch_next();
-                    }
-                }
-            } else {
-                if (i + stages < mine) issue(i + stages, -1);
-                if (i == last_issue) prefetch_next();
-            }
+            if (i + stages < mine) issue(i + stages);
+            if (i == last_issue) prefetch_next();
         }
-        // The pool tile lane 0 put in the stage is read by every lane at its next fill.
-        if (dyn) __syncwarp();
         if (++s == stages) {
             s = 0;
             ph ^= 1;
@@ -333,14 +254,11 @@ __device__ __forceinline__ void b1_produce(u64* bars, u64* empty, float (*part)[
 // masks, its loads and the counts' scaling: about 25 instructions in the PTX, against about 35
 // for the dp4a kernel's warps (whose lanes each spend ~70 on a 16-byte chunk, 512 bytes a
 // warp). J: chunks per warp (at most, unless EXACT).
-// XSM: the activations' codes (`sx`) and group pairs (`ssm`) are brought into shared memory by
-// the block's bulk copies (`xbar`), as the 1-bit kernels' XSM.
-template <int FMT, int J, bool EXACT, bool XSM>
+template <int FMT, int J, bool EXACT>
 __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stage_bytes, u32 code_bytes, u64* bars,
                                            u64* empty, float (*part)[GEMV1_WARPS][16], float2* ssm, int mine,
-                                           const int* total, int stages, int chunks, int scols,
-                                           const uint4* __restrict__ xq, const float2* __restrict__ xs,
-                                           const unsigned char* sx, u64* xbar) {
+                                           int stages, int chunks, int scols,
+                                           const uint4* __restrict__ xq, const float2* __restrict__ xs) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     // A warp's chunks' group pairs, copied by its lanes (chunk j by lane j % 32), their loads in
@@ -350,10 +268,8 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
 #pragma unroll
     for (int i = 0; i < PJ; i++) {
         const int j = lane + 32 * i, c = warp + GEMV1_WARPS * j;
-        pairs[i] = !XSM && j < J && c < chunks ? xs[c] : make_float2(0.0f, 0.0f);
+        pairs[i] = j < J && c < chunks ? xs[c] : make_float2(0.0f, 0.0f);
     }
-    if (XSM) mbar_wait(smem_addr(xbar), 0u);
-    const uint4* xsrc = XSM ? (const uint4*)sx : xq;
     // The warp's chunks as plane words, kept for every tile; the loads of BATCH chunks issued
     // before the first word is formed (as the 1-bit kernels).
     u32 bw[J];
@@ -364,7 +280,7 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
 #pragma unroll
         for (int j = j0; j < j0 + BATCH && j < J; j++) {
             const int c = warp + GEMV1_WARPS * j;
-            x[j - j0] = xsrc[(EXACT ? c : min(c, chunks - 1)) * 4 + t];
+            x[j - j0] = xq[(EXACT ? c : min(c, chunks - 1)) * 4 + t];
         }
 #pragma unroll
         for (int j = j0; j < j0 + BATCH && j < J; j++) {
@@ -379,7 +295,7 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
 #pragma unroll
     for (int i = 0; i < PJ; i++) {
         const int j = lane + 32 * i, c = warp + GEMV1_WARPS * j;
-        if (!XSM && j < J && c < chunks) ssm[c] = pairs[i];
+        if (j < J && c < chunks) ssm[c] = pairs[i];
     }
     __syncwarp();
     if (threadIdx.x == 0) TRACE_MARK_FIRST(0);
@@ -395,11 +311,9 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
     constexpr int SSTEP = FMT == FMT_Q2G128 ? GEMV1_WARPS / 2 : GEMV1_WARPS;
     const int soff = g * scols + (FMT == FMT_Q2G128 ? warp >> 1 : warp);
 
-    // From a pool (`total` not null), the block's tiles end at the fill the producer marks.
-    for (int i = 0, s = 0, ph = 0; total || i < mine; i++) {
+    for (int i = 0, s = 0, ph = 0; i < mine; i++) {
         const unsigned char* st = stage0 + (size_t)s * stage_bytes;
         mbar_wait(smem_addr(&bars[s]), (u32)ph);
-        if (pool_ended(total, i)) break;
         if (threadIdx.x == 0) TRACE_MARK_FIRST(1);
         const unsigned char* a = st + aoff;
         const u16* dp = (const u16*)(st + code_bytes) + soff;
@@ -440,7 +354,7 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
         // As the 1-bit consumers: done with stage s, partial sums written, then the arrival.
         __syncwarp();
 #ifndef ABLATE_WATCH
-        if (threadIdx.x == 0 && !total && i == mine - 1) TRACE_MARK_FIRST(3);
+        if (threadIdx.x == 0 && i == mine - 1) TRACE_MARK_FIRST(3);
 #endif
         if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
         if (++s == stages) {
@@ -459,12 +373,13 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
 // IMG: the tiles come from an image of the stage's layout (`cimg`, kernels/tile_image.cu), one
 // bulk copy a tile rather than a tensor-map copy per 128-byte box.
 //
-// XSM (the norm apart): the activations' codes and group pairs come into shared memory by two
-// bulk copies issued once the previous kernel has ended, before the ring's other tiles, and
-// the consumers form their plane words from there. Their own loads from L2 wait one round
-// trip per BATCH chunks of a warp, three in a row for ffn_down's 17 1-bit chunks, two for the
-// 2-bit rows' 10 or 12 (the batches bound the registers the loads hold), and queue behind the
-// ring's copies; the bulk copies wait one, ahead of those copies.
+// XSM (1-bit rows, the norm apart): the activations' codes and group pairs come into shared
+// memory by two bulk copies issued once the previous kernel has ended, before the ring's other
+// tiles, and the consumers form their plane words from there. Their own loads from L2 wait one
+// round trip per BATCH chunks of a warp, three in a row for ffn_down's 17 chunks (the batches
+// bound the registers the loads hold), and queue behind the ring's copies; the bulk copies
+// wait one, ahead of those copies. (The 2-bit rows' 10 or 12 chunks, two round trips, measured
+// level staged, the forty-fourth session.)
 //
 // XP (1-bit rows, the norm apart): `xq` holds the activations' plane words, as quant128 stores
 // them with its `xp_tok`, rather than their codes (the same bytes, in the consumers' order): a
@@ -481,7 +396,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
                                              const unsigned char* __restrict__ pf_codes, int pf_code_bytes,
                                              const unsigned char* __restrict__ pf_scales, int pf_scale_bytes,
                                              int early, const float* __restrict__ rms_in, float rms_eps,
-                                             const FoldOut& fold, u32* __restrict__ tile_cnt,
+                                             const FoldOut& fold,
                                              const unsigned char* __restrict__ cimg) {
     extern __shared__ __align__(1024) unsigned char smem[];
     __shared__ __align__(8) u64 bars[GEMV1_MAX_STAGES];
@@ -492,7 +407,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     const u64 watch_start = global_ns();
 #endif
     constexpr int TR = 16 * RG;
-    static_assert(!XSM || !NORM, "staged activations: the norm apart");
+    static_assert(!XSM || (FMT == FMT_Q1 && !NORM), "staged activations: 1-bit rows, the norm apart");
     static_assert(!XP || (FMT == FMT_Q1 && !NORM), "plane words: 1-bit rows, the norm apart");
     static_assert(FMT == FMT_Q1 || (RG == 1 && !NORM), "2-bit rows: tiles of 16, the norm apart");
     static_assert(!CL || RG == 1, "a cluster's eight blocks hold a 128-row piece in tiles of 16");
@@ -508,22 +423,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     const u32 code_bytes = (u32)slabs * 2048 * RG, scale_bytes = (u32)TR * scols * 2;
     const u32 stage_bytes = (code_bytes + scale_bytes + 1023) & ~1023u;
     const int ntiles = (rows + TR - 1) / TR;
-#ifdef DYN_TILES
-    // The launch's every block alike.
-    const bool dyn = !CL && tile_cnt && !fold.cnt && ntiles > stages * (int)gridDim.x;
-#else
-    constexpr bool dyn = false;
-#endif
-    __shared__ int slot_tile[GEMV1_MAX_STAGES];
-    __shared__ int pool_total;
-    const TilePool pool{dyn ? tile_cnt : nullptr, stages * (int)gridDim.x, ntiles, slot_tile, &pool_total};
-    // Where the consumers learn the block's count of tiles (null: `mine`).
-    const int* const total = dyn ? &pool_total : nullptr;
-    // From a pool, the block's tiles past its first fill are counted as they come (a GEMV that
-    // folds, whose fold reads `mine`, takes none).
-    const int mine = dyn                           ? stages
-                     : (int)blockIdx.x < ntiles ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1
-                                                 : 0;
+    const int mine = (int)blockIdx.x < ntiles ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
     // The dynamic block starts after the static one: rounded up here to the 1024 bytes the
     // swizzle's boxes need (the host adds them to the launch).
     unsigned char* base = smem + ((1024u - (smem_addr(smem) & 1023u)) & 1023u);
@@ -532,10 +432,10 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     unsigned char* sx = base + ((((8 * groups + 127) & ~127) + 1023) & ~1023);
     unsigned char* stage0 = sx + (XSM ? (cols + 1023) & ~1023 : 0);
 
-    // Fill i of the ring: its static tile, or (from a pool) `pool_tile`.
-    auto issue = [&](int i, int pool_tile) {
+    // Fill i of the ring: the block's tile i.
+    auto issue = [&](int i) {
         const int s = i % stages;
-        const int tile = pool_tile >= 0 ? pool_tile : (int)blockIdx.x + i * (int)gridDim.x;
+        const int tile = (int)blockIdx.x + i * (int)gridDim.x;
         const u32 bar = smem_addr(&bars[s]);
         const u32 dst = smem_addr(stage0 + (size_t)s * stage_bytes);
         mbar_expect_tx(bar, code_bytes + scale_bytes);
@@ -546,7 +446,6 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     };
 
     if (tid == 0) {
-        if (dyn) pool_total = 0x7fffffff;
         if (XSM) mbar_init(smem_addr(&xbar), 1);
         ring_init(bars, empty, stages);
     }
@@ -561,7 +460,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     const u64 watch_issued = global_ns();
 #endif
     if (tid == 0)
-        for (int i = 0; i < before; i++) issue(i, -1);
+        for (int i = 0; i < before; i++) issue(i);
     // The norm's weights are constant: a consumer's share is read before the wait.
     float4 gw[NORM ? J : 1];
     if (NORM && warp < GEMV1_WARPS) {
@@ -602,17 +501,17 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         bulk_g2s(smem_addr(ssm), xs, 8u * groups, xb);
     }
     if (tid == 0 && !late)
-        for (int i = before; i < first; i++) issue(i, -1);
+        for (int i = before; i < first; i++) issue(i);
     auto ring_rest = [&]() {
         if (tid == 0 && late)
-            for (int i = before; i < first; i++) issue(i, -1);
+            for (int i = before; i < first; i++) issue(i);
     };
 
     if (warp == GEMV1_WARPS) {
         // Activations left unscaled by a folded norm: the rows take its 1/rms.
         const float oscale = rms_in ? rms_scale(rms_in, cols, rms_eps) : 1.0f;
         // ffn_down's blocks (J 17) have two tiles, and the registers for both folds' reads.
-        b1_produce<TR, CL, J >= 17 ? 2 : 1>(bars, empty, part, stages, mine, pool, rows, issue, out, accumulate, amax, pf_codes, pf_code_bytes,
+        b1_produce<TR, CL, J >= 17 ? 2 : 1>(bars, empty, part, stages, mine, rows, issue, out, accumulate, amax, pf_codes, pf_code_bytes,
                    pf_scales, pf_scale_bytes, oscale, fold);
         // The producer writes the block's last rows.
         if (lane == 0) TRACE_EXIT(TRACE_GEMV_B1, scales);
@@ -624,8 +523,8 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     // and 1.0% of Q1_0's decode on the H200 (b0d8a25, measured against a621f36).
     static_assert(GEMV1_WARPS == 8, "warp w takes chunks w + 8j: slab j, unit w of each row");
     if constexpr (FMT != FMT_Q1) {
-        b2_consume<FMT, J, EXACT, XSM>(stage0, stage_bytes, code_bytes, bars, empty, part, ssm, mine,
-                                       total, stages, chunks, scols, xq, xs, sx, &xbar);
+        b2_consume<FMT, J, EXACT>(stage0, stage_bytes, code_bytes, bars, empty, part, ssm, mine, stages,
+                                  chunks, scols, xq, xs);
     } else {
         static_assert(J <= 32, "a lane per chunk copies the group pairs");
         u32 blo[J], bhi[J];
@@ -717,10 +616,9 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         const int aoff = g * 128 + ((warp ^ g) << 4) + 4 * t;
         const float4* sc4 = (const float4*)ssm + warp;
 
-        for (int i = 0, s = 0, ph = 0; total || i < mine; i++) {
+        for (int i = 0, s = 0, ph = 0; i < mine; i++) {
             const unsigned char* st = stage0 + (size_t)s * stage_bytes;
             mbar_wait(smem_addr(&bars[s]), (u32)ph);
-            if (pool_ended(total, i)) break;
             if (threadIdx.x == 0) TRACE_MARK_FIRST(1);
             const unsigned char* a = st + aoff;
             const u16* dp = (const u16*)(st + code_bytes) + g * chunks + warp;
@@ -774,7 +672,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
             // arrives (a release the producer's wait acquires).
             __syncwarp();
 #ifndef ABLATE_WATCH
-            if (threadIdx.x == 0 && !total && i == mine - 1) TRACE_MARK_FIRST(3);
+            if (threadIdx.x == 0 && i == mine - 1) TRACE_MARK_FIRST(3);
 #endif
             if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
             if (++s == stages) {
@@ -786,20 +684,12 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 }
 #endif
 
-// A fold writes plane words from the 1-bit kernels alone (FOLD_XP_PARAM, gemv.cu). The tiles'
-// counter pair (TilePool) is a parameter of the programs that hand tiles out alone.
-#ifdef DYN_TILES
-#define TILE_CNT_PARAM , u32* __restrict__ tile_cnt
-#define TILE_CNT_ARG tile_cnt
-#else
-#define TILE_CNT_PARAM
-#define TILE_CNT_ARG nullptr
-#endif
+// A fold writes plane words from the 1-bit kernels alone (FOLD_XP_PARAM, gemv.cu).
 #if __CUDA_ARCH__ >= 900
 #define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL, IMG, CIMG, XSM, XP)                                     \
     gemv_b1_body<FMT, J, EXACT, RG, NORM, CL, IMG, XSM, XP>(cmap, scales, rows, cols, xq, xs, out, accumulate, amax, stages, xres, tok0, nw, eps, \
                     pf_codes, pf_code_bytes, pf_scales, pf_scale_bytes, early, rms_in, rms_eps,              \
-                    FoldOut{fold_cnt, nw, fold_xq, fold_xs, fold_ss, fold_ffn, FOLD_XP_ARG(FMT)}, TILE_CNT_ARG, CIMG)
+                    FoldOut{fold_cnt, nw, fold_xq, fold_xs, fold_ss, fold_ffn, FOLD_XP_ARG(FMT)}, CIMG)
 #else
 #define GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL, IMG, CIMG, XSM, XP) __trap()
 #endif
@@ -833,7 +723,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
              const unsigned char* __restrict__ pf_scales, int pf_scale_bytes, int early,          \
              const float* __restrict__ rms_in, float rms_eps, u32* __restrict__ fold_cnt,         \
              int* __restrict__ fold_xq, float2* __restrict__ fold_xs, float* __restrict__ fold_ss, \
-             int fold_ffn FOLD_XP_PARAM(FMT) TILE_CNT_PARAM IMG_PARAM) {                          \
+             int fold_ffn FOLD_XP_PARAM(FMT) IMG_PARAM) {                                         \
         GEMV_BIN_CALL(FMT, J, EXACT, RG, NORM, CL, IMG, CIMG, XSM, XP);                                        \
     }
 
@@ -858,47 +748,30 @@ GEMV_BIN_KERNEL(gemv_b1_j6_n, FMT_Q1, 6, false, 1, true, 3)
 GEMV_BIN_KERNEL(gemv_b1_j5x_r32_n, FMT_Q1, 5, true, 2, true, 3)
 GEMV_BIN_KERNEL(gemv_b1_j6x_r32_n, FMT_Q1, 6, true, 2, true, 3)
 // 2-bit rows (g64: Q2_0; g128: Q2_0_g128, PQ2_0, widened PTQ1_0), up to 12 chunks a warp (6144
-// columns), tiles of 16 rows. B2_MINB, B2_MINB_WIDE: the blocks a multiprocessor the registers
-// of the exact 5120-wide kernels (10 chunks a warp) and of the others (up to 12) are bounded for
-// (plan::B2Four, `NIWAKI_CUDA_B2_FOUR`): three leave them 72, four 56, without spills either
-// way (ptxas for sm_90a), and the plan then takes four blocks a multiprocessor, so that every
-// block of the 6144-wide GEMVs after the recurrence can be resident beside it.
-#ifndef B2_MINB
-#define B2_MINB 3
-#endif
-#ifndef B2_MINB_WIDE
-#define B2_MINB_WIDE B2_MINB
-#endif
+// columns), tiles of 16 rows, three blocks a multiprocessor (72 registers, no spills in ptxas
+// for sm_90a; bounded for four, 56, they measured slower, the forty-fourth session).
 // K(name, FMT, J, EXACT, MINB) for each, the name followed by SFX.
-#define GEMV_B2_KERNELS(K, SFX)                          \
-    K(gemv_b2g64_j10x##SFX, FMT_Q2G64, 10, true, B2_MINB)        \
-    K(gemv_b2g64_j12x##SFX, FMT_Q2G64, 12, true, B2_MINB_WIDE)   \
-    K(gemv_b2g64_j12##SFX, FMT_Q2G64, 12, false, B2_MINB_WIDE)   \
-    K(gemv_b2g128_j10x##SFX, FMT_Q2G128, 10, true, B2_MINB)      \
-    K(gemv_b2g128_j12x##SFX, FMT_Q2G128, 12, true, B2_MINB_WIDE) \
-    K(gemv_b2g128_j12##SFX, FMT_Q2G128, 12, false, B2_MINB_WIDE)
+#define GEMV_B2_KERNELS(K, SFX)                     \
+    K(gemv_b2g64_j10x##SFX, FMT_Q2G64, 10, true, 3)   \
+    K(gemv_b2g64_j12x##SFX, FMT_Q2G64, 12, true, 3)   \
+    K(gemv_b2g64_j12##SFX, FMT_Q2G64, 12, false, 3)   \
+    K(gemv_b2g128_j10x##SFX, FMT_Q2G128, 10, true, 3) \
+    K(gemv_b2g128_j12x##SFX, FMT_Q2G128, 12, true, 3) \
+    K(gemv_b2g128_j12##SFX, FMT_Q2G128, 12, false, 3)
 #define GEMV_B2_KERNEL(name, FMT, J, EXACT, MINB) GEMV_BIN_KERNEL(name, FMT, J, EXACT, 1, false, MINB)
 GEMV_B2_KERNELS(GEMV_B2_KERNEL, )
 // The same from tile images (gpu/tile_image.rs).
 GEMV_B2_KERNELS(GEMV_BIN_IMG_KERNEL, _i)
-// Both with their activations staged in shared memory (XSM; plan::x_staged, plan::B2_X_STAGE).
-#define GEMV_B2_XSM_KERNEL(name, FMT, J, EXACT, MINB) \
-    GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, 1, false, MINB, false, , false, , nullptr, true, false)
-#define GEMV_B2_IMG_XSM_KERNEL(name, FMT, J, EXACT, MINB)                                  \
-    GEMV_BIN_KERNEL_AS(name, FMT, J, EXACT, 1, false, MINB, false, , true,                 \
-                       MACRO_COMMA const unsigned char* __restrict__ cimg, cimg, true, false)
-GEMV_B2_KERNELS(GEMV_B2_XSM_KERNEL, _xs)
-GEMV_B2_KERNELS(GEMV_B2_IMG_XSM_KERNEL, _i_xs)
 // The residual GEMVs with the norm's fold gathered in a cluster (plan::cluster_fold; by default
 // for Q2_0 g64 rows, plan::ClusterFold): the kernels those GEMVs take on the 27B where every tile's
 // block is resident at once (6144 1-bit and 2-bit columns; not ffn_down's 17408, two blocks a
 // multiprocessor) and the guarded ones of the harness's smaller models.
 GEMV_BIN_CLUSTER_KERNEL(gemv_b1_j6x_c, FMT_Q1, 6, true, 4)
 GEMV_BIN_CLUSTER_KERNEL(gemv_b1_j6_c, FMT_Q1, 6, false, 4)
-GEMV_BIN_CLUSTER_KERNEL(gemv_b2g64_j12x_c, FMT_Q2G64, 12, true, B2_MINB_WIDE)
-GEMV_BIN_CLUSTER_KERNEL(gemv_b2g64_j12_c, FMT_Q2G64, 12, false, B2_MINB_WIDE)
-GEMV_BIN_CLUSTER_KERNEL(gemv_b2g128_j12x_c, FMT_Q2G128, 12, true, B2_MINB_WIDE)
-GEMV_BIN_CLUSTER_KERNEL(gemv_b2g128_j12_c, FMT_Q2G128, 12, false, B2_MINB_WIDE)
+GEMV_BIN_CLUSTER_KERNEL(gemv_b2g64_j12x_c, FMT_Q2G64, 12, true, 3)
+GEMV_BIN_CLUSTER_KERNEL(gemv_b2g64_j12_c, FMT_Q2G64, 12, false, 3)
+GEMV_BIN_CLUSTER_KERNEL(gemv_b2g128_j12x_c, FMT_Q2G128, 12, true, 3)
+GEMV_BIN_CLUSTER_KERNEL(gemv_b2g128_j12_c, FMT_Q2G128, 12, false, 3)
 // The 1-bit kernels that take the norm apart, reading plane words (XP; plan::planes_kernel):
 // the same shapes, the name followed by _p.
 #define GEMV_BIN_P_KERNEL(name, J, EXACT, RG, MINB, CL, DIMS, XSM) \

@@ -111,10 +111,6 @@ fn format_checks(
     let (mut fused_runs, mut fused_refused) = (0usize, Vec::new());
     let (mut image_runs, mut image_diff, mut image_out_diff) = (0usize, 0usize, 0usize);
     let mut image_launched = 0usize;
-    // Two zeroed counters the launches below take their tiles from where the program hands
-    // them out (plan::DYN_TILES): each launch must leave them zeroed.
-    let tiles = gpu.upload(&[0u32; 2], "tile counters")?;
-    let mut tiles_left = 0usize;
     // Images of every shape the plan takes, preferred or not (where they are on at all).
     let images = gpu.image_use() != ImageUse::Off && !one_bit;
     if images {
@@ -126,11 +122,10 @@ fn format_checks(
     // groups, which must give the same bits. 9216 1-bit columns (nine chunks a warp) take the
     // guarded kernel of up to 17 chunks, whose loads past a warp's last chunk are clamped; 4096
     // 2-bit ones (eight) the guarded kernel of up to 12. 2-bit rows of 17408 (ffn_down, 34
-    // chunks a warp) are refused, and 2-bit kernels never fold the norm in. The shapes of more
-    // tiles than their blocks' first fills (on the H200: 34816×5120, and 26016×6144,
-    // 17600×9216 and 8800×17408 of 1-bit rows, 13600×6144 and 26000×4096 of 2-bit ones, a few
-    // dozen tiles past the fills at least) hand the rest out from the counter where the
-    // program does (plan::DYN_TILES): each kernel family's pool is run.
+    // chunks a warp) are refused, and 2-bit kernels never fold the norm in. On the H200,
+    // 34816×5120, and 26016×6144, 17600×9216 and 8800×17408 of 1-bit rows, 13600×6144 and
+    // 26000×4096 of 2-bit ones, have a few dozen tiles past their blocks' first fills at least,
+    // in every kernel family.
     let shapes: &[(usize, usize)] = if one_bit {
         &[
             (34816, 5120),
@@ -160,9 +155,8 @@ fn format_checks(
             (26000, 4096),
         ]
     };
-    // 77×17408, 77×9216, 17600×9216 and 8800×17408 take the kernels with staged activations,
-    // and every 2-bit shape the plan takes.
-    let want_staged = if one_bit { 4 } else { 8 };
+    // 77×17408, 77×9216, 17600×9216 and 8800×17408 take the kernels with staged activations.
+    let want_staged = if one_bit { 4 } else { 0 };
     let (want_refused, want_fused_refused, want_tiles32): (&[&str], &[&str], usize) = if one_bit {
         // 34816×5120, 992×5120, 320×6144 and 26016×6144 take 32-row tiles.
         (
@@ -186,9 +180,6 @@ fn format_checks(
             0,
         )
     };
-    // Shapes whose plan has tiles past its blocks' first fills: a pool where the program hands
-    // them out.
-    let mut pooled = 0usize;
     for &(rows, cols) in shapes {
         let pool = BlockPool::new(format, cols, 13)?;
         let data = pool.fill(format.row_bytes(cols)? * rows, 7);
@@ -231,7 +222,6 @@ fn format_checks(
         let io = GemvIo {
             accumulate: true,
             argmax: Some(amax.ptr),
-            tile_counter: Some(tiles.ptr),
             ..GemvIo::one(xq, xs, out.ptr)
         };
         if !gpu.gemv_b1(s, &m, &io, None)? {
@@ -239,12 +229,6 @@ fn format_checks(
             continue;
         }
         runs += 1;
-        if gpu
-            .b1_launch_shape(p.format, rows, cols)
-            .is_some_and(|l| rows.div_ceil(l.tile_rows) > l.stages * l.grid)
-        {
-            pooled += 1;
-        }
         let mut got = vec![0f32; rows];
         gpu.read(s, out.ptr, &mut got)?;
         let mut key = [0u64];
@@ -262,15 +246,8 @@ fn format_checks(
             gpu.alloc(4 * rows, "out")?,
         );
         let launched = gpu.image_launches();
-        let from_counter = GemvIo {
-            tile_counter: Some(tiles.ptr),
-            ..GemvIo::one(xq, xs, a.ptr)
-        };
-        gpu.gemv_b1(s, &m, &from_counter, None)?;
+        gpu.gemv_b1(s, &m, &GemvIo::one(xq, xs, a.ptr), None)?;
         image_launched += gpu.image_launches() - launched;
-        let mut left = [0u32; 2];
-        gpu.read(s, tiles.ptr, &mut left)?;
-        tiles_left += left.iter().filter(|&&c| c != 0).count();
         gpu.gemv_b1(s, &m, &GemvIo::one(xq, xs, b.ptr), None)?;
         let t = niwaki_cuda::plan::Gemv1Tuning::for_shape(p.format, cols);
         let dp4a = gpu.gemv1_tuned(s, &m, &GemvIo::one(xq, xs, c.ptr), t, None)?;
@@ -315,30 +292,18 @@ fn format_checks(
             tiles32_runs += 1;
         }
         // The activations staged in shared memory by bulk copies, or loaded by each warp, as the
-        // setting is not (the widest 1-bit kernels, the 2-bit ones): the same bits.
+        // setting is not (the widest 1-bit kernels): the same bits.
         let staged = h200_plan(16)
             .and_then(|l| niwaki_cuda::plan::x_staged(l, cols))
             .is_some();
         if staged {
-            let prev = gpu.set_x_stage(m.format, !gpu.x_stage(m.format));
+            let prev = gpu.set_x_stage(!gpu.x_stage());
             let ran = gpu.gemv_b1(s, &m, &GemvIo::one(xq, xs, b.ptr), None);
-            // The 2-bit kernels' twins from the tensor map (the matrix without an image), too.
-            let ran_plain = ran.and_then(|_| {
-                let Some(plain) = &plain else { return Ok(None) };
-                gpu.gemv_b1(s, plain, &GemvIo::one(xq, xs, c.ptr), None)
-                    .map(Some)
-            });
-            gpu.set_x_stage(m.format, prev);
-            let ran_plain = ran_plain?;
+            gpu.set_x_stage(prev);
+            ran?;
             gpu.read(s, b.ptr, &mut vb)?;
             staged_diff += differ(&va, &vb);
             staged_runs += 1;
-            if ran_plain == Some(true) {
-                // Into the dp4a kernel's buffer, whose outputs `vc` already holds.
-                let mut vd = vec![0f32; rows];
-                gpu.read(s, c.ptr, &mut vd)?;
-                staged_diff += differ(&va, &vd);
-            }
         }
         if dp4a {
             dp4a_runs += 1;
@@ -371,8 +336,6 @@ fn format_checks(
         && runs == shapes.len() - want_refused.len()
         && refused == want_refused
         && repeat_diff == 0
-        && tiles_left == 0
-        && pooled >= if one_bit { 4 } else { 3 }
         && fused_diff == 0
         && fused_refused == want_fused_refused
         && tiles32_runs == want_tiles32
@@ -389,13 +352,12 @@ fn format_checks(
         .filter(|sh| !refused.contains(sh))
         .collect();
     rep.line(format!(
-        "| gemv_b1 {format} (binary tensor cores, 1 token, += prior, argmax; norm {}) | {} (refused: {}) | {} | vs integer twin {worst:.1e} (tol 1e-5), vs the dp4a kernel {worst_dp4a:.1e} (tol 1e-5) in {dp4a_runs} shapes, as a fraction of Σ|w·x|; argmax {}; {runs} shapes; repeated launch (the first taking its tiles from a counter where the program hands them out: {}; {pooled} shapes with tiles past their blocks' first fills): {repeat_diff} differing outputs, counters left nonzero {tiles_left}, fused norm vs quant_rms + kernel: {fused_diff} in {fused_runs} shapes (refused: {}), 32-row tiles vs 16 in {tiles32_runs} shapes: {tiles32_diff}, activations staged by bulk copies vs loaded by the warps in {staged_runs} shapes: {staged_diff}, tile images vs their twin in {image_runs} shapes ({image_launched} launched from them): {image_diff} differing units, the kernel from them vs from the tensor map: {image_out_diff} differing outputs (all must be 0) |",
+        "| gemv_b1 {format} (binary tensor cores, 1 token, += prior, argmax; norm {}) | {} (refused: {}) | {} | vs integer twin {worst:.1e} (tol 1e-5), vs the dp4a kernel {worst_dp4a:.1e} (tol 1e-5) in {dp4a_runs} shapes, as a fraction of Σ|w·x|; argmax {}; {runs} shapes; repeated launch: {repeat_diff} differing outputs, fused norm vs quant_rms + kernel: {fused_diff} in {fused_runs} shapes (refused: {}), 32-row tiles vs 16 in {tiles32_runs} shapes: {tiles32_diff}, activations staged by bulk copies vs loaded by the warps in {staged_runs} shapes: {staged_diff}, tile images vs their twin in {image_runs} shapes ({image_launched} launched from them): {image_diff} differing units, the kernel from them vs from the tensor map: {image_out_diff} differing outputs (all must be 0) |",
         if one_bit { "fused" } else { "refused" },
         taken.join(", "),
         refused.join(", "),
         if ok { "PASS" } else { "FAIL" },
         if argmax_ok { "matches" } else { "WRONG" },
-        if gpu.dyn_tiles() { "on" } else { "off" },
         fused_refused.join(", "),
     ));
     rep.check(ok, format!("gemv_b1 {format}"));

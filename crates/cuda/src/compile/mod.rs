@@ -30,12 +30,8 @@ pub fn options(arch: &str, defines: &[String]) -> Vec<String> {
 /// timeline records' capacity where asked (`trace_capacity`), the weights' L2 policy
 /// (`NIWAKI_CUDA_WEIGHTS_L2`), the 1-bit GEMVs' ring order (`NIWAKI_CUDA_RING_LATE`,
 /// [`plan::RING_LATE_Q1`]), the 2-bit GEMVs' MMA shape (`NIWAKI_CUDA_B2_K256`,
-/// [`plan::B2_K256`]), the binary GEMVs' tiles handed out from a counter
-/// (`NIWAKI_CUDA_DYN_TILES`, [`plan::DYN_TILES`]), the blocks a multiprocessor the 2-bit
-/// binary GEMVs' registers are bounded for (`NIWAKI_CUDA_B2_FOUR`, [`plan::B2Four`]), the
-/// one-kernel recurrence's output written before any warp stores its state (a measurement,
-/// `NIWAKI_CUDA_GDN_OUT_ALONE=1`) and a measurement's ablation (`NIWAKI_CUDA_ABLATE`). What
-/// the backend compiles at start and [`precompile`] ahead.
+/// [`plan::B2_K256`]) and a measurement's ablation (`NIWAKI_CUDA_ABLATE`). What the backend
+/// compiles at start and [`precompile`] ahead.
 pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) -> Vec<String> {
     let mut defines = dims.defines_for(plan::attn_ring_positions(dims, smem_limit));
     let late = crate::knobs::flag("NIWAKI_CUDA_RING_LATE", plan::RING_LATE_Q1);
@@ -54,31 +50,10 @@ pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) ->
     if crate::knobs::flag("NIWAKI_CUDA_B2_K256", plan::B2_K256) {
         defines.push("-DB2_K256=1".into());
     }
-    if dyn_tiles() {
-        defines.push(DYN_TILES_DEFINE.into());
-    }
-    defines.extend(b2_four().defines());
-    if crate::knobs::flag("NIWAKI_CUDA_GDN_OUT_ALONE", false) {
-        defines.push("-DGDN_OUT_ALONE=1".into());
-    }
     if let Some(what) = ablation() {
         defines.push(format!("-DABLATE_{}=1", what.to_uppercase()));
     }
     defines
-}
-
-/// Which 2-bit binary GEMVs run four blocks a multiprocessor (`NIWAKI_CUDA_B2_FOUR`).
-pub fn b2_four() -> plan::B2Four {
-    plan::B2Four::from_setting(crate::knobs::word("NIWAKI_CUDA_B2_FOUR").as_deref())
-}
-
-/// The option that compiles the binary GEMVs' tiles handed out from a counter.
-pub const DYN_TILES_DEFINE: &str = "-DDYN_TILES=1";
-
-/// Whether the program hands the binary GEMVs' tiles out from a counter
-/// (`NIWAKI_CUDA_DYN_TILES`, [`plan::DYN_TILES`]).
-pub fn dyn_tiles() -> bool {
-    crate::knobs::flag("NIWAKI_CUDA_DYN_TILES", plan::DYN_TILES)
 }
 
 /// The part of the kernels' work a measurement takes out (`NIWAKI_CUDA_ABLATE`), where set.

@@ -64,7 +64,7 @@ pub const SOURCES: [(&str, &str, usize); 17] = [
 pub const PARTS: usize = 5;
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 146] = [
+pub const KERNELS: [&str; 134] = [
     "read_sum",
     "pdl_spin",
     "pdl_copy",
@@ -127,18 +127,6 @@ pub const KERNELS: [&str; 146] = [
     "gemv_b2g128_j10x_i",
     "gemv_b2g128_j12x_i",
     "gemv_b2g128_j12_i",
-    "gemv_b2g64_j10x_xs",
-    "gemv_b2g64_j12x_xs",
-    "gemv_b2g64_j12_xs",
-    "gemv_b2g128_j10x_xs",
-    "gemv_b2g128_j12x_xs",
-    "gemv_b2g128_j12_xs",
-    "gemv_b2g64_j10x_i_xs",
-    "gemv_b2g64_j12x_i_xs",
-    "gemv_b2g64_j12_i_xs",
-    "gemv_b2g128_j10x_i_xs",
-    "gemv_b2g128_j12x_i_xs",
-    "gemv_b2g128_j12_i_xs",
     "gemv_b1_j6x_c",
     "gemv_b1_j6_c",
     "gemv_b2g64_j12x_c",

@@ -133,10 +133,7 @@ fn the_kernels_compile_for_hopper_when_nvrtc_is_present() {
     // The 27B shapes also with the small attention ring (devices of 64 KiB per block); the
     // tiny ones with and without the timeline records (`NIWAKI_CUDA_TRACE`), the weights'
     // evict-first copies (`NIWAKI_CUDA_WEIGHTS_L2`), the 2-bit GEMVs' two MMAs a chunk
-    // (`NIWAKI_CUDA_B2_K256=0`), the binary GEMVs' tiles from a counter
-    // (`NIWAKI_CUDA_DYN_TILES=1`) and the 2-bit ones bounded for four blocks a multiprocessor
-    // (`NIWAKI_CUDA_B2_FOUR=all`) and the recurrence's output alone before its stores
-    // (`NIWAKI_CUDA_GDN_OUT_ALONE=1`), the others with the default policy and MMA shape; and
+    // (`NIWAKI_CUDA_B2_K256=0`), the others with the default policy and MMA shape; and
     // the 27B's for an sm_80 device (no Hopper instructions, no clusters), where the
     // backend runs too.
     let policy = WEIGHTS_EVICT_FIRST;
@@ -168,15 +165,6 @@ fn the_kernels_compile_for_hopper_when_nvrtc_is_present() {
         // The default MMA shape untraced, the other one traced: both forms compiled.
         if crate::plan::B2_K256 != trace {
             defines.push("-DB2_K256=1".into());
-        }
-        // The tiles' hand-out likewise: the default untraced, the other traced; and the 2-bit
-        // GEMVs bounded for four blocks a multiprocessor, traced.
-        if crate::plan::DYN_TILES != trace {
-            defines.push(DYN_TILES_DEFINE.into());
-        }
-        if trace {
-            defines.extend(crate::plan::B2Four::All.defines());
-            defines.push("-DGDN_OUT_ALONE=1".into());
         }
         if evict_first {
             defines.push("-DWEIGHTS_EVICT_FIRST=1".into());

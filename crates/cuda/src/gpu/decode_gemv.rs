@@ -147,17 +147,15 @@ impl Gpu {
             self.info.multiprocessors.max(1) as usize,
             self.smem_limit,
             fused,
-            self.b2_four
-                .blocks(format, cols)
-                .map_or(self.b1_knobs, |b| (b, self.b1_knobs.1)),
+            self.b1_knobs,
             self.b1_tile_rows.load(Ordering::Relaxed),
         )
     }
 
-    /// `l` with its activations staged in shared memory where that is on for `format`'s rows
-    /// and its kernel has such a form ([`plan::x_staged`]; the norm apart).
-    fn staged(&self, l: plan::GemvB1Launch, format: GpuFormat, cols: usize) -> plan::GemvB1Launch {
-        if self.x_stage(format) {
+    /// `l` with its activations staged in shared memory where that is on and its kernel has
+    /// such a form ([`plan::x_staged`]: the widest 1-bit rows, the norm apart).
+    fn staged(&self, l: plan::GemvB1Launch, cols: usize) -> plan::GemvB1Launch {
+        if self.x_stage() {
             plan::x_staged(l, cols).unwrap_or(l)
         } else {
             l
@@ -175,7 +173,7 @@ impl Gpu {
         cols: usize,
     ) -> Option<plan::GemvB1Launch> {
         self.b1_plan_shape(format, rows, cols, false)
-            .map(|l| self.staged(l, format, cols))
+            .map(|l| self.staged(l, cols))
     }
 
     /// One-token GEMV on the binary tensor cores (`kernels/gemv_b1.cu`); `false` (nothing
@@ -196,7 +194,7 @@ impl Gpu {
             .flatten();
         let l = cluster.unwrap_or(plain);
         let l = if pre.is_none() {
-            self.staged(l, m.format, m.cols)
+            self.staged(l, m.cols)
         } else {
             l
         };
@@ -231,10 +229,6 @@ impl Gpu {
             .into_iter()
             .chain(decode_args(x, io, l.stages, pre, self.early_tiles()))
             .chain(fold_planes_arg(io, m.format))
-            .chain(
-                self.dyn_tiles()
-                    .then(|| Arg::Ptr(io.tile_counter.unwrap_or(0))),
-            )
             .chain(image.map(|(im, _)| Arg::Ptr(im.buf.ptr)))
             .collect::<Vec<_>>(),
         )?;

@@ -31,10 +31,6 @@ pub struct GemvIo {
     pub rms_in: Option<RmsIn>,
     /// One token, adding into the residual: the next norm folded into the last writes.
     pub fold: Option<FoldOut>,
-    /// One token: two zeroed u32 counters from which a binary GEMV built with dynamic tiles
-    /// ([`crate::plan::DYN_TILES`]) hands out its tiles past each block's first fill (the
-    /// launch leaves them zeroed); `None`, or a GEMV that folds, takes its tiles statically.
-    pub tile_counter: Option<u64>,
 }
 
 /// Where a folded norm left the 1/rms of the activations a GEMV reads: its pieces' sums of
@@ -114,7 +110,6 @@ impl GemvIo {
             prefetch: None,
             rms_in: None,
             fold: None,
-            tile_counter: None,
         }
     }
 }

@@ -95,8 +95,6 @@ pub struct Gpu {
     /// bulk copies ([`plan::x_staged`]; `NIWAKI_CUDA_B1_X_STAGE`, default
     /// [`plan::B1_X_STAGE`]).
     b1_x_stage: AtomicBool,
-    /// The same for the 2-bit rows' (`NIWAKI_CUDA_B2_X_STAGE`, default [`plan::B2_X_STAGE`]).
-    b2_x_stage: AtomicBool,
     /// The 2-bit binary decode GEMVs copy each tile from an image of their stage's layout, one
     /// bulk copy a tile (`gpu/tile_image.rs`; `NIWAKI_CUDA_B1_IMAGE=0` turns it off): an
     /// [`ImageUse`].
@@ -104,12 +102,6 @@ pub struct Gpu {
     /// How many of a decode GEMV's first tiles are requested before its wait for the previous
     /// kernel (`NIWAKI_CUDA_EARLY_TILES`; default [`plan::EARLY_TILES`]).
     early_tiles: AtomicUsize,
-    /// Which 2-bit binary GEMVs run four blocks a multiprocessor (`NIWAKI_CUDA_B2_FOUR`), as the
-    /// program was compiled for.
-    b2_four: plan::B2Four,
-    /// The program hands the binary GEMVs' tiles out from a counter ([`plan::DYN_TILES`]):
-    /// their kernels then take the counter's address.
-    dyn_tiles: bool,
     /// Tiles per multiprocessor from which a 1-bit matrix takes the binary kernel
     /// (`NIWAKI_CUDA_B1_MIN_TILES`; default [`plan::B1_MIN_TILES_PER_SM`]).
     b1_min_tiles: usize,

@@ -58,8 +58,6 @@ impl Gpu {
         let t = std::time::Instant::now();
         let trace_capacity = trace::capacity_from_env();
         let defines = compile::program_defines(dims, smem_limit, trace_capacity);
-        let dyn_tiles = defines.iter().any(|d| d == compile::DYN_TILES_DEFINE);
-        let b2_four = plan::B2Four::from_defines(&defines);
         // In parts side by side, but whole where the kernels keep timeline records: the
         // timeline reads them from one module's symbols.
         let (ptxs, from_cache) =
@@ -254,15 +252,12 @@ impl Gpu {
                 },
             ),
             b1_x_stage: AtomicBool::new(knobs::flag("NIWAKI_CUDA_B1_X_STAGE", plan::B1_X_STAGE)),
-            b2_x_stage: AtomicBool::new(knobs::flag("NIWAKI_CUDA_B2_X_STAGE", plan::B2_X_STAGE)),
             image_use: if hopper && knobs::flag("NIWAKI_CUDA_B1_IMAGE", true) {
                 ImageUse::Taken
             } else {
                 ImageUse::Off
             }
             .atomic(),
-            dyn_tiles,
-            b2_four,
             early_tiles: AtomicUsize::new(knobs::number(
                 "NIWAKI_CUDA_EARLY_TILES",
                 plan::EARLY_TILES,

@@ -389,31 +389,18 @@ impl Gpu {
             .swap(if rows == 32 { 32 } else { 16 }, Ordering::Relaxed)
     }
 
-    /// Whether the binary decode GEMVs of `format`'s rows stage their activations in shared
+    /// Whether the widest 1-bit rows' binary decode GEMVs stage their activations in shared
     /// memory where their plan has such a kernel ([`plan::x_staged`]); returns the previous
     /// setting. For the harness's checks.
     #[doc(hidden)]
-    pub fn set_x_stage(&self, format: GpuFormat, on: bool) -> bool {
-        self.x_stage_flag(format).swap(on, Ordering::Relaxed)
+    pub fn set_x_stage(&self, on: bool) -> bool {
+        self.b1_x_stage.swap(on, Ordering::Relaxed)
     }
 
-    /// Whether the binary decode GEMVs of `format`'s rows stage their activations in shared
+    /// Whether the widest 1-bit rows' binary decode GEMVs stage their activations in shared
     /// memory ([`plan::x_staged`]).
-    pub fn x_stage(&self, format: GpuFormat) -> bool {
-        self.x_stage_flag(format).load(Ordering::Relaxed)
-    }
-
-    /// Whether the program hands the binary GEMVs' tiles out from a counter
-    /// ([`plan::DYN_TILES`]).
-    pub fn dyn_tiles(&self) -> bool {
-        self.dyn_tiles
-    }
-
-    fn x_stage_flag(&self, format: GpuFormat) -> &AtomicBool {
-        match format {
-            GpuFormat::Q1 => &self.b1_x_stage,
-            GpuFormat::Q2G64 | GpuFormat::Q2G128 => &self.b2_x_stage,
-        }
+    pub fn x_stage(&self) -> bool {
+        self.b1_x_stage.load(Ordering::Relaxed)
     }
 
     /// Where the dp4a decode GEMV stages its activations by the tensor-map copy: `Some(true)`

@@ -296,7 +296,6 @@ impl CudaModel {
             },
             rms_in: None,
             fold: None,
-            tile_counter: (ntok == 1).then(|| st.s("tile_cnt")),
         }
     }
 

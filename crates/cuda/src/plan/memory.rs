@@ -146,8 +146,6 @@ impl Scratch {
             ("fold_xs", 8 * d.hidden / 64),
             ("fold_ss", 4 * FOLD_MAX_PIECES),
             ("fold_cnt", 4 * FOLD_MAX_PIECES * 2 * d.layers.len()),
-            // The binary GEMVs' tile counters (plan::DYN_TILES), zero between launches.
-            ("tile_cnt", 8),
             // Each gate | up GEMV's counters where it folds the SwiGLU.
             ("swiglu_cnt", 4 * d.ffn.div_ceil(128) * d.layers.len()),
             ("pos", 8),

@@ -132,13 +132,6 @@ pub fn gemv_b1_launch(
 /// warp loading its chunks from L2: +1.6%, the same bits.
 pub const B1_X_STAGE: bool = true;
 
-/// Whether the 2-bit rows' binary decode GEMVs stage their activations in shared memory by
-/// bulk copies issued before the ring's other tiles ([`x_staged`]; `NIWAKI_CUDA_B2_X_STAGE=1`
-/// turns it on): their consumers' own loads queue behind the ring's copies (the thirty-ninth
-/// session's marks put the activations in their registers ~2 µs after the wait), as ffn_down's
-/// 1-bit loads did before [`B1_X_STAGE`]. The same codes and pairs, so the same bits.
-pub const B2_X_STAGE: bool = false;
-
 /// Whether one-token passes of models with 1-bit matrices write their activations' plane
 /// words too, and the 1-bit binary GEMVs that take the norm apart read them
 /// ([`planes_kernel`]; `NIWAKI_CUDA_B1_PLANES=0` turns it off). Measured on the H200
@@ -181,23 +174,17 @@ pub fn planes_kernel(kernel: &str) -> Option<&'static str> {
 
 /// The binary decode GEMV `l` of `cols` columns with its activations' codes and group pairs
 /// brought into shared memory by two bulk copies rather than loaded by each consumer warp from
-/// L2 (`kernels/gemv_b1.cu`, XSM): its `_xs` kernel (and its image twin's, 2-bit rows), with
-/// the row's codes (`cols` bytes, in whole KiB) between the pairs and the ring, and as many of
-/// `l`'s stages as then fit the blocks a multiprocessor of its plan: two for the 1-bit rows of
-/// 9 to 17 chunks a warp (ffn_down's among them), three for the 2-bit rows by default. `None`
-/// for other kernels, or where two stages would not fit. Whether a launch takes it is the
-/// backend's setting, per kind of row ([`B1_X_STAGE`], [`B2_X_STAGE`]).
+/// L2 (`kernels/gemv_b1.cu`, XSM): its `_xs` kernel, with the row's codes (`cols` bytes, in
+/// whole KiB) between the pairs and the ring, and as many of `l`'s stages as then fit the
+/// blocks a multiprocessor of its plan: two for the 1-bit rows of 9 to 17 chunks a warp
+/// (ffn_down's among them). `None` for other kernels, or where two stages would not fit. The
+/// 2-bit rows' kernels have no such form: staged, they measured level (the forty-fourth
+/// session, Q2_0 338.6 against 339.6 tok/s on the H200). Whether a launch takes it is the
+/// backend's setting ([`B1_X_STAGE`]).
 pub fn x_staged(l: GemvB1Launch, cols: usize) -> Option<GemvB1Launch> {
-    let b2 = |k: &'static str, i: &'static str| (k, Some(i));
-    let (kernel, image_kernel) = match l.kernel {
-        "gemv_b1_j17x" => ("gemv_b1_j17x_xs", None),
-        "gemv_b1_j17" => ("gemv_b1_j17_xs", None),
-        "gemv_b2g64_j10x" => b2("gemv_b2g64_j10x_xs", "gemv_b2g64_j10x_i_xs"),
-        "gemv_b2g64_j12x" => b2("gemv_b2g64_j12x_xs", "gemv_b2g64_j12x_i_xs"),
-        "gemv_b2g64_j12" => b2("gemv_b2g64_j12_xs", "gemv_b2g64_j12_i_xs"),
-        "gemv_b2g128_j10x" => b2("gemv_b2g128_j10x_xs", "gemv_b2g128_j10x_i_xs"),
-        "gemv_b2g128_j12x" => b2("gemv_b2g128_j12x_xs", "gemv_b2g128_j12x_i_xs"),
-        "gemv_b2g128_j12" => b2("gemv_b2g128_j12_xs", "gemv_b2g128_j12_i_xs"),
+    let kernel = match l.kernel {
+        "gemv_b1_j17x" => "gemv_b1_j17x_xs",
+        "gemv_b1_j17" => "gemv_b1_j17_xs",
         _ => return None,
     };
     let x_bytes = gemv_b1_x_bytes(cols) + round1024(cols);
@@ -207,7 +194,7 @@ pub fn x_staged(l: GemvB1Launch, cols: usize) -> Option<GemvB1Launch> {
     let stages = l.stages.min(fit / l.stage_bytes);
     (stages >= 2).then_some(GemvB1Launch {
         kernel,
-        image_kernel,
+        image_kernel: None,
         stages,
         smem_bytes: 1024 + x_bytes + stages * l.stage_bytes,
         ..l
@@ -266,74 +253,6 @@ pub fn gemv_b2_kernel(format: GpuFormat, per_warp: usize) -> Option<(&'static st
 /// 332.25 / 332.18 tok/s against 327.38 / 327.18 (+1.5%), Q1_0 level (its kernels unchanged).
 /// The tile loop of the 5120-wide image kernel: 267 SASS instructions against 275.
 pub const B2_K256: bool = true;
-
-/// Whether the binary decode GEMVs that fold nothing hand out their tiles past each block's
-/// first fill from a counter, a tile a refill, rather than each block taking tiles b + i·grid
-/// (kernels/gemv_b1.cu, `TilePool`): a compile-time choice of the program (`DYN_TILES`;
-/// `NIWAKI_CUDA_DYN_TILES=1` compiles it). Each tile's rows are the same arithmetic wherever it
-/// runs, so the same bits.
-pub const DYN_TILES: bool = false;
-
-/// Which 2-bit binary decode GEMVs run four blocks a multiprocessor rather than three
-/// (`NIWAKI_CUDA_B2_FOUR`: none by default, `wide` those of the kernels of up to 12 chunks a
-/// warp, every width but the exact 5120 — on the 27B the 6144-wide residual GEMVs after the
-/// recurrence and the attention —, `all` every one): their kernels compiled with registers
-/// bounded for four (kernels/gemv_b1.cu, `B2_MINB_WIDE`, `B2_MINB`: 56 registers where three
-/// leave 72, no spills either way in ptxas for sm_90a) and their plans taking four (a plan
-/// that then fits fewer than two stages for blocks of several tiles is refused, and the matrix
-/// goes to the dp4a kernel: none of the 27B's). The forty-first session found the GEMV after
-/// the recurrence unable to place its blocks on the 48 multiprocessors the recurrence holds,
-/// and three a multiprocessor on the other 84 hold 252 of its 320.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum B2Four {
-    #[default]
-    Off,
-    Wide,
-    All,
-}
-
-impl B2Four {
-    /// From the knob's word (`wide`, `all`; anything else: off).
-    pub fn from_setting(word: Option<&str>) -> B2Four {
-        match word {
-            Some("wide") => B2Four::Wide,
-            Some("all") => B2Four::All,
-            _ => B2Four::Off,
-        }
-    }
-
-    /// The blocks a multiprocessor the plan takes for a binary GEMV of `format`'s rows and
-    /// `cols` columns where this setting changes it: those whose kernel it bounds for four.
-    pub fn blocks(self, format: GpuFormat, cols: usize) -> Option<usize> {
-        let two_bit = format != GpuFormat::Q1;
-        // The exact kernel of 10 chunks a warp is the one `wide` leaves (gemv_b2_kernel).
-        let wide = cols / format.chunk_values() != 10 * GEMV1_WARPS;
-        match self {
-            B2Four::All if two_bit => Some(4),
-            B2Four::Wide if two_bit && wide => Some(4),
-            _ => None,
-        }
-    }
-
-    /// The setting a program's options compiled (its [`B2Four::defines`]).
-    pub fn from_defines(defines: &[String]) -> B2Four {
-        let has = |d: &str| defines.iter().any(|x| x == d);
-        match (has("-DB2_MINB=4"), has("-DB2_MINB_WIDE=4")) {
-            (true, _) => B2Four::All,
-            (false, true) => B2Four::Wide,
-            _ => B2Four::Off,
-        }
-    }
-
-    /// The program's options for it.
-    pub fn defines(self) -> Vec<String> {
-        match self {
-            B2Four::Off => vec![],
-            B2Four::Wide => vec!["-DB2_MINB_WIDE=4".into()],
-            B2Four::All => vec!["-DB2_MINB=4".into(), "-DB2_MINB_WIDE=4".into()],
-        }
-    }
-}
 
 /// Whether the 1-bit binary decode GEMVs request the rest of their ring (after the tiles
 /// requested before the wait, [`EARLY_TILES`]) once their first consumer warp holds its plane

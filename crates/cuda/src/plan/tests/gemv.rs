@@ -483,60 +483,16 @@ fn staged_activations_take_the_widest_1_bit_kernels_two_blocks_a_multiprocessor(
     let xg = x_staged(g, 9216).unwrap();
     assert_eq!(xg.kernel, "gemv_b1_j17_xs");
     assert!(crate::compile::KERNELS.contains(&xg.kernel));
-    // Not the narrower 1-bit kernels.
-    for cols in [5120, 6144] {
-        let l = gemv_b1_launch(GpuFormat::Q1, 5120, cols, sms, smem, false, (0, 0), 16).unwrap();
+    // Not the narrower 1-bit kernels, nor the 2-bit ones.
+    for (format, cols) in [
+        (GpuFormat::Q1, 5120),
+        (GpuFormat::Q1, 6144),
+        (GpuFormat::Q2G64, 5120),
+        (GpuFormat::Q2G64, 6144),
+        (GpuFormat::Q2G128, 4096),
+    ] {
+        let l = gemv_b1_launch(format, 5120, cols, sms, smem, false, (0, 0), 16).unwrap();
         assert!(x_staged(l, cols).is_none(), "{}", l.kernel);
-    }
-}
-
-#[test]
-fn staged_activations_take_the_2_bit_kernels_and_their_image_twins_three_blocks_a_multiprocessor() {
-    let (sms, smem) = (132, 227 << 10);
-    for format in [GpuFormat::Q2G64, GpuFormat::Q2G128] {
-        // The 27B's 2-bit binary decode GEMVs (gate | up, the recurrent and attention inputs,
-        // the LM head, the output projections), and the guarded kernel's 4096 columns.
-        for (rows, cols) in [
-            (34816, 5120),
-            (16480, 5120),
-            (248320, 5120),
-            (5120, 6144),
-            (77, 4096),
-        ] {
-            let l = gemv_b1_launch(format, rows, cols, sms, smem, false, (0, 0), 16).unwrap();
-            let x = x_staged(l, cols).unwrap();
-            assert_eq!(x.kernel, format!("{}_xs", l.kernel));
-            assert_eq!(
-                x.image_kernel,
-                l.image_kernel.map(|k| format!("{k}_xs")).as_deref()
-            );
-            for k in [Some(x.kernel), x.image_kernel].into_iter().flatten() {
-                assert!(crate::compile::KERNELS.contains(&k), "{k}");
-            }
-            // The same grid and tiles; the stages that fit beside the row's codes (the 27B's
-            // g64 rows keep their two, its g128 rows' three become two, the guarded g128
-            // kernel's four three), and three such blocks still fit a multiprocessor.
-            assert_eq!(
-                (x.grid, x.tile_rows, x.stage_bytes),
-                (l.grid, 16, l.stage_bytes)
-            );
-            let kept = match (format, cols) {
-                (GpuFormat::Q2G128, 5120 | 6144) => 2,
-                (GpuFormat::Q2G128, 4096) => 3,
-                _ => l.stages,
-            };
-            assert_eq!(x.stages, kept, "{} {rows}×{cols}", l.kernel);
-            assert_eq!(
-                x.smem_bytes,
-                1024 + gemv_b1_x_bytes(cols)
-                    + cols.div_ceil(1024) * 1024
-                    + x.stages * l.stage_bytes
-            );
-            assert!(
-                3 * (x.smem_bytes + GEMV_B1_STATIC_SMEM + SMEM_RESERVED_PER_BLOCK)
-                    <= SM90_SMEM_PER_SM
-            );
-        }
     }
 }
 
@@ -614,34 +570,5 @@ fn four_2_bit_blocks_a_multiprocessor_keep_every_6144_wide_tile_in_one_wave() {
         // Blocks of several tiles keep two stages: gate | up on 528 blocks.
         let gu = gemv_b1_launch(format, 34816, 5120, sms, smem, false, (4, 0), 16).unwrap();
         assert_eq!((gu.grid, gu.stages), (4 * sms, 2));
-    }
-}
-
-#[test]
-fn four_2_bit_blocks_are_asked_for_the_wide_rows_or_every_2_bit_row() {
-    use GpuFormat::*;
-    let wide = B2Four::from_setting(Some("wide"));
-    let all = B2Four::from_setting(Some("all"));
-    assert_eq!(B2Four::from_setting(None), B2Four::Off);
-    assert_eq!(B2Four::from_setting(Some("off")), B2Four::Off);
-    for f in [Q2G64, Q2G128] {
-        assert_eq!(wide.blocks(f, 6144), Some(4));
-        assert_eq!(wide.blocks(f, 5120), None);
-        // The guarded kernel of up to 12 chunks, bounded with the wide ones.
-        assert_eq!(wide.blocks(f, 4096), Some(4));
-        assert_eq!(all.blocks(f, 5120), Some(4));
-        assert_eq!(B2Four::Off.blocks(f, 6144), None);
-    }
-    // 1-bit rows keep their plans.
-    assert_eq!(all.blocks(Q1, 6144), None);
-    // The wide kernels bounded alone, or every 2-bit kernel.
-    assert_eq!(wide.defines(), ["-DB2_MINB_WIDE=4"]);
-    assert_eq!(all.defines(), ["-DB2_MINB=4", "-DB2_MINB_WIDE=4"]);
-    assert!(B2Four::Off.defines().is_empty());
-    // What a program compiled is read back from its options.
-    for b in [B2Four::Off, wide, all] {
-        let mut defines = vec!["-DHIDDEN=5120".to_string()];
-        defines.extend(b.defines());
-        assert_eq!(B2Four::from_defines(&defines), b);
     }
 }
