@@ -23,11 +23,13 @@ use crate::plan::{
 use crate::repack::{self, GpuFormat, Packed};
 use crate::topk::{Selected, TopkJob, TopkScratch};
 
+mod attention;
 mod chain;
 mod embed;
 mod exec;
 mod greedy;
 mod probe;
+mod recurrence;
 
 pub use chain::{ChainMode, ChainTimes, ChainWaits};
 use embed::EmbedTable;

@@ -1,5 +1,7 @@
 //! A pass's ops (`plan::Op`) turned into kernel launches: which weights, scratch regions and
-//! state each op reads and writes, and the launch of each.
+//! state each op reads and writes, and the launch of each. The GEMVs, norms and quantizations
+//! are here; the recurrent layers' own launches in `recurrence.rs`, the attention layers' in
+//! `attention.rs`.
 
 use super::*;
 use crate::gpu::planes_twin;
@@ -299,77 +301,6 @@ impl CudaModel {
         }
     }
 
-    /// What the recurrence's kernels read of a layer: the conv output, the projection (its row
-    /// stride and where the gate inputs α and β start), the decay parameters.
-    pub(super) fn gdn_inputs(&self, st: &CudaState, l: usize) -> [Arg; 7] {
-        let d = &self.dims;
-        let w = self.gdn(l);
-        let (ch, vd) = (d.conv_channels(), d.gdn_inner());
-        [
-            Arg::Ptr(st.s("conv")),
-            Arg::Ptr(st.s("proj")),
-            Arg::I32(d.gdn_in_rows() as i32),
-            Arg::I32((ch + vd) as i32),
-            Arg::I32((ch + vd + d.value_heads) as i32),
-            Arg::Ptr(w.a.ptr),
-            Arg::Ptr(w.dt_bias.ptr),
-        ]
-    }
-
-    pub(super) fn gdn(&self, l: usize) -> &GdnW {
-        match &self.layers[l].mix {
-            MixW::Gdn(g) => g,
-            MixW::Attn(_) => unreachable!("layer {l} is not recurrent"),
-        }
-    }
-
-    pub(super) fn attn(&self, l: usize) -> &AttnW {
-        match &self.layers[l].mix {
-            MixW::Attn(a) => a,
-            MixW::Gdn(_) => unreachable!("layer {l} is not attention"),
-        }
-    }
-
-    /// Device address of a recurrent layer's conv / ssm state and an attention layer's K / V.
-    pub(super) fn conv_state(&self, st: &CudaState, l: usize) -> u64 {
-        let d = &self.dims;
-        st.state.at(d.kind_index(l) * StateBytes::conv_per_layer(d))
-    }
-    pub(super) fn ssm_state(&self, st: &CudaState, l: usize) -> u64 {
-        let d = &self.dims;
-        st.state
-            .at(st.bytes.conv + d.kind_index(l) * StateBytes::ssm_per_layer(d))
-    }
-    /// Layer `l`'s K values, V values, K scales and V scales (the scales of a q8_0 cache).
-    pub(super) fn kv(&self, st: &CudaState, l: usize) -> [Arg; 4] {
-        let d = &self.dims;
-        let at = st.bytes.kv_layer(d.kind_index(l), d.n_attention());
-        let q8 = st.bytes.kv_cache == KvCache::Q8_0;
-        [
-            Arg::Ptr(st.state.at(at[0])),
-            Arg::Ptr(st.state.at(at[1])),
-            Arg::Ptr(if q8 { st.state.at(at[2]) } else { 0 }),
-            Arg::Ptr(if q8 { st.state.at(at[3]) } else { 0 }),
-        ]
-    }
-
-    /// The attention-split launch of a pass of `ntok` tokens and its split count (the merge must
-    /// use the same).
-    pub(super) fn attn_split_plan(&self, st: &CudaState, ntok: usize) -> (plan::AttnLaunch, usize) {
-        let kv = st.bytes.kv_cache;
-        let tile = self.gpu.attn_tile_for(kv, st.pos + ntok, ntok);
-        let (a, decode) = self.gpu.attn_launch(&self.dims, kv, tile);
-        (a, attn_splits(st.pos + ntok, ntok, decode))
-    }
-
-    /// An attention kernel's name for the state's cache type.
-    pub(super) fn kv_kernel(st: &CudaState, f16: &'static str, q8: &'static str) -> &'static str {
-        match st.bytes.kv_cache {
-            KvCache::F16 => f16,
-            KvCache::Q8_0 => q8,
-        }
-    }
-
     /// silu(gate)·up of `ntok` tokens of the projection, quantized into `(xq, xs)` (and the
     /// f16 activations where the pass's GEMMs read them).
     pub(super) fn swiglu_quant(
@@ -402,14 +333,16 @@ impl CudaModel {
         )
     }
 
+    /// Where a pass's quantizations also write f16 activations: passes whose GEMMs read those.
+    pub(super) fn f16_acts(&self, st: &CudaState, ntok: usize) -> Option<u64> {
+        self.gpu.wants_f16_acts(ntok).then(|| st.s("xh"))
+    }
+
     pub(super) fn exec(&self, st: &CudaState, op: &Op) -> Result<()> {
         let g = &*self.gpu;
         let s = &*st.stream;
         let d = &self.dims;
         let (xq, xs) = (st.s("xq"), st.s("xs"));
-        // The quantizations of a pass whose GEMMs read f16 activations also write those.
-        let xh = |ntok: usize| g.wants_f16_acts(ntok).then(|| st.s("xh"));
-        let (proj, pos) = (st.s("proj"), st.s("pos"));
         match *op {
             Op::NormQuant {
                 norm,
@@ -469,288 +402,19 @@ impl CudaModel {
                 self.norm_quant(st, norm, tok0, 1, false, (xq, xs, 0))?;
                 g.gemv(s, m, &io)
             }
-            Op::Conv { layer, ntok } => {
-                let ch = d.conv_channels();
-                g.launch(
-                    s,
-                    "gdn_conv",
-                    (ch.div_ceil(32) as u32, 1, 1),
-                    // Up to 8 tokens at once per channel; a decode step's one token needs one row.
-                    (32, ntok.min(8) as u32, 1),
-                    &[
-                        Arg::Ptr(proj),
-                        Arg::I32(d.gdn_in_rows() as i32),
-                        Arg::I32(ntok as i32),
-                        Arg::Ptr(pos),
-                        Arg::Ptr(self.conv_state(st, layer)),
-                        Arg::Ptr(self.gdn(layer).conv.ptr),
-                        Arg::Ptr(st.s("conv")),
-                    ],
-                )
-            }
-            Op::GdnPrep { layer, ntok } => {
-                let [conv, proj, stride, aoff, boff, a, dt_bias] = self.gdn_inputs(st, layer);
-                g.launch(
-                    s,
-                    "gdn_prep",
-                    (d.key_heads as u32, ntok as u32, 1),
-                    (32, 2, 1),
-                    &[
-                        conv,
-                        proj,
-                        stride,
-                        aoff,
-                        boff,
-                        a,
-                        dt_bias,
-                        Arg::Ptr(st.s("gdn_qk")),
-                        Arg::Ptr(st.s("gdn_gb")),
-                    ],
-                )
-            }
+            Op::Conv { layer, ntok } => self.conv(st, layer, ntok),
+            Op::GdnPrep { layer, ntok } => self.gdn_prep(st, layer, ntok),
             Op::GdnStep { layer, ntok } if g.gdn_chunked(ntok) => {
-                let [conv, proj, stride, aoff, _, a, dt_bias] = self.gdn_inputs(st, layer);
-                let chunks = ntok.div_ceil(plan::GDN_CHUNK);
-                g.launch_smem(
-                    s,
-                    "gdn_chunk_prep",
-                    (d.value_heads as u32, chunks as u32, 1),
-                    (256, 1, 1),
-                    plan::gdn_prep_smem(d) as u32,
-                    &[
-                        conv,
-                        proj,
-                        stride,
-                        aoff,
-                        a,
-                        dt_bias,
-                        Arg::Ptr(st.s("gdn_qk")),
-                        Arg::Ptr(st.s("gdn_gb")),
-                        Arg::I32(ntok as i32),
-                        Arg::Ptr(st.s("gdn_chunks")),
-                    ],
-                )?;
-                g.launch(
-                    s,
-                    "gdn_chunk_scan",
-                    (d.value_heads as u32, (d.value_dim / 32) as u32, 1),
-                    (256, 1, 1),
-                    &[
-                        Arg::Ptr(st.s("gdn_chunks")),
-                        Arg::I32(chunks as i32),
-                        Arg::Ptr(st.s("gdn_qk")),
-                        Arg::I32(ntok as i32),
-                        Arg::Ptr(pos),
-                        Arg::Ptr(self.ssm_state(st, layer)),
-                        Arg::Ptr(st.s("gdn")),
-                    ],
-                )
+                self.gdn_step_chunked(st, layer, ntok)
             }
-            Op::GdnStep { layer, ntok } => {
-                let [conv, proj, stride, aoff, boff, a, dt_bias] = self.gdn_inputs(st, layer);
-                let prepped = crate::plan::gdn_prepped(ntok);
-                let rows = g.gdn_rows_for(ntok);
-                g.launch(
-                    s,
-                    plan::gdn_step_kernel(rows),
-                    plan::gdn_step_grid(d, rows),
-                    (32, 4, 1),
-                    &[
-                        conv,
-                        proj,
-                        stride,
-                        aoff,
-                        boff,
-                        Arg::I32(ntok as i32),
-                        a,
-                        dt_bias,
-                        Arg::Ptr(if prepped { st.s("gdn_qk") } else { 0 }),
-                        Arg::Ptr(if prepped { st.s("gdn_gb") } else { 0 }),
-                        Arg::Ptr(pos),
-                        Arg::Ptr(self.ssm_state(st, layer)),
-                        Arg::Ptr(st.s("gdn")),
-                    ],
-                )
-            }
-            Op::GdnDecode { layer } => {
-                let [_, proj, _, aoff, boff, a, dt_bias] = self.gdn_inputs(st, layer);
-                let (name, args) = planes_twin(
-                    "gdn_decode",
-                    &[
-                        proj,
-                        aoff,
-                        boff,
-                        Arg::I32(d.conv_channels() as i32),
-                        Arg::Ptr(pos),
-                        Arg::Ptr(self.conv_state(st, layer)),
-                        Arg::Ptr(self.gdn(layer).conv.ptr),
-                        a,
-                        dt_bias,
-                        Arg::Ptr(self.ssm_state(st, layer)),
-                        Arg::Ptr(self.gdn(layer).norm.ptr),
-                        Arg::F32(d.rms_eps),
-                        Arg::Ptr(xq),
-                        Arg::Ptr(xs),
-                        Arg::Ptr(xh(1).unwrap_or(0)),
-                    ],
-                    self.planes_of(st, xq, 1),
-                );
-                g.launch(s, &name, (d.value_heads as u32, 1, 1), (32, 16, 1), &args)
-            }
-            Op::GatedQuant { layer, ntok } => {
-                let (name, args) = planes_twin(
-                    "quant_gated",
-                    &[
-                        Arg::Ptr(st.s("gdn")),
-                        Arg::Ptr(proj),
-                        Arg::I32(d.gdn_in_rows() as i32),
-                        Arg::I32(d.conv_channels() as i32),
-                        Arg::Ptr(self.gdn(layer).norm.ptr),
-                        Arg::F32(d.rms_eps),
-                        Arg::Ptr(xq),
-                        Arg::Ptr(xs),
-                        Arg::Ptr(xh(ntok).unwrap_or(0)),
-                        Arg::Ptr(self.signs_if(d.rotation.gdn_out, d.gdn_inner())?),
-                        Arg::I32(i32::from(d.rotation.gdn_out && d.rotation.gdn_v_grouped)),
-                    ],
-                    self.planes_of(st, xq, ntok),
-                );
-                g.launch(
-                    s,
-                    &name,
-                    (d.value_heads.div_ceil(8) as u32, ntok as u32, 1),
-                    (256, 1, 1),
-                    &args,
-                )
-            }
-            Op::AttnPrep { layer, ntok } => {
-                let w = self.attn(layer);
-                let kv = self.kv(st, layer);
-                g.launch(
-                    s,
-                    Self::kv_kernel(st, "attn_prep", "attn_prep_q8"),
-                    ((d.n_head + d.n_head_kv) as u32, ntok as u32, 1),
-                    (d.head_dim as u32, 1, 1),
-                    &[
-                        &[
-                            Arg::Ptr(proj),
-                            Arg::I32(d.attn_in_rows() as i32),
-                            Arg::Ptr(pos),
-                            Arg::Ptr(w.q_norm.ptr),
-                            Arg::Ptr(w.k_norm.ptr),
-                            Arg::F32(d.rms_eps),
-                            Arg::F32(d.rope_base),
-                            Arg::Ptr(st.s("q")),
-                        ][..],
-                        &kv,
-                    ]
-                    .concat(),
-                )
-            }
-            Op::AttnSplit { layer, ntok } => {
-                let [k, v, ks, vs] = self.kv(st, layer);
-                let (a, nsplit) = self.attn_split_plan(st, ntok);
-                g.launch_smem(
-                    s,
-                    a.kernel,
-                    (d.n_head_kv as u32, nsplit as u32, ntok as u32),
-                    (a.threads as u32, 1, 1),
-                    a.smem_bytes as u32,
-                    &[
-                        Arg::Ptr(st.s("q")),
-                        k,
-                        v,
-                        ks,
-                        vs,
-                        Arg::Ptr(pos),
-                        Arg::F32(1.0 / (d.head_dim as f32).sqrt()),
-                        Arg::I32(nsplit as i32),
-                        Arg::Ptr(st.s("part")),
-                    ],
-                )
-            }
-            Op::AttnCombine { ntok, .. } => {
-                // One-token passes: small blocks over all splits (up to 128 at depth);
-                // multi-token passes: a block per row (the same bits, far fewer blocks).
-                let (kernel, grid, block) = if ntok == 1 {
-                    let z = (d.head_dim / 32) as u32;
-                    ("attn_combine", (d.n_head as u32, 1, z), (256, 1, 1))
-                } else {
-                    let grid = (d.n_head as u32, ntok as u32, 1);
-                    ("attn_combine_rows", grid, (d.head_dim as u32, 1, 1))
-                };
-                g.launch(
-                    s,
-                    kernel,
-                    grid,
-                    block,
-                    &[
-                        Arg::Ptr(st.s("part")),
-                        Arg::I32(self.attn_split_plan(st, ntok).1 as i32),
-                        Arg::Ptr(pos),
-                        Arg::Ptr(proj),
-                        Arg::I32(d.attn_in_rows() as i32),
-                        Arg::Ptr(st.s("attn")),
-                    ],
-                )
-            }
-            Op::AttnCombineQuant { .. } => {
-                let (name, args) = planes_twin(
-                    "attn_combine_quant",
-                    &[
-                        Arg::Ptr(st.s("part")),
-                        Arg::I32(self.attn_split_plan(st, 1).1 as i32),
-                        Arg::Ptr(pos),
-                        Arg::Ptr(proj),
-                        Arg::I32(d.attn_in_rows() as i32),
-                        Arg::Ptr(st.s("attn")),
-                        Arg::Ptr(xq),
-                        Arg::Ptr(xs),
-                    ],
-                    self.planes_of(st, xq, 1),
-                );
-                g.launch(
-                    s,
-                    &name,
-                    (d.n_head as u32, 1, (d.head_dim / 128) as u32),
-                    (256, 1, 1),
-                    &args,
-                )
-            }
-            Op::AttnShort { layer } => {
-                let w = self.attn(layer);
-                let a = g.attn_short_launch(st.bytes.kv_cache).ok_or_else(|| {
-                    CudaError::Unsupported("the short attention on this device and cache".into())
-                })?;
-                let (name, args) = planes_twin(
-                    a.kernel,
-                    &[
-                        &[
-                            Arg::Ptr(proj),
-                            Arg::Ptr(pos),
-                            Arg::Ptr(w.q_norm.ptr),
-                            Arg::Ptr(w.k_norm.ptr),
-                            Arg::F32(d.rms_eps),
-                            Arg::F32(d.rope_base),
-                            Arg::F32(1.0 / (d.head_dim as f32).sqrt()),
-                        ][..],
-                        &self.kv(st, layer),
-                        &[Arg::Ptr(st.s("attn")), Arg::Ptr(xq), Arg::Ptr(xs)],
-                    ]
-                    .concat(),
-                    self.planes_of(st, xq, 1),
-                );
-                g.launch_smem(
-                    s,
-                    &name,
-                    (d.n_head as u32, 1, 1),
-                    (a.threads as u32, 1, 1),
-                    a.smem_bytes as u32,
-                    &args,
-                )?;
-                g.count_attn_short();
-                Ok(())
-            }
+            Op::GdnStep { layer, ntok } => self.gdn_step(st, layer, ntok),
+            Op::GdnDecode { layer } => self.gdn_decode(st, layer),
+            Op::GatedQuant { layer, ntok } => self.gated_quant(st, layer, ntok),
+            Op::AttnPrep { layer, ntok } => self.attn_prep(st, layer, ntok),
+            Op::AttnSplit { layer, ntok } => self.attn_split(st, layer, ntok),
+            Op::AttnCombine { ntok, .. } => self.attn_combine(st, ntok),
+            Op::AttnCombineQuant { .. } => self.attn_combine_quant(st),
+            Op::AttnShort { layer } => self.attn_short(st, layer),
             Op::PlainQuant { ntok } => {
                 let w = d.n_head * d.head_dim;
                 let signs = self.signs_if(d.rotation.attn_out, w)?;
@@ -761,7 +425,7 @@ impl CudaModel {
                     ntok,
                     xq,
                     xs,
-                    xh(ntok),
+                    self.f16_acts(st, ntok),
                     (signs != 0).then_some(signs),
                     self.planes_of(st, xq, ntok),
                 )
