@@ -147,6 +147,35 @@ def test_completion_logprobs(client, model_id):
     assert all(len(t) <= 2 for t in lp.top_logprobs)
 
 
+def test_streamed_completion_logprobs_match_the_whole_answer(client, model_id):
+    whole = client.completions.create(model=model_id, prompt="Once upon a time", max_tokens=12,
+                                      temperature=0, logprobs=2)
+    s = client.completions.create(model=model_id, prompt="Once upon a time", max_tokens=12,
+                                  temperature=0, logprobs=2, stream=True,
+                                  stream_options={"include_usage": True})
+    chunks = list(s)
+    lps = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+    tokens = [t for lp in lps for t in lp.tokens]
+    offsets = [o for lp in lps for o in lp.text_offset]
+    assert tokens == whole.choices[0].logprobs.tokens
+    # Offsets count over the whole stream, not from each chunk's start.
+    assert offsets == whole.choices[0].logprobs.text_offset
+    assert len(tokens) == chunks[-1].usage.completion_tokens
+
+
+def test_streamed_chat_logprobs_match_the_whole_answer(client, model_id):
+    args = dict(model=model_id, messages=user("Hi"), max_tokens=8, temperature=0, logprobs=True,
+                top_logprobs=2, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    whole = client.chat.completions.create(**args)
+    chunks = list(client.chat.completions.create(**args, stream=True,
+                                                 stream_options={"include_usage": True}))
+    streamed = [t.token for c in chunks if c.choices and c.choices[0].logprobs
+                for t in c.choices[0].logprobs.content]
+    assert streamed == [t.token for t in whole.choices[0].logprobs.content]
+    assert len(streamed) == chunks[-1].usage.completion_tokens
+    assert chunks[-1].choices == []
+
+
 def test_tool_call_is_parsed(client, model_id):
     r = client.chat.completions.create(model=model_id, messages=user("What is the weather in Paris?"),
                                        tools=[WEATHER_TOOL], max_tokens=200)

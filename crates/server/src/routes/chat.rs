@@ -1,12 +1,10 @@
 //! `/v1/chat/completions`: the chat template applied, reasoning and tool calls parsed, whole or
 //! streamed.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::logprobs::TokenLogprob;
@@ -21,10 +19,10 @@ use crate::output::{Delta, OutputParser};
 use crate::scheduler::Event;
 use crate::AppState;
 
+use super::relay::{self, Chunks, Ended, Envelope};
 use super::request::{
-    budget, check_model, fingerprint, finish_name, finite, generation_error, now_s, parse_body,
-    request_id, scripted, sse_json, sse_response, submit, token_text, usage, with_bos,
-    CancelOnDrop, Prepared,
+    budget, check_model, fingerprint, finish_name, finite, now_s, parse_body, request_id, scripted,
+    submit, token_text, usage, with_bos, CancelOnDrop, Prepared,
 };
 use super::St;
 
@@ -218,15 +216,14 @@ pub(super) async fn chat(
     let parser = OutputParser::new(plan.thinking, plan.tools.clone(), &id);
     let (rx, guard) = submit(&st, plan.prepared)?;
     if plan.stream {
-        Ok(chat_stream(
-            st,
-            id,
+        let chunks = ChatChunks {
+            env: Envelope::new(&st, id, "chat.completion.chunk", plan.include_usage),
+            st: st.clone(),
             parser,
-            rx,
-            guard,
-            plan.include_usage,
-            plan.want_logprobs,
-        ))
+            want_logprobs: plan.want_logprobs,
+            had_calls: false,
+        };
+        Ok(relay::stream(st, rx, guard, chunks))
     } else {
         chat_once(&st, id, parser, rx, guard, plan.want_logprobs).await
     }
@@ -236,7 +233,7 @@ async fn chat_once(
     st: &Arc<AppState>,
     id: String,
     mut parser: OutputParser,
-    mut rx: mpsc::UnboundedReceiver<Event>,
+    rx: mpsc::UnboundedReceiver<Event>,
     _guard: CancelOnDrop,
     want_logprobs: bool,
 ) -> Result<Response, ApiError> {
@@ -244,7 +241,7 @@ async fn chat_once(
     let mut content = String::new();
     let mut calls = Vec::new();
     let mut lps: Vec<TokenLogprob> = Vec::new();
-    let mut take = |ds: Vec<Delta>, reasoning: &mut String, content: &mut String| {
+    let mut take = |ds: Vec<Delta>| {
         for d in ds {
             match d {
                 Delta::Reasoning(t) => reasoning.push_str(&t),
@@ -256,162 +253,109 @@ async fn chat_once(
             }
         }
     };
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            Event::Text(t, l) => {
-                lps.extend(l);
-                take(parser.push(&t), &mut reasoning, &mut content);
-            }
-            Event::Done {
-                finish,
-                prompt_tokens,
-                completion_tokens,
-                logprobs,
-            } => {
-                lps.extend(logprobs);
-                take(parser.finish(), &mut reasoning, &mut content);
-                st.metrics.generated_tokens.inc_by(completion_tokens as u64);
-                let mut message = json!({
-                    "role": "assistant",
-                    "content": if content.is_empty() && !calls.is_empty() { Value::Null } else { Value::String(content) },
-                });
-                if !reasoning.is_empty() {
-                    message["reasoning_content"] = Value::String(reasoning);
-                }
-                if !calls.is_empty() {
-                    message["tool_calls"] = Value::Array(calls.clone());
-                }
-                let body = json!({
-                    "id": id,
-                    "object": "chat.completion",
-                    "created": now_s(),
-                    "model": st.config.model_id,
-                    "system_fingerprint": fingerprint(),
-                    "choices": [{
-                        "index": 0,
-                        "message": message,
-                        "logprobs": if want_logprobs { chat_logprobs(st, &lps) } else { Value::Null },
-                        "finish_reason": finish_name(finish, !calls.is_empty()),
-                    }],
-                    "usage": usage(prompt_tokens, completion_tokens),
-                });
-                return Ok(Json(body).into_response());
-            }
-            Event::Failed(m) => return Err(generation_error(m)),
-        }
+    let end = relay::collect(st, rx, |t, l| {
+        lps.extend(l);
+        take(parser.push(&t));
+    })
+    .await?;
+    lps.extend(end.logprobs);
+    take(parser.finish());
+    let mut message = json!({
+        "role": "assistant",
+        "content": if content.is_empty() && !calls.is_empty() { Value::Null } else { Value::String(content) },
+    });
+    if !reasoning.is_empty() {
+        message["reasoning_content"] = Value::String(reasoning);
     }
-    Err(ApiError::internal("generation ended without a result"))
+    if !calls.is_empty() {
+        message["tool_calls"] = Value::Array(calls.clone());
+    }
+    let body = json!({
+        "id": id,
+        "object": "chat.completion",
+        "created": now_s(),
+        "model": st.config.model_id,
+        "system_fingerprint": fingerprint(),
+        "choices": [{
+            "index": 0,
+            "message": message,
+            "logprobs": if want_logprobs { chat_logprobs(st, &lps) } else { Value::Null },
+            "finish_reason": finish_name(end.finish, !calls.is_empty()),
+        }],
+        "usage": usage(end.prompt_tokens, end.completion_tokens),
+    });
+    Ok(Json(body).into_response())
 }
 
-fn chat_stream(
+/// A streamed chat completion's chunks: the assistant's role first, then the parser's deltas
+/// (reasoning, content, tool calls) as the text comes, each with the log-probabilities of the
+/// tokens behind it.
+struct ChatChunks {
+    env: Envelope,
     st: Arc<AppState>,
-    id: String,
-    mut parser: OutputParser,
-    mut rx: mpsc::UnboundedReceiver<Event>,
-    guard: CancelOnDrop,
-    include_usage: bool,
+    parser: OutputParser,
     want_logprobs: bool,
-) -> Response {
-    let (tx, out) = mpsc::channel::<Result<SseEvent, Infallible>>(64);
-    tokio::spawn(async move {
-        let _guard = guard;
-        let created = now_s();
-        let chunk = |delta: Value, lp: Value, finish: Value| {
-            let mut c = json!({
-                "id": id, "object": "chat.completion.chunk", "created": created,
-                "model": st.config.model_id, "system_fingerprint": fingerprint(),
-                "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}],
-            });
-            if include_usage {
-                c["usage"] = Value::Null;
-            }
-            c
+    had_calls: bool,
+}
+
+impl ChatChunks {
+    fn chunk(&self, delta: Value, lp: Value, finish: Value) -> Value {
+        self.env
+            .chunk(json!({"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}))
+    }
+
+    fn deltas(&mut self, ds: Vec<Delta>, lps: &[TokenLogprob]) -> Vec<Value> {
+        let mut lp = if self.want_logprobs && !lps.is_empty() {
+            chat_logprobs(&self.st, lps)
+        } else if self.want_logprobs {
+            json!({"content": []})
+        } else {
+            Value::Null
         };
-        let first = chunk(
+        let mut out = Vec::new();
+        for d in ds {
+            let delta = match d {
+                Delta::Reasoning(t) => json!({"reasoning_content": t}),
+                Delta::Content(t) => json!({"content": t}),
+                Delta::ToolCall(c) => {
+                    self.had_calls = true;
+                    json!({"tool_calls": [{"index": c.index, "id": c.id, "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments}}]})
+                }
+            };
+            out.push(self.chunk(delta, std::mem::take(&mut lp), Value::Null));
+        }
+        // Log-probabilities of tokens whose text is still held back ride on an empty delta.
+        if self.want_logprobs
+            && !lp.is_null()
+            && lp["content"].as_array().is_some_and(|a| !a.is_empty())
+        {
+            out.push(self.chunk(json!({}), lp, Value::Null));
+        }
+        out
+    }
+}
+
+impl Chunks for ChatChunks {
+    fn first(&mut self) -> Vec<Value> {
+        vec![self.chunk(
             json!({"role": "assistant", "content": ""}),
             Value::Null,
             Value::Null,
-        );
-        if tx.send(sse_json(&first)).await.is_err() {
-            return;
-        }
-        let mut had_calls = false;
-        let deltas_to_chunks = |ds: Vec<Delta>, lps: Vec<TokenLogprob>, had_calls: &mut bool| {
-            let mut lp = if want_logprobs && !lps.is_empty() {
-                chat_logprobs(&st, &lps)
-            } else if want_logprobs {
-                json!({"content": []})
-            } else {
-                Value::Null
-            };
-            let mut out = Vec::new();
-            for d in ds {
-                let delta = match d {
-                    Delta::Reasoning(t) => json!({"reasoning_content": t}),
-                    Delta::Content(t) => json!({"content": t}),
-                    Delta::ToolCall(c) => {
-                        *had_calls = true;
-                        json!({"tool_calls": [{"index": c.index, "id": c.id, "type": "function",
-                            "function": {"name": c.name, "arguments": c.arguments}}]})
-                    }
-                };
-                out.push(chunk(delta, std::mem::take(&mut lp), Value::Null));
-            }
-            // Log-probabilities of tokens whose text is still held back ride on an empty delta.
-            if want_logprobs
-                && !lp.is_null()
-                && lp["content"].as_array().is_some_and(|a| !a.is_empty())
-            {
-                out.push(chunk(json!({}), lp, Value::Null));
-            }
-            out
-        };
-        while let Some(ev) = rx.recv().await {
-            match ev {
-                Event::Text(t, l) => {
-                    for c in deltas_to_chunks(parser.push(&t), l, &mut had_calls) {
-                        if tx.send(sse_json(&c)).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-                Event::Done {
-                    finish,
-                    prompt_tokens,
-                    completion_tokens,
-                    logprobs,
-                } => {
-                    st.metrics.generated_tokens.inc_by(completion_tokens as u64);
-                    let mut chunks = deltas_to_chunks(parser.finish(), logprobs, &mut had_calls);
-                    chunks.push(chunk(
-                        json!({}),
-                        Value::Null,
-                        json!(finish_name(finish, had_calls)),
-                    ));
-                    if include_usage {
-                        chunks.push(json!({
-                            "id": id, "object": "chat.completion.chunk", "created": created,
-                            "model": st.config.model_id, "system_fingerprint": fingerprint(),
-                            "choices": [], "usage": usage(prompt_tokens, completion_tokens),
-                        }));
-                    }
-                    for c in chunks {
-                        if tx.send(sse_json(&c)).await.is_err() {
-                            return;
-                        }
-                    }
-                    let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
-                    return;
-                }
-                Event::Failed(m) => {
-                    let _ = tx.send(sse_json(&generation_error(m).body())).await;
-                    return;
-                }
-            }
-        }
-    });
-    sse_response(out)
-}
+        )]
+    }
 
-// ---------------------------------------------------------------------------------------------
-// Text completions
+    fn text(&mut self, text: String, logprobs: Vec<TokenLogprob>) -> Vec<Value> {
+        let ds = self.parser.push(&text);
+        self.deltas(ds, &logprobs)
+    }
+
+    fn done(mut self, end: Ended) -> Vec<Value> {
+        let ds = self.parser.finish();
+        let mut out = self.deltas(ds, &end.logprobs);
+        let finish = json!(finish_name(end.finish, self.had_calls));
+        out.push(self.chunk(json!({}), Value::Null, finish));
+        out.extend(self.env.usage(&end));
+        out
+    }
+}

@@ -1,25 +1,23 @@
 //! `/v1/completions`: plain text in, text out, whole or streamed.
 
-use std::convert::Infallible;
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::logprobs::TokenLogprob;
 use engine::{GenerateParams, LookupConfig};
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 
 use crate::api::{self, CompletionRequest, Sampling};
 use crate::error::ApiError;
-use crate::scheduler::Event;
 use crate::AppState;
 
+use super::relay::{self, Chunks, Ended, Envelope};
 use super::request::{
-    budget, check_model, fingerprint, finish_name, finite, generation_error, now_s, parse_body,
-    request_id, scripted, sse_json, sse_response, submit, token_text, usage, with_bos, Prepared,
+    budget, check_model, fingerprint, finish_name, finite, now_s, parse_body, request_id, scripted,
+    submit, token_text, usage, with_bos, Prepared,
 };
 use super::St;
 
@@ -156,107 +154,69 @@ pub(super) async fn completions(
     let want_logprobs = r.logprobs.is_some();
     let include_usage = r.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let id = request_id("cmpl");
-    let (mut rx, guard) = submit(&st, prepared)?;
+    let (rx, guard) = submit(&st, prepared)?;
     if r.stream != Some(true) {
         let _guard = guard;
         let mut text = String::new();
         let mut lps = Vec::new();
-        while let Some(ev) = rx.recv().await {
-            match ev {
-                Event::Text(t, l) => {
-                    text.push_str(&t);
-                    lps.extend(l);
-                }
-                Event::Done {
-                    finish,
-                    prompt_tokens,
-                    completion_tokens,
-                    logprobs,
-                } => {
-                    lps.extend(logprobs);
-                    st.metrics.generated_tokens.inc_by(completion_tokens as u64);
-                    let mut off = 0;
-                    return Ok(Json(json!({
-                        "id": id, "object": "text_completion", "created": now_s(),
-                        "model": st.config.model_id, "system_fingerprint": fingerprint(),
-                        "choices": [{"index": 0, "text": text,
-                            "logprobs": if want_logprobs { completion_logprobs(&st, &lps, &mut off) } else { Value::Null },
-                            "finish_reason": finish_name(finish, false)}],
-                        "usage": usage(prompt_tokens, completion_tokens),
-                    }))
-                    .into_response());
-                }
-                Event::Failed(m) => return Err(generation_error(m)),
-            }
-        }
-        return Err(ApiError::internal("generation ended without a result"));
-    }
-    let (tx, out) = mpsc::channel::<Result<SseEvent, Infallible>>(64);
-    tokio::spawn(async move {
-        let _guard = guard;
-        let created = now_s();
+        let end = relay::collect(&st, rx, |t, l| {
+            text.push_str(&t);
+            lps.extend(l);
+        })
+        .await?;
+        lps.extend(end.logprobs);
         let mut off = 0;
-        let chunk = |text: &str, lp: Value, finish: Value| {
-            let mut c = json!({
-                "id": id, "object": "text_completion", "created": created,
-                "model": st.config.model_id, "system_fingerprint": fingerprint(),
-                "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}],
-            });
-            if include_usage {
-                c["usage"] = Value::Null;
-            }
-            c
+        let body = json!({
+            "id": id, "object": "text_completion", "created": now_s(),
+            "model": st.config.model_id, "system_fingerprint": fingerprint(),
+            "choices": [{"index": 0, "text": text,
+                "logprobs": if want_logprobs { completion_logprobs(&st, &lps, &mut off) } else { Value::Null },
+                "finish_reason": finish_name(end.finish, false)}],
+            "usage": usage(end.prompt_tokens, end.completion_tokens),
+        });
+        return Ok(Json(body).into_response());
+    }
+    let chunks = TextChunks {
+        env: Envelope::new(&st, id, "text_completion", include_usage),
+        st: st.clone(),
+        want_logprobs,
+        offset: 0,
+    };
+    Ok(relay::stream(st, rx, guard, chunks))
+}
+
+/// A streamed completion's chunks: its text as it comes, with the log-probabilities of the
+/// tokens behind it (their text offsets counted over the whole stream).
+struct TextChunks {
+    env: Envelope,
+    st: Arc<AppState>,
+    want_logprobs: bool,
+    offset: usize,
+}
+
+impl TextChunks {
+    fn chunk(&mut self, text: &str, lps: &[TokenLogprob], finish: Value) -> Value {
+        let lp = if self.want_logprobs {
+            completion_logprobs(&self.st, lps, &mut self.offset)
+        } else {
+            Value::Null
         };
-        while let Some(ev) = rx.recv().await {
-            match ev {
-                Event::Text(t, l) => {
-                    let lp = if want_logprobs {
-                        completion_logprobs(&st, &l, &mut off)
-                    } else {
-                        Value::Null
-                    };
-                    if tx
-                        .send(sse_json(&chunk(&t, lp, Value::Null)))
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-                Event::Done {
-                    finish,
-                    prompt_tokens,
-                    completion_tokens,
-                    logprobs,
-                } => {
-                    st.metrics.generated_tokens.inc_by(completion_tokens as u64);
-                    let lp = if want_logprobs {
-                        completion_logprobs(&st, &logprobs, &mut off)
-                    } else {
-                        Value::Null
-                    };
-                    let _ = tx
-                        .send(sse_json(&chunk("", lp, json!(finish_name(finish, false)))))
-                        .await;
-                    if include_usage {
-                        let u = json!({
-                            "id": id, "object": "text_completion", "created": created,
-                            "model": st.config.model_id, "system_fingerprint": fingerprint(),
-                            "choices": [], "usage": usage(prompt_tokens, completion_tokens),
-                        });
-                        let _ = tx.send(sse_json(&u)).await;
-                    }
-                    let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
-                    return;
-                }
-                Event::Failed(m) => {
-                    let _ = tx.send(sse_json(&generation_error(m).body())).await;
-                    return;
-                }
-            }
-        }
-    });
-    Ok(sse_response(out))
+        self.env
+            .chunk(json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}))
+    }
+}
+
+impl Chunks for TextChunks {
+    fn text(&mut self, text: String, logprobs: Vec<TokenLogprob>) -> Vec<Value> {
+        vec![self.chunk(&text, &logprobs, Value::Null)]
+    }
+
+    fn done(mut self, end: Ended) -> Vec<Value> {
+        let finish = json!(finish_name(end.finish, false));
+        let mut out = vec![self.chunk("", &end.logprobs, finish)];
+        out.extend(self.env.usage(&end));
+        out
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ use crate::AppState;
 mod chat;
 mod completions;
 mod info;
+mod relay;
 mod request;
 mod tokenize;
 

@@ -1,18 +1,13 @@
 //! What every generating request shares: its body parsed and checked, its token budget, its job
-//! submitted to the scheduler, and the pieces of its answer (usage, finish reasons, server-sent
-//! events).
+//! submitted to the scheduler, and the pieces of its answer (usage, finish reasons, errors).
 
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
 use engine::GenerateParams;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
 use crate::constraint::{Constraint, Forced};
 use crate::error::ApiError;
@@ -201,21 +196,4 @@ pub(super) fn generation_error(m: String) -> ApiError {
 
 pub(super) fn fingerprint() -> String {
     format!("niwaki-{}", env!("CARGO_PKG_VERSION"))
-}
-
-/// One SSE `data:` event. Unicode line separators (U+0085, U+2028, U+2029) are escaped: JSON
-/// allows them raw, but some clients split lines on them.
-pub(super) fn sse_json(v: &Value) -> Result<SseEvent, Infallible> {
-    let text = v
-        .to_string()
-        .replace('\u{85}', "\\u0085")
-        .replace('\u{2028}', "\\u2028")
-        .replace('\u{2029}', "\\u2029");
-    Ok(SseEvent::default().data(text))
-}
-
-pub(super) fn sse_response(rx: mpsc::Receiver<Result<SseEvent, Infallible>>) -> Response {
-    Sse::new(ReceiverStream::new(rx))
-        .keep_alive(KeepAlive::default())
-        .into_response()
 }
