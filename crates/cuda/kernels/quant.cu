@@ -355,8 +355,9 @@ ENTRY __global__ void __launch_bounds__(256) quant_rms_p(const float* __restrict
         u16* __restrict__ xh, const float* __restrict__ signs, float* __restrict__ piece_ss,
         u32* __restrict__ xp) { quant_rms_body(x, cols, tok0, w, eps, xq, xs, xh, signs, piece_ss, xp); }
 
-// silu(gate) * up from the stacked gate|up projection. grid (ceil(ffn/1024), ntok), block 256.
-// With `signs` (ffn a multiple of 1024), each block's 1024 values are Hadamard-rotated first.
+// silu(gate) * up from the stacked gate|up projection: grid (ceil(ffn / (128 * warps)), ntok),
+// blocks of any whole number of warps, 128 values a warp (plan::swiglu_launch). With `signs`
+// (ffn a multiple of 1024, blocks of 8 warps), each block's 1024 values are Hadamard-rotated first.
 __device__ __forceinline__ void quant_swiglu_body(const float* __restrict__ gu, int stride, int ffn,
         int* __restrict__ xq, float2* __restrict__ xs, u16* __restrict__ xh, const float* __restrict__ signs,
         u32* __restrict__ xp) {

@@ -20,9 +20,11 @@ enum Takes {
     Path,
 }
 
-/// [`crate::plan::GDN_STEP_ROWS`] and [`crate::plan::ATTN_TILES`] as words (a test keeps them so).
+/// [`crate::plan::GDN_STEP_ROWS`], [`crate::plan::ATTN_TILES`] and [`crate::plan::SWIGLU_WARPS`]
+/// as words (a test keeps them so).
 const GDN_ROWS: [&str; 3] = ["32", "16", "8"];
 const ATTN_TILES: [&str; 3] = ["4", "8", "16"];
+const SWIGLU_WARPS: [&str; 4] = ["1", "2", "4", "8"];
 
 /// Every switch the backend reads, and what it takes.
 const KNOBS: &[(&str, Takes)] = &[
@@ -68,6 +70,7 @@ const KNOBS: &[(&str, Takes)] = &[
     ("NIWAKI_CUDA_PREFETCH_MB", Takes::Number),
     ("NIWAKI_CUDA_RING_LATE", Takes::OnOff),
     ("NIWAKI_CUDA_RUN_AHEAD", Takes::OnOff),
+    ("NIWAKI_CUDA_SWIGLU_WARPS", Takes::OneOf(&SWIGLU_WARPS)),
     ("NIWAKI_CUDA_TOPK", Takes::OnOff),
     ("NIWAKI_CUDA_TOPK_SUMS", Takes::OnOff),
     ("NIWAKI_CUDA_TRACE", Takes::Number),
@@ -201,6 +204,8 @@ mod tests {
         assert!(one("NIWAKI_CUDA_PDL", "yes").is_err());
         assert!(one("NIWAKI_CUDA_B1_TILE_ROWS", "32").is_ok());
         assert!(one("NIWAKI_CUDA_B1_TILE_ROWS", "24").is_err());
+        assert!(one("NIWAKI_CUDA_SWIGLU_WARPS", "4").is_ok());
+        assert!(one("NIWAKI_CUDA_SWIGLU_WARPS", "3").is_err());
         assert!(one("NIWAKI_CUDA_EARLY_TILES", "2").is_ok());
         assert!(one("NIWAKI_CUDA_ABLATE", "mma").is_ok());
         assert!(one("NIWAKI_CUDA_ABLATE", "watch").is_ok());
@@ -227,6 +232,7 @@ mod tests {
         let n = |w: &[&str]| -> Vec<usize> { w.iter().map(|r| r.parse().unwrap()).collect() };
         assert_eq!(n(&GDN_ROWS), plan::GDN_STEP_ROWS);
         assert_eq!(n(&ATTN_TILES), plan::ATTN_TILES);
+        assert_eq!(n(&SWIGLU_WARPS), plan::SWIGLU_WARPS);
     }
 
     /// The names the sources hold as string literals (`"NIWAKI_CUDA_…"`), in `dir` and below

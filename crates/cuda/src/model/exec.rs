@@ -311,6 +311,11 @@ impl CudaModel {
     ) -> Result<()> {
         let (g, d) = (&*self.gpu, &self.dims);
         let xh = g.wants_f16_acts(ntok).then(|| st.s("xh"));
+        let signs = self.signs_if(d.rotation.ffn_down, d.ffn)?;
+        let warps = crate::knobs::word("NIWAKI_CUDA_SWIGLU_WARPS")
+            .and_then(|w| w.parse().ok())
+            .unwrap_or(plan::SWIGLU_DECODE_WARPS);
+        let (grid, block) = plan::swiglu_launch(d.ffn, ntok, signs != 0, warps);
         let (name, args) = planes_twin(
             "quant_swiglu",
             &[
@@ -320,17 +325,11 @@ impl CudaModel {
                 Arg::Ptr(xq),
                 Arg::Ptr(xs),
                 Arg::Ptr(xh.unwrap_or(0)),
-                Arg::Ptr(self.signs_if(d.rotation.ffn_down, d.ffn)?),
+                Arg::Ptr(signs),
             ],
             self.planes_of(st, xq, ntok),
         );
-        g.launch(
-            &st.stream,
-            &name,
-            (d.ffn.div_ceil(1024) as u32, ntok as u32, 1),
-            (256, 1, 1),
-            &args,
-        )
+        g.launch(&st.stream, &name, grid, block, &args)
     }
 
     /// Where a pass's quantizations also write f16 activations: passes whose GEMMs read those.

@@ -498,6 +498,34 @@ pub fn gdn_step_grid(d: &Dims, rows: usize) -> (u32, u32, u32) {
     (d.value_heads as u32, (d.value_dim / cols) as u32, 1)
 }
 
+/// Warps of a decode step's `quant_swiglu` block where nothing is rotated (a warp's 128 values
+/// need no other warp's): blocks of one warp spread the step's 17,408 values (27B) over 136
+/// multiprocessors rather than 17. On an H100, 27B decode (`ab-h200.sh`, `niwaki bench
+/// --device cuda -p 0 -n 128 -r 3`, medians, two rounds alternated, 2026-12-05) Q1_0 429.19 /
+/// 427.83 tok/s against eight warps' 418.10 / 417.39, Q2_0 293.68 / 293.19 against 292.28 /
+/// 292.23 (two warps: 417.29 / 417.54 and 291.84 / 291.90; four: 417.26 / 417.38 and
+/// 292.06 / 291.80), the same picked tokens. `NIWAKI_CUDA_SWIGLU_WARPS` sets it.
+pub const SWIGLU_DECODE_WARPS: usize = 1;
+/// The warps a `quant_swiglu` block may have: whole 1024-value rotation blocks are eight.
+pub const SWIGLU_WARPS: [usize; 4] = [1, 2, 4, 8];
+
+/// `quant_swiglu`'s grid and block for `ntok` tokens of a feed-forward `ffn` wide, Hadamard-
+/// rotated or not, decode steps in blocks of `decode_warps`: a rotation's blocks hold its 1024
+/// values, and multi-token passes keep eight warps (their many blocks fill the device anyway).
+pub fn swiglu_launch(
+    ffn: usize,
+    ntok: usize,
+    rotated: bool,
+    decode_warps: usize,
+) -> ((u32, u32, u32), (u32, u32, u32)) {
+    assert!(SWIGLU_WARPS.contains(&decode_warps));
+    let warps = if rotated || ntok > 1 { 8 } else { decode_warps };
+    (
+        (ffn.div_ceil(128 * warps) as u32, ntok as u32, 1),
+        (32 * warps as u32, 1, 1),
+    )
+}
+
 /// Tokens per chunk of the chunked recurrence (kernels/gdn_chunk.cu).
 pub const GDN_CHUNK: usize = 64;
 /// Passes of at least this many tokens may run the recurrence in chunks (fewer: token by

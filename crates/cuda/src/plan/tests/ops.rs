@@ -413,6 +413,32 @@ fn every_recurrent_step_variant_is_a_kernel_covering_every_value_column() {
 }
 
 #[test]
+fn every_swiglu_launch_covers_the_feed_forward_once_and_rotations_keep_whole_blocks() {
+    for ffn in [dims(Preset::B27).ffn, 256, 1024, 3072] {
+        for (ntok, rotated) in [(1, false), (1, true), (7, false), (7, true)] {
+            for w in SWIGLU_WARPS {
+                let ((bx, by, bz), (threads, ty, tz)) = swiglu_launch(ffn, ntok, rotated, w);
+                assert_eq!((by, bz, ty, tz), (ntok as u32, 1, 1, 1));
+                let per_block = 128 * threads as usize / 32;
+                // Enough blocks for every value, and no block wholly past the end.
+                assert!(bx as usize * per_block >= ffn && (bx as usize - 1) * per_block < ffn);
+                // A rotation's 1024 values are one block's; multi-token passes keep eight warps.
+                if rotated || ntok > 1 {
+                    assert_eq!(threads, 256, "ffn {ffn} ntok {ntok} rotated {rotated}");
+                } else {
+                    assert_eq!(threads as usize, 32 * w);
+                }
+            }
+        }
+    }
+    assert!(SWIGLU_WARPS.contains(&SWIGLU_DECODE_WARPS));
+    assert_eq!(
+        swiglu_launch(17_408, 1, false, 1),
+        ((136, 1, 1), (32, 1, 1))
+    );
+}
+
+#[test]
 fn norm_fusion_is_apart_unless_asked_and_binary_folds_only_into_binary_gemvs() {
     assert_eq!(NormFusion::from_setting(None), NormFusion::Apart);
     assert_eq!(NormFusion::from_setting(Some("0")), NormFusion::Apart);
