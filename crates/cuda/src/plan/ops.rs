@@ -504,7 +504,9 @@ pub fn gdn_step_grid(d: &Dims, rows: usize) -> (u32, u32, u32) {
 /// --device cuda -p 0 -n 128 -r 3`, medians, two rounds alternated, 2026-12-05) Q1_0 429.19 /
 /// 427.83 tok/s against eight warps' 418.10 / 417.39, Q2_0 293.68 / 293.19 against 292.28 /
 /// 292.23 (two warps: 417.29 / 417.54 and 291.84 / 291.90; four: 417.26 / 417.38 and
-/// 292.06 / 291.80), the same picked tokens. `NIWAKI_CUDA_SWIGLU_WARPS` sets it.
+/// 292.06 / 291.80), the same picked tokens; on the H200 (one round, against the build before)
+/// Q1_0 474.55 against 456.83, Q2_0 338.96 against 337.95, PQ2_0 346.46 against 345.58, PTQ1_0
+/// 346.57 against 344.10. `NIWAKI_CUDA_SWIGLU_WARPS` sets it.
 pub const SWIGLU_DECODE_WARPS: usize = 1;
 /// The warps a `quant_swiglu` block may have: whole 1024-value rotation blocks are eight.
 pub const SWIGLU_WARPS: [usize; 4] = [1, 2, 4, 8];
