@@ -120,6 +120,10 @@ pub struct Gpu {
     /// Key rows per lane of the recurrent step in multi-token passes (one of
     /// [`plan::GDN_STEP_ROWS`]; `NIWAKI_CUDA_GDN_ROWS` sets it).
     gdn_rows: AtomicUsize,
+    /// Warps of a decode step's `quant_swiglu` block where nothing is rotated (one of
+    /// [`plan::SWIGLU_WARPS`]; [`plan::SWIGLU_DECODE_WARPS`] unless `NIWAKI_CUDA_SWIGLU_WARPS`
+    /// sets it).
+    swiglu_warps: usize,
     /// Which decode GEMVs norm their input themselves ([`plan::NormFusion`]; none by default,
     /// `NIWAKI_CUDA_FUSE_NORM=binary` or `=1`). Into the dp4a kernels it measured 1-8% slower
     /// decode on the H200 (their every block norms and stages the whole row before its first

@@ -192,6 +192,10 @@ impl Gpu {
                     .filter(|r| plan::GDN_STEP_ROWS.contains(r))
                     .unwrap_or(plan::GDN_STEP_DEFAULT_ROWS),
             ),
+            swiglu_warps: knobs::word("NIWAKI_CUDA_SWIGLU_WARPS")
+                .and_then(|v| v.parse().ok())
+                .filter(|w| plan::SWIGLU_WARPS.contains(w))
+                .unwrap_or(plan::SWIGLU_DECODE_WARPS),
             norm_fusion: Mutex::new(plan::NormFusion::from_setting(
                 knobs::word("NIWAKI_CUDA_FUSE_NORM").as_deref(),
             )),

@@ -71,6 +71,11 @@ impl Gpu {
         }
     }
 
+    /// Warps of a decode step's `quant_swiglu` block where nothing is rotated.
+    pub fn swiglu_warps(&self) -> usize {
+        self.swiglu_warps
+    }
+
     /// Sets [`Gpu::gdn_rows`] (one of [`plan::GDN_STEP_ROWS`], for measuring the variants).
     pub fn set_gdn_rows(&self, rows: usize) {
         assert!(

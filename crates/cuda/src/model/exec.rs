@@ -312,10 +312,7 @@ impl CudaModel {
         let (g, d) = (&*self.gpu, &self.dims);
         let xh = g.wants_f16_acts(ntok).then(|| st.s("xh"));
         let signs = self.signs_if(d.rotation.ffn_down, d.ffn)?;
-        let warps = crate::knobs::word("NIWAKI_CUDA_SWIGLU_WARPS")
-            .and_then(|w| w.parse().ok())
-            .unwrap_or(plan::SWIGLU_DECODE_WARPS);
-        let (grid, block) = plan::swiglu_launch(d.ffn, ntok, signs != 0, warps);
+        let (grid, block) = plan::swiglu_launch(d.ffn, ntok, signs != 0, g.swiglu_warps());
         let (name, args) = planes_twin(
             "quant_swiglu",
             &[
