@@ -1,4 +1,8 @@
 // Packed-weight GEMV with int8 activations and dp4a, for up to NT tokens per weight read.
+
+#ifndef SHARE_UNROLL
+#define SHARE_UNROLL 1
+#endif
 //
 // Layouts (see repack.rs): a chunk is 16 bytes = 4 words. 1-bit: word w holds values
 // 32w+4k+b at bit 8b+k (128 values). 2-bit: word w holds the code of value 16w+4k+b at bits
@@ -431,6 +435,12 @@ __device__ __forceinline__ void shared_tile(const uint4* wc, const u16* ws, int 
     mbar_wait(full, phase);
     if (threadIdx.x == 0) TRACE_MARK_FIRST(1);
     constexpr int P = (FMT == FMT_Q1 ? 128 : 64) / 16;
+    // SHARE_UNROLL chunks a lane at a time in flight: a shared-lanes block is alone on its
+    // multiprocessor (two warps a scheduler), so one chunk's shared-memory loads otherwise wait
+    // with nothing else to issue. The sums keep their order: the same bits.
+#if SHARE_UNROLL > 1
+#pragma unroll SHARE_UNROLL
+#endif
     for (int c = lane; DOT && c < chunks; c += 32) {
         int xw[4 * P];
         if (SWZ) swz_x_words<FMT>(xa, c, xw);

@@ -25,6 +25,9 @@ enum Takes {
 const GDN_ROWS: [&str; 3] = ["32", "16", "8"];
 const ATTN_TILES: [&str; 3] = ["4", "8", "16"];
 const SWIGLU_WARPS: [&str; 4] = ["1", "2", "4", "8"];
+/// Chunks a lane of the dp4a GEMV's shared-lanes kernels takes at a time (`SHARE_UNROLL` in
+/// `kernels/gemv.cu`).
+const SHARE_UNROLL: [&str; 4] = ["1", "2", "3", "4"];
 
 /// Every switch the backend reads, and what it takes.
 const KNOBS: &[(&str, Takes)] = &[
@@ -70,6 +73,7 @@ const KNOBS: &[(&str, Takes)] = &[
     ("NIWAKI_CUDA_PREFETCH_MB", Takes::Number),
     ("NIWAKI_CUDA_RING_LATE", Takes::OnOff),
     ("NIWAKI_CUDA_RUN_AHEAD", Takes::OnOff),
+    ("NIWAKI_CUDA_SHARE_UNROLL", Takes::OneOf(&SHARE_UNROLL)),
     ("NIWAKI_CUDA_SWIGLU_WARPS", Takes::OneOf(&SWIGLU_WARPS)),
     ("NIWAKI_CUDA_TOPK", Takes::OnOff),
     ("NIWAKI_CUDA_TOPK_SUMS", Takes::OnOff),

@@ -78,6 +78,10 @@ fn an_architecture_gives_its_blocks_shared_memory_and_the_defines_follow_it() {
             let want = format!("-DRING_LATE_Q1={}", u8::from(plan::RING_LATE_Q1));
             assert_eq!(late[0], &want);
         }
+        // The shared-lanes GEMVs' unrolling is a measurement's: unset, the default program.
+        if std::env::var_os("NIWAKI_CUDA_SHARE_UNROLL").is_none() {
+            assert!(!defines.iter().any(|x| x.starts_with("-DSHARE_UNROLL")));
+        }
     }
     assert_ne!(ring(227 << 10), ring(64 << 10));
     assert!(program_defines(&d, 227 << 10, 16).contains(&"-DNIWAKI_TRACE=16".to_string()));
