@@ -1,8 +1,4 @@
 // Packed-weight GEMV with int8 activations and dp4a, for up to NT tokens per weight read.
-
-#ifndef SHARE_UNROLL
-#define SHARE_UNROLL 1
-#endif
 //
 // Layouts (see repack.rs): a chunk is 16 bytes = 4 words. 1-bit: word w holds values
 // 32w+4k+b at bit 8b+k (128 values). 2-bit: word w holds the code of value 16w+4k+b at bits

@@ -31,7 +31,8 @@ pub fn options(arch: &str, defines: &[String]) -> Vec<String> {
 /// (`NIWAKI_CUDA_WEIGHTS_L2`), the 1-bit GEMVs' ring order (`NIWAKI_CUDA_RING_LATE`,
 /// [`plan::RING_LATE_Q1`]), the 2-bit GEMVs' MMA shape (`NIWAKI_CUDA_B2_K256`,
 /// [`plan::B2_K256`]), the dp4a shared-lanes GEMVs' chunks a lane at a time
-/// (`NIWAKI_CUDA_SHARE_UNROLL`, one unless set) and a measurement's ablation (`NIWAKI_CUDA_ABLATE`). What the backend
+/// (`NIWAKI_CUDA_SHARE_UNROLL`, [`plan::SHARE_UNROLL`]) and a measurement's ablation
+/// (`NIWAKI_CUDA_ABLATE`). What the backend
 /// compiles at start and [`precompile`] ahead.
 pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) -> Vec<String> {
     let mut defines = dims.defines_for(plan::attn_ring_positions(dims, smem_limit));
@@ -51,8 +52,13 @@ pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) ->
     if crate::knobs::flag("NIWAKI_CUDA_B2_K256", plan::B2_K256) {
         defines.push("-DB2_K256=1".into());
     }
-    if let Some(n) = crate::knobs::word("NIWAKI_CUDA_SHARE_UNROLL").filter(|n| n != "1") {
-        defines.push(format!("-DSHARE_UNROLL={n}"));
+    if let Some(n) = crate::knobs::word("NIWAKI_CUDA_SHARE_UNROLL") {
+        for d in defines
+            .iter_mut()
+            .filter(|d| d.starts_with("-DSHARE_UNROLL="))
+        {
+            *d = format!("-DSHARE_UNROLL={n}");
+        }
     }
     if let Some(what) = ablation() {
         defines.push(format!("-DABLATE_{}=1", what.to_uppercase()));

@@ -78,9 +78,14 @@ fn an_architecture_gives_its_blocks_shared_memory_and_the_defines_follow_it() {
             let want = format!("-DRING_LATE_Q1={}", u8::from(plan::RING_LATE_Q1));
             assert_eq!(late[0], &want);
         }
-        // The shared-lanes GEMVs' unrolling is a measurement's: unset, the default program.
+        // The shared-lanes GEMVs' chunks a lane at a time: likewise.
+        let unroll: Vec<_> = defines
+            .iter()
+            .filter(|x| x.starts_with("-DSHARE_UNROLL="))
+            .collect();
+        assert_eq!(unroll.len(), 1, "{defines:?}");
         if std::env::var_os("NIWAKI_CUDA_SHARE_UNROLL").is_none() {
-            assert!(!defines.iter().any(|x| x.starts_with("-DSHARE_UNROLL")));
+            assert_eq!(unroll[0], &format!("-DSHARE_UNROLL={}", plan::SHARE_UNROLL));
         }
     }
     assert_ne!(ring(227 << 10), ring(64 << 10));

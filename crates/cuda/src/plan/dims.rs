@@ -181,6 +181,7 @@ impl Dims {
             ("GEMV1_WARPS", GEMV1_WARPS),
             ("GEMV1_MAX_STAGES", GEMV1_MAX_STAGES),
             ("RING_LATE_Q1", usize::from(RING_LATE_Q1)),
+            ("SHARE_UNROLL", SHARE_UNROLL),
             ("CH_WARPS", CHAIN_WARPS),
             ("CH_SLOTS", CHAIN_SLOTS),
             ("CH_STATS", CHAIN_STATS),

@@ -28,6 +28,15 @@ pub struct Gemv1Tuning {
 /// multiprocessor (`NIWAKI_CUDA_GEMV1_SHARE=0`): yes, measured faster.
 pub const SHARED_WIDE_ROWS: bool = true;
 
+/// Chunks a lane of the shared-lanes kernels takes at a time (`SHARE_UNROLL` in
+/// `kernels/gemv.cu`; `NIWAKI_CUDA_SHARE_UNROLL` sets it): the block is alone on its
+/// multiprocessor, two warps a scheduler, so a lane's shared-memory loads for its next chunk
+/// are better issued before its current chunk's arithmetic. Its sums keep their order (the
+/// same bits). On the H200 (`crates/cuda/ab-h200.sh … -p 0 -n 128 -r 3`, tok/s, two rounds
+/// on Q2_0): Q2_0 343.59 / 343.74 against 339.47 / 339.45 with one, PQ2_0 351.10 against
+/// 346.80, PTQ1_0 351.18 against 345.65; three or four chunks at a time slower than two.
+pub const SHARE_UNROLL: usize = 2;
+
 impl Gemv1Tuning {
     /// Default for a matrix: [`Gemv1Tuning::for_shape_with`] as [`SHARED_WIDE_ROWS`] says.
     pub fn for_shape(format: GpuFormat, cols: usize) -> Gemv1Tuning {
