@@ -32,16 +32,14 @@ pub fn options(arch: &str, defines: &[String]) -> Vec<String> {
 /// [`plan::RING_LATE_Q1`]), the 2-bit GEMVs' MMA shape (`NIWAKI_CUDA_B2_K256`,
 /// [`plan::B2_K256`]), the dp4a shared-lanes GEMVs' chunks a lane at a time
 /// (`NIWAKI_CUDA_SHARE_UNROLL`, [`plan::SHARE_UNROLL`]) and a measurement's ablation
-/// (`NIWAKI_CUDA_ABLATE`). What the backend
-/// compiles at start and [`precompile`] ahead.
+/// (`NIWAKI_CUDA_ABLATE`). What the backend compiles at start and [`precompile`] ahead.
 pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) -> Vec<String> {
     let mut defines = dims.defines_for(plan::attn_ring_positions(dims, smem_limit));
-    let late = crate::knobs::flag("NIWAKI_CUDA_RING_LATE", plan::RING_LATE_Q1);
-    for d in defines
-        .iter_mut()
-        .filter(|d| d.starts_with("-DRING_LATE_Q1="))
-    {
-        *d = format!("-DRING_LATE_Q1={}", u8::from(late));
+    if let Some(late) = crate::knobs::flag_set("NIWAKI_CUDA_RING_LATE") {
+        set_define(&mut defines, "RING_LATE_Q1", u8::from(late));
+    }
+    if let Some(n) = crate::knobs::word("NIWAKI_CUDA_SHARE_UNROLL") {
+        set_define(&mut defines, "SHARE_UNROLL", n);
     }
     if trace_capacity > 0 {
         defines.push(format!("-DNIWAKI_TRACE={trace_capacity}"));
@@ -52,18 +50,18 @@ pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) ->
     if crate::knobs::flag("NIWAKI_CUDA_B2_K256", plan::B2_K256) {
         defines.push("-DB2_K256=1".into());
     }
-    if let Some(n) = crate::knobs::word("NIWAKI_CUDA_SHARE_UNROLL") {
-        for d in defines
-            .iter_mut()
-            .filter(|d| d.starts_with("-DSHARE_UNROLL="))
-        {
-            *d = format!("-DSHARE_UNROLL={n}");
-        }
-    }
     if let Some(what) = ablation() {
         defines.push(format!("-DABLATE_{}=1", what.to_uppercase()));
     }
     defines
+}
+
+/// A switch's value in place of the plan's for the define `name` ([`Dims::defines_for`]).
+fn set_define(defines: &mut [String], name: &str, value: impl std::fmt::Display) {
+    let prefix = format!("-D{name}=");
+    for d in defines.iter_mut().filter(|d| d.starts_with(&prefix)) {
+        *d = format!("{prefix}{value}");
+    }
 }
 
 /// The part of the kernels' work a measurement takes out (`NIWAKI_CUDA_ABLATE`), where set.
