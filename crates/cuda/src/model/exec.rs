@@ -326,7 +326,8 @@ impl CudaModel {
             ],
             self.planes_of(st, xq, ntok),
         );
-        g.launch(&st.stream, &name, grid, block, &args)
+        let smem = if ntok == 1 { g.swiglu_smem() } else { 0 };
+        g.launch_smem(&st.stream, &name, grid, block, smem as u32, &args)
     }
 
     /// Where a pass's quantizations also write f16 activations: passes whose GEMMs read those.
