@@ -153,10 +153,6 @@ impl Sampler {
         self.cfg.is_plain_greedy()
     }
 
-    fn has_penalties(&self) -> bool {
-        self.cfg.has_penalties()
-    }
-
     /// What a device must return for a draw to be made from the best candidates alone (random
     /// sampling without penalties): with a top-k limit, its k best by logit / temperature; without
     /// one, [`RANKED_CANDIDATES`] of them and the row's weight sums
@@ -164,7 +160,7 @@ impl Sampler {
     /// ([`crate::Backend::forward_top_k`]) and the draw is made by [`Sampler::sample_ranked`].
     pub fn ranked_draw(&self) -> Option<RankedRequest> {
         let c = &self.cfg;
-        if c.temperature <= 0.0 || self.has_penalties() {
+        if c.temperature <= 0.0 || c.has_penalties() {
             return None;
         }
         let temperature = c.temperature.max(f32::MIN_POSITIVE);
@@ -233,7 +229,7 @@ impl Sampler {
     /// Applies repetition, presence and frequency penalties for the tokens in `history`.
     pub fn apply_penalties(&self, logits: &mut [f32], history: &[u32]) {
         let c = &self.cfg;
-        if !self.has_penalties() {
+        if !self.cfg.has_penalties() {
             return;
         }
         let window = if c.penalty_window == 0 {
