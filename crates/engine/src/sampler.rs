@@ -229,7 +229,7 @@ impl Sampler {
     /// Applies repetition, presence and frequency penalties for the tokens in `history`.
     pub fn apply_penalties(&self, logits: &mut [f32], history: &[u32]) {
         let c = &self.cfg;
-        if !self.cfg.has_penalties() {
+        if !c.has_penalties() {
             return;
         }
         let window = if c.penalty_window == 0 {

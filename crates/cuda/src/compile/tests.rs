@@ -68,24 +68,26 @@ fn an_architecture_gives_its_blocks_shared_memory_and_the_defines_follow_it() {
         let defines = program_defines(&d, smem, 0);
         assert!(defines.contains(&ring(smem)), "{defines:?}");
         assert!(!defines.iter().any(|x| x.starts_with("-DNIWAKI_TRACE")));
-        // The 1-bit GEMVs' ring order: one define, the plan's unless the switch says otherwise.
-        let late: Vec<_> = defines
-            .iter()
-            .filter(|x| x.starts_with("-DRING_LATE_Q1="))
-            .collect();
-        assert_eq!(late.len(), 1, "{defines:?}");
-        if std::env::var_os("NIWAKI_CUDA_RING_LATE").is_none() {
-            let want = format!("-DRING_LATE_Q1={}", u8::from(plan::RING_LATE_Q1));
-            assert_eq!(late[0], &want);
-        }
-        // The shared-lanes GEMVs' chunks a lane at a time: likewise.
-        let unroll: Vec<_> = defines
-            .iter()
-            .filter(|x| x.starts_with("-DSHARE_UNROLL="))
-            .collect();
-        assert_eq!(unroll.len(), 1, "{defines:?}");
-        if std::env::var_os("NIWAKI_CUDA_SHARE_UNROLL").is_none() {
-            assert_eq!(unroll[0], &format!("-DSHARE_UNROLL={}", plan::SHARE_UNROLL));
+        // Defines a switch may set (the 1-bit GEMVs' ring order, the shared-lanes GEMVs'
+        // chunks a lane at a time): one each, the plan's unless the switch says otherwise.
+        for (name, knob, plan_value) in [
+            (
+                "RING_LATE_Q1",
+                "NIWAKI_CUDA_RING_LATE",
+                usize::from(plan::RING_LATE_Q1),
+            ),
+            (
+                "SHARE_UNROLL",
+                "NIWAKI_CUDA_SHARE_UNROLL",
+                plan::SHARE_UNROLL,
+            ),
+        ] {
+            let prefix = format!("-D{name}=");
+            let got: Vec<_> = defines.iter().filter(|x| x.starts_with(&prefix)).collect();
+            assert_eq!(got.len(), 1, "{defines:?}");
+            if std::env::var_os(knob).is_none() {
+                assert_eq!(got[0], &format!("{prefix}{plan_value}"));
+            }
         }
     }
     assert_ne!(ring(227 << 10), ring(64 << 10));
