@@ -124,10 +124,6 @@ pub struct Gpu {
     /// [`plan::SWIGLU_WARPS`]; [`plan::SWIGLU_DECODE_WARPS`] unless `NIWAKI_CUDA_SWIGLU_WARPS`
     /// sets it).
     swiglu_warps: usize,
-    /// Dynamic shared memory a decode step's `quant_swiglu` block asks for and does not use,
-    /// so that fewer of its blocks fit a multiprocessor (`NIWAKI_CUDA_SWIGLU_SMEM_KIB`, at most
-    /// 48; none by default), for measuring how its blocks spread.
-    swiglu_smem: usize,
     /// Which decode GEMVs norm their input themselves ([`plan::NormFusion`]; none by default,
     /// `NIWAKI_CUDA_FUSE_NORM=binary` or `=1`). Into the dp4a kernels it measured 1-8% slower
     /// decode on the H200 (their every block norms and stages the whole row before its first

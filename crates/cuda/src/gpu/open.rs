@@ -196,7 +196,6 @@ impl Gpu {
                 .and_then(|v| v.parse().ok())
                 .filter(|w| plan::SWIGLU_WARPS.contains(w))
                 .unwrap_or(plan::SWIGLU_DECODE_WARPS),
-            swiglu_smem: knobs::number("NIWAKI_CUDA_SWIGLU_SMEM_KIB", 0).min(48) << 10,
             norm_fusion: Mutex::new(plan::NormFusion::from_setting(
                 knobs::word("NIWAKI_CUDA_FUSE_NORM").as_deref(),
             )),

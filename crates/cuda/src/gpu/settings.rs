@@ -76,11 +76,6 @@ impl Gpu {
         self.swiglu_warps
     }
 
-    /// Unused dynamic shared memory of a decode step's `quant_swiglu` blocks (0 by default).
-    pub fn swiglu_smem(&self) -> usize {
-        self.swiglu_smem
-    }
-
     /// Sets [`Gpu::gdn_rows`] (one of [`plan::GDN_STEP_ROWS`], for measuring the variants).
     pub fn set_gdn_rows(&self, rows: usize) {
         assert!(

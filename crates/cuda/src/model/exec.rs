@@ -326,8 +326,7 @@ impl CudaModel {
             ],
             self.planes_of(st, xq, ntok),
         );
-        let smem = if ntok == 1 { g.swiglu_smem() } else { 0 };
-        g.launch_smem(&st.stream, &name, grid, block, smem as u32, &args)
+        g.launch(&st.stream, &name, grid, block, &args)
     }
 
     /// Where a pass's quantizations also write f16 activations: passes whose GEMMs read those.
