@@ -275,6 +275,123 @@ __device__ __forceinline__ void fold_arrive(const FoldOut& f, const float* x, in
     }
 }
 
+// The tagged fold (plan::FOLD_TAGS, the FOLD_TAGS define; the 1-bit binary GEMVs' counters
+// path where the fold writes plane words): each
+// row the GEMV writes goes also into a 64-bit pair (the value's bits, and a tag saying which
+// launch wrote it), so that the block completing a piece need not have the other blocks'
+// writes ordered before their arrivals: a pair carrying this launch's tag holds this launch's
+// value (an aligned 64-bit access is single-copy atomic). The arrivals then go out without a
+// release fence (no wait for the rows' stores to be acknowledged), and every arriving warp
+// asks for its pieces' pairs together with its arrivals rather than after learning that it
+// completed one; a pair seen with an older tag (a write still in flight) is read again. The
+// values folded are those the counters' path reads from the residual: the same bits.
+//
+// The pairs follow the fold's plane words (`fold_xp`, as many bytes as the row has values,
+// rounded to the regions' 256: plan::memory keeps `fold_pairs` right after it, both last and
+// empty for models without plane words). A tag is the piece's
+// counter rounded down to its launch's first arrival (the counters are never reset, so it
+// grows from launch to launch of one residual GEMV), the counters' slot (one per residual GEMV
+// of a layer, 256 bytes apart) in bits 24-30, so that consecutive launches, which write the
+// same pairs, differ, and bit 31 set, so that no tag is the zero of a fresh buffer.
+#ifdef FOLD_TAGS
+constexpr bool FOLD_TAGS_ON = true;
+#else
+constexpr bool FOLD_TAGS_ON = false;
+#endif
+
+// The pairs of a fold of `rows` values (a fold with plane words).
+__device__ __forceinline__ u64* fold_pairs(const FoldOut& f, int rows) {
+    return (u64*)((unsigned char*)f.xp + ((rows + 255) & ~255));
+}
+
+__device__ __forceinline__ u32 fold_tag(const FoldOut& f, u32 count, u32 arrivals) {
+    const u32 slot = ((u32)(size_t)f.cnt >> 8) & 0x7Fu;
+    return 0x80000000u | (slot << 24) | ((count & ~(arrivals - 1u)) & 0xFFFFFFu);
+}
+
+__device__ __forceinline__ u32 ld_relaxed_u32(const u32* p) {
+    u32 v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void st_relaxed_u64(u64* p, u64 v) {
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// This lane's four pairs of a piece (values 4·lane..), as two 64-bit loads each single-copy
+// atomic.
+__device__ __forceinline__ void ld_pairs4(const u64* p, u64 (&q)[4]) {
+    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(q[0]), "=l"(q[1]) : "l"(p) : "memory");
+    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(q[2]), "=l"(q[3]) : "l"(p + 2) : "memory");
+}
+
+__device__ __forceinline__ u32 atom_add_relaxed(u32* p, u32 v) {
+    u32 old;
+    asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+
+// fold_arrive with the pairs (a norm's fold): the arrivals of up to 32 tiles a round, the
+// pairs of the first FB tiles' pieces requested with them; each completed piece is folded
+// once every pair of it carries the launch's tag.
+template <int FB>
+__device__ __forceinline__ void fold_arrive_tagged(const FoldOut& f, int rows, int mine, int tr, u32 arrivals) {
+    __syncwarp();
+#ifdef ABLATE_FOLD
+    return;
+#endif
+    const int lane = threadIdx.x & 31;
+    const u64* pairs = fold_pairs(f, rows);
+    for (int i0 = 0; i0 < mine; i0 += 32) {
+        const int i = i0 + lane;
+        const int piece = i < mine ? (int)(blockIdx.x + (u32)i * gridDim.x) * tr >> 7 : 0;
+        u64 spec[FB][4];
+        float4 gspec[FB];
+#pragma unroll
+        for (int k = 0; k < FB; k++) {
+            if (i0 + k < mine) {
+                const int v = __shfl_sync(0xffffffffu, piece, k) * 128 + 4 * lane;
+                ld_pairs4(pairs + v, spec[k]);
+                gspec[k] = __ldg((const float4*)(f.w + v));
+            }
+        }
+        const u32 old = i < mine ? atom_add_relaxed(f.cnt + piece, 1u) : 0u;
+        const bool last = i < mine && ((old + 1u) & (arrivals - 1u)) == 0u;
+        for (u32 done = __ballot_sync(0xffffffffu, last); done; done &= done - 1) {
+            const int src = __ffs(done) - 1;
+            const int p = __shfl_sync(0xffffffffu, piece, src);
+            const u32 tag = fold_tag(f, __shfl_sync(0xffffffffu, old, src), arrivals);
+            u64 q[4];
+            float4 g;
+            bool have = false;
+#pragma unroll
+            for (int k = 0; k < FB; k++) {
+                if (src == k) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) q[e] = spec[k][e];
+                    g = gspec[k];
+                    have = true;
+                }
+            }
+            if (!have) {
+                ld_pairs4(pairs + p * 128 + 4 * lane, q);
+                g = __ldg((const float4*)(f.w + p * 128 + 4 * lane));
+            }
+            auto fresh = [&]() {
+                bool ok = true;
+#pragma unroll
+                for (int e = 0; e < 4; e++) ok &= (u32)(q[e] >> 32) == tag;
+                return __all_sync(0xffffffffu, ok);
+            };
+            while (!fresh()) ld_pairs4(pairs + p * 128 + 4 * lane, q);
+            const float4 x = make_float4(__uint_as_float((u32)q[0]), __uint_as_float((u32)q[1]),
+                                         __uint_as_float((u32)q[2]), __uint_as_float((u32)q[3]));
+            fold_piece_regs(x, g, p * 128, f.xq, f.xs, f.ss, f.xp);
+        }
+    }
+}
+
 // RMS norm of residual rows tok0.. then quantize, block 256, grid (B, ntok): each of a token's
 // B blocks sums the squares of the whole row, then quantizes the 1024-value shares k ≡ b (mod B).
 // Thread i's values (4 at 4i + 1024k) stay in registers from the sum to the quantization (up to

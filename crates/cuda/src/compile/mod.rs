@@ -31,7 +31,8 @@ pub fn options(arch: &str, defines: &[String]) -> Vec<String> {
 /// (`NIWAKI_CUDA_WEIGHTS_L2`), the 1-bit GEMVs' ring order (`NIWAKI_CUDA_RING_LATE`,
 /// [`plan::RING_LATE_Q1`]), the 2-bit GEMVs' MMA shape (`NIWAKI_CUDA_B2_K256`,
 /// [`plan::B2_K256`]), the dp4a shared-lanes GEMVs' chunks a lane at a time
-/// (`NIWAKI_CUDA_SHARE_UNROLL`, [`plan::SHARE_UNROLL`]) and a measurement's ablation
+/// (`NIWAKI_CUDA_SHARE_UNROLL`, [`plan::SHARE_UNROLL`]), the 1-bit GEMVs' tagged folds
+/// (`NIWAKI_CUDA_FOLD_TAGS`, [`plan::FOLD_TAGS`]) and a measurement's ablation
 /// (`NIWAKI_CUDA_ABLATE`). What the backend compiles at start and [`precompile`] ahead.
 pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) -> Vec<String> {
     let mut defines = dims.defines_for(plan::attn_ring_positions(dims, smem_limit));
@@ -49,6 +50,9 @@ pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) ->
     }
     if crate::knobs::flag("NIWAKI_CUDA_B2_K256", plan::B2_K256) {
         defines.push("-DB2_K256=1".into());
+    }
+    if crate::knobs::flag("NIWAKI_CUDA_FOLD_TAGS", plan::FOLD_TAGS) {
+        defines.push("-DFOLD_TAGS=1".into());
     }
     if let Some(what) = ablation() {
         defines.push(format!("-DABLATE_{}=1", what.to_uppercase()));

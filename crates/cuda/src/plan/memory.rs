@@ -156,6 +156,9 @@ impl Scratch {
             // it measured the same, 306.4 against 305.9 tok/s on the H200's 27B Q2_0).
             ("xp", p * d.max_cols()),
             ("fold_xp", p * d.hidden),
+            // Right after the fold's plane words (the tagged fold of the 1-bit GEMVs finds them
+            // there, `kernels/quant.cu`, fold_pairs): each row of the residual as (value, tag).
+            ("fold_pairs", 8 * p * d.hidden),
         ];
         let mut regions = Vec::new();
         let mut at = 0;

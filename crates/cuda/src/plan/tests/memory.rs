@@ -61,11 +61,19 @@ fn scratch_regions_are_aligned_and_disjoint() {
     // Without plane words the same regions, the words' two empty at the end.
     let bare = Scratch::new(&d, MAX_CHUNK, false);
     for &(name, at, n) in &bare.regions {
-        if name == "xp" || name == "fold_xp" {
+        if name == "xp" || name == "fold_xp" || name == "fold_pairs" {
             assert_eq!((at, n), (bare.bytes, 0), "{name}");
         } else {
             assert_eq!((at, n), (s.offset(name), s.size(name)), "{name}");
         }
     }
     assert_eq!(bare.bytes, s.offset("xp"));
+    // The tagged fold finds the pairs past the fold's plane words rounded to 256 bytes
+    // (`kernels/quant.cu`, fold_pairs), one pair a row of the hidden width.
+    assert_eq!(
+        s.offset("fold_pairs"),
+        s.offset("fold_xp") + d.hidden.div_ceil(256) * 256
+    );
+    assert_eq!(s.size("fold_xp"), d.hidden);
+    assert_eq!(s.size("fold_pairs"), 8 * d.hidden);
 }
