@@ -203,6 +203,8 @@ __device__ __forceinline__ void b1_produce(u64* bars, u64* empty, float (*part)[
     u64 best = 0;
     // The row this lane wrote last (CL: the block's one tile).
     float last = 0.0f;
+    // A norm's fold by tagged pairs (plan::FOLD_TAGS; folds that write plane words).
+    const bool tagged = TAGS && fold.cnt && fold.xp && !fold.ffn;
     // Stage s of tile i and the parity of its use, counted rather than divided.
     for (int i = 0, s = 0, ph = 0; i < mine; i++) {
         const int tile = (int)blockIdx.x + i * (int)gridDim.x;
@@ -211,7 +213,6 @@ __device__ __forceinline__ void b1_produce(u64* bars, u64* empty, float (*part)[
         // for the consumers: its round trip to L2 overlaps their tile instead of following it.
         const float prior = accumulate && lane < TR && row < rows ? out[row] : 0.0f;
         // With a tagged fold, the tile's piece's counter, for the tag of its pairs.
-        const bool tagged = TAGS && fold.cnt && fold.xp && !fold.ffn;
         const u32 count = tagged && lane < TR && row < rows ? ld_relaxed_u32(fold.cnt + (row >> 7)) : 0u;
         mbar_wait(smem_addr(&empty[s]), (u32)ph);
         if (lane < TR) {
@@ -248,7 +249,7 @@ __device__ __forceinline__ void b1_produce(u64* bars, u64* empty, float (*part)[
     } else if (fold.cnt) {
         bool folded = false;
         if constexpr (TAGS) {
-            if (fold.xp && !fold.ffn) {
+            if (tagged) {
                 fold_arrive_tagged<FB>(fold, rows, mine, TR, 128u / TR);
                 folded = true;
             }
