@@ -384,7 +384,12 @@ __device__ __forceinline__ void fold_arrive_tagged(const FoldOut& f, int rows, i
                 for (int e = 0; e < 4; e++) ok &= (u32)(q[e] >> 32) == tag;
                 return __all_sync(0xffffffffu, ok);
             };
-            while (!fresh()) ld_pairs4(pairs + p * 128 + 4 * lane, q);
+            for (u32 tries = 0; !fresh(); tries++) {
+                // A tag that never comes is a broken invariant (a counter out of step with its
+                // launches): the kernel stops with an error rather than spinning for ever.
+                if (tries == (1u << 24)) __trap();
+                ld_pairs4(pairs + p * 128 + 4 * lane, q);
+            }
             const float4 x = make_float4(__uint_as_float((u32)q[0]), __uint_as_float((u32)q[1]),
                                          __uint_as_float((u32)q[2]), __uint_as_float((u32)q[3]));
             fold_piece_regs(x, g, p * 128, f.xq, f.xs, f.ss, f.xp);
