@@ -203,8 +203,8 @@ __device__ __forceinline__ void b1_produce(u64* bars, u64* empty, float (*part)[
     u64 best = 0;
     // The row this lane wrote last (CL: the block's one tile).
     float last = 0.0f;
-    // A norm's fold by tagged pairs (plan::FOLD_TAGS; folds that write plane words).
-    const bool tagged = TAGS && fold.cnt && fold.xp && !fold.ffn;
+    // A norm's fold by tagged pairs (plan::FOLD_TAGS).
+    const bool tagged = TAGS && fold.cnt && !fold.ffn;
     // Stage s of tile i and the parity of its use, counted rather than divided.
     for (int i = 0, s = 0, ph = 0; i < mine; i++) {
         const int tile = (int)blockIdx.x + i * (int)gridDim.x;
@@ -223,7 +223,7 @@ __device__ __forceinline__ void b1_produce(u64* bars, u64* empty, float (*part)[
                 v = accumulate ? v * oscale + prior : v * oscale;
                 out[row] = v;
                 if (tagged)
-                    st_relaxed_u64(fold_pairs(fold, rows) + row,
+                    st_relaxed_u64(fold_pairs(fold) + row,
                                    ((u64)fold_tag(fold, count, 128u / TR) << 32) | __float_as_uint(v));
                 last = v;
                 best = max(best, argmax_key(v, (u32)row));
@@ -250,7 +250,7 @@ __device__ __forceinline__ void b1_produce(u64* bars, u64* empty, float (*part)[
         bool folded = false;
         if constexpr (TAGS) {
             if (tagged) {
-                fold_arrive_tagged<FB>(fold, rows, mine, TR, 128u / TR);
+                fold_arrive_tagged<FB>(fold, mine, TR, 128u / TR);
                 folded = true;
             }
         }
@@ -528,7 +528,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         // Activations left unscaled by a folded norm: the rows take its 1/rms.
         const float oscale = rms_in ? rms_scale(rms_in, cols, rms_eps) : 1.0f;
         // ffn_down's blocks (J 17) have two tiles, and the registers for both folds' reads.
-        b1_produce<TR, CL, J >= 17 ? 2 : 1, FOLD_TAGS_ON && FMT == FMT_Q1 && !CL>(bars, empty, part, stages, mine, rows, issue, out, accumulate, amax, pf_codes, pf_code_bytes,
+        b1_produce<TR, CL, J >= 17 ? 2 : 1, FOLD_TAGS_ON && !CL>(bars, empty, part, stages, mine, rows, issue, out, accumulate, amax, pf_codes, pf_code_bytes,
                    pf_scales, pf_scale_bytes, oscale, fold);
         // The producer writes the block's last rows.
         if (lane == 0) TRACE_EXIT(TRACE_GEMV_B1, scales);

@@ -275,8 +275,8 @@ __device__ __forceinline__ void fold_arrive(const FoldOut& f, const float* x, in
     }
 }
 
-// The tagged fold (plan::FOLD_TAGS, the FOLD_TAGS define; the 1-bit binary GEMVs' counters
-// path where the fold writes plane words): each
+// The tagged fold (plan::FOLD_TAGS, the FOLD_TAGS define; the binary GEMVs' counters path):
+// each
 // row the GEMV writes goes also into a 64-bit pair (the value's bits, and a tag saying which
 // launch wrote it), so that the block completing a piece need not have the other blocks'
 // writes ordered before their arrivals: a pair carrying this launch's tag holds this launch's
@@ -286,9 +286,9 @@ __device__ __forceinline__ void fold_arrive(const FoldOut& f, const float* x, in
 // completed one; a pair seen with an older tag (a write still in flight) is read again. The
 // values folded are those the counters' path reads from the residual: the same bits.
 //
-// The pairs follow the fold's plane words (`fold_xp`, as many bytes as the row has values,
-// rounded to the regions' 256: plan::memory keeps `fold_pairs` right after it, both last and
-// empty for models without plane words). A tag is the piece's
+// The pairs follow the pieces' sums of squares (`fold_ss`, FOLD_MAX_PIECES = 64 floats, a
+// 256-byte region: plan::Scratch puts `fold_pairs` right after it where the program tags its
+// folds, and has no such region otherwise). A tag is the piece's
 // counter rounded down to its launch's first arrival (the counters are never reset, so it
 // grows from launch to launch of one residual GEMV), the counters' slot (one per residual GEMV
 // of a layer, 256 bytes apart) in bits 24-30, so that consecutive launches, which write the
@@ -299,10 +299,8 @@ constexpr bool FOLD_TAGS_ON = true;
 constexpr bool FOLD_TAGS_ON = false;
 #endif
 
-// The pairs of a fold of `rows` values (a fold with plane words).
-__device__ __forceinline__ u64* fold_pairs(const FoldOut& f, int rows) {
-    return (u64*)((unsigned char*)f.xp + ((rows + 255) & ~255));
-}
+// The pairs of a norm's fold.
+__device__ __forceinline__ u64* fold_pairs(const FoldOut& f) { return (u64*)(f.ss + 64); }
 
 __device__ __forceinline__ u32 fold_tag(const FoldOut& f, u32 count, u32 arrivals) {
     const u32 slot = ((u32)(size_t)f.cnt >> 8) & 0x7Fu;
@@ -336,13 +334,13 @@ __device__ __forceinline__ u32 atom_add_relaxed(u32* p, u32 v) {
 // pairs of the first FB tiles' pieces requested with them; each completed piece is folded
 // once every pair of it carries the launch's tag.
 template <int FB>
-__device__ __forceinline__ void fold_arrive_tagged(const FoldOut& f, int rows, int mine, int tr, u32 arrivals) {
+__device__ __forceinline__ void fold_arrive_tagged(const FoldOut& f, int mine, int tr, u32 arrivals) {
     __syncwarp();
 #ifdef ABLATE_FOLD
     return;
 #endif
     const int lane = threadIdx.x & 31;
-    const u64* pairs = fold_pairs(f, rows);
+    const u64* pairs = fold_pairs(f);
     for (int i0 = 0; i0 < mine; i0 += 32) {
         const int i = i0 + lane;
         const int piece = i < mine ? (int)(blockIdx.x + (u32)i * gridDim.x) * tr >> 7 : 0;

@@ -266,16 +266,15 @@ pub const B2_K256: bool = true;
 /// hence a compile-time one).
 pub const RING_LATE_Q1: bool = true;
 
-/// Whether the 1-bit binary GEMVs' folded norms (those that write plane words) go by tagged
-/// pairs (`kernels/quant.cu`, fold_arrive_tagged: the rows written also as (value, tag)
-/// pairs, the arrivals without a release fence, a piece's pairs asked for with its arrival)
-/// rather than by the counters alone (`NIWAKI_CUDA_FOLD_TAGS=1` turns it on; the 2-bit
-/// kernels keep the counters either way). The same bits. A first form (the pairs after the
-/// pieces' sums of squares, every binary kernel's counters tagged) measured on an H100
-/// (`niwaki bench --device cuda -p 0 -n 128 -r 3`, 27B synthetic Q1_0, one round, the
-/// settings in turn): 435.09 (432.50-435.39) tok/s against 428.71 (426.39-428.90) with the
-/// counters, +1.5%, the same tokens, and the harness's fused checks all passed with it. This
-/// form is not yet run on a GPU: off until it is.
+/// Whether the binary GEMVs' folded norms go by tagged pairs (`kernels/quant.cu`,
+/// fold_arrive_tagged: the rows written also as (value, tag) pairs, the arrivals without a
+/// release fence, a piece's pairs asked for with its arrival) rather than by the counters
+/// alone (`NIWAKI_CUDA_FOLD_TAGS=1` turns it on; the clustered folds and the dp4a kernels keep
+/// theirs either way). The same bits. Measured on an H100 (`niwaki bench --device cuda -p 0
+/// -n 128 -r 3`, 27B synthetic Q1_0, one round, the settings in turn): 435.09
+/// (432.50-435.39) tok/s against 428.71 (426.39-428.90) with the counters, +1.5%, the same
+/// tokens, and the harness's fused checks all passed with it; not yet on the H200 or the
+/// 2-bit formats: off until it is.
 pub const FOLD_TAGS: bool = false;
 
 /// Tiles of 16 rows per multiprocessor from which a 1-bit decode GEMV goes to the binary tensor
