@@ -222,9 +222,7 @@ __device__ __forceinline__ void b1_produce(u64* bars, u64* empty, float (*part)[
             if (row < rows) {
                 v = accumulate ? v * oscale + prior : v * oscale;
                 out[row] = v;
-                if (tagged)
-                    st_relaxed_u64(fold_pairs(fold) + row,
-                                   ((u64)fold_tag(fold, count, 128u / TR) << 32) | __float_as_uint(v));
+                if (tagged) fold_pair_store(fold, row, v, count, 128u / TR);
                 last = v;
                 best = max(best, argmax_key(v, (u32)row));
             }

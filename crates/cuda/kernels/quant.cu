@@ -317,6 +317,12 @@ __device__ __forceinline__ void st_relaxed_u64(u64* p, u64 v) {
     asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+// Row `row`'s pair: its value and the tag of the launch writing it (`count`: the row's piece's
+// counter, read by the writer before its block's arrivals; `arrivals` a launch).
+__device__ __forceinline__ void fold_pair_store(const FoldOut& f, int row, float v, u32 count, u32 arrivals) {
+    st_relaxed_u64(fold_pairs(f) + row, ((u64)fold_tag(f, count, arrivals) << 32) | __float_as_uint(v));
+}
+
 // This lane's four pairs of a piece (values 4·lane..), as two 64-bit loads each single-copy
 // atomic.
 __device__ __forceinline__ void ld_pairs4(const u64* p, u64 (&q)[4]) {

@@ -266,11 +266,11 @@ pub const B2_K256: bool = true;
 /// hence a compile-time one).
 pub const RING_LATE_Q1: bool = true;
 
-/// Whether the binary GEMVs' folded norms go by tagged pairs (`kernels/quant.cu`,
+/// Whether the decode GEMVs' folded norms go by tagged pairs (`kernels/quant.cu`,
 /// fold_arrive_tagged: the rows written also as (value, tag) pairs, the arrivals without a
 /// release fence, a piece's pairs asked for with its arrival) rather than by the counters
-/// alone (`NIWAKI_CUDA_FOLD_TAGS=1` turns it on; the clustered folds and the dp4a kernels keep
-/// theirs either way). The same bits. Measured on an H100 (`niwaki bench --device cuda -p 0
+/// alone (`NIWAKI_CUDA_FOLD_TAGS=1` turns it on, for the binary and the dp4a kernels; the
+/// clustered folds keep theirs). The same bits. Measured on an H100 (`niwaki bench --device cuda -p 0
 /// -n 128 -r 3`, 27B synthetic Q1_0, one round, the settings in turn): 435.09
 /// (432.50-435.39) tok/s against 428.71 (426.39-428.90) with the counters, +1.5%, the same
 /// tokens, and the harness's fused checks all passed with it; not yet on the H200 or the
