@@ -244,15 +244,10 @@ __device__ __forceinline__ void b1_produce(u64* bars, u64* empty, float (*part)[
     if (lane == 0) TRACE_MARK_FIRST(2);
     if constexpr (CL) {
         fold_cluster(fold, last);
+    } else if (tagged) {
+        fold_arrive_tagged<FB>(fold, mine, TR, 128u / TR);
     } else if (fold.cnt) {
-        bool folded = false;
-        if constexpr (TAGS) {
-            if (tagged) {
-                fold_arrive_tagged<FB>(fold, mine, TR, 128u / TR);
-                folded = true;
-            }
-        }
-        if (!folded) fold_arrive<FB>(fold, out, mine, TR, 128u / TR);
+        fold_arrive<FB>(fold, out, mine, TR, 128u / TR);
     }
     if (amax && best) atomicMax(amax, best);
 }

@@ -275,10 +275,9 @@ __device__ __forceinline__ void fold_arrive(const FoldOut& f, const float* x, in
     }
 }
 
-// The tagged fold (plan::FOLD_TAGS, the FOLD_TAGS define; the binary GEMVs' counters path):
-// each
-// row the GEMV writes goes also into a 64-bit pair (the value's bits, and a tag saying which
-// launch wrote it), so that the block completing a piece need not have the other blocks'
+// The tagged fold (plan::FOLD_TAGS, the FOLD_TAGS define; the binary and dp4a GEMVs' counters
+// path): each row the GEMV writes goes also into a 64-bit pair (the value's bits, and a tag
+// saying which launch wrote it), so that the block completing a piece need not have the other blocks'
 // writes ordered before their arrivals: a pair carrying this launch's tag holds this launch's
 // value (an aligned 64-bit access is single-copy atomic). The arrivals then go out without a
 // release fence (no wait for the rows' stores to be acknowledged), and every arriving warp
@@ -288,8 +287,8 @@ __device__ __forceinline__ void fold_arrive(const FoldOut& f, const float* x, in
 //
 // The pairs follow the pieces' sums of squares (`fold_ss`, FOLD_MAX_PIECES = 64 floats, a
 // 256-byte region: plan::Scratch puts `fold_pairs` right after it where the program tags its
-// folds, and has no such region otherwise). A tag is the piece's
-// counter rounded down to its launch's first arrival (the counters are never reset, so it
+// folds, and has no such region otherwise). A tag is the piece's counter rounded down to its
+// launch's first arrival (the counters are never reset, so it
 // grows from launch to launch of one residual GEMV), the counters' slot (one per residual GEMV
 // of a layer, 256 bytes apart) in bits 24-30, so that consecutive launches, which write the
 // same pairs, differ, and bit 31 set, so that no tag is the zero of a fresh buffer.

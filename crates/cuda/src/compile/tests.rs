@@ -90,7 +90,7 @@ fn an_architecture_gives_its_blocks_shared_memory_and_the_defines_follow_it() {
             }
         }
     }
-    // The 1-bit GEMVs' tagged folds: compiled in where the plan (or its switch) says.
+    // The decode GEMVs' tagged folds: compiled in where the plan (or its switch) says.
     if std::env::var_os("NIWAKI_CUDA_FOLD_TAGS").is_none() {
         let defines = program_defines(&d, 227 << 10, 0);
         assert_eq!(

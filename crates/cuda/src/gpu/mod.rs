@@ -125,8 +125,8 @@ pub struct Gpu {
     /// sets it).
     swiglu_warps: usize,
     /// Whether the program folds the residual GEMVs' norms by tagged pairs
-    /// ([`plan::FOLD_TAGS`] unless `NIWAKI_CUDA_FOLD_TAGS` says otherwise; a compile-time
-    /// choice, [`crate::compile::program_defines`]): a state's scratch then holds the pairs.
+    /// ([`crate::compile::fold_tags`], a compile-time choice): a state's scratch then holds
+    /// the pairs.
     fold_tags: bool,
     /// Which decode GEMVs norm their input themselves ([`plan::NormFusion`]; none by default,
     /// `NIWAKI_CUDA_FUSE_NORM=binary` or `=1`). Into the dp4a kernels it measured 1-8% slower
