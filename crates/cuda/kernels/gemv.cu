@@ -421,16 +421,13 @@ template <int FMT, int RW, bool DOT, bool SWZ>
 __device__ __forceinline__ void shared_tile(const uint4* wc, const u16* ws, int chunks, int spr, int rt, int lane,
                                             int row, int rows, const uint4* xsm, u32 xa, const float2* ssm,
                                             float* __restrict__ out, int accumulate, float oscale, u32 full,
-                                            u32 phase, u32 empty, u64& best, const FoldOut& fold,
-                                            bool tagged, u32 arrivals) {
+                                            u32 phase, u32 empty, u64& best) {
     float prev[RW], acc[RW];
 #pragma unroll
     for (int r = 0; r < RW; r++) {
         prev[r] = accumulate && lane == 0 && row + r < rows ? out[row + r] : 0.0f;
         acc[r] = 0.0f;
     }
-    // With a tagged fold, the rows' piece's counter (the warp's rows are in one tile).
-    const u32 count = tagged && lane == 0 && row < rows ? ld_relaxed_u32(fold.cnt + (row >> 7)) : 0u;
     mbar_wait(full, phase);
     if (threadIdx.x == 0) TRACE_MARK_FIRST(1);
     constexpr int P = (FMT == FMT_Q1 ? 128 : 64) / 16;
@@ -463,7 +460,6 @@ __device__ __forceinline__ void shared_tile(const uint4* wc, const u16* ws, int 
         if (lane == 0 && row + r < rows) {
             const float v = accumulate ? a * oscale + prev[r] : a * oscale;
             out[row + r] = v;
-            if (tagged) fold_pair_store(fold, row + r, v, count, arrivals);
             best = max(best, argmax_key(v, (u32)(row + r)));
         }
     }
@@ -570,9 +566,6 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
     const float oscale = rms_in ? rms_finish(ss_part, cols, rms_eps) : 1.0f;
     if (tid == 0) TRACE_MARK_FIRST(0);
     u64 best = 0;
-    // A norm's fold by tagged pairs (plan::FOLD_TAGS), `arrivals` a piece.
-    const bool tagged = FOLD_TAGS_ON && fold.cnt && !fold.ffn;
-    const u32 arrivals = (u32)(128 / tr);
     for (int i = 0; i < mine; i++) {
         const int s = i % stages;
         const unsigned char* st = stage0 + (size_t)s * stage_bytes;
@@ -581,13 +574,12 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
             shared_tile<FMT, RW, DOT, SWZ>((const uint4*)st, (const u16*)(st + code_bytes), chunks, spr, rt, lane,
                                            row, rows, xsm, xa, ssm, out, accumulate, oscale,
                                            smem_addr(&bars[s]), (u32)(i / stages) & 1u, smem_addr(&empty[s]),
-                                           best, fold, tagged, arrivals);
+                                           best);
             continue;
         }
         // The row's earlier value, where the product adds to it, is loaded before the tile's
         // arithmetic rather than after it: its latency hides behind the dot products.
         const float prev = accumulate && sub == 0 && row < rows ? out[row] : 0.0f;
-        const u32 count = tagged && sub == 0 && row < rows ? ld_relaxed_u32(fold.cnt + (row >> 7)) : 0u;
         mbar_wait(smem_addr(&bars[s]), (u32)(i / stages) & 1u);
         if (tid == 0) TRACE_MARK_FIRST(1);
         const uint4* wc = (const uint4*)st;
@@ -621,7 +613,6 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
         if (sub == 0 && row < rows) {
             const float v = accumulate ? acc * oscale + prev : acc * oscale;
             out[row] = v;
-            if (tagged) fold_pair_store(fold, row, v, count, arrivals);
             best = max(best, argmax_key(v, (u32)row));
         }
     }
@@ -634,10 +625,7 @@ __device__ __forceinline__ void gemv1_body(const unsigned char* __restrict__ cod
         if (tid == 0) TRACE_MARK_FIRST(2);
         // Two or three tiles a block with the shared lanes (ffn_down), whose registers allow
         // their folds' reads together.
-        if (warp == 0) {
-            if (tagged) fold_arrive_tagged<SHARE ? 4 : 1>(fold, mine, tr, arrivals);
-            else fold_arrive<SHARE ? 4 : 1>(fold, out, mine, tr, arrivals);
-        }
+        if (warp == 0) fold_arrive<SHARE ? 4 : 1>(fold, out, mine, tr, (u32)(128 / tr));
     }
     if (tid == 0) TRACE_MARK_FIRST(2);
     // One atomic per row group: a vocabulary of rows each hitting one address serializes

@@ -183,7 +183,7 @@ __device__ __forceinline__ void fold_cluster(const FoldOut& f, float v) {
 // `empty` barrier (lane r: row r, the warps in order, so the sums are deterministic), writes
 // the rows and then refills the stage. The consumers thus end a tile with no fence, counter or
 // reduction of their own.
-template <int TR, bool CL, int FB, bool TAGS, class Issue>
+template <int TR, bool CL, int FB, class Issue>
 __device__ __forceinline__ void b1_produce(u64* bars, u64* empty, float (*part)[GEMV1_WARPS][TR], int stages,
                                            int mine, int rows, Issue issue,
                                            float* __restrict__ out,
@@ -203,8 +203,6 @@ __device__ __forceinline__ void b1_produce(u64* bars, u64* empty, float (*part)[
     u64 best = 0;
     // The row this lane wrote last (CL: the block's one tile).
     float last = 0.0f;
-    // A norm's fold by tagged pairs (plan::FOLD_TAGS).
-    const bool tagged = TAGS && fold.cnt && !fold.ffn;
     // Stage s of tile i and the parity of its use, counted rather than divided.
     for (int i = 0, s = 0, ph = 0; i < mine; i++) {
         const int tile = (int)blockIdx.x + i * (int)gridDim.x;
@@ -212,8 +210,6 @@ __device__ __forceinline__ void b1_produce(u64* bars, u64* empty, float (*part)[
         // The row's earlier value, where the product adds to it, is requested before the wait
         // for the consumers: its round trip to L2 overlaps their tile instead of following it.
         const float prior = accumulate && lane < TR && row < rows ? out[row] : 0.0f;
-        // With a tagged fold, the tile's piece's counter, for the tag of its pairs.
-        const u32 count = tagged && lane < TR && row < rows ? ld_relaxed_u32(fold.cnt + (row >> 7)) : 0u;
         mbar_wait(smem_addr(&empty[s]), (u32)ph);
         if (lane < TR) {
             float v = 0.0f;
@@ -222,7 +218,6 @@ __device__ __forceinline__ void b1_produce(u64* bars, u64* empty, float (*part)[
             if (row < rows) {
                 v = accumulate ? v * oscale + prior : v * oscale;
                 out[row] = v;
-                if (tagged) fold_pair_store(fold, row, v, count, 128u / TR);
                 last = v;
                 best = max(best, argmax_key(v, (u32)row));
             }
@@ -242,13 +237,8 @@ __device__ __forceinline__ void b1_produce(u64* bars, u64* empty, float (*part)[
     // Every row of the block written: one arrival per tile on its 128-row piece, or (CL) the
     // piece gathered from the cluster's blocks.
     if (lane == 0) TRACE_MARK_FIRST(2);
-    if constexpr (CL) {
-        fold_cluster(fold, last);
-    } else if (tagged) {
-        fold_arrive_tagged<FB>(fold, mine, TR, 128u / TR);
-    } else if (fold.cnt) {
-        fold_arrive<FB>(fold, out, mine, TR, 128u / TR);
-    }
+    if constexpr (CL) fold_cluster(fold, last);
+    else if (fold.cnt) fold_arrive<FB>(fold, out, mine, TR, 128u / TR);
     if (amax && best) atomicMax(amax, best);
 }
 
@@ -521,7 +511,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         // Activations left unscaled by a folded norm: the rows take its 1/rms.
         const float oscale = rms_in ? rms_scale(rms_in, cols, rms_eps) : 1.0f;
         // ffn_down's blocks (J 17) have two tiles, and the registers for both folds' reads.
-        b1_produce<TR, CL, J >= 17 ? 2 : 1, FOLD_TAGS_ON && !CL>(bars, empty, part, stages, mine, rows, issue, out, accumulate, amax, pf_codes, pf_code_bytes,
+        b1_produce<TR, CL, J >= 17 ? 2 : 1>(bars, empty, part, stages, mine, rows, issue, out, accumulate, amax, pf_codes, pf_code_bytes,
                    pf_scales, pf_scale_bytes, oscale, fold);
         // The producer writes the block's last rows.
         if (lane == 0) TRACE_EXIT(TRACE_GEMV_B1, scales);

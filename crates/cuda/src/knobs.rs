@@ -58,7 +58,6 @@ const KNOBS: &[(&str, Takes)] = &[
     ("NIWAKI_CUDA_FOLD_CLUSTER", Takes::OnOff),
     ("NIWAKI_CUDA_FOLD_NORM", Takes::OnOff),
     ("NIWAKI_CUDA_FOLD_SWIGLU", Takes::OnOff),
-    ("NIWAKI_CUDA_FOLD_TAGS", Takes::OnOff),
     ("NIWAKI_CUDA_FUSE_ATTN", Takes::OnOff),
     ("NIWAKI_CUDA_FUSE_GDN", Takes::OnOff),
     (

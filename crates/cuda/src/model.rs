@@ -415,12 +415,7 @@ impl CudaModel {
             });
         }
         let bytes = StateBytes::new(&self.dims, ctx, self.kv_cache);
-        let layout = Scratch::new(
-            &self.dims,
-            MAX_CHUNK,
-            self.reads_planes(),
-            self.gpu.fold_tags(),
-        );
+        let layout = Scratch::new(&self.dims, MAX_CHUNK, self.reads_planes());
         check_fits(
             &format!("a sequence of {ctx} tokens"),
             &[

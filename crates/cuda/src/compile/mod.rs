@@ -31,8 +31,7 @@ pub fn options(arch: &str, defines: &[String]) -> Vec<String> {
 /// (`NIWAKI_CUDA_WEIGHTS_L2`), the 1-bit GEMVs' ring order (`NIWAKI_CUDA_RING_LATE`,
 /// [`plan::RING_LATE_Q1`]), the 2-bit GEMVs' MMA shape (`NIWAKI_CUDA_B2_K256`,
 /// [`plan::B2_K256`]), the dp4a shared-lanes GEMVs' chunks a lane at a time
-/// (`NIWAKI_CUDA_SHARE_UNROLL`, [`plan::SHARE_UNROLL`]), the decode GEMVs' tagged folds
-/// ([`fold_tags`]) and a measurement's ablation
+/// (`NIWAKI_CUDA_SHARE_UNROLL`, [`plan::SHARE_UNROLL`]) and a measurement's ablation
 /// (`NIWAKI_CUDA_ABLATE`). What the backend compiles at start and [`precompile`] ahead.
 pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) -> Vec<String> {
     let mut defines = dims.defines_for(plan::attn_ring_positions(dims, smem_limit));
@@ -51,9 +50,6 @@ pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) ->
     if crate::knobs::flag("NIWAKI_CUDA_B2_K256", plan::B2_K256) {
         defines.push("-DB2_K256=1".into());
     }
-    if fold_tags() {
-        defines.push("-DFOLD_TAGS=1".into());
-    }
     if let Some(what) = ablation() {
         defines.push(format!("-DABLATE_{}=1", what.to_uppercase()));
     }
@@ -66,13 +62,6 @@ fn set_define(defines: &mut [String], name: &str, value: impl std::fmt::Display)
     for d in defines.iter_mut().filter(|d| d.starts_with(&prefix)) {
         *d = format!("{prefix}{value}");
     }
-}
-
-/// Whether the program folds the decode GEMVs' norms by tagged pairs ([`plan::FOLD_TAGS`]
-/// unless `NIWAKI_CUDA_FOLD_TAGS` says otherwise): the define, and the scratch room for the
-/// pairs, follow it.
-pub fn fold_tags() -> bool {
-    crate::knobs::flag("NIWAKI_CUDA_FOLD_TAGS", plan::FOLD_TAGS)
 }
 
 /// The part of the kernels' work a measurement takes out (`NIWAKI_CUDA_ABLATE`), where set.

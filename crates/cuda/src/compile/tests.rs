@@ -90,15 +90,6 @@ fn an_architecture_gives_its_blocks_shared_memory_and_the_defines_follow_it() {
             }
         }
     }
-    // The decode GEMVs' tagged folds: compiled in where the plan (or its switch) says.
-    if std::env::var_os("NIWAKI_CUDA_FOLD_TAGS").is_none() {
-        let defines = program_defines(&d, 227 << 10, 0);
-        assert_eq!(
-            defines.iter().any(|x| x == "-DFOLD_TAGS=1"),
-            plan::FOLD_TAGS,
-            "{defines:?}"
-        );
-    }
     assert_ne!(ring(227 << 10), ring(64 << 10));
     assert!(program_defines(&d, 227 << 10, 16).contains(&"-DNIWAKI_TRACE=16".to_string()));
 }

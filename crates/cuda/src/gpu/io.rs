@@ -58,9 +58,7 @@ pub struct FoldOut {
 #[derive(Clone, Copy, Debug)]
 pub enum FoldKind {
     /// A residual GEMV leaves the next norm's input, x·w unscaled (`weight`: the norm's), with
-    /// the pieces' sums of squares at `piece_ss`. Where the program tags its folds
-    /// ([`crate::gpu::Gpu::fold_tags`]) the kernels also write each row's (value, tag) pair
-    /// from `piece_ss` + 256 bytes on: a state's scratch keeps that room (`fold_pairs`).
+    /// the pieces' sums of squares at `piece_ss`.
     Norm { weight: u64, piece_ss: u64 },
     /// A gate | up GEMV of `ffn` rows each leaves silu(gate)·up for the down GEMV.
     Swiglu { ffn: usize },

@@ -124,10 +124,6 @@ pub struct Gpu {
     /// [`plan::SWIGLU_WARPS`]; [`plan::SWIGLU_DECODE_WARPS`] unless `NIWAKI_CUDA_SWIGLU_WARPS`
     /// sets it).
     swiglu_warps: usize,
-    /// Whether the program folds the residual GEMVs' norms by tagged pairs
-    /// ([`crate::compile::fold_tags`], a compile-time choice): a state's scratch then holds
-    /// the pairs.
-    fold_tags: bool,
     /// Which decode GEMVs norm their input themselves ([`plan::NormFusion`]; none by default,
     /// `NIWAKI_CUDA_FUSE_NORM=binary` or `=1`). Into the dp4a kernels it measured 1-8% slower
     /// decode on the H200 (their every block norms and stages the whole row before its first

@@ -192,7 +192,6 @@ impl Gpu {
                     .filter(|r| plan::GDN_STEP_ROWS.contains(r))
                     .unwrap_or(plan::GDN_STEP_DEFAULT_ROWS),
             ),
-            fold_tags: crate::compile::fold_tags(),
             swiglu_warps: knobs::word("NIWAKI_CUDA_SWIGLU_WARPS")
                 .and_then(|v| v.parse().ok())
                 .filter(|w| plan::SWIGLU_WARPS.contains(w))

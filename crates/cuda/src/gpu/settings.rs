@@ -76,11 +76,6 @@ impl Gpu {
         self.swiglu_warps
     }
 
-    /// Whether the residual GEMVs fold their norms by tagged pairs (the program's choice).
-    pub fn fold_tags(&self) -> bool {
-        self.fold_tags
-    }
-
     /// Sets [`Gpu::gdn_rows`] (one of [`plan::GDN_STEP_ROWS`], for measuring the variants).
     pub fn set_gdn_rows(&self, rows: usize) {
         assert!(

@@ -111,14 +111,11 @@ pub struct Scratch {
 
 impl Scratch {
     /// The regions of a state whose passes take up to `tokens` tokens; `planes`: its model's
-    /// one-token passes write plane words (1-bit models), else those regions take no bytes;
-    /// `tagged_folds`: its residual GEMVs fold their norms by tagged pairs ([`FOLD_TAGS`]),
-    /// whose region then follows the pieces' sums of squares (the kernels find it there,
-    /// `kernels/quant.cu`, fold_pairs), else there is none and no other region moves.
-    pub fn new(d: &Dims, tokens: usize, planes: bool, tagged_folds: bool) -> Scratch {
+    /// one-token passes write plane words (1-bit models), else those regions take no bytes.
+    pub fn new(d: &Dims, tokens: usize, planes: bool) -> Scratch {
         let t = tokens;
         let p = usize::from(planes);
-        let mut sizes = vec![
+        let sizes = [
             ("x", 4 * t * d.hidden),
             ("xq", t * d.max_cols()),
             ("xs", 8 * t * d.max_cols() / 64),
@@ -160,11 +157,6 @@ impl Scratch {
             ("xp", p * d.max_cols()),
             ("fold_xp", p * d.hidden),
         ];
-        if tagged_folds {
-            // Each row of the residual as (value, tag).
-            let at = 1 + sizes.iter().position(|r| r.0 == "fold_ss").unwrap_or(0);
-            sizes.insert(at, ("fold_pairs", 8 * d.hidden));
-        }
         let mut regions = Vec::new();
         let mut at = 0;
         for (name, n) in sizes {

@@ -266,17 +266,6 @@ pub const B2_K256: bool = true;
 /// hence a compile-time one).
 pub const RING_LATE_Q1: bool = true;
 
-/// Whether the decode GEMVs' folded norms go by tagged pairs (`kernels/quant.cu`,
-/// fold_arrive_tagged: the rows written also as (value, tag) pairs, the arrivals without a
-/// release fence, a piece's pairs asked for with its arrival) rather than by the counters
-/// alone (`NIWAKI_CUDA_FOLD_TAGS=1` turns it on, for the binary and the dp4a kernels; the
-/// clustered folds keep theirs). The same bits. Measured on an H100 (`niwaki bench --device cuda -p 0
-/// -n 128 -r 3`, 27B synthetic Q1_0, one round, the settings in turn): 435.09
-/// (432.50-435.39) tok/s against 428.71 (426.39-428.90) with the counters, +1.5%, the same
-/// tokens, and the harness's fused checks all passed with it; not yet on the H200 or the
-/// 2-bit formats: off until it is.
-pub const FOLD_TAGS: bool = false;
-
 /// Tiles of 16 rows per multiprocessor from which a 1-bit decode GEMV goes to the binary tensor
 /// cores rather than dp4a: every matrix. Measured first per op inside the 27B Q1_0 decode graph
 /// on the H200 (µs, dp4a against binary): 34816 rows (ffn gate | up) 16.24 against 12.60, the

@@ -20,7 +20,7 @@ fn a_full_262k_context_fits_beside_the_27b_weights_on_an_h200() {
     assert_eq!(vs + q.kv_scales, q.total());
     // Two buffers of 48 heads of 128×128 f32 for each of 48 layers.
     assert_eq!(s.ssm, 2 * 48 * 48 * 128 * 128 * 4);
-    let scratch = Scratch::new(&d, MAX_CHUNK, true, true).bytes;
+    let scratch = Scratch::new(&d, MAX_CHUNK, true).bytes;
     let weights = 7_600_000_000usize;
     let h200_free = 139usize << 30;
     check_fits(
@@ -49,7 +49,7 @@ fn an_allocation_that_does_not_fit_is_an_error_with_numbers() {
 #[test]
 fn scratch_regions_are_aligned_and_disjoint() {
     let d = dims(Preset::B27);
-    let s = Scratch::new(&d, MAX_CHUNK, true, false);
+    let s = Scratch::new(&d, MAX_CHUNK, true);
     let mut end = 0;
     for &(name, at, n) in &s.regions {
         assert_eq!(at % 256, 0, "{name}");
@@ -59,7 +59,7 @@ fn scratch_regions_are_aligned_and_disjoint() {
     assert!(s.bytes >= end);
     assert_eq!(s.offset("x"), 0);
     // Without plane words the same regions, the words' two empty at the end.
-    let bare = Scratch::new(&d, MAX_CHUNK, false, false);
+    let bare = Scratch::new(&d, MAX_CHUNK, false);
     for &(name, at, n) in &bare.regions {
         if name == "xp" || name == "fold_xp" {
             assert_eq!((at, n), (bare.bytes, 0), "{name}");
@@ -68,20 +68,4 @@ fn scratch_regions_are_aligned_and_disjoint() {
         }
     }
     assert_eq!(bare.bytes, s.offset("xp"));
-    // With tagged folds, their pairs right after the pieces' sums of squares (FOLD_MAX_PIECES
-    // floats: `kernels/quant.cu`, fold_pairs), one a row of the hidden width; without them no
-    // such region, and every other region where it was.
-    assert!(s.regions.iter().all(|r| r.0 != "fold_pairs"));
-    let tagged = Scratch::new(&d, MAX_CHUNK, true, true);
-    assert_eq!(FOLD_MAX_PIECES, 64);
-    assert_eq!(
-        tagged.offset("fold_pairs"),
-        tagged.offset("fold_ss") + 4 * FOLD_MAX_PIECES
-    );
-    assert_eq!(tagged.size("fold_pairs"), 8 * d.hidden);
-    for &(name, at, _) in &s.regions {
-        let moved = at > s.offset("fold_ss");
-        let shift = if moved { 8 * d.hidden } else { 0 };
-        assert_eq!(tagged.offset(name), at + shift, "{name}");
-    }
 }
