@@ -74,6 +74,8 @@ const KNOBS: &[(&str, Takes)] = &[
     ("NIWAKI_CUDA_RING_LATE", Takes::OnOff),
     ("NIWAKI_CUDA_RUN_AHEAD", Takes::OnOff),
     ("NIWAKI_CUDA_SHARE_UNROLL", Takes::OneOf(&SHARE_UNROLL)),
+    // A measurement only: kernels a one-token pass leaves out (`plan::Skip`).
+    ("NIWAKI_CUDA_SKIP", Takes::OneOf(&crate::plan::Skip::WORDS)),
     ("NIWAKI_CUDA_SWIGLU_WARPS", Takes::OneOf(&SWIGLU_WARPS)),
     ("NIWAKI_CUDA_TOPK", Takes::OnOff),
     ("NIWAKI_CUDA_TOPK_SUMS", Takes::OnOff),
@@ -215,6 +217,8 @@ mod tests {
         assert!(one("NIWAKI_CUDA_ABLATE", "watch").is_ok());
         assert!(one("NIWAKI_CUDA_ABLATE", "").is_err());
         assert!(one("NIWAKI_CUDA_ABLATE", "norm").is_err());
+        assert!(one("NIWAKI_CUDA_SKIP", "gdn+swiglu").is_ok());
+        assert!(one("NIWAKI_CUDA_SKIP", "swiglu,gdn").is_err());
         assert!(one("NIWAKI_CUDA_EARLY_TILES", "-1").is_err());
         assert!(one("NIWAKI_CUDA_FUSE_NORM", "binary").is_ok());
         assert!(one("NIWAKI_CUDA_CACHE", "kc").is_ok());

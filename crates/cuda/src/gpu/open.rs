@@ -46,6 +46,11 @@ impl Gpu {
             };
             eprintln!("warning: NIWAKI_CUDA_ABLATE={what} {effect} (for measuring only)");
         }
+        if let Some(what) = plan::skip() {
+            eprintln!(
+                "warning: NIWAKI_CUDA_SKIP={what:?} leaves kernels out of one-token passes: outputs are wrong (for measuring only)"
+            );
+        }
         let ctx = open_context()?;
         let info = device_info(&ctx)?;
         let smem_limit = ctx

@@ -54,7 +54,10 @@ impl CudaModel {
     /// ([`CudaModel::pass_fusion`]; a graph's key records the one that varies with it).
     pub(super) fn exec_all(&self, st: &CudaState, n: usize, head: Head, tail: Tail) -> Result<()> {
         let argmax = tail == Tail::Argmax;
-        let ops = forward_ops(&self.dims, n, head, argmax, self.pass_fusion(st, n));
+        let mut ops = forward_ops(&self.dims, n, head, argmax, self.pass_fusion(st, n));
+        if let (1, Some(skip)) = (n, plan::skip()) {
+            ops.retain(|op| !skip.drops(op));
+        }
         let all = || {
             ops.iter().try_for_each(|op| self.exec(st, op))?;
             if let Tail::TopK { k, t, floor } = tail {

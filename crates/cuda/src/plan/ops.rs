@@ -576,3 +576,53 @@ pub fn chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
         .step_by(MAX_CHUNK)
         .map(move |s| (s, MAX_CHUNK.min(n - s)))
 }
+
+/// A measurement only (`NIWAKI_CUDA_SKIP`): which kernels a one-token pass leaves out, so that
+/// a step's time without them (their work and their kernel boundaries) bounds what fusing
+/// them away could gain. The ops after a skipped one read stale inputs: the outputs are wrong.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Skip {
+    /// The SwiGLU's quantization between the gate | up and the down GEMV.
+    Swiglu,
+    /// The one-kernel recurrence between a recurrent layer's two GEMVs.
+    Gdn,
+    /// Both.
+    GdnSwiglu,
+    /// The one-kernel short attention between an attention layer's two GEMVs.
+    Attn,
+    /// All three: a step of GEMVs (and the first norm) alone.
+    All,
+}
+
+impl Skip {
+    /// The words `NIWAKI_CUDA_SKIP` takes, in the order of [`Skip::parse`].
+    pub const WORDS: [&'static str; 5] = ["swiglu", "gdn", "gdn+swiglu", "attn", "all"];
+
+    pub fn parse(word: &str) -> Option<Skip> {
+        let all = [
+            Skip::Swiglu,
+            Skip::Gdn,
+            Skip::GdnSwiglu,
+            Skip::Attn,
+            Skip::All,
+        ];
+        Self::WORDS.iter().position(|w| *w == word).map(|i| all[i])
+    }
+
+    /// Whether a one-token pass leaves `op` out.
+    pub fn drops(self, op: &Op) -> bool {
+        match op {
+            Op::SwigluQuant { ntok: 1 } => {
+                matches!(self, Skip::Swiglu | Skip::GdnSwiglu | Skip::All)
+            }
+            Op::GdnDecode { .. } => matches!(self, Skip::Gdn | Skip::GdnSwiglu | Skip::All),
+            Op::AttnShort { .. } => matches!(self, Skip::Attn | Skip::All),
+            _ => false,
+        }
+    }
+}
+
+/// The kernels `NIWAKI_CUDA_SKIP` leaves out, where set.
+pub fn skip() -> Option<Skip> {
+    crate::knobs::word("NIWAKI_CUDA_SKIP").and_then(|w| Skip::parse(&w))
+}

@@ -528,3 +528,30 @@ fn the_short_attention_takes_the_place_of_prep_split_and_merge_in_one_token_pass
         forward_ops(&tiny, 1, Head::Last, true, merged)
     );
 }
+
+#[test]
+fn a_skip_leaves_out_exactly_its_one_token_kernels() {
+    let d = dims(Preset::B27);
+    let decode = Fusion {
+        swiglu: false,
+        ..ALL
+    };
+    let ops = forward_ops(&d, 1, Head::Last, true, decode);
+    let kept = |skip: Skip| ops.iter().filter(|op| !skip.drops(op)).count();
+    // One SwiGLU per layer, one recurrence per recurrent layer, one short attention per
+    // attention layer.
+    assert_eq!(ops.len() - kept(Skip::Swiglu), 64);
+    assert_eq!(ops.len() - kept(Skip::Gdn), 48);
+    assert_eq!(ops.len() - kept(Skip::GdnSwiglu), 48 + 64);
+    assert_eq!(ops.len() - kept(Skip::Attn), 16);
+    assert_eq!(ops.len() - kept(Skip::All), 64 + 48 + 16);
+    // A prefill's SwiGLUs stay.
+    let prefill = forward_ops(&d, 8, Head::Last, false, decode);
+    assert!(prefill.iter().all(|op| !Skip::GdnSwiglu.drops(op)));
+    assert_eq!(Skip::parse("swiglu"), Some(Skip::Swiglu));
+    assert_eq!(Skip::parse("gdn"), Some(Skip::Gdn));
+    assert_eq!(Skip::parse("gdn+swiglu"), Some(Skip::GdnSwiglu));
+    assert_eq!(Skip::parse("attn"), Some(Skip::Attn));
+    assert_eq!(Skip::parse("all"), Some(Skip::All));
+    assert_eq!(Skip::parse("norm"), None);
+}
