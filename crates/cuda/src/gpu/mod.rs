@@ -20,6 +20,7 @@ mod memory;
 mod open;
 mod quantize;
 mod settings;
+mod strip;
 mod tile_image;
 mod trace;
 
@@ -28,6 +29,7 @@ pub use io::{FoldKind, FoldOut, GemvIo, NormIn, Prefetch, RmsIn};
 pub use launch::{planes_twin, serial_launches, Arg};
 pub use memory::{DevBuf, DevMat};
 pub use settings::ATTN_TILE_BY_CACHE;
+pub(crate) use strip::Strip;
 pub use tile_image::ImageUse;
 pub(crate) use tile_image::TileImage;
 pub(crate) use trace::capacity_from_env as trace_capacity_from_env;
@@ -71,6 +73,8 @@ pub struct Gpu {
     swiglu_launches: AtomicUsize,
     /// Decode GEMVs launched with the norm's fold gathered in a cluster.
     cluster_fold_launches: AtomicUsize,
+    /// Recurrences launched with their out-projection (`gdn_out_q1`).
+    gdn_out_launches: AtomicUsize,
     /// Decode GEMVs launched on their activations' plane words.
     planes_launches: AtomicUsize,
     /// One-kernel short attentions launched.
@@ -133,6 +137,10 @@ pub struct Gpu {
     /// (`gdn_decode`; on by default, `NIWAKI_CUDA_FUSE_GDN=0` runs the three kernels: the same
     /// bits, 5.9 against 4.4 µs per layer on the H200).
     fuse_gdn: AtomicBool,
+    /// With it, a decode step's recurrence and its out-projection in one kernel per layer
+    /// (`gdn_out_q1`, 1-bit models on sm_90; `NIWAKI_CUDA_GDN_OUT=1` turns it on and makes the
+    /// out-projections' strips at upload: [`Strip`]). Off by default: not yet measured.
+    fuse_gdn_out: AtomicBool,
     /// A decode step's attention merge and its output's quantization in one kernel
     /// (`attn_combine_quant`; on by default, `NIWAKI_CUDA_FUSE_ATTN=0` runs the two: the same
     /// bits).

@@ -102,6 +102,12 @@ impl Gpu {
                 plan::gdn_prep_smem(dims),
             )?;
         }
+        // The fused recurrence and out-projection holds its head's strip of the matrix.
+        let gdn_out_smem = plan::gdn_out_smem(dims);
+        let gdn_out_fits = hopper && gdn_out_smem + plan::GDN_OUT_STATIC_SMEM <= smem_limit;
+        if gdn_out_fits {
+            raise_dynamic_smem(&funcs["gdn_out_q1"], "gdn_out_q1", gdn_out_smem)?;
+        }
         if ampere {
             for (k, kernel) in compile::KERNELS
                 .iter()
@@ -176,6 +182,7 @@ impl Gpu {
             fold_launches: AtomicUsize::new(0),
             swiglu_launches: AtomicUsize::new(0),
             cluster_fold_launches: AtomicUsize::new(0),
+            gdn_out_launches: AtomicUsize::new(0),
             planes_launches: AtomicUsize::new(0),
             attn_short_launches: AtomicUsize::new(0),
             x_copy: AtomicUsize::new(match knobs::word("NIWAKI_CUDA_X_COPY").as_deref() {
@@ -205,6 +212,9 @@ impl Gpu {
                 knobs::word("NIWAKI_CUDA_FUSE_NORM").as_deref(),
             )),
             fuse_gdn: AtomicBool::new(knobs::flag("NIWAKI_CUDA_FUSE_GDN", true)),
+            fuse_gdn_out: AtomicBool::new(
+                gdn_out_fits && knobs::flag("NIWAKI_CUDA_GDN_OUT", false),
+            ),
             fuse_attn: AtomicBool::new(knobs::flag("NIWAKI_CUDA_FUSE_ATTN", true)),
             fold_norm: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_FOLD_NORM", true)),
             fold_swiglu: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_FOLD_SWIGLU", false)),

@@ -46,6 +46,7 @@ impl CudaModel {
     pub(super) fn pass_fusion(&self, st: &CudaState, n: usize) -> Fusion {
         Fusion {
             attn_short: self.short_attn(st, n),
+            gdn_out: self.gpu.fuse_gdn_out() && self.has_strips(),
             ..self.gpu.fusion()
         }
     }
@@ -408,6 +409,7 @@ impl CudaModel {
             }
             Op::GdnStep { layer, ntok } => self.gdn_step(st, layer, ntok),
             Op::GdnDecode { layer } => self.gdn_decode(st, layer),
+            Op::GdnDecodeOut { layer, norm } => self.gdn_decode_out(st, layer, norm),
             Op::GatedQuant { layer, ntok } => self.gated_quant(st, layer, ntok),
             Op::AttnPrep { layer, ntok } => self.attn_prep(st, layer, ntok),
             Op::AttnSplit { layer, ntok } => self.attn_split(st, layer, ntok),

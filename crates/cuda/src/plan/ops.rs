@@ -117,6 +117,14 @@ pub enum Op {
     GdnDecode {
         layer: usize,
     },
+    /// One token: GdnDecode and the GemvFold of the layer's out-projection after it in one
+    /// kernel (`kernels/gdn_out.cu`: each head's block multiplies its own output by the head's
+    /// columns, the blocks' partial sums added per 128-row piece, the norm folded as
+    /// GemvFold's).
+    GdnDecodeOut {
+        layer: usize,
+        norm: Norm,
+    },
     /// Per-head RMS norm · ssm_norm · silu(z), quantized.
     GatedQuant {
         layer: usize,
@@ -229,6 +237,10 @@ pub struct Fusion {
     /// An attention layer's whole one-token attention in one kernel ([`Op::AttnShort`]; heads
     /// of a multiple of 128 values): a property of the pass, whose context is short enough.
     pub attn_short: bool,
+    /// With `gdn` and `fold`, each recurrence and its out-projection in one kernel
+    /// ([`Op::GdnDecodeOut`]): a property of the model (1-bit out-projections laid out by
+    /// head at upload).
+    pub gdn_out: bool,
 }
 
 /// Pieces of 128 values a folded norm's row may have: the GEMV after it adds their sums of
@@ -342,6 +354,10 @@ pub fn forward_ops(d: &Dims, ntok: usize, head: Head, argmax: bool, fusion: Fusi
         if fusion.swiglu && d.ffn.is_multiple_of(128) {
             fold_swiglus(&mut ops);
         }
+        // A block per value head, and one of them for each 128-row piece it folds.
+        if fusion.gdn_out && d.value_heads >= d.hidden / 128 {
+            fuse_gdn_outs(&mut ops);
+        }
     }
     if fuse {
         fuse_norms(&mut ops);
@@ -426,6 +442,21 @@ fn fold_swiglus(ops: &mut Vec<Op>) {
             },
             Op::SwigluQuant { ntok: 1 },
         ) => Some(Op::GemvSwiglu { mat, norm }),
+        _ => None,
+    });
+}
+
+/// Replaces each GdnDecode and the GemvFold of its layer's out-projection after it with a
+/// GdnDecodeOut.
+fn fuse_gdn_outs(ops: &mut Vec<Op>) {
+    merge_pairs(ops, |op, next| match (op, next) {
+        (
+            Op::GdnDecode { layer },
+            Op::GemvFold {
+                mat: Mat::GdnOut(l),
+                norm,
+            },
+        ) if l == layer => Some(Op::GdnDecodeOut { layer, norm }),
         _ => None,
     });
 }
@@ -546,6 +577,15 @@ pub fn gdn_prep_smem(d: &Dims) -> usize {
     4 * (2 * GDN_CHUNK * (d.key_dim + 4) + GDN_CHUNK * GDN_CHUNK + 2 * GDN_CHUNK)
 }
 
+/// Dynamic shared memory of `gdn_out_q1`: its head's strip of the out-projection, 16 code
+/// bytes and an f16 scale a row.
+pub fn gdn_out_smem(d: &Dims) -> usize {
+    18 * d.hidden
+}
+
+/// Static shared memory of `gdn_out_q1` (ptxas: 22,272 bytes for the 27B), rounded up.
+pub const GDN_OUT_STATIC_SMEM: usize = 23 << 10;
+
 impl Op {
     /// The matrix the op multiplies by, for the GEMV ops.
     pub fn matrix(&self) -> Option<Mat> {
@@ -555,6 +595,7 @@ impl Op {
             | Op::GemvFold { mat, .. }
             | Op::GemvScaled { mat, .. }
             | Op::GemvSwiglu { mat, .. } => Some(mat),
+            Op::GdnDecodeOut { layer, .. } => Some(Mat::GdnOut(layer)),
             _ => None,
         }
     }

@@ -58,10 +58,13 @@ fn scratch_regions_are_aligned_and_disjoint() {
     }
     assert!(s.bytes >= end);
     assert_eq!(s.offset("x"), 0);
-    // Without plane words the same regions, the words' two empty at the end.
+    // Without plane words (2-bit models) the same regions, the 1-bit models' own empty at the
+    // end: the words', and the fused out-projection's partial sums and counter.
+    assert_eq!(s.size("gdn_out_part"), 4 * d.value_heads * d.hidden);
+    assert_eq!(s.size("gdn_out_cnt"), 4);
     let bare = Scratch::new(&d, MAX_CHUNK, false);
     for &(name, at, n) in &bare.regions {
-        if name == "xp" || name == "fold_xp" {
+        if ["xp", "fold_xp", "gdn_out_part", "gdn_out_cnt"].contains(&name) {
             assert_eq!((at, n), (bare.bytes, 0), "{name}");
         } else {
             assert_eq!((at, n), (s.offset(name), s.size(name)), "{name}");

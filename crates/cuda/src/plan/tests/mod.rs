@@ -51,6 +51,7 @@ const NORM_ONLY: Fusion = Fusion {
     fold: false,
     swiglu: false,
     attn_short: false,
+    gdn_out: false,
 };
 const ALL: Fusion = Fusion {
     norm: true,
@@ -59,4 +60,6 @@ const ALL: Fusion = Fusion {
     fold: true,
     swiglu: true,
     attn_short: true,
+    // A property of the model's upload, not yet a default: its own test turns it on.
+    gdn_out: false,
 };

@@ -555,3 +555,71 @@ fn a_skip_leaves_out_exactly_its_one_token_kernels() {
     assert_eq!(Skip::parse("all"), Some(Skip::All));
     assert_eq!(Skip::parse("norm"), None);
 }
+
+#[test]
+fn the_fused_out_projection_takes_each_recurrence_and_its_fold_in_decode_only() {
+    let d = dims(Preset::B27);
+    let decode = Fusion {
+        swiglu: false,
+        ..ALL
+    };
+    let fused = Fusion {
+        gdn_out: true,
+        ..decode
+    };
+    let plain = forward_ops(&d, 1, Head::Last, true, decode);
+    let merged = forward_ops(&d, 1, Head::Last, true, fused);
+    // One launch fewer a recurrent layer.
+    assert_eq!(plain.len() - merged.len(), 48);
+    let outs: Vec<Op> = merged
+        .iter()
+        .filter(|op| matches!(op, Op::GdnDecodeOut { .. }))
+        .copied()
+        .collect();
+    assert_eq!(outs.len(), 48);
+    assert!(merged.iter().all(|op| !matches!(
+        op,
+        Op::GdnDecode { .. }
+            | Op::GemvFold {
+                mat: Mat::GdnOut(_),
+                ..
+            }
+    )));
+    // Each takes its own layer's recurrence and the fold its GemvFold had: the rest in order.
+    let unfused: Vec<Op> = merged
+        .iter()
+        .flat_map(|&op| match op {
+            Op::GdnDecodeOut { layer, norm } => vec![
+                Op::GdnDecode { layer },
+                Op::GemvFold {
+                    mat: Mat::GdnOut(layer),
+                    norm,
+                },
+            ],
+            op => vec![op],
+        })
+        .collect();
+    assert_eq!(unfused, plain);
+    // The matrices come in the same order (the next-matrix prefetch's list).
+    assert_eq!(next_matrices(&merged), next_matrices(&plain));
+    // Prefill, and models without the folds, keep the two kernels.
+    for ntok in [2, 8] {
+        assert_eq!(
+            forward_ops(&d, ntok, Head::Last, false, fused),
+            forward_ops(&d, ntok, Head::Last, false, decode)
+        );
+    }
+    let unfolded = Fusion {
+        fold: false,
+        ..fused
+    };
+    assert!(forward_ops(&d, 1, Head::Last, true, unfolded)
+        .iter()
+        .all(|op| !matches!(op, Op::GdnDecodeOut { .. })));
+    // Fewer value heads than 128-row pieces: no block would fold the last pieces.
+    let mut narrow = d.clone();
+    narrow.value_heads = d.hidden / 128 - 1;
+    assert!(forward_ops(&narrow, 1, Head::Last, true, fused)
+        .iter()
+        .all(|op| !matches!(op, Op::GdnDecodeOut { .. })));
+}
