@@ -287,12 +287,11 @@ impl CudaModel {
                         (up([qkvz, ab].concat())?, None)
                     };
                     let out = up(vec![packed(f, &n("ssm_out.weight"))?])?;
-                    // Unrotated 1-bit out-projections only: a rotated model's decode merges
-                    // nothing (plan::forward_ops).
-                    let out_strip =
-                        (gpu.fuse_gdn_out() && out.format == GpuFormat::Q1 && !rot.any())
-                            .then(|| gpu.make_strip(&out, dims.value_heads).map(Box::new))
-                            .transpose()?;
+                    // Unrotated models only: a rotated model's decode merges nothing
+                    // (plan::forward_ops).
+                    let out_strip = (gpu.fuse_gdn_out() && !rot.any())
+                        .then(|| gpu.make_strip(&out, dims.value_heads).map(Box::new))
+                        .transpose()?;
                     strip_bytes += out_strip.as_ref().map_or(0, |s| s.bytes());
                     MixW::Gdn(GdnW {
                         inp,

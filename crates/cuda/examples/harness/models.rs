@@ -448,17 +448,19 @@ fn within_tolerance(
     })
 }
 
-/// Each recurrence and its out-projection in one kernel (`Fusion::gdn_out`, 1-bit models, the
-/// norms folded on both sides) against the two kernels: the residual's sums run in another
+/// Each recurrence and its out-projection in one kernel (`Fusion::gdn_out`, the norms folded on
+/// both sides; each GPU layout) against the two kernels: the residual's sums run in another
 /// order, so the logits within the engine's tolerance of the CPU and no further from it than
 /// the two kernels'. The strips exist only where `NIWAKI_CUDA_GDN_OUT=1` was set at upload.
 pub(crate) fn fused_out_projections(rep: &mut Report) -> R<()> {
-    for (preset, vocab) in [
+    let cases = [
         (Preset::Tiny, 1000usize),
         (Preset::Small, 4096),
         (Preset::B27, 4096),
-    ] {
-        let format = Format::Q1_0;
+    ]
+    .into_iter()
+    .flat_map(|c| [Format::Q1_0, Format::Q2_0, Format::PQ2_0].map(|f| (c, f)));
+    for ((preset, vocab), format) in cases {
         let (name, (m, g, calls)) = if preset == Preset::B27 {
             let wide = fold_calls(wide_27b(vocab, format, 14)?, vocab, 19)?;
             ("the 27B's widths, 4 layers".to_string(), wide)

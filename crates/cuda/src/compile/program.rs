@@ -66,7 +66,7 @@ pub const SOURCES: [(&str, &str, usize); 18] = [
 pub const PARTS: usize = 5;
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 136] = [
+pub const KERNELS: [&str; 138] = [
     "read_sum",
     "pdl_spin",
     "pdl_copy",
@@ -152,7 +152,9 @@ pub const KERNELS: [&str; 136] = [
     "quant_plain_p",
     "gdn_decode_p",
     "gdn_out_q1",
-    "strip_image_q1",
+    "gdn_out_q2g64",
+    "gdn_out_q2g128",
+    "strip_image",
     "attn_combine_quant_p",
     "attn_short_p",
     "attn_short_q8_p",

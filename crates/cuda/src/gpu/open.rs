@@ -16,6 +16,7 @@ use crate::compile;
 use crate::error::{Context, Result};
 use crate::knobs;
 use crate::plan::{self, Dims};
+use crate::repack::GpuFormat;
 
 /// Lets kernel `name` use `bytes` of dynamic shared memory per block (above the 48 KiB every
 /// kernel may use without asking).
@@ -103,10 +104,15 @@ impl Gpu {
             )?;
         }
         // The fused recurrence and out-projection holds its head's strip of the matrix.
-        let gdn_out_smem = plan::gdn_out_smem(dims);
-        let gdn_out_fits = hopper && gdn_out_smem + plan::GDN_OUT_STATIC_SMEM <= smem_limit;
+        let gdn_out_fits = hopper
+            && GpuFormat::ALL
+                .iter()
+                .all(|&f| plan::gdn_out_smem(dims, f) + plan::GDN_OUT_STATIC_SMEM <= smem_limit);
         if gdn_out_fits {
-            raise_dynamic_smem(&funcs["gdn_out_q1"], "gdn_out_q1", gdn_out_smem)?;
+            for f in GpuFormat::ALL {
+                let k = format!("gdn_out_{}", f.kernel_name());
+                raise_dynamic_smem(&funcs[k.as_str()], &k, plan::gdn_out_smem(dims, f))?;
+            }
         }
         if ampere {
             for (k, kernel) in compile::KERNELS

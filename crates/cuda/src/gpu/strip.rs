@@ -1,16 +1,16 @@
-//! A recurrent layer's 1-bit out-projection laid out head by head, for the kernel that runs
-//! the recurrence and the out-projection together (`kernels/gdn_out.cu`): the columns of value
-//! head h are chunk h of every row, and the strip puts those 16 code bytes and the chunk's
-//! scale of all rows one after another, so that head h's block copies its strip into shared
-//! memory with two bulk copies. A second copy of the matrix (as the 2-bit tile images are),
+//! A recurrent layer's out-projection laid out head by head, for the kernel that runs the
+//! recurrence and the out-projection together (`kernels/gdn_out.cu`): value head h's 128
+//! columns of a row are one 1-bit chunk or two 2-bit ones, and the strip puts those code bytes
+//! and their scales of all rows one after another, so that head h's block copies its strip
+//! into shared memory with two bulk copies. A second copy of the matrix (as the 2-bit tile images are),
 //! made at upload where `NIWAKI_CUDA_GDN_OUT=1`; the other kernels keep reading the row-major
 //! upload.
 
 use super::{Arg, DevBuf, DevMat, Gpu};
 use crate::error::{CudaError, Result};
-use crate::repack::GpuFormat;
 
-/// A matrix's chunks head by head: codes `[heads][rows]` of 16 bytes, scales `[heads][rows]`.
+/// A matrix's columns head by head: codes `[heads][rows]` of 16 or 32 bytes, scales
+/// `[heads][rows]` of 1 or 2 (`plan::gdn_out_strip_row`).
 pub(crate) struct Strip {
     pub(crate) codes: DevBuf,
     pub(crate) scales: DevBuf,
@@ -23,25 +23,32 @@ impl Strip {
 }
 
 impl Gpu {
-    /// The strip of `m`, a 1-bit matrix of `heads` · 128 columns (one chunk a head).
+    /// The strip of `m`, a matrix of `heads` · 128 columns.
     pub(crate) fn make_strip(&self, m: &DevMat, heads: usize) -> Result<Strip> {
-        if m.format != GpuFormat::Q1 || m.cols != heads * 128 {
+        if m.cols != heads * 128 {
             return Err(CudaError::Unsupported(format!(
-                "a head-by-head strip of a {:?} matrix of {} columns for {heads} heads",
-                m.format, m.cols
+                "a head-by-head strip of a matrix of {} columns for {heads} heads",
+                m.cols
             )));
         }
-        let codes = self.alloc(16 * heads * m.rows, "the out-projection's strip")?;
-        let scales = self.alloc(2 * heads * m.rows, "the out-projection's strip scales")?;
+        // 16-byte chunks and scales a row takes for a head's 128 columns.
+        let (cpr, spr) = (128 / m.format.chunk_values(), 128 / m.format.scale_values());
+        let codes = self.alloc(16 * cpr * heads * m.rows, "the out-projection's strip")?;
+        let scales = self.alloc(
+            2 * spr * heads * m.rows,
+            "the out-projection's strip scales",
+        )?;
         self.launch(
             &self.stream,
-            "strip_image_q1",
+            "strip_image",
             (m.rows.div_ceil(256) as u32, heads as u32, 1),
             (256, 1, 1),
             &[
                 Arg::Ptr(m.codes.ptr),
                 Arg::Ptr(m.scales.ptr),
                 Arg::I32(m.rows as i32),
+                Arg::I32(cpr as i32),
+                Arg::I32(spr as i32),
                 Arg::Ptr(codes.ptr),
                 Arg::Ptr(scales.ptr),
             ],

@@ -167,12 +167,13 @@ impl CudaModel {
             unreachable!("a norm's fold")
         };
         let [_, proj, _, aoff, boff, a, dt_bias] = self.gdn_inputs(st, layer);
+        let f = self.mat(Mat::GdnOut(layer)).format;
         g.launch_smem(
             s,
-            "gdn_out_q1",
+            &format!("gdn_out_{}", f.kernel_name()),
             (d.value_heads as u32, 1, 1),
             (32, 16, 1),
-            plan::gdn_out_smem(d) as u32,
+            plan::gdn_out_smem(d, f) as u32,
             &[
                 proj,
                 aoff,

@@ -577,13 +577,18 @@ pub fn gdn_prep_smem(d: &Dims) -> usize {
     4 * (2 * GDN_CHUNK * (d.key_dim + 4) + GDN_CHUNK * GDN_CHUNK + 2 * GDN_CHUNK)
 }
 
-/// Dynamic shared memory of `gdn_out_q1`: its head's strip of the out-projection, 16 code
-/// bytes and an f16 scale a row.
-pub fn gdn_out_smem(d: &Dims) -> usize {
-    18 * d.hidden
+/// Bytes a row of an out-projection's strip holds for one value head's 128 columns
+/// (`gpu/strip.rs`): their 16-byte code chunks and f16 scales.
+pub const fn gdn_out_strip_row(f: GpuFormat) -> usize {
+    128 / f.chunk_values() * 16 + 128 / f.scale_values() * 2
 }
 
-/// Static shared memory of `gdn_out_q1` (ptxas: 22,272 bytes for the 27B), rounded up.
+/// Dynamic shared memory of `gdn_out_<format>`: its head's strip of the out-projection.
+pub fn gdn_out_smem(d: &Dims, f: GpuFormat) -> usize {
+    gdn_out_strip_row(f) * d.hidden
+}
+
+/// Static shared memory of `gdn_out_<format>` (ptxas: 22,272 bytes for the 27B), rounded up.
 pub const GDN_OUT_STATIC_SMEM: usize = 23 << 10;
 
 impl Op {

@@ -623,3 +623,20 @@ fn the_fused_out_projection_takes_each_recurrence_and_its_fold_in_decode_only() 
         .iter()
         .all(|op| !matches!(op, Op::GdnDecodeOut { .. })));
 }
+
+#[test]
+fn an_out_projection_strip_row_holds_a_heads_codes_and_scales() {
+    // 128 columns: one 1-bit chunk and its scale; two 2-bit chunks and two scales (g64) or one
+    // (g128).
+    assert_eq!(gdn_out_strip_row(GpuFormat::Q1), 16 + 2);
+    assert_eq!(gdn_out_strip_row(GpuFormat::Q2G64), 32 + 4);
+    assert_eq!(gdn_out_strip_row(GpuFormat::Q2G128), 32 + 2);
+    // The 27B's widest strip fits beside the kernel's static memory on sm_90 (227 KiB a block).
+    let d = dims(Preset::B27);
+    for f in GpuFormat::ALL {
+        assert!(
+            gdn_out_smem(&d, f) + GDN_OUT_STATIC_SMEM <= 227 << 10,
+            "{f:?}"
+        );
+    }
+}
