@@ -141,6 +141,9 @@ pub struct Gpu {
     /// (`gdn_out_q1`, 1-bit models on sm_90; `NIWAKI_CUDA_GDN_OUT=1` turns it on and makes the
     /// out-projections' strips at upload: [`Strip`]). Off by default: not yet measured.
     fuse_gdn_out: AtomicBool,
+    /// Whether this device runs `gdn_out_*` for the model's shapes (sm_90, the widest strip
+    /// beside the kernel's static memory within a block's shared memory).
+    gdn_out_fits: bool,
     /// A decode step's attention merge and its output's quantization in one kernel
     /// (`attn_combine_quant`; on by default, `NIWAKI_CUDA_FUSE_ATTN=0` runs the two: the same
     /// bits).

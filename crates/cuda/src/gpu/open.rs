@@ -221,6 +221,7 @@ impl Gpu {
             fuse_gdn_out: AtomicBool::new(
                 gdn_out_fits && knobs::flag("NIWAKI_CUDA_GDN_OUT", false),
             ),
+            gdn_out_fits,
             fuse_attn: AtomicBool::new(knobs::flag("NIWAKI_CUDA_FUSE_ATTN", true)),
             fold_norm: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_FOLD_NORM", true)),
             fold_swiglu: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_FOLD_SWIGLU", false)),

@@ -318,7 +318,8 @@ impl Gpu {
     /// Turns [`Gpu::fuse_gdn_out`] on or off (for checking it against the two kernels it
     /// replaces; on only where the device runs it); returns the previous setting.
     pub fn set_fuse_gdn_out(&self, on: bool) -> bool {
-        self.swap_on_hopper(&self.fuse_gdn_out, on)
+        self.fuse_gdn_out
+            .swap(on && self.gdn_out_fits, Ordering::Relaxed)
     }
 
     /// Turns the one-kernel attention merge and quantization of one-token passes on or off;
