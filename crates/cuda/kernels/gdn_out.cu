@@ -8,8 +8,9 @@
 // one, so that its bytes stream while the recurrence runs rather than after it, and the
 // kernel between the recurrence and the out-projection's GEMV goes. Once every block's
 // partials are written (one counter, never reset: each block adds 2 or 1 so that a launch adds
-// a power of two), block p < rows / 128 adds piece p's partials in head order to the residual
-// and folds the next norm into it as the residual GEMVs' folds do (fold_piece_regs).
+// a power of two), block p < rows / 128 adds piece p's partials to the residual in a fixed
+// order (each warp a few heads', then the warps' in order) and folds the next norm into it as
+// the residual GEMVs' folds do (fold_piece_regs).
 //
 // The products are gdn_out_rows'; the sums over the heads run in another order than the GEMVs'
 // over their chunks, so the residual agrees with the two-kernel path to float rounding, not
@@ -28,8 +29,8 @@ __host__ __device__ constexpr int pow2_at_least(int n) {
 constexpr int GDN_OUT_ARRIVALS = pow2_at_least(HV);
 constexpr int GDN_OUT_DOUBLE = GDN_OUT_ARRIVALS - HV;
 static_assert(GDN_OUT_DOUBLE <= HV, "gdn_out: arrivals by ones and twos");
-// Heads whose partials a reducing lane has in flight at once.
-constexpr int GDN_OUT_BATCH = HV % 16 == 0 ? 16 : HV % 8 == 0 ? 8 : HV % 4 == 0 ? 4 : 1;
+// Heads whose partials each of a reducing block's 16 warps adds.
+constexpr int GDN_OUT_PER = (HV + 15) / 16;
 
 __device__ __forceinline__ u32 ld_acquire_u32(const u32* p) {
     u32 v;
@@ -171,31 +172,49 @@ __device__ __forceinline__ void gdn_out_body(const float* __restrict__ proj, int
     }
     // The state's stores go out while the other blocks finish their partials.
     gdn_decode_store(S, p, s);
-    // Warp 0 of block p < rows / 128, whose thread 0 took the launch's base: piece p.
-    if (h >= rows / 128 || w != 0) return;
-    __syncwarp();
-    const u32 target = launch_base + GDN_OUT_ARRIVALS;
-    if (lane == 0)
+    // Block p < rows / 128, whose thread 0 took the launch's base: piece p.
+    if (h >= rows / 128) return;
+    const int row0 = 128 * h + 4 * lane;
+    float4 acc = w == 0 ? __ldcg((const float4*)(x + row0)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float4 gw = w == 0 ? __ldg((const float4*)(fold_w + row0)) : acc;
+    if (tid == 0) {
+        const u32 target = launch_base + GDN_OUT_ARRIVALS;
         while ((int)(ld_acquire_u32(cnt) - target) < 0) {
         }
-    __syncwarp();
-    const int row0 = 128 * h + 4 * lane;
-    float4 acc = __ldcg((const float4*)(x + row0));
-    const float4 gw = __ldg((const float4*)(fold_w + row0));
-    // The heads' partials, a batch of loads in flight at a time, added in head order. Past L1,
-    // which may hold lines of them from before the other blocks' writes.
-    constexpr int BATCH = GDN_OUT_BATCH;
-    for (int k0 = 0; k0 < HV; k0 += BATCH) {
-        float4 pk[BATCH];
+    }
+    // Past the barrier every thread reads what the arrivals released.
+    __syncthreads();
+    // Warp w adds heads w·GDN_OUT_PER .. of the piece's rows (past L1, which may hold lines of
+    // them from before the other blocks' writes), its loads all in flight, into the strip's
+    // place in shared memory (every read of the strip is done); warp 0 then adds the warps'
+    // sums in warp order to the residual.
+    float4* red = (float4*)gdn_out_smem;
+    {
+        float4 pk[GDN_OUT_PER];
 #pragma unroll
-        for (int k = 0; k < BATCH; k++) pk[k] = __ldcg((const float4*)(part + (size_t)(k0 + k) * rows + row0));
-#pragma unroll
-        for (int k = 0; k < BATCH; k++) {
-            acc.x += pk[k].x;
-            acc.y += pk[k].y;
-            acc.z += pk[k].z;
-            acc.w += pk[k].w;
+        for (int k = 0; k < GDN_OUT_PER; k++) {
+            const int hk = w * GDN_OUT_PER + k;
+            pk[k] = hk < HV ? __ldcg((const float4*)(part + (size_t)hk * rows + row0)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
+        float4 sum = pk[0];
+#pragma unroll
+        for (int k = 1; k < GDN_OUT_PER; k++) {
+            sum.x += pk[k].x;
+            sum.y += pk[k].y;
+            sum.z += pk[k].z;
+            sum.w += pk[k].w;
+        }
+        red[32 * w + lane] = sum;
+    }
+    __syncthreads();
+    if (w != 0) return;
+#pragma unroll
+    for (int k = 0; k < 16; k++) {
+        const float4 v = red[32 * k + lane];
+        acc.x += v.x;
+        acc.y += v.y;
+        acc.z += v.z;
+        acc.w += v.w;
     }
     *(float4*)(x + row0) = acc;
     fold_piece_regs(acc, gw, 128 * h, fold_xq, fold_xs, fold_ss, fold_xp);

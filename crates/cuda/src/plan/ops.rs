@@ -583,9 +583,11 @@ pub const fn gdn_out_strip_row(f: GpuFormat) -> usize {
     128 / f.chunk_values() * 16 + 128 / f.scale_values() * 2
 }
 
-/// Dynamic shared memory of `gdn_out_<format>`: its head's strip of the out-projection.
+/// Dynamic shared memory of `gdn_out_<format>`: its head's strip of the out-projection, whose
+/// place then holds its 16 warps' sums of a 128-row piece (8 KiB, more than a small model's
+/// strip).
 pub fn gdn_out_smem(d: &Dims, f: GpuFormat) -> usize {
-    gdn_out_strip_row(f) * d.hidden
+    (gdn_out_strip_row(f) * d.hidden).max(16 * 128 * 4)
 }
 
 /// Static shared memory of `gdn_out_<format>` (ptxas: 22,272 bytes for the 27B), rounded up.

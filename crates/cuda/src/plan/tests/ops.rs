@@ -634,9 +634,12 @@ fn an_out_projection_strip_row_holds_a_heads_codes_and_scales() {
     // The 27B's widest strip fits beside the kernel's static memory on sm_90 (227 KiB a block).
     let d = dims(Preset::B27);
     for f in GpuFormat::ALL {
+        assert_eq!(gdn_out_smem(&d, f), gdn_out_strip_row(f) * 5120);
         assert!(
             gdn_out_smem(&d, f) + GDN_OUT_STATIC_SMEM <= 227 << 10,
             "{f:?}"
         );
     }
+    // A small model's strip is less than the warps' sums that take its place after.
+    assert_eq!(gdn_out_smem(&dims(Preset::Tiny), GpuFormat::Q1), 8192);
 }
