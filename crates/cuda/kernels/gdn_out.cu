@@ -45,7 +45,6 @@ template <int FMT>
 struct GdnOutStrip {
     static constexpr int CODE = FMT == FMT_Q1 ? 16 : 32;
     static constexpr int SCALES = FMT == FMT_Q2G64 ? 2 : 1;
-    static constexpr int ROW = CODE + 2 * SCALES;
 };
 
 // Each row's product with the head's output: the 1-bit rows by the binary GEMV's arithmetic
@@ -113,8 +112,8 @@ __device__ __forceinline__ void gdn_out_rows(const unsigned char* codes, const u
     }
 }
 
-// grid HV, block (32, 16); dynamic shared memory rows · GdnOutStrip<FMT>::ROW bytes (the strip:
-// codes, then scales).
+// grid HV, block (32, 16); dynamic shared memory plan::gdn_out_smem (the strip: codes, then
+// scales).
 template <int FMT>
 __device__ __forceinline__ void gdn_out_body(const float* __restrict__ proj, int aoff, int boff,
         int zoff, const u32* __restrict__ pos, float* __restrict__ conv_state, const float* __restrict__ taps,
