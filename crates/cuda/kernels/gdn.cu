@@ -301,7 +301,7 @@ GDN_STEP_KERNEL(gdn_step_r8, 8)
 static_assert(DV == 128 && DK == 128, "gdn_decode: 16 warps of 32 columns' 32 rows cover a head");
 constexpr int GDN_DECODE_RPL = 32;
 // The recurrence of value head h up to its gated-normed output (gdn_decode_body's and
-// gdn_out_q1's common part): warp 0 hands the head's 128 outputs, four a lane, to `out`, and
+// gdn_out_body's common part): warp 0 hands the head's 128 outputs, four a lane, to `out`, and
 // `s` ends with this lane's new state (rows 32·(w / 4) .. of column 32·(w % 4) + lane), which
 // the caller stores (gdn_decode_store).
 template <class Out>

@@ -73,8 +73,10 @@ pub struct Gpu {
     swiglu_launches: AtomicUsize,
     /// Decode GEMVs launched with the norm's fold gathered in a cluster.
     cluster_fold_launches: AtomicUsize,
-    /// Recurrences launched with their out-projection (`gdn_out_q1`).
+    /// Recurrences launched with their out-projection (`gdn_out_<format>`).
     gdn_out_launches: AtomicUsize,
+    /// The kernels one-token passes leave out (`NIWAKI_CUDA_SKIP`, a measurement only).
+    skip: Option<plan::Skip>,
     /// Decode GEMVs launched on their activations' plane words.
     planes_launches: AtomicUsize,
     /// One-kernel short attentions launched.
@@ -138,7 +140,7 @@ pub struct Gpu {
     /// bits, 5.9 against 4.4 µs per layer on the H200).
     fuse_gdn: AtomicBool,
     /// With it, a decode step's recurrence and its out-projection in one kernel per layer
-    /// (`gdn_out_q1`, 1-bit models on sm_90; `NIWAKI_CUDA_GDN_OUT=1` turns it on and makes the
+    /// (`gdn_out_<format>`, sm_90; `NIWAKI_CUDA_GDN_OUT=1` turns it on and makes the
     /// out-projections' strips at upload: [`Strip`]). Off by default: not yet measured.
     fuse_gdn_out: AtomicBool,
     /// Whether this device runs `gdn_out_*` for the model's shapes (sm_90, the widest strip

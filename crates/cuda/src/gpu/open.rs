@@ -47,7 +47,8 @@ impl Gpu {
             };
             eprintln!("warning: NIWAKI_CUDA_ABLATE={what} {effect} (for measuring only)");
         }
-        if let Some(what) = plan::skip() {
+        let skip = knobs::word("NIWAKI_CUDA_SKIP").and_then(|w| plan::Skip::parse(&w));
+        if let Some(what) = skip {
             eprintln!(
                 "warning: NIWAKI_CUDA_SKIP={what:?} leaves kernels out of one-token passes: outputs are wrong (for measuring only)"
             );
@@ -110,7 +111,7 @@ impl Gpu {
                 .all(|&f| plan::gdn_out_smem(dims, f) + plan::GDN_OUT_STATIC_SMEM <= smem_limit);
         if gdn_out_fits {
             for f in GpuFormat::ALL {
-                let k = format!("gdn_out_{}", f.kernel_name());
+                let k = plan::gdn_out_kernel(f);
                 raise_dynamic_smem(&funcs[k.as_str()], &k, plan::gdn_out_smem(dims, f))?;
             }
         }
@@ -189,6 +190,7 @@ impl Gpu {
             swiglu_launches: AtomicUsize::new(0),
             cluster_fold_launches: AtomicUsize::new(0),
             gdn_out_launches: AtomicUsize::new(0),
+            skip,
             planes_launches: AtomicUsize::new(0),
             attn_short_launches: AtomicUsize::new(0),
             x_copy: AtomicUsize::new(match knobs::word("NIWAKI_CUDA_X_COPY").as_deref() {

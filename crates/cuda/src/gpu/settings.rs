@@ -274,6 +274,12 @@ impl Gpu {
         self.attn_short_launches.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The kernels one-token passes leave out (`NIWAKI_CUDA_SKIP`, a measurement only: the
+    /// outputs are wrong), where set.
+    pub fn skip(&self) -> Option<plan::Skip> {
+        self.skip
+    }
+
     /// Recurrences this device has launched with their out-projection.
     #[doc(hidden)]
     pub fn gdn_out_launches(&self) -> usize {

@@ -56,7 +56,7 @@ impl CudaModel {
     pub(super) fn exec_all(&self, st: &CudaState, n: usize, head: Head, tail: Tail) -> Result<()> {
         let argmax = tail == Tail::Argmax;
         let mut ops = forward_ops(&self.dims, n, head, argmax, self.pass_fusion(st, n));
-        if let (1, Some(skip)) = (n, plan::skip()) {
+        if let (1, Some(skip)) = (n, self.gpu.skip()) {
             ops.retain(|op| !skip.drops(op));
         }
         let all = || {

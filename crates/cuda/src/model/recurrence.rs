@@ -154,7 +154,7 @@ impl CudaModel {
     }
 
     /// A one-token pass's recurrence and out-projection of a recurrent layer in one kernel
-    /// (`gdn_out_q1`, [`Op::GdnDecodeOut`]), the norm after it folded as the out-projection's
+    /// (`gdn_out_<format>`, [`Op::GdnDecodeOut`]), the norm after it folded as the out-projection's
     /// GemvFold folds it: into the fold's activations, sums of squares and plane words.
     pub(super) fn gdn_decode_out(&self, st: &CudaState, layer: usize, norm: Norm) -> Result<()> {
         let (g, s, d) = (&*self.gpu, &*st.stream, &self.dims);
@@ -170,7 +170,7 @@ impl CudaModel {
         let f = self.mat(Mat::GdnOut(layer)).format;
         g.launch_smem(
             s,
-            &format!("gdn_out_{}", f.kernel_name()),
+            &plan::gdn_out_kernel(f),
             (d.value_heads as u32, 1, 1),
             (32, 16, 1),
             plan::gdn_out_smem(d, f) as u32,

@@ -238,8 +238,8 @@ pub struct Fusion {
     /// of a multiple of 128 values): a property of the pass, whose context is short enough.
     pub attn_short: bool,
     /// With `gdn` and `fold`, each recurrence and its out-projection in one kernel
-    /// ([`Op::GdnDecodeOut`]): a property of the model (1-bit out-projections laid out by
-    /// head at upload).
+    /// ([`Op::GdnDecodeOut`]): a property of the model (out-projections laid out by head at
+    /// upload).
     pub gdn_out: bool,
 }
 
@@ -583,6 +583,11 @@ pub const fn gdn_out_strip_row(f: GpuFormat) -> usize {
     128 / f.chunk_values() * 16 + 128 / f.scale_values() * 2
 }
 
+/// The fused recurrence and out-projection's kernel for out-projections of layout `f`.
+pub fn gdn_out_kernel(f: GpuFormat) -> String {
+    format!("gdn_out_{}", f.kernel_name())
+}
+
 /// Dynamic shared memory of `gdn_out_<format>`: its head's strip of the out-projection, whose
 /// place then holds its 16 warps' sums of a 128-row piece (8 KiB, more than a small model's
 /// strip).
@@ -668,9 +673,4 @@ impl Skip {
             _ => false,
         }
     }
-}
-
-/// The kernels `NIWAKI_CUDA_SKIP` leaves out, where set.
-pub fn skip() -> Option<Skip> {
-    crate::knobs::word("NIWAKI_CUDA_SKIP").and_then(|w| Skip::parse(&w))
 }
