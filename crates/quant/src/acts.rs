@@ -53,9 +53,12 @@ pub struct QuantizedActs {
     /// [`QuantizedActs::field_scales`]).
     field_scale: Vec<f32>,
     field_neg: Vec<i32>,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // read by the x86 kernels only
     lane_scale: Vec<f32>,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     neg_lane_sum: Vec<i32>,
     /// The 1-bit lookup tables (see [`QuantizedActs::sign_tables`]), made on first use.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     sign_tables: OnceLock<Vec<u8>>,
 }
 
@@ -471,15 +474,18 @@ impl QuantizedActs {
         &self.field_neg
     }
 
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // read by the x86 kernels only
     pub(crate) fn lane_scales(&self) -> &[f32] {
         &self.lane_scale
     }
 
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) fn neg_lane_sums(&self) -> &[i32] {
         &self.neg_lane_sum
     }
 
     /// The 1-bit lookup tables of the codes ([`crate::sign_tables`]), made once, on first use.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) fn sign_tables(&self) -> &[u8] {
         self.sign_tables
             .get_or_init(|| crate::sign_tables::build(&self.q))

@@ -14,8 +14,9 @@
 //!   [`QuantizedActs`] (int8 activations in 16-value groups with f32 scales), integer dot products
 //!   on AVX-512 VNNI or AVX2 chosen at run time ([`Isa`]), with [`gemm_rows_scalar`] as the plain
 //!   twin the SIMD kernels are tested against. See the `gemm` and `acts` module docs.
-//! - [`TiledMatrix`] re-tiles a Bonsai-format matrix into 16-row panels for the AVX-512 kernels
-//!   of [`gemm_tiled`] (bit-identical to [`gemm_rows_scalar`]); see the `tiled` module docs.
+//! - [`TiledMatrix`] re-tiles a Bonsai-format matrix into 16-row panels for the AVX-512, AVX2
+//!   and NEON kernels of [`gemm_tiled`] (bit-identical to [`gemm_rows_scalar`]); see the `tiled`
+//!   module docs.
 //! - [`count_code3`], [`count_non_finite_scales`] and [`count_noncanonical`] are the scans a
 //!   loader's validation runs over packed tensors.
 
@@ -31,6 +32,7 @@ mod q1_0;
 mod q2_0;
 mod q4_1;
 mod q8_0;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the AVX2 Q1_0 kernels' tables
 mod sign_tables;
 pub mod simd;
 mod tiled;

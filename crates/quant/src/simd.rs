@@ -1,6 +1,6 @@
 //! The widest vector instructions this process's kernels may use: what the CPU has, capped by
-//! the `NIWAKI_SIMD` environment variable (`scalar`, `avx2` or `avx512`), so that a whole run
-//! can be repeated on the plain twins of the SIMD kernels and compared with the fast one.
+//! the `NIWAKI_SIMD` environment variable (`scalar`, `neon`, `avx2` or `avx512`), so that a whole
+//! run can be repeated on the plain twins of the SIMD kernels and compared with the fast one.
 
 use std::sync::OnceLock;
 
@@ -12,6 +12,9 @@ pub const SIMD_ENV: &str = "NIWAKI_SIMD";
 pub enum Simd {
     /// The portable kernels, the twins of the others.
     Scalar,
+    /// AArch64's 128-bit NEON with the dot-product extension (`sdot`). Ordered below the x86
+    /// levels only so that one cap names a width: a `neon` cap leaves an x86 CPU on the twins.
+    Neon,
     /// 256-bit AVX2 (with FMA and F16C), and AVX-VNNI where the CPU has it.
     Avx2,
     /// AVX-512 (F, BW, VL, VNNI, VBMI where a kernel needs them).
@@ -21,6 +24,9 @@ pub enum Simd {
 impl Simd {
     /// The widest level the kernels run at in this process: what the CPU has, within the cap.
     pub fn in_use() -> Simd {
+        if neon() {
+            return Simd::Neon;
+        }
         match crate::Isa::best() {
             crate::Isa::Avx512 => Simd::Avx512,
             crate::Isa::Avx2 | crate::Isa::Avx2Vnni => Simd::Avx2,
@@ -32,13 +38,14 @@ impl Simd {
     pub const fn name(self) -> &'static str {
         match self {
             Simd::Scalar => "scalar",
+            Simd::Neon => "neon",
             Simd::Avx2 => "avx2",
             Simd::Avx512 => "avx512",
         }
     }
 
     /// Every level, narrowest first.
-    const ALL: [Simd; 3] = [Simd::Scalar, Simd::Avx2, Simd::Avx512];
+    const ALL: [Simd; 4] = [Simd::Scalar, Simd::Neon, Simd::Avx2, Simd::Avx512];
 
     /// The level a `NIWAKI_SIMD` value names, or why it names none.
     pub fn parse(value: &str) -> Result<Simd, String> {
@@ -46,7 +53,7 @@ impl Simd {
         Simd::ALL
             .into_iter()
             .find(|level| level.name() == value)
-            .ok_or_else(|| format!("{SIMD_ENV}={value:?}: expected scalar, avx2 or avx512"))
+            .ok_or_else(|| format!("{SIMD_ENV}={value:?}: expected scalar, neon, avx2 or avx512"))
     }
 }
 
@@ -80,6 +87,15 @@ pub fn avx2() -> bool {
     false
 }
 
+/// Whether the NEON kernels may run: an AArch64 CPU with the dot-product extension (every
+/// ARMv8.4 core, and most ARMv8.2 ones: Neoverse N1, Cortex-A76, Apple M1 on), within the cap.
+pub fn neon() -> bool {
+    #[cfg(target_arch = "aarch64")]
+    return allows(Simd::Neon) && std::arch::is_aarch64_feature_detected!("dotprod");
+    #[cfg(not(target_arch = "aarch64"))]
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,7 +107,8 @@ mod tests {
         assert_eq!(Simd::parse("avx512"), Ok(Simd::Avx512));
         let err = Simd::parse("sse4").unwrap_err();
         assert!(err.contains("NIWAKI_SIMD") && err.contains("sse4"), "{err}");
-        assert!(Simd::Scalar < Simd::Avx2 && Simd::Avx2 < Simd::Avx512);
+        assert_eq!(Simd::parse("Neon"), Ok(Simd::Neon));
+        assert!(Simd::Scalar < Simd::Neon && Simd::Avx2 < Simd::Avx512);
         for level in Simd::ALL {
             assert_eq!(Simd::parse(level.name()), Ok(level));
         }

@@ -53,6 +53,7 @@ pub enum Isa {
 impl Isa {
     /// Every ISA this CPU can run, slowest first (always starts with [`Isa::Scalar`]).
     pub fn available() -> Vec<Isa> {
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
         let mut v = vec![Isa::Scalar];
         #[cfg(target_arch = "x86_64")]
         {

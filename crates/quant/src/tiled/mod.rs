@@ -1,5 +1,6 @@
-//! Weights re-tiled at load for the AVX-512 and AVX2 kernels: 16 rows interleaved per panel, so
-//! one 32-bit lane of a 512-bit register (or of one of two 256-bit halves) is one row.
+//! Weights re-tiled at load for the AVX-512, AVX2 and NEON kernels: 16 rows interleaved per
+//! panel, so one 32-bit lane of a 512-bit register (or of one of two 256-bit halves, or of four
+//! 128-bit quarters) is one row.
 //!
 //! Why: with rows side by side, a `vpdpbusd` multiplies 4 values of 16 rows against the same 4
 //! activation codes (a broadcast from memory), the int→float conversion and activation scale are
@@ -18,6 +19,8 @@
 mod avx2;
 mod buffer;
 mod layout;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -56,9 +59,15 @@ impl Q1Bits {
     /// four-panel passes the 27B file decoded at 5.77 / 5.88 tok/s against 5.59 / 5.60 and
     /// prefilled (pp32) at 12.1 / 12.5 against 11.1 / 11.3, alternated (the masked moves had
     /// been level in decode and 20% faster in prefill there before those two changes).
+    ///
+    /// The NEON kernels read spread words only (one `cmtst` a quarter of a chunk).
     pub fn preferred() -> Q1Bits {
         #[cfg(target_arch = "x86_64")]
         if x86::available() {
+            return Q1Bits::Spread;
+        }
+        #[cfg(target_arch = "aarch64")]
+        if neon::available() {
             return Q1Bits::Spread;
         }
         Q1Bits::Nibbles
@@ -67,10 +76,14 @@ impl Q1Bits {
 
 impl Ternary {
     /// How this CPU's kernels hold PTQ1_0 best: packed where the AVX-512 kernels decode the
-    /// base-3 bytes, widened where only the AVX2 kernels run (they have no base-3 decode).
+    /// base-3 bytes, widened where only the AVX2 or NEON kernels run (they have no base-3 decode).
     pub fn preferred() -> Ternary {
         #[cfg(target_arch = "x86_64")]
         if !x86::available() && avx2::available() {
+            return Ternary::Wide;
+        }
+        #[cfg(target_arch = "aarch64")]
+        if neon::available() {
             return Ternary::Wide;
         }
         Ternary::Packed
@@ -93,7 +106,7 @@ pub struct TiledMatrix {
 }
 
 /// Raw pointers into one token's activation tables, as the SIMD tiled kernels read them.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[derive(Clone, Copy)]
 struct Act {
     /// Codes as 32-bit chunks of 4 (not necessarily 4-byte aligned).
@@ -102,12 +115,15 @@ struct Act {
     neg: *const i32,
     /// Per span, the 1-bit kernels' float term (`QuantizedActs::neg_span_terms`).
     span_neg: *const f32,
-    /// Per group, the 2-bit quads' scale and start (`QuantizedActs::field_scales`).
+    /// Per group, the 2-bit quads' scale and start (`QuantizedActs::field_scales`); the x86
+    /// kernels' only (the NEON kernels shift the codes down instead).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     field_scale: *const f32,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     field_neg: *const i32,
 }
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 impl Act {
     fn all(acts: &[QuantizedActs]) -> Vec<Act> {
         acts.iter()
@@ -145,7 +161,7 @@ fn prefetch_ahead(block: *const u8, bytes: usize) {
 
 /// Writes lane `l` of a panel's results for the rows of panel `p` that lie in `rows`, token `t`
 /// of `nt`.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[inline(always)]
 fn scatter(
     lanes: &[f32; PANEL],
@@ -180,13 +196,15 @@ impl TiledMatrix {
         layout::supports(format)
     }
 
-    /// Whether this CPU runs the tiled kernels natively (AVX-512 with VNNI and VBMI, or AVX2
-    /// with FMA and F16C). On other CPUs [`gemm_tiled`] runs the scalar twin, so callers keep the
-    /// native layout there.
+    /// Whether this CPU runs the tiled kernels natively (AVX-512 with VNNI and VBMI, AVX2 with
+    /// FMA and F16C, or NEON with the dot-product extension). On other CPUs [`gemm_tiled`] runs
+    /// the scalar twin, so callers keep the native layout there.
     pub fn fast() -> bool {
         #[cfg(target_arch = "x86_64")]
         return x86::available() || avx2::available();
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(target_arch = "aarch64")]
+        return neon::available();
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         return false;
     }
 
@@ -394,7 +412,8 @@ impl TiledMatrix {
 
 /// `out[(r − r0)·T + t] = row r · acts[t]` for the rows `r0..` of `panels` (rows past the
 /// matrix's end are not written), on AVX-512 where the CPU has it, else on AVX2 (packed PTQ1_0
-/// aside), else the scalar twin.
+/// aside), on AArch64 on NEON (packed PTQ1_0 and nibble-ordered Q1_0 aside), else the scalar
+/// twin.
 ///
 /// # Panics
 /// When the panels are out of range, an activation vector's length is not the column count, or
@@ -408,6 +427,13 @@ pub fn gemm_tiled(m: &TiledMatrix, panels: Range<usize>, acts: &[QuantizedActs],
         return;
     }
     if gemm_tiled_avx2_checked(m, panels.clone(), acts, out) {
+        return;
+    }
+    #[cfg(target_arch = "aarch64")]
+    if neon::available() && neon::takes(m.layout, m.q1) {
+        // SAFETY: `available` confirmed the CPU features, `takes` the layout; shapes were
+        // checked above.
+        unsafe { neon::gemm(m, panels, acts, out) };
         return;
     }
     scalar::gemm(m, panels, acts, out)

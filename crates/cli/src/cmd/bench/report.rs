@@ -231,7 +231,7 @@ impl Report<'_> {
             Place::Cpu { peak_rss, simd, .. } => format!(
                 "peak RSS: {:.2} GiB (file {:.2} GiB; a sequence's recurrent state and {kv_cache} \
                  KV cache {:.2} GiB at the end of a decode run)\nCPU kernels: {simd} \
-                 (NIWAKI_SIMD=scalar|avx2|avx512 caps them)\n",
+                 (NIWAKI_SIMD=scalar|neon|avx2|avx512 caps them)\n",
                 gib(*peak_rss),
                 gib(self.file_bytes),
                 state

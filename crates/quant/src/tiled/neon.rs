@@ -1,0 +1,309 @@
+//! The NEON tiled kernels (AArch64 with the dot-product extension): a panel's 16 rows as four
+//! 128-bit *quarters* of 4 rows, one 32-bit lane a row, read from the same panel layout as the
+//! x86 kernels (see [`layout`](super::layout)).
+//!
+//! A quarter's 16 bytes of a chunk are its 4 rows' codes for the chunk's 4 values, which is
+//! exactly what one `sdot` by element multiplies against 4 activation codes: a 16-byte load of
+//! the activations holds four chunks' codes, and the instruction picks one of them as a lane, so
+//! no broadcast is needed.
+//!
+//! - 2-bit formats: one load of a quarter's 16 bytes of a quad gives four chunks (one of each
+//!   activation group of the half); each group's codes are a shift and an `and` away, and the
+//!   group's accumulator starts at its `−Σq`, so it ends at the exact `Σ (c − 1)·q`.
+//! - Q1_0 with its bits spread ([`Q1Bits::Spread`]): a chunk's 8-byte word, loaded into both
+//!   halves of a register, holds in bits `2e` and `2e + 1` of its bytes the 16 register bytes of
+//!   quarter `e`; one `cmtst` against those bits gives `−1` where a bit is set, so the `sdot`
+//!   forms `−Σ_{bit set} q`, and `−2` times it is the `2·Σ_{bit set} q` the twin sums.
+//!
+//! Per activation group the exact integer sum is converted and added to the block sum by one
+//! fused multiply-add with the group's scale, in group order; per block (Q1_0: after adding the
+//! span's `−Σq` terms) one fused multiply-add with the rows' weight scales: the twin's steps in
+//! the twin's order, so the same bits.
+//!
+//! PTQ1_0 has no NEON decode of its base-3 bytes here: held packed, its panels take the scalar
+//! twin, so NEON machines hold it widened ([`Ternary::preferred`](super::Ternary::preferred)).
+//! The dot-product and half-precision conversions are written as `asm!`, their intrinsics being
+//! unstable.
+
+use std::arch::aarch64::*;
+use std::arch::asm;
+use std::ops::Range;
+
+use super::layout::{self, Q1Bits, PANEL};
+use super::{scatter, Act, TiledMatrix};
+use crate::acts::GROUPS_PER_HALF;
+use crate::{Format, QuantizedActs};
+
+pub(super) fn available() -> bool {
+    crate::simd::neon()
+}
+
+/// Whether the kernels take matrices in `layout` (every panel layout but packed PTQ1_0, and
+/// Q1_0 only with its bits spread).
+pub(super) fn takes(layout: Format, q1: Q1Bits) -> bool {
+    match layout {
+        Format::Q1_0 => q1 == Q1Bits::Spread,
+        Format::Q2_0 | Format::Q2_0G128 | Format::PQ2_0 => true,
+        _ => false,
+    }
+}
+
+/// Rows per quarter (one 128-bit register of 32-bit lanes).
+const QUARTER: usize = 4;
+/// Quarters per panel.
+const QUARTERS: usize = PANEL / QUARTER;
+
+/// `acc + Σ_i a[4l + i]·b[4·lane + i]` per 32-bit lane `l` (signed bytes): `sdot` by element.
+#[inline(always)]
+unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t, lane: usize) -> int32x4_t {
+    let mut acc = acc;
+    macro_rules! by {
+        ($l:literal) => {
+            asm!(
+                concat!("sdot {0:v}.4s, {1:v}.16b, {2:v}.4b[", $l, "]"),
+                inout(vreg) acc,
+                in(vreg) a,
+                in(vreg) b,
+                options(pure, nomem, nostack, preserves_flags)
+            )
+        };
+    }
+    match lane {
+        0 => by!(0),
+        1 => by!(1),
+        2 => by!(2),
+        _ => by!(3),
+    }
+    acc
+}
+
+/// The four fp16 numbers at `p` as f32 (`fcvtl`: exact, as every f16 is an f32).
+#[inline(always)]
+unsafe fn f16x4(p: *const u8) -> float32x4_t {
+    let h = vld1_u16(p as *const u16);
+    let out: float32x4_t;
+    asm!(
+        "fcvtl {0:v}.4s, {1:v}.4h",
+        out(vreg) out,
+        in(vreg) h,
+        options(pure, nomem, nostack, preserves_flags)
+    );
+    out
+}
+
+/// The activation codes of one half for `T` tokens: register `i` holds chunks `4i..4i + 4`.
+type HalfActs<const T: usize> = [[int8x16_t; 4]; T];
+
+trait Chunks {
+    const FORMAT: Format;
+    /// Whether the group sums are Q1_0's `2·Σ_{bit set} q`, its `−Σq` terms joining once per
+    /// block in floats (else the sums are the exact `Σ (c − 1)·q`).
+    const SPAN_NEG: bool;
+    /// Per token and activation group `k` of the half at `h` (group `g0 + k` of the tokens'),
+    /// the exact integer sums of quarter `e`'s rows.
+    unsafe fn sums<const T: usize>(
+        h: *const u8,
+        e: usize,
+        q: &HalfActs<T>,
+        acts: &[Act; T],
+        g0: usize,
+    ) -> [[int32x4_t; GROUPS_PER_HALF]; T];
+}
+
+struct Q1Spread;
+struct Q2<const G128: bool>;
+
+impl Chunks for Q1Spread {
+    const FORMAT: Format = Format::Q1_0;
+    const SPAN_NEG: bool = true;
+    #[inline(always)]
+    unsafe fn sums<const T: usize>(
+        h: *const u8,
+        e: usize,
+        q: &HalfActs<T>,
+        _: &[Act; T],
+        _: usize,
+    ) -> [[int32x4_t; GROUPS_PER_HALF]; T] {
+        // Register byte j of quarter e is bit 2e + j/8 of word byte j mod 8 (`layout::q1_bit`).
+        let lo = vdup_n_u8(1 << (2 * e));
+        let places = vcombine_u8(lo, vshl_n_u8::<1>(lo));
+        let mut acc = [[vdupq_n_s32(0); GROUPS_PER_HALF]; T];
+        for c in 0..layout::CHUNKS {
+            let word = vreinterpretq_u8_u64(vld1q_dup_u64(h.add(8 * c) as *const u64));
+            let minus = vreinterpretq_s8_u8(vtstq_u8(word, places));
+            let k = c % GROUPS_PER_HALF;
+            for t in 0..T {
+                acc[t][k] = sdot(acc[t][k], minus, q[t][c / 4], k);
+            }
+        }
+        acc.map(|groups| groups.map(|s| vmulq_n_s32(s, -2)))
+    }
+}
+
+impl<const G128: bool> Chunks for Q2<G128> {
+    const FORMAT: Format = if G128 { Format::Q2_0G128 } else { Format::Q2_0 };
+    const SPAN_NEG: bool = false;
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)] // i picks both a quad and an activation register
+    unsafe fn sums<const T: usize>(
+        h: *const u8,
+        e: usize,
+        q: &HalfActs<T>,
+        acts: &[Act; T],
+        g0: usize,
+    ) -> [[int32x4_t; GROUPS_PER_HALF]; T] {
+        let mut acc: [[int32x4_t; GROUPS_PER_HALF]; T] =
+            std::array::from_fn(|t| std::array::from_fn(|k| vdupq_n_s32(*acts[t].neg.add(g0 + k))));
+        let three = vdupq_n_u8(3);
+        for i in 0..layout::CHUNKS / GROUPS_PER_HALF {
+            // Quad i holds chunk 4i + k in field k of each byte; quarter e is its bytes 16e...
+            let x = vld1q_u8(h.add(layout::QUAD * i + 16 * e));
+            let fields = [
+                vandq_u8(x, three),
+                vandq_u8(vshrq_n_u8::<2>(x), three),
+                vandq_u8(vshrq_n_u8::<4>(x), three),
+                vshrq_n_u8::<6>(x),
+            ];
+            for (k, &codes) in fields.iter().enumerate() {
+                let codes = vreinterpretq_s8_u8(codes);
+                for t in 0..T {
+                    acc[t][k] = sdot(acc[t][k], codes, q[t][i], k);
+                }
+            }
+        }
+        acc
+    }
+}
+
+/// The four quarters of a panel, for `T` tokens.
+type Sums<const T: usize> = [[float32x4_t; QUARTERS]; T];
+
+/// One panel (at `p`) × `T` tokens.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // the t/e/k loops index several arrays at once
+unsafe fn tile<C: Chunks, const T: usize>(p: *const u8, blocks: usize, acts: &[Act; T]) -> Sums<T> {
+    let pbb = layout::panel_block_bytes(C::FORMAT);
+    let (halves, hb) = (layout::halves(C::FORMAT), layout::half_bytes(C::FORMAT));
+    let mut tot = [[vdupq_n_f32(0.0); QUARTERS]; T];
+    for b in 0..blocks {
+        let mut blk = [[vdupq_n_f32(0.0); QUARTERS]; T];
+        for h in 0..halves {
+            let half = b * halves + h;
+            let at = p.add(b * pbb + layout::SCALES + h * hb);
+            let q: HalfActs<T> = std::array::from_fn(|t| {
+                std::array::from_fn(|i| vld1q_s8(acts[t].q.add(16 * half + 4 * i) as *const i8))
+            });
+            let g0 = GROUPS_PER_HALF * half;
+            for e in 0..QUARTERS {
+                let sums = C::sums::<T>(at, e, &q, acts, g0);
+                for t in 0..T {
+                    for k in 0..GROUPS_PER_HALF {
+                        let s = vdupq_n_f32(*acts[t].scale.add(g0 + k));
+                        blk[t][e] = vfmaq_f32(blk[t][e], vcvtq_f32_s32(sums[t][k]), s);
+                    }
+                }
+            }
+        }
+        for t in 0..T {
+            let n = vdupq_n_f32(if C::SPAN_NEG {
+                *acts[t].span_neg.add(b)
+            } else {
+                0.0
+            });
+            for e in 0..QUARTERS {
+                if C::SPAN_NEG {
+                    blk[t][e] = vaddq_f32(blk[t][e], n);
+                }
+                let d = f16x4(p.add(b * pbb + 2 * QUARTER * e));
+                tot[t][e] = vfmaq_f32(tot[t][e], blk[t][e], d);
+            }
+        }
+    }
+    tot
+}
+
+/// Writes the quarters `v` for the rows of panel `p` that lie in `rows`, token `t` of `nt`.
+#[inline(always)]
+unsafe fn store(
+    v: [float32x4_t; QUARTERS],
+    p: usize,
+    t: usize,
+    nt: usize,
+    rows: &Range<usize>,
+    out: &mut [f32],
+) {
+    let mut lanes = [0f32; PANEL];
+    for (e, v) in v.into_iter().enumerate() {
+        vst1q_f32(lanes.as_mut_ptr().add(QUARTER * e), v);
+    }
+    scatter(&lanes, p, t, nt, rows, out);
+}
+
+/// Tokens a multi-token pass takes at once.
+const MULTI: usize = 4;
+
+/// Panel `p` (at `pp`) × tokens `t..t + T`, stored.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pass<C: Chunks, const T: usize>(
+    pp: *const u8,
+    blocks: usize,
+    acts: &[Act],
+    p: usize,
+    t: usize,
+    rows: &Range<usize>,
+    out: &mut [f32],
+) {
+    let v = tile::<C, T>(pp, blocks, &std::array::from_fn(|k| acts[t + k]));
+    for (k, v) in v.into_iter().enumerate() {
+        store(v, p, t + k, acts.len(), rows, out);
+    }
+}
+
+#[inline(always)]
+unsafe fn run<C: Chunks>(m: &TiledMatrix, panels: Range<usize>, acts: &[Act], out: &mut [f32]) {
+    let rows = m.row_range(&panels);
+    let blocks = m.blocks();
+    let stride = blocks * layout::panel_block_bytes(C::FORMAT);
+    let nt = acts.len();
+    for p in panels {
+        let pp = m.data.as_ptr().add(p * stride);
+        let mut t = 0;
+        while t < nt {
+            // As many tokens at once as remain, up to MULTI: 4, 2 or 1.
+            let take = [MULTI, 2, 1]
+                .into_iter()
+                .find(|&k| nt - t >= k)
+                .unwrap_or(1);
+            match take {
+                MULTI => pass::<C, MULTI>(pp, blocks, acts, p, t, &rows, out),
+                2 => pass::<C, 2>(pp, blocks, acts, p, t, &rows, out),
+                _ => pass::<C, 1>(pp, blocks, acts, p, t, &rows, out),
+            }
+            t += take;
+        }
+    }
+}
+
+/// # Safety
+/// The CPU has the features [`available`] checks, [`takes`] holds for the matrix's layout, and
+/// shapes were checked by the caller.
+#[target_feature(enable = "neon,dotprod")]
+pub(super) unsafe fn gemm(
+    m: &TiledMatrix,
+    panels: Range<usize>,
+    acts: &[QuantizedActs],
+    out: &mut [f32],
+) {
+    if m.cols == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let acts = Act::all(acts);
+    match m.layout {
+        Format::Q1_0 => run::<Q1Spread>(m, panels, &acts, out),
+        Format::Q2_0 => run::<Q2<false>>(m, panels, &acts, out),
+        Format::Q2_0G128 | Format::PQ2_0 => run::<Q2<true>>(m, panels, &acts, out),
+        other => unreachable!("{other} is not a layout the NEON kernels take"),
+    }
+}

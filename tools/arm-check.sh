@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Checks the AArch64 build on an x86-64 Debian/Ubuntu machine: clippy for
+# aarch64-unknown-linux-gnu, then the CPU crates' tests run under qemu-aarch64, once on a CPU
+# with the dot-product extension (the NEON kernels) and the kernel tests again on one without
+# (the scalar twins). Emulation checks results, not speed.
+#
+# Needs: rustup target add aarch64-unknown-linux-gnu
+#        apt-get install qemu-user qemu-user-binfmt gcc-aarch64-linux-gnu libc6-dev-arm64-cross
+# and, for the CLI tests (which start the aarch64 binary themselves), qemu registered with
+# binfmt_misc (qemu-user-binfmt does it where systemd runs; elsewhere, as root:
+#   mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+#   grep -v '^#' /usr/lib/binfmt.d/qemu-aarch64.conf > /proc/sys/fs/binfmt_misc/register).
+#
+# Usage: tools/arm-check.sh [cargo test filters…]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+target=aarch64-unknown-linux-gnu
+missing=()
+rustup target list --installed 2>/dev/null | grep -qx "$target" || missing+=("rustup target $target")
+command -v aarch64-linux-gnu-gcc >/dev/null || missing+=("aarch64-linux-gnu-gcc")
+command -v qemu-aarch64 >/dev/null || missing+=("qemu-aarch64")
+[ -d /usr/aarch64-linux-gnu/lib ] || missing+=("/usr/aarch64-linux-gnu (libc6-dev-arm64-cross)")
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "arm-check: missing ${missing[*]} (see the head of this script)" >&2
+    exit 2
+fi
+if [ ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then
+    echo "arm-check: qemu-aarch64 is not registered with binfmt_misc; the CLI tests need it" >&2
+    exit 2
+fi
+
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER=qemu-aarch64
+export QEMU_LD_PREFIX=/usr/aarch64-linux-gnu
+
+echo "== clippy, $target"
+cargo clippy --release --target "$target" --workspace --all-targets -- -D warnings
+
+echo "== tests under qemu, a CPU with dot products (NEON kernels)"
+QEMU_CPU=max cargo test --release --target "$target" -p quant -p model -p engine -p niwaki "$@"
+
+echo "== kernel tests under qemu, a Cortex-A72 (no dot products: the scalar twins)"
+QEMU_CPU=cortex-a72 cargo test --release --target "$target" -p quant "$@"
