@@ -96,6 +96,31 @@ pub fn neon() -> bool {
     false
 }
 
+/// The four fp16 numbers at `p` as f32 (`fcvtl`: exact, as every f16 is an f32), for the NEON
+/// kernels here and in the attention's (the conversion's intrinsic is not stable).
+///
+/// # Safety
+/// 8 bytes at `p` are readable.
+#[cfg(target_arch = "aarch64")]
+#[doc(hidden)]
+#[inline(always)]
+pub unsafe fn f16x4(p: *const u16) -> std::arch::aarch64::float32x4_t {
+    use std::arch::aarch64::vld1_u16;
+    // SAFETY: readable, by the caller's promise; NEON loads need no alignment.
+    let h = unsafe { vld1_u16(p) };
+    let out;
+    // SAFETY: a register-to-register conversion.
+    unsafe {
+        std::arch::asm!(
+            "fcvtl {0:v}.4s, {1:v}.4h",
+            out(vreg) out,
+            in(vreg) h,
+            options(pure, nomem, nostack, preserves_flags)
+        )
+    };
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

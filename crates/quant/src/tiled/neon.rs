@@ -22,8 +22,7 @@
 //!
 //! PTQ1_0 has no NEON decode of its base-3 bytes here: held packed, its panels take the scalar
 //! twin, so NEON machines hold it widened ([`Ternary::preferred`](super::Ternary::preferred)).
-//! The dot-product and half-precision conversions are written as `asm!`, their intrinsics being
-//! unstable.
+//! The dot products are written as `asm!`, their intrinsics being unstable.
 
 use std::arch::aarch64::*;
 use std::arch::asm;
@@ -75,20 +74,6 @@ unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t, lane: usize) -> int32
         _ => by!(3),
     }
     acc
-}
-
-/// The four fp16 numbers at `p` as f32 (`fcvtl`: exact, as every f16 is an f32).
-#[inline(always)]
-unsafe fn f16x4(p: *const u8) -> float32x4_t {
-    let h = vld1_u16(p as *const u16);
-    let out: float32x4_t;
-    asm!(
-        "fcvtl {0:v}.4s, {1:v}.4h",
-        out(vreg) out,
-        in(vreg) h,
-        options(pure, nomem, nostack, preserves_flags)
-    );
-    out
 }
 
 /// The activation codes of one half for `T` tokens: register `i` holds chunks `4i..4i + 4`.
@@ -214,7 +199,7 @@ unsafe fn tile<C: Chunks, const T: usize>(p: *const u8, blocks: usize, acts: &[A
                 if C::SPAN_NEG {
                     blk[t][e] = vaddq_f32(blk[t][e], n);
                 }
-                let d = f16x4(p.add(b * pbb + 2 * QUARTER * e));
+                let d = crate::simd::f16x4(p.add(b * pbb + 2 * QUARTER * e).cast());
                 tot[t][e] = vfmaq_f32(tot[t][e], blk[t][e], d);
             }
         }

@@ -13,11 +13,13 @@ use crate::kv::{HeadRows, Layout, KEY_TILE, VALUE_CHUNK};
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 mod softmax;
 
 /// Runs `$f::<G>(args)` for the number of heads `$g` (1 to 8) as a constant, so that a
 /// kernel's sums live in registers.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 macro_rules! by_heads {
     ($g:expr, $m:ident :: $f:ident, ($($a:expr),* $(,)?)) => {
         match $g {
@@ -37,7 +39,7 @@ macro_rules! by_heads {
 /// Key tiles ahead of those being scored whose lines the SIMD kernels ask for: the hardware's
 /// prefetch alone left the score kernels at about half of a thread's read bandwidth from
 /// memory at 16k positions.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 const AHEAD: usize = 4;
 
 /// Asks for the cache lines of `n` values from `p` (a hint: nothing is read, nothing faults,
@@ -52,17 +54,34 @@ fn prefetch<T>(p: *const T, n: usize) {
     }
 }
 
+/// As the x86 `prefetch`, by `prfm` (its intrinsic is not stable).
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+fn prefetch<T>(p: *const T, n: usize) {
+    for off in (0..n * size_of::<T>()).step_by(64) {
+        // SAFETY: a prefetch neither reads nor faults.
+        unsafe {
+            std::arch::asm!(
+                "prfm pldl1keep, [{0}]",
+                in(reg) p.cast::<u8>().wrapping_add(off),
+                options(nostack, preserves_flags, readonly)
+            )
+        };
+    }
+}
+
 /// The SIMD form this CPU runs, if any, and how many query heads it takes a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Simd {
     Avx512,
     Avx2,
+    Neon,
 }
 
 impl Simd {
     /// The fastest form this CPU has.
     fn detect() -> Option<Simd> {
-        [Simd::Avx512, Simd::Avx2]
+        [Simd::Avx512, Simd::Avx2, Simd::Neon]
             .into_iter()
             .find(|s| s.supported())
     }
@@ -75,8 +94,12 @@ impl Simd {
                 quant::simd::allows(quant::Simd::Avx512) && std::is_x86_feature_detected!("avx512f")
             }
             Simd::Avx2 => quant::simd::avx2(),
+            Simd::Neon => false,
         };
-        #[cfg(not(target_arch = "x86_64"))]
+        // NEON is part of AArch64: only the cap can leave it out.
+        #[cfg(target_arch = "aarch64")]
+        return self == Simd::Neon && quant::simd::allows(quant::Simd::Neon);
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         false
     }
 
@@ -86,6 +109,8 @@ impl Simd {
         match self {
             Simd::Avx512 => 8,
             Simd::Avx2 => 6,
+            // Four registers a head of 32, beside four of keys or values.
+            Simd::Neon => 6,
         }
     }
 }
@@ -149,7 +174,7 @@ impl Kernels {
             "scores: output short"
         );
         match self.simd {
-            #[cfg(target_arch = "x86_64")]
+            #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
             Some(simd) => {
                 let m = simd.heads();
                 for (c, q) in s.q.chunks(m * hd).enumerate() {
@@ -159,12 +184,20 @@ impl Kernels {
                     // bounds the kernels rely on were asserted above.
                     unsafe {
                         match simd {
+                            #[cfg(target_arch = "x86_64")]
                             Simd::Avx512 => {
                                 by_heads!(q.len() / hd, avx512::scores, (&part, out, stride))
                             }
+                            #[cfg(target_arch = "x86_64")]
                             Simd::Avx2 => {
                                 by_heads!(q.len() / hd, avx2::scores, (&part, out, stride))
                             }
+                            #[cfg(target_arch = "aarch64")]
+                            Simd::Neon => {
+                                by_heads!(q.len() / hd, neon::scores, (&part, out, stride))
+                            }
+                            #[allow(unreachable_patterns)] // no other form is detected here
+                            _ => unreachable!("{simd:?} on this architecture"),
                         }
                     }
                 }
@@ -206,7 +239,7 @@ impl Kernels {
             .saturating_sub(d.start)
             .min(w);
         let mut done = 0;
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         if let Some(simd) = self.simd.filter(|_| whole > 0) {
             let m = simd.heads();
             done = whole;
@@ -220,8 +253,14 @@ impl Kernels {
                 // kernels rely on were asserted above.
                 unsafe {
                     match simd {
+                        #[cfg(target_arch = "x86_64")]
                         Simd::Avx512 => by_heads!(acc.len() / w, avx512::values, (&part, acc, w)),
+                        #[cfg(target_arch = "x86_64")]
                         Simd::Avx2 => by_heads!(acc.len() / w, avx2::values, (&part, acc, w)),
+                        #[cfg(target_arch = "aarch64")]
+                        Simd::Neon => by_heads!(acc.len() / w, neon::values, (&part, acc, w)),
+                        #[allow(unreachable_patterns)] // no other form is detected here
+                        _ => unreachable!("{simd:?} on this architecture"),
                     }
                 }
             }
@@ -240,6 +279,9 @@ impl Kernels {
             // SAFETY: as above (AVX2 with FMA and F16C).
             #[cfg(target_arch = "x86_64")]
             Some(Simd::Avx2) => unsafe { softmax::avx2::softmax(row) },
+            // SAFETY: NEON is part of AArch64.
+            #[cfg(target_arch = "aarch64")]
+            Some(Simd::Neon) => unsafe { softmax::neon::softmax(row) },
             _ => softmax::softmax_plain(row),
         }
     }

@@ -208,3 +208,69 @@ pub(super) mod avx2 {
         tail.iter_mut().for_each(|s| *s /= sum);
     }
 }
+
+#[cfg(target_arch = "aarch64")]
+pub(super) mod neon {
+    use std::arch::aarch64::*;
+
+    use super::*;
+
+    /// [`exp_plain`] of 4 values (`fmax`-style clamp, so a NaN goes as `f32::max` takes it).
+    #[inline(always)]
+    unsafe fn exp4(x: float32x4_t) -> float32x4_t {
+        let x = vmaxnmq_f32(x, vdupq_n_f32(EXP_MIN));
+        let n = vrndnq_f32(vmulq_n_f32(x, LOG2E));
+        let r = vfmsq_f32(x, n, vdupq_n_f32(LN2_HI));
+        let r = vfmsq_f32(r, n, vdupq_n_f32(LN2_LO));
+        let mut p = vdupq_n_f32(0.0);
+        for c in POLY {
+            p = vfmaq_f32(vdupq_n_f32(c), p, r);
+        }
+        let one = vdupq_n_f32(1.0);
+        let p = vfmaq_f32(one, vfmaq_f32(one, p, r), r);
+        let e = vshlq_n_s32::<23>(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)));
+        vmulq_f32(vreinterpretq_f32_s32(e), p)
+    }
+
+    /// [`softmax_plain`], 16 positions as four registers.
+    ///
+    /// # Safety
+    /// None beyond an AArch64 CPU (NEON is part of the architecture).
+    #[target_feature(enable = "neon")]
+    pub(in super::super) unsafe fn softmax(row: &mut [f32]) {
+        let body = row.len() / 16 * 16;
+        let (head, tail) = row.split_at_mut(body);
+        let ptr = head.as_mut_ptr();
+        let mut m = vdupq_n_f32(f32::NEG_INFINITY);
+        for i in (0..body).step_by(4) {
+            // SAFETY: i + 4 <= body (here and below).
+            m = vmaxnmq_f32(unsafe { vld1q_f32(ptr.add(i)) }, m);
+        }
+        let max = tail.iter().copied().fold(vmaxnmvq_f32(m), f32::max);
+        let mut acc = [vdupq_n_f32(0.0); 4];
+        for i in (0..body).step_by(16) {
+            for (j, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: as above.
+                unsafe {
+                    let at = ptr.add(i + 4 * j);
+                    let e = exp4(vsubq_f32(vld1q_f32(at), vdupq_n_f32(max)));
+                    vst1q_f32(at, e);
+                    *acc = vaddq_f32(*acc, e);
+                }
+            }
+        }
+        let mut lanes = [0f32; 16];
+        for (j, &a) in acc.iter().enumerate() {
+            // SAFETY: 4 values at 4j < 16.
+            unsafe { vst1q_f32(lanes.as_mut_ptr().add(4 * j), a) };
+        }
+        tail.iter_mut().for_each(|s| *s = exp_plain(*s - max));
+        let sum = tail.iter().fold(fold16(lanes), |a, &e| a + e);
+        let inv = vdupq_n_f32(sum);
+        for i in (0..body).step_by(4) {
+            // SAFETY: as above.
+            unsafe { vst1q_f32(ptr.add(i), vdivq_f32(vld1q_f32(ptr.add(i)), inv)) };
+        }
+        tail.iter_mut().for_each(|s| *s /= sum);
+    }
+}

@@ -4,7 +4,7 @@ use crate::kv::{KvCache, KvFormat};
 
 /// Every form this CPU runs, the plain one last.
 fn forms() -> Vec<Kernels> {
-    [Simd::Avx512, Simd::Avx2]
+    [Simd::Avx512, Simd::Avx2, Simd::Neon]
         .into_iter()
         .filter(|s| s.supported())
         .map(|s| Kernels { simd: Some(s) })
