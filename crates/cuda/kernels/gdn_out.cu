@@ -136,6 +136,8 @@ __device__ __forceinline__ void gdn_out_body(const float* __restrict__ proj, int
     if (tid == 0) {
         const u32 code_bytes = (u32)rows * St::CODE, scale_bytes = (u32)rows * 2u * St::SCALES;
         mbar_init(bar, 1);
+        // The barrier's initialization visible to the async proxy before the copies use it.
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         mbar_expect_tx(bar, code_bytes + scale_bytes);
         weights_g2s(smem_addr(codes), strip_codes + (size_t)h * code_bytes, code_bytes, bar);
         weights_g2s(smem_addr(codes) + code_bytes, (const unsigned char*)strip_scales + (size_t)h * scale_bytes,

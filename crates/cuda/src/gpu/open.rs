@@ -104,8 +104,10 @@ impl Gpu {
                 plan::gdn_prep_smem(dims),
             )?;
         }
-        // The fused recurrence and out-projection holds its head's strip of the matrix.
+        // The fused recurrence and out-projection holds its head's strip of the matrix, and all
+        // its blocks must be resident at once.
         let gdn_out_fits = hopper
+            && plan::gdn_out_coresident(dims, info.multiprocessors.max(0) as usize)
             && GpuFormat::ALL
                 .iter()
                 .all(|&f| plan::gdn_out_smem(dims, f) + plan::GDN_OUT_STATIC_SMEM <= smem_limit);

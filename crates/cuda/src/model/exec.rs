@@ -294,6 +294,12 @@ impl CudaModel {
             argmax,
             split_scratch: Some((st.s("gemm_part"), st.layout.size("gemm_part") / 4)),
             prefetch: match self.next_mat.iter().find(|p| p.0 == mat) {
+                // The fused recurrence copies its head's strip, not the matrix's rows.
+                Some(&(_, Mat::GdnOut(_)))
+                    if plan::fuses_gdn_outs(&self.dims, ntok, &self.pass_fusion(st, ntok)) =>
+                {
+                    None
+                }
                 Some(&(_, next)) if ntok == 1 => {
                     let next = self.mat(next);
                     Prefetch::of(next, self.gpu.prefetch_for(next))

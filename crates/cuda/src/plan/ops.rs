@@ -243,6 +243,18 @@ pub struct Fusion {
     pub gdn_out: bool,
 }
 
+/// Whether a pass of `ntok` tokens folds its norms into the residual GEMVs before them.
+fn folds_norms(d: &Dims, ntok: usize, fusion: &Fusion) -> bool {
+    fusion.fold && ntok == 1 && d.hidden.is_multiple_of(128) && d.hidden / 128 <= FOLD_MAX_PIECES
+}
+
+/// Whether a pass of `ntok` tokens runs each recurrence and its out-projection as one kernel
+/// ([`Op::GdnDecodeOut`]): a block per value head, and one of them for each 128-row piece it
+/// folds.
+pub fn fuses_gdn_outs(d: &Dims, ntok: usize, fusion: &Fusion) -> bool {
+    folds_norms(d, ntok, fusion) && fusion.gdn_out && d.value_heads >= d.hidden / 128
+}
+
 /// Pieces of 128 values a folded norm's row may have: the GEMV after it adds their sums of
 /// squares one per lane, two lanes' worth a warp.
 pub const FOLD_MAX_PIECES: usize = 64;
@@ -348,14 +360,12 @@ pub fn forward_ops(d: &Dims, ntok: usize, head: Head, argmax: bool, fusion: Fusi
         ntok: n,
         out: Out::Logits { argmax },
     });
-    if fusion.fold && ntok == 1 && d.hidden.is_multiple_of(128) && d.hidden / 128 <= FOLD_MAX_PIECES
-    {
+    if folds_norms(d, ntok, &fusion) {
         fold_norms(&mut ops);
         if fusion.swiglu && d.ffn.is_multiple_of(128) {
             fold_swiglus(&mut ops);
         }
-        // A block per value head, and one of them for each 128-row piece it folds.
-        if fusion.gdn_out && d.value_heads >= d.hidden / 128 {
+        if fuses_gdn_outs(d, ntok, &fusion) {
             fuse_gdn_outs(&mut ops);
         }
     }
@@ -593,6 +603,14 @@ pub fn gdn_out_kernel(f: GpuFormat) -> String {
 /// strip).
 pub fn gdn_out_smem(d: &Dims, f: GpuFormat) -> usize {
     (gdn_out_strip_row(f) * d.hidden).max(16 * 128 * 4)
+}
+
+/// Whether every block of a `gdn_out_<format>` launch (one a multiprocessor, for its shared
+/// memory) is resident at once on `multiprocessors`: its first blocks wait for the partial sums
+/// of all the others, so a launch that could not place them all would never end (a partitioned
+/// GPU's few multiprocessors, say).
+pub fn gdn_out_coresident(d: &Dims, multiprocessors: usize) -> bool {
+    d.value_heads <= multiprocessors
 }
 
 /// Static shared memory of `gdn_out_<format>` (ptxas: 22,272 bytes for the 27B), rounded up.

@@ -622,6 +622,24 @@ fn the_fused_out_projection_takes_each_recurrence_and_its_fold_in_decode_only() 
     assert!(forward_ops(&narrow, 1, Head::Last, true, fused)
         .iter()
         .all(|op| !matches!(op, Op::GdnDecodeOut { .. })));
+    // `fuses_gdn_outs` (which the GEMV before the out-projection asks, to leave the matrix's
+    // rows out of its L2 prefetch) says what the op list does, in every case above.
+    for (d, ntok, fusion) in [
+        (&d, 1, fused),
+        (&d, 1, decode),
+        (&d, 2, fused),
+        (&d, 8, fused),
+        (&d, 1, unfolded),
+        (&narrow, 1, fused),
+    ] {
+        assert_eq!(
+            fuses_gdn_outs(d, ntok, &fusion),
+            forward_ops(d, ntok, Head::Last, ntok == 1, fusion)
+                .iter()
+                .any(|op| matches!(op, Op::GdnDecodeOut { .. })),
+            "{ntok} tokens, {fusion:?}"
+        );
+    }
 }
 
 #[test]
@@ -642,4 +660,16 @@ fn an_out_projection_strip_row_holds_a_heads_codes_and_scales() {
     }
     // A small model's strip is less than the warps' sums that take its place after.
     assert_eq!(gdn_out_smem(&dims(Preset::Tiny), GpuFormat::Q1), 8192);
+}
+
+#[test]
+fn the_fused_out_projection_needs_all_its_blocks_resident_at_once() {
+    // The 27B's 48 heads: an H100's or H200's 132 multiprocessors, not a 32-multiprocessor
+    // partition of one.
+    let d = dims(Preset::B27);
+    assert_eq!(d.value_heads, 48);
+    assert!(gdn_out_coresident(&d, 132));
+    assert!(gdn_out_coresident(&d, 48));
+    assert!(!gdn_out_coresident(&d, 47));
+    assert!(!gdn_out_coresident(&d, 32));
 }
