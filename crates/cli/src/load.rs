@@ -278,19 +278,13 @@ pub fn cuda_model(model: &Model, kv: KvCacheArg) -> Result<niwaki_cuda::CudaMode
         KvCacheArg::F32 => anyhow::bail!("the GPU has no f32 KV cache: use f16 or q8_0"),
     };
     let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
-    let mut images = match gpu.tile_image_bytes() {
+    let images = match gpu.tile_image_bytes() {
         0 => String::new(),
         b => format!(
             " and {:.2} GiB of 2-bit tile images (NIWAKI_CUDA_B1_IMAGE=0 goes without)",
             gib(b)
         ),
     };
-    if gpu.strip_bytes() > 0 {
-        images += &format!(
-            " and {:.2} GiB of the out-projections' strips (NIWAKI_CUDA_GDN_OUT=1)",
-            gib(gpu.strip_bytes())
-        );
-    }
     eprintln!(
         "uploaded to the GPU in {:.2} s ({:.2} GiB of weights{images}; {} KV cache; kernels {}, loaded by the driver in {:.2} s)",
         t.elapsed().as_secs_f64(),

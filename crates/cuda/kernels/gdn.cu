@@ -299,17 +299,12 @@ GDN_STEP_KERNEL(gdn_step_r8, 8)
 // The step keeps 32 key rows per lane, as gdn_step_r32, the one-token passes' step without
 // this kernel (plan::GDN_STEP_DECODE_ROWS, asserted there): the two paths give the same bits.
 static_assert(DV == 128 && DK == 128, "gdn_decode: 16 warps of 32 columns' 32 rows cover a head");
-constexpr int GDN_DECODE_RPL = 32;
-// The recurrence of value head h up to its gated-normed output (gdn_decode_body's and
-// gdn_out_body's common part): warp 0 hands the head's 128 outputs, four a lane, to `out`, and
-// `s` ends with this lane's new state (rows 32·(w / 4) .. of column 32·(w % 4) + lane), which
-// the caller stores (gdn_decode_store).
-template <class Out>
-__device__ __forceinline__ void gdn_decode_head(const float* __restrict__ proj, int aoff, int boff, int zoff,
-        u32 p, float* __restrict__ conv_state, const float* __restrict__ taps,
+__device__ __forceinline__ void gdn_decode_body(const float* __restrict__ proj, int aoff, int boff, int zoff,
+        const u32* __restrict__ pos, float* __restrict__ conv_state, const float* __restrict__ taps,
         const float* __restrict__ a_neg, const float* __restrict__ dt_bias, float* __restrict__ S,
-        const float* __restrict__ nw, float eps, float (&s)[GDN_DECODE_RPL], u64 (&trace_w)[2], Out&& out) {
-    constexpr int RPL = GDN_DECODE_RPL, R = DK / RPL;
+        const float* __restrict__ nw, float eps, int* __restrict__ xq, float2* __restrict__ xs,
+        u16* __restrict__ xh, u32* __restrict__ xp) {
+    constexpr int RPL = 32, R = DK / RPL;
     __shared__ __align__(16) float qks[16][2][DK];
     // The conv's outputs: q and k of key head kh, then v of head h.
     __shared__ __align__(16) float xin[2 * DK + DV];
@@ -322,7 +317,9 @@ __device__ __forceinline__ void gdn_decode_head(const float* __restrict__ proj, 
     // groups wrote four lines a store: Q2_0 decode 335.5 → 337.9 tok/s, Q1_0 level (460.0
     // against 458.5 with both changes; one H200 call).
     const int r = w / (DV / 32), j = 32 * (w % (DV / 32)) + lane;
+    const u32 p = *pos;
     const float* Sh = ssm_read(S, p) + (size_t)h * DK * DV;
+    float s[RPL];
 #pragma unroll
     for (int i = 0; i < RPL; i++) s[i] = Sh[(size_t)(r * RPL + i) * DV + j];
     // This thread's conv channel: q, k of key head kh, v of value head h.
@@ -342,11 +339,6 @@ __device__ __forceinline__ void gdn_decode_head(const float* __restrict__ proj, 
     // The state, the conv state and the position are written by this layer's previous pass
     // (or the host, before the pass): read before waiting for the previous kernel.
     TRACE_ENTRY();
-#ifdef NIWAKI_TRACE
-    // The wait's ends, for the caller's record.
-    trace_w[0] = trace_w0;
-    trace_w[1] = trace_w1;
-#endif
     // Everything this block reads of the projection, requested at once: the gate inputs and z
     // wait in registers through the conv and the step.
     const float ga = proj[aoff + h], gb = proj[boff + h];
@@ -405,46 +397,24 @@ __device__ __forceinline__ void gdn_decode_head(const float* __restrict__ proj, 
     // its own after, where the output waited for every store to issue (1.1 µs in the earlier
     // layout of four lines a store). Q2_0 decode 332.6 → 335.5 tok/s for the order alone.
     if (w == 0) {
+        const int base = h * DV;
         float4 o[R];
 #pragma unroll
         for (int q = 0; q < R; q++) o[q] = *(const float4*)(&ored[q][lane * 4]);
         const float4 oo = make_float4(sum4(o[0].x, o[1].x, o[2].x, o[3].x), sum4(o[0].y, o[1].y, o[2].y, o[3].y),
                                       sum4(o[0].z, o[1].z, o[2].z, o[3].z), sum4(o[0].w, o[1].w, o[2].w, o[3].w));
-        out(gated_norm(oo, z, g, eps));
+        const float4 v = gated_norm(oo, z, g, eps);
+        quant128(v, base, xq, xs, xh, xp);
+        TRACE_MARK_LAST(2);
     }
-}
-
-// The new state of gdn_decode_head's lane into the buffer of position p + 1.
-__device__ __forceinline__ void gdn_decode_store(float* __restrict__ S, u32 p, const float (&s)[GDN_DECODE_RPL]) {
-    constexpr int RPL = GDN_DECODE_RPL;
-    const int lane = threadIdx.x, w = threadIdx.y;
-    const int r = w / (DV / 32), j = 32 * (w % (DV / 32)) + lane;
-    const int h = blockIdx.x;
     float* Sw = ssm_write(S, p, 1) + (size_t)h * DK * DV;
 #pragma unroll
     for (int i = 0; i < RPL; i++) Sw[(size_t)(r * RPL + i) * DV + j] = s[i];
-}
-
-__device__ __forceinline__ void gdn_decode_body(const float* __restrict__ proj, int aoff, int boff, int zoff,
-        const u32* __restrict__ pos, float* __restrict__ conv_state, const float* __restrict__ taps,
-        const float* __restrict__ a_neg, const float* __restrict__ dt_bias, float* __restrict__ S,
-        const float* __restrict__ nw, float eps, int* __restrict__ xq, float2* __restrict__ xs,
-        u16* __restrict__ xh, u32* __restrict__ xp) {
-    const u32 p = *pos;
-    float s[GDN_DECODE_RPL];
-    u64 trace_w[2];
-    gdn_decode_head(proj, aoff, boff, zoff, p, conv_state, taps, a_neg, dt_bias, S, nw, eps, s, trace_w,
-                    [&](float4 v) {
-                        const int h = blockIdx.x;
-                        quant128(v, h * DV, xq, xs, xh, xp);
-                        TRACE_MARK_LAST(2);
-                    });
-    gdn_decode_store(S, p, s);
     TRACE_MARK_LAST(4);
 #ifdef NIWAKI_TRACE
     // The record's end is the block's: every warp's stores issued.
     __syncthreads();
-    if (threadIdx.x == 0 && threadIdx.y == 0) trace_put(TRACE_GDN, (u64)S, trace_w[0], trace_w[1]);
+    if (tid == 0) TRACE_EXIT(TRACE_GDN, S);
 #endif
 }
 

@@ -65,7 +65,6 @@ const KNOBS: &[(&str, Takes)] = &[
         Takes::OneOf(&["0", "binary", "1", "all"]),
     ),
     ("NIWAKI_CUDA_GDN_CHUNK", Takes::OnOff),
-    ("NIWAKI_CUDA_GDN_OUT", Takes::OnOff),
     ("NIWAKI_CUDA_GDN_ROWS", Takes::OneOf(&GDN_ROWS)),
     ("NIWAKI_CUDA_GEMV1", Takes::OnOff),
     ("NIWAKI_CUDA_GEMV1_SHARE", Takes::OnOff),

@@ -39,9 +39,6 @@ struct GdnW {
     /// α | β apart from qkv | z when only one of the two reads the input rotated.
     ab: Option<Box<DevMat>>,
     out: DevMat,
-    /// `out` head by head, where decode runs the recurrence and the out-projection in one
-    /// kernel ([`crate::gpu::Strip`]).
-    out_strip: Option<Box<crate::gpu::Strip>>,
     conv: DevBuf,
     dt_bias: DevBuf,
     a: DevBuf,
@@ -82,8 +79,6 @@ pub struct CudaModel {
     weight_bytes: usize,
     /// Device bytes of the weights' tile images (`gpu/tile_image.rs`).
     image_bytes: usize,
-    /// Device bytes of the out-projections' strips (`gpu/strip.rs`; 0 without them).
-    strip_bytes: usize,
     /// Capture decode steps as CUDA graphs (on by default).
     pub use_graphs: bool,
     /// The embedding table where one-token passes look their row up on the device.
@@ -251,7 +246,7 @@ impl CudaModel {
         let gpu = Arc::new(Gpu::new(&dims)?);
         let file = m.file().clone();
         let f = &*file;
-        let (mut weight_bytes, mut image_bytes, mut strip_bytes) = (0usize, 0usize, 0usize);
+        let (mut weight_bytes, mut image_bytes) = (0usize, 0usize);
         let mut up = |parts: Vec<(String, Format, Packed)>| -> Result<DevMat> {
             let name = parts[0].0.clone();
             let p = repack::concat(parts)?;
@@ -286,18 +281,10 @@ impl CudaModel {
                     } else {
                         (up([qkvz, ab].concat())?, None)
                     };
-                    let out = up(vec![packed(f, &n("ssm_out.weight"))?])?;
-                    // Unrotated models only: a rotated model's decode merges nothing
-                    // (plan::forward_ops).
-                    let out_strip = (gpu.fuse_gdn_out() && !rot.any())
-                        .then(|| gpu.make_strip(&out, dims.value_heads).map(Box::new))
-                        .transpose()?;
-                    strip_bytes += out_strip.as_ref().map_or(0, |s| s.bytes());
                     MixW::Gdn(GdnW {
                         inp,
                         ab,
-                        out,
-                        out_strip,
+                        out: up(vec![packed(f, &n("ssm_out.weight"))?])?,
                         conv: gpu.upload(&vector(f, &n("ssm_conv1d.weight"))?, "conv")?,
                         dt_bias: gpu.upload(&vector(f, &n("ssm_dt.bias"))?, "dt")?,
                         a: gpu.upload(&vector(f, &n("ssm_a"))?, "a")?,
@@ -373,7 +360,6 @@ impl CudaModel {
             file,
             weight_bytes,
             image_bytes,
-            strip_bytes,
             use_graphs: true,
             embed_table,
             device_embed: AtomicBool::new(crate::knobs::flag("NIWAKI_CUDA_DEVICE_EMBED", true)),
@@ -402,21 +388,6 @@ impl CudaModel {
     /// (`gpu/tile_image.rs`; 0 without them).
     pub fn tile_image_bytes(&self) -> usize {
         self.image_bytes
-    }
-
-    /// Device bytes of the out-projections' head-by-head strips, beside
-    /// [`CudaModel::weight_bytes`] (`gpu/strip.rs`; 0 without them).
-    pub fn strip_bytes(&self) -> usize {
-        self.strip_bytes
-    }
-
-    /// Whether every recurrent layer has its out-projection's strip, so that decode may run
-    /// each recurrence and out-projection in one kernel.
-    fn has_strips(&self) -> bool {
-        self.layers.iter().all(|l| match &l.mix {
-            MixW::Gdn(g) => g.out_strip.is_some(),
-            MixW::Attn(_) => true,
-        })
     }
 
     /// Seconds NVRTC spent (0 if the kernels came from the on-disk cache).

@@ -3,7 +3,7 @@
 
 /// The kernel sources in the order they are concatenated, each with the part of the program
 /// whose compilation emits its kernels ([`PARTS`]).
-pub const SOURCES: [(&str, &str, usize); 18] = [
+pub const SOURCES: [(&str, &str, usize); 17] = [
     ("common.cuh", include_str!("../../kernels/common.cuh"), 0),
     ("quant.cu", include_str!("../../kernels/quant.cu"), 0),
     // After quant.cu (the inverse rotation).
@@ -14,8 +14,6 @@ pub const SOURCES: [(&str, &str, usize); 18] = [
     ("gemm.cu", include_str!("../../kernels/gemm.cu"), 3),
     ("hgemm.cu", include_str!("../../kernels/hgemm.cu"), 3),
     ("gdn.cu", include_str!("../../kernels/gdn.cu"), 0),
-    // After gdn.cu (the recurrence) and gemv_b1.cu (the binary MMA).
-    ("gdn_out.cu", include_str!("../../kernels/gdn_out.cu"), 0),
     (
         "gdn_chunk.cu",
         include_str!("../../kernels/gdn_chunk.cu"),
@@ -66,7 +64,7 @@ pub const SOURCES: [(&str, &str, usize); 18] = [
 pub const PARTS: usize = 5;
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 138] = [
+pub const KERNELS: [&str; 134] = [
     "read_sum",
     "pdl_spin",
     "pdl_copy",
@@ -151,10 +149,6 @@ pub const KERNELS: [&str; 138] = [
     "quant_gated_p",
     "quant_plain_p",
     "gdn_decode_p",
-    "gdn_out_q1",
-    "gdn_out_q2g64",
-    "gdn_out_q2g128",
-    "strip_image",
     "attn_combine_quant_p",
     "attn_short_p",
     "attn_short_q8_p",

@@ -20,7 +20,6 @@ mod memory;
 mod open;
 mod quantize;
 mod settings;
-mod strip;
 mod tile_image;
 mod trace;
 
@@ -29,7 +28,6 @@ pub use io::{FoldKind, FoldOut, GemvIo, NormIn, Prefetch, RmsIn};
 pub use launch::{planes_twin, serial_launches, Arg};
 pub use memory::{DevBuf, DevMat};
 pub use settings::ATTN_TILE_BY_CACHE;
-pub(crate) use strip::Strip;
 pub use tile_image::ImageUse;
 pub(crate) use tile_image::TileImage;
 pub(crate) use trace::capacity_from_env as trace_capacity_from_env;
@@ -73,8 +71,6 @@ pub struct Gpu {
     swiglu_launches: AtomicUsize,
     /// Decode GEMVs launched with the norm's fold gathered in a cluster.
     cluster_fold_launches: AtomicUsize,
-    /// Recurrences launched with their out-projection (`gdn_out_<format>`).
-    gdn_out_launches: AtomicUsize,
     /// The kernels one-token passes leave out (`NIWAKI_CUDA_SKIP`, a measurement only).
     skip: Option<plan::Skip>,
     /// Decode GEMVs launched on their activations' plane words.
@@ -139,13 +135,6 @@ pub struct Gpu {
     /// (`gdn_decode`; on by default, `NIWAKI_CUDA_FUSE_GDN=0` runs the three kernels: the same
     /// bits, 5.9 against 4.4 µs per layer on the H200).
     fuse_gdn: AtomicBool,
-    /// With it, a decode step's recurrence and its out-projection in one kernel per layer
-    /// (`gdn_out_<format>`, sm_90; `NIWAKI_CUDA_GDN_OUT=1` turns it on and makes the
-    /// out-projections' strips at upload: [`Strip`]). Off by default: not yet measured.
-    fuse_gdn_out: AtomicBool,
-    /// Whether this device runs `gdn_out_*` for the model's shapes (sm_90, the widest strip
-    /// beside the kernel's static memory within a block's shared memory).
-    gdn_out_fits: bool,
     /// A decode step's attention merge and its output's quantization in one kernel
     /// (`attn_combine_quant`; on by default, `NIWAKI_CUDA_FUSE_ATTN=0` runs the two: the same
     /// bits).

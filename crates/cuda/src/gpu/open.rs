@@ -16,7 +16,6 @@ use crate::compile;
 use crate::error::{Context, Result};
 use crate::knobs;
 use crate::plan::{self, Dims};
-use crate::repack::GpuFormat;
 
 /// Lets kernel `name` use `bytes` of dynamic shared memory per block (above the 48 KiB every
 /// kernel may use without asking).
@@ -104,19 +103,6 @@ impl Gpu {
                 plan::gdn_prep_smem(dims),
             )?;
         }
-        // The fused recurrence and out-projection holds its head's strip of the matrix, and all
-        // its blocks must be resident at once.
-        let gdn_out_fits = hopper
-            && plan::gdn_out_coresident(dims, info.multiprocessors.max(0) as usize)
-            && GpuFormat::ALL
-                .iter()
-                .all(|&f| plan::gdn_out_smem(dims, f) + plan::GDN_OUT_STATIC_SMEM <= smem_limit);
-        if gdn_out_fits {
-            for f in GpuFormat::ALL {
-                let k = plan::gdn_out_kernel(f);
-                raise_dynamic_smem(&funcs[k.as_str()], &k, plan::gdn_out_smem(dims, f))?;
-            }
-        }
         if ampere {
             for (k, kernel) in compile::KERNELS
                 .iter()
@@ -191,7 +177,6 @@ impl Gpu {
             fold_launches: AtomicUsize::new(0),
             swiglu_launches: AtomicUsize::new(0),
             cluster_fold_launches: AtomicUsize::new(0),
-            gdn_out_launches: AtomicUsize::new(0),
             skip,
             planes_launches: AtomicUsize::new(0),
             attn_short_launches: AtomicUsize::new(0),
@@ -222,10 +207,6 @@ impl Gpu {
                 knobs::word("NIWAKI_CUDA_FUSE_NORM").as_deref(),
             )),
             fuse_gdn: AtomicBool::new(knobs::flag("NIWAKI_CUDA_FUSE_GDN", true)),
-            fuse_gdn_out: AtomicBool::new(
-                gdn_out_fits && knobs::flag("NIWAKI_CUDA_GDN_OUT", false),
-            ),
-            gdn_out_fits,
             fuse_attn: AtomicBool::new(knobs::flag("NIWAKI_CUDA_FUSE_ATTN", true)),
             fold_norm: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_FOLD_NORM", true)),
             fold_swiglu: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_FOLD_SWIGLU", false)),

@@ -208,8 +208,6 @@ impl Gpu {
         plan::Fusion {
             norm: self.gemv1() && self.norm_fusion() != plan::NormFusion::Apart,
             gdn: self.fuse_gdn.load(Ordering::Relaxed),
-            // With the out-projections' strips only: the model sets it.
-            gdn_out: false,
             attn: self.fuse_attn.load(Ordering::Relaxed),
             fold: self.gemv1() && self.fold_norm.load(Ordering::Relaxed),
             swiglu: self.gemv1() && self.fold_swiglu.load(Ordering::Relaxed),
@@ -280,17 +278,6 @@ impl Gpu {
         self.skip
     }
 
-    /// Recurrences this device has launched with their out-projection.
-    #[doc(hidden)]
-    pub fn gdn_out_launches(&self) -> usize {
-        self.gdn_out_launches.load(Ordering::Relaxed)
-    }
-
-    /// Counts a launch of the recurrence with its out-projection.
-    pub(crate) fn count_gdn_out(&self) {
-        self.gdn_out_launches.fetch_add(1, Ordering::Relaxed);
-    }
-
     /// Decode GEMVs this device has launched with the norm's fold gathered in a cluster.
     #[doc(hidden)]
     pub fn cluster_fold_launches(&self) -> usize {
@@ -313,19 +300,6 @@ impl Gpu {
     /// keep what they were captured with.
     pub fn set_fuse_gdn(&self, on: bool) -> bool {
         self.fuse_gdn.swap(on, Ordering::Relaxed)
-    }
-
-    /// Whether one-token passes run each recurrence and its out-projection in one kernel where
-    /// the model has the strips ([`crate::gpu::Strip`]).
-    pub fn fuse_gdn_out(&self) -> bool {
-        self.fuse_gdn_out.load(Ordering::Relaxed)
-    }
-
-    /// Turns [`Gpu::fuse_gdn_out`] on or off (for checking it against the two kernels it
-    /// replaces; on only where the device runs it); returns the previous setting.
-    pub fn set_fuse_gdn_out(&self, on: bool) -> bool {
-        self.fuse_gdn_out
-            .swap(on && self.gdn_out_fits, Ordering::Relaxed)
     }
 
     /// Turns the one-kernel attention merge and quantization of one-token passes on or off;

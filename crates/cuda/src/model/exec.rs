@@ -46,7 +46,6 @@ impl CudaModel {
     pub(super) fn pass_fusion(&self, st: &CudaState, n: usize) -> Fusion {
         Fusion {
             attn_short: self.short_attn(st, n),
-            gdn_out: self.gpu.fuse_gdn_out() && self.has_strips(),
             ..self.gpu.fusion()
         }
     }
@@ -294,12 +293,6 @@ impl CudaModel {
             argmax,
             split_scratch: Some((st.s("gemm_part"), st.layout.size("gemm_part") / 4)),
             prefetch: match self.next_mat.iter().find(|p| p.0 == mat) {
-                // The fused recurrence copies its head's strip, not the matrix's rows.
-                Some(&(_, Mat::GdnOut(_)))
-                    if plan::fuses_gdn_outs(&self.dims, ntok, &self.pass_fusion(st, ntok)) =>
-                {
-                    None
-                }
                 Some(&(_, next)) if ntok == 1 => {
                     let next = self.mat(next);
                     Prefetch::of(next, self.gpu.prefetch_for(next))
@@ -415,7 +408,6 @@ impl CudaModel {
             }
             Op::GdnStep { layer, ntok } => self.gdn_step(st, layer, ntok),
             Op::GdnDecode { layer } => self.gdn_decode(st, layer),
-            Op::GdnDecodeOut { layer, norm } => self.gdn_decode_out(st, layer, norm),
             Op::GatedQuant { layer, ntok } => self.gated_quant(st, layer, ntok),
             Op::AttnPrep { layer, ntok } => self.attn_prep(st, layer, ntok),
             Op::AttnSplit { layer, ntok } => self.attn_split(st, layer, ntok),

@@ -153,57 +153,6 @@ impl CudaModel {
         g.launch(s, &name, (d.value_heads as u32, 1, 1), (32, 16, 1), &args)
     }
 
-    /// A one-token pass's recurrence and out-projection of a recurrent layer in one kernel
-    /// (`gdn_out_<format>`, [`Op::GdnDecodeOut`]), the norm after it folded as the out-projection's
-    /// GemvFold folds it: into the fold's activations, sums of squares and plane words.
-    pub(super) fn gdn_decode_out(&self, st: &CudaState, layer: usize, norm: Norm) -> Result<()> {
-        let (g, s, d) = (&*self.gpu, &*st.stream, &self.dims);
-        let w = self.gdn(layer);
-        let strip = w.out_strip.as_ref().ok_or_else(|| {
-            CudaError::Unsupported(format!("layer {layer}'s out-projection has no strip"))
-        })?;
-        let fold = self.fold_out(st, Mat::GdnOut(layer), norm)?;
-        let FoldKind::Norm { weight, piece_ss } = fold.kind else {
-            unreachable!("a norm's fold")
-        };
-        let [_, proj, _, aoff, boff, a, dt_bias] = self.gdn_inputs(st, layer);
-        let f = self.mat(Mat::GdnOut(layer)).format;
-        g.launch_smem(
-            s,
-            &plan::gdn_out_kernel(f),
-            (d.value_heads as u32, 1, 1),
-            (32, 16, 1),
-            plan::gdn_out_smem(d, f) as u32,
-            &[
-                proj,
-                aoff,
-                boff,
-                Arg::I32(d.conv_channels() as i32),
-                Arg::Ptr(st.s("pos")),
-                Arg::Ptr(self.conv_state(st, layer)),
-                Arg::Ptr(w.conv.ptr),
-                a,
-                dt_bias,
-                Arg::Ptr(self.ssm_state(st, layer)),
-                Arg::Ptr(w.norm.ptr),
-                Arg::F32(d.rms_eps),
-                Arg::Ptr(strip.codes.ptr),
-                Arg::Ptr(strip.scales.ptr),
-                Arg::I32(d.hidden as i32),
-                Arg::Ptr(st.s("x")),
-                Arg::Ptr(st.s("gdn_out_part")),
-                Arg::Ptr(st.s("gdn_out_cnt")),
-                Arg::Ptr(weight),
-                Arg::Ptr(fold.xq),
-                Arg::Ptr(fold.xs),
-                Arg::Ptr(piece_ss),
-                Arg::Ptr(fold.xp.unwrap_or(0)),
-            ],
-        )?;
-        g.count_gdn_out();
-        Ok(())
-    }
-
     /// The gated norm of the recurrence's output, quantized for the output projection.
     pub(super) fn gated_quant(&self, st: &CudaState, layer: usize, ntok: usize) -> Result<()> {
         let (g, s, d) = (&*self.gpu, &*st.stream, &self.dims);

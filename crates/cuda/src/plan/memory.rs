@@ -156,11 +156,6 @@ impl Scratch {
             // it measured the same, 306.4 against 305.9 tok/s on the H200's 27B Q2_0).
             ("xp", p * d.max_cols()),
             ("fold_xp", p * d.hidden),
-            // The fused recurrence and out-projection (`kernels/gdn_out.cu`): each head's partial
-            // sums of the rows, and the counter of the blocks that wrote theirs. After the plane
-            // words, so that a 2-bit model's other regions stay where they were.
-            ("gdn_out_part", 4 * d.value_heads * d.hidden),
-            ("gdn_out_cnt", 4),
         ];
         let mut regions = Vec::new();
         let mut at = 0;

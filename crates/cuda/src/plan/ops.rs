@@ -117,14 +117,6 @@ pub enum Op {
     GdnDecode {
         layer: usize,
     },
-    /// One token: GdnDecode and the GemvFold of the layer's out-projection after it in one
-    /// kernel (`kernels/gdn_out.cu`: each head's block multiplies its own output by the head's
-    /// columns, the blocks' partial sums added per 128-row piece, the norm folded as
-    /// GemvFold's).
-    GdnDecodeOut {
-        layer: usize,
-        norm: Norm,
-    },
     /// Per-head RMS norm · ssm_norm · silu(z), quantized.
     GatedQuant {
         layer: usize,
@@ -237,22 +229,6 @@ pub struct Fusion {
     /// An attention layer's whole one-token attention in one kernel ([`Op::AttnShort`]; heads
     /// of a multiple of 128 values): a property of the pass, whose context is short enough.
     pub attn_short: bool,
-    /// With `gdn` and `fold`, each recurrence and its out-projection in one kernel
-    /// ([`Op::GdnDecodeOut`]): a property of the model (out-projections laid out by head at
-    /// upload).
-    pub gdn_out: bool,
-}
-
-/// Whether a pass of `ntok` tokens folds its norms into the residual GEMVs before them.
-fn folds_norms(d: &Dims, ntok: usize, fusion: &Fusion) -> bool {
-    fusion.fold && ntok == 1 && d.hidden.is_multiple_of(128) && d.hidden / 128 <= FOLD_MAX_PIECES
-}
-
-/// Whether a pass of `ntok` tokens runs each recurrence and its out-projection as one kernel
-/// ([`Op::GdnDecodeOut`]): a block per value head, and one of them for each 128-row piece it
-/// folds.
-pub fn fuses_gdn_outs(d: &Dims, ntok: usize, fusion: &Fusion) -> bool {
-    folds_norms(d, ntok, fusion) && fusion.gdn_out && d.value_heads >= d.hidden / 128
 }
 
 /// Pieces of 128 values a folded norm's row may have: the GEMV after it adds their sums of
@@ -360,13 +336,11 @@ pub fn forward_ops(d: &Dims, ntok: usize, head: Head, argmax: bool, fusion: Fusi
         ntok: n,
         out: Out::Logits { argmax },
     });
-    if folds_norms(d, ntok, &fusion) {
+    if fusion.fold && ntok == 1 && d.hidden.is_multiple_of(128) && d.hidden / 128 <= FOLD_MAX_PIECES
+    {
         fold_norms(&mut ops);
         if fusion.swiglu && d.ffn.is_multiple_of(128) {
             fold_swiglus(&mut ops);
-        }
-        if fuses_gdn_outs(d, ntok, &fusion) {
-            fuse_gdn_outs(&mut ops);
         }
     }
     if fuse {
@@ -452,21 +426,6 @@ fn fold_swiglus(ops: &mut Vec<Op>) {
             },
             Op::SwigluQuant { ntok: 1 },
         ) => Some(Op::GemvSwiglu { mat, norm }),
-        _ => None,
-    });
-}
-
-/// Replaces each GdnDecode and the GemvFold of its layer's out-projection after it with a
-/// GdnDecodeOut.
-fn fuse_gdn_outs(ops: &mut Vec<Op>) {
-    merge_pairs(ops, |op, next| match (op, next) {
-        (
-            Op::GdnDecode { layer },
-            Op::GemvFold {
-                mat: Mat::GdnOut(l),
-                norm,
-            },
-        ) if l == layer => Some(Op::GdnDecodeOut { layer, norm }),
         _ => None,
     });
 }
@@ -587,35 +546,6 @@ pub fn gdn_prep_smem(d: &Dims) -> usize {
     4 * (2 * GDN_CHUNK * (d.key_dim + 4) + GDN_CHUNK * GDN_CHUNK + 2 * GDN_CHUNK)
 }
 
-/// Bytes a row of an out-projection's strip holds for one value head's 128 columns
-/// (`gpu/strip.rs`): their 16-byte code chunks and f16 scales.
-pub const fn gdn_out_strip_row(f: GpuFormat) -> usize {
-    128 / f.chunk_values() * 16 + 128 / f.scale_values() * 2
-}
-
-/// The fused recurrence and out-projection's kernel for out-projections of layout `f`.
-pub fn gdn_out_kernel(f: GpuFormat) -> String {
-    format!("gdn_out_{}", f.kernel_name())
-}
-
-/// Dynamic shared memory of `gdn_out_<format>`: its head's strip of the out-projection, whose
-/// place then holds its 16 warps' sums of a 128-row piece (8 KiB, more than a small model's
-/// strip).
-pub fn gdn_out_smem(d: &Dims, f: GpuFormat) -> usize {
-    (gdn_out_strip_row(f) * d.hidden).max(16 * 128 * 4)
-}
-
-/// Whether every block of a `gdn_out_<format>` launch (one a multiprocessor, for its shared
-/// memory) is resident at once on `multiprocessors`: its first blocks wait for the partial sums
-/// of all the others, so a launch that could not place them all would never end (a partitioned
-/// GPU's few multiprocessors, say).
-pub fn gdn_out_coresident(d: &Dims, multiprocessors: usize) -> bool {
-    d.value_heads <= multiprocessors
-}
-
-/// Static shared memory of `gdn_out_<format>` (ptxas: 22,272 bytes for the 27B), rounded up.
-pub const GDN_OUT_STATIC_SMEM: usize = 23 << 10;
-
 impl Op {
     /// The matrix the op multiplies by, for the GEMV ops.
     pub fn matrix(&self) -> Option<Mat> {
@@ -625,7 +555,6 @@ impl Op {
             | Op::GemvFold { mat, .. }
             | Op::GemvScaled { mat, .. }
             | Op::GemvSwiglu { mat, .. } => Some(mat),
-            Op::GdnDecodeOut { layer, .. } => Some(Mat::GdnOut(layer)),
             _ => None,
         }
     }

@@ -51,7 +51,6 @@ const NORM_ONLY: Fusion = Fusion {
     fold: false,
     swiglu: false,
     attn_short: false,
-    gdn_out: false,
 };
 const ALL: Fusion = Fusion {
     norm: true,
@@ -60,6 +59,4 @@ const ALL: Fusion = Fusion {
     fold: true,
     swiglu: true,
     attn_short: true,
-    // A property of the model's upload, not yet a default: its own test turns it on.
-    gdn_out: false,
 };
