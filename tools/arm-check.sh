@@ -2,7 +2,8 @@
 # Checks the AArch64 build on an x86-64 Debian/Ubuntu machine: clippy for
 # aarch64-unknown-linux-gnu, then the CPU crates' tests run under qemu-aarch64, once on a CPU
 # with the dot-product extension (the NEON kernels) and the kernel tests again on one without
-# (the scalar twins). Emulation checks results, not speed.
+# (the scalar twins), and last the logits of synthetic models of every Bonsai format from the
+# aarch64 binary against the x86-64 one's, byte for byte. Emulation checks results, not speed.
 #
 # Needs: rustup target add aarch64-unknown-linux-gnu
 #        apt-get install qemu-user qemu-user-binfmt gcc-aarch64-linux-gnu libc6-dev-arm64-cross
@@ -47,3 +48,30 @@ QEMU_CPU=max cargo test --release --target "$target" -p quant -p model -p engine
 
 echo "== kernel tests under qemu, a Cortex-A72 (no dot products: the scalar twins)"
 QEMU_CPU=cortex-a72 cargo test --release --target "$target" -p quant
+
+echo "== logits, aarch64 (emulated) against x86-64, byte for byte"
+cargo build --release -p niwaki
+cargo build --release --target "$target" -p niwaki
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+x86=target/release/niwaki
+arm=target/$target/release/niwaki
+tokens=5,17,3,99,42,7,250,1,64,128,33,2
+differ=0
+for f in Q1_0 Q2_0 Q2_0_g128 PQ2_0 PTQ1_0 Q1_0+hadamard; do
+    m="$work/$f.gguf"
+    flags=()
+    [ "$f" = Q1_0+hadamard ] && flags=(--hadamard)
+    "$x86" synth --preset small --format "${f%+hadamard}" "${flags[@]}" --model "$m" >/dev/null
+    for mode in step prefill; do
+        "$x86" logits --tokens "$tokens" --mode "$mode" --out "$work/x86.npy" --model "$m" 2>/dev/null
+        QEMU_CPU=max "$arm" logits --tokens "$tokens" --mode "$mode" --out "$work/arm.npy" --model "$m" 2>/dev/null
+        if cmp -s "$work/x86.npy" "$work/arm.npy"; then
+            echo "$f $mode: the same bytes"
+        else
+            echo "$f $mode: DIFFER"
+            differ=1
+        fi
+    done
+done
+exit $differ
