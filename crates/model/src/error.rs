@@ -2,7 +2,10 @@
 pub enum ModelError {
     #[error(transparent)]
     Gguf(#[from] gguf::GgufError),
-    #[error("architecture {found:?} is not supported: niwaki runs qwen35 (Bonsai 27B) models")]
+    #[error(
+        "architecture {found:?} is not supported: niwaki runs qwen35 (Bonsai 27B) models{}",
+        architecture_hint(found)
+    )]
     WrongArchitecture { found: String },
     #[error("hyperparameter {key}: {reason}")]
     BadConfig { key: String, reason: String },
@@ -40,3 +43,15 @@ pub enum ModelError {
 }
 
 pub type Result<T> = std::result::Result<T, ModelError>;
+
+/// What a file of a known but unrunnable architecture is, for the error that refuses it.
+fn architecture_hint(found: &str) -> &'static str {
+    match found {
+        "dspark" => {
+            "; this is a DSpark drafter (a speculative-decoding head that reads a Bonsai \
+             model's hidden states, not a model of its own), which niwaki does not draft with \
+             yet: load the Bonsai model it belongs to"
+        }
+        _ => "",
+    }
+}

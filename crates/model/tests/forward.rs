@@ -309,6 +309,14 @@ fn wrong_architecture_is_refused() {
     w.set("general.architecture", Value::String("llama".into()));
     let msg = load_err(&w);
     assert!(msg.contains("llama") && msg.contains("qwen35"), "{msg}");
+    assert!(!msg.contains("DSpark"), "{msg}");
+    // A published drafter file says what it is.
+    w.set("general.architecture", Value::String("dspark".into()));
+    let msg = load_err(&w);
+    assert!(
+        msg.contains("\"dspark\"") && msg.contains("DSpark drafter"),
+        "{msg}"
+    );
 }
 
 #[test]
