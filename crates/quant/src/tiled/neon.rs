@@ -121,7 +121,13 @@ impl Chunks for Q1Spread {
                 acc[t][k] = sdot(acc[t][k], minus, q[t][c / 4], k);
             }
         }
-        acc.map(|groups| groups.map(|s| vmulq_n_s32(s, -2)))
+        // Loops rather than `map`: the closures and `array::map` were left as calls here.
+        for groups in acc.iter_mut() {
+            for s in groups.iter_mut() {
+                *s = vmulq_n_s32(*s, -2);
+            }
+        }
+        acc
     }
 }
 
@@ -137,8 +143,12 @@ impl<const G128: bool> Chunks for Q2<G128> {
         acts: &[Act; T],
         g0: usize,
     ) -> [[int32x4_t; GROUPS_PER_HALF]; T] {
-        let mut acc: [[int32x4_t; GROUPS_PER_HALF]; T] =
-            std::array::from_fn(|t| std::array::from_fn(|k| vdupq_n_s32(*acts[t].neg.add(g0 + k))));
+        let mut acc = [[vdupq_n_s32(0); GROUPS_PER_HALF]; T];
+        for (groups, a) in acc.iter_mut().zip(acts) {
+            for (k, s) in groups.iter_mut().enumerate() {
+                *s = vdupq_n_s32(*a.neg.add(g0 + k));
+            }
+        }
         let three = vdupq_n_u8(3);
         for i in 0..layout::CHUNKS / GROUPS_PER_HALF {
             // Quad i holds chunk 4i + k in field k of each byte; quarter e is its bytes 16e...
@@ -175,9 +185,12 @@ unsafe fn tile<C: Chunks, const T: usize>(p: *const u8, blocks: usize, acts: &[A
         for h in 0..halves {
             let half = b * halves + h;
             let at = p.add(b * pbb + layout::SCALES + h * hb);
-            let q: HalfActs<T> = std::array::from_fn(|t| {
-                std::array::from_fn(|i| vld1q_s8(acts[t].q.add(16 * half + 4 * i) as *const i8))
-            });
+            let mut q: HalfActs<T> = [[vdupq_n_s8(0); 4]; T];
+            for (regs, a) in q.iter_mut().zip(acts) {
+                for (i, r) in regs.iter_mut().enumerate() {
+                    *r = vld1q_s8(a.q.add(16 * half + 4 * i) as *const i8);
+                }
+            }
             let g0 = GROUPS_PER_HALF * half;
             for e in 0..QUARTERS {
                 let sums = C::sums::<T>(at, e, &q, acts, g0);
@@ -224,8 +237,11 @@ unsafe fn store(
     scatter(&lanes, p, t, nt, rows, out);
 }
 
-/// Tokens a multi-token pass takes at once.
-const MULTI: usize = 4;
+/// Tokens a multi-token pass takes at once: 2, since 4 tokens' activations and group sums (32
+/// registers) leave no room for the decoded codes: compiled with 4, the kernels spilled about
+/// 180 registers to the stack, with 2 about 30 (outside the chunk loops). Chosen from the code
+/// the compiler emits, not timed (no ARM hardware to time it on).
+const MULTI: usize = 2;
 
 /// Panel `p` (at `pp`) × tokens `t..t + T`, stored.
 #[inline(always)]
@@ -255,17 +271,13 @@ unsafe fn run<C: Chunks>(m: &TiledMatrix, panels: Range<usize>, acts: &[Act], ou
         let pp = m.data.as_ptr().add(p * stride);
         let mut t = 0;
         while t < nt {
-            // As many tokens at once as remain, up to MULTI: 4, 2 or 1.
-            let take = [MULTI, 2, 1]
-                .into_iter()
-                .find(|&k| nt - t >= k)
-                .unwrap_or(1);
-            match take {
-                MULTI => pass::<C, MULTI>(pp, blocks, acts, p, t, &rows, out),
-                2 => pass::<C, 2>(pp, blocks, acts, p, t, &rows, out),
-                _ => pass::<C, 1>(pp, blocks, acts, p, t, &rows, out),
+            if nt - t >= MULTI {
+                pass::<C, MULTI>(pp, blocks, acts, p, t, &rows, out);
+                t += MULTI;
+            } else {
+                pass::<C, 1>(pp, blocks, acts, p, t, &rows, out);
+                t += 1;
             }
-            t += take;
         }
     }
 }
