@@ -115,11 +115,8 @@ struct Act {
     neg: *const i32,
     /// Per span, the 1-bit kernels' float term (`QuantizedActs::neg_span_terms`).
     span_neg: *const f32,
-    /// Per group, the 2-bit quads' scale and start (`QuantizedActs::field_scales`); the x86
-    /// kernels' only (the NEON kernels shift the codes down instead).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    /// Per group, the 2-bit quads' scale and start (`QuantizedActs::field_scales`).
     field_scale: *const f32,
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     field_neg: *const i32,
 }
 

@@ -8,8 +8,11 @@
 //! no broadcast is needed.
 //!
 //! - 2-bit formats: one load of a quarter's 16 bytes of a quad gives four chunks (one of each
-//!   activation group of the half); each group's codes are a shift and an `and` away, and the
-//!   group's accumulator starts at its `−Σq`, so it ends at the exact `Σ (c − 1)·q`.
+//!   activation group `k` of the half), each one instruction away: an `and` that leaves the
+//!   codes of groups 0 to 2 times `4^k` (at most 48, within `sdot`'s signed bytes), a shift for
+//!   group 3's. A group's accumulator starts at its `−Σq` (times `4^k` where its codes are), so
+//!   it ends at the exact `Σ (c − 1)·q` (times `4^k`), and its scale is taken times `4^−k`:
+//!   the same products, exactly, as the AVX-512 kernels take them.
 //! - Q1_0 with its bits spread ([`Q1Bits::Spread`]): a chunk's 8-byte word, loaded into both
 //!   halves of a register, holds in bits `2e` and `2e + 1` of its bytes the 16 register bytes of
 //!   quarter `e`; one `cmtst` against those bits gives `−1` where a bit is set, so the `sdot`
@@ -84,8 +87,14 @@ trait Chunks {
     /// Whether the group sums are Q1_0's `2·Σ_{bit set} q`, its `−Σq` terms joining once per
     /// block in floats (else the sums are the exact `Σ (c − 1)·q`).
     const SPAN_NEG: bool;
+    /// The scale of activation group `g` (group `k` of its half) that the group's sum is
+    /// multiplied by.
+    #[inline(always)]
+    unsafe fn scale(a: &Act, g: usize, _k: usize) -> f32 {
+        *a.scale.add(g)
+    }
     /// Per token and activation group `k` of the half at `h` (group `g0 + k` of the tokens'),
-    /// the exact integer sums of quarter `e`'s rows.
+    /// the exact integer sums of quarter `e`'s rows, in the units [`Chunks::scale`] takes.
     unsafe fn sums<const T: usize>(
         h: *const u8,
         e: usize,
@@ -97,6 +106,10 @@ trait Chunks {
 
 struct Q1Spread;
 struct Q2<const G128: bool>;
+
+/// The 2-bit groups of a half whose codes are taken times `4^k` (an `and` alone): 0 to 2, as
+/// group 3's would pass 127 (`sdot` multiplies signed bytes).
+const FIELD_SCALED_GROUPS: usize = 3;
 
 impl Chunks for Q1Spread {
     const FORMAT: Format = Format::Q1_0;
@@ -135,6 +148,14 @@ impl<const G128: bool> Chunks for Q2<G128> {
     const FORMAT: Format = if G128 { Format::Q2_0G128 } else { Format::Q2_0 };
     const SPAN_NEG: bool = false;
     #[inline(always)]
+    unsafe fn scale(a: &Act, g: usize, k: usize) -> f32 {
+        if k < FIELD_SCALED_GROUPS {
+            *a.field_scale.add(g)
+        } else {
+            *a.scale.add(g)
+        }
+    }
+    #[inline(always)]
     #[allow(clippy::needless_range_loop)] // i picks both a quad and an activation register
     unsafe fn sums<const T: usize>(
         h: *const u8,
@@ -146,17 +167,20 @@ impl<const G128: bool> Chunks for Q2<G128> {
         let mut acc = [[vdupq_n_s32(0); GROUPS_PER_HALF]; T];
         for (groups, a) in acc.iter_mut().zip(acts) {
             for (k, s) in groups.iter_mut().enumerate() {
-                *s = vdupq_n_s32(*a.neg.add(g0 + k));
+                *s = vdupq_n_s32(if k < FIELD_SCALED_GROUPS {
+                    *a.field_neg.add(g0 + k)
+                } else {
+                    *a.neg.add(g0 + k)
+                });
             }
         }
-        let three = vdupq_n_u8(3);
         for i in 0..layout::CHUNKS / GROUPS_PER_HALF {
             // Quad i holds chunk 4i + k in field k of each byte; quarter e is its bytes 16e...
             let x = vld1q_u8(h.add(layout::QUAD * i + 16 * e));
             let fields = [
-                vandq_u8(x, three),
-                vandq_u8(vshrq_n_u8::<2>(x), three),
-                vandq_u8(vshrq_n_u8::<4>(x), three),
+                vandq_u8(x, vdupq_n_u8(3)),
+                vandq_u8(x, vdupq_n_u8(3 << 2)),
+                vandq_u8(x, vdupq_n_u8(3 << 4)),
                 vshrq_n_u8::<6>(x),
             ];
             for (k, &codes) in fields.iter().enumerate() {
@@ -196,7 +220,7 @@ unsafe fn tile<C: Chunks, const T: usize>(p: *const u8, blocks: usize, acts: &[A
                 let sums = C::sums::<T>(at, e, &q, acts, g0);
                 for t in 0..T {
                     for k in 0..GROUPS_PER_HALF {
-                        let s = vdupq_n_f32(*acts[t].scale.add(g0 + k));
+                        let s = vdupq_n_f32(C::scale(&acts[t], g0 + k, k));
                         blk[t][e] = vfmaq_f32(blk[t][e], vcvtq_f32_s32(sums[t][k]), s);
                     }
                 }
