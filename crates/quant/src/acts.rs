@@ -110,6 +110,35 @@ fn code(p: f32) -> i32 {
     round_half_away(p.clamp(-128.0, 128.0)).clamp(-127, 127)
 }
 
+/// Each 64-value half's codes, its four groups' scales and negated code sums, with its index.
+#[allow(clippy::type_complexity)]
+fn halves_mut<'a>(
+    q: &'a mut [i8],
+    scale: &'a mut [f32],
+    neg_sum: &'a mut [i32],
+) -> impl Iterator<Item = (usize, ((&'a mut [i8], &'a mut [f32]), &'a mut [i32]))> {
+    q.chunks_exact_mut(64)
+        .zip(scale.chunks_exact_mut(GROUPS_PER_HALF))
+        .zip(neg_sum.chunks_exact_mut(GROUPS_PER_HALF))
+        .enumerate()
+}
+
+/// The 64 values of half `h` of `x`: in place, or copied into `tail` and zero-padded where `x`
+/// ends inside the half (the SIMD quantizers then read 64 values either way).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[inline(always)]
+fn half_of<'a>(x: &'a [f32], h: usize, tail: &'a mut [f32; 64]) -> &'a [f32] {
+    let n = x.len();
+    if 64 * h + 64 <= n {
+        &x[64 * h..64 * h + 64]
+    } else {
+        let part = &x[(64 * h).min(n)..];
+        tail[..part.len()].copy_from_slice(part);
+        tail[part.len()..].fill(0.0);
+        tail
+    }
+}
+
 /// [`quantize_halves`] written out in AVX-512, for the same codes, scales and sums bit for bit:
 /// one 16-lane register per run of a half, whose lanes `4k..4k + 4` are group `k`'s; the group
 /// maximum, scale and code sum are reduced within each 128-bit lane (the maximum as a tree,
@@ -126,7 +155,6 @@ unsafe fn quantize_halves_avx512(x: &[f32], q: &mut [i8], scale: &mut [f32], neg
     // Within each 128-bit lane: swap neighbours, then pairs.
     const PAIRS: i32 = 0b1011_0001;
     const HALVES: i32 = 0b0100_1110;
-    let n = x.len();
     let mut tail = [0.0f32; 64];
     let firsts = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
     let (one, half, lo, hi) = (
@@ -135,20 +163,8 @@ unsafe fn quantize_halves_avx512(x: &[f32], q: &mut [i8], scale: &mut [f32], neg
         _mm512_set1_epi32(-127),
         _mm512_set1_epi32(127),
     );
-    for (h, ((qh, sh), nh)) in q
-        .chunks_exact_mut(64)
-        .zip(scale.chunks_exact_mut(GROUPS_PER_HALF))
-        .zip(neg_sum.chunks_exact_mut(GROUPS_PER_HALF))
-        .enumerate()
-    {
-        let src = if 64 * h + 64 <= n {
-            x[64 * h..].as_ptr()
-        } else {
-            let part = &x[(64 * h).min(n)..];
-            tail[..part.len()].copy_from_slice(part);
-            tail[part.len()..].fill(0.0);
-            tail.as_ptr()
-        };
+    for (h, ((qh, sh), nh)) in halves_mut(q, scale, neg_sum) {
+        let src = half_of(x, h, &mut tail).as_ptr();
         // SAFETY: `src` has 64 readable values: the half lies inside `x`, or it is `tail`.
         let v: [__m512; 4] = std::array::from_fn(|r| _mm512_loadu_ps(src.add(16 * r)));
         // max(|v|, m) keeps m where |v| is NaN, as `f32::max` ignores a NaN.
@@ -201,6 +217,77 @@ unsafe fn quantize_halves_avx512(x: &[f32], q: &mut [i8], scale: &mut [f32], neg
     }
 }
 
+/// [`quantize_halves`] written out in NEON, for the same codes, scales and sums bit for bit:
+/// register `k` of each run of 16 values is group `k`'s four lanes. The group maximum by
+/// `fmaxnm` (which passes over a NaN as `f32::max` does), the clamp by `fmin`/`fmax` (which
+/// keep it, for the truncation to make 0 of it as `as i32` does).
+///
+/// # Safety
+/// None beyond an AArch64 CPU (NEON is part of the architecture).
+#[cfg(target_arch = "aarch64")]
+#[target_feature(enable = "neon")]
+unsafe fn quantize_halves_neon(x: &[f32], q: &mut [i8], scale: &mut [f32], neg_sum: &mut [i32]) {
+    use std::arch::aarch64::*;
+    let mut tail = [0.0f32; 64];
+    for (h, ((qh, sh), nh)) in halves_mut(q, scale, neg_sum) {
+        let src = half_of(x, h, &mut tail).as_ptr();
+        // SAFETY: `src` has 64 readable values: the half lies inside `x`, or it is `tail`.
+        let mut v = [[vdupq_n_f32(0.0); GROUPS_PER_HALF]; 4];
+        for (r, run) in v.iter_mut().enumerate() {
+            for (k, reg) in run.iter_mut().enumerate() {
+                *reg = unsafe { vld1q_f32(src.add(16 * r + 4 * k)) };
+            }
+        }
+        let mut amax = [0.0f32; GROUPS_PER_HALF];
+        for (k, a) in amax.iter_mut().enumerate() {
+            let mut m = vdupq_n_f32(0.0);
+            for run in &v {
+                m = vmaxnmq_f32(m, vabsq_f32(run[k]));
+            }
+            *a = vmaxnmvq_f32(m);
+        }
+        // SAFETY: four values each.
+        let d = vdivq_f32(unsafe { vld1q_f32(amax.as_ptr()) }, vdupq_n_f32(127.0));
+        let nonzero = vmvnq_u32(vceqzq_f32(d));
+        let id = vreinterpretq_f32_u32(vandq_u32(
+            nonzero,
+            vreinterpretq_u32_f32(vdivq_f32(vdupq_n_f32(1.0), d)),
+        ));
+        let ids = [
+            vdupq_laneq_f32::<0>(id),
+            vdupq_laneq_f32::<1>(id),
+            vdupq_laneq_f32::<2>(id),
+            vdupq_laneq_f32::<3>(id),
+        ];
+        let mut sums = [vdupq_n_s32(0); GROUPS_PER_HALF];
+        for (r, run) in v.iter().enumerate() {
+            let mut c = [vdupq_n_s32(0); GROUPS_PER_HALF];
+            for k in 0..GROUPS_PER_HALF {
+                let p = vmulq_f32(run[k], ids[k]);
+                let p = vmaxq_f32(vminq_f32(p, vdupq_n_f32(128.0)), vdupq_n_f32(-128.0));
+                let t = vcvtq_s32_f32(p);
+                let frac = vsubq_f32(p, vcvtq_f32_s32(t));
+                // Masks are −1 where true: a step up subtracts one, a step down adds one.
+                let up = vreinterpretq_s32_u32(vcgeq_f32(frac, vdupq_n_f32(0.5)));
+                let down = vreinterpretq_s32_u32(vcleq_f32(frac, vdupq_n_f32(-0.5)));
+                let t = vaddq_s32(vsubq_s32(t, up), down);
+                c[k] = vminq_s32(vmaxq_s32(t, vdupq_n_s32(-127)), vdupq_n_s32(127));
+                sums[k] = vsubq_s32(sums[k], c[k]);
+            }
+            let lo = vcombine_s16(vmovn_s32(c[0]), vmovn_s32(c[1]));
+            let hi = vcombine_s16(vmovn_s32(c[2]), vmovn_s32(c[3]));
+            let bytes = vcombine_s8(vmovn_s16(lo), vmovn_s16(hi));
+            // SAFETY: `qh` is 64 codes, so the 16 from `16r` (r < 4) lie inside it.
+            unsafe { vst1q_s8(qh[16 * r..].as_mut_ptr(), bytes) };
+        }
+        // SAFETY: `sh` is the half's four scales.
+        unsafe { vst1q_f32(sh.as_mut_ptr(), d) };
+        for (o, s) in nh.iter_mut().zip(sums) {
+            *o = vaddvq_s32(s);
+        }
+    }
+}
+
 /// [`quantize_halves`] compiled for AVX2: the same arithmetic on 8-lane vectors.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
@@ -220,12 +307,7 @@ fn quantize_halves(x: &[f32], q: &mut [i8], scale: &mut [f32], neg_sum: &mut [i3
     const RUNS: usize = 64 / 16;
     let n = x.len();
     let mut xs = [0.0f32; 64];
-    for (h, ((qh, sh), nh)) in q
-        .chunks_exact_mut(64)
-        .zip(scale.chunks_exact_mut(GROUPS_PER_HALF))
-        .zip(neg_sum.chunks_exact_mut(GROUPS_PER_HALF))
-        .enumerate()
-    {
+    for (h, ((qh, sh), nh)) in halves_mut(q, scale, neg_sum) {
         let src = &x[(64 * h).min(n)..(64 * h + 64).min(n)];
         xs[..src.len()].copy_from_slice(src);
         xs[src.len()..].fill(0.0);
@@ -290,6 +372,12 @@ impl QuantizedActs {
         {
             // SAFETY: the CPU has the features the function is compiled with.
             unsafe { quantize_halves_avx2(x, &mut q, &mut scale, &mut neg_sum) };
+            return Self::with_group_sums(x.to_vec(), q, scale, neg_sum);
+        }
+        #[cfg(target_arch = "aarch64")]
+        if crate::simd::allows(crate::Simd::Neon) {
+            // SAFETY: NEON is part of AArch64.
+            unsafe { quantize_halves_neon(x, &mut q, &mut scale, &mut neg_sum) };
             return Self::with_group_sums(x.to_vec(), q, scale, neg_sum);
         }
         quantize_halves(x, &mut q, &mut scale, &mut neg_sum);
@@ -585,6 +673,71 @@ mod tests {
         }
     }
 
+    /// Every quantizer this CPU runs, called directly on `x`, against the group-by-group
+    /// definition.
+    fn every_quantizer_equals_the_definition(x: &[f32], what: &str) {
+        let want = QuantizedActs::new_by_groups(x);
+        let padded = x.len().div_ceil(SPAN) * SPAN;
+        /// A quantizer's name and its codes, scales and negated group sums.
+        type Run = (&'static str, Vec<i8>, Vec<f32>, Vec<i32>);
+        let mut runs: Vec<Run> = Vec::new();
+        let fresh = || {
+            (
+                vec![0i8; padded],
+                vec![0f32; padded / ACT_GROUP],
+                vec![0i32; padded / ACT_GROUP],
+            )
+        };
+        let (mut q, mut s, mut ns) = fresh();
+        quantize_halves(x, &mut q, &mut s, &mut ns);
+        runs.push(("portable", q, s, ns));
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                let (mut q, mut s, mut ns) = fresh();
+                // SAFETY: the CPU has the features (checked above).
+                unsafe { quantize_halves_avx2(x, &mut q, &mut s, &mut ns) };
+                runs.push(("avx2", q, s, ns));
+            }
+            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
+                let (mut q, mut s, mut ns) = fresh();
+                // SAFETY: the CPU has the features (checked above).
+                unsafe { quantize_halves_avx512(x, &mut q, &mut s, &mut ns) };
+                runs.push(("avx512", q, s, ns));
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            let (mut q, mut s, mut ns) = fresh();
+            // SAFETY: NEON is part of AArch64.
+            unsafe { quantize_halves_neon(x, &mut q, &mut s, &mut ns) };
+            runs.push(("neon", q, s, ns));
+        }
+        let bits = |v: &[f32]| v.iter().map(|s| s.to_bits()).collect::<Vec<_>>();
+        for (name, q, s, ns) in runs {
+            assert_eq!(q, want.codes(), "{name}: codes, {what}");
+            assert_eq!(bits(&s), bits(want.scales()), "{name}: scales, {what}");
+            assert_eq!(ns, want.neg_group_sums(), "{name}: sums, {what}");
+        }
+    }
+
+    /// Groups whose maximum is 127 have a scale of 1 and codes equal to their values, so
+    /// values halfway between integers are ties, which every quantizer rounds away from zero.
+    #[test]
+    fn every_quantizer_rounds_ties_away_from_zero() {
+        let mut x: Vec<f32> = (0..200).map(|i| (i % 11) as f32 - 5.5).collect();
+        for h in 0..x.len() / 64 {
+            for k in 0..GROUPS_PER_HALF {
+                x[64 * h + 4 * k] = if k % 2 == 0 { 127.0 } else { -127.0 };
+            }
+        }
+        let a = QuantizedActs::new_by_groups(&x);
+        assert_eq!(a.scales()[0], 1.0);
+        assert_eq!(&a.codes()[1..4], &[-5, -4, -3]); // -4.5, -3.5, -2.5
+        assert_eq!(&a.codes()[5..8], &[-1, 1, 2]); // -0.5, 0.5, 1.5
+        every_quantizer_equals_the_definition(&x, "ties");
+    }
+
     /// Every quantizer this CPU runs, called directly, against the group-by-group definition on
     /// the inputs that break a careless one: infinities, −0, subnormals, groups so small that
     /// `1/d` is infinite, NaN, ties, and a partial last half.
@@ -617,42 +770,7 @@ mod tests {
                         }
                     })
                     .collect();
-                let want = QuantizedActs::new_by_groups(&x);
-                let padded = n.div_ceil(SPAN) * SPAN;
-                /// A quantizer's name and its codes, scales and negated group sums.
-                type Run = (&'static str, Vec<i8>, Vec<f32>, Vec<i32>);
-                let mut runs: Vec<Run> = Vec::new();
-                let fresh = || {
-                    (
-                        vec![0i8; padded],
-                        vec![0f32; padded / ACT_GROUP],
-                        vec![0i32; padded / ACT_GROUP],
-                    )
-                };
-                let (mut q, mut s, mut ns) = fresh();
-                quantize_halves(&x, &mut q, &mut s, &mut ns);
-                runs.push(("portable", q, s, ns));
-                #[cfg(target_arch = "x86_64")]
-                {
-                    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                        let (mut q, mut s, mut ns) = fresh();
-                        // SAFETY: the CPU has the features (checked above).
-                        unsafe { quantize_halves_avx2(&x, &mut q, &mut s, &mut ns) };
-                        runs.push(("avx2", q, s, ns));
-                    }
-                    if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
-                        let (mut q, mut s, mut ns) = fresh();
-                        // SAFETY: the CPU has the features (checked above).
-                        unsafe { quantize_halves_avx512(&x, &mut q, &mut s, &mut ns) };
-                        runs.push(("avx512", q, s, ns));
-                    }
-                }
-                let bits = |v: &[f32]| v.iter().map(|s| s.to_bits()).collect::<Vec<_>>();
-                for (name, q, s, ns) in runs {
-                    assert_eq!(q, want.codes(), "{name}: codes, n = {n}, scale {scale}");
-                    assert_eq!(bits(&s), bits(want.scales()), "{name}: scales, n = {n}");
-                    assert_eq!(ns, want.neg_group_sums(), "{name}: sums, n = {n}");
-                }
+                every_quantizer_equals_the_definition(&x, &format!("n = {n}, scale {scale}"));
             }
         }
     }
