@@ -39,7 +39,7 @@ echo "== clippy, $target"
 cargo clippy --release --target "$target" --workspace --all-targets -- -D warnings
 
 echo "== tests under qemu, a CPU with dot products (NEON kernels)"
-# Drafting's long test (20 s natively, half an hour emulated) checks the generation loop, which
+# Drafting's long test (20 s natively, 15 minutes emulated) checks the generation loop, which
 # has no architecture-specific code; FULL=1 runs it too.
 skip=(--skip drafting_gives_the_same_tokens_text_and_state_in_fewer_passes)
 [ "${FULL:-0}" = 1 ] && skip=()
