@@ -110,7 +110,7 @@ pub enum KernelsArg {
     /// As int8, with PTQ1_0 weights widened to 2-bit codes at load: the same results, faster
     /// PTQ1_0 files (27B, 2 AVX-512 cores: decode 2.0–2.1 → 2.2–2.6 tok/s, prefill 3.2–3.6 →
     /// 5.8–6.1 tok/s), 1.2 GB more memory (23% more for those weights). Other formats as int8.
-    /// CPUs without AVX-512 hold PTQ1_0 widened with `int8` too.
+    /// CPUs with AVX2 and without AVX-512 hold PTQ1_0 widened with `int8` too.
     #[value(name = "int8-wide")]
     Int8Wide,
 }

@@ -75,15 +75,12 @@ impl Q1Bits {
 }
 
 impl Ternary {
-    /// How this CPU's kernels hold PTQ1_0 best: packed where the AVX-512 kernels decode the
-    /// base-3 bytes, widened where only the AVX2 or NEON kernels run (they have no base-3 decode).
+    /// How this CPU's kernels hold PTQ1_0 by default: packed where the kernels decode the
+    /// base-3 bytes (AVX-512, NEON: the file's size in memory), widened where only the AVX2
+    /// kernels run (they have no base-3 decode).
     pub fn preferred() -> Ternary {
         #[cfg(target_arch = "x86_64")]
         if !x86::available() && avx2::available() {
-            return Ternary::Wide;
-        }
-        #[cfg(target_arch = "aarch64")]
-        if neon::available() {
             return Ternary::Wide;
         }
         Ternary::Packed
