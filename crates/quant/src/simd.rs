@@ -12,8 +12,10 @@ pub const SIMD_ENV: &str = "NIWAKI_SIMD";
 pub enum Simd {
     /// The portable kernels, the twins of the others.
     Scalar,
-    /// AArch64's 128-bit NEON with the dot-product extension (`sdot`). Ordered below the x86
-    /// levels only so that one cap names a width: a `neon` cap leaves an x86 CPU on the twins.
+    /// AArch64's 128-bit NEON: the tiled GEMMs where the CPU has the dot-product extension
+    /// (`sdot`), the activation quantizer and attention on every AArch64 CPU. Ordered below the
+    /// x86 levels only so that one cap names a width: a `neon` cap leaves an x86 CPU on the
+    /// twins.
     Neon,
     /// 256-bit AVX2 (with FMA and F16C), and AVX-VNNI where the CPU has it.
     Avx2,

@@ -406,8 +406,7 @@ impl TiledMatrix {
 
 /// `out[(r − r0)·T + t] = row r · acts[t]` for the rows `r0..` of `panels` (rows past the
 /// matrix's end are not written), on AVX-512 where the CPU has it, else on AVX2 (packed PTQ1_0
-/// aside), on AArch64 on NEON (packed PTQ1_0 and nibble-ordered Q1_0 aside), else the scalar
-/// twin.
+/// aside), on AArch64 on NEON (nibble-ordered Q1_0 aside), else the scalar twin.
 ///
 /// # Panics
 /// When the panels are out of range, an activation vector's length is not the column count, or

@@ -91,14 +91,11 @@ trait Chunks {
     /// Whether the group sums are Q1_0's `2·Σ_{bit set} q`, its `−Σq` terms joining once per
     /// block in floats (else the sums are the exact `Σ (c − 1)·q`).
     const SPAN_NEG: bool;
-    /// The scale of activation group `g` (group `k` of its half) that the group's sum is
-    /// multiplied by.
-    #[inline(always)]
-    unsafe fn scale(a: &Act, g: usize, _k: usize) -> f32 {
-        *a.scale.add(g)
-    }
+    /// How many of a half's groups (the first) come with codes times `4^k`: their sums start
+    /// at the field-scaled `−Σq` and are scaled by the field scales (`4^−k·d`).
+    const FIELD_SCALED: usize = 0;
     /// Per token and activation group `k` of the half at `h` (group `g0 + k` of the tokens'),
-    /// the exact integer sums of quarter `e`'s rows, in the units [`Chunks::scale`] takes.
+    /// the exact integer sums of quarter `e`'s rows (times `4^k` for the field-scaled groups).
     unsafe fn sums<const T: usize>(
         h: *const u8,
         e: usize,
@@ -114,26 +111,25 @@ struct Q2<const G128: bool>;
 struct Ptq;
 
 /// Each token's group accumulators for the groups `g0..g0 + 4` of a half, started at their
-/// `−Σq`: times `4^k` for the first `field_scaled` groups (whose codes come so scaled).
+/// `−Σq` (times `4^k` for `C`'s field-scaled groups).
 #[inline(always)]
-unsafe fn starts<const T: usize>(
+unsafe fn starts<C: Chunks, const T: usize>(
     acts: &[Act; T],
     g0: usize,
-    field_scaled: usize,
 ) -> [[int32x4_t; GROUPS_PER_HALF]; T] {
     let mut acc = [[vdupq_n_s32(0); GROUPS_PER_HALF]; T];
     for (groups, a) in acc.iter_mut().zip(acts) {
         for (k, s) in groups.iter_mut().enumerate() {
-            let neg = if k < field_scaled { a.field_neg } else { a.neg };
+            let neg = if k < C::FIELD_SCALED {
+                a.field_neg
+            } else {
+                a.neg
+            };
             *s = vdupq_n_s32(*neg.add(g0 + k));
         }
     }
     acc
 }
-
-/// The 2-bit groups of a half whose codes are taken times `4^k` (an `and` alone): 0 to 2, as
-/// group 3's would pass 127 (`sdot` multiplies signed bytes).
-const FIELD_SCALED_GROUPS: usize = 3;
 
 impl Chunks for Q1Spread {
     const FORMAT: Format = Format::Q1_0;
@@ -171,14 +167,9 @@ impl Chunks for Q1Spread {
 impl<const G128: bool> Chunks for Q2<G128> {
     const FORMAT: Format = if G128 { Format::Q2_0G128 } else { Format::Q2_0 };
     const SPAN_NEG: bool = false;
-    #[inline(always)]
-    unsafe fn scale(a: &Act, g: usize, k: usize) -> f32 {
-        if k < FIELD_SCALED_GROUPS {
-            *a.field_scale.add(g)
-        } else {
-            *a.scale.add(g)
-        }
-    }
+    /// Groups 0 to 2 by an `and` alone (their codes at most 48); group 3's would pass 127
+    /// (`sdot` multiplies signed bytes), so it is shifted down.
+    const FIELD_SCALED: usize = 3;
     #[inline(always)]
     #[allow(clippy::needless_range_loop)] // i picks both a quad and an activation register
     unsafe fn sums<const T: usize>(
@@ -188,7 +179,7 @@ impl<const G128: bool> Chunks for Q2<G128> {
         acts: &[Act; T],
         g0: usize,
     ) -> [[int32x4_t; GROUPS_PER_HALF]; T] {
-        let mut acc = starts(acts, g0, FIELD_SCALED_GROUPS);
+        let mut acc = starts::<Self, T>(acts, g0);
         for i in 0..layout::CHUNKS / GROUPS_PER_HALF {
             // Quad i holds chunk 4i + k in field k of each byte; quarter e is its bytes 16e...
             let x = vld1q_u8(h.add(layout::QUAD * i + 16 * e));
@@ -233,7 +224,7 @@ impl Chunks for Ptq {
         acts: &[Act; T],
         g0: usize,
     ) -> [[int32x4_t; GROUPS_PER_HALF]; T] {
-        let mut acc = starts(acts, g0, 0);
+        let mut acc = starts::<Self, T>(acts, g0);
         let mut dot = |c: usize, codes: uint8x16_t| {
             let codes = vreinterpretq_s8_u8(codes);
             let k = c % GROUPS_PER_HALF;
@@ -293,7 +284,13 @@ unsafe fn tile<C: Chunks, const T: usize>(p: *const u8, blocks: usize, acts: &[A
                 let sums = C::sums::<T>(at, e, &q, acts, g0);
                 for t in 0..T {
                     for k in 0..GROUPS_PER_HALF {
-                        let s = vdupq_n_f32(C::scale(&acts[t], g0 + k, k));
+                        let a = &acts[t];
+                        let scale = if k < C::FIELD_SCALED {
+                            a.field_scale
+                        } else {
+                            a.scale
+                        };
+                        let s = vdupq_n_f32(*scale.add(g0 + k));
                         blk[t][e] = vfmaq_f32(blk[t][e], vcvtq_f32_s32(sums[t][k]), s);
                     }
                 }
