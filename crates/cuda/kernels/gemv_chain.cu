@@ -15,7 +15,13 @@
 //
 // MODE: CHAIN_DOT multiplies; CHAIN_SYNCED releases each tile unread but keeps the barriers and
 // the activations' staging; CHAIN_FREE releases tiles without either, the ring's streaming
-// alone. Where `stats` is not null each block leaves CH_STATS counters there, saying where its
+// alone; CHAIN_FLOW multiplies with no grid barrier: each GEMV's input is taken in segments of
+// 32 chunks (one chunk a lane: a segment of fewer chunks idles lanes, which a first form of 8
+// segments a row measured four times slower), segment s staged once the previous GEMV's tiles
+// that would produce it (the same share of its tiles, as if output row r fed input value r)
+// have counted every warp's arrival, so that a block starts a GEMV's first segments while
+// other blocks still finish the previous GEMV's last tiles. A lane sums its chunks in the same
+// order as in CHAIN_DOT, so the outputs are the same bits. Where `stats` is not null each block leaves CH_STATS counters there, saying where its
 // warps waited; without it the clocks are not read.
 
 // CH_WARPS, CH_SLOTS and CH_STATS come from the host (plan::CHAIN_WARPS, plan::CHAIN_SLOTS,
@@ -27,6 +33,7 @@
 #define CHAIN_DOT 0
 #define CHAIN_SYNCED 1
 #define CHAIN_FREE 2
+#define CHAIN_FLOW 3
 // stats[block * CH_STATS + i]: [0] cycles the producer waited for room in the ring, [1] the
 // tiles it issued (a count), [2] cycles thread 0 (consumer warp 0) spent between GEMVs in the
 // consumers' block barriers and the grid barrier, [3] in staging the activations, [4] waiting
@@ -48,8 +55,32 @@ struct ChainGemv {
     int rows;
     int cols;
     int accumulate;
-    int pad;
+    // The GEMV's first tile among the chain's (CHAIN_FLOW's arrival counters).
+    int tile_base;
 };
+
+// A warp's arrival on the tile whose row it wrote last, if any (`pending`, then -1). The row was
+// lane 0's store, which the release orders before the count. Counted one tile late, at the next
+// tile's start (and before any wait for arrivals, which could otherwise wait for this one), so
+// that the release's wait for the store is long over rather than in the warp's way.
+__device__ __forceinline__ void arrive(u32* arrivals, int& pending, int lane) {
+    if (pending >= 0 && lane == 0)
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(arrivals + pending) : "memory");
+    pending = -1;
+}
+
+// One warp's wait for tiles [lo, hi) of `arrivals` to count `target` arrivals each; a count
+// that never arrives stops the kernel rather than hanging it.
+__device__ __forceinline__ void wait_arrivals(const u32* arrivals, int lo, int hi, u32 target, int lane) {
+    for (int i = lo + lane; i < hi; i += 32) {
+        u32 seen, spins = 0;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrivals + i) : "memory");
+            if (++spins == (1u << 26)) __trap();
+        } while (seen < target);
+    }
+    __syncwarp();
+}
 
 __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;" ::"n"(CH_WARPS * 32) : "memory");
@@ -83,7 +114,8 @@ struct ByteRing {
 
 template <int FMT, int MODE>
 __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int ng, int x_bytes,
-                                           int ring_bytes, u32* __restrict__ count, u64* __restrict__ stats) {
+                                           int ring_bytes, u32* __restrict__ count, u64* __restrict__ stats,
+                                           u32* __restrict__ arrivals, const u32* __restrict__ epoch) {
     const bool on = stats != nullptr;
     const u64 c_start = clk(on), t_start = on ? global_ns() : 0;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -141,12 +173,17 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
     pdl_wait();
     int k = 0;
     u64 in_barrier = 0, in_staging = 0, in_wait = 0;
+    // Every earlier launch over these GEMVs (each began by raising the epoch) counted CH_WARPS
+    // arrivals a tile.
+    const u32 target = MODE == CHAIN_FLOW ? *epoch * (u32)CH_WARPS : 0u;
+    // CHAIN_FLOW: the tile whose row this warp wrote last and has not yet counted (-1: none).
+    int pending = -1;
     for (int g = 0; g < ng; g++) {
         const ChainGemv m = gs[g];
         const int chunks = m.cols / CV, groups = m.cols / 64;
         const u32 code_bytes = (u32)CH_WARPS * chunks * 16;
         const u64 c0 = clk(on);
-        if (g > 0 && MODE != CHAIN_FREE) {
+        if (g > 0 && MODE != CHAIN_FREE && MODE != CHAIN_FLOW) {
             // Every block done with the previous GEMV (whose output this one's input would be).
             consumers_sync();
             if (tid == 0) grid_arrive_wait(count, gridDim.x * (u32)g);
@@ -154,7 +191,9 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
         }
         const u64 c1 = clk(on);
         float2* ssm = (float2*)(smem + m.cols);
-        if (MODE != CHAIN_FREE) {
+        // CHAIN_FLOW's segments staged so far in this GEMV (the others stage before the tiles).
+        int staged = 0;
+        if (MODE == CHAIN_DOT || MODE == CHAIN_SYNCED) {
             to_piece_major<P>(xsm, m.xq, chunks, tid, CH_WARPS * 32);
             for (int i = tid; i < groups; i += CH_WARPS * 32) ssm[i] = m.xs[i];
             consumers_sync();
@@ -167,20 +206,49 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
             const u64 w0 = clk(on);
             mbar_wait(smem_addr(&full[s]), (u32)(k / CH_SLOTS) & 1u);
             in_wait += clk(on) - w0;
+            if (MODE == CHAIN_FLOW) arrive(arrivals, pending, lane);
             const unsigned char* st = ring + slot_off[s];
             const uint4* wc = (const uint4*)st + (size_t)warp * chunks;
             const u16* ws = (const u16*)(st + code_bytes) + warp * chunks;
             float acc = 0.0f;
             if (MODE == CHAIN_DOT) {
                 for (int c = lane; c < chunks; c += 32) acc += smem_row_dot<FMT>(xsm, ssm, chunks, c, wc[c], h2f(ws[c]));
+            } else if (MODE == CHAIN_FLOW) {
+                const int prev_tiles = g > 0 ? (gs[g - 1].rows + CH_WARPS - 1) / CH_WARPS : 0;
+                for (int sg = 0; sg * 32 < chunks; sg++) {
+                    const int c_lo = sg * 32, c_hi = min(chunks, c_lo + 32);
+                    if (sg == staged) {
+                        // The block's first tile of this GEMV: the segment's input, once its
+                        // producers have arrived (every consumer warp is past the previous
+                        // GEMV when the first barrier lets them on).
+                        const u64 b0 = clk(on);
+                        if (g > 0 && warp == 0)
+                            wait_arrivals(arrivals + gs[g - 1].tile_base, c_lo * prev_tiles / chunks,
+                                          (c_hi * prev_tiles + chunks - 1) / chunks, target, lane);
+                        consumers_sync();
+                        const u64 b1 = clk(on);
+                        for (int idx = c_lo * P + tid; idx < c_hi * P; idx += CH_WARPS * 32)
+                            xsm[piece_major_slot<P>(idx, chunks)] = m.xq[idx];
+                        for (int i = c_lo * CV / 64 + tid; i < c_hi * CV / 64; i += CH_WARPS * 32) ssm[i] = m.xs[i];
+                        consumers_sync();
+                        staged++;
+                        in_barrier += b1 - b0;
+                        in_staging += clk(on) - b1;
+                    }
+                    // The lane's chunk of the segment, in CHAIN_DOT's order.
+                    const int c = c_lo + lane;
+                    if (c < c_hi) acc += smem_row_dot<FMT>(xsm, ssm, chunks, c, wc[c], h2f(ws[c]));
+                }
             }
             __syncwarp();
             if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
             acc = warp_sum(acc);
             const int row = t * CH_WARPS + warp;
             if (lane == 0 && row < m.rows) m.out[row] = m.accumulate ? acc + m.out[row] : acc;
+            if (MODE == CHAIN_FLOW) pending = m.tile_base + t;
         }
     }
+    if (MODE == CHAIN_FLOW) arrive(arrivals, pending, lane);
     if (stats && tid == 0) {
         u64* b = stats + blockIdx.x * CH_STATS;
         b[2] = in_barrier;
@@ -190,7 +258,7 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
         b[6] = clk(on) - c_start;
     }
 }
-#define CHAIN_CALL(FMT, MODE) chain_body<FMT, MODE>(gs, ng, x_bytes, ring_bytes, count, stats)
+#define CHAIN_CALL(FMT, MODE) chain_body<FMT, MODE>(gs, ng, x_bytes, ring_bytes, count, stats, arrivals, epoch)
 #else
 #define CHAIN_CALL(FMT, MODE) __trap()
 #endif
@@ -198,7 +266,8 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
 #define CHAIN_KERNEL(name, FMT, MODE)                                                               \
     ENTRY __global__ void __launch_bounds__(32 * (CH_WARPS + 1), 1)                           \
         name(const ChainGemv* __restrict__ gs, int ng, int x_bytes, int ring_bytes,               \
-             u32* __restrict__ count, u64* __restrict__ stats) {                                   \
+             u32* __restrict__ count, u64* __restrict__ stats, u32* __restrict__ arrivals,          \
+             const u32* __restrict__ epoch) {                                                      \
         CHAIN_CALL(FMT, MODE);                                                                     \
     }
 
@@ -208,3 +277,12 @@ CHAIN_KERNEL(gemv_chain_q1_synced, FMT_Q1, CHAIN_SYNCED)
 CHAIN_KERNEL(gemv_chain_q2g64_synced, FMT_Q2G64, CHAIN_SYNCED)
 CHAIN_KERNEL(gemv_chain_q1_free, FMT_Q1, CHAIN_FREE)
 CHAIN_KERNEL(gemv_chain_q2g64_free, FMT_Q2G64, CHAIN_FREE)
+CHAIN_KERNEL(gemv_chain_q1_flow, FMT_Q1, CHAIN_FLOW)
+CHAIN_KERNEL(gemv_chain_q2g64_flow, FMT_Q2G64, CHAIN_FLOW)
+
+// A launch of CHAIN_FLOW's chain (or of each of its GEMVs) first raises the epoch by one, once
+// the launch before has ended (its blocks read the epoch at their start).
+ENTRY __global__ void gemv_chain_epoch(u32* epoch) {
+    PDL_ENTRY();
+    if (threadIdx.x == 0) *epoch += 1;
+}

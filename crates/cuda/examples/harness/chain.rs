@@ -31,19 +31,27 @@ pub(crate) fn chain_probe(
     let chain = g.time_gemv_chain(st, ChainMode::Dot)?;
     let synced = g.time_gemv_chain(st, ChainMode::Synced)?;
     let free = g.time_gemv_chain(st, ChainMode::Free)?;
-    if let (Some(c), Some(nd), Some(fr)) = (chain, synced, free) {
+    let flow = g.time_gemv_chain(st, ChainMode::Flow)?;
+    if let (Some(c), Some(nd), Some(fr), Some(fl)) = (chain, synced, free, flow) {
         rep.check(
             c.differing == 0,
             format!("{format}: the chained GEMVs' LM head differs from the decode GEMV's"),
         );
+        rep.check(
+            fl.differing == 0,
+            format!("{format}: the dataflow chain's LM head differs from the decode GEMV's"),
+        );
         profiles.push(format!(
-            "\n{format} persistent-step probe (kernels/gemv_chain.cu, tiles of {} rows, one block per multiprocessor) on the step's {} GEMVs, ms per replay: launched once per GEMV {:.3} ({:.0} GB/s), all in one launch with a grid barrier between GEMVs {:.3} ({:.0} GB/s); not multiplying: {:.3} against {:.3}; streaming alone (no barriers, no staging): {:.3} against {:.3} ({:.0} GB/s in one launch); the decode GEMVs {:.3} ({:.0} GB/s); LM head after the chain against the decode GEMV: {} of {} logits differ (must be 0)\n",
+            "\n{format} persistent-step probe (kernels/gemv_chain.cu, tiles of {} rows, one block per multiprocessor) on the step's {} GEMVs, ms per replay: launched once per GEMV {:.3} ({:.0} GB/s), all in one launch with a grid barrier between GEMVs {:.3} ({:.0} GB/s); in one launch without the barriers, each GEMV's input taken by segments of 32 chunks as the previous GEMV's tiles that would produce them arrive {:.3} ({:.0} GB/s; launched once per GEMV {:.3}); not multiplying: {:.3} against {:.3}; streaming alone (no barriers, no staging): {:.3} against {:.3} ({:.0} GB/s in one launch); the decode GEMVs {:.3} ({:.0} GB/s); LM head after the chain against the decode GEMV: {} of {} logits differ (must be 0), after the dataflow chain {}\n",
             niwaki_cuda::plan::CHAIN_WARPS,
             c.gemvs,
             c.each * 1e3,
             wb / c.each / 1e9,
             c.once * 1e3,
             wb / c.once / 1e9,
+            fl.once * 1e3,
+            wb / fl.once / 1e9,
+            fl.each * 1e3,
             nd.each * 1e3,
             nd.once * 1e3,
             fr.each * 1e3,
@@ -52,11 +60,17 @@ pub(crate) fn chain_probe(
             gemvs * 1e3,
             wb / gemvs / 1e9,
             c.differing,
-            g.vocab()
+            g.vocab(),
+            fl.differing
         ));
         profiles.push(format!(
             "\n{format}: where one launch of the chain's blocks waited, µs a block, mean / largest\n\n| mode | block | producer waiting for room | consumer warp 0 in the barriers (block and grid) | its staging activations | its waiting for tiles | tiles | clock GHz |\n|---|---|---|---|---|---|---|---|\n{}",
-            [("multiplying", c), ("not multiplying", nd), ("streaming alone", fr)]
+            [
+                ("multiplying", c),
+                ("multiplying, by segments (barriers: the segments' waits)", fl),
+                ("not multiplying", nd),
+                ("streaming alone", fr),
+            ]
                 .iter()
                 .map(|(name, t)| {
                     let w = &t.waits;

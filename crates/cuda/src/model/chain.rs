@@ -13,6 +13,9 @@ pub enum ChainMode {
     Synced,
     /// Release each tile unread, with neither: the ring's streaming alone.
     Free,
+    /// Multiply, with no grid barrier: each GEMV's input staged by segments, each once the
+    /// previous GEMV's tiles that would produce it have arrived.
+    Flow,
 }
 
 impl ChainMode {
@@ -21,6 +24,7 @@ impl ChainMode {
             Self::Dot => "",
             Self::Synced => "_synced",
             Self::Free => "_free",
+            Self::Flow => "_flow",
         }
     }
 }
@@ -46,7 +50,8 @@ pub struct ChainWaits {
     pub producer: [f64; 2],
     /// Tiles a block's producer issued.
     pub tiles: [f64; 2],
-    /// Consumer warp 0 between GEMVs, in the consumers' block barriers and the grid barrier.
+    /// Consumer warp 0 between GEMVs, in the consumers' block barriers and the grid barrier
+    /// (with [`ChainMode::Flow`], waiting for its segments' arrivals and in the barriers after).
     pub barrier: [f64; 2],
     /// Consumer warp 0 staging the activations.
     pub staging: [f64; 2],
@@ -108,6 +113,7 @@ impl CudaModel {
         let mut desc: Vec<u64> = Vec::new();
         let mut max_cols = 0;
         let mut max_tile = 0;
+        let mut tiles = 0usize;
         for op in forward_ops(&self.dims, 1, Head::Last, true, Fusion::default()) {
             let Op::Gemv { mat, out, .. } = op else {
                 continue;
@@ -120,11 +126,17 @@ impl CudaModel {
             max_tile = max_tile.max(plan::chain_tile_bytes(m.format, m.cols));
             desc.extend([m.codes.ptr, m.scales.ptr, io.xq, io.xs, io.out]);
             desc.push(m.rows as u64 | (m.cols as u64) << 32);
-            desc.push(u64::from(io.accumulate));
+            desc.push(u64::from(io.accumulate) | (tiles as u64) << 32);
+            tiles += m.rows.div_ceil(plan::CHAIN_WARPS);
         }
         let n = desc.len() / 7;
         let descs = g.upload(&desc, "chain descriptors")?;
         let count = g.alloc(8, "chain barrier")?;
+        // Flow's arrivals a tile and the launches' epoch: each launch of the chain (or of each of
+        // its GEMVs) raises the epoch first, so every tile has then counted its warps' arrivals
+        // as many times as the epoch says.
+        let arrivals = g.alloc(4 * tiles, "chain arrivals")?;
+        let epoch = g.alloc(8, "chain epoch")?;
         let x_bytes = plan::x_bytes(max_cols, false);
         let smem = g.smem_limit.saturating_sub(plan::GEMV1_STATIC_SMEM);
         let ring = smem.saturating_sub(x_bytes) / 128 * 128;
@@ -149,11 +161,24 @@ impl CudaModel {
                     Arg::I32(ring as i32),
                     Arg::Ptr(count.ptr),
                     Arg::Ptr(stats),
+                    Arg::Ptr(arrivals.ptr),
+                    Arg::Ptr(epoch.ptr),
                 ],
             )
         };
         let launch = |first: usize, ng: usize| launch_with(first, ng, 0);
+        let bump = || {
+            g.launch(
+                &st.stream,
+                "gemv_chain_epoch",
+                (1, 1, 1),
+                (32, 1, 1),
+                &[Arg::Ptr(epoch.ptr)],
+            )
+        };
+        // Before each launch of the whole chain: the barrier's count zeroed, the epoch raised.
         let zero = || {
+            bump()?;
             g.launch(
                 &st.stream,
                 "fill_u64",
@@ -162,7 +187,10 @@ impl CudaModel {
                 &[Arg::Ptr(count.ptr), Arg::I32(1), Arg::U64(0)],
             )
         };
-        let each = self.time_graph(st, || (0..n).try_for_each(|i| launch(i, 1)))?;
+        let each = self.time_graph(st, || {
+            bump()?;
+            (0..n).try_for_each(|i| launch(i, 1))
+        })?;
         let once = self.time_graph(st, || {
             zero()?;
             launch(0, n)
@@ -173,7 +201,7 @@ impl CudaModel {
         g.read(&st.stream, stats.ptr, &mut counters)?;
         let waits = ChainWaits::from_stats(&counters);
         let mut differing = 0;
-        if mode == ChainMode::Dot {
+        if matches!(mode, ChainMode::Dot | ChainMode::Flow) {
             let logits = |st: &CudaState| -> Result<Vec<u32>> {
                 let mut v = vec![0u32; self.dims.vocab];
                 g.read(&st.stream, st.s("logits"), &mut v)?;
