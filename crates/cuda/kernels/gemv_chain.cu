@@ -21,7 +21,9 @@
 // that would produce it (the same share of its tiles, as if output row r fed input value r)
 // have counted every warp's arrival, so that a block starts a GEMV's first segments while
 // other blocks still finish the previous GEMV's last tiles. A lane sums its chunks in the same
-// order as in CHAIN_DOT, so the outputs are the same bits. Where `stats` is not null each block leaves CH_STATS counters there, saying where its
+// order as in CHAIN_DOT, so the outputs are the same bits. Measured slower than the barriers
+// even launched once per GEMV, where nothing waits (bench/results/cuda-h200.md, fifty-first
+// session): its per-warp counts cost more than the barriers they replace. Where `stats` is not null each block leaves CH_STATS counters there, saying where its
 // warps waited; without it the clocks are not read.
 
 // CH_WARPS, CH_SLOTS and CH_STATS come from the host (plan::CHAIN_WARPS, plan::CHAIN_SLOTS,
@@ -62,7 +64,7 @@ struct ChainGemv {
 // A warp's arrival on the tile whose row it wrote last, if any (`pending`, then -1). The row was
 // lane 0's store, which the release orders before the count. Counted one tile late, at the next
 // tile's start (and before any wait for arrivals, which could otherwise wait for this one), so
-// that the release's wait for the store is long over rather than in the warp's way.
+// that the store has had a tile's time to reach the cache before the release waits for it.
 __device__ __forceinline__ void arrive(u32* arrivals, int& pending, int lane) {
     if (pending >= 0 && lane == 0)
         asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(arrivals + pending) : "memory");
