@@ -23,8 +23,10 @@
 // other blocks still finish the previous GEMV's last tiles. A lane sums its chunks in the same
 // order as in CHAIN_DOT, so the outputs are the same bits. Measured slower than the barriers
 // even launched once per GEMV, where nothing waits (bench/results/cuda-h200.md, fifty-first
-// session): its per-warp counts cost more than the barriers they replace. Where `stats` is not null each block leaves CH_STATS counters there, saying where its
-// warps waited; without it the clocks are not read.
+// session): its per-warp counts cost more than the barriers they replace.
+//
+// Where `stats` is not null each block leaves CH_STATS counters there, saying where its warps
+// waited; without it the clocks are not read.
 
 // CH_WARPS, CH_SLOTS and CH_STATS come from the host (plan::CHAIN_WARPS, plan::CHAIN_SLOTS,
 // plan::CHAIN_STATS).
@@ -66,8 +68,7 @@ struct ChainGemv {
 // tile's start (and before any wait for arrivals, which could otherwise wait for this one), so
 // that the store has had a tile's time to reach the cache before the release waits for it.
 __device__ __forceinline__ void arrive(u32* arrivals, int& pending, int lane) {
-    if (pending >= 0 && lane == 0)
-        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(arrivals + pending) : "memory");
+    if (pending >= 0 && lane == 0) count_release(arrivals + pending);
     pending = -1;
 }
 
@@ -75,13 +76,21 @@ __device__ __forceinline__ void arrive(u32* arrivals, int& pending, int lane) {
 // that never arrives stops the kernel rather than hanging it.
 __device__ __forceinline__ void wait_arrivals(const u32* arrivals, int lo, int hi, u32 target, int lane) {
     for (int i = lo + lane; i < hi; i += 32) {
-        u32 seen, spins = 0;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrivals + i) : "memory");
+        u32 spins = 0;
+        while (count_acquire(arrivals + i) < target)
             if (++spins == (1u << 26)) __trap();
-        } while (seen < target);
     }
     __syncwarp();
+}
+
+// Chunks [c_lo, c_hi) of a GEMV's activations (`chunks` in all) into shared memory, piece-major
+// as to_piece_major puts them, with their groups' (d, d*sum q) pairs; the consumer threads share
+// the copy.
+template <int CV, int P>
+__device__ __forceinline__ void stage_chunks(uint4* xsm, float2* ssm, const ChainGemv& m, int chunks, int c_lo,
+                                             int c_hi, int tid) {
+    for (int idx = c_lo * P + tid; idx < c_hi * P; idx += CH_WARPS * 32) xsm[piece_major_slot<P>(idx, chunks)] = m.xq[idx];
+    for (int i = c_lo * CV / 64 + tid; i < c_hi * CV / 64; i += CH_WARPS * 32) ssm[i] = m.xs[i];
 }
 
 __device__ __forceinline__ void consumers_sync() {
@@ -182,7 +191,7 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
     int pending = -1;
     for (int g = 0; g < ng; g++) {
         const ChainGemv m = gs[g];
-        const int chunks = m.cols / CV, groups = m.cols / 64;
+        const int chunks = m.cols / CV;
         const u32 code_bytes = (u32)CH_WARPS * chunks * 16;
         const u64 c0 = clk(on);
         if (g > 0 && MODE != CHAIN_FREE && MODE != CHAIN_FLOW) {
@@ -196,8 +205,7 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
         // CHAIN_FLOW's segments staged so far in this GEMV (the others stage before the tiles).
         int staged = 0;
         if (MODE == CHAIN_DOT || MODE == CHAIN_SYNCED) {
-            to_piece_major<P>(xsm, m.xq, chunks, tid, CH_WARPS * 32);
-            for (int i = tid; i < groups; i += CH_WARPS * 32) ssm[i] = m.xs[i];
+            stage_chunks<CV, P>(xsm, ssm, m, chunks, 0, chunks, tid);
             consumers_sync();
         }
         in_barrier += c1 - c0;
@@ -229,9 +237,7 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
                                           (c_hi * prev_tiles + chunks - 1) / chunks, target, lane);
                         consumers_sync();
                         const u64 b1 = clk(on);
-                        for (int idx = c_lo * P + tid; idx < c_hi * P; idx += CH_WARPS * 32)
-                            xsm[piece_major_slot<P>(idx, chunks)] = m.xq[idx];
-                        for (int i = c_lo * CV / 64 + tid; i < c_hi * CV / 64; i += CH_WARPS * 32) ssm[i] = m.xs[i];
+                        stage_chunks<CV, P>(xsm, ssm, m, chunks, c_lo, c_hi, tid);
                         consumers_sync();
                         staged++;
                         in_barrier += b1 - b0;

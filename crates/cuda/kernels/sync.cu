@@ -3,14 +3,24 @@
 // only grows: barrier r of a grid of n blocks is passed once it reaches n·(r + 1), so it needs
 // no reset within a launch.
 //
+// One count added to `*count` after the thread's earlier stores (release, GPU scope).
+__device__ __forceinline__ void count_release(u32* count) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
+}
+
+// `*count`, read before the thread's later loads (acquire, GPU scope).
+__device__ __forceinline__ u32 count_acquire(const u32* count) {
+    u32 seen;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
+    return seen;
+}
+
 // One thread's part: its block's arrival, then the wait for `target` arrivals (the block's
 // threads synchronized around it by the caller).
 __device__ __forceinline__ void grid_arrive_wait(u32* count, u32 target) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
-    u32 seen;
-    do {
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
-    } while (seen < target);
+    count_release(count);
+    while (count_acquire(count) < target) {
+    }
 }
 
 __device__ __forceinline__ void grid_barrier(u32* count, u32 target) {

@@ -176,8 +176,8 @@ impl CudaModel {
                 &[Arg::Ptr(epoch.ptr)],
             )
         };
-        // Before each launch of the whole chain: the barrier's count zeroed, the epoch raised.
-        let zero = || {
+        // Before each launch of the whole chain: the epoch raised, the barrier's count zeroed.
+        let before_chain = || {
             bump()?;
             g.launch(
                 &st.stream,
@@ -192,10 +192,10 @@ impl CudaModel {
             (0..n).try_for_each(|i| launch(i, 1))
         })?;
         let once = self.time_graph(st, || {
-            zero()?;
+            before_chain()?;
             launch(0, n)
         })?;
-        zero()?;
+        before_chain()?;
         launch_with(0, n, stats.ptr)?;
         let mut counters = vec![0u64; plan::CHAIN_STATS * blocks];
         g.read(&st.stream, stats.ptr, &mut counters)?;
@@ -207,7 +207,7 @@ impl CudaModel {
                 g.read(&st.stream, st.s("logits"), &mut v)?;
                 Ok(v)
             };
-            zero()?;
+            before_chain()?;
             launch(0, n)?;
             let chained = logits(st)?;
             let (b1, b2) = (g.set_b1(false), g.set_b2(false));
