@@ -32,7 +32,10 @@ pub(crate) fn chain_probe(
     let synced = g.time_gemv_chain(st, ChainMode::Synced)?;
     let free = g.time_gemv_chain(st, ChainMode::Free)?;
     let flow = g.time_gemv_chain(st, ChainMode::Flow)?;
-    if let (Some(c), Some(nd), Some(fr), Some(fl)) = (chain, synced, free, flow) {
+    let flow_synced = g.time_gemv_chain(st, ChainMode::FlowSynced)?;
+    if let (Some(c), Some(nd), Some(fr), Some(fl), Some(fs)) =
+        (chain, synced, free, flow, flow_synced)
+    {
         rep.check(
             c.differing == 0,
             format!("{format}: the chained GEMVs' LM head differs from the decode GEMV's"),
@@ -42,7 +45,7 @@ pub(crate) fn chain_probe(
             format!("{format}: the dataflow chain's LM head differs from the decode GEMV's"),
         );
         profiles.push(format!(
-            "\n{format} persistent-step probe (kernels/gemv_chain.cu, tiles of {} rows, one block per multiprocessor) on the step's {} GEMVs, ms per replay: launched once per GEMV {:.3} ({:.0} GB/s), all in one launch with a grid barrier between GEMVs {:.3} ({:.0} GB/s); in one launch without the barriers, each GEMV's input taken by segments of 32 chunks as the previous GEMV's tiles that would produce them arrive {:.3} ({:.0} GB/s; launched once per GEMV {:.3}); not multiplying: {:.3} against {:.3}; streaming alone (no barriers, no staging): {:.3} against {:.3} ({:.0} GB/s in one launch); the decode GEMVs {:.3} ({:.0} GB/s); LM head after the chain against the decode GEMV: {} of {} logits differ (must be 0), after the dataflow chain {}\n",
+            "\n{format} persistent-step probe (kernels/gemv_chain.cu, tiles of {} rows, one block per multiprocessor) on the step's {} GEMVs, ms per replay: launched once per GEMV {:.3} ({:.0} GB/s), all in one launch with a grid barrier between GEMVs {:.3} ({:.0} GB/s); in one launch without the barriers, each GEMV's input taken by segments of 32 chunks as the previous GEMV's tiles that would produce them are counted done {:.3} ({:.0} GB/s; launched once per GEMV {:.3}); not multiplying: {:.3} against {:.3} (by segments: {:.3}, launched once per GEMV {:.3}); streaming alone (no barriers, no staging): {:.3} against {:.3} ({:.0} GB/s in one launch); the decode GEMVs {:.3} ({:.0} GB/s); LM head after the chain against the decode GEMV: {} of {} logits differ (must be 0), after the dataflow chain {}\n",
             niwaki_cuda::plan::CHAIN_WARPS,
             c.gemvs,
             c.each * 1e3,
@@ -54,6 +57,8 @@ pub(crate) fn chain_probe(
             fl.each * 1e3,
             nd.each * 1e3,
             nd.once * 1e3,
+            fs.once * 1e3,
+            fs.each * 1e3,
             fr.each * 1e3,
             fr.once * 1e3,
             wb / fr.once / 1e9,
@@ -64,11 +69,12 @@ pub(crate) fn chain_probe(
             fl.differing
         ));
         profiles.push(format!(
-            "\n{format}: where one launch of the chain's blocks waited, µs a block, mean / largest\n\n| mode | block | producer waiting for room | consumer warp 0 in the barriers (block and grid) | its staging activations | its waiting for tiles | tiles | clock GHz |\n|---|---|---|---|---|---|---|---|\n{}",
+            "\n{format}: where one launch of the chain's blocks waited, µs a block, mean / largest\n\n| mode | block | producer waiting for room | consumer warp 0 in the barriers (block and grid) | its staging activations | its waiting for tiles | tiles | signaller's fences | clock GHz |\n|---|---|---|---|---|---|---|---|---|\n{}",
             [
                 ("multiplying", c),
                 ("multiplying, by segments (barriers: the segments' waits)", fl),
                 ("not multiplying", nd),
+                ("not multiplying, by segments", fs),
                 ("streaming alone", fr),
             ]
                 .iter()
@@ -76,13 +82,14 @@ pub(crate) fn chain_probe(
                     let w = &t.waits;
                     let f = |v: [f64; 2]| format!("{:.1} / {:.1}", v[0], v[1]);
                     format!(
-                        "| {name} | {} | {} | {} | {} | {} | {} | {:.3} / {:.3} |\n",
+                        "| {name} | {} | {} | {} | {} | {} | {} | {} | {:.3} / {:.3} |\n",
                         f(w.block),
                         f(w.producer),
                         f(w.barrier),
                         f(w.staging),
                         f(w.tile_wait),
                         f(w.tiles),
+                        f(w.fences),
                         w.clock_ghz[0],
                         w.clock_ghz[1]
                     )

@@ -14,8 +14,12 @@ pub enum ChainMode {
     /// Release each tile unread, with neither: the ring's streaming alone.
     Free,
     /// Multiply, with no grid barrier: each GEMV's input staged by segments, each once the
-    /// previous GEMV's tiles that would produce it have arrived.
+    /// previous GEMV's tiles that would produce it are counted done (by each block's
+    /// signalling warp).
     Flow,
+    /// As [`ChainMode::Flow`], releasing each tile unread: the dataflow's waits and staging
+    /// without the arithmetic.
+    FlowSynced,
 }
 
 impl ChainMode {
@@ -25,6 +29,7 @@ impl ChainMode {
             Self::Synced => "_synced",
             Self::Free => "_free",
             Self::Flow => "_flow",
+            Self::FlowSynced => "_flow_synced",
         }
     }
 }
@@ -51,7 +56,7 @@ pub struct ChainWaits {
     /// Tiles a block's producer issued.
     pub tiles: [f64; 2],
     /// Consumer warp 0 between GEMVs, in the consumers' block barriers and the grid barrier
-    /// (with [`ChainMode::Flow`], waiting for its segments' arrivals and in the barriers after).
+    /// (in the flow modes, waiting for its segments' producers and in the barriers after).
     pub barrier: [f64; 2],
     /// Consumer warp 0 staging the activations.
     pub staging: [f64; 2],
@@ -61,6 +66,8 @@ pub struct ChainWaits {
     pub block: [f64; 2],
     /// The multiprocessors' clock (GHz), mean and largest.
     pub clock_ghz: [f64; 2],
+    /// The signalling warp's GPU-scope fences (the flow modes; 0 in the others).
+    pub fences: [f64; 2],
 }
 
 impl ChainWaits {
@@ -85,6 +92,7 @@ impl ChainWaits {
             tile_wait: per(&us(4)),
             block: per(&|b| b[5] as f64 / 1e3),
             clock_ghz: per(&ghz),
+            fences: per(&|b| b[7] as f64),
         }
     }
 }
@@ -109,11 +117,11 @@ impl CudaModel {
         };
         let kernel = format!("gemv_chain_{fmt}{}", mode.suffix());
         let g = &self.gpu;
-        // One descriptor per GEMV (kernels/gemv_chain.cu's ChainGemv: 5 pointers, 4 ints).
+        // One descriptor per GEMV (kernels/gemv_chain.cu's ChainGemv: 5 pointers, 3 ints and
+        // the padding to 56 bytes).
         let mut desc: Vec<u64> = Vec::new();
         let mut max_cols = 0;
         let mut max_tile = 0;
-        let mut tiles = 0usize;
         for op in forward_ops(&self.dims, 1, Head::Last, true, Fusion::default()) {
             let Op::Gemv { mat, out, .. } = op else {
                 continue;
@@ -126,25 +134,25 @@ impl CudaModel {
             max_tile = max_tile.max(plan::chain_tile_bytes(m.format, m.cols));
             desc.extend([m.codes.ptr, m.scales.ptr, io.xq, io.xs, io.out]);
             desc.push(m.rows as u64 | (m.cols as u64) << 32);
-            desc.push(u64::from(io.accumulate) | (tiles as u64) << 32);
-            tiles += m.rows.div_ceil(plan::CHAIN_WARPS);
+            desc.push(u64::from(io.accumulate));
         }
         let n = desc.len() / 7;
         let descs = g.upload(&desc, "chain descriptors")?;
         let count = g.alloc(8, "chain barrier")?;
-        // Flow's arrivals a tile and the launches' epoch: each launch of the chain (or of each of
-        // its GEMVs) raises the epoch first, so every tile has then counted its warps' arrivals
-        // as many times as the epoch says.
-        let arrivals = g.alloc(4 * tiles, "chain arrivals")?;
+        let blocks = g.info.multiprocessors.max(1) as usize;
+        // The flow modes' counts (a block's finished tiles of each GEMV, tagged with the
+        // launch's epoch) and the epoch, which each launch of the chain (or of each of its
+        // GEMVs) raises first.
+        let done = g.alloc(4 * n * blocks, "chain counts")?;
         let epoch = g.alloc(8, "chain epoch")?;
         let x_bytes = plan::x_bytes(max_cols, false);
         let smem = g.smem_limit.saturating_sub(plan::GEMV1_STATIC_SMEM);
         let ring = smem.saturating_sub(x_bytes) / 128 * 128;
-        let threads = 32 * (plan::CHAIN_WARPS + 1);
+        // The consumers, the producer and the flow modes' signaller.
+        let threads = 32 * (plan::CHAIN_WARPS + 2);
         if ring < max_tile || g.blocks_per_sm(&kernel, threads, smem)? < 1 {
             return Ok(None);
         }
-        let blocks = g.info.multiprocessors.max(1) as usize;
         let grid = (blocks as u32, 1, 1);
         let stats = g.alloc(8 * plan::CHAIN_STATS * blocks, "chain counters")?;
         let launch_with = |first: usize, ng: usize, stats: u64| {
@@ -161,7 +169,7 @@ impl CudaModel {
                     Arg::I32(ring as i32),
                     Arg::Ptr(count.ptr),
                     Arg::Ptr(stats),
-                    Arg::Ptr(arrivals.ptr),
+                    Arg::Ptr(done.ptr),
                     Arg::Ptr(epoch.ptr),
                 ],
             )
