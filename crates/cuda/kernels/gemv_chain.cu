@@ -8,7 +8,7 @@
 // step's matrices to measure what the launch boundaries cost.
 //
 // One row per consumer warp (CH_WARPS rows a tile), lanes over the row's chunks as gemv_body
-// (the same bits as gemv_t1). Both formats have a scale per chunk.
+// (the same bits as gemv_t1), but in CHAIN_BIN (below). Both formats have a scale per chunk.
 //
 // The barrier count must be zero at the launch (the harness zeroes it in the same graph). Tiles
 // differ in size from one GEMV to the next, so the ring is a byte buffer (ByteRing).
@@ -41,6 +41,16 @@
 // L2 (the counts' look, their acquire, the staging) to its first tile, where the barrier form
 // pays one barrier a GEMV.
 
+// CHAIN_BIN multiplies as the decode's binary GEMVs (gemv_b1.cu) do, so that
+// the chain is measured with the decode kernels' arithmetic rather than the row-a-warp dp4a
+// sums: warp w takes chunks w, w + CH_WARPS, … of every row of a tile by binary MMAs against
+// the activations' plane words (built once a GEMV from the input, kept in registers), leaves
+// its partial sums of the tile's 16 rows in shared memory, and after a barrier of the consumers
+// warp 0 adds the warps' sums in order and writes the rows. The sums run in another order than
+// the decode kernel's (16 warps where it has 8), so the LM head is compared with it within a
+// tolerance rather than bit for bit. A tile's rows are copied one by one, each padded by 16
+// bytes, so that a fragment's lanes (row g, word t) fall in 32 different banks.
+//
 // ABLATE_FENCE (`NIWAKI_CUDA_ABLATE=fence`, a measurement only) leaves the signaller's fence
 // out, so that the time says what the fences cost.
 //
@@ -58,6 +68,7 @@
 #define CHAIN_FREE 2
 #define CHAIN_FLOW 3
 #define CHAIN_FLOW_SYNCED 4
+#define CHAIN_BIN 5
 // stats[block * CH_STATS + i]: [0] cycles the producer waited for room in the ring, [1] the
 // tiles it issued (a count), [2] cycles thread 0 (consumer warp 0) spent between GEMVs in the
 // consumers' block barriers and the grid barrier, [3] in staging the activations, [4] waiting
@@ -145,6 +156,157 @@ __device__ __forceinline__ u32 tiles_done(const u32* progress) {
 }
 
 #if __CUDA_ARCH__ >= 900
+// CHAIN_BIN's bytes from one row of a tile to the next in shared memory.
+__device__ __forceinline__ u32 bin_row_stride(int chunks) { return (u32)chunks * 16 + 16; }
+
+// CHAIN_BIN's arithmetic, the decode's binary GEMVs' a chunk (gemv_b1.cu): `load` builds warp
+// `warp`'s plane words of the input `xq` once a GEMV (loads of three chunks in flight at once),
+// `chunk` forms a chunk's terms of rows g and g + 8 against them before the rows' scales (the
+// activations' pairs (d, d·Σq) in `ssm`); bin_tile sums them over the warp's chunks.
+template <int FMT>
+struct BinChain;
+
+// A lane's view of a CHAIN_BIN tile in shared memory: word t of rows g and g + 8 of each chunk
+// and their scales, and the lane's part of the planes' weights as the decode kernels take it
+// (planes 2t and 2t + 1 weigh 2^2t and 2^(2t+1), the sign plane −128; Σq enters a row's sum
+// once, through lane t = 0).
+struct BinTile {
+    const unsigned char* a;
+    const u16* dp;
+    u32 rs;
+    int chunks, t, sgn;
+    float ysel;
+
+    __device__ __forceinline__ BinTile(const unsigned char* st, int chunks_, int lane)
+        : rs(bin_row_stride(chunks_)), chunks(chunks_), t(lane & 3) {
+        const int g = lane >> 2;
+        a = st + g * rs + 4 * t;
+        dp = (const u16*)(st + CH_WARPS * rs) + g * chunks;
+        sgn = t == 3 ? -2 : 2;
+        ysel = t == 0 ? 1.0f : 0.0f;
+    }
+
+    // Chunk c's words of rows g and g + 8.
+    __device__ __forceinline__ void words(int c, u32& a0, u32& a1) const {
+        a0 = *(const u32*)(a + c * 16);
+        a1 = *(const u32*)(a + 8 * rs + c * 16);
+    }
+
+    // Chunk c's scales of rows g and g + 8.
+    __device__ __forceinline__ float2 scales(int c) const {
+        return make_float2(h2f(dp[c]), h2f(dp[8 * chunks + c]));
+    }
+};
+
+// Both rows' sums over a quad's four lanes.
+__device__ __forceinline__ float2 quad_sums(float acc0, float acc1) {
+    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
+    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
+    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
+    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
+    return make_float2(acc0, acc1);
+}
+
+template <>
+struct BinChain<FMT_Q1> {
+    // ffn_down's 17408 columns are 136 1-bit chunks: 9 a warp at most.
+    static constexpr int J = 9;
+    // Plane g of the lane's 32 values, in the MMA of the chunk's group that holds them (lanes
+    // t < 2: the first 64 values), a zero in the other's.
+    u32 blo[J], bhi[J];
+
+    __device__ __forceinline__ void load(const uint4* __restrict__ xq, int chunks, int warp, int lane) {
+        const int g = lane >> 2, t = lane & 3;
+        constexpr int BATCH = 3;
+#pragma unroll
+        for (int j0 = 0; j0 < J; j0 += BATCH) {
+            uint4 x0[BATCH], x1[BATCH];
+#pragma unroll
+            for (int j = j0; j < j0 + BATCH; j++) {
+                const int cc = min(warp + CH_WARPS * j, chunks - 1);
+                x0[j - j0] = xq[cc * 8 + 2 * t];
+                x1[j - j0] = xq[cc * 8 + 2 * t + 1];
+            }
+#pragma unroll
+            for (int j = j0; j < j0 + BATCH; j++) {
+                const u32 b = warp + CH_WARPS * j < chunks ? plane_word(x0[j - j0], x1[j - j0], g) : 0u;
+                blo[j] = t < 2 ? b : 0u;
+                bhi[j] = t < 2 ? 0u : b;
+            }
+        }
+    }
+
+    // Chunk j's (c's) terms of rows g and g + 8 before their scales, as gemv_b1's consumers
+    // form them (the group's 2 of 2·Σ − Σq in k2).
+    __device__ __forceinline__ float2 chunk(const BinTile& v, const float2* ssm, int c, int j) const {
+        const float4 sc = ((const float4*)ssm)[c];
+        const float y = v.ysel * (sc.y + sc.w);
+        const float k2 = (float)(2 << (2 * v.t));
+        u32 a0, a1;
+        v.words(c, a0, a1);
+        int lo[4], hi[4];
+        bmma_and_popc(lo, a0, a1, blo[j]);
+        bmma_and_popc(hi, a0, a1, bhi[j]);
+        const float f0 = sc.x * (float)(lo[0] + v.sgn * lo[1]) + sc.z * (float)(hi[0] + v.sgn * hi[1]);
+        const float f1 = sc.x * (float)(lo[2] + v.sgn * lo[3]) + sc.z * (float)(hi[2] + v.sgn * hi[3]);
+        return make_float2(k2 * f0 - y, k2 * f1 - y);
+    }
+};
+
+template <>
+struct BinChain<FMT_Q2G64> {
+    // ffn_down's 17408 columns are 272 2-bit chunks: 17 a warp at most.
+    static constexpr int J = 17;
+    // Plane g of the lane's 16 values, each twice (plane_word2).
+    u32 bw[J];
+
+    __device__ __forceinline__ void load(const uint4* __restrict__ xq, int chunks, int warp, int lane) {
+        const int g = lane >> 2, t = lane & 3;
+        constexpr int BATCH = 3;
+#pragma unroll
+        for (int j0 = 0; j0 < J; j0 += BATCH) {
+            uint4 x[BATCH];
+#pragma unroll
+            for (int j = j0; j < j0 + BATCH && j < J; j++) x[j - j0] = xq[min(warp + CH_WARPS * j, chunks - 1) * 4 + t];
+#pragma unroll
+            for (int j = j0; j < j0 + BATCH && j < J; j++)
+                bw[j] = warp + CH_WARPS * j < chunks ? plane_word2(x[j - j0], g) : 0u;
+        }
+    }
+
+    // Chunk j's (c's) terms of rows g and g + 8 before their scales, as b2_consume's default
+    // (one MMA of k = 256 a chunk) forms them.
+    __device__ __forceinline__ float2 chunk(const BinTile& v, const float2* ssm, int c, int j) const {
+        const float2 sc = ssm[c];
+        const float ks = (float)(1 << (2 * v.t)) * sc.x, y = v.ysel * sc.y;
+        u32 a0, a1;
+        v.words(c, a0, a1);
+        int n[4];
+        bmma256_and_popc(n, a0, a1, a0, a1, bw[j] & 0xAAAAAAAAu, bw[j]);
+        return make_float2(ks * (float)(n[0] + v.sgn * n[1]) - y, ks * (float)(n[2] + v.sgn * n[3]) - y);
+    }
+};
+
+// Warp `warp`'s sums of its chunks of a tile's rows g and g + 8 (lane g·4 + t holds them after
+// the quad's sums), each chunk's terms weighed by its row scales as the decode kernels do.
+template <int FMT>
+__device__ __forceinline__ float2 bin_tile(const BinChain<FMT>& bin, const unsigned char* st, const float2* ssm,
+                                           int chunks, int warp, int lane) {
+    const BinTile v(st, chunks, lane);
+    float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < BinChain<FMT>::J; j++) {
+        const int c = warp + CH_WARPS * j;
+        if (c < chunks) {
+            const float2 f = bin.chunk(v, ssm, c, j);
+            const float2 d = v.scales(c);
+            acc0 += d.x * f.x;
+            acc1 += d.y * f.y;
+        }
+    }
+    return quad_sums(acc0, acc1);
+}
+
 // The producer's side of a byte ring of tiles of differing sizes, `SLOTS` tiles at most:
 // positions only grow, and tile k takes the next `bytes` of the ring (skipping its end where
 // they do not fit), once the tiles it overwrites are consumed (each tile's `empty` barrier, in
@@ -210,7 +372,10 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
             const ChainGemv m = gs[g];
             const int chunks = m.cols / CV;
             const u32 code_bytes = (u32)CH_WARPS * chunks * 16, scale_bytes = (u32)CH_WARPS * chunks * 2;
-            const u32 bytes = (code_bytes + scale_bytes + 127) & ~127u;
+            // CHAIN_BIN pads each row (bin_row_stride).
+            const u32 row_bytes = (u32)chunks * 16;
+            const u32 code_room = MODE == CHAIN_BIN ? (u32)CH_WARPS * bin_row_stride(chunks) : code_bytes;
+            const u32 bytes = (code_room + scale_bytes + 127) & ~127u;
             const int ntiles = (m.rows + CH_WARPS - 1) / CH_WARPS;
             for (int t = blockIdx.x; t < ntiles; t += gridDim.x, k++) {
                 const int s = k % CH_SLOTS;
@@ -221,8 +386,14 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
                 const u32 bar = smem_addr(&full[s]);
                 const u32 dst = smem_addr(ring + off);
                 mbar_expect_tx(bar, code_bytes + scale_bytes);
-                bulk_g2s(dst, m.codes + (size_t)t * code_bytes, code_bytes, bar);
-                bulk_g2s(dst + code_bytes, m.scales + (size_t)t * scale_bytes, scale_bytes, bar);
+                const unsigned char* src = m.codes + (size_t)t * code_bytes;
+                if (MODE == CHAIN_BIN) {
+                    for (int r = 0; r < CH_WARPS; r++)
+                        bulk_g2s(dst + r * bin_row_stride(chunks), src + r * row_bytes, row_bytes, bar);
+                } else {
+                    bulk_g2s(dst, src, code_bytes, bar);
+                }
+                bulk_g2s(dst + code_room, m.scales + (size_t)t * scale_bytes, scale_bytes, bar);
             }
         }
         if (stats) {
@@ -275,6 +446,11 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
     u64 in_barrier = 0, in_staging = 0, in_wait = 0;
     // This launch's epoch (raised before it), which its counts carry.
     const u32 epoch_now = FLOW ? *epoch : 0u;
+    // CHAIN_BIN: the warp's plane words of the current GEMV, and the warps' partial sums of a
+    // tile's rows (two tiles' worth, so that one barrier a tile keeps the writes of the next
+    // from the reads of this one), after the ring.
+    BinChain<FMT> bin;
+    float(*part)[CH_WARPS][16] = (float(*)[CH_WARPS][16])(ring + ring_bytes);
     for (int g = 0; g < ng; g++) {
         const ChainGemv m = gs[g];
         const int chunks = m.cols / CV;
@@ -290,8 +466,9 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
         float2* ssm = (float2*)(smem + m.cols);
         // CHAIN_FLOW's segments staged so far in this GEMV (the others stage before the tiles).
         int staged = 0;
-        if (MODE == CHAIN_DOT || MODE == CHAIN_SYNCED) {
+        if (MODE == CHAIN_DOT || MODE == CHAIN_SYNCED || MODE == CHAIN_BIN) {
             stage_chunks<CV, P>(xsm, ssm, m, chunks, 0, chunks, tid);
+            if (MODE == CHAIN_BIN) bin.load(m.xq, chunks, warp, lane);
             consumers_sync();
         }
         in_barrier += c1 - c0;
@@ -303,6 +480,24 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
             mbar_wait(smem_addr(&full[s]), (u32)(k / CH_SLOTS) & 1u);
             in_wait += clk(on) - w0;
             const unsigned char* st = ring + slot_off[s];
+            if constexpr (MODE == CHAIN_BIN) {
+                const float2 r = bin_tile(bin, st, ssm, chunks, warp, lane);
+                __syncwarp();
+                if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
+                if ((lane & 3) == 0) {
+                    part[k & 1][warp][lane >> 2] = r.x;
+                    part[k & 1][warp][(lane >> 2) + 8] = r.y;
+                }
+                consumers_sync();
+                const int row = t * CH_WARPS + lane;
+                if (warp == 0 && lane < CH_WARPS && row < m.rows) {
+                    float v = 0.0f;
+#pragma unroll
+                    for (int w = 0; w < CH_WARPS; w++) v += part[k & 1][w][lane];
+                    m.out[row] = m.accumulate ? v + m.out[row] : v;
+                }
+                continue;
+            }
             const uint4* wc = (const uint4*)st + (size_t)warp * chunks;
             const u16* ws = (const u16*)(st + code_bytes) + warp * chunks;
             float acc = 0.0f;
@@ -373,6 +568,8 @@ CHAIN_KERNEL(gemv_chain_q1_flow, FMT_Q1, CHAIN_FLOW)
 CHAIN_KERNEL(gemv_chain_q2g64_flow, FMT_Q2G64, CHAIN_FLOW)
 CHAIN_KERNEL(gemv_chain_q1_flow_synced, FMT_Q1, CHAIN_FLOW_SYNCED)
 CHAIN_KERNEL(gemv_chain_q2g64_flow_synced, FMT_Q2G64, CHAIN_FLOW_SYNCED)
+CHAIN_KERNEL(gemv_chain_q1_bin, FMT_Q1, CHAIN_BIN)
+CHAIN_KERNEL(gemv_chain_q2g64_bin, FMT_Q2G64, CHAIN_BIN)
 
 // A launch of CHAIN_FLOW's chain (or of each of its GEMVs) first raises the epoch by one, once
 // the launch before has ended (its blocks read the epoch at their start).

@@ -33,6 +33,27 @@ pub(crate) fn chain_probe(
     let free = g.time_gemv_chain(st, ChainMode::Free)?;
     let flow = g.time_gemv_chain(st, ChainMode::Flow)?;
     let flow_synced = g.time_gemv_chain(st, ChainMode::FlowSynced)?;
+    let binary = g.time_gemv_chain(st, ChainMode::Binary)?;
+    if let Some(b) = binary {
+        // The binary chain's sums run in another order than the binary decode GEMV's (16 warps'
+        // partial sums where it adds 8): float rounding, far below this bound, which any wrong
+        // product or row would exceed.
+        rep.check(
+            b.relative < 1e-4,
+            format!(
+                "{format}: the binary chain's LM head is {:.2e} (of its largest logit) from the binary decode GEMV's (must be < 1e-4)",
+                b.relative
+            ),
+        );
+        profiles.push(format!(
+            "\n{format} persistent-step probe with the decode's binary arithmetic (kernels/gemv_chain.cu CHAIN_BIN: binary MMAs against plane words, a warp's chunks of every row of a tile, a grid barrier between GEMVs), ms per replay: launched once per GEMV {:.3} ({:.0} GB/s), all in one launch {:.3} ({:.0} GB/s); the LM head after it {:.2e} of its largest logit from the binary decode GEMV's (must be < 1e-4)\n",
+            b.each * 1e3,
+            wb / b.each / 1e9,
+            b.once * 1e3,
+            wb / b.once / 1e9,
+            b.relative
+        ));
+    }
     if let (Some(c), Some(nd), Some(fr), Some(fl), Some(fs)) =
         (chain, synced, free, flow, flow_synced)
     {
@@ -77,7 +98,8 @@ pub(crate) fn chain_probe(
                 ("not multiplying, by segments", fs),
                 ("streaming alone", fr),
             ]
-                .iter()
+                .into_iter()
+                .chain(binary.map(|b| ("multiplying, binary MMAs", b)))
                 .map(|(name, t)| {
                     let w = &t.waits;
                     let f = |v: [f64; 2]| format!("{:.1} / {:.1}", v[0], v[1]);

@@ -20,6 +20,9 @@ pub enum ChainMode {
     /// As [`ChainMode::Flow`], releasing each tile unread: the dataflow's waits and staging
     /// without the arithmetic.
     FlowSynced,
+    /// Multiply as the decode's binary GEMVs do (binary MMAs against plane words), with the
+    /// grid barrier and the staging between GEMVs.
+    Binary,
 }
 
 impl ChainMode {
@@ -30,20 +33,24 @@ impl ChainMode {
             Self::Free => "_free",
             Self::Flow => "_flow",
             Self::FlowSynced => "_flow_synced",
+            Self::Binary => "_bin",
         }
     }
 }
 
 /// What the probe measured: seconds per replay of a graph launching it once per GEMV and of one
 /// launching it once for all; the GEMVs; how many logits of the last GEMV (the LM head, after
-/// the whole chain in one launch) differ in any bit from the decode kernel's (0 where not
-/// compared); and where the blocks waited in one more launch of the whole chain.
+/// the whole chain in one launch) differ in any bit from the dp4a decode kernel's (0 where not
+/// compared), or with [`ChainMode::Binary`] their largest difference from the binary decode
+/// kernel's over the largest of its logits' magnitudes (its sums run in another order); and
+/// where the blocks waited in one more launch of the whole chain.
 #[derive(Clone, Copy, Debug)]
 pub struct ChainTimes {
     pub each: f64,
     pub once: f64,
     pub gemvs: usize,
     pub differing: usize,
+    pub relative: f64,
     pub waits: ChainWaits,
 }
 
@@ -98,11 +105,12 @@ impl ChainWaits {
 }
 
 impl CudaModel {
-    /// The persistent-step probe (`kernels/gemv_chain.cu`, consumers a row a warp) on a decode
-    /// step's GEMVs in the step's order, in tiles of [`plan::CHAIN_WARPS`] rows; the consumers
-    /// as `mode` says (the logits compared only where they multiply). The
-    /// LM head is compared with the dp4a decode GEMV, whose arithmetic the probe's is. 1-bit
-    /// and 2-bit g64 weights only (else `None`). The outputs go where the step's would; the
+    /// The persistent-step probe (`kernels/gemv_chain.cu`) on a decode step's GEMVs in the
+    /// step's order, in tiles of [`plan::CHAIN_WARPS`] rows; the consumers as `mode` says (the
+    /// logits compared only where they multiply). The LM head is compared with the decode GEMV
+    /// whose arithmetic the mode's is: the dp4a kernel's bit for bit (consumers a row a warp),
+    /// the binary kernel's within rounding ([`ChainMode::Binary`]). 1-bit and 2-bit g64
+    /// weights only (else `None`). The outputs go where the step's would; the
     /// state's contents are meaningless afterwards.
     #[doc(hidden)]
     pub fn time_gemv_chain(
@@ -115,6 +123,7 @@ impl CudaModel {
             GpuFormat::Q2G64 => "q2g64",
             GpuFormat::Q2G128 => return Ok(None),
         };
+        let binary = mode == ChainMode::Binary;
         let kernel = format!("gemv_chain_{fmt}{}", mode.suffix());
         let g = &self.gpu;
         // One descriptor per GEMV (kernels/gemv_chain.cu's ChainGemv: 5 pointers, 3 ints and
@@ -131,7 +140,9 @@ impl CudaModel {
                 return Ok(None);
             }
             max_cols = max_cols.max(m.cols);
-            max_tile = max_tile.max(plan::chain_tile_bytes(m.format, m.cols));
+            // Binary pads each of a tile's rows by 16 bytes.
+            let pad = if binary { 16 * plan::CHAIN_WARPS } else { 0 };
+            max_tile = max_tile.max(plan::chain_tile_bytes(m.format, m.cols) + pad);
             desc.extend([m.codes.ptr, m.scales.ptr, io.xq, io.xs, io.out]);
             desc.push(m.rows as u64 | (m.cols as u64) << 32);
             desc.push(u64::from(io.accumulate));
@@ -147,7 +158,13 @@ impl CudaModel {
         let epoch = g.alloc(8, "chain epoch")?;
         let x_bytes = plan::x_bytes(max_cols, false);
         let smem = g.smem_limit.saturating_sub(plan::GEMV1_STATIC_SMEM);
-        let ring = smem.saturating_sub(x_bytes) / 128 * 128;
+        // Binary's partial sums of two tiles (16 rows by every consumer warp) after the ring.
+        let part = if binary {
+            2 * 4 * 16 * plan::CHAIN_WARPS
+        } else {
+            0
+        };
+        let ring = smem.saturating_sub(x_bytes + part) / 128 * 128;
         // The consumers, the producer and the flow modes' signaller.
         let threads = 32 * (plan::CHAIN_WARPS + 2);
         if ring < max_tile || g.blocks_per_sm(&kernel, threads, smem)? < 1 {
@@ -208,8 +225,8 @@ impl CudaModel {
         let mut counters = vec![0u64; plan::CHAIN_STATS * blocks];
         g.read(&st.stream, stats.ptr, &mut counters)?;
         let waits = ChainWaits::from_stats(&counters);
-        let mut differing = 0;
-        if matches!(mode, ChainMode::Dot | ChainMode::Flow) {
+        let (mut differing, mut relative) = (0, 0.0);
+        if matches!(mode, ChainMode::Dot | ChainMode::Flow | ChainMode::Binary) {
             let logits = |st: &CudaState| -> Result<Vec<u32>> {
                 let mut v = vec![0u32; self.dims.vocab];
                 g.read(&st.stream, st.s("logits"), &mut v)?;
@@ -218,7 +235,8 @@ impl CudaModel {
             before_chain()?;
             launch(0, n)?;
             let chained = logits(st)?;
-            let (b1, b2) = (g.set_b1(false), g.set_b2(false));
+            // The decode GEMV whose arithmetic the mode's is: the binary one, or dp4a.
+            let (was_b1, was_b2) = (g.set_b1(binary), g.set_b2(binary));
             let plain = self.exec(
                 st,
                 &Op::Gemv {
@@ -227,14 +245,26 @@ impl CudaModel {
                     out: Out::Logits { argmax: false },
                 },
             );
-            g.set_b1(b1);
-            g.set_b2(b2);
+            g.set_b1(was_b1);
+            g.set_b2(was_b2);
             plain?;
-            differing = chained
-                .iter()
-                .zip(&logits(st)?)
-                .filter(|(a, b)| a != b)
-                .count();
+            let plain = logits(st)?;
+            if binary {
+                let (mut diff, mut top) = (0.0f64, 0.0f64);
+                for (&a, &b) in chained.iter().zip(&plain) {
+                    let (a, b) = (f64::from(f32::from_bits(a)), f64::from(f32::from_bits(b)));
+                    // A NaN must not pass as a small difference.
+                    diff = if (a - b).is_nan() {
+                        f64::INFINITY
+                    } else {
+                        diff.max((a - b).abs())
+                    };
+                    top = top.max(b.abs());
+                }
+                relative = diff / top.max(f64::MIN_POSITIVE);
+            } else {
+                differing = chained.iter().zip(&plain).filter(|(a, b)| a != b).count();
+            }
         }
         st.stream.synchronize().ctx(|| "gemv chain".into())?;
         Ok(Some(ChainTimes {
@@ -242,6 +272,7 @@ impl CudaModel {
             once,
             gemvs: n,
             differing,
+            relative,
             waits,
         }))
     }
