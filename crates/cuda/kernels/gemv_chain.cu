@@ -124,12 +124,15 @@ __device__ __forceinline__ void wait_done(const u32* done, int hi, u32 epoch, in
 }
 
 // Chunks [c_lo, c_hi) of a GEMV's activations (`chunks` in all) into shared memory, piece-major
-// as to_piece_major puts them, with their groups' (d, d*sum q) pairs; the consumer threads share
+// as to_piece_major puts them (unless CODES is false: CHAIN_BIN takes its plane words from the
+// codes in global memory), with their groups' (d, d*sum q) pairs; the consumer threads share
 // the copy.
-template <int CV, int P>
+template <int CV, int P, bool CODES = true>
 __device__ __forceinline__ void stage_chunks(uint4* xsm, float2* ssm, const ChainGemv& m, int chunks, int c_lo,
                                              int c_hi, int tid) {
-    for (int idx = c_lo * P + tid; idx < c_hi * P; idx += CH_WARPS * 32) xsm[piece_major_slot<P>(idx, chunks)] = m.xq[idx];
+    if (CODES)
+        for (int idx = c_lo * P + tid; idx < c_hi * P; idx += CH_WARPS * 32)
+            xsm[piece_major_slot<P>(idx, chunks)] = m.xq[idx];
     for (int i = c_lo * CV / 64 + tid; i < c_hi * CV / 64; i += CH_WARPS * 32) ssm[i] = m.xs[i];
 }
 
@@ -165,6 +168,10 @@ __device__ __forceinline__ u32 bin_row_stride(int chunks) { return (u32)chunks *
 // activations' pairs (d, d·Σq) in `ssm`); bin_tile sums them over the warp's chunks.
 template <int FMT>
 struct BinChain;
+
+// A tile is one MMA row group (rows g and g + 8 of a quad's lanes), a row a consumer warp in
+// warp 0's sums.
+static_assert(CH_WARPS == 16, "CHAIN_BIN's tiles are 16 rows");
 
 // A lane's view of a CHAIN_BIN tile in shared memory: word t of rows g and g + 8 of each chunk
 // and their scales, and the lane's part of the planes' weights as the decode kernels take it
@@ -216,6 +223,8 @@ struct BinChain<FMT_Q1> {
     u32 blo[J], bhi[J];
 
     __device__ __forceinline__ void load(const uint4* __restrict__ xq, int chunks, int warp, int lane) {
+        // A wider row would lose its last chunks: stop rather than multiply part of it.
+        if (chunks > CH_WARPS * J) __trap();
         const int g = lane >> 2, t = lane & 3;
         constexpr int BATCH = 3;
 #pragma unroll
@@ -261,6 +270,7 @@ struct BinChain<FMT_Q2G64> {
     u32 bw[J];
 
     __device__ __forceinline__ void load(const uint4* __restrict__ xq, int chunks, int warp, int lane) {
+        if (chunks > CH_WARPS * J) __trap();
         const int g = lane >> 2, t = lane & 3;
         constexpr int BATCH = 3;
 #pragma unroll
@@ -467,7 +477,7 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
         // CHAIN_FLOW's segments staged so far in this GEMV (the others stage before the tiles).
         int staged = 0;
         if (MODE == CHAIN_DOT || MODE == CHAIN_SYNCED || MODE == CHAIN_BIN) {
-            stage_chunks<CV, P>(xsm, ssm, m, chunks, 0, chunks, tid);
+            stage_chunks<CV, P, MODE != CHAIN_BIN>(xsm, ssm, m, chunks, 0, chunks, tid);
             if (MODE == CHAIN_BIN) bin.load(m.xq, chunks, warp, lane);
             consumers_sync();
         }
@@ -481,6 +491,11 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
             in_wait += clk(on) - w0;
             const unsigned char* st = ring + slot_off[s];
             if constexpr (MODE == CHAIN_BIN) {
+                const int row = t * CH_WARPS + lane;
+                const bool writes = warp == 0 && lane < CH_WARPS && row < m.rows;
+                // The row's earlier value, where the product adds to it, asked for before the
+                // tile's arithmetic, so that its round trip to L2 overlaps it (as b1_produce).
+                const float prior = writes && m.accumulate ? m.out[row] : 0.0f;
                 const float2 r = bin_tile(bin, st, ssm, chunks, warp, lane);
                 __syncwarp();
                 if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
@@ -489,12 +504,11 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
                     part[k & 1][warp][(lane >> 2) + 8] = r.y;
                 }
                 consumers_sync();
-                const int row = t * CH_WARPS + lane;
-                if (warp == 0 && lane < CH_WARPS && row < m.rows) {
+                if (writes) {
                     float v = 0.0f;
 #pragma unroll
                     for (int w = 0; w < CH_WARPS; w++) v += part[k & 1][w][lane];
-                    m.out[row] = m.accumulate ? v + m.out[row] : v;
+                    m.out[row] = m.accumulate ? v + prior : v;
                 }
                 continue;
             }

@@ -34,6 +34,11 @@ pub(crate) fn chain_probe(
     let flow = g.time_gemv_chain(st, ChainMode::Flow)?;
     let flow_synced = g.time_gemv_chain(st, ChainMode::FlowSynced)?;
     let binary = g.time_gemv_chain(st, ChainMode::Binary)?;
+    // The binary chain runs wherever the others do; a skipped one must not pass unseen.
+    rep.check(
+        binary.is_some() || chain.is_none(),
+        format!("{format}: the binary chain did not run (its ring or block does not fit)"),
+    );
     if let Some(b) = binary {
         // The binary chain's sums run in another order than the binary decode GEMV's (16 warps'
         // partial sums where it adds 8): float rounding, far below this bound, which any wrong
