@@ -162,10 +162,10 @@ __device__ __forceinline__ u32 tiles_done(const u32* progress) {
 // CHAIN_BIN's bytes from one row of a tile to the next in shared memory.
 __device__ __forceinline__ u32 bin_row_stride(int chunks) { return (u32)chunks * 16 + 16; }
 
-// CHAIN_BIN's arithmetic, the decode's binary GEMVs' a chunk (gemv_b1.cu): `load` builds warp
-// `warp`'s plane words of the input `xq` once a GEMV (loads of three chunks in flight at once),
-// `chunk` forms a chunk's terms of rows g and g + 8 against them before the rows' scales (the
-// activations' pairs (d, d·Σq) in `ssm`); bin_tile sums them over the warp's chunks.
+// CHAIN_BIN's arithmetic, the decode's binary GEMVs' a chunk (gemv_b1.cu): `fetch` loads a
+// lane's activation codes of a chunk and `set` makes them the chunk's plane words (bin_load,
+// once a GEMV), `chunk` forms a chunk's terms of rows g and g + 8 against them before the rows'
+// scales (the activations' pairs (d, d·Σq) in `ssm`); bin_tile sums them over the warp's chunks.
 template <int FMT>
 struct BinChain;
 
@@ -222,27 +222,17 @@ struct BinChain<FMT_Q1> {
     // t < 2: the first 64 values), a zero in the other's.
     u32 blo[J], bhi[J];
 
-    __device__ __forceinline__ void load(const uint4* __restrict__ xq, int chunks, int warp, int lane) {
-        // A wider row would lose its last chunks: stop rather than multiply part of it.
-        if (chunks > CH_WARPS * J) __trap();
-        const int g = lane >> 2, t = lane & 3;
-        constexpr int BATCH = 3;
-#pragma unroll
-        for (int j0 = 0; j0 < J; j0 += BATCH) {
-            uint4 x0[BATCH], x1[BATCH];
-#pragma unroll
-            for (int j = j0; j < j0 + BATCH; j++) {
-                const int cc = min(warp + CH_WARPS * j, chunks - 1);
-                x0[j - j0] = xq[cc * 8 + 2 * t];
-                x1[j - j0] = xq[cc * 8 + 2 * t + 1];
-            }
-#pragma unroll
-            for (int j = j0; j < j0 + BATCH; j++) {
-                const u32 b = warp + CH_WARPS * j < chunks ? plane_word(x0[j - j0], x1[j - j0], g) : 0u;
-                blo[j] = t < 2 ? b : 0u;
-                bhi[j] = t < 2 ? 0u : b;
-            }
-        }
+    // The lane's 32 activation bytes of chunk c (values 32t … 32t + 31).
+    struct Input {
+        uint4 lo, hi;
+    };
+    __device__ __forceinline__ static Input fetch(const uint4* __restrict__ xq, int c, int t) {
+        return Input{xq[c * 8 + 2 * t], xq[c * 8 + 2 * t + 1]};
+    }
+    __device__ __forceinline__ void set(int j, const Input& x, bool valid, int g, int t) {
+        const u32 b = valid ? plane_word(x.lo, x.hi, g) : 0u;
+        blo[j] = t < 2 ? b : 0u;
+        bhi[j] = t < 2 ? 0u : b;
     }
 
     // Chunk j's (c's) terms of rows g and g + 8 before their scales, as gemv_b1's consumers
@@ -269,19 +259,11 @@ struct BinChain<FMT_Q2G64> {
     // Plane g of the lane's 16 values, each twice (plane_word2).
     u32 bw[J];
 
-    __device__ __forceinline__ void load(const uint4* __restrict__ xq, int chunks, int warp, int lane) {
-        if (chunks > CH_WARPS * J) __trap();
-        const int g = lane >> 2, t = lane & 3;
-        constexpr int BATCH = 3;
-#pragma unroll
-        for (int j0 = 0; j0 < J; j0 += BATCH) {
-            uint4 x[BATCH];
-#pragma unroll
-            for (int j = j0; j < j0 + BATCH && j < J; j++) x[j - j0] = xq[min(warp + CH_WARPS * j, chunks - 1) * 4 + t];
-#pragma unroll
-            for (int j = j0; j < j0 + BATCH && j < J; j++)
-                bw[j] = warp + CH_WARPS * j < chunks ? plane_word2(x[j - j0], g) : 0u;
-        }
+    // The lane's 16 activation bytes of chunk c (values 16t … 16t + 15).
+    using Input = uint4;
+    __device__ __forceinline__ static Input fetch(const uint4* __restrict__ xq, int c, int t) { return xq[c * 4 + t]; }
+    __device__ __forceinline__ void set(int j, const Input& x, bool valid, int g, int t) {
+        bw[j] = valid ? plane_word2(x, g) : 0u;
     }
 
     // Chunk j's (c's) terms of rows g and g + 8 before their scales, as b2_consume's default
@@ -296,6 +278,26 @@ struct BinChain<FMT_Q2G64> {
         return make_float2(ks * (float)(n[0] + v.sgn * n[1]) - y, ks * (float)(n[2] + v.sgn * n[3]) - y);
     }
 };
+
+// Warp `warp`'s plane words of the input `xq`, built once a GEMV, the loads of three chunks in
+// flight at once.
+template <int FMT>
+__device__ __forceinline__ void bin_load(BinChain<FMT>& bin, const uint4* __restrict__ xq, int chunks, int warp,
+                                         int lane) {
+    constexpr int J = BinChain<FMT>::J, BATCH = 3;
+    // A wider row would lose its last chunks: stop rather than multiply part of it.
+    if (chunks > CH_WARPS * J) __trap();
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j0 = 0; j0 < J; j0 += BATCH) {
+        typename BinChain<FMT>::Input x[BATCH];
+#pragma unroll
+        for (int j = j0; j < j0 + BATCH && j < J; j++)
+            x[j - j0] = BinChain<FMT>::fetch(xq, min(warp + CH_WARPS * j, chunks - 1), t);
+#pragma unroll
+        for (int j = j0; j < j0 + BATCH && j < J; j++) bin.set(j, x[j - j0], warp + CH_WARPS * j < chunks, g, t);
+    }
+}
 
 // Warp `warp`'s sums of its chunks of a tile's rows g and g + 8 (lane g·4 + t holds them after
 // the quad's sums), each chunk's terms weighed by its row scales as the decode kernels do.
@@ -478,7 +480,7 @@ __device__ __forceinline__ void chain_body(const ChainGemv* __restrict__ gs, int
         int staged = 0;
         if (MODE == CHAIN_DOT || MODE == CHAIN_SYNCED || MODE == CHAIN_BIN) {
             stage_chunks<CV, P, MODE != CHAIN_BIN>(xsm, ssm, m, chunks, 0, chunks, tid);
-            if (MODE == CHAIN_BIN) bin.load(m.xq, chunks, warp, lane);
+            if (MODE == CHAIN_BIN) bin_load(bin, m.xq, chunks, warp, lane);
             consumers_sync();
         }
         in_barrier += c1 - c0;

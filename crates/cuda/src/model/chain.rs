@@ -131,6 +131,8 @@ impl CudaModel {
         let mut desc: Vec<u64> = Vec::new();
         let mut max_cols = 0;
         let mut max_tile = 0;
+        // Binary pads each of a tile's rows by 16 bytes.
+        let pad = if binary { 16 * plan::CHAIN_WARPS } else { 0 };
         for op in forward_ops(&self.dims, 1, Head::Last, true, Fusion::default()) {
             let Op::Gemv { mat, out, .. } = op else {
                 continue;
@@ -140,8 +142,6 @@ impl CudaModel {
                 return Ok(None);
             }
             max_cols = max_cols.max(m.cols);
-            // Binary pads each of a tile's rows by 16 bytes.
-            let pad = if binary { 16 * plan::CHAIN_WARPS } else { 0 };
             max_tile = max_tile.max(plan::chain_tile_bytes(m.format, m.cols) + pad);
             desc.extend([m.codes.ptr, m.scales.ptr, io.xq, io.xs, io.out]);
             desc.push(m.rows as u64 | (m.cols as u64) << 32);
