@@ -36,12 +36,9 @@ const KNOBS: &[(&str, Takes)] = &[
     // MMAs alone or the counts' scaling alone) or every residual GEMV without its norm's fold.
     // The results are wrong; the time says what that part costs. `watch` takes nothing out: in
     // traced builds a binary GEMV's producer watches its ring's first tile before its wait.
-    // `fence`: the persistent-step probe's signalling warps count tiles without the GPU-scope
-    // fence that orders them after the rows (the probe's inputs do not change, so its outputs
-    // stay right; only the ordering is lost).
     (
         "NIWAKI_CUDA_ABLATE",
-        Takes::OneOf(&["planes", "mma", "mmaop", "fp", "fold", "watch", "fence"]),
+        Takes::OneOf(&["planes", "mma", "mmaop", "fp", "fold", "watch"]),
     ),
     ("NIWAKI_CUDA_ATTN_SHORT", Takes::Number),
     ("NIWAKI_CUDA_ATTN_TILE", Takes::OneOf(&ATTN_TILES)),
@@ -218,7 +215,6 @@ mod tests {
         assert!(one("NIWAKI_CUDA_EARLY_TILES", "2").is_ok());
         assert!(one("NIWAKI_CUDA_ABLATE", "mma").is_ok());
         assert!(one("NIWAKI_CUDA_ABLATE", "watch").is_ok());
-        assert!(one("NIWAKI_CUDA_ABLATE", "fence").is_ok());
         assert!(one("NIWAKI_CUDA_ABLATE", "").is_err());
         assert!(one("NIWAKI_CUDA_ABLATE", "norm").is_err());
         assert!(one("NIWAKI_CUDA_SKIP", "gdn+swiglu").is_ok());

@@ -64,7 +64,7 @@ pub const SOURCES: [(&str, &str, usize); 17] = [
 pub const PARTS: usize = 5;
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 141] = [
+pub const KERNELS: [&str; 134] = [
     "read_sum",
     "pdl_spin",
     "pdl_copy",
@@ -158,13 +158,6 @@ pub const KERNELS: [&str; 141] = [
     "gemv_chain_q2g64_synced",
     "gemv_chain_q1_free",
     "gemv_chain_q2g64_free",
-    "gemv_chain_q1_flow",
-    "gemv_chain_q2g64_flow",
-    "gemv_chain_q1_flow_synced",
-    "gemv_chain_q2g64_flow_synced",
-    "gemv_chain_q1_bin",
-    "gemv_chain_q2g64_bin",
-    "gemv_chain_epoch",
     "b1_tile_image",
     "gemm_q1_m1",
     "gemm_q1_m2",

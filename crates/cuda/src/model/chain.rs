@@ -13,16 +13,6 @@ pub enum ChainMode {
     Synced,
     /// Release each tile unread, with neither: the ring's streaming alone.
     Free,
-    /// Multiply, with no grid barrier: each GEMV's input staged by segments, each once the
-    /// previous GEMV's tiles that would produce it are counted done (by each block's
-    /// signalling warp).
-    Flow,
-    /// As [`ChainMode::Flow`], releasing each tile unread: the dataflow's waits and staging
-    /// without the arithmetic.
-    FlowSynced,
-    /// Multiply as the decode's binary GEMVs do (binary MMAs against plane words), with the
-    /// grid barrier and the staging between GEMVs.
-    Binary,
 }
 
 impl ChainMode {
@@ -31,26 +21,20 @@ impl ChainMode {
             Self::Dot => "",
             Self::Synced => "_synced",
             Self::Free => "_free",
-            Self::Flow => "_flow",
-            Self::FlowSynced => "_flow_synced",
-            Self::Binary => "_bin",
         }
     }
 }
 
 /// What the probe measured: seconds per replay of a graph launching it once per GEMV and of one
 /// launching it once for all; the GEMVs; how many logits of the last GEMV (the LM head, after
-/// the whole chain in one launch) differ in any bit from the dp4a decode kernel's (0 where not
-/// compared), or with [`ChainMode::Binary`] their largest difference from the binary decode
-/// kernel's over the largest of its logits' magnitudes (its sums run in another order); and
-/// where the blocks waited in one more launch of the whole chain.
+/// the whole chain in one launch) differ in any bit from the decode kernel's (0 where not
+/// compared); and where the blocks waited in one more launch of the whole chain.
 #[derive(Clone, Copy, Debug)]
 pub struct ChainTimes {
     pub each: f64,
     pub once: f64,
     pub gemvs: usize,
     pub differing: usize,
-    pub relative: f64,
     pub waits: ChainWaits,
 }
 
@@ -62,8 +46,7 @@ pub struct ChainWaits {
     pub producer: [f64; 2],
     /// Tiles a block's producer issued.
     pub tiles: [f64; 2],
-    /// Consumer warp 0 between GEMVs, in the consumers' block barriers and the grid barrier
-    /// (in the flow modes, waiting for its segments' producers and in the barriers after).
+    /// Consumer warp 0 between GEMVs, in the consumers' block barriers and the grid barrier.
     pub barrier: [f64; 2],
     /// Consumer warp 0 staging the activations.
     pub staging: [f64; 2],
@@ -73,8 +56,6 @@ pub struct ChainWaits {
     pub block: [f64; 2],
     /// The multiprocessors' clock (GHz), mean and largest.
     pub clock_ghz: [f64; 2],
-    /// The signalling warp's GPU-scope fences (the flow modes; 0 in the others).
-    pub fences: [f64; 2],
 }
 
 impl ChainWaits {
@@ -99,18 +80,16 @@ impl ChainWaits {
             tile_wait: per(&us(4)),
             block: per(&|b| b[5] as f64 / 1e3),
             clock_ghz: per(&ghz),
-            fences: per(&|b| b[7] as f64),
         }
     }
 }
 
 impl CudaModel {
-    /// The persistent-step probe (`kernels/gemv_chain.cu`) on a decode step's GEMVs in the
-    /// step's order, in tiles of [`plan::CHAIN_WARPS`] rows; the consumers as `mode` says (the
-    /// logits compared only where they multiply). The LM head is compared with the decode GEMV
-    /// whose arithmetic the mode's is: the dp4a kernel's bit for bit (consumers a row a warp),
-    /// the binary kernel's within rounding ([`ChainMode::Binary`]). 1-bit and 2-bit g64
-    /// weights only (else `None`). The outputs go where the step's would; the
+    /// The persistent-step probe (`kernels/gemv_chain.cu`, consumers a row a warp) on a decode
+    /// step's GEMVs in the step's order, in tiles of [`plan::CHAIN_WARPS`] rows; the consumers
+    /// as `mode` says (the logits compared only where they multiply). The
+    /// LM head is compared with the dp4a decode GEMV, whose arithmetic the probe's is. 1-bit
+    /// and 2-bit g64 weights only (else `None`). The outputs go where the step's would; the
     /// state's contents are meaningless afterwards.
     #[doc(hidden)]
     pub fn time_gemv_chain(
@@ -123,16 +102,12 @@ impl CudaModel {
             GpuFormat::Q2G64 => "q2g64",
             GpuFormat::Q2G128 => return Ok(None),
         };
-        let binary = mode == ChainMode::Binary;
         let kernel = format!("gemv_chain_{fmt}{}", mode.suffix());
         let g = &self.gpu;
-        // One descriptor per GEMV (kernels/gemv_chain.cu's ChainGemv: 5 pointers, 3 ints and
-        // the padding to 56 bytes).
+        // One descriptor per GEMV (kernels/gemv_chain.cu's ChainGemv: 5 pointers, 4 ints).
         let mut desc: Vec<u64> = Vec::new();
         let mut max_cols = 0;
         let mut max_tile = 0;
-        // Binary pads each of a tile's rows by 16 bytes.
-        let pad = if binary { 16 * plan::CHAIN_WARPS } else { 0 };
         for op in forward_ops(&self.dims, 1, Head::Last, true, Fusion::default()) {
             let Op::Gemv { mat, out, .. } = op else {
                 continue;
@@ -142,7 +117,7 @@ impl CudaModel {
                 return Ok(None);
             }
             max_cols = max_cols.max(m.cols);
-            max_tile = max_tile.max(plan::chain_tile_bytes(m.format, m.cols) + pad);
+            max_tile = max_tile.max(plan::chain_tile_bytes(m.format, m.cols));
             desc.extend([m.codes.ptr, m.scales.ptr, io.xq, io.xs, io.out]);
             desc.push(m.rows as u64 | (m.cols as u64) << 32);
             desc.push(u64::from(io.accumulate));
@@ -150,26 +125,14 @@ impl CudaModel {
         let n = desc.len() / 7;
         let descs = g.upload(&desc, "chain descriptors")?;
         let count = g.alloc(8, "chain barrier")?;
-        let blocks = g.info.multiprocessors.max(1) as usize;
-        // The flow modes' counts (a block's finished tiles of each GEMV, tagged with the
-        // launch's epoch) and the epoch, which each launch of the chain (or of each of its
-        // GEMVs) raises first.
-        let done = g.alloc(4 * n * blocks, "chain counts")?;
-        let epoch = g.alloc(8, "chain epoch")?;
         let x_bytes = plan::x_bytes(max_cols, false);
         let smem = g.smem_limit.saturating_sub(plan::GEMV1_STATIC_SMEM);
-        // Binary's partial sums of two tiles (16 rows by every consumer warp) after the ring.
-        let part = if binary {
-            2 * 4 * 16 * plan::CHAIN_WARPS
-        } else {
-            0
-        };
-        let ring = smem.saturating_sub(x_bytes + part) / 128 * 128;
-        // The consumers, the producer and the flow modes' signaller.
-        let threads = 32 * (plan::CHAIN_WARPS + 2);
+        let ring = smem.saturating_sub(x_bytes) / 128 * 128;
+        let threads = 32 * (plan::CHAIN_WARPS + 1);
         if ring < max_tile || g.blocks_per_sm(&kernel, threads, smem)? < 1 {
             return Ok(None);
         }
+        let blocks = g.info.multiprocessors.max(1) as usize;
         let grid = (blocks as u32, 1, 1);
         let stats = g.alloc(8 * plan::CHAIN_STATS * blocks, "chain counters")?;
         let launch_with = |first: usize, ng: usize, stats: u64| {
@@ -186,24 +149,11 @@ impl CudaModel {
                     Arg::I32(ring as i32),
                     Arg::Ptr(count.ptr),
                     Arg::Ptr(stats),
-                    Arg::Ptr(done.ptr),
-                    Arg::Ptr(epoch.ptr),
                 ],
             )
         };
         let launch = |first: usize, ng: usize| launch_with(first, ng, 0);
-        let bump = || {
-            g.launch(
-                &st.stream,
-                "gemv_chain_epoch",
-                (1, 1, 1),
-                (32, 1, 1),
-                &[Arg::Ptr(epoch.ptr)],
-            )
-        };
-        // Before each launch of the whole chain: the epoch raised, the barrier's count zeroed.
-        let before_chain = || {
-            bump()?;
+        let zero = || {
             g.launch(
                 &st.stream,
                 "fill_u64",
@@ -212,31 +162,27 @@ impl CudaModel {
                 &[Arg::Ptr(count.ptr), Arg::I32(1), Arg::U64(0)],
             )
         };
-        let each = self.time_graph(st, || {
-            bump()?;
-            (0..n).try_for_each(|i| launch(i, 1))
-        })?;
+        let each = self.time_graph(st, || (0..n).try_for_each(|i| launch(i, 1)))?;
         let once = self.time_graph(st, || {
-            before_chain()?;
+            zero()?;
             launch(0, n)
         })?;
-        before_chain()?;
+        zero()?;
         launch_with(0, n, stats.ptr)?;
         let mut counters = vec![0u64; plan::CHAIN_STATS * blocks];
         g.read(&st.stream, stats.ptr, &mut counters)?;
         let waits = ChainWaits::from_stats(&counters);
-        let (mut differing, mut relative) = (0, 0.0);
-        if matches!(mode, ChainMode::Dot | ChainMode::Flow | ChainMode::Binary) {
+        let mut differing = 0;
+        if mode == ChainMode::Dot {
             let logits = |st: &CudaState| -> Result<Vec<u32>> {
                 let mut v = vec![0u32; self.dims.vocab];
                 g.read(&st.stream, st.s("logits"), &mut v)?;
                 Ok(v)
             };
-            before_chain()?;
+            zero()?;
             launch(0, n)?;
             let chained = logits(st)?;
-            // The decode GEMV whose arithmetic the mode's is: the binary one, or dp4a.
-            let (was_b1, was_b2) = (g.set_b1(binary), g.set_b2(binary));
+            let (b1, b2) = (g.set_b1(false), g.set_b2(false));
             let plain = self.exec(
                 st,
                 &Op::Gemv {
@@ -245,26 +191,14 @@ impl CudaModel {
                     out: Out::Logits { argmax: false },
                 },
             );
-            g.set_b1(was_b1);
-            g.set_b2(was_b2);
+            g.set_b1(b1);
+            g.set_b2(b2);
             plain?;
-            let plain = logits(st)?;
-            if binary {
-                let (mut diff, mut top) = (0.0f64, 0.0f64);
-                for (&a, &b) in chained.iter().zip(&plain) {
-                    let (a, b) = (f64::from(f32::from_bits(a)), f64::from(f32::from_bits(b)));
-                    // A NaN must not pass as a small difference.
-                    diff = if (a - b).is_nan() {
-                        f64::INFINITY
-                    } else {
-                        diff.max((a - b).abs())
-                    };
-                    top = top.max(b.abs());
-                }
-                relative = diff / top.max(f64::MIN_POSITIVE);
-            } else {
-                differing = chained.iter().zip(&plain).filter(|(a, b)| a != b).count();
-            }
+            differing = chained
+                .iter()
+                .zip(&logits(st)?)
+                .filter(|(a, b)| a != b)
+                .count();
         }
         st.stream.synchronize().ctx(|| "gemv chain".into())?;
         Ok(Some(ChainTimes {
@@ -272,7 +206,6 @@ impl CudaModel {
             once,
             gemvs: n,
             differing,
-            relative,
             waits,
         }))
     }
