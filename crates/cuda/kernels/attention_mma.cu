@@ -13,7 +13,11 @@
 // (K then V rows, padded by 16 bytes so that ldmatrix's eight rows fall in distinct banks), the
 // queries (hi, lo: [8][HD + 8] f16) and each warp's P^T (hi, lo: [8][24] f16). The rings are reused
 // for the merge of the warps.
+// Warps of a q8_0 block (MW_WARPS) and of an f16 one (AM_WARPS, from the host).
 #define MW_WARPS 2
+#ifndef AM_WARPS
+#error "AM_WARPS must be defined by the host (plan/attention.rs: ATTN_MMA_WARPS)"
+#endif
 #define MW_TILE 16
 #ifndef AM_STAGES
 #error "AM_STAGES must be defined by the host (plan/attention.rs: ATTN_MMA_STAGES)"
@@ -81,7 +85,7 @@ __device__ __forceinline__ void mma_softmax(const float (&s)[4], float scale, bo
 // landed) into the split's partial rows. o, m, l as the loops leave them: o[mt] rows gid and
 // gid + 8 are dims 16·mt + gid and + 8, or with PAIRED 16·mt + 2·gid and + 1; heads 2·tig
 // and 2·tig + 1.
-template <bool PAIRED>
+template <bool PAIRED, int WARPS>
 __device__ __forceinline__ void attn_mma_finish(float (&o)[HD / 16][4], float m0, float m1, float l0, float l1,
                                                 float* __restrict__ part, int t, int kvh, int sp, int nsplit) {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -91,10 +95,10 @@ __device__ __forceinline__ void attn_mma_finish(float (&o)[HD / 16][4], float m0
         l0 += __shfl_xor_sync(0xffffffffu, l0, off);
         l1 += __shfl_xor_sync(0xffffffffu, l1, off);
     }
-    // Merge the warps: the rings become [MW_WARPS][GQA][HD] accumulators and (m, l) pairs.
+    // Merge the warps: the rings become [WARPS][GQA][HD] accumulators and (m, l) pairs.
     __syncthreads();
     float* sm_acc = (float*)smem;
-    float* sm_ml = sm_acc + MW_WARPS * GQA * HD;
+    float* sm_ml = sm_acc + WARPS * GQA * HD;
     const int h0 = 2 * tig, h1 = 2 * tig + 1;
 #pragma unroll
     for (int mt = 0; mt < HD / 16; mt++) {
@@ -119,30 +123,30 @@ __device__ __forceinline__ void attn_mma_finish(float (&o)[HD / 16][4], float m0
         }
     }
     __syncthreads();
-    attn_merge_warps(sm_acc, sm_ml, MW_WARPS, part, t, kvh, sp, nsplit);
+    attn_merge_warps(sm_acc, sm_ml, WARPS, part, t, kvh, sp, nsplit);
 }
 #endif
 
-// grid (NKV, nsplit, ntok), block MW_WARPS warps. part: as attn_split's.
-ENTRY __global__ void __launch_bounds__(MW_WARPS * 32)
+// grid (NKV, nsplit, ntok), block AM_WARPS warps. part: as attn_split's.
+ENTRY __global__ void __launch_bounds__(AM_WARPS * 32)
     attn_split_mma(const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,
                    const u16* __restrict__ ks, const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,
                    float scale, int nsplit, float* __restrict__ part) {
 #if __CUDA_ARCH__ >= 800
     constexpr int STAGE = 2 * MW_TILE * MW_ROW;
     extern __shared__ __align__(16) unsigned char smem[];
-    u16* qh = (u16*)(smem + MW_WARPS * MW_STAGES * STAGE);
+    u16* qh = (u16*)(smem + AM_WARPS * MW_STAGES * STAGE);
     u16* ql = qh + 8 * MW_QROW;
     PDL_ENTRY();
     const int kvh = blockIdx.x, sp = blockIdx.y, t = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
     int p0, p1, mine;
-    if (!attn_split_range(pos_ptr, t, sp, nsplit, MW_TILE, MW_WARPS, warp, &p0, &p1, &mine)) return;
+    if (!attn_split_range(pos_ptr, t, sp, nsplit, MW_TILE, AM_WARPS, warp, &p0, &p1, &mine)) return;
     unsigned char* ring = smem + warp * MW_STAGES * STAGE;
     u16* pth = ql + 8 * MW_QROW + warp * 2 * 8 * MW_PROW;
     u16* ptl = pth + 8 * MW_PROW;
     const unsigned char *kb = (const unsigned char*)kc, *vb = (const unsigned char*)vc;
-    auto tile_pos = [&](int i) { return p0 + (warp + i * MW_WARPS) * MW_TILE; };
+    auto tile_pos = [&](int i) { return p0 + (warp + i * AM_WARPS) * MW_TILE; };
     auto copy = [&](int i) {
         unsigned char* st = ring + (i % MW_STAGES) * STAGE;
         const int p = tile_pos(i);
@@ -218,7 +222,7 @@ ENTRY __global__ void __launch_bounds__(MW_WARPS * 32)
         __syncwarp();
     }
     cp_async_wait<0>();
-    attn_mma_finish<false>(o, m0, m1, l0, l1, part, t, kvh, sp, nsplit);
+    attn_mma_finish<false, AM_WARPS>(o, m0, m1, l0, l1, part, t, kvh, sp, nsplit);
 #else
     __trap();
 #endif
@@ -440,7 +444,7 @@ ENTRY __global__ void __launch_bounds__(MW_WARPS * 32)
         o[mt][2] *= u;
         o[mt][3] *= u;
     }
-    attn_mma_finish<true>(o, m0, m1, l0, l1, part, t, kvh, sp, nsplit);
+    attn_mma_finish<true, MW_WARPS>(o, m0, m1, l0, l1, part, t, kvh, sp, nsplit);
 #else
     __trap();
 #endif

@@ -45,12 +45,17 @@ pub const ATTN_RING_POSITIONS_SMALL: usize = 8;
 /// Upper bound of the attention-split kernels' static shared memory (their per-warp scores and
 /// weights: 4 × (8 × 8 + 8) floats at most).
 pub const ATTN_STATIC_SMEM: usize = 1152;
-/// Warps of a tensor-core attention-split block, positions per warp tile, tiles per ring of the
-/// f16 kernel and of the q8_0 one (the kernels' MW_WARPS, MW_TILE, AM_STAGES, AQ_STAGES). The
-/// q8_0 ring holds tiles as cached (codes and scales): two stages keep four blocks of two warps
-/// on an H200 multiprocessor (three stages, three blocks: its arithmetic, not the bytes in
-/// flight, bounded it).
-pub const ATTN_MMA_WARPS: usize = 2;
+/// Warps of a tensor-core attention-split block, f16 and q8_0 (the kernels' AM_WARPS and
+/// MW_WARPS), positions per warp tile, tiles per ring of the f16 kernel and of the q8_0 one
+/// (MW_TILE, AM_STAGES, AQ_STAGES). The f16 blocks' rings bound them to two a multiprocessor,
+/// so three warps a block give a multiprocessor six warps where two gave four: waiting on its
+/// loads with one warp a scheduler, the split read the cache at 2.1 TB/s (Nsight Compute, H100,
+/// 27B at 32k positions), and decode there went 302.3 → 306.2 tok/s (Q1_0, f16 cache, one
+/// round). The q8_0 ring holds tiles as cached (codes and scales): two stages keep four blocks
+/// of two warps on an H200 multiprocessor (three stages, three blocks: its arithmetic, not the
+/// bytes in flight, bounded it); its 255 registers leave no room for a third warp.
+pub const ATTN_MMA_WARPS: usize = 3;
+pub const ATTN_Q8_MMA_WARPS: usize = 2;
 pub const ATTN_MMA_TILE: usize = 16;
 pub const ATTN_MMA_STAGES: usize = 2;
 pub const ATTN_Q8_MMA_STAGES: usize = 2;
@@ -121,11 +126,11 @@ pub fn attn_split_launch(d: &Dims, kv: KvCache, tile: usize, ring: usize) -> Att
         threads: 32 * ATTN_WARPS,
         smem_bytes: (ATTN_WARPS * ring * 2 * row).max(merge(ATTN_WARPS)),
     };
-    let w = ATTN_MMA_WARPS;
     // The tensor-core kernels' queries (hi, lo).
     let queries = 2 * 8 * (d.head_dim + 8) * 2;
     match (kv, tile) {
         (KvCache::F16, 16) => {
+            let w = ATTN_MMA_WARPS;
             // f16 tiles of keys and values, rows padded by 16 bytes.
             let rings = w * ATTN_MMA_STAGES * 2 * ATTN_MMA_TILE * (2 * d.head_dim + 16);
             let weights = w * 2 * 8 * 24 * 2;
@@ -136,6 +141,7 @@ pub fn attn_split_launch(d: &Dims, kv: KvCache, tile: usize, ring: usize) -> Att
             }
         }
         (KvCache::Q8_0, 16) => {
+            let w = ATTN_Q8_MMA_WARPS;
             // Key rows padded by 32 bytes, value rows by 16 (the kernel's MQ_KROW, MQ_VROW),
             // then both rows' scales.
             let hd = d.head_dim;

@@ -174,6 +174,7 @@ impl Dims {
             ("NSPLIT", ATTN_SPLITS),
             ("AMINLEN", ATTN_MIN_SPLIT_LEN),
             ("ARING", ring),
+            ("AM_WARPS", ATTN_MMA_WARPS),
             ("AM_STAGES", ATTN_MMA_STAGES),
             ("AQ_STAGES", ATTN_Q8_MMA_STAGES),
             ("AS_TILE", ATTN_SHORT_TILE),

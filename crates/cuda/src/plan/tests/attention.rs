@@ -12,12 +12,12 @@ fn the_attention_split_memory_holds_the_rings_and_the_merge() {
     assert_eq!(l(KvCache::Q8_0, 4).smem_bytes, 4 * 16 * 2 * (256 + 16));
     assert_eq!(l(KvCache::Q8_0, 8).kernel, "attn_split_q8_t8");
     let mma = l(KvCache::F16, 16);
-    assert_eq!((mma.kernel, mma.threads), ("attn_split_mma", 64));
-    // Two warps' rings of two f16 tiles (16 rows of keys, 16 of values, 528 bytes each), the
+    assert_eq!((mma.kernel, mma.threads), ("attn_split_mma", 96));
+    // Three warps' rings of two f16 tiles (16 rows of keys, 16 of values, 528 bytes each), the
     // queries (hi, lo), the weights (hi, lo).
     assert_eq!(
         mma.smem_bytes,
-        2 * 2 * 2 * 16 * 528 + 2 * 8 * 264 * 2 + 2 * 2 * 8 * 24 * 2
+        3 * 2 * 2 * 16 * 528 + 2 * 8 * 264 * 2 + 3 * 2 * 8 * 24 * 2
     );
     // The q8_0 one: rings of two tiles as cached (16 key rows of 288 bytes, 16 value rows of
     // 272, 16 bytes of scales a row each), the queries, the f32 weights.
