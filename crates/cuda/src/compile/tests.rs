@@ -227,3 +227,11 @@ fn each_kernel_is_found_in_the_one_part_that_emits_it() {
     assert!(e.contains(&format!("{a} in 0 parts")), "{e}");
     assert!(e.contains(&format!("{b} in 2 parts")), "{e}");
 }
+
+#[test]
+fn the_q8_attention_kernel_has_the_warps_the_plan_launches() {
+    // The q8_0 tensor-core split's warps are written in its source (a define there, where the
+    // f16 one's come from the host): the plan's launch must match them.
+    let define = format!("#define MW_WARPS {}\n", plan::ATTN_Q8_MMA_WARPS);
+    assert!(source().contains(&define), "{define}");
+}
