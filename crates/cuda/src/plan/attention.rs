@@ -18,8 +18,13 @@ pub const ATTN_TILES: [usize; 3] = [4, 8, 16];
 /// 167.0 / 202.8 (crossing near 12k and 16k). Measured again at 32,768 (thirty-seventh session,
 /// `-p 0 -n 64 -r 3 -d 32768`, `NIWAKI_CUDA_ATTN_TILE=8` against the default): tensor cores
 /// 257.41 / 261.18 tok/s against SIMT 253.48 / 254.21, though the harness had timed the f16
-/// SIMT split alone faster than the tensor-core one (44.6 against 48.9 µs a layer).
-pub const ATTN_MMA_FROM: [usize; 2] = [12_288, 16_384];
+/// SIMT split alone faster than the tensor-core one (44.6 against 48.9 µs a layer). With the f16
+/// split in blocks of three warps, its crossing moved down (fifty-fourth session, an H100, 27B
+/// Q1_0, `-p 0 -n 64 -r 3 -d D`, two rounds, SIMT against tensor cores): 403.2 / 396.7 tok/s at
+/// 1,024, 396.0 / 394.5 at 2,048, 391.8 / 388.8 at 2,560, 378.2 / 389.6 at 3,072, 369.6 / 386.3
+/// at 4,096, 356.5 / 370.6 at 8,192 (Q2_0: 272.7 / 278.1 at 3,072, 271.7 / 276.9 at 4,096); the
+/// q8_0 split's did not (375 / 365 at 4,096, 367 / 359 at 8,192, 361 / 351 at 12,288).
+pub const ATTN_MMA_FROM: [usize; 2] = [3_072, 16_384];
 
 /// The attention-split tile a pass of `ntok` tokens over a context of `n_ctx` positions takes
 /// by default (a device that cannot run it falls back to the SIMT kernel with tiles of 8).
@@ -51,9 +56,11 @@ pub const ATTN_STATIC_SMEM: usize = 1152;
 /// so three warps a block give a multiprocessor six warps where two gave four: waiting on its
 /// loads with one warp a scheduler, the split read the cache at 2.1 TB/s (Nsight Compute, H100,
 /// 27B at 32k positions), and decode there went 302.3 → 306.2 tok/s (Q1_0, f16 cache, one
-/// round). The q8_0 ring holds tiles as cached (codes and scales): two stages keep four blocks
-/// of two warps on an H200 multiprocessor (three stages, three blocks: its arithmetic, not the
-/// bytes in flight, bounded it); its 255 registers leave no room for a third warp.
+/// round; two rounds at 8k-64k: +0.8-1.8%). The q8_0 ring holds tiles as cached (codes and
+/// scales): two stages keep four blocks of two warps on an H200 multiprocessor (three stages,
+/// three blocks: its arithmetic, not the bytes in flight, bounded it); its 255 registers leave
+/// no room for more warps (five blocks, the queries kept in a ring stage: 168 registers with
+/// spills, 7% slower at 32k on an H100).
 pub const ATTN_MMA_WARPS: usize = 3;
 pub const ATTN_Q8_MMA_WARPS: usize = 2;
 pub const ATTN_MMA_TILE: usize = 16;
