@@ -97,6 +97,16 @@ __device__ __forceinline__ int attn_split_len(int n_ctx, int nsplit) {
     return max((n_ctx + nsplit - 1) / nsplit, AMINLEN);
 }
 
+// Which of a split kernel's grid dimensions holds its splits and which its tokens: (NKV,
+// nsplit, ntok), or with ATTN_TOKEN_MAJOR (NKV, ntok, nsplit), so that a multi-token pass's
+// blocks come a split at a time, its tokens reading the same cache rows together
+// (plan::ATTN_TOKEN_MAJOR). The block's work is the same either way.
+#ifndef ATTN_TOKEN_MAJOR
+#define ATTN_TOKEN_MAJOR 0
+#endif
+__device__ __forceinline__ int attn_block_split() { return ATTN_TOKEN_MAJOR ? blockIdx.z : blockIdx.y; }
+__device__ __forceinline__ int attn_block_token() { return ATTN_TOKEN_MAJOR ? blockIdx.y : blockIdx.z; }
+
 // The cache positions [p0, p1) that split sp of token t covers, and how many of its tiles of
 // `tile` positions warp `warp` of `warps` takes (tiles warp, warp + warps, ...). False when the
 // split lies past the token's context: the merge reads only the splits before.
@@ -317,9 +327,9 @@ __device__ __forceinline__ void attn_merge_warps(const float* sm_acc, const floa
     }
 }
 
-// grid (NKV, nsplit, ntok), block AWARPS warps; dynamic shared memory: attn_split_launch
-// (plan/attention.rs). Variants by TILE (positions a warp takes at a time) and STAGES (tiles in
-// flight per warp). part: [ntok][NH][nsplit][HD + 2] = (acc[HD], m, l).
+// grid (NKV, nsplit, ntok) (or attn_block_token's order), block AWARPS warps; dynamic shared
+// memory: attn_split_launch (plan/attention.rs). Variants by TILE (positions a warp takes at a
+// time) and STAGES (tiles in flight per warp). part: [ntok][NH][nsplit][HD + 2] = (acc[HD], m, l).
 //
 // Each warp streams tiles of TILE consecutive positions (tiles w, w + AWARPS, ... of the split)
 // through its own ring of STAGES stages filled by cp.async: no block barrier until the merge,
@@ -339,7 +349,7 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ float sw[AWARPS][NS + GQA];
     TRACE_ENTRY();
-    const int kvh = blockIdx.x, sp = blockIdx.y, t = blockIdx.z;
+    const int kvh = blockIdx.x, sp = attn_block_split(), t = attn_block_token();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int p0, p1, mine;
     if (!attn_split_range(pos_ptr, t, sp, nsplit, TILE, AWARPS, warp, &p0, &p1, &mine)) return;

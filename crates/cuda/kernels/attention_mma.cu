@@ -127,7 +127,8 @@ __device__ __forceinline__ void attn_mma_finish(float (&o)[HD / 16][4], float m0
 }
 #endif
 
-// grid (NKV, nsplit, ntok), block AM_WARPS warps. part: as attn_split's.
+// grid (NKV, nsplit, ntok) (or attn_block_token's order), block AM_WARPS warps. part: as
+// attn_split's.
 ENTRY __global__ void __launch_bounds__(AM_WARPS * 32)
     attn_split_mma(const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,
                    const u16* __restrict__ ks, const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,
@@ -138,7 +139,7 @@ ENTRY __global__ void __launch_bounds__(AM_WARPS * 32)
     u16* qh = (u16*)(smem + AM_WARPS * MW_STAGES * STAGE);
     u16* ql = qh + 8 * MW_QROW;
     PDL_ENTRY();
-    const int kvh = blockIdx.x, sp = blockIdx.y, t = blockIdx.z;
+    const int kvh = blockIdx.x, sp = attn_block_split(), t = attn_block_token();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
     int p0, p1, mine;
     if (!attn_split_range(pos_ptr, t, sp, nsplit, MW_TILE, AM_WARPS, warp, &p0, &p1, &mine)) return;
@@ -276,9 +277,10 @@ __device__ __forceinline__ void q8_scales(const u16* row, float* d) {
 }
 #endif
 
-// grid (NKV, nsplit, ntok), block MW_WARPS warps. part: as attn_split's. Dynamic shared memory
-// (plan/attention.rs): the rings (AQ_STAGES stages a warp), the queries as the f16 kernel's, each
-// warp's weights ([8][MQ_PROW] f32). The rings are reused for the merge.
+// grid (NKV, nsplit, ntok) (or attn_block_token's order), block MW_WARPS warps. part: as
+// attn_split's. Dynamic shared memory (plan/attention.rs): the rings (AQ_STAGES stages a warp),
+// the queries as the f16 kernel's, each warp's weights ([8][MQ_PROW] f32). The rings are reused
+// for the merge.
 ENTRY __global__ void __launch_bounds__(MW_WARPS * 32)
     attn_split_q8_mma(const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,
                       const u16* __restrict__ ks, const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,
@@ -289,7 +291,7 @@ ENTRY __global__ void __launch_bounds__(MW_WARPS * 32)
     u16* ql = qh + 8 * MW_QROW;
     float* pw_all = (float*)(ql + 8 * MW_QROW);
     PDL_ENTRY();
-    const int kvh = blockIdx.x, sp = blockIdx.y, t = blockIdx.z;
+    const int kvh = blockIdx.x, sp = attn_block_split(), t = attn_block_token();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
     int p0, p1, mine;
     if (!attn_split_range(pos_ptr, t, sp, nsplit, MW_TILE, MW_WARPS, warp, &p0, &p1, &mine)) return;

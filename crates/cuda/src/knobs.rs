@@ -42,6 +42,7 @@ const KNOBS: &[(&str, Takes)] = &[
     ),
     ("NIWAKI_CUDA_ATTN_SHORT", Takes::Number),
     ("NIWAKI_CUDA_ATTN_TILE", Takes::OneOf(&ATTN_TILES)),
+    ("NIWAKI_CUDA_ATTN_TOKEN_MAJOR", Takes::OnOff),
     ("NIWAKI_CUDA_B1", Takes::OnOff),
     ("NIWAKI_CUDA_B1_BLOCKS", Takes::Number),
     ("NIWAKI_CUDA_B1_IMAGE", Takes::OnOff),

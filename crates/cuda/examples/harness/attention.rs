@@ -169,7 +169,7 @@ pub fn attention_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
                 gpu.launch_smem(
                     s,
                     a.kernel,
-                    (nkv as u32, nsplit as u32, ntok as u32),
+                    gpu.attn_split_grid(nkv, nsplit, ntok),
                     (a.threads as u32, 1, 1),
                     a.smem_bytes as u32,
                     &[

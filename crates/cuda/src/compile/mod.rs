@@ -31,7 +31,8 @@ pub fn options(arch: &str, defines: &[String]) -> Vec<String> {
 /// (`NIWAKI_CUDA_WEIGHTS_L2`), the 1-bit GEMVs' ring order (`NIWAKI_CUDA_RING_LATE`,
 /// [`plan::RING_LATE_Q1`]), the 2-bit GEMVs' MMA shape (`NIWAKI_CUDA_B2_K256`,
 /// [`plan::B2_K256`]), the dp4a shared-lanes GEMVs' chunks a lane at a time
-/// (`NIWAKI_CUDA_SHARE_UNROLL`, [`plan::SHARE_UNROLL`]) and a measurement's ablation
+/// (`NIWAKI_CUDA_SHARE_UNROLL`, [`plan::SHARE_UNROLL`]), the split attention's grid order
+/// ([`attn_token_major`]) and a measurement's ablation
 /// (`NIWAKI_CUDA_ABLATE`). What the backend compiles at start and [`precompile`] ahead.
 pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) -> Vec<String> {
     let mut defines = dims.defines_for(plan::attn_ring_positions(dims, smem_limit));
@@ -50,6 +51,9 @@ pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) ->
     if crate::knobs::flag("NIWAKI_CUDA_B2_K256", plan::B2_K256) {
         defines.push("-DB2_K256=1".into());
     }
+    if attn_token_major() {
+        defines.push("-DATTN_TOKEN_MAJOR=1".into());
+    }
     if let Some(what) = ablation() {
         defines.push(format!("-DABLATE_{}=1", what.to_uppercase()));
     }
@@ -62,6 +66,12 @@ fn set_define(defines: &mut [String], name: &str, value: impl std::fmt::Display)
     for d in defines.iter_mut().filter(|d| d.starts_with(&prefix)) {
         *d = format!("{prefix}{value}");
     }
+}
+
+/// Whether the split kernels are compiled (and launched) with their tokens before their splits
+/// (`NIWAKI_CUDA_ATTN_TOKEN_MAJOR`, [`plan::ATTN_TOKEN_MAJOR`]).
+pub fn attn_token_major() -> bool {
+    crate::knobs::flag("NIWAKI_CUDA_ATTN_TOKEN_MAJOR", plan::ATTN_TOKEN_MAJOR)
 }
 
 /// The part of the kernels' work a measurement takes out (`NIWAKI_CUDA_ABLATE`), where set.

@@ -173,9 +173,13 @@ fn the_kernels_compile_for_hopper_when_nvrtc_is_present() {
         if trace {
             defines.push("-DNIWAKI_TRACE=16".into());
         }
-        // The default MMA shape untraced, the other one traced: both forms compiled.
+        // The default MMA shape untraced, the other one traced: both forms compiled; so with
+        // the split attention's grid order.
         if crate::plan::B2_K256 != trace {
             defines.push("-DB2_K256=1".into());
+        }
+        if crate::plan::ATTN_TOKEN_MAJOR != trace {
+            defines.push("-DATTN_TOKEN_MAJOR=1".into());
         }
         if evict_first {
             defines.push("-DWEIGHTS_EVICT_FIRST=1".into());

@@ -231,6 +231,7 @@ impl Gpu {
             ),
             attn_blocks_per_sm,
             attn_ring,
+            attn_token_major: compile::attn_token_major(),
             attn_short,
             // Measured on the H200 only: elsewhere off unless asked for.
             attn_short_max: AtomicUsize::new(knobs::number(

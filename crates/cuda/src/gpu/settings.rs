@@ -101,6 +101,12 @@ impl Gpu {
         self.attn_ring
     }
 
+    /// The grid of a split kernel's launch ([`plan::attn_split_grid`], in the order the program
+    /// was compiled for).
+    pub fn attn_split_grid(&self, n_head_kv: usize, nsplit: usize, ntok: usize) -> (u32, u32, u32) {
+        plan::attn_split_grid(n_head_kv, nsplit, ntok, self.attn_token_major)
+    }
+
     /// Whether this device runs the attention-split kernel `name`.
     pub fn attn_runs(&self, name: &str) -> bool {
         self.attn_blocks_per_sm.contains_key(name)

@@ -42,7 +42,7 @@ impl CudaModel {
         g.launch_smem(
             s,
             a.kernel,
-            (d.n_head_kv as u32, nsplit as u32, ntok as u32),
+            g.attn_split_grid(d.n_head_kv, nsplit, ntok),
             (a.threads as u32, 1, 1),
             a.smem_bytes as u32,
             &[

@@ -95,6 +95,32 @@ pub fn attn_decode_splits(blocks_per_sm: usize, sms: usize, n_head_kv: usize) ->
     (blocks_per_sm * sms / n_head_kv.max(1)).clamp(1, ATTN_SPLITS)
 }
 
+/// Whether a split kernel's grid runs its tokens before its splits: (kv heads, tokens, splits)
+/// rather than (kv heads, splits, tokens), `NIWAKI_CUDA_ATTN_TOKEN_MAJOR` (the kernels'
+/// ATTN_TOKEN_MAJOR). Each block does the same work either way, so the results are the same
+/// bits, and a one-token pass's blocks run in the same order; a multi-token pass's blocks then
+/// come a split at a time, its tokens reading the same cache rows together (from the L2 cache,
+/// once the first has read them), where a token at a time reads the whole cache per token: at
+/// 16k positions an attention layer's cache is 67 MB (f16), more than the L2's 50 MB, and a
+/// 256-token pass reads 17 GB of it that way. Not yet measured, so off.
+pub const ATTN_TOKEN_MAJOR: bool = false;
+
+/// The grid of a split kernel's launch over `n_head_kv` kv heads, `nsplit` splits and `ntok`
+/// tokens, in the order [`ATTN_TOKEN_MAJOR`] says (`token_major`).
+pub fn attn_split_grid(
+    n_head_kv: usize,
+    nsplit: usize,
+    ntok: usize,
+    token_major: bool,
+) -> (u32, u32, u32) {
+    let (y, z) = if token_major {
+        (ntok, nsplit)
+    } else {
+        (nsplit, ntok)
+    };
+    (n_head_kv as u32, y as u32, z as u32)
+}
+
 /// Cache positions per split of a context of `n_ctx` split `nsplit` ways (the kernels'
 /// `attn_split_len`): splits from `n_ctx.div_ceil(len)` on are empty and never merged.
 pub fn attn_split_len(n_ctx: usize, nsplit: usize) -> usize {

@@ -55,6 +55,36 @@ fn calls_are_cut_into_chunks() {
 }
 
 #[test]
+fn the_split_grid_orders_tokens_before_splits_only_where_asked() {
+    assert_eq!(attn_split_grid(4, 99, 256, false), (4, 99, 256));
+    assert_eq!(attn_split_grid(4, 99, 256, true), (4, 256, 99));
+    // The blocks in the order a launch numbers them (x fastest, then y, then z), as (kv head,
+    // split, token) by the kernels' reading of the grid (attn_block_split, attn_block_token).
+    let order = |nsplit: usize, ntok: usize, token_major: bool| {
+        let (gx, gy, gz) = attn_split_grid(4, nsplit, ntok, token_major);
+        let mut blocks = Vec::new();
+        for z in 0..gz {
+            for y in 0..gy {
+                for x in 0..gx {
+                    let (sp, t) = if token_major { (z, y) } else { (y, z) };
+                    blocks.push((x, sp, t));
+                }
+            }
+        }
+        blocks
+    };
+    // One token: the same blocks in the same order either way.
+    assert_eq!(order(99, 1, false), order(99, 1, true));
+    // Several: the same blocks, a split's tokens together in the second order.
+    let (mut a, mut b) = (order(5, 3, false), order(5, 3, true));
+    assert_eq!(b[..12].iter().map(|&(_, sp, _)| sp).max(), Some(0));
+    assert_eq!(a[..12].iter().map(|&(_, _, t)| t).max(), Some(0));
+    a.sort_unstable();
+    b.sort_unstable();
+    assert_eq!(a, b);
+}
+
+#[test]
 fn the_27b_shapes_come_from_metadata_alone() {
     // As the harness builds them for its attention checks on the 27B kernels.
     let mut w = gguf::GgufWriter::new();
