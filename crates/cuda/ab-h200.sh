@@ -11,7 +11,8 @@
 #   BENCH_ARGS replaces `-p 0 -n 128 -r 3`.
 # Writes OUT_DIR/ab.txt (a line a run: round, label, format, median (min-max) tok/s, fraction of
 # the decode floor, the picked tokens' digest: settings that give the same bits pick the same
-# tokens) and OUT_DIR/ab.jsonl (niwaki bench --json), then the medians by setting.
+# tokens; where BENCH_ARGS has a prompt, its prefill's median (min-max) tok/s after `pp`) and
+# OUT_DIR/ab.jsonl (niwaki bench --json), then the decode medians by setting.
 set -uo pipefail
 bin=${1:?bin dir}
 out=${2:?out dir}
@@ -39,7 +40,7 @@ for round in $(seq 1 "$rounds"); do
             fi
             line=$(env "${vars[@]}" "$run_bin/niwaki" bench --model "/tmp/$f.gguf" --device cuda ${BENCH_ARGS:--p 0 -n 128 -r 3} --json 2>>"$out/err.log" |
                 tail -1 | tee -a "$out/ab.jsonl" |
-                python3 -c 'import sys, json; d = json.load(sys.stdin); print("%.2f (%.2f-%.2f) %.1f%% tokens %s%s" % (d["tg_tok_s"], d["tg_min"], d["tg_max"], 100 * d["floor_fraction"], d.get("tg_tokens_fnv64", "-")[:8], "" if d.get("tg_tokens_agree", True) else " (runs differ)"))') ||
+                python3 -c 'import sys, json; d = json.load(sys.stdin); print("%.2f (%.2f-%.2f) %.1f%% tokens %s%s%s" % (d["tg_tok_s"], d["tg_min"], d["tg_max"], 100 * d["floor_fraction"], d.get("tg_tokens_fnv64", "-")[:8], "" if d.get("tg_tokens_agree", True) else " (runs differ)", " pp %.1f (%.1f-%.1f)" % (d["pp_tok_s"], d["pp_min"], d["pp_max"]) if d.get("n_prompt", 0) > 0 else ""))') ||
                 line="failed (see err.log)"
             echo "$round $label $f $line" | tee -a "$out/ab.txt"
         done
