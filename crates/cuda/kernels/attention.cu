@@ -104,8 +104,12 @@ __device__ __forceinline__ int attn_split_len(int n_ctx, int nsplit) {
 #ifndef ATTN_TOKEN_MAJOR
 #define ATTN_TOKEN_MAJOR 0
 #endif
-__device__ __forceinline__ int attn_block_split() { return ATTN_TOKEN_MAJOR ? blockIdx.z : blockIdx.y; }
-__device__ __forceinline__ int attn_block_token() { return ATTN_TOKEN_MAJOR ? blockIdx.y : blockIdx.z; }
+__device__ __forceinline__ int attn_block_split() {
+    return ATTN_TOKEN_MAJOR ? blockIdx.z : blockIdx.y;
+}
+__device__ __forceinline__ int attn_block_token() {
+    return ATTN_TOKEN_MAJOR ? blockIdx.y : blockIdx.z;
+}
 
 // The cache positions [p0, p1) that split sp of token t covers, and how many of its tiles of
 // `tile` positions warp `warp` of `warps` takes (tiles warp, warp + warps, ...). False when the

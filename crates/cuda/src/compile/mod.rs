@@ -52,7 +52,7 @@ pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) ->
         defines.push("-DB2_K256=1".into());
     }
     if attn_token_major() {
-        defines.push("-DATTN_TOKEN_MAJOR=1".into());
+        defines.push(ATTN_TOKEN_MAJOR_DEFINE.into());
     }
     if let Some(what) = ablation() {
         defines.push(format!("-DABLATE_{}=1", what.to_uppercase()));
@@ -68,7 +68,11 @@ fn set_define(defines: &mut [String], name: &str, value: impl std::fmt::Display)
     }
 }
 
-/// Whether the split kernels are compiled (and launched) with their tokens before their splits
+/// The define of a program whose split kernels take their tokens before their splits: the
+/// backend launches them so where its program has it.
+pub const ATTN_TOKEN_MAJOR_DEFINE: &str = "-DATTN_TOKEN_MAJOR=1";
+
+/// Whether the split kernels are compiled with their tokens before their splits
 /// (`NIWAKI_CUDA_ATTN_TOKEN_MAJOR`, [`plan::ATTN_TOKEN_MAJOR`]).
 pub fn attn_token_major() -> bool {
     crate::knobs::flag("NIWAKI_CUDA_ATTN_TOKEN_MAJOR", plan::ATTN_TOKEN_MAJOR)

@@ -173,13 +173,13 @@ fn the_kernels_compile_for_hopper_when_nvrtc_is_present() {
         if trace {
             defines.push("-DNIWAKI_TRACE=16".into());
         }
-        // The default MMA shape untraced, the other one traced: both forms compiled; so with
-        // the split attention's grid order.
+        // The default MMA shape untraced, the other one traced: both forms compiled; and the
+        // split attention's other grid order in the traced form.
         if crate::plan::B2_K256 != trace {
             defines.push("-DB2_K256=1".into());
         }
         if crate::plan::ATTN_TOKEN_MAJOR != trace {
-            defines.push("-DATTN_TOKEN_MAJOR=1".into());
+            defines.push(super::ATTN_TOKEN_MAJOR_DEFINE.into());
         }
         if evict_first {
             defines.push("-DWEIGHTS_EVICT_FIRST=1".into());

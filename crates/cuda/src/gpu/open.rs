@@ -231,7 +231,9 @@ impl Gpu {
             ),
             attn_blocks_per_sm,
             attn_ring,
-            attn_token_major: compile::attn_token_major(),
+            attn_token_major: defines
+                .iter()
+                .any(|d| d == compile::ATTN_TOKEN_MAJOR_DEFINE),
             attn_short,
             // Measured on the H200 only: elsewhere off unless asked for.
             attn_short_max: AtomicUsize::new(knobs::number(
