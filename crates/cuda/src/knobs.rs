@@ -41,6 +41,8 @@ const KNOBS: &[(&str, Takes)] = &[
         Takes::OneOf(&["planes", "mma", "mmaop", "fp", "fold", "watch"]),
     ),
     ("NIWAKI_CUDA_ATTN_SHORT", Takes::Number),
+    // A measurement: a one-token pass's splits per kv head in place of one wave's.
+    ("NIWAKI_CUDA_ATTN_SPLITS", Takes::Number),
     ("NIWAKI_CUDA_ATTN_TILE", Takes::OneOf(&ATTN_TILES)),
     ("NIWAKI_CUDA_ATTN_TOKEN_MAJOR", Takes::OnOff),
     ("NIWAKI_CUDA_B1", Takes::OnOff),

@@ -197,6 +197,9 @@ pub struct Gpu {
     /// The longest context whose one-token passes take it ([`plan::ATTN_SHORT_MAX`] on sm_90,
     /// where it was measured, else 0; `NIWAKI_CUDA_ATTN_SHORT`, 0: never).
     attn_short_max: AtomicUsize,
+    /// A one-token pass's splits per kv head where `NIWAKI_CUDA_ATTN_SPLITS` sets them (a
+    /// measurement), else one wave of the split kernel's blocks ([`plan::attn_decode_splits`]).
+    attn_decode_splits: Option<usize>,
     /// Bytes of the next matrix a one-token GEMV pulls into the L2 cache, where set for every
     /// matrix (`NIWAKI_CUDA_PREFETCH_MB`, or [`Gpu::set_prefetch`]); [`PREFETCH_BY_MATRIX`]:
     /// each matrix's default, [`plan::default_prefetch_bytes`]. Always 0 before sm_90.

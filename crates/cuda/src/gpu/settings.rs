@@ -162,7 +162,7 @@ impl Gpu {
     }
 
     /// The attention-split launch for a cache type and tile ([`Gpu::attn_tile_for`]), and its
-    /// splits per kv head in a one-token pass (one wave of blocks).
+    /// splits per kv head in a one-token pass (one wave of blocks, or `NIWAKI_CUDA_ATTN_SPLITS`'s).
     pub fn attn_launch(
         &self,
         dims: &Dims,
@@ -176,7 +176,10 @@ impl Gpu {
         }
         let bps = self.attn_blocks_per_sm.get(a.kernel).copied().unwrap_or(1);
         let sms = self.info.multiprocessors.max(1) as usize;
-        (a, plan::attn_decode_splits(bps, sms, dims.n_head_kv))
+        let decode = self
+            .attn_decode_splits
+            .unwrap_or_else(|| plan::attn_decode_splits(bps, sms, dims.n_head_kv));
+        (a, decode)
     }
 
     /// Bytes of `next` that the one-token GEMV before it pulls into the L2 cache (0: none). By
