@@ -32,7 +32,7 @@ pub fn options(arch: &str, defines: &[String]) -> Vec<String> {
 /// [`plan::RING_LATE_Q1`]), the 2-bit GEMVs' MMA shape (`NIWAKI_CUDA_B2_K256`,
 /// [`plan::B2_K256`]), the dp4a shared-lanes GEMVs' chunks a lane at a time
 /// (`NIWAKI_CUDA_SHARE_UNROLL`, [`plan::SHARE_UNROLL`]), the split attention's grid order
-/// ([`attn_token_major`]) and a measurement's ablation
+/// (`NIWAKI_CUDA_ATTN_TOKEN_MAJOR`, [`plan::ATTN_TOKEN_MAJOR`]) and a measurement's ablation
 /// (`NIWAKI_CUDA_ABLATE`). What the backend compiles at start and [`precompile`] ahead.
 pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) -> Vec<String> {
     let mut defines = dims.defines_for(plan::attn_ring_positions(dims, smem_limit));
@@ -74,7 +74,7 @@ pub const ATTN_TOKEN_MAJOR_DEFINE: &str = "-DATTN_TOKEN_MAJOR=1";
 
 /// Whether the split kernels are compiled with their tokens before their splits
 /// (`NIWAKI_CUDA_ATTN_TOKEN_MAJOR`, [`plan::ATTN_TOKEN_MAJOR`]).
-pub fn attn_token_major() -> bool {
+fn attn_token_major() -> bool {
     crate::knobs::flag("NIWAKI_CUDA_ATTN_TOKEN_MAJOR", plan::ATTN_TOKEN_MAJOR)
 }
 

@@ -188,8 +188,8 @@ pub struct Gpu {
     attn_blocks_per_sm: HashMap<&'static str, usize>,
     /// Cache positions in flight per warp of the SIMT attention split (compiled in).
     attn_ring: usize,
-    /// The split kernels' grid order the program was compiled for
-    /// ([`crate::compile::attn_token_major`]).
+    /// The split kernels' grid order the program was compiled for: whether its defines hold
+    /// [`crate::compile::ATTN_TOKEN_MAJOR_DEFINE`].
     attn_token_major: bool,
     /// The one-kernel short attention's launch for each cache type this device holds its
     /// shared memory for ([`plan::attn_short_launch`]).

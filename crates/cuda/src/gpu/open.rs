@@ -235,8 +235,8 @@ impl Gpu {
                 .iter()
                 .any(|d| d == compile::ATTN_TOKEN_MAJOR_DEFINE),
             attn_short,
-            // Measured on the H200 only: elsewhere off unless asked for.
             attn_decode_splits: knobs::number_set("NIWAKI_CUDA_ATTN_SPLITS"),
+            // Measured on the H200 only: elsewhere off unless asked for.
             attn_short_max: AtomicUsize::new(knobs::number(
                 "NIWAKI_CUDA_ATTN_SHORT",
                 if hopper { plan::ATTN_SHORT_MAX } else { 0 },

@@ -162,7 +162,8 @@ impl Gpu {
     }
 
     /// The attention-split launch for a cache type and tile ([`Gpu::attn_tile_for`]), and its
-    /// splits per kv head in a one-token pass (one wave of blocks, or `NIWAKI_CUDA_ATTN_SPLITS`'s).
+    /// splits per kv head in a one-token pass (one wave of blocks, or
+    /// `NIWAKI_CUDA_ATTN_SPLITS`'s).
     pub fn attn_launch(
         &self,
         dims: &Dims,
