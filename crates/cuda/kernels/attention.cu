@@ -418,15 +418,16 @@ ATTN_SPLIT_KERNEL(attn_split_q8_t4, true, 4, ARING / 4)
 ATTN_SPLIT_KERNEL(attn_split_t8, false, 8, ARING / 8)
 ATTN_SPLIT_KERNEL(attn_split_q8_t8, true, 8, ARING / 8)
 
-// The merge's weights of a head's splits for a context of n_ctx positions split nsplit ways:
+// The merge's weights of a head's splits for a context of n_ctx positions split nsplit ways
+// (splits of `len` positions where len > 0, as attn_prefill_mma's, else attn_split_len's):
 // f[s] = exp(m_s − M) and ls[s] its share of the softmax sum (0 for a split the context did not
 // reach), M the largest split maximum (fmaxf is exact and order-free: any reduction order gives
 // the same M). Returns how many splits the context filled. Every thread of the block calls it
 // (it synchronizes); `mred` holds a float per warp.
-__device__ __forceinline__ int combine_weights(const float* __restrict__ src, int n_ctx, int nsplit, float* f,
-                                               float* ls, float* mred) {
+__device__ __forceinline__ int combine_weights(const float* __restrict__ src, int n_ctx, int nsplit, int len,
+                                               float* f, float* ls, float* mred) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const int len = attn_split_len(n_ctx, nsplit);
+    if (len <= 0) len = attn_split_len(n_ctx, nsplit);
     const int used = (n_ctx + len - 1) / len;
     float mloc = NEG_INF;
     for (int s = threadIdx.x; s < used; s += blockDim.x) mloc = fmaxf(mloc, src[s * (HD + 2) + HD]);
@@ -457,7 +458,7 @@ ENTRY __global__ void __launch_bounds__(CW * 32)
     const int head = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int i = blockIdx.z * 32 + lane;
     const float* src = part + ((size_t)t * NH + head) * nsplit * (HD + 2);
-    const int used = combine_weights(src, (int)*pos_ptr + t + 1, nsplit, f, ls, mred);
+    const int used = combine_weights(src, (int)*pos_ptr + t + 1, nsplit, 0, f, ls, mred);
     float A = 0.0f, Lw = 0.0f;
 #pragma unroll 4
     for (int s = warp; s < used; s += CW) {
@@ -497,7 +498,7 @@ __device__ __forceinline__ void attn_combine_quant_body(const float* __restrict_
     const int head = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int i = blockIdx.z * 128 + 4 * lane;
     const float* src = part + (size_t)head * nsplit * (HD + 2);
-    const int used = combine_weights(src, (int)*pos_ptr + 1, nsplit, f, ls, mred);
+    const int used = combine_weights(src, (int)*pos_ptr + 1, nsplit, 0, f, ls, mred);
     // A split's row is HD + 2 floats: 8-byte aligned at every split, so two float2 loads.
     float4 A = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float Lw = 0.0f;
@@ -690,16 +691,17 @@ ATTN_SHORT_P_KERNEL(attn_short_q8_p, true)
 // three dependent round trips each (prefill: 77 µs per layer for 256 tokens); here one block
 // merges all HD dimensions of a row. Thread i reproduces attn_combine's order exactly — per
 // warp slot w the splits w, w + CW, ... in turn, then the slots in order — so both kernels give
-// the same bits, and prefill agrees with decode.
+// the same bits, and prefill agrees with decode. `len`: attn_prefill_mma's split length, or 0
+// for the split kernels' rule.
 static_assert(HD % 32 == 0 && HD <= 1024, "attn_combine_rows: one thread per dimension");
 ENTRY __global__ void __launch_bounds__(HD)
-    attn_combine_rows(const float* __restrict__ part, int nsplit, const u32* __restrict__ pos_ptr,
+    attn_combine_rows(const float* __restrict__ part, int nsplit, int len, const u32* __restrict__ pos_ptr,
                       const float* __restrict__ proj, int stride, float* __restrict__ attn) {
     PDL_ENTRY();
     __shared__ float f[NSPLIT], ls[NSPLIT], mred[HD / 32];
     const int head = blockIdx.x, t = blockIdx.y, i = threadIdx.x;
     const float* src = part + ((size_t)t * NH + head) * nsplit * (HD + 2);
-    const int used = combine_weights(src, (int)*pos_ptr + t + 1, nsplit, f, ls, mred);
+    const int used = combine_weights(src, (int)*pos_ptr + t + 1, nsplit, len, f, ls, mred);
     float a = 0.0f, L = 0.0f;
     for (int w = 0; w < CW; w++) {
         float A = 0.0f, Lw = 0.0f;

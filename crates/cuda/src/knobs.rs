@@ -40,6 +40,7 @@ const KNOBS: &[(&str, Takes)] = &[
         "NIWAKI_CUDA_ABLATE",
         Takes::OneOf(&["planes", "mma", "mmaop", "fp", "fold", "watch"]),
     ),
+    ("NIWAKI_CUDA_ATTN_PREFILL", Takes::OnOff),
     ("NIWAKI_CUDA_ATTN_SHORT", Takes::Number),
     // A measurement: a one-token pass's splits per kv head in place of one wave's.
     ("NIWAKI_CUDA_ATTN_SPLITS", Takes::Number),

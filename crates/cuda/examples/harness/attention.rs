@@ -28,13 +28,13 @@ pub fn b27_dims() -> R<Dims> {
 
 /// A cache in the device layout ([pos][kv head][dim] values, then per 32 values one f16 scale
 /// for q8_0) and the values the kernels read back from it.
-struct Cache {
-    values: Vec<u8>,
-    scales: Vec<u8>,
-    read: Vec<f32>,
+pub(crate) struct Cache {
+    pub(crate) values: Vec<u8>,
+    pub(crate) scales: Vec<u8>,
+    pub(crate) read: Vec<f32>,
 }
 
-fn store(x: &[f32], kv: KvCache) -> Cache {
+pub(crate) fn store(x: &[f32], kv: KvCache) -> Cache {
     match kv {
         KvCache::F16 => Cache {
             values: x
@@ -97,6 +97,52 @@ fn reference(d: &Dims, q: &[f32], k: &[f32], v: &[f32], t: usize, n_ctx: usize, 
     }
 }
 
+/// Random cache values for `n` positions (uniform in ±1); with `wide`, each 32-value block
+/// scaled by its own magnitude, 2^-12 .. 2^4 or (one in eight) zero.
+pub(crate) fn random_cache(rng: &mut ChaCha8Rng, n: usize, d: &Dims, wide: bool) -> Vec<f32> {
+    let mut x: Vec<f32> = (0..n * d.n_head_kv * d.head_dim)
+        .map(|_| rng.gen_range(-1.0..1.0))
+        .collect();
+    if wide {
+        for block in x.chunks_mut(32) {
+            let m = match rng.gen_range(0..8) {
+                0 => 0.0,
+                _ => 2f32.powi(rng.gen_range(-12..=4)),
+            };
+            block.iter_mut().for_each(|v| *v *= m);
+        }
+    }
+    x
+}
+
+/// Whether two outputs are the same bits.
+pub(crate) fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// The relative L2 error (infinite where a value is not finite) and the largest absolute error
+/// of a pass's output `got` (`ntok` tokens after `pos` cached positions) against the f64
+/// reference.
+pub(crate) fn error_vs_reference(
+    d: &Dims,
+    q: &[f32],
+    k: &Cache,
+    v: &Cache,
+    pos: usize,
+    got: &[f32],
+) -> (f64, f32) {
+    let mut want = vec![0f32; got.len()];
+    for t in 0..got.len() / (d.n_head * d.head_dim) {
+        reference(d, q, &k.read, &v.read, t, pos + t + 1, &mut want);
+    }
+    let rel = if got.iter().all(|v| v.is_finite()) {
+        rel_l2(got, &want)
+    } else {
+        f64::INFINITY
+    };
+    (rel, max_abs(got, &want))
+}
+
 pub fn attention_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
     let s = &gpu.stream;
     let (hd, nh, nkv) = (d.head_dim, d.n_head, d.n_head_kv);
@@ -128,23 +174,8 @@ pub fn attention_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
             let n = pos + ntok;
             // An uneven split count, as a device's one-wave figure may be.
             let nsplit = plan::attn_splits(n, ntok, 99);
-            let mut cache_values = || -> Vec<f32> {
-                let mut x: Vec<f32> = (0..n * nkv * hd)
-                    .map(|_| rng.gen_range(-1.0..1.0))
-                    .collect();
-                if wide {
-                    for block in x.chunks_mut(32) {
-                        let m = match rng.gen_range(0..8) {
-                            0 => 0.0,
-                            _ => 2f32.powi(rng.gen_range(-12..=4)),
-                        };
-                        block.iter_mut().for_each(|v| *v *= m);
-                    }
-                }
-                x
-            };
-            let kx = cache_values();
-            let vx = cache_values();
+            let kx = random_cache(&mut rng, n, d, wide);
+            let vx = random_cache(&mut rng, n, d, wide);
             let q: Vec<f32> = (0..ntok * nh * hd)
                 .map(|_| rng.gen_range(-3.0..3.0))
                 .collect();
@@ -185,15 +216,20 @@ pub fn attention_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
                     ],
                 )?;
                 // The merge into `out`; the multi-token passes' kernel must give the same bits.
+                // (attn_combine_rows also takes a split length: 0, the split kernels' rule.)
                 let merge = |kernel, grid, block, out: u64| {
+                    let rows = kernel == "attn_combine_rows";
+                    let len = rows.then_some(Arg::I32(0));
                     let args = [
-                        Arg::Ptr(part.ptr),
-                        Arg::I32(nsplit as i32),
-                        Arg::Ptr(posd.ptr),
-                        Arg::Ptr(proj.ptr),
-                        Arg::I32(stride as i32),
-                        Arg::Ptr(out),
+                        Some(Arg::Ptr(part.ptr)),
+                        Some(Arg::I32(nsplit as i32)),
+                        len,
+                        Some(Arg::Ptr(posd.ptr)),
+                        Some(Arg::Ptr(proj.ptr)),
+                        Some(Arg::I32(stride as i32)),
+                        Some(Arg::Ptr(out)),
                     ];
+                    let args: Vec<Arg> = args.into_iter().flatten().collect();
                     gpu.launch(s, kernel, grid, block, &args)
                 };
                 let heads = nh as u32;
@@ -217,24 +253,11 @@ pub fn attention_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
             };
             let (got, rows) = run()?;
             let (again, _) = run()?;
-            rows_same &= got
-                .iter()
-                .zip(&rows)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-            repeat_ok &= got
-                .iter()
-                .zip(&again)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-            let mut want = vec![0f32; ntok * nh * hd];
-            for t in 0..ntok {
-                reference(d, &q, &kc.read, &vc.read, t, pos + t + 1, &mut want);
-            }
-            worst = worst.max(if got.iter().all(|v| v.is_finite()) {
-                rel_l2(&got, &want)
-            } else {
-                f64::INFINITY
-            });
-            worst_abs = worst_abs.max(max_abs(&got, &want));
+            rows_same &= same_bits(&got, &rows);
+            repeat_ok &= same_bits(&got, &again);
+            let (rel, abs) = error_vs_reference(d, &q, &kc, &vc, pos, &got);
+            worst = worst.max(rel);
+            worst_abs = worst_abs.max(abs);
         }
         let ok = worst < 2e-5 && repeat_ok && rows_same;
         rep.line(format!(

@@ -19,7 +19,8 @@
 //! merged decode kernels against the kernels they replace, `NIWAKI_HARNESS_ONLY=ahead` greedy
 //! steps run ahead of the host against host-fed passes, `NIWAKI_HARNESS_ONLY=attention` the
 //! attention kernels' checks and decode at depth (`=depth`: decode at depth alone),
-//! `NIWAKI_HARNESS_ONLY=short` the one-kernel short attention against the kernels it replaces
+//! `NIWAKI_HARNESS_ONLY=determinism` ten identical greedy requests and the q8_0 cache's
+//! whole-model checks, `NIWAKI_HARNESS_ONLY=short` the one-kernel short attention against the kernels it replaces
 //! (also in `fused`),
 //! `NIWAKI_HARNESS_ONLY=chain` the persistent-step probe on the 27B formats,
 //! `NIWAKI_HARNESS_ONLY=l2` each decode op with its weights in memory and in the L2 cache,
@@ -39,6 +40,7 @@ use quant::Format;
 
 mod ahead;
 mod attention;
+mod attention_prefill;
 mod bench;
 mod chain;
 mod gdn;
@@ -152,6 +154,12 @@ fn run(rep: &mut Report) -> R<()> {
             rep.line(format!("\n{timing}\n"));
             return sampling::model_topk(rep);
         }
+        // Ten identical greedy requests, then the q8_0 cache's whole-model checks.
+        Ok("determinism") => {
+            drop(gpu);
+            determinism(rep)?;
+            return kv_q8_checks(rep);
+        }
         // Greedy steps run ahead of the host against host-fed passes, bit for bit.
         Ok("ahead") => {
             drop(gpu);
@@ -177,9 +185,13 @@ fn run(rep: &mut Report) -> R<()> {
         Ok("attention") => {
             kernel_table(rep);
             attention::attention_checks(rep, &gpu, &dims)?;
+            attention_prefill::prefill_checks(rep, &gpu, &dims)?;
             drop(gpu);
             let d27 = attention::b27_dims()?;
-            attention::attention_checks(rep, &Gpu::new(&d27)?, &d27)?;
+            let g27 = Gpu::new(&d27)?;
+            attention::attention_checks(rep, &g27, &d27)?;
+            attention_prefill::prefill_checks(rep, &g27, &d27)?;
+            drop(g27);
             rep.line("");
             rep.line("| preset | format | result | f16 KV vs CPU | q8_0 KV vs CPU | q8_0 vs f16 | q8_0 GPU vs its twin | greedy as f16 |");
             rep.line("|---|---|---|---|---|---|---|---|");
@@ -235,6 +247,7 @@ fn run(rep: &mut Report) -> R<()> {
     kernel_table(rep);
     kernel_checks(rep, &gpu, bw)?;
     attention::attention_checks(rep, &gpu, &dims)?;
+    attention_prefill::prefill_checks(rep, &gpu, &dims)?;
     gdn::gdn_chunk_checks(rep, &gpu, &dims)?;
     let topk_timing = sampling::topk_checks(rep, &gpu, &mut rand::SeedableRng::seed_from_u64(5))?;
     {
@@ -243,6 +256,7 @@ fn run(rep: &mut Report) -> R<()> {
         let d27 = attention::b27_dims()?;
         let g27 = Gpu::new(&d27)?;
         attention::attention_checks(rep, &g27, &d27)?;
+        attention_prefill::prefill_checks(rep, &g27, &d27)?;
         gdn::gdn_chunk_checks(rep, &g27, &d27)?;
     }
     drop(gpu);

@@ -3,7 +3,7 @@
 
 /// The kernel sources in the order they are concatenated, each with the part of the program
 /// whose compilation emits its kernels ([`PARTS`]).
-pub const SOURCES: [(&str, &str, usize); 17] = [
+pub const SOURCES: [(&str, &str, usize); 18] = [
     ("common.cuh", include_str!("../../kernels/common.cuh"), 0),
     ("quant.cu", include_str!("../../kernels/quant.cu"), 0),
     // After quant.cu (the inverse rotation).
@@ -52,6 +52,12 @@ pub const SOURCES: [(&str, &str, usize); 17] = [
         include_str!("../../kernels/attention_mma.cu"),
         0,
     ),
+    // After attention_mma.cu (the f16 pairs, ldmatrix.trans) and gemm.cu (ldmatrix).
+    (
+        "attention_prefill.cu",
+        include_str!("../../kernels/attention_prefill.cu"),
+        0,
+    ),
 ];
 
 /// Parts in which the program is compiled, one NVRTC call each, side by side on threads of
@@ -64,7 +70,7 @@ pub const SOURCES: [(&str, &str, usize); 17] = [
 pub const PARTS: usize = 5;
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 134] = [
+pub const KERNELS: [&str; 135] = [
     "read_sum",
     "pdl_spin",
     "pdl_copy",
@@ -194,6 +200,7 @@ pub const KERNELS: [&str; 134] = [
     "attn_split_q8_t8",
     "attn_split_mma",
     "attn_split_q8_mma",
+    "attn_prefill_mma",
     "attn_combine",
     "attn_combine_quant",
     "attn_combine_rows",

@@ -152,6 +152,32 @@ impl Gpu {
         self.attn_short_max.swap(n, Ordering::Relaxed)
     }
 
+    /// The query-tiled attention's launch and the device's places for its blocks, where a pass
+    /// of `ntok` tokens over a `kv` cache takes it: several tokens, an f16 cache, a device that
+    /// runs it, and the setting on.
+    pub fn attn_prefill_for(
+        &self,
+        kv: plan::KvCache,
+        ntok: usize,
+    ) -> Option<(plan::AttnLaunch, usize)> {
+        let on = self.attn_prefill_on.load(Ordering::Relaxed);
+        (on && ntok > 1 && kv == plan::KvCache::F16)
+            .then_some(self.attn_prefill)
+            .flatten()
+    }
+
+    /// The query-tiled attention's launch and places where this device runs it, whatever the
+    /// setting (the harness checks it).
+    pub fn attn_prefill_launch(&self) -> Option<(plan::AttnLaunch, usize)> {
+        self.attn_prefill
+    }
+
+    /// Turns the query-tiled attention of multi-token passes on or off; returns the previous
+    /// setting.
+    pub fn set_attn_prefill(&self, on: bool) -> bool {
+        self.attn_prefill_on.swap(on, Ordering::Relaxed)
+    }
+
     /// Sets [`Gpu::attn_tile`] (for measuring the variants; others, and the tensor-core
     /// kernels' 16 before sm_80, are ignored).
     pub fn set_attn_tile(&self, tile: usize) {

@@ -38,6 +38,32 @@ impl CudaModel {
         let (g, s, d) = (&*self.gpu, &*st.stream, &self.dims);
         let pos = st.s("pos");
         let [k, v, ks, vs] = self.kv(st, layer);
+        if let Some((a, places)) = g.attn_prefill_for(st.bytes.kv_cache, ntok) {
+            let (nsplit, len) = plan::attn_prefill_splits(st.pos + ntok, ntok, d.n_head_kv, places);
+            let grid = (
+                ntok.div_ceil(plan::ATTN_PREFILL_TOKENS) as u32,
+                d.n_head_kv as u32,
+                nsplit as u32,
+            );
+            return g.launch_smem(
+                s,
+                a.kernel,
+                grid,
+                (a.threads as u32, 1, 1),
+                a.smem_bytes as u32,
+                &[
+                    Arg::Ptr(st.s("q")),
+                    k,
+                    v,
+                    Arg::Ptr(pos),
+                    Arg::F32(1.0 / (d.head_dim as f32).sqrt()),
+                    Arg::I32(ntok as i32),
+                    Arg::I32(nsplit as i32),
+                    Arg::I32(len as i32),
+                    Arg::Ptr(st.s("part")),
+                ],
+            );
+        }
         let (a, nsplit) = self.attn_split_plan(st, ntok);
         g.launch_smem(
             s,
@@ -63,28 +89,44 @@ impl CudaModel {
     pub(super) fn attn_combine(&self, st: &CudaState, ntok: usize) -> Result<()> {
         let (g, s, d) = (&*self.gpu, &*st.stream, &self.dims);
         let (proj, pos) = (st.s("proj"), st.s("pos"));
+        let tail = [
+            Arg::Ptr(pos),
+            Arg::Ptr(proj),
+            Arg::I32(d.attn_in_rows() as i32),
+            Arg::Ptr(st.s("attn")),
+        ];
         // One-token passes: small blocks over all splits (up to 128 at depth);
-        // multi-token passes: a block per row (the same bits, far fewer blocks).
-        let (kernel, grid, block) = if ntok == 1 {
+        // multi-token passes: a block per row (the same bits, far fewer blocks), with the
+        // query-tiled attention's split length where it ran (0: the split kernels' rule).
+        if ntok == 1 {
             let z = (d.head_dim / 32) as u32;
-            ("attn_combine", (d.n_head as u32, 1, z), (256, 1, 1))
-        } else {
-            let grid = (d.n_head as u32, ntok as u32, 1);
-            ("attn_combine_rows", grid, (d.head_dim as u32, 1, 1))
+            let nsplit = Arg::I32(self.attn_split_plan(st, 1).1 as i32);
+            let args = [&[Arg::Ptr(st.s("part")), nsplit][..], &tail].concat();
+            return g.launch(
+                s,
+                "attn_combine",
+                (d.n_head as u32, 1, z),
+                (256, 1, 1),
+                &args,
+            );
+        }
+        let (nsplit, len) = match g.attn_prefill_for(st.bytes.kv_cache, ntok) {
+            Some((_, places)) => {
+                plan::attn_prefill_splits(st.pos + ntok, ntok, d.n_head_kv, places)
+            }
+            None => (self.attn_split_plan(st, ntok).1, 0),
         };
+        let head = [
+            Arg::Ptr(st.s("part")),
+            Arg::I32(nsplit as i32),
+            Arg::I32(len as i32),
+        ];
         g.launch(
             s,
-            kernel,
-            grid,
-            block,
-            &[
-                Arg::Ptr(st.s("part")),
-                Arg::I32(self.attn_split_plan(st, ntok).1 as i32),
-                Arg::Ptr(pos),
-                Arg::Ptr(proj),
-                Arg::I32(d.attn_in_rows() as i32),
-                Arg::Ptr(st.s("attn")),
-            ],
+            "attn_combine_rows",
+            (d.n_head as u32, ntok as u32, 1),
+            (d.head_dim as u32, 1, 1),
+            &[&head[..], &tail].concat(),
         )
     }
 

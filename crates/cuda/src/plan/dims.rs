@@ -177,6 +177,8 @@ impl Dims {
             ("AM_WARPS", ATTN_MMA_WARPS),
             ("AM_STAGES", ATTN_MMA_STAGES),
             ("AQ_STAGES", ATTN_Q8_MMA_STAGES),
+            ("AP_TILE", ATTN_PREFILL_TILE),
+            ("AP_STAGES", ATTN_PREFILL_STAGES),
             ("AS_TILE", ATTN_SHORT_TILE),
             ("AS_STAGES", ATTN_SHORT_STAGES),
             ("GEMV1_WARPS", GEMV1_WARPS),

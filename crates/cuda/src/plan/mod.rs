@@ -2,6 +2,7 @@
 //! a forward call. Nothing here touches the GPU, so all of it is tested without one.
 
 mod attention;
+mod attention_prefill;
 mod dims;
 mod embed;
 mod gemm;
@@ -14,6 +15,7 @@ pub(crate) mod tests;
 mod topk;
 
 pub use attention::*;
+pub use attention_prefill::*;
 pub use dims::*;
 pub use embed::*;
 pub use gemm::*;

@@ -107,3 +107,46 @@ fn the_short_attention_launch_fits_its_rings_and_refuses_what_it_cannot_hold() {
     // The short path's tiles are the split kernels' (their copy and row readers).
     assert!(ATTN_TILES.contains(&ATTN_SHORT_TILE));
 }
+
+#[test]
+fn the_query_tiled_attention_holds_its_queries_and_stages_and_one_block_fits_a_hopper_sm() {
+    let d = dims(Preset::B27);
+    let a = attn_prefill_launch(&d);
+    // A warp per query head of a kv head.
+    assert_eq!((a.kernel, a.threads), ("attn_prefill_mma", 6 * 32));
+    // 16 tokens × 6 heads of queries as f16 pairs, three stages of 32 key and 32 value rows,
+    // rows of 264 f16.
+    assert_eq!(a.smem_bytes, 2 * 6 * 16 * 528 + 3 * 2 * 32 * 528);
+    assert!(a.smem_bytes + ATTN_STATIC_SMEM <= 227 << 10);
+    assert!(2 * a.smem_bytes > 228 << 10);
+}
+
+#[test]
+fn the_query_tiled_splits_fill_the_device_once_and_cover_the_context_in_whole_stages() {
+    // A 256-token chunk after 16k positions on 132 places: 64 blocks a split, so two splits.
+    let (n, len) = attn_prefill_splits(16_384 + 256, 256, 4, 132);
+    assert_eq!(n, 2);
+    assert_eq!(len % ATTN_PREFILL_TILE, 0);
+    assert!(n * len >= 16_640 && (n - 1) * len < 16_640);
+    // A 512-token chunk fills them with one.
+    assert_eq!(attn_prefill_splits(16_384 + 512, 512, 4, 132), (1, 16_896));
+    // Short contexts: no split under the shortest length, however many places.
+    assert_eq!(attn_prefill_splits(40, 40, 4, 4096).0, 1);
+    let (n, len) = attn_prefill_splits(5020, 20, 4, 4096);
+    assert_eq!(n, 5020usize.div_ceil(ATTN_PREFILL_MIN_SPLIT));
+    assert!(len >= ATTN_PREFILL_MIN_SPLIT && n * len >= 5020 && (n - 1) * len < 5020);
+    // Never more splits than the partial rows hold, and none empty.
+    for (ctx, ntok, places) in [
+        (262_144, 2, 1 << 20),
+        (1, 1, 132),
+        (300, 17, 7),
+        (70_000, 256, 264),
+    ] {
+        let (n, len) = attn_prefill_splits(ctx, ntok, 4, places);
+        assert!((1..=ATTN_SPLITS).contains(&n), "{ctx} {ntok} {places}: {n}");
+        assert!(
+            n * len >= ctx && (n - 1) * len < ctx.max(1),
+            "{ctx} {ntok} {places}: {n} × {len}"
+        );
+    }
+}

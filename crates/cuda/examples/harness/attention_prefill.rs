@@ -1,0 +1,199 @@
+//! The query-tiled attention of multi-token passes (`attn_prefill_mma`) and its merge against
+//! the f64 reference on random f16 caches, and its time against the flash-decoding split's
+//! (a token at a time) on a prompt chunk at depth.
+
+use niwaki_cuda::gpu::{Arg, DevBuf, Gpu};
+use niwaki_cuda::plan::{self, AttnLaunch, Dims};
+use niwaki_cuda::{KvCache, Result};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::attention::{error_vs_reference, random_cache, same_bits, store};
+use crate::{Report, R};
+
+/// A pass's device buffers: queries, caches, the start position, partial rows, gates (zero) and
+/// the merged output.
+struct Pass {
+    q: DevBuf,
+    k: DevBuf,
+    v: DevBuf,
+    pos: DevBuf,
+    part: DevBuf,
+    proj: DevBuf,
+    out: DevBuf,
+}
+
+impl Pass {
+    fn new(gpu: &Gpu, d: &Dims, q: &[f32], k: &[u8], v: &[u8], pos: usize, ntok: usize) -> R<Pass> {
+        let (hd, nh) = (d.head_dim, d.n_head);
+        Ok(Pass {
+            q: gpu.upload(q, "q")?,
+            k: gpu.upload(k, "k cache")?,
+            v: gpu.upload(v, "v cache")?,
+            pos: gpu.upload(&[pos as u32, 0u32], "pos")?,
+            part: gpu.alloc(4 * ntok * nh * plan::ATTN_SPLITS * (hd + 2), "partials")?,
+            proj: gpu.alloc(4 * ntok * 2 * nh * hd, "gates")?,
+            out: gpu.alloc(4 * ntok * nh * hd, "out")?,
+        })
+    }
+
+    /// The query-tiled attention with `places` for its blocks, then the rows' merge; its split
+    /// count.
+    #[allow(clippy::too_many_arguments)]
+    fn tiled(
+        &self,
+        gpu: &Gpu,
+        d: &Dims,
+        a: AttnLaunch,
+        pos: usize,
+        ntok: usize,
+        places: usize,
+    ) -> Result<usize> {
+        let (nsplit, len) = plan::attn_prefill_splits(pos + ntok, ntok, d.n_head_kv, places);
+        let grid = (
+            ntok.div_ceil(plan::ATTN_PREFILL_TOKENS) as u32,
+            d.n_head_kv as u32,
+            nsplit as u32,
+        );
+        gpu.launch_smem(
+            &gpu.stream,
+            a.kernel,
+            grid,
+            (a.threads as u32, 1, 1),
+            a.smem_bytes as u32,
+            &[
+                Arg::Ptr(self.q.ptr),
+                Arg::Ptr(self.k.ptr),
+                Arg::Ptr(self.v.ptr),
+                Arg::Ptr(self.pos.ptr),
+                Arg::F32(1.0 / (d.head_dim as f32).sqrt()),
+                Arg::I32(ntok as i32),
+                Arg::I32(nsplit as i32),
+                Arg::I32(len as i32),
+                Arg::Ptr(self.part.ptr),
+            ],
+        )?;
+        self.merge(gpu, d, ntok, nsplit, len)?;
+        Ok(nsplit)
+    }
+
+    /// The flash-decoding split a multi-token pass takes without it (the SIMT kernel, tiles of
+    /// 8), then the rows' merge.
+    fn split(&self, gpu: &Gpu, d: &Dims, pos: usize, ntok: usize) -> Result<()> {
+        let (a, _) = gpu.attn_launch(d, KvCache::F16, 8);
+        let nsplit = plan::attn_splits(pos + ntok, ntok, 1);
+        gpu.launch_smem(
+            &gpu.stream,
+            a.kernel,
+            gpu.attn_split_grid(d.n_head_kv, nsplit, ntok),
+            (a.threads as u32, 1, 1),
+            a.smem_bytes as u32,
+            &[
+                Arg::Ptr(self.q.ptr),
+                Arg::Ptr(self.k.ptr),
+                Arg::Ptr(self.v.ptr),
+                Arg::Ptr(0),
+                Arg::Ptr(0),
+                Arg::Ptr(self.pos.ptr),
+                Arg::F32(1.0 / (d.head_dim as f32).sqrt()),
+                Arg::I32(nsplit as i32),
+                Arg::Ptr(self.part.ptr),
+            ],
+        )?;
+        self.merge(gpu, d, ntok, nsplit, 0)
+    }
+
+    fn merge(&self, gpu: &Gpu, d: &Dims, ntok: usize, nsplit: usize, len: usize) -> Result<()> {
+        gpu.launch(
+            &gpu.stream,
+            "attn_combine_rows",
+            (d.n_head as u32, ntok as u32, 1),
+            (d.head_dim as u32, 1, 1),
+            &[
+                Arg::Ptr(self.part.ptr),
+                Arg::I32(nsplit as i32),
+                Arg::I32(len as i32),
+                Arg::Ptr(self.pos.ptr),
+                Arg::Ptr(self.proj.ptr),
+                Arg::I32((2 * d.n_head * d.head_dim) as i32),
+                Arg::Ptr(self.out.ptr),
+            ],
+        )
+    }
+
+    fn read(&self, gpu: &Gpu, n: usize) -> R<Vec<f32>> {
+        let mut out = vec![0f32; n];
+        gpu.read(&gpu.stream, self.out.ptr, &mut out)?;
+        Ok(out)
+    }
+}
+
+pub fn prefill_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
+    let (hd, nh, nkv) = (d.head_dim, d.n_head, d.n_head_kv);
+    let Some((a, places)) = gpu.attn_prefill_launch() else {
+        rep.line(format!(
+            "| query-tiled attention (attn_prefill_mma) | HD {hd} | SKIP | needs sm_80 and its shared memory |"
+        ));
+        return Ok(());
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
+    // (cached positions before the pass, tokens in the pass, places for its blocks: the
+    // device's, or many, for many splits; keys and values with a magnitude per 32-value block)
+    let cases = [
+        (0usize, 2usize, places, false),
+        (0, 17, places, false),
+        (7, 40, 4096, false),
+        (100, 16, places, false),
+        (290, 33, 4096, true),
+        (3001, 50, places, true),
+        (5000, 20, 4096, false),
+    ];
+    let (mut worst, mut worst_abs, mut repeat_ok) = (0f64, 0f32, true);
+    let mut splits = Vec::new();
+    for (pos, ntok, room, wide) in cases {
+        let n = pos + ntok;
+        let kc = store(&random_cache(&mut rng, n, d, wide), KvCache::F16);
+        let vc = store(&random_cache(&mut rng, n, d, wide), KvCache::F16);
+        let q: Vec<f32> = (0..ntok * nh * hd)
+            .map(|_| rng.gen_range(-3.0..3.0))
+            .collect();
+        let pass = Pass::new(gpu, d, &q, &kc.values, &vc.values, pos, ntok)?;
+        splits.push(pass.tiled(gpu, d, a, pos, ntok, room)?);
+        let got = pass.read(gpu, ntok * nh * hd)?;
+        pass.tiled(gpu, d, a, pos, ntok, room)?;
+        let again = pass.read(gpu, ntok * nh * hd)?;
+        repeat_ok &= same_bits(&got, &again);
+        let (rel, abs) = error_vs_reference(d, &q, &kc, &vc, pos, &got);
+        worst = worst.max(rel);
+        worst_abs = worst_abs.max(abs);
+    }
+    let many = splits.iter().any(|&s| s > 1);
+    let ok = worst < 2e-5 && repeat_ok && many;
+    rep.line(format!(
+        "| query-tiled attention + merge (f16 cache) | contexts 2..5020, 2/16/17/20/33/40/50 tokens (splits {splits:?}), blocks of one magnitude and of 2^-12..2^4, HD {hd}, {nh}/{nkv} heads | attn_prefill_mma | {} | rel L2 vs f64 {worst:.1e} (tol 2e-5), max abs {worst_abs:.1e}; repeated launch bit-identical: {repeat_ok}; several splits in a case: {many} |",
+        if ok { "PASS" } else { "FAIL" }
+    ));
+    rep.check(ok, "query-tiled attention".into());
+    chunk_at_depth(rep, gpu, d, a, places)
+}
+
+/// The time of a 256-token chunk's attention after 16,384 cached positions (zeros: the reads
+/// and the arithmetic are what count), query-tiled against a token at a time.
+fn chunk_at_depth(rep: &mut Report, gpu: &Gpu, d: &Dims, a: AttnLaunch, places: usize) -> R<()> {
+    let (pos, ntok) = (16_384, plan::MAX_CHUNK);
+    let (hd, nh, nkv) = (d.head_dim, d.n_head, d.n_head_kv);
+    let zeros = vec![0u8; (pos + ntok) * nkv * hd * 2];
+    let q = vec![0.5f32; ntok * nh * hd];
+    let pass = Pass::new(gpu, d, &q, &zeros, &zeros, pos, ntok)?;
+    let tiled = gpu.time(&gpu.stream, 5, || {
+        pass.tiled(gpu, d, a, pos, ntok, places).map(|_| ())
+    })?;
+    let split = gpu.time(&gpu.stream, 5, || pass.split(gpu, d, pos, ntok))?;
+    rep.line(format!(
+        "| query-tiled attention, time | {ntok} tokens after {pos} positions, HD {hd}, {nh}/{nkv} heads, merge included | attn_prefill_mma | — | {:.0} µs a layer against {:.0} µs a token at a time (attn_split_t8): {:.1}× |",
+        tiled * 1e6,
+        split * 1e6,
+        split / tiled.max(1e-12)
+    ));
+    Ok(())
+}

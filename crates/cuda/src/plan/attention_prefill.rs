@@ -1,0 +1,58 @@
+//! The query-tiled attention of multi-token passes over an f16 cache (`attn_prefill_mma`,
+//! kernels/attention_prefill.cu): its launch, and its splits of the context.
+
+use super::*;
+
+/// Whether multi-token passes over an f16 cache take the query-tiled attention (on devices
+/// that run it) rather than the flash-decoding split a token at a time
+/// (`NIWAKI_CUDA_ATTN_PREFILL`). Fifty-fifth session, an H100, 27B Q1_0, `niwaki bench -p 512
+/// -n 16 -r 3 -d D`, pp512 tok/s off / on: 1,944 / 5,410 and 1,949 / 5,395 at 16,384 (two
+/// rounds), 1,123 / 4,374 at 32,768, 7,026 / 7,115 at 0; in the harness a 256-token chunk
+/// after 16,384 positions took 806 µs a layer against 6,047 (attn_split_t8, merge included).
+pub const ATTN_PREFILL: bool = true;
+/// Tokens of a block of the query-tiled attention (one m16 tile of the tensor cores; the
+/// kernel's AP_TOKENS).
+pub const ATTN_PREFILL_TOKENS: usize = 16;
+/// Cache positions of a stage of its keys and values, and stages in flight (AP_TILE,
+/// AP_STAGES): the queries take 99 KiB of a 27B block (16 tokens × 6 heads as f16 pairs), so a
+/// multiprocessor holds one block, and the third stage costs no occupancy.
+pub const ATTN_PREFILL_TILE: usize = 32;
+pub const ATTN_PREFILL_STAGES: usize = 3;
+/// Fewest cache positions per split of the query-tiled attention: a block stages its queries
+/// (96 KiB of floats read for a 27B block) before its first tile.
+pub const ATTN_PREFILL_MIN_SPLIT: usize = 256;
+
+/// The query-tiled attention's launch: a warp per query head of a kv head, the queries' f16
+/// pairs and the stages in dynamic shared memory.
+pub fn attn_prefill_launch(d: &Dims) -> AttnLaunch {
+    let gqa = d.n_head / d.n_head_kv;
+    let row = 2 * (d.head_dim + 8);
+    let queries = 2 * gqa * ATTN_PREFILL_TOKENS * row;
+    let stages = ATTN_PREFILL_STAGES * 2 * ATTN_PREFILL_TILE * row;
+    AttnLaunch {
+        kernel: "attn_prefill_mma",
+        threads: 32 * gqa,
+        smem_bytes: queries + stages,
+    }
+}
+
+/// The splits of a query-tiled pass of `ntok` tokens ending at context `n_ctx`, over
+/// `n_head_kv` kv heads on a device holding `places` of its blocks at once: how many, and the
+/// positions each covers (a whole number of stages). As many splits as fill the places once
+/// (a 256-token chunk of the 27B is 64 blocks a split), none shorter than
+/// [`ATTN_PREFILL_MIN_SPLIT`], at most [`ATTN_SPLITS`] (the partial rows' room).
+pub fn attn_prefill_splits(
+    n_ctx: usize,
+    ntok: usize,
+    n_head_kv: usize,
+    places: usize,
+) -> (usize, usize) {
+    let blocks = ntok.div_ceil(ATTN_PREFILL_TOKENS) * n_head_kv.max(1);
+    let most = n_ctx.div_ceil(ATTN_PREFILL_MIN_SPLIT).clamp(1, ATTN_SPLITS);
+    let want = (places / blocks).clamp(1, most);
+    let len = n_ctx
+        .max(1)
+        .div_ceil(want)
+        .next_multiple_of(ATTN_PREFILL_TILE);
+    (n_ctx.max(1).div_ceil(len), len)
+}
