@@ -1,6 +1,6 @@
-// Attention of a multi-token pass (a prompt chunk) over an f16 cache on the tensor cores
-// (sm_80+), query-tiled: a block takes 16 tokens of one kv head, a warp per query head of it,
-// and streams the split's keys and values once through shared memory for all of them. The
+// Attention of a multi-token pass (a prompt chunk) on the tensor cores (sm_80+), query-tiled: a
+// block takes 16 tokens of one kv head, a warp per query head of it, and streams the split's
+// keys and values once through shared memory for all of them. The
 // flash-decoding split kernels run a token at a time: every token read the whole cache of the
 // layer and did its dot products one FMA per value.
 //
@@ -11,14 +11,30 @@
 // the f16 cache values allow. The partial rows are attn_split's, with splits of a fixed `len`
 // positions for every token of the pass (attn_combine_rows takes the same `len`).
 //
-// Dynamic shared memory (plan/attention_prefill.rs, attn_prefill_launch): the queries (hi, then lo:
-// [GQA][16][AP_ROW] f16), then AP_STAGES stages of AP_TILE key rows and AP_TILE value rows
+// A q8_0 cache (attn_prefill_q8_mma) stages its tiles as cached (codes, then scales) and turns
+// each tile's codes into f16, exactly, in a buffer the mmas read as the f16 kernel's stages:
+// - keys: each 32-value block's two k16 steps sum in their own accumulators, scaled by the
+//   position's key scale in f32 (as attn_split_q8_mma);
+// - values: a position's value scale multiplies its weights (the A operand) before the f16
+//   split, block by block, times 2^(14 - E) where 2^E bounds the split's largest value scale of
+//   that block: the weighted scales stay below 2^14 and, down to 2^-28 of the largest, normal f16
+//   numbers, so the pairs keep 22 bits; the accumulators are scaled back at the end (exactly).
+//
+// Dynamic shared memory (plan/attention_prefill.rs, attn_prefill_launch): the queries (hi, then
+// lo: [GQA][16][AP_ROW] f16), then AP_STAGES stages of AP_TILE key rows and AP_TILE value rows
 // ([AP_ROW] f16 each, padded by 16 bytes so that ldmatrix's eight rows fall in distinct banks).
+// A q8_0 block has instead, after the queries: one such f16 tile (the converted codes), the
+// tile's key and value scales as floats ([AP_TILE][AP_NB] each), the blocks' value-scale
+// factors ([AP_NB]) and their reduction's room ([GQA][AP_NB]), padded to 16 bytes, then
+// AP_STAGES stages as cached (AP_TILE rows of key codes, of value codes, of key scales, of
+// value scales). Its scale rows go in 8-byte pieces: heads of whole 128 values (the host
+// launches it for no other).
 #ifndef AP_TILE
 #error "AP_TILE and AP_STAGES must be defined by the host (plan/attention_prefill.rs)"
 #endif
 #define AP_ROW (HD + 8)
 #define AP_TOKENS 16
+#define AP_NB (HD / QB)
 static_assert(AP_TILE % 16 == 0 && AP_STAGES >= 2 && HD % 16 == 0, "whole k16 steps and n16 pairs");
 
 #if __CUDA_ARCH__ >= 800
@@ -36,17 +52,29 @@ __device__ __forceinline__ void f16_pairs(float x, float y, u32* hi, u32* lo) {
 // [sp·len, (sp + 1)·len) of every token's context (len a multiple of AP_TILE); rows of tokens
 // whose context ends before sp·len are not written (the merge reads only the splits before).
 // part: as attn_split's.
-ENTRY __global__ void __launch_bounds__(GQA * 32, 1)
-    attn_prefill_mma(const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,
-                     const u32* __restrict__ pos_ptr, float scale, int ntok, int nsplit, int len,
-                     float* __restrict__ part) {
+template <bool Q8>
+__device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, const void* __restrict__ kc,
+                                                  const void* __restrict__ vc, const u16* __restrict__ ks,
+                                                  const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,
+                                                  float scale, int ntok, int nsplit, int len,
+                                                  float* __restrict__ part) {
 #if __CUDA_ARCH__ >= 800
-    constexpr int STAGE = 2 * AP_TILE * AP_ROW * 2;
+    constexpr int TILE16 = 2 * AP_TILE * AP_ROW * 2;  // an f16 tile: key rows, then value rows
     constexpr int QBYTES = GQA * AP_TOKENS * AP_ROW * 2;
+    // A q8_0 stage: codes of AP_TILE key rows and value rows, then their scales.
+    constexpr int RAW = 2 * AP_TILE * HD + 2 * AP_TILE * AP_NB * 2;
+    constexpr int STAGE = Q8 ? RAW : TILE16;
+    // q8_0: the floats after the converted tile, padded to 16 bytes.
+    constexpr int FLOATS = ((2 * AP_TILE * AP_NB + AP_NB + GQA * AP_NB) * 4 + 15) / 16 * 16;
     extern __shared__ __align__(16) unsigned char smem[];
     u16* qh = (u16*)smem;
     u16* ql = (u16*)(smem + QBYTES);
-    unsigned char* stages = smem + 2 * QBYTES;
+    unsigned char* buf16 = smem + 2 * QBYTES;  // q8_0: the converted tile
+    float* ksf = (float*)(buf16 + TILE16);      // q8_0: [AP_TILE][AP_NB] key scales
+    float* vsf = ksf + AP_TILE * AP_NB;         // q8_0: value scales times the blocks' factors
+    float* vfac = vsf + AP_TILE * AP_NB;        // q8_0: [AP_NB] 2^(14 - E)
+    float* vred = vfac + AP_NB;                 // q8_0: [GQA][AP_NB]
+    unsigned char* stages = smem + 2 * QBYTES + (Q8 ? TILE16 + FLOATS : 0);
     PDL_ENTRY();
     const int t0 = blockIdx.x * AP_TOKENS, kvh = blockIdx.y, sp = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
@@ -61,14 +89,31 @@ ENTRY __global__ void __launch_bounds__(GQA * 32, 1)
     auto copy = [&](int i) {
         unsigned char* st = stages + (i % AP_STAGES) * STAGE;
         const int p = p0 + i * AP_TILE;
-        constexpr int PIECES = 2 * HD / 16;
         // Rows past the split repeat its last position (finite values; their scores are masked).
-        each_copy<AP_TILE * PIECES, GQA * 32>(threadIdx.x, [&](int e) {
-            const int r = e / PIECES, c = e % PIECES;
-            const size_t row = ((size_t)min(p + r, p1 - 1) * NKV + kvh) * (2 * HD);
-            cp_async16(st + (r * AP_ROW) * 2 + c * 16, kb + row + c * 16);
-            cp_async16(st + ((AP_TILE + r) * AP_ROW) * 2 + c * 16, vb + row + c * 16);
-        });
+        if constexpr (Q8) {
+            constexpr int PIECES = HD / 16, SPIECES = AP_NB * 2 / 8;
+            each_copy<AP_TILE * PIECES, GQA * 32>(threadIdx.x, [&](int e) {
+                const int r = e / PIECES, c = e % PIECES;
+                const size_t row = ((size_t)min(p + r, p1 - 1) * NKV + kvh) * HD;
+                cp_async16(st + r * HD + c * 16, kb + row + c * 16);
+                cp_async16(st + (AP_TILE + r) * HD + c * 16, vb + row + c * 16);
+            });
+            each_copy<AP_TILE * SPIECES, GQA * 32>(threadIdx.x, [&](int e) {
+                const int r = e / SPIECES, c = e % SPIECES;
+                const size_t row = ((size_t)min(p + r, p1 - 1) * NKV + kvh) * AP_NB;
+                unsigned char* sc = st + 2 * AP_TILE * HD;
+                cp_async8(sc + r * AP_NB * 2 + c * 8, ks + row + c * 4);
+                cp_async8(sc + (AP_TILE + r) * AP_NB * 2 + c * 8, vs + row + c * 4);
+            });
+        } else {
+            constexpr int PIECES = 2 * HD / 16;
+            each_copy<AP_TILE * PIECES, GQA * 32>(threadIdx.x, [&](int e) {
+                const int r = e / PIECES, c = e % PIECES;
+                const size_t row = ((size_t)min(p + r, p1 - 1) * NKV + kvh) * (2 * HD);
+                cp_async16(st + (r * AP_ROW) * 2 + c * 16, kb + row + c * 16);
+                cp_async16(st + ((AP_TILE + r) * AP_ROW) * 2 + c * 16, vb + row + c * 16);
+            });
+        }
     };
 #pragma unroll
     for (int i = 0; i < AP_STAGES - 1; i++) {
@@ -81,6 +126,24 @@ ENTRY __global__ void __launch_bounds__(GQA * 32, 1)
         const int t = min(t0 + r, ntok - 1);
         const float v = q[((size_t)t * NH + kvh * GQA + g) * HD + i];
         f16_pair(v, qh + (g * AP_TOKENS + r) * AP_ROW + i, ql + (g * AP_TOKENS + r) * AP_ROW + i);
+    }
+    if constexpr (Q8) {
+        // Each value block's largest scale over the split: thread x sees block x % AP_NB only.
+        static_assert((GQA * 32) % AP_NB == 0 && 32 % AP_NB == 0, "a thread keeps one block");
+        float mx = 0.0f;
+        for (int idx = threadIdx.x; idx < (p1 - p0) * AP_NB; idx += blockDim.x)
+            mx = fmaxf(mx, h2f(vs[((size_t)(p0 + idx / AP_NB) * NKV + kvh) * AP_NB + idx % AP_NB]));
+#pragma unroll
+        for (int off = AP_NB; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        if (lane < AP_NB) vred[warp * AP_NB + lane] = mx;
+        __syncthreads();
+        if (threadIdx.x < AP_NB) {
+            float m = 0.0f;
+            for (int w = 0; w < GQA; w++) m = fmaxf(m, vred[w * AP_NB + threadIdx.x]);
+            int e = 0;
+            frexpf(m, &e);  // m < 2^e (0 for m = 0)
+            vfac[threadIdx.x] = ldexpf(1.0f, 14 - e);
+        }
     }
 
     // o[j]: tokens gid (o0, o1) and gid + 8 (o2, o3), dims 8·j + 2·tig and + 1.
@@ -99,12 +162,33 @@ ENTRY __global__ void __launch_bounds__(GQA * 32, 1)
     const u32 qha = smem_addr(qh) + ((warp * AP_TOKENS + qr) * AP_ROW + qd) * 2;
     const u32 qla = smem_addr(ql) + ((warp * AP_TOKENS + qr) * AP_ROW + qd) * 2;
     for (int i = 0; i < ntiles; i++) {
-        // Tile i landed for every thread, and every warp is done with tile i - 1's stage.
+        // Tile i landed for every thread, and every warp is done with tile i - 1.
         cp_async_wait<AP_STAGES - 2>();
         __syncthreads();
         if (i + AP_STAGES - 1 < ntiles) copy(i + AP_STAGES - 1);
         cp_async_commit();
-        const unsigned char* st = stages + (i % AP_STAGES) * STAGE;
+        const unsigned char* st = Q8 ? buf16 : stages + (i % AP_STAGES) * STAGE;
+        if constexpr (Q8) {
+            // The tile's codes as f16 (exact), its scales as floats.
+            const unsigned char* raw = stages + (i % AP_STAGES) * STAGE;
+            for (int e = threadIdx.x; e < 2 * AP_TILE * HD / 4; e += blockDim.x) {
+                const int r = e / (HD / 4), c = e % (HD / 4);
+                const u32 w = *(const u32*)(raw + r * HD + c * 4);
+                uint2 h;
+                h.x = (u32)f2h((float)(i8)(w & 0xff)) | ((u32)f2h((float)(i8)((w >> 8) & 0xff)) << 16);
+                h.y = (u32)f2h((float)(i8)((w >> 16) & 0xff)) | ((u32)f2h((float)(i8)(w >> 24)) << 16);
+                *(uint2*)(buf16 + (r * AP_ROW + c * 4) * 2) = h;
+            }
+            const u16* rs = (const u16*)(raw + 2 * AP_TILE * HD);
+            for (int e = threadIdx.x; e < 2 * AP_TILE * AP_NB; e += blockDim.x) {
+                const float x = h2f(rs[e]);
+                if (e < AP_TILE * AP_NB)
+                    ksf[e] = x;
+                else
+                    vsf[e - AP_TILE * AP_NB] = x * vfac[e % AP_NB];
+            }
+            __syncthreads();
+        }
         const u32 ka = smem_addr(st) + (kr * AP_ROW + kd) * 2;
         const u32 va = smem_addr(st) + ((AP_TILE + qr) * AP_ROW + qd) * 2;
         const int p = p0 + i * AP_TILE;
@@ -113,19 +197,35 @@ ENTRY __global__ void __launch_bounds__(GQA * 32, 1)
         float s[AP_TILE / 8][4];
 #pragma unroll
         for (int j = 0; j < AP_TILE / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        // q8_0: a 32-value block's two k16 steps at a time, then scaled by the keys' scales.
 #pragma unroll
-        for (int kk = 0; kk < HD; kk += 16) {
-            u32 ah[4], al[4];
-            ldmatrix_x4(ah, qha + kk * 2);
-            ldmatrix_x4(al, qla + kk * 2);
+        for (int kb0 = 0; kb0 < HD; kb0 += (Q8 ? QB : HD)) {
+            float sb[AP_TILE / 8][4];
 #pragma unroll
-            for (int j = 0; j < AP_TILE / 16; j++) {
-                u32 b[4];
-                ldmatrix_x4(b, ka + (j * 16 * AP_ROW + kk) * 2);
-                mma_f16(s[2 * j], ah, b[0], b[1]);
-                mma_f16(s[2 * j], al, b[0], b[1]);
-                mma_f16(s[2 * j + 1], ah, b[2], b[3]);
-                mma_f16(s[2 * j + 1], al, b[2], b[3]);
+            for (int j = 0; j < AP_TILE / 8; j++) sb[j][0] = sb[j][1] = sb[j][2] = sb[j][3] = 0.0f;
+#pragma unroll
+            for (int kk = kb0; kk < kb0 + (Q8 ? QB : HD); kk += 16) {
+                u32 ah[4], al[4];
+                ldmatrix_x4(ah, qha + kk * 2);
+                ldmatrix_x4(al, qla + kk * 2);
+#pragma unroll
+                for (int j = 0; j < AP_TILE / 16; j++) {
+                    u32 b[4];
+                    ldmatrix_x4(b, ka + (j * 16 * AP_ROW + kk) * 2);
+                    mma_f16(sb[2 * j], ah, b[0], b[1]);
+                    mma_f16(sb[2 * j], al, b[0], b[1]);
+                    mma_f16(sb[2 * j + 1], ah, b[2], b[3]);
+                    mma_f16(sb[2 * j + 1], al, b[2], b[3]);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < AP_TILE / 8; j++) {
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const float f = Q8 ? ksf[(8 * j + 2 * tig + c) * AP_NB + kb0 / QB] : 1.0f;
+                    s[j][c] += sb[j][c] * f;
+                    s[j][2 + c] += sb[j][2 + c] * f;
+                }
             }
         }
         // The tile's online softmax per token; a row with no position yet keeps max −∞ and
@@ -172,26 +272,49 @@ ENTRY __global__ void __launch_bounds__(GQA * 32, 1)
             o[j][2] *= c1;
             o[j][3] *= c1;
         }
-        // O += P · V, a k16 step per 16 positions: P's A fragment is S's two n8 tiles.
+        // O += P · V, a k16 step per 16 positions: P's A fragment is S's two n8 tiles (q8_0:
+        // times the positions' value scales, a 32-value block of V at a time).
 #pragma unroll
         for (int kp = 0; kp < AP_TILE / 16; kp++) {
-            u32 ah[4], al[4];
-            f16_pairs(s[2 * kp][0], s[2 * kp][1], &ah[0], &al[0]);
-            f16_pairs(s[2 * kp][2], s[2 * kp][3], &ah[1], &al[1]);
-            f16_pairs(s[2 * kp + 1][0], s[2 * kp + 1][1], &ah[2], &al[2]);
-            f16_pairs(s[2 * kp + 1][2], s[2 * kp + 1][3], &ah[3], &al[3]);
+            const int pa = 16 * kp + 2 * tig;
 #pragma unroll
-            for (int j = 0; j < HD / 16; j++) {
-                u32 b[4];
-                ldmatrix_x4_trans(b, va + (kp * 16 * AP_ROW + j * 16) * 2);
-                mma_f16(o[2 * j], ah, b[0], b[1]);
-                mma_f16(o[2 * j], al, b[0], b[1]);
-                mma_f16(o[2 * j + 1], ah, b[2], b[3]);
-                mma_f16(o[2 * j + 1], al, b[2], b[3]);
+            for (int db = 0; db < HD; db += (Q8 ? QB : HD)) {
+                float w0 = 1.0f, w1 = 1.0f, w8 = 1.0f, w9 = 1.0f;
+                if constexpr (Q8) {
+                    w0 = vsf[pa * AP_NB + db / QB];
+                    w1 = vsf[(pa + 1) * AP_NB + db / QB];
+                    w8 = vsf[(pa + 8) * AP_NB + db / QB];
+                    w9 = vsf[(pa + 9) * AP_NB + db / QB];
+                }
+                u32 ah[4], al[4];
+                f16_pairs(s[2 * kp][0] * w0, s[2 * kp][1] * w1, &ah[0], &al[0]);
+                f16_pairs(s[2 * kp][2] * w0, s[2 * kp][3] * w1, &ah[1], &al[1]);
+                f16_pairs(s[2 * kp + 1][0] * w8, s[2 * kp + 1][1] * w9, &ah[2], &al[2]);
+                f16_pairs(s[2 * kp + 1][2] * w8, s[2 * kp + 1][3] * w9, &ah[3], &al[3]);
+#pragma unroll
+                for (int j = db / 16; j < (db + (Q8 ? QB : HD)) / 16; j++) {
+                    u32 b[4];
+                    ldmatrix_x4_trans(b, va + (kp * 16 * AP_ROW + j * 16) * 2);
+                    mma_f16(o[2 * j], ah, b[0], b[1]);
+                    mma_f16(o[2 * j], al, b[0], b[1]);
+                    mma_f16(o[2 * j + 1], ah, b[2], b[3]);
+                    mma_f16(o[2 * j + 1], al, b[2], b[3]);
+                }
             }
         }
     }
     cp_async_wait<0>();
+    if constexpr (Q8) {
+        // The value blocks' factors off again (powers of two: exact).
+#pragma unroll
+        for (int j = 0; j < HD / 8; j++) {
+            const float f = 1.0f / vfac[8 * j / QB];
+            o[j][0] *= f;
+            o[j][1] *= f;
+            o[j][2] *= f;
+            o[j][3] *= f;
+        }
+    }
 #pragma unroll
     for (int off = 1; off < 4; off <<= 1) {
         l0 += __shfl_xor_sync(0xffffffffu, l0, off);
@@ -213,3 +336,13 @@ ENTRY __global__ void __launch_bounds__(GQA * 32, 1)
     __trap();
 #endif
 }
+
+#define ATTN_PREFILL_KERNEL(name, Q8)                                                                       \
+    ENTRY __global__ void __launch_bounds__(GQA * 32, 1)                                                  \
+        name(const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,        \
+             const u16* __restrict__ ks, const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,      \
+             float scale, int ntok, int nsplit, int len, float* __restrict__ part) {                       \
+        attn_prefill_body<Q8>(q, kc, vc, ks, vs, pos_ptr, scale, ntok, nsplit, len, part);                 \
+    }
+ATTN_PREFILL_KERNEL(attn_prefill_mma, false)
+ATTN_PREFILL_KERNEL(attn_prefill_q8_mma, true)

@@ -41,6 +41,7 @@ const KNOBS: &[(&str, Takes)] = &[
         Takes::OneOf(&["planes", "mma", "mmaop", "fp", "fold", "watch"]),
     ),
     ("NIWAKI_CUDA_ATTN_PREFILL", Takes::OnOff),
+    ("NIWAKI_CUDA_ATTN_PREFILL_Q8", Takes::OnOff),
     ("NIWAKI_CUDA_ATTN_SHORT", Takes::Number),
     // A measurement: a one-token pass's splits per kv head in place of one wave's.
     ("NIWAKI_CUDA_ATTN_SPLITS", Takes::Number),

@@ -1,6 +1,6 @@
-//! The query-tiled attention of multi-token passes (`attn_prefill_mma`) and its merge against
-//! the f64 reference on random f16 caches, and its time against the flash-decoding split's
-//! (a token at a time) on a prompt chunk at depth.
+//! The query-tiled attention of multi-token passes (`attn_prefill_mma`, `attn_prefill_q8_mma`)
+//! and its merge against the f64 reference on random caches of both formats, and its time
+//! against the flash-decoding split's (a token at a time) on a prompt chunk at depth.
 
 use niwaki_cuda::gpu::{Arg, DevBuf, Gpu};
 use niwaki_cuda::plan::{self, AttnLaunch, Dims};
@@ -8,15 +8,17 @@ use niwaki_cuda::{KvCache, Result};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::attention::{error_vs_reference, random_cache, same_bits, store};
+use crate::attention::{error_vs_reference, random_cache, same_bits, store, Cache};
 use crate::{Report, R};
 
-/// A pass's device buffers: queries, caches, the start position, partial rows, gates (zero) and
-/// the merged output.
+/// A pass's device buffers: queries, caches (values, then scales where q8_0), the start
+/// position, partial rows, gates (zero) and the merged output.
 struct Pass {
+    kv: KvCache,
     q: DevBuf,
     k: DevBuf,
     v: DevBuf,
+    scales: Option<(DevBuf, DevBuf)>,
     pos: DevBuf,
     part: DevBuf,
     proj: DevBuf,
@@ -24,12 +26,31 @@ struct Pass {
 }
 
 impl Pass {
-    fn new(gpu: &Gpu, d: &Dims, q: &[f32], k: &[u8], v: &[u8], pos: usize, ntok: usize) -> R<Pass> {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        gpu: &Gpu,
+        d: &Dims,
+        kv: KvCache,
+        q: &[f32],
+        k: &Cache,
+        v: &Cache,
+        pos: usize,
+        ntok: usize,
+    ) -> R<Pass> {
         let (hd, nh) = (d.head_dim, d.n_head);
+        let scales = match kv {
+            KvCache::F16 => None,
+            KvCache::Q8_0 => Some((
+                gpu.upload(&k.scales, "k scales")?,
+                gpu.upload(&v.scales, "v scales")?,
+            )),
+        };
         Ok(Pass {
+            kv,
             q: gpu.upload(q, "q")?,
-            k: gpu.upload(k, "k cache")?,
-            v: gpu.upload(v, "v cache")?,
+            k: gpu.upload(&k.values, "k cache")?,
+            v: gpu.upload(&v.values, "v cache")?,
+            scales,
             pos: gpu.upload(&[pos as u32, 0u32], "pos")?,
             part: gpu.alloc(4 * ntok * nh * plan::ATTN_SPLITS * (hd + 2), "partials")?,
             proj: gpu.alloc(4 * ntok * 2 * nh * hd, "gates")?,
@@ -65,6 +86,8 @@ impl Pass {
                 Arg::Ptr(self.q.ptr),
                 Arg::Ptr(self.k.ptr),
                 Arg::Ptr(self.v.ptr),
+                self.scale_arg(0),
+                self.scale_arg(1),
                 Arg::Ptr(self.pos.ptr),
                 Arg::F32(1.0 / (d.head_dim as f32).sqrt()),
                 Arg::I32(ntok as i32),
@@ -77,10 +100,15 @@ impl Pass {
         Ok(nsplit)
     }
 
+    /// The keys' (0) or values' (1) scales of a q8_0 cache, else a null pointer.
+    fn scale_arg(&self, which: usize) -> Arg {
+        Arg::Ptr(self.scales.as_ref().map_or(0, |s| [&s.0, &s.1][which].ptr))
+    }
+
     /// The flash-decoding split a multi-token pass takes without it (the SIMT kernel, tiles of
     /// 8), then the rows' merge.
     fn split(&self, gpu: &Gpu, d: &Dims, pos: usize, ntok: usize) -> Result<()> {
-        let (a, _) = gpu.attn_launch(d, KvCache::F16, 8);
+        let (a, _) = gpu.attn_launch(d, self.kv, 8);
         let nsplit = plan::attn_splits(pos + ntok, ntok, 1);
         gpu.launch_smem(
             &gpu.stream,
@@ -92,8 +120,8 @@ impl Pass {
                 Arg::Ptr(self.q.ptr),
                 Arg::Ptr(self.k.ptr),
                 Arg::Ptr(self.v.ptr),
-                Arg::Ptr(0),
-                Arg::Ptr(0),
+                self.scale_arg(0),
+                self.scale_arg(1),
                 Arg::Ptr(self.pos.ptr),
                 Arg::F32(1.0 / (d.head_dim as f32).sqrt()),
                 Arg::I32(nsplit as i32),
@@ -129,16 +157,35 @@ impl Pass {
 }
 
 pub fn prefill_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
+    for kv in [KvCache::F16, KvCache::Q8_0] {
+        let Some((a, places)) = gpu.attn_prefill_launch(kv) else {
+            rep.line(format!(
+                "| query-tiled attention ({kv:?} cache) | HD {} | — | SKIP | not run here (sm_80, its shared memory, q8_0 heads of whole 128 values) |",
+                d.head_dim
+            ));
+            continue;
+        };
+        let k = Tiled { kv, a, places };
+        checks(rep, gpu, d, &k)?;
+        chunk_at_depth(rep, gpu, d, &k)?;
+    }
+    Ok(())
+}
+
+/// The query-tiled kernel of a cache type: its launch, and the device's places for its blocks.
+struct Tiled {
+    kv: KvCache,
+    a: AttnLaunch,
+    places: usize,
+}
+
+fn checks(rep: &mut Report, gpu: &Gpu, d: &Dims, k: &Tiled) -> R<()> {
     let (hd, nh, nkv) = (d.head_dim, d.n_head, d.n_head_kv);
-    let Some((a, places)) = gpu.attn_prefill_launch() else {
-        rep.line(format!(
-            "| query-tiled attention (attn_prefill_mma) | HD {hd} | SKIP | needs sm_80 and its shared memory |"
-        ));
-        return Ok(());
-    };
+    let (kv, a, places) = (k.kv, k.a, k.places);
     let mut rng = ChaCha8Rng::seed_from_u64(13);
     // (cached positions before the pass, tokens in the pass, places for its blocks: the
-    // device's, or many, for many splits; keys and values with a magnitude per 32-value block)
+    // device's, or many, for many splits; keys and values with a magnitude per 32-value block,
+    // so that q8_0 scales differ within a tile by up to 2^16)
     let cases = [
         (0usize, 2usize, places, false),
         (0, 17, places, false),
@@ -152,12 +199,12 @@ pub fn prefill_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
     let mut splits = Vec::new();
     for (pos, ntok, room, wide) in cases {
         let n = pos + ntok;
-        let kc = store(&random_cache(&mut rng, n, d, wide), KvCache::F16);
-        let vc = store(&random_cache(&mut rng, n, d, wide), KvCache::F16);
+        let kc = store(&random_cache(&mut rng, n, d, wide), kv);
+        let vc = store(&random_cache(&mut rng, n, d, wide), kv);
         let q: Vec<f32> = (0..ntok * nh * hd)
             .map(|_| rng.gen_range(-3.0..3.0))
             .collect();
-        let pass = Pass::new(gpu, d, &q, &kc.values, &vc.values, pos, ntok)?;
+        let pass = Pass::new(gpu, d, kv, &q, &kc, &vc, pos, ntok)?;
         splits.push(pass.tiled(gpu, d, a, pos, ntok, room)?);
         let got = pass.read(gpu, ntok * nh * hd)?;
         pass.tiled(gpu, d, a, pos, ntok, room)?;
@@ -170,29 +217,33 @@ pub fn prefill_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
     let many = splits.iter().any(|&s| s > 1);
     let ok = worst < 2e-5 && repeat_ok && many;
     rep.line(format!(
-        "| query-tiled attention + merge (f16 cache) | contexts 2..5020, 2/16/17/20/33/40/50 tokens (splits {splits:?}), blocks of one magnitude and of 2^-12..2^4, HD {hd}, {nh}/{nkv} heads | attn_prefill_mma | {} | rel L2 vs f64 {worst:.1e} (tol 2e-5), max abs {worst_abs:.1e}; repeated launch bit-identical: {repeat_ok}; several splits in a case: {many} |",
+        "| query-tiled attention + merge ({kv:?} cache) | contexts 2..5020, 2/16/17/20/33/40/50 tokens (splits {splits:?}), blocks of one magnitude and of 2^-12..2^4, HD {hd}, {nh}/{nkv} heads | {} | {} | rel L2 vs f64 {worst:.1e} (tol 2e-5), max abs {worst_abs:.1e}; repeated launch bit-identical: {repeat_ok}; several splits in a case: {many} |",
+        a.kernel,
         if ok { "PASS" } else { "FAIL" }
     ));
-    rep.check(ok, "query-tiled attention".into());
-    chunk_at_depth(rep, gpu, d, a, places)
+    rep.check(ok, format!("query-tiled attention {kv:?}"));
+    Ok(())
 }
 
 /// The time of a 256-token chunk's attention after 16,384 cached positions (zeros: the reads
 /// and the arithmetic are what count), query-tiled against a token at a time.
-fn chunk_at_depth(rep: &mut Report, gpu: &Gpu, d: &Dims, a: AttnLaunch, places: usize) -> R<()> {
+fn chunk_at_depth(rep: &mut Report, gpu: &Gpu, d: &Dims, k: &Tiled) -> R<()> {
+    let (kv, a, places) = (k.kv, k.a, k.places);
     let (pos, ntok) = (16_384, plan::MAX_CHUNK);
     let (hd, nh, nkv) = (d.head_dim, d.n_head, d.n_head_kv);
-    let zeros = vec![0u8; (pos + ntok) * nkv * hd * 2];
+    let zeros = store(&vec![0f32; (pos + ntok) * nkv * hd], kv);
     let q = vec![0.5f32; ntok * nh * hd];
-    let pass = Pass::new(gpu, d, &q, &zeros, &zeros, pos, ntok)?;
+    let pass = Pass::new(gpu, d, kv, &q, &zeros, &zeros, pos, ntok)?;
     let tiled = gpu.time(&gpu.stream, 5, || {
         pass.tiled(gpu, d, a, pos, ntok, places).map(|_| ())
     })?;
     let split = gpu.time(&gpu.stream, 5, || pass.split(gpu, d, pos, ntok))?;
     rep.line(format!(
-        "| query-tiled attention, time | {ntok} tokens after {pos} positions, HD {hd}, {nh}/{nkv} heads, merge included | attn_prefill_mma | — | {:.0} µs a layer against {:.0} µs a token at a time (attn_split_t8): {:.1}× |",
+        "| query-tiled attention, time ({kv:?} cache) | {ntok} tokens after {pos} positions, HD {hd}, {nh}/{nkv} heads, merge included | {} | — | {:.0} µs a layer against {:.0} µs a token at a time ({}): {:.1}× |",
+        a.kernel,
         tiled * 1e6,
         split * 1e6,
+        gpu.attn_launch(d, kv, 8).0.kernel,
         split / tiled.max(1e-12)
     ));
     Ok(())

@@ -19,6 +19,7 @@
 //! merged decode kernels against the kernels they replace, `NIWAKI_HARNESS_ONLY=ahead` greedy
 //! steps run ahead of the host against host-fed passes, `NIWAKI_HARNESS_ONLY=attention` the
 //! attention kernels' checks and decode at depth (`=depth`: decode at depth alone),
+//! `NIWAKI_HARNESS_ONLY=prefill` the query-tiled attention's checks and times alone,
 //! `NIWAKI_HARNESS_ONLY=determinism` ten identical greedy requests and the q8_0 cache's
 //! whole-model checks, `NIWAKI_HARNESS_ONLY=short` the one-kernel short attention against the kernels it replaces
 //! (also in `fused`),
@@ -153,6 +154,14 @@ fn run(rep: &mut Report) -> R<()> {
                 sampling::topk_checks(rep, &gpu, &mut rand::SeedableRng::seed_from_u64(5))?;
             rep.line(format!("\n{timing}\n"));
             return sampling::model_topk(rep);
+        }
+        // The query-tiled attention's checks and times alone (both shapes).
+        Ok("prefill") => {
+            kernel_table(rep);
+            attention_prefill::prefill_checks(rep, &gpu, &dims)?;
+            drop(gpu);
+            let d27 = attention::b27_dims()?;
+            return attention_prefill::prefill_checks(rep, &Gpu::new(&d27)?, &d27);
         }
         // Ten identical greedy requests, then the q8_0 cache's whole-model checks.
         Ok("determinism") => {

@@ -70,7 +70,7 @@ pub const SOURCES: [(&str, &str, usize); 18] = [
 pub const PARTS: usize = 5;
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 135] = [
+pub const KERNELS: [&str; 136] = [
     "read_sum",
     "pdl_spin",
     "pdl_copy",
@@ -201,6 +201,7 @@ pub const KERNELS: [&str; 135] = [
     "attn_split_mma",
     "attn_split_q8_mma",
     "attn_prefill_mma",
+    "attn_prefill_q8_mma",
     "attn_combine",
     "attn_combine_quant",
     "attn_combine_rows",

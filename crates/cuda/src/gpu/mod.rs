@@ -197,12 +197,14 @@ pub struct Gpu {
     /// The longest context whose one-token passes take it ([`plan::ATTN_SHORT_MAX`] on sm_90,
     /// where it was measured, else 0; `NIWAKI_CUDA_ATTN_SHORT`, 0: never).
     attn_short_max: AtomicUsize,
-    /// The query-tiled attention's launch and how many of its blocks the device holds at once,
-    /// where it runs ([`plan::attn_prefill_launch`]: sm_80+, its shared memory).
-    attn_prefill: Option<(plan::AttnLaunch, usize)>,
-    /// Whether multi-token passes over an f16 cache take it ([`plan::ATTN_PREFILL`];
-    /// `NIWAKI_CUDA_ATTN_PREFILL`).
-    attn_prefill_on: AtomicBool,
+    /// The query-tiled attention's launch for each cache type where it runs
+    /// ([`plan::attn_prefill_launch`]: sm_80+, its shared memory), and how many of its blocks
+    /// the device holds at once.
+    attn_prefill: Vec<(plan::KvCache, plan::AttnLaunch, usize)>,
+    /// Whether multi-token passes take it, over an f16 cache ([`plan::ATTN_PREFILL`];
+    /// `NIWAKI_CUDA_ATTN_PREFILL`) and over a q8_0 one ([`plan::ATTN_PREFILL_Q8`];
+    /// `NIWAKI_CUDA_ATTN_PREFILL_Q8`).
+    attn_prefill_on: [AtomicBool; 2],
     /// A one-token pass's splits per kv head where `NIWAKI_CUDA_ATTN_SPLITS` sets them (a
     /// measurement), else one wave of the split kernel's blocks ([`plan::attn_decode_splits`]).
     attn_decode_splits: Option<usize>,

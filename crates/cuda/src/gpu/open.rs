@@ -131,21 +131,23 @@ impl Gpu {
             }
             attn_blocks_per_sm.insert(k, occupancy(&funcs[k], k, a.threads, a.smem_bytes)?);
         }
-        // The query-tiled attention of multi-token passes (sm_80+, f16 caches), and how many
-        // of its blocks the device holds at once.
-        let attn_prefill = {
-            let a = plan::attn_prefill_launch(dims);
+        // The query-tiled attention of multi-token passes (sm_80+) for each cache type whose
+        // block fits, and how many of its blocks the device holds at once.
+        let mut attn_prefill = Vec::new();
+        for kv in [plan::KvCache::F16, plan::KvCache::Q8_0] {
+            let Some(a) = plan::attn_prefill_launch(dims, kv) else {
+                continue;
+            };
             let k = a.kernel;
-            if ampere && a.smem_bytes + plan::ATTN_STATIC_SMEM <= smem_limit.max(48 << 10) {
-                if a.smem_bytes > 48 << 10 {
-                    raise_dynamic_smem(&funcs[k], k, a.smem_bytes)?;
-                }
-                let per_sm = occupancy(&funcs[k], k, a.threads, a.smem_bytes)?;
-                Some((a, per_sm * info.multiprocessors.max(1) as usize))
-            } else {
-                None
+            if !ampere || a.smem_bytes + plan::ATTN_STATIC_SMEM > smem_limit.max(48 << 10) {
+                continue;
             }
-        };
+            if a.smem_bytes > 48 << 10 {
+                raise_dynamic_smem(&funcs[k], k, a.smem_bytes)?;
+            }
+            let per_sm = occupancy(&funcs[k], k, a.threads, a.smem_bytes)?;
+            attn_prefill.push((kv, a, per_sm * info.multiprocessors.max(1) as usize));
+        }
         let mut attn_short = Vec::new();
         for kv in [plan::KvCache::F16, plan::KvCache::Q8_0] {
             if let Some(a) = plan::attn_short_launch(dims, kv, smem_limit.max(48 << 10)) {
@@ -251,10 +253,13 @@ impl Gpu {
                 .any(|d| d == compile::ATTN_TOKEN_MAJOR_DEFINE),
             attn_short,
             attn_prefill,
-            attn_prefill_on: AtomicBool::new(knobs::flag(
-                "NIWAKI_CUDA_ATTN_PREFILL",
-                plan::ATTN_PREFILL,
-            )),
+            attn_prefill_on: [
+                AtomicBool::new(knobs::flag("NIWAKI_CUDA_ATTN_PREFILL", plan::ATTN_PREFILL)),
+                AtomicBool::new(knobs::flag(
+                    "NIWAKI_CUDA_ATTN_PREFILL_Q8",
+                    plan::ATTN_PREFILL_Q8,
+                )),
+            ],
             attn_decode_splits: knobs::number_set("NIWAKI_CUDA_ATTN_SPLITS"),
             // Measured on the H200 only: elsewhere off unless asked for.
             attn_short_max: AtomicUsize::new(knobs::number(

@@ -153,29 +153,30 @@ impl Gpu {
     }
 
     /// The query-tiled attention's launch and the device's places for its blocks, where a pass
-    /// of `ntok` tokens over a `kv` cache takes it: several tokens, an f16 cache, a device that
-    /// runs it, and the setting on.
+    /// of `ntok` tokens over a `kv` cache takes it: several tokens, a device that runs it for
+    /// that cache, and the cache type's setting on.
     pub fn attn_prefill_for(
         &self,
         kv: plan::KvCache,
         ntok: usize,
     ) -> Option<(plan::AttnLaunch, usize)> {
-        let on = self.attn_prefill_on.load(Ordering::Relaxed);
-        (on && ntok > 1 && kv == plan::KvCache::F16)
-            .then_some(self.attn_prefill)
+        let setting = match kv {
+            plan::KvCache::F16 => &self.attn_prefill_on[0],
+            plan::KvCache::Q8_0 => &self.attn_prefill_on[1],
+        };
+        let on = setting.load(Ordering::Relaxed);
+        (on && ntok > 1)
+            .then(|| self.attn_prefill_launch(kv))
             .flatten()
     }
 
-    /// The query-tiled attention's launch and places where this device runs it, whatever the
-    /// setting (the harness checks it).
-    pub fn attn_prefill_launch(&self) -> Option<(plan::AttnLaunch, usize)> {
+    /// The query-tiled attention's launch and places for a `kv` cache where this device runs
+    /// it, whatever the setting (the harness checks it).
+    pub fn attn_prefill_launch(&self, kv: plan::KvCache) -> Option<(plan::AttnLaunch, usize)> {
         self.attn_prefill
-    }
-
-    /// Turns the query-tiled attention of multi-token passes on or off; returns the previous
-    /// setting.
-    pub fn set_attn_prefill(&self, on: bool) -> bool {
-        self.attn_prefill_on.swap(on, Ordering::Relaxed)
+            .iter()
+            .find(|(k, ..)| *k == kv)
+            .map(|&(_, a, places)| (a, places))
     }
 
     /// Sets [`Gpu::attn_tile`] (for measuring the variants; others, and the tensor-core

@@ -55,6 +55,8 @@ impl CudaModel {
                     Arg::Ptr(st.s("q")),
                     k,
                     v,
+                    ks,
+                    vs,
                     Arg::Ptr(pos),
                     Arg::F32(1.0 / (d.head_dim as f32).sqrt()),
                     Arg::I32(ntok as i32),

@@ -1,5 +1,5 @@
-//! The query-tiled attention of multi-token passes over an f16 cache (`attn_prefill_mma`,
-//! kernels/attention_prefill.cu): its launch, and its splits of the context.
+//! The query-tiled attention of multi-token passes (`attn_prefill_mma`, `attn_prefill_q8_mma`,
+//! kernels/attention_prefill.cu): its launches, and its splits of the context.
 
 use super::*;
 
@@ -10,6 +10,11 @@ use super::*;
 /// rounds), 1,123 / 4,374 at 32,768, 7,026 / 7,115 at 0; in the harness a 256-token chunk
 /// after 16,384 positions took 806 µs a layer against 6,047 (attn_split_t8, merge included).
 pub const ATTN_PREFILL: bool = true;
+/// The same for a q8_0 cache (`NIWAKI_CUDA_ATTN_PREFILL_Q8`). Same session and card, one run
+/// each: pp512 at 16,384 positions 1,971 tok/s off, 4,119 on; in the harness a 256-token chunk
+/// after 16,384 positions took 1,691 µs a layer against 5,884 (attn_split_q8_t8, merge
+/// included).
+pub const ATTN_PREFILL_Q8: bool = true;
 /// Tokens of a block of the query-tiled attention (one m16 tile of the tensor cores; the
 /// kernel's AP_TOKENS).
 pub const ATTN_PREFILL_TOKENS: usize = 16;
@@ -22,18 +27,36 @@ pub const ATTN_PREFILL_STAGES: usize = 3;
 /// (96 KiB of floats read for a 27B block) before its first tile.
 pub const ATTN_PREFILL_MIN_SPLIT: usize = 256;
 
-/// The query-tiled attention's launch: a warp per query head of a kv head, the queries' f16
-/// pairs and the stages in dynamic shared memory.
-pub fn attn_prefill_launch(d: &Dims) -> AttnLaunch {
-    let gqa = d.n_head / d.n_head_kv;
-    let row = 2 * (d.head_dim + 8);
+/// The query-tiled attention's launch for a cache type: a warp per query head of a kv head, the
+/// queries' f16 pairs and the stages in dynamic shared memory (f16: stages of f16 rows; q8_0:
+/// one f16 tile the codes are turned into, its scales as floats and the value blocks' factors,
+/// then stages as cached). `None` for a q8_0 cache with heads not whole 128-value pieces (its
+/// scale rows are copied in 8-byte pieces).
+pub fn attn_prefill_launch(d: &Dims, kv: KvCache) -> Option<AttnLaunch> {
+    let (gqa, hd) = (d.n_head / d.n_head_kv, d.head_dim);
+    let row = 2 * (hd + 8);
     let queries = 2 * gqa * ATTN_PREFILL_TOKENS * row;
-    let stages = ATTN_PREFILL_STAGES * 2 * ATTN_PREFILL_TILE * row;
-    AttnLaunch {
-        kernel: "attn_prefill_mma",
+    let tile16 = 2 * ATTN_PREFILL_TILE * row;
+    let (kernel, rest) = match kv {
+        KvCache::F16 => ("attn_prefill_mma", ATTN_PREFILL_STAGES * tile16),
+        KvCache::Q8_0 => {
+            if !hd.is_multiple_of(128) {
+                return None;
+            }
+            let nb = hd / 32;
+            let floats = (4 * (2 * ATTN_PREFILL_TILE * nb + nb + gqa * nb)).next_multiple_of(16);
+            let stage = 2 * ATTN_PREFILL_TILE * (hd + 2 * nb);
+            (
+                "attn_prefill_q8_mma",
+                tile16 + floats + ATTN_PREFILL_STAGES * stage,
+            )
+        }
+    };
+    Some(AttnLaunch {
+        kernel,
         threads: 32 * gqa,
-        smem_bytes: queries + stages,
-    }
+        smem_bytes: queries + rest,
+    })
 }
 
 /// The splits of a query-tiled pass of `ntok` tokens ending at context `n_ctx`, over

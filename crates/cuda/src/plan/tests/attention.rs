@@ -111,14 +111,30 @@ fn the_short_attention_launch_fits_its_rings_and_refuses_what_it_cannot_hold() {
 #[test]
 fn the_query_tiled_attention_holds_its_queries_and_stages_and_one_block_fits_a_hopper_sm() {
     let d = dims(Preset::B27);
-    let a = attn_prefill_launch(&d);
+    let a = attn_prefill_launch(&d, KvCache::F16).expect("f16");
     // A warp per query head of a kv head.
     assert_eq!((a.kernel, a.threads), ("attn_prefill_mma", 6 * 32));
     // 16 tokens × 6 heads of queries as f16 pairs, three stages of 32 key and 32 value rows,
     // rows of 264 f16.
     assert_eq!(a.smem_bytes, 2 * 6 * 16 * 528 + 3 * 2 * 32 * 528);
-    assert!(a.smem_bytes + ATTN_STATIC_SMEM <= 227 << 10);
-    assert!(2 * a.smem_bytes > 228 << 10);
+    // q8_0: the queries, one f16 tile, its 2 × 32 × 8 scales, 8 factors and 6 × 8 floats of
+    // their reduction (2,272 bytes, a multiple of 16), then three stages as cached (32 rows of
+    // 256 key codes, of value codes, and their 16 bytes of scales each).
+    let q8 = attn_prefill_launch(&d, KvCache::Q8_0).expect("q8_0");
+    assert_eq!((q8.kernel, q8.threads), ("attn_prefill_q8_mma", 6 * 32));
+    assert_eq!(
+        q8.smem_bytes,
+        2 * 6 * 16 * 528 + 2 * 32 * 528 + 2_272 + 3 * 2 * 32 * (256 + 16)
+    );
+    for a in [a, q8] {
+        assert!(a.smem_bytes + ATTN_STATIC_SMEM <= 227 << 10);
+        assert!(2 * a.smem_bytes > 228 << 10);
+    }
+    // Heads that are not whole 128-value pieces have no q8_0 kernel.
+    let mut narrow = d.clone();
+    narrow.head_dim = 64;
+    assert!(attn_prefill_launch(&narrow, KvCache::Q8_0).is_none());
+    assert!(attn_prefill_launch(&narrow, KvCache::F16).is_some());
 }
 
 #[test]
