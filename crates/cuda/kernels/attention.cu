@@ -691,8 +691,9 @@ ATTN_SHORT_P_KERNEL(attn_short_q8_p, true)
 // three dependent round trips each (prefill: 77 µs per layer for 256 tokens); here one block
 // merges all HD dimensions of a row. Thread i reproduces attn_combine's order exactly — per
 // warp slot w the splits w, w + CW, ... in turn, then the slots in order — so both kernels give
-// the same bits, and prefill agrees with decode. `len`: attn_prefill_mma's split length, or 0
-// for the split kernels' rule.
+// the same bits from the same partial rows. `len`: the query-tiled attention's split length
+// (attention_prefill.cu, whose partial rows differ from the split kernels'), or 0 for the split
+// kernels' rule.
 static_assert(HD % 32 == 0 && HD <= 1024, "attn_combine_rows: one thread per dimension");
 ENTRY __global__ void __launch_bounds__(HD)
     attn_combine_rows(const float* __restrict__ part, int nsplit, int len, const u32* __restrict__ pos_ptr,

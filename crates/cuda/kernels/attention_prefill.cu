@@ -129,7 +129,7 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, c
     }
     if constexpr (Q8) {
         // Each value block's largest scale over the split: thread x sees block x % AP_NB only.
-        static_assert((GQA * 32) % AP_NB == 0 && 32 % AP_NB == 0, "a thread keeps one block");
+        static_assert(!Q8 || ((GQA * 32) % AP_NB == 0 && 32 % AP_NB == 0), "a thread keeps one block");
         float mx = 0.0f;
         for (int idx = threadIdx.x; idx < (p1 - p0) * AP_NB; idx += blockDim.x)
             mx = fmaxf(mx, h2f(vs[((size_t)(p0 + idx / AP_NB) * NKV + kvh) * AP_NB + idx % AP_NB]));
@@ -345,4 +345,9 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, c
         attn_prefill_body<Q8>(q, kc, vc, ks, vs, pos_ptr, scale, ntok, nsplit, len, part);                 \
     }
 ATTN_PREFILL_KERNEL(attn_prefill_mma, false)
+#if HD % 128 == 0
 ATTN_PREFILL_KERNEL(attn_prefill_q8_mma, true)
+#else
+// Scale rows of whole 8-byte pieces only: the host launches no q8_0 form for these heads.
+ENTRY __global__ void attn_prefill_q8_mma() { __trap(); }
+#endif

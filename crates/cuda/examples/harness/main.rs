@@ -21,8 +21,8 @@
 //! attention kernels' checks and decode at depth (`=depth`: decode at depth alone),
 //! `NIWAKI_HARNESS_ONLY=prefill` the query-tiled attention's checks and times alone,
 //! `NIWAKI_HARNESS_ONLY=determinism` ten identical greedy requests and the q8_0 cache's
-//! whole-model checks, `NIWAKI_HARNESS_ONLY=short` the one-kernel short attention against the kernels it replaces
-//! (also in `fused`),
+//! whole-model checks, `NIWAKI_HARNESS_ONLY=short` the one-kernel short attention against the
+//! kernels it replaces (also in `fused`),
 //! `NIWAKI_HARNESS_ONLY=chain` the persistent-step probe on the 27B formats,
 //! `NIWAKI_HARNESS_ONLY=l2` each decode op with its weights in memory and in the L2 cache,
 //! `NIWAKI_HARNESS_ONLY=timeline` a decode step's timeline from the kernels' records (with

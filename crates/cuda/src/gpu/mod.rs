@@ -204,7 +204,7 @@ pub struct Gpu {
     /// Whether multi-token passes take it, over an f16 cache ([`plan::ATTN_PREFILL`];
     /// `NIWAKI_CUDA_ATTN_PREFILL`) and over a q8_0 one ([`plan::ATTN_PREFILL_Q8`];
     /// `NIWAKI_CUDA_ATTN_PREFILL_Q8`).
-    attn_prefill_on: [AtomicBool; 2],
+    attn_prefill_on: [bool; 2],
     /// A one-token pass's splits per kv head where `NIWAKI_CUDA_ATTN_SPLITS` sets them (a
     /// measurement), else one wave of the split kernel's blocks ([`plan::attn_decode_splits`]).
     attn_decode_splits: Option<usize>,

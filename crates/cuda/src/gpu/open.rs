@@ -254,11 +254,8 @@ impl Gpu {
             attn_short,
             attn_prefill,
             attn_prefill_on: [
-                AtomicBool::new(knobs::flag("NIWAKI_CUDA_ATTN_PREFILL", plan::ATTN_PREFILL)),
-                AtomicBool::new(knobs::flag(
-                    "NIWAKI_CUDA_ATTN_PREFILL_Q8",
-                    plan::ATTN_PREFILL_Q8,
-                )),
+                knobs::flag("NIWAKI_CUDA_ATTN_PREFILL", plan::ATTN_PREFILL),
+                knobs::flag("NIWAKI_CUDA_ATTN_PREFILL_Q8", plan::ATTN_PREFILL_Q8),
             ],
             attn_decode_splits: knobs::number_set("NIWAKI_CUDA_ATTN_SPLITS"),
             // Measured on the H200 only: elsewhere off unless asked for.

@@ -160,18 +160,17 @@ impl Gpu {
         kv: plan::KvCache,
         ntok: usize,
     ) -> Option<(plan::AttnLaunch, usize)> {
-        let setting = match kv {
-            plan::KvCache::F16 => &self.attn_prefill_on[0],
-            plan::KvCache::Q8_0 => &self.attn_prefill_on[1],
+        let on = match kv {
+            plan::KvCache::F16 => self.attn_prefill_on[0],
+            plan::KvCache::Q8_0 => self.attn_prefill_on[1],
         };
-        let on = setting.load(Ordering::Relaxed);
         (on && ntok > 1)
             .then(|| self.attn_prefill_launch(kv))
             .flatten()
     }
 
     /// The query-tiled attention's launch and places for a `kv` cache where this device runs
-    /// it, whatever the setting (the harness checks it).
+    /// it, whatever the switches say (the harness checks it).
     pub fn attn_prefill_launch(&self, kv: plan::KvCache) -> Option<(plan::AttnLaunch, usize)> {
         self.attn_prefill
             .iter()

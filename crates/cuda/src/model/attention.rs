@@ -38,8 +38,7 @@ impl CudaModel {
         let (g, s, d) = (&*self.gpu, &*st.stream, &self.dims);
         let pos = st.s("pos");
         let [k, v, ks, vs] = self.kv(st, layer);
-        if let Some((a, places)) = g.attn_prefill_for(st.bytes.kv_cache, ntok) {
-            let (nsplit, len) = plan::attn_prefill_splits(st.pos + ntok, ntok, d.n_head_kv, places);
+        if let Some((a, nsplit, len)) = self.attn_prefill_plan(st, ntok) {
             let grid = (
                 ntok.div_ceil(plan::ATTN_PREFILL_TOKENS) as u32,
                 d.n_head_kv as u32,
@@ -112,10 +111,8 @@ impl CudaModel {
                 &args,
             );
         }
-        let (nsplit, len) = match g.attn_prefill_for(st.bytes.kv_cache, ntok) {
-            Some((_, places)) => {
-                plan::attn_prefill_splits(st.pos + ntok, ntok, d.n_head_kv, places)
-            }
+        let (nsplit, len) = match self.attn_prefill_plan(st, ntok) {
+            Some((_, nsplit, len)) => (nsplit, len),
             None => (self.attn_split_plan(st, ntok).1, 0),
         };
         let head = [
@@ -227,6 +224,19 @@ impl CudaModel {
         let tile = self.gpu.attn_tile_for(kv, st.pos + ntok, ntok);
         let (a, decode) = self.gpu.attn_launch(&self.dims, kv, tile);
         (a, attn_splits(st.pos + ntok, ntok, decode))
+    }
+
+    /// The query-tiled attention's launch, split count and split length for a pass of `ntok`
+    /// tokens where it takes it (its merge must use the same).
+    fn attn_prefill_plan(
+        &self,
+        st: &CudaState,
+        ntok: usize,
+    ) -> Option<(plan::AttnLaunch, usize, usize)> {
+        let (a, places) = self.gpu.attn_prefill_for(st.bytes.kv_cache, ntok)?;
+        let n_ctx = st.pos + ntok;
+        let (nsplit, len) = plan::attn_prefill_splits(n_ctx, ntok, self.dims.n_head_kv, places);
+        Some((a, nsplit, len))
     }
 
     /// An attention kernel's name for the state's cache type.
