@@ -205,6 +205,9 @@ pub struct Gpu {
     /// `NIWAKI_CUDA_ATTN_PREFILL`) and over a q8_0 one ([`plan::ATTN_PREFILL_Q8`];
     /// `NIWAKI_CUDA_ATTN_PREFILL_Q8`).
     attn_prefill_on: [bool; 2],
+    /// Waves of its blocks a pass's splits aim for (1; `NIWAKI_CUDA_ATTN_PREFILL_WAVES`, a
+    /// measurement: one block a multiprocessor leaves the last wave's stragglers alone).
+    attn_prefill_waves: usize,
     /// A one-token pass's splits per kv head where `NIWAKI_CUDA_ATTN_SPLITS` sets them (a
     /// measurement), else one wave of the split kernel's blocks ([`plan::attn_decode_splits`]).
     attn_decode_splits: Option<usize>,

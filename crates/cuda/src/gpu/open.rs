@@ -257,6 +257,7 @@ impl Gpu {
                 knobs::flag("NIWAKI_CUDA_ATTN_PREFILL", plan::ATTN_PREFILL),
                 knobs::flag("NIWAKI_CUDA_ATTN_PREFILL_Q8", plan::ATTN_PREFILL_Q8),
             ],
+            attn_prefill_waves: knobs::number("NIWAKI_CUDA_ATTN_PREFILL_WAVES", 1).max(1),
             attn_decode_splits: knobs::number_set("NIWAKI_CUDA_ATTN_SPLITS"),
             // Measured on the H200 only: elsewhere off unless asked for.
             attn_short_max: AtomicUsize::new(knobs::number(

@@ -152,9 +152,9 @@ impl Gpu {
         self.attn_short_max.swap(n, Ordering::Relaxed)
     }
 
-    /// The query-tiled attention's launch and the device's places for its blocks, where a pass
-    /// of `ntok` tokens over a `kv` cache takes it: several tokens, a device that runs it for
-    /// that cache, and the cache type's setting on.
+    /// The query-tiled attention's launch and the places its splits fill (the device's, times
+    /// the waves asked for), where a pass of `ntok` tokens over a `kv` cache takes it: several
+    /// tokens, a device that runs it for that cache, and the cache type's setting on.
     pub fn attn_prefill_for(
         &self,
         kv: plan::KvCache,
@@ -164,9 +164,8 @@ impl Gpu {
             plan::KvCache::F16 => self.attn_prefill_on[0],
             plan::KvCache::Q8_0 => self.attn_prefill_on[1],
         };
-        (on && ntok > 1)
-            .then(|| self.attn_prefill_launch(kv))
-            .flatten()
+        let (a, places) = self.attn_prefill_launch(kv).filter(|_| on && ntok > 1)?;
+        Some((a, places * self.attn_prefill_waves))
     }
 
     /// The query-tiled attention's launch and places for a `kv` cache where this device runs
