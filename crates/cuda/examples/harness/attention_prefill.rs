@@ -71,69 +71,58 @@ impl Pass {
         places: usize,
     ) -> Result<usize> {
         let (nsplit, len) = plan::attn_prefill_splits(pos + ntok, ntok, d.n_head_kv, places);
-        let [ks, vs] = self.scale_args();
-        let grid = (
-            ntok.div_ceil(plan::ATTN_PREFILL_TOKENS) as u32,
-            d.n_head_kv as u32,
-            nsplit as u32,
-        );
-        gpu.launch_smem(
-            &gpu.stream,
-            a.kernel,
-            grid,
-            (a.threads as u32, 1, 1),
-            a.smem_bytes as u32,
-            &[
-                Arg::Ptr(self.q.ptr),
-                Arg::Ptr(self.k.ptr),
-                Arg::Ptr(self.v.ptr),
-                ks,
-                vs,
-                Arg::Ptr(self.pos.ptr),
-                Arg::F32(1.0 / (d.head_dim as f32).sqrt()),
-                Arg::I32(ntok as i32),
-                Arg::I32(nsplit as i32),
-                Arg::I32(len as i32),
-                Arg::Ptr(self.part.ptr),
-            ],
-        )?;
+        let grid = plan::attn_prefill_grid(ntok, d.n_head_kv, nsplit);
+        let tail = [
+            Arg::I32(ntok as i32),
+            Arg::I32(nsplit as i32),
+            Arg::I32(len as i32),
+        ];
+        self.attend(gpu, d, a, grid, &tail)?;
         self.merge(gpu, d, ntok, nsplit, len)?;
         Ok(nsplit)
-    }
-
-    /// The keys' and the values' scales of a q8_0 cache, else null pointers.
-    fn scale_args(&self) -> [Arg; 2] {
-        match &self.scales {
-            Some((k, v)) => [Arg::Ptr(k.ptr), Arg::Ptr(v.ptr)],
-            None => [Arg::Ptr(0), Arg::Ptr(0)],
-        }
     }
 
     /// The flash-decoding split a multi-token pass takes without it (the SIMT kernel, tiles of
     /// 8), then the rows' merge.
     fn split(&self, gpu: &Gpu, d: &Dims, pos: usize, ntok: usize) -> Result<()> {
         let (a, _) = gpu.attn_launch(d, self.kv, 8);
-        let [ks, vs] = self.scale_args();
         let nsplit = plan::attn_splits(pos + ntok, ntok, 1);
+        let grid = gpu.attn_split_grid(d.n_head_kv, nsplit, ntok);
+        self.attend(gpu, d, a, grid, &[Arg::I32(nsplit as i32)])?;
+        self.merge(gpu, d, ntok, nsplit, 0)
+    }
+
+    /// An attention launch over the pass's buffers: the arguments both kinds take (queries,
+    /// caches and their scales, the position, the scale), `tail`, then the partial rows.
+    fn attend(
+        &self,
+        gpu: &Gpu,
+        d: &Dims,
+        a: AttnLaunch,
+        grid: (u32, u32, u32),
+        tail: &[Arg],
+    ) -> Result<()> {
+        let [ks, vs] = match &self.scales {
+            Some((k, v)) => [Arg::Ptr(k.ptr), Arg::Ptr(v.ptr)],
+            None => [Arg::Ptr(0), Arg::Ptr(0)],
+        };
+        let head = [
+            Arg::Ptr(self.q.ptr),
+            Arg::Ptr(self.k.ptr),
+            Arg::Ptr(self.v.ptr),
+            ks,
+            vs,
+            Arg::Ptr(self.pos.ptr),
+            Arg::F32(1.0 / (d.head_dim as f32).sqrt()),
+        ];
         gpu.launch_smem(
             &gpu.stream,
             a.kernel,
-            gpu.attn_split_grid(d.n_head_kv, nsplit, ntok),
+            grid,
             (a.threads as u32, 1, 1),
             a.smem_bytes as u32,
-            &[
-                Arg::Ptr(self.q.ptr),
-                Arg::Ptr(self.k.ptr),
-                Arg::Ptr(self.v.ptr),
-                ks,
-                vs,
-                Arg::Ptr(self.pos.ptr),
-                Arg::F32(1.0 / (d.head_dim as f32).sqrt()),
-                Arg::I32(nsplit as i32),
-                Arg::Ptr(self.part.ptr),
-            ],
-        )?;
-        self.merge(gpu, d, ntok, nsplit, 0)
+            &[&head[..], tail, &[Arg::Ptr(self.part.ptr)]].concat(),
+        )
     }
 
     fn merge(&self, gpu: &Gpu, d: &Dims, ntok: usize, nsplit: usize, len: usize) -> Result<()> {

@@ -112,6 +112,18 @@ impl Gpu {
                 raise_dynamic_smem(&funcs[*k], k, kernel.smem_bytes())?;
             }
         }
+        // Blocks of an attention launch a multiprocessor holds, its shared-memory limit raised
+        // where it needs more than the default; `None` where a block passes the device's limit.
+        let attn_blocks = |a: &plan::AttnLaunch| -> Result<Option<usize>> {
+            let k = a.kernel;
+            if a.smem_bytes + plan::ATTN_STATIC_SMEM > smem_limit.max(48 << 10) {
+                return Ok(None);
+            }
+            if a.smem_bytes > 48 << 10 {
+                raise_dynamic_smem(&funcs[k], k, a.smem_bytes)?;
+            }
+            occupancy(&funcs[k], k, a.threads, a.smem_bytes).map(Some)
+        };
         // The attention-split variants this device can run (the tensor-core one from sm_80, each
         // within the per-block shared memory), their limits raised, and their blocks per SM.
         let mut attn_blocks_per_sm = HashMap::new();
@@ -120,33 +132,23 @@ impl Gpu {
             .flat_map(|kv| plan::ATTN_TILES.map(|t| (kv, t)))
         {
             let a = plan::attn_split_launch(dims, kv, tile, attn_ring);
-            let k = a.kernel;
-            if (k.ends_with("_mma") && !ampere)
-                || a.smem_bytes + plan::ATTN_STATIC_SMEM > smem_limit.max(48 << 10)
-            {
+            if a.kernel.ends_with("_mma") && !ampere {
                 continue;
             }
-            if a.smem_bytes > 48 << 10 {
-                raise_dynamic_smem(&funcs[k], k, a.smem_bytes)?;
+            if let Some(per_sm) = attn_blocks(&a)? {
+                attn_blocks_per_sm.insert(a.kernel, per_sm);
             }
-            attn_blocks_per_sm.insert(k, occupancy(&funcs[k], k, a.threads, a.smem_bytes)?);
         }
         // The query-tiled attention of multi-token passes (sm_80+) for each cache type whose
         // block fits, and how many of its blocks the device holds at once.
         let mut attn_prefill = Vec::new();
         for kv in [plan::KvCache::F16, plan::KvCache::Q8_0] {
-            let Some(a) = plan::attn_prefill_launch(dims, kv) else {
+            let Some(a) = plan::attn_prefill_launch(dims, kv).filter(|_| ampere) else {
                 continue;
             };
-            let k = a.kernel;
-            if !ampere || a.smem_bytes + plan::ATTN_STATIC_SMEM > smem_limit.max(48 << 10) {
-                continue;
+            if let Some(per_sm) = attn_blocks(&a)? {
+                attn_prefill.push((kv, a, per_sm * info.multiprocessors.max(1) as usize));
             }
-            if a.smem_bytes > 48 << 10 {
-                raise_dynamic_smem(&funcs[k], k, a.smem_bytes)?;
-            }
-            let per_sm = occupancy(&funcs[k], k, a.threads, a.smem_bytes)?;
-            attn_prefill.push((kv, a, per_sm * info.multiprocessors.max(1) as usize));
         }
         let mut attn_short = Vec::new();
         for kv in [plan::KvCache::F16, plan::KvCache::Q8_0] {

@@ -38,51 +38,40 @@ impl CudaModel {
         let (g, s, d) = (&*self.gpu, &*st.stream, &self.dims);
         let pos = st.s("pos");
         let [k, v, ks, vs] = self.kv(st, layer);
-        if let Some((a, nsplit, len)) = self.attn_prefill_plan(st, ntok) {
-            let grid = (
-                ntok.div_ceil(plan::ATTN_PREFILL_TOKENS) as u32,
-                d.n_head_kv as u32,
-                nsplit as u32,
-            );
-            return g.launch_smem(
-                s,
-                a.kernel,
-                grid,
-                (a.threads as u32, 1, 1),
-                a.smem_bytes as u32,
-                &[
-                    Arg::Ptr(st.s("q")),
-                    k,
-                    v,
-                    ks,
-                    vs,
-                    Arg::Ptr(pos),
-                    Arg::F32(1.0 / (d.head_dim as f32).sqrt()),
+        let head = [
+            Arg::Ptr(st.s("q")),
+            k,
+            v,
+            ks,
+            vs,
+            Arg::Ptr(pos),
+            Arg::F32(1.0 / (d.head_dim as f32).sqrt()),
+        ];
+        // The query-tiled kernel also takes the pass's tokens and its split length.
+        let (a, grid, tail) = match self.attn_prefill_plan(st, ntok) {
+            Some((a, nsplit, len)) => (
+                a,
+                plan::attn_prefill_grid(ntok, d.n_head_kv, nsplit),
+                vec![
                     Arg::I32(ntok as i32),
                     Arg::I32(nsplit as i32),
                     Arg::I32(len as i32),
-                    Arg::Ptr(st.s("part")),
                 ],
-            );
-        }
-        let (a, nsplit) = self.attn_split_plan(st, ntok);
+            ),
+            None => {
+                let (a, nsplit) = self.attn_split_plan(st, ntok);
+                let grid = g.attn_split_grid(d.n_head_kv, nsplit, ntok);
+                (a, grid, vec![Arg::I32(nsplit as i32)])
+            }
+        };
+        let part = [Arg::Ptr(st.s("part"))];
         g.launch_smem(
             s,
             a.kernel,
-            g.attn_split_grid(d.n_head_kv, nsplit, ntok),
+            grid,
             (a.threads as u32, 1, 1),
             a.smem_bytes as u32,
-            &[
-                Arg::Ptr(st.s("q")),
-                k,
-                v,
-                ks,
-                vs,
-                Arg::Ptr(pos),
-                Arg::F32(1.0 / (d.head_dim as f32).sqrt()),
-                Arg::I32(nsplit as i32),
-                Arg::Ptr(st.s("part")),
-            ],
+            &[&head[..], &tail, &part].concat(),
         )
     }
 

@@ -59,6 +59,16 @@ pub fn attn_prefill_launch(d: &Dims, kv: KvCache) -> Option<AttnLaunch> {
     })
 }
 
+/// The grid of a query-tiled launch: token tiles, kv heads, splits (the token tiles first, so
+/// that blocks reading the same cache rows run together).
+pub fn attn_prefill_grid(ntok: usize, n_head_kv: usize, nsplit: usize) -> (u32, u32, u32) {
+    (
+        ntok.div_ceil(ATTN_PREFILL_TOKENS) as u32,
+        n_head_kv as u32,
+        nsplit as u32,
+    )
+}
+
 /// The splits of a query-tiled pass of `ntok` tokens ending at context `n_ctx`, over
 /// `n_head_kv` kv heads on a device holding `places` of its blocks at once: how many, and the
 /// positions each covers (a whole number of stages). As many splits as fill the places once

@@ -144,6 +144,9 @@ fn the_query_tiled_splits_fill_the_device_once_and_cover_the_context_in_whole_st
     assert_eq!(n, 2);
     assert_eq!(len % ATTN_PREFILL_TILE, 0);
     assert!(n * len >= 16_640 && (n - 1) * len < 16_640);
+    // Its grid: token tiles of 16 (a partial last one), kv heads, splits.
+    assert_eq!(attn_prefill_grid(256, 4, n), (16, 4, 2));
+    assert_eq!(attn_prefill_grid(17, 4, 1), (2, 4, 1));
     // A 512-token chunk fills them with one.
     assert_eq!(attn_prefill_splits(16_384 + 512, 512, 4, 132), (1, 16_896));
     // Short contexts: no split under the shortest length, however many places.
