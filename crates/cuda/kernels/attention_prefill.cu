@@ -120,12 +120,21 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, c
         if (i < ntiles) copy(i);
         cp_async_commit();
     }
-    // The queries; rows past the pass repeat its last token (computed, never written).
-    for (int idx = threadIdx.x; idx < GQA * AP_TOKENS * HD; idx += blockDim.x) {
-        const int g = idx / (AP_TOKENS * HD), r = (idx / HD) % AP_TOKENS, i = idx % HD;
+    // The queries, four values a load and a fixed trip count, so that several loads are in
+    // flight (a float at a time, every load's latency showed: 6% of the kernel's time); rows
+    // past the pass repeat its last token (computed, never written).
+#pragma unroll 8
+    for (int k = 0; k < HD / 8; k++) {
+        const int e = 4 * (threadIdx.x + k * GQA * 32);
+        const int g = e / (AP_TOKENS * HD), r = (e / HD) % AP_TOKENS, i = e % HD;
         const int t = min(t0 + r, ntok - 1);
-        const float v = q[((size_t)t * NH + kvh * GQA + g) * HD + i];
-        f16_pair(v, qh + (g * AP_TOKENS + r) * AP_ROW + i, ql + (g * AP_TOKENS + r) * AP_ROW + i);
+        const float4 v = *(const float4*)(q + ((size_t)t * NH + kvh * GQA + g) * HD + i);
+        u32 h01, l01, h23, l23;
+        f16_pairs(v.x, v.y, &h01, &l01);
+        f16_pairs(v.z, v.w, &h23, &l23);
+        const int at = (g * AP_TOKENS + r) * AP_ROW + i;
+        *(uint2*)(qh + at) = make_uint2(h01, h23);
+        *(uint2*)(ql + at) = make_uint2(l01, l23);
     }
     if constexpr (Q8) {
         // Each value block's largest scale over the split: thread x sees block x % AP_NB only.
@@ -169,16 +178,26 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, c
         cp_async_commit();
         const unsigned char* st = Q8 ? buf16 : stages + (i % AP_STAGES) * STAGE;
         if constexpr (Q8) {
-            // The tile's codes as f16 (exact), its scales as floats.
+            // The tile's codes as f16 (exact), 16 at a time: a code c flipped to the byte c + 128
+            // and set under the exponent of 1024 is the f16 1024 + c + 128, from which one f16x2
+            // subtraction leaves c (converting each code through a float took a third of the
+            // kernel's issue slots). Its scales as floats.
             const unsigned char* raw = stages + (i % AP_STAGES) * STAGE;
-            for (int e = threadIdx.x; e < 2 * AP_TILE * HD / 4; e += blockDim.x) {
-                const int r = e / (HD / 4), c = e % (HD / 4);
-                const u32 w = *(const u32*)(raw + r * HD + c * 4);
-                uint2 h;
-                h.x = (u32)f2h((float)(i8)(w & 0xff)) | ((u32)f2h((float)(i8)((w >> 8) & 0xff)) << 16);
-                h.y = (u32)f2h((float)(i8)((w >> 16) & 0xff)) | ((u32)f2h((float)(i8)(w >> 24)) << 16);
-                *(uint2*)(buf16 + (r * AP_ROW + c * 4) * 2) = h;
-            }
+            each_copy<2 * AP_TILE * HD / 16, GQA * 32>(threadIdx.x, [&](int e) {
+                const int r = e / (HD / 16), c = e % (HD / 16);
+                const uint4 w = *(const uint4*)(raw + r * HD + c * 16);
+                const u32 ws[4] = {w.x, w.y, w.z, w.w};
+                u32 h[8];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const u32 x = ws[k] ^ 0x80808080u;
+                    h[2 * k] = hsub2(__byte_perm(x, 0x64646464u, 0x4140), 0x64806480u);
+                    h[2 * k + 1] = hsub2(__byte_perm(x, 0x64646464u, 0x4342), 0x64806480u);
+                }
+                uint4* dst = (uint4*)(buf16 + (r * AP_ROW + c * 16) * 2);
+                dst[0] = make_uint4(h[0], h[1], h[2], h[3]);
+                dst[1] = make_uint4(h[4], h[5], h[6], h[7]);
+            });
             const u16* rs = (const u16*)(raw + 2 * AP_TILE * HD);
             for (int e = threadIdx.x; e < 2 * AP_TILE * AP_NB; e += blockDim.x) {
                 const float x = h2f(rs[e]);
@@ -222,9 +241,15 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, c
             for (int j = 0; j < AP_TILE / 8; j++) {
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
-                    const float f = Q8 ? ksf[(8 * j + 2 * tig + c) * AP_NB + kb0 / QB] : 1.0f;
-                    s[j][c] += sb[j][c] * f;
-                    s[j][2 + c] += sb[j][2 + c] * f;
+                    if constexpr (Q8) {
+                        const float f = ksf[(8 * j + 2 * tig + c) * AP_NB + kb0 / QB];
+                        s[j][c] += sb[j][c] * f;
+                        s[j][2 + c] += sb[j][2 + c] * f;
+                    } else {
+                        // One pass over the head: the sums are the scores (no add to zero).
+                        s[j][c] = sb[j][c];
+                        s[j][2 + c] = sb[j][2 + c];
+                    }
                 }
             }
         }

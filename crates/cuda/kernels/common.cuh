@@ -21,6 +21,25 @@ __device__ __forceinline__ u16 f2h(float f) {
     return h;
 }
 
+// f16x2 arithmetic on packed pairs (the dequantizations' magic-number conversions).
+__device__ __forceinline__ u32 hsub2(u32 a, u32 b) {
+    u32 d;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+__device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+__device__ __forceinline__ u32 hadd2(u32 a, u32 b) {
+    u32 d;
+    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
 // 16 bytes read once: skip L1.
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     uint4 v;

@@ -41,24 +41,6 @@
 #define HG_KC 128
 static_assert(HG_STAGES >= 3 && HG_BN == 128, "hgemm tile shape");
 
-__device__ __forceinline__ u32 hsub2(u32 a, u32 b) {
-    u32 d;
-    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-
-__device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
-    u32 d;
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-
-__device__ __forceinline__ u32 hadd2(u32 a, u32 b) {
-    u32 d;
-    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Shared-memory matrix descriptor of a K-major operand in the 128-byte swizzle: rows (tokens)
 // of 64 values, 8-row groups 1024 bytes apart, starting at `saddr`.
