@@ -40,6 +40,8 @@ pub enum CudaError {
     },
     #[error("context of {ctx} tokens exceeds the model's limit of {limit}")]
     ContextTooLong { ctx: usize, limit: usize },
+    #[error("an internal limit of the CUDA backend was exceeded: {0} (a bug)")]
+    Invariant(String),
     #[error("{name}={value}: {why}")]
     Setting {
         name: String,

@@ -415,7 +415,10 @@ impl CudaModel {
             });
         }
         let bytes = StateBytes::new(&self.dims, ctx, self.kv_cache);
-        let layout = Scratch::new(&self.dims, MAX_CHUNK, self.reads_planes());
+        // The partial rows of the query-tiled attention where multi-token passes take it.
+        let tiled = self.gpu.attn_prefill_for(self.kv_cache, 2).map(|(_, p)| p);
+        let rows = plan::attn_part_rows(MAX_CHUNK, self.dims.n_head_kv, tiled);
+        let layout = Scratch::new(&self.dims, MAX_CHUNK, rows, self.reads_planes());
         check_fits(
             &format!("a sequence of {ctx} tokens"),
             &[

@@ -48,7 +48,7 @@ impl CudaModel {
             Arg::F32(1.0 / (d.head_dim as f32).sqrt()),
         ];
         // The query-tiled kernel also takes the pass's tokens and its split length.
-        let (a, grid, tail) = match self.attn_prefill_plan(st, ntok) {
+        let (a, grid, tail, nsplit) = match self.attn_prefill_plan(st, ntok) {
             Some((a, nsplit, len)) => (
                 a,
                 plan::attn_prefill_grid(ntok, d.n_head_kv, nsplit),
@@ -57,13 +57,23 @@ impl CudaModel {
                     Arg::I32(nsplit as i32),
                     Arg::I32(len as i32),
                 ],
+                nsplit,
             ),
             None => {
                 let (a, nsplit) = self.attn_split_plan(st, ntok);
                 let grid = g.attn_split_grid(d.n_head_kv, nsplit, ntok);
-                (a, grid, vec![Arg::I32(nsplit as i32)])
+                (a, grid, vec![Arg::I32(nsplit as i32)], nsplit)
             }
         };
+        // The partial rows' room is sized for the kernels chosen at start; a pass writing more
+        // would overwrite the regions after it.
+        let room = st.layout.size("part") / (4 * d.n_head * (d.head_dim + 2));
+        if ntok * nsplit > room {
+            return Err(CudaError::Invariant(format!(
+                "{ntok} tokens × {nsplit} splits of {}: {room} partial rows a head",
+                a.kernel
+            )));
+        }
         let part = [Arg::Ptr(st.s("part"))];
         g.launch_smem(
             s,

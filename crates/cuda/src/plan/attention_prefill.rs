@@ -80,12 +80,36 @@ pub fn attn_prefill_splits(
     n_head_kv: usize,
     places: usize,
 ) -> (usize, usize) {
-    let blocks = ntok.div_ceil(ATTN_PREFILL_TOKENS) * n_head_kv.max(1);
-    let most = n_ctx.div_ceil(ATTN_PREFILL_MIN_SPLIT).clamp(1, ATTN_SPLITS);
-    let want = (places / blocks).clamp(1, most);
+    let most = n_ctx.div_ceil(ATTN_PREFILL_MIN_SPLIT);
+    let want = attn_prefill_wave_splits(ntok, n_head_kv, places).min(most.max(1));
     let len = n_ctx
         .max(1)
         .div_ceil(want)
         .next_multiple_of(ATTN_PREFILL_TILE);
     (n_ctx.max(1).div_ceil(len), len)
+}
+
+/// The splits of a query-tiled pass of `ntok` tokens that fill `places` once (at most
+/// [`ATTN_SPLITS`]): what [`attn_prefill_splits`] gives over a long enough context, and never
+/// exceeds.
+pub fn attn_prefill_wave_splits(ntok: usize, n_head_kv: usize, places: usize) -> usize {
+    let blocks = ntok.div_ceil(ATTN_PREFILL_TOKENS) * n_head_kv.max(1);
+    (places / blocks).clamp(1, ATTN_SPLITS)
+}
+
+/// The most partial rows (a token's split, per query head) an attention pass of up to `tokens`
+/// tokens writes: [`ATTN_SPLITS`] for a one-token pass (the split kernels); for longer passes,
+/// where the query-tiled attention takes them (`query_tiled`: its places on the device), a token
+/// count times the splits that fill those places, about `ATTN_PREFILL_TOKENS` × places / kv
+/// heads (528 for the 27B on 132 places, against 32,768 for 256 tokens of the split kernels,
+/// which take them otherwise: `tokens` × [`ATTN_SPLITS`]).
+pub fn attn_part_rows(tokens: usize, n_head_kv: usize, query_tiled: Option<usize>) -> usize {
+    let passes = match query_tiled {
+        Some(places) => (2..=tokens)
+            .map(|t| t * attn_prefill_wave_splits(t, n_head_kv, places))
+            .max()
+            .unwrap_or(0),
+        None => tokens * ATTN_SPLITS,
+    };
+    passes.max(ATTN_SPLITS)
 }

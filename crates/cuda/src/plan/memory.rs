@@ -110,9 +110,11 @@ pub struct Scratch {
 }
 
 impl Scratch {
-    /// The regions of a state whose passes take up to `tokens` tokens; `planes`: its model's
-    /// one-token passes write plane words (1-bit models), else those regions take no bytes.
-    pub fn new(d: &Dims, tokens: usize, planes: bool) -> Scratch {
+    /// The regions of a state whose passes take up to `tokens` tokens and write up to
+    /// `part_rows` of the attention's partial rows a query head ([`attn_part_rows`]); `planes`:
+    /// its model's one-token passes write plane words (1-bit models), else those regions take no
+    /// bytes.
+    pub fn new(d: &Dims, tokens: usize, part_rows: usize, planes: bool) -> Scratch {
         let t = tokens;
         let p = usize::from(planes);
         let sizes = [
@@ -131,7 +133,7 @@ impl Scratch {
             ),
             ("q", 4 * t * d.n_head * d.head_dim),
             ("attn", 4 * t * d.n_head * d.head_dim),
-            ("part", 4 * t * d.n_head * ATTN_SPLITS * (d.head_dim + 2)),
+            ("part", 4 * part_rows * d.n_head * (d.head_dim + 2)),
             ("logits", 4 * t * d.vocab),
             ("argmax", 8 * t),
             // Two alternating key buffers of the sampling top-k, whose first pass keeps the

@@ -20,7 +20,9 @@ fn a_full_262k_context_fits_beside_the_27b_weights_on_an_h200() {
     assert_eq!(vs + q.kv_scales, q.total());
     // Two buffers of 48 heads of 128×128 f32 for each of 48 layers.
     assert_eq!(s.ssm, 2 * 48 * 48 * 128 * 128 * 4);
-    let scratch = Scratch::new(&d, MAX_CHUNK, true).bytes;
+    // The split kernels' partial rows (the larger room: no query-tiled attention).
+    let rows = attn_part_rows(MAX_CHUNK, d.n_head_kv, None);
+    let scratch = Scratch::new(&d, MAX_CHUNK, rows, true).bytes;
     let weights = 7_600_000_000usize;
     let h200_free = 139usize << 30;
     check_fits(
@@ -49,7 +51,8 @@ fn an_allocation_that_does_not_fit_is_an_error_with_numbers() {
 #[test]
 fn scratch_regions_are_aligned_and_disjoint() {
     let d = dims(Preset::B27);
-    let s = Scratch::new(&d, MAX_CHUNK, true);
+    let rows = attn_part_rows(MAX_CHUNK, d.n_head_kv, Some(132));
+    let s = Scratch::new(&d, MAX_CHUNK, rows, true);
     let mut end = 0;
     for &(name, at, n) in &s.regions {
         assert_eq!(at % 256, 0, "{name}");
@@ -59,7 +62,7 @@ fn scratch_regions_are_aligned_and_disjoint() {
     assert!(s.bytes >= end);
     assert_eq!(s.offset("x"), 0);
     // Without plane words the same regions, the words' two empty at the end.
-    let bare = Scratch::new(&d, MAX_CHUNK, false);
+    let bare = Scratch::new(&d, MAX_CHUNK, rows, false);
     for &(name, at, n) in &bare.regions {
         if name == "xp" || name == "fold_xp" {
             assert_eq!((at, n), (bare.bytes, 0), "{name}");
@@ -68,4 +71,39 @@ fn scratch_regions_are_aligned_and_disjoint() {
         }
     }
     assert_eq!(bare.bytes, s.offset("xp"));
+}
+
+#[test]
+fn the_partial_rows_are_sized_for_the_attention_kernels_a_pass_takes() {
+    let d = dims(Preset::B27);
+    let per_row = 4 * d.n_head * (d.head_dim + 2);
+    // The split kernels a token at a time: every token of a chunk up to 128 splits (811 MB of
+    // the 27B's scratch).
+    let split = attn_part_rows(MAX_CHUNK, d.n_head_kv, None);
+    assert_eq!(split, MAX_CHUNK * ATTN_SPLITS);
+    // The query-tiled attention on 132 places: a 16-token pass takes 33 splits (528 rows), a
+    // 256-token one 2; one-token passes keep the split kernels' 128.
+    let tiled = attn_part_rows(MAX_CHUNK, d.n_head_kv, Some(132));
+    assert_eq!(tiled, 528);
+    assert_eq!(attn_part_rows(1, d.n_head_kv, Some(132)), ATTN_SPLITS);
+    let (big, small) = (
+        Scratch::new(&d, MAX_CHUNK, split, true),
+        Scratch::new(&d, MAX_CHUNK, tiled, true),
+    );
+    assert_eq!(big.size("part"), split * per_row);
+    assert_eq!(big.bytes - small.bytes, (split - tiled) * per_row);
+    // Every pass the split rule can make fits its room, over contexts and device sizes
+    // (the second wave's switch doubles the places).
+    for places in [1, 7, 132, 264, 1 << 12] {
+        let room = attn_part_rows(MAX_CHUNK, d.n_head_kv, Some(places));
+        for ntok in (2..=MAX_CHUNK).step_by(7).chain([16, 17, MAX_CHUNK]) {
+            for ctx in [ntok, 300, 4_097, 16_384 + ntok, 262_144] {
+                let (n, _) = attn_prefill_splits(ctx.max(ntok), ntok, d.n_head_kv, places);
+                assert!(
+                    ntok * n <= room,
+                    "{places} places, {ntok} tokens, {ctx}: {n} splits"
+                );
+            }
+        }
+    }
 }
