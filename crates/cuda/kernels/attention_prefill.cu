@@ -46,6 +46,72 @@ __device__ __forceinline__ void f16_pairs(float x, float y, u32* hi, u32* lo) {
     *hi = (u32)xh | ((u32)yh << 16);
     *lo = (u32)xl | ((u32)yl << 16);
 }
+
+// One tile's online softmax for a thread's two rows (gid and gid + 8 of its warp's 16), on
+// scores laid out as the tensor cores' accumulators: s[4·j + c] at positions p + 8·j + 2·tig +
+// c % 2, rows gid (c < 2) and gid + 8. Masks positions at or past a row's end (end0, end1) and
+// the split's (p1), scales, turns the scores into weights, updates the running max m and this
+// lane's share of the sum l, and rescales the rows' outputs o (laid out alike: NO n8 tiles). A
+// row with no position yet keeps max −∞ and weights 0 (its corrections use 0 in place of the
+// max).
+template <int NS, int NO>
+__device__ __forceinline__ void tile_softmax(float* s, float* o, int p, int tig, int end0, int end1, int p1,
+                                             float scale, float& m0, float& m1, float& l0, float& l1) {
+    float t0m = NEG_INF, t1m = NEG_INF;
+#pragma unroll
+    for (int j = 0; j < NS; j++) {
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const int pp = p + 8 * j + 2 * tig + c;
+            s[4 * j + c] = pp < end0 && pp < p1 ? s[4 * j + c] * scale : NEG_INF;
+            s[4 * j + 2 + c] = pp < end1 && pp < p1 ? s[4 * j + 2 + c] * scale : NEG_INF;
+            t0m = fmaxf(t0m, s[4 * j + c]);
+            t1m = fmaxf(t1m, s[4 * j + 2 + c]);
+        }
+    }
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        t0m = fmaxf(t0m, __shfl_xor_sync(0xffffffffu, t0m, off));
+        t1m = fmaxf(t1m, __shfl_xor_sync(0xffffffffu, t1m, off));
+    }
+    const float n0 = fmaxf(m0, t0m), n1 = fmaxf(m1, t1m);
+    const float u0 = n0 == NEG_INF ? 0.0f : n0, u1 = n1 == NEG_INF ? 0.0f : n1;
+    const float c0 = expf(m0 - u0), c1 = expf(m1 - u1);
+    float r0 = 0.0f, r1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NS; j++) {
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            s[4 * j + c] = expf(s[4 * j + c] - u0);
+            s[4 * j + 2 + c] = expf(s[4 * j + 2 + c] - u1);
+            r0 += s[4 * j + c];
+            r1 += s[4 * j + 2 + c];
+        }
+    }
+    l0 = l0 * c0 + r0;
+    l1 = l1 * c1 + r1;
+    m0 = n0;
+    m1 = n1;
+#pragma unroll
+    for (int j = 0; j < NO; j++) {
+        o[4 * j] *= c0;
+        o[4 * j + 1] *= c0;
+        o[4 * j + 2] *= c1;
+        o[4 * j + 3] *= c1;
+    }
+}
+
+// Row h (0: gid, 1: gid + 8) of a thread's outputs o (laid out as the tensor cores'
+// accumulators: o[4·j + 2·h + c] is head value 8·j + 2·tig + c) with its running max and sum,
+// as token t's partial row of query head `head` and split sp (attn_split's layout).
+__device__ __forceinline__ void store_partial_row(float* __restrict__ part, int t, int head, int nsplit, int sp,
+                                                  const float* o, int h, int tig, float m, float l) {
+    float* dst = part + (((size_t)t * NH + head) * nsplit + sp) * (HD + 2);
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++)
+        *(float2*)(dst + 8 * j + 2 * tig) = make_float2(o[4 * j + 2 * h], o[4 * j + 2 * h + 1]);
+    if (tig == 0) *(float2*)(dst + HD) = make_float2(m, l);
+}
 #endif
 
 // grid (ceil(ntok / 16), NKV, nsplit), block GQA warps. Split sp covers positions
@@ -256,50 +322,7 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, c
                 }
             }
         }
-        // The tile's online softmax per token; a row with no position yet keeps max −∞ and
-        // weights 0 (its corrections use 0 in place of the max).
-        float t0m = NEG_INF, t1m = NEG_INF;
-#pragma unroll
-        for (int j = 0; j < AP_TILE / 8; j++) {
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const int pp = p + 8 * j + 2 * tig + c;
-                s[j][c] = pp < end0 && pp < p1 ? s[j][c] * scale : NEG_INF;
-                s[j][2 + c] = pp < end1 && pp < p1 ? s[j][2 + c] * scale : NEG_INF;
-                t0m = fmaxf(t0m, s[j][c]);
-                t1m = fmaxf(t1m, s[j][2 + c]);
-            }
-        }
-#pragma unroll
-        for (int off = 1; off < 4; off <<= 1) {
-            t0m = fmaxf(t0m, __shfl_xor_sync(0xffffffffu, t0m, off));
-            t1m = fmaxf(t1m, __shfl_xor_sync(0xffffffffu, t1m, off));
-        }
-        const float n0 = fmaxf(m0, t0m), n1 = fmaxf(m1, t1m);
-        const float u0 = n0 == NEG_INF ? 0.0f : n0, u1 = n1 == NEG_INF ? 0.0f : n1;
-        const float c0 = expf(m0 - u0), c1 = expf(m1 - u1);
-        float r0 = 0.0f, r1 = 0.0f;
-#pragma unroll
-        for (int j = 0; j < AP_TILE / 8; j++) {
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                s[j][c] = expf(s[j][c] - u0);
-                s[j][2 + c] = expf(s[j][2 + c] - u1);
-                r0 += s[j][c];
-                r1 += s[j][2 + c];
-            }
-        }
-        l0 = l0 * c0 + r0;
-        l1 = l1 * c1 + r1;
-        m0 = n0;
-        m1 = n1;
-#pragma unroll
-        for (int j = 0; j < HD / 8; j++) {
-            o[j][0] *= c0;
-            o[j][1] *= c0;
-            o[j][2] *= c1;
-            o[j][3] *= c1;
-        }
+        tile_softmax<AP_TILE / 8, HD / 8>(&s[0][0], &o[0][0], p, tig, end0, end1, p1, scale, m0, m1, l0, l1);
         // O += P · V, a k16 step per 16 positions: P's A fragment is S's two n8 tiles (q8_0:
         // times the positions' value scales, a 32-value block of V at a time).
 #pragma unroll
@@ -354,11 +377,7 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, c
         const int t = t0 + gid + 8 * h;
         // Written where the token's context reaches this split: then the row saw a position.
         if (t >= ntok || p0 >= pos + t + 1) continue;
-        float* dst = part + (((size_t)t * NH + head) * nsplit + sp) * (HD + 2);
-#pragma unroll
-        for (int j = 0; j < HD / 8; j++)
-            *(float2*)(dst + 8 * j + 2 * tig) = make_float2(o[j][2 * h], o[j][2 * h + 1]);
-        if (tig == 0) *(float2*)(dst + HD) = h == 0 ? make_float2(m0, l0) : make_float2(m1, l1);
+        store_partial_row(part, t, head, nsplit, sp, &o[0][0], h, tig, h == 0 ? m0 : m1, h == 0 ? l0 : l1);
     }
 #else
     __trap();

@@ -288,6 +288,26 @@ __device__ __forceinline__ void mma_f16(float* c, const u32* a, u32 b0, u32 b1) 
 }
 #endif
 
+// Warpgroup MMA (sm_90a): descriptors, fences and waits.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Shared-memory matrix descriptor of a K-major operand in the 128-byte swizzle: rows (tokens)
+// of 64 values, 8-row groups 1024 bytes apart, starting at `saddr`.
+__device__ __forceinline__ u64 wg_desc_sw128(u32 saddr) {
+    return (u64)((saddr & 0x3FFFFu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// Keeps the compiler from moving accesses of an accumulator across the asynchronous MMAs.
+__device__ __forceinline__ void wg_reg_fence(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+
+#endif
+
 // A tensor map (CUtensorMap) as a kernel parameter: opaque, 64-byte aligned.
 struct __align__(64) TmaMap {
     u64 v[16];

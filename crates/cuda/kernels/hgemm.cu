@@ -42,19 +42,6 @@
 static_assert(HG_STAGES >= 3 && HG_BN == 128, "hgemm tile shape");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// Shared-memory matrix descriptor of a K-major operand in the 128-byte swizzle: rows (tokens)
-// of 64 values, 8-row groups 1024 bytes apart, starting at `saddr`.
-__device__ __forceinline__ u64 wg_desc_sw128(u32 saddr) {
-    return (u64)((saddr & 0x3FFFFu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
-}
-
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-
 // d (64×128 f32, this thread's 64) += A (64×16 f16, registers) · B (16×128 f16, shared memory).
 __device__ __forceinline__ void wgmma_64x128x16(float* d, const u32* a, u64 desc) {
     asm volatile(
@@ -63,9 +50,6 @@ __device__ __forceinline__ void wgmma_64x128x16(float* d, const u32* a, u64 desc
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 }
-
-// Keeps the compiler from moving accesses of an accumulator across the asynchronous MMAs.
-__device__ __forceinline__ void wg_reg_fence(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 
 // This thread's weight scales of stage s (raw f16 bits), [h][j] for rows rbase + 8h.
 template <int SPS>
@@ -78,6 +62,7 @@ __device__ __forceinline__ void hg_load_scales(const u16* __restrict__ scales, i
         for (int j = 0; j < SPS; j++) d[h * SPS + j] = (u32)__ldg(scales + (size_t)r * spr + s * SPS + j);
     }
 }
+
 
 // The MMAs of one stage for this thread's warpgroup: rows w0 and w8 (the stage's codes of rows
 // rbase and rbase + 8; `swz`: whether their 2-bit chunks sit in swapped slots), the

@@ -416,8 +416,8 @@ impl CudaModel {
         }
         let bytes = StateBytes::new(&self.dims, ctx, self.kv_cache);
         // The partial rows of the query-tiled attention where multi-token passes take it.
-        let tiled = self.gpu.attn_prefill_for(self.kv_cache, 2).map(|(_, p)| p);
-        let rows = plan::attn_part_rows(MAX_CHUNK, self.dims.n_head_kv, tiled);
+        let tiled = self.gpu.attn_prefill_for(self.kv_cache, 2);
+        let rows = plan::attn_part_rows(&self.dims, MAX_CHUNK, tiled);
         let layout = Scratch::new(&self.dims, MAX_CHUNK, rows, self.reads_planes());
         check_fits(
             &format!("a sequence of {ctx} tokens"),

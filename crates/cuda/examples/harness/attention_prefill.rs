@@ -1,9 +1,9 @@
-//! The query-tiled attention of multi-token passes (`attn_prefill_mma`, `attn_prefill_q8_mma`)
-//! and its merge against the f64 reference on random caches of both formats, and its time
+//! The query-tiled attention of multi-token passes (`attn_prefill_mma`, `attn_prefill_q8_mma`,
+//! and on sm_90 the warpgroup form `attn_prefill_wg`) and its merge against the f64 reference on random caches of both formats, and its time
 //! against the flash-decoding split's (a token at a time) on a prompt chunk at depth.
 
 use niwaki_cuda::gpu::{Arg, DevBuf, Gpu};
-use niwaki_cuda::plan::{self, AttnLaunch, Dims};
+use niwaki_cuda::plan::{self, Dims, PrefillLaunch};
 use niwaki_cuda::{KvCache, Result};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -65,19 +65,18 @@ impl Pass {
         &self,
         gpu: &Gpu,
         d: &Dims,
-        a: AttnLaunch,
+        k: PrefillLaunch,
         pos: usize,
         ntok: usize,
         places: usize,
     ) -> Result<usize> {
-        let (nsplit, len) = plan::attn_prefill_splits(pos + ntok, ntok, d.n_head_kv, places);
-        let grid = plan::attn_prefill_grid(ntok, d.n_head_kv, nsplit);
+        let (nsplit, len) = plan::attn_prefill_splits(pos + ntok, k.blocks(d, ntok), places);
         let tail = [
             Arg::I32(ntok as i32),
             Arg::I32(nsplit as i32),
             Arg::I32(len as i32),
         ];
-        self.attend(gpu, d, a, grid, &tail)?;
+        self.attend(gpu, d, k.launch, k.grid(d, ntok, nsplit), &tail)?;
         self.merge(gpu, d, ntok, nsplit, len)?;
         Ok(nsplit)
     }
@@ -98,7 +97,7 @@ impl Pass {
         &self,
         gpu: &Gpu,
         d: &Dims,
-        a: AttnLaunch,
+        a: niwaki_cuda::plan::AttnLaunch,
         grid: (u32, u32, u32),
         tail: &[Arg],
     ) -> Result<()> {
@@ -151,10 +150,27 @@ impl Pass {
 }
 
 pub fn prefill_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
-    for kv in [KvCache::F16, KvCache::Q8_0] {
-        let Some((a, places)) = gpu.attn_prefill_launch(kv) else {
+    let kinds = [
+        (
+            KvCache::F16,
+            gpu.attn_prefill_launch(KvCache::F16),
+            "sm_80, its shared memory",
+        ),
+        (
+            KvCache::Q8_0,
+            gpu.attn_prefill_launch(KvCache::Q8_0),
+            "sm_80, its shared memory, q8_0 heads of whole 128 values",
+        ),
+        (
+            KvCache::F16,
+            gpu.attn_prefill_wg_launch(),
+            "the warpgroup form: sm_90, heads of whole 128 values",
+        ),
+    ];
+    for (kv, launch, needs) in kinds {
+        let Some((a, places)) = launch else {
             rep.line(format!(
-                "| query-tiled attention ({kv:?} cache) | HD {} | — | SKIP | not run here (sm_80, its shared memory, q8_0 heads of whole 128 values) |",
+                "| query-tiled attention ({kv:?} cache) | HD {} | — | SKIP | not run here ({needs}) |",
                 d.head_dim
             ));
             continue;
@@ -166,10 +182,10 @@ pub fn prefill_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
     Ok(())
 }
 
-/// The query-tiled kernel of a cache type: its launch, and the device's places for its blocks.
+/// A query-tiled kernel of a cache type: its launch, and the device's places for its blocks.
 struct Tiled {
     kv: KvCache,
-    a: AttnLaunch,
+    a: PrefillLaunch,
     places: usize,
 }
 
@@ -216,10 +232,13 @@ fn checks(rep: &mut Report, gpu: &Gpu, d: &Dims, k: &Tiled) -> R<()> {
     let ok = worst < 2e-5 && repeat_ok && many;
     rep.line(format!(
         "| query-tiled attention + merge ({kv:?} cache) | contexts 2..5020, 2/16/17/20/33/40/50/200 tokens (splits {splits:?}), blocks of one magnitude and of 2^-12..2^4, HD {hd}, {nh}/{nkv} heads | {} | {} | rel L2 vs f64 {worst:.1e} (tol 2e-5), max abs {worst_abs:.1e}; repeated launch bit-identical: {repeat_ok}; several splits in a case: {many} |",
-        a.kernel,
+        a.launch.kernel,
         if ok { "PASS" } else { "FAIL" }
     ));
-    rep.check(ok, format!("query-tiled attention {kv:?}"));
+    rep.check(
+        ok,
+        format!("query-tiled attention {kv:?} ({})", a.launch.kernel),
+    );
     Ok(())
 }
 
@@ -238,7 +257,7 @@ fn chunk_at_depth(rep: &mut Report, gpu: &Gpu, d: &Dims, k: &Tiled) -> R<()> {
     let split = gpu.time(&gpu.stream, 5, || pass.split(gpu, d, pos, ntok))?;
     rep.line(format!(
         "| query-tiled attention, time ({kv:?} cache) | {ntok} tokens after {pos} positions, HD {hd}, {nh}/{nkv} heads, merge included | {} | — | {:.0} µs a layer against {:.0} µs a token at a time ({}): {:.1}× |",
-        a.kernel,
+        a.launch.kernel,
         tiled * 1e6,
         split * 1e6,
         gpu.attn_launch(d, kv, 8).0.kernel,

@@ -3,7 +3,7 @@
 
 /// The kernel sources in the order they are concatenated, each with the part of the program
 /// whose compilation emits its kernels ([`PARTS`]).
-pub const SOURCES: [(&str, &str, usize); 18] = [
+pub const SOURCES: [(&str, &str, usize); 19] = [
     ("common.cuh", include_str!("../../kernels/common.cuh"), 0),
     ("quant.cu", include_str!("../../kernels/quant.cu"), 0),
     // After quant.cu (the inverse rotation).
@@ -58,6 +58,13 @@ pub const SOURCES: [(&str, &str, usize); 18] = [
         include_str!("../../kernels/attention_prefill.cu"),
         0,
     ),
+    // After attention_prefill.cu (the f16 pairs, the tile softmax); beside gdn_chunk.cu, the
+    // smallest part.
+    (
+        "attention_prefill_wg.cu",
+        include_str!("../../kernels/attention_prefill_wg.cu"),
+        4,
+    ),
 ];
 
 /// Parts in which the program is compiled, one NVRTC call each, side by side on threads of
@@ -70,7 +77,7 @@ pub const SOURCES: [(&str, &str, usize); 18] = [
 pub const PARTS: usize = 5;
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 136] = [
+pub const KERNELS: [&str; 137] = [
     "read_sum",
     "pdl_spin",
     "pdl_copy",
@@ -202,6 +209,7 @@ pub const KERNELS: [&str; 136] = [
     "attn_split_q8_mma",
     "attn_prefill_mma",
     "attn_prefill_q8_mma",
+    "attn_prefill_wg",
     "attn_combine",
     "attn_combine_quant",
     "attn_combine_rows",

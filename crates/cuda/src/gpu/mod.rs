@@ -200,7 +200,13 @@ pub struct Gpu {
     /// The query-tiled attention's launch for each cache type where it runs
     /// ([`plan::attn_prefill_launch`]: sm_80+, its shared memory), and how many of its blocks
     /// the device holds at once.
-    attn_prefill: Vec<(plan::KvCache, plan::AttnLaunch, usize)>,
+    attn_prefill: Vec<(plan::KvCache, plan::PrefillLaunch, usize)>,
+    /// The warpgroup-MMA form for an f16 cache where the device runs it (sm_90, its shared
+    /// memory; [`plan::attn_prefill_wg_launch`]) and its places, and whether multi-token passes
+    /// take it in place of the f16 entry above ([`plan::ATTN_PREFILL_WG`];
+    /// `NIWAKI_CUDA_ATTN_PREFILL_WG`).
+    attn_prefill_wg: Option<(plan::PrefillLaunch, usize)>,
+    attn_prefill_wg_on: bool,
     /// Whether multi-token passes take it, over an f16 cache ([`plan::ATTN_PREFILL`];
     /// `NIWAKI_CUDA_ATTN_PREFILL`) and over a q8_0 one ([`plan::ATTN_PREFILL_Q8`];
     /// `NIWAKI_CUDA_ATTN_PREFILL_Q8`).

@@ -142,14 +142,19 @@ impl Gpu {
         // The query-tiled attention of multi-token passes (sm_80+) for each cache type whose
         // block fits, and how many of its blocks the device holds at once.
         let mut attn_prefill = Vec::new();
+        let sms = info.multiprocessors.max(1) as usize;
         for kv in [plan::KvCache::F16, plan::KvCache::Q8_0] {
             let Some(a) = plan::attn_prefill_launch(dims, kv).filter(|_| ampere) else {
                 continue;
             };
-            if let Some(per_sm) = attn_blocks(&a)? {
-                attn_prefill.push((kv, a, per_sm * info.multiprocessors.max(1) as usize));
+            if let Some(per_sm) = attn_blocks(&a.launch)? {
+                attn_prefill.push((kv, a, per_sm * sms));
             }
         }
+        let attn_prefill_wg = match plan::attn_prefill_wg_launch(dims).filter(|_| wgmma) {
+            Some(a) => attn_blocks(&a.launch)?.map(|per_sm| (a, per_sm * sms)),
+            None => None,
+        };
         let mut attn_short = Vec::new();
         for kv in [plan::KvCache::F16, plan::KvCache::Q8_0] {
             if let Some(a) = plan::attn_short_launch(dims, kv, smem_limit.max(48 << 10)) {
@@ -255,6 +260,8 @@ impl Gpu {
                 .any(|d| d == compile::ATTN_TOKEN_MAJOR_DEFINE),
             attn_short,
             attn_prefill,
+            attn_prefill_wg,
+            attn_prefill_wg_on: knobs::flag("NIWAKI_CUDA_ATTN_PREFILL_WG", plan::ATTN_PREFILL_WG),
             attn_prefill_on: [
                 knobs::flag("NIWAKI_CUDA_ATTN_PREFILL", plan::ATTN_PREFILL),
                 knobs::flag("NIWAKI_CUDA_ATTN_PREFILL_Q8", plan::ATTN_PREFILL_Q8),

@@ -154,27 +154,39 @@ impl Gpu {
 
     /// The query-tiled attention's launch and the places its splits fill (the device's, times
     /// the waves asked for), where a pass of `ntok` tokens over a `kv` cache takes it: several
-    /// tokens, a device that runs it for that cache, and the cache type's setting on.
+    /// tokens, a device that runs it for that cache, and the cache type's setting on (over an
+    /// f16 cache, the warpgroup form where it is on and runs).
     pub fn attn_prefill_for(
         &self,
         kv: plan::KvCache,
         ntok: usize,
-    ) -> Option<(plan::AttnLaunch, usize)> {
+    ) -> Option<(plan::PrefillLaunch, usize)> {
         let on = match kv {
             plan::KvCache::F16 => self.attn_prefill_on[0],
             plan::KvCache::Q8_0 => self.attn_prefill_on[1],
         };
-        let (a, places) = self.attn_prefill_launch(kv).filter(|_| on && ntok > 1)?;
+        let wg = self
+            .attn_prefill_wg
+            .filter(|_| self.attn_prefill_wg_on && kv == plan::KvCache::F16);
+        let (a, places) = wg
+            .or_else(|| self.attn_prefill_launch(kv))
+            .filter(|_| on && ntok > 1)?;
         Some((a, places * self.attn_prefill_waves))
     }
 
     /// The query-tiled attention's launch and places for a `kv` cache where this device runs
     /// it, whatever the switches say (the harness checks it).
-    pub fn attn_prefill_launch(&self, kv: plan::KvCache) -> Option<(plan::AttnLaunch, usize)> {
+    pub fn attn_prefill_launch(&self, kv: plan::KvCache) -> Option<(plan::PrefillLaunch, usize)> {
         self.attn_prefill
             .iter()
             .find(|(k, ..)| *k == kv)
             .map(|&(_, a, places)| (a, places))
+    }
+
+    /// The warpgroup-MMA form (f16 cache) and its places where this device runs it, whatever
+    /// the switch says (the harness checks it).
+    pub fn attn_prefill_wg_launch(&self) -> Option<(plan::PrefillLaunch, usize)> {
+        self.attn_prefill_wg
     }
 
     /// Sets [`Gpu::attn_tile`] (for measuring the variants; others, and the tensor-core

@@ -49,9 +49,9 @@ impl CudaModel {
         ];
         // The query-tiled kernel also takes the pass's tokens and its split length.
         let (a, grid, tail, nsplit) = match self.attn_prefill_plan(st, ntok) {
-            Some((a, nsplit, len)) => (
-                a,
-                plan::attn_prefill_grid(ntok, d.n_head_kv, nsplit),
+            Some((k, nsplit, len)) => (
+                k.launch,
+                k.grid(d, ntok, nsplit),
                 vec![
                     Arg::I32(ntok as i32),
                     Arg::I32(nsplit as i32),
@@ -231,11 +231,11 @@ impl CudaModel {
         &self,
         st: &CudaState,
         ntok: usize,
-    ) -> Option<(plan::AttnLaunch, usize, usize)> {
-        let (a, places) = self.gpu.attn_prefill_for(st.bytes.kv_cache, ntok)?;
+    ) -> Option<(plan::PrefillLaunch, usize, usize)> {
+        let (k, places) = self.gpu.attn_prefill_for(st.bytes.kv_cache, ntok)?;
         let n_ctx = st.pos + ntok;
-        let (nsplit, len) = plan::attn_prefill_splits(n_ctx, ntok, self.dims.n_head_kv, places);
-        Some((a, nsplit, len))
+        let (nsplit, len) = plan::attn_prefill_splits(n_ctx, k.blocks(&self.dims, ntok), places);
+        Some((k, nsplit, len))
     }
 
     /// An attention kernel's name for the state's cache type.

@@ -26,13 +26,53 @@ pub const ATTN_PREFILL_STAGES: usize = 3;
 /// Fewest cache positions per split of the query-tiled attention: a block stages its queries
 /// (96 KiB of floats read for a 27B block) before its first tile.
 pub const ATTN_PREFILL_MIN_SPLIT: usize = 256;
+/// Whether multi-token passes over an f16 cache take the warpgroup-MMA form on sm_90
+/// (`attn_prefill_wg`, kernels/attention_prefill_wg.cu; `NIWAKI_CUDA_ATTN_PREFILL_WG`): off
+/// until its checks and times have run on a device.
+pub const ATTN_PREFILL_WG: bool = false;
+/// Query rows ((token, head) pairs of a kv head) of a block of the warpgroup form: two
+/// warpgroups of 64.
+pub const ATTN_PREFILL_WG_ROWS: usize = 128;
+/// Its stage length and stages in flight (AW_TILE, AW_STAGES): the queries take 128 KiB (128
+/// rows of 256 values as f16 pairs), three stages of 32 key and value rows 96 KiB.
+pub const ATTN_PREFILL_WG_TILE: usize = 32;
+pub const ATTN_PREFILL_WG_STAGES: usize = 3;
+
+/// A query-tiled kernel's launch, and how many query rows ((token, head) pairs of one kv
+/// head, heads fastest) each of its blocks takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefillLaunch {
+    pub launch: AttnLaunch,
+    pub rows: usize,
+}
+
+impl PrefillLaunch {
+    /// Blocks of one split of an `ntok`-token pass: row tiles times kv heads.
+    pub fn blocks(&self, d: &Dims, ntok: usize) -> usize {
+        self.row_tiles(d, ntok) * d.n_head_kv.max(1)
+    }
+
+    /// The grid of a pass: row tiles, kv heads, splits (the row tiles first, so that blocks
+    /// reading the same cache rows run together).
+    pub fn grid(&self, d: &Dims, ntok: usize, nsplit: usize) -> (u32, u32, u32) {
+        (
+            self.row_tiles(d, ntok) as u32,
+            d.n_head_kv as u32,
+            nsplit as u32,
+        )
+    }
+
+    fn row_tiles(&self, d: &Dims, ntok: usize) -> usize {
+        (ntok * (d.n_head / d.n_head_kv.max(1))).div_ceil(self.rows.max(1))
+    }
+}
 
 /// The query-tiled attention's launch for a cache type: a warp per query head of a kv head, the
 /// queries' f16 pairs and the stages in dynamic shared memory (f16: stages of f16 rows; q8_0:
 /// one f16 tile the codes are turned into, its scales as floats and the value blocks' factors,
 /// then stages as cached). `None` for a q8_0 cache with heads not whole 128-value pieces (its
 /// scale rows are copied in 8-byte pieces).
-pub fn attn_prefill_launch(d: &Dims, kv: KvCache) -> Option<AttnLaunch> {
+pub fn attn_prefill_launch(d: &Dims, kv: KvCache) -> Option<PrefillLaunch> {
     let (gqa, hd) = (d.n_head / d.n_head_kv, d.head_dim);
     let row = 2 * (hd + 8);
     let queries = 2 * gqa * ATTN_PREFILL_TOKENS * row;
@@ -52,61 +92,73 @@ pub fn attn_prefill_launch(d: &Dims, kv: KvCache) -> Option<AttnLaunch> {
             )
         }
     };
-    Some(AttnLaunch {
-        kernel,
-        threads: 32 * gqa,
-        smem_bytes: queries + rest,
+    Some(PrefillLaunch {
+        launch: AttnLaunch {
+            kernel,
+            threads: 32 * gqa,
+            smem_bytes: queries + rest,
+        },
+        rows: ATTN_PREFILL_TOKENS * gqa,
     })
 }
 
-/// The grid of a query-tiled launch: token tiles, kv heads, splits (the token tiles first, so
-/// that blocks reading the same cache rows run together).
-pub fn attn_prefill_grid(ntok: usize, n_head_kv: usize, nsplit: usize) -> (u32, u32, u32) {
-    (
-        ntok.div_ceil(ATTN_PREFILL_TOKENS) as u32,
-        n_head_kv as u32,
-        nsplit as u32,
-    )
+/// The warpgroup-MMA form's launch (f16 cache, heads of whole 128 values; sm_90 only, which the
+/// device start checks): two warpgroups, the queries' f16 pairs and the stages in the 128-byte
+/// swizzle, and 1 KiB to align them to its 1,024-byte atoms.
+pub fn attn_prefill_wg_launch(d: &Dims) -> Option<PrefillLaunch> {
+    let hd = d.head_dim;
+    if !hd.is_multiple_of(128) {
+        return None;
+    }
+    let queries = 2 * ATTN_PREFILL_WG_ROWS * hd * 2;
+    let stages = ATTN_PREFILL_WG_STAGES * 2 * ATTN_PREFILL_WG_TILE * hd * 2;
+    Some(PrefillLaunch {
+        launch: AttnLaunch {
+            kernel: "attn_prefill_wg",
+            threads: 256,
+            smem_bytes: queries + stages + 1024,
+        },
+        rows: ATTN_PREFILL_WG_ROWS,
+    })
 }
 
-/// The splits of a query-tiled pass of `ntok` tokens ending at context `n_ctx`, over
-/// `n_head_kv` kv heads on a device holding `places` of its blocks at once: how many, and the
-/// positions each covers (a whole number of stages). As many splits as fill the places once
-/// (a 256-token chunk of the 27B is 64 blocks a split), none shorter than
-/// [`ATTN_PREFILL_MIN_SPLIT`], at most [`ATTN_SPLITS`] (the partial rows' room).
-pub fn attn_prefill_splits(
-    n_ctx: usize,
-    ntok: usize,
-    n_head_kv: usize,
-    places: usize,
-) -> (usize, usize) {
+/// The splits of a query-tiled pass ending at context `n_ctx` whose splits launch `blocks`
+/// blocks each ([`PrefillLaunch::blocks`]), on a device holding `places` of them at once: how
+/// many, and the positions each covers (a whole number of stages). As many splits as fill the
+/// places once (a 256-token chunk of the 27B is 64 blocks a split of `attn_prefill_mma`), none
+/// shorter than [`ATTN_PREFILL_MIN_SPLIT`], at most [`ATTN_SPLITS`]. The split length is a
+/// multiple of both kernels' stages.
+pub fn attn_prefill_splits(n_ctx: usize, blocks: usize, places: usize) -> (usize, usize) {
     let most = n_ctx.div_ceil(ATTN_PREFILL_MIN_SPLIT);
-    let want = attn_prefill_wave_splits(ntok, n_head_kv, places).min(most.max(1));
+    let want = attn_prefill_wave_splits(blocks, places).min(most.max(1));
     let len = n_ctx
         .max(1)
         .div_ceil(want)
-        .next_multiple_of(ATTN_PREFILL_TILE);
+        .next_multiple_of(ATTN_PREFILL_TILE.max(ATTN_PREFILL_WG_TILE));
     (n_ctx.max(1).div_ceil(len), len)
 }
 
-/// The splits of a query-tiled pass of `ntok` tokens that fill `places` once (at most
-/// [`ATTN_SPLITS`]): what [`attn_prefill_splits`] gives over a long enough context, and never
-/// exceeds.
-pub fn attn_prefill_wave_splits(ntok: usize, n_head_kv: usize, places: usize) -> usize {
-    let blocks = ntok.div_ceil(ATTN_PREFILL_TOKENS) * n_head_kv.max(1);
-    (places / blocks).clamp(1, ATTN_SPLITS)
+/// The splits of a query-tiled pass of `blocks` blocks a split that fill `places` once (at
+/// most [`ATTN_SPLITS`]): what [`attn_prefill_splits`] gives over a long enough context, and
+/// never exceeds.
+pub fn attn_prefill_wave_splits(blocks: usize, places: usize) -> usize {
+    (places / blocks.max(1)).clamp(1, ATTN_SPLITS)
 }
 
 /// The most partial rows (a token's split, per query head) an attention pass of up to `tokens`
 /// tokens writes: [`ATTN_SPLITS`] for a one-token pass (the split kernels); for longer passes,
-/// where the query-tiled attention takes them (`query_tiled`: its places on the device), a token
-/// count times the splits that fill those places, about `ATTN_PREFILL_TOKENS` × places / kv
-/// heads (528 for the 27B on 132 places, against 32,768 for 256 tokens of the split kernels,
-/// which take them otherwise: `tokens` × [`ATTN_SPLITS`]).
-pub fn attn_part_rows(tokens: usize, n_head_kv: usize, query_tiled: Option<usize>) -> usize {
+/// where a query-tiled kernel takes them (`query_tiled`: its launch and its places on the
+/// device), a token count times the splits that fill those places, about a block's tokens ×
+/// places / kv heads (528 for the 27B's `attn_prefill_mma` on 132 places, against 32,768 for
+/// 256 tokens of the split kernels, which take them otherwise: `tokens` × [`ATTN_SPLITS`]).
+pub fn attn_part_rows(
+    d: &Dims,
+    tokens: usize,
+    query_tiled: Option<(PrefillLaunch, usize)>,
+) -> usize {
     let passes = match query_tiled {
-        Some(places) => (2..=tokens)
-            .map(|t| t * attn_prefill_wave_splits(t, n_head_kv, places))
+        Some((k, places)) => (2..=tokens)
+            .map(|t| t * attn_prefill_wave_splits(k.blocks(d, t), places))
             .max()
             .unwrap_or(0),
         None => tokens * ATTN_SPLITS,

@@ -179,6 +179,8 @@ impl Dims {
             ("AQ_STAGES", ATTN_Q8_MMA_STAGES),
             ("AP_TILE", ATTN_PREFILL_TILE),
             ("AP_STAGES", ATTN_PREFILL_STAGES),
+            ("AW_TILE", ATTN_PREFILL_WG_TILE),
+            ("AW_STAGES", ATTN_PREFILL_WG_STAGES),
             ("AS_TILE", ATTN_SHORT_TILE),
             ("AS_STAGES", ATTN_SHORT_STAGES),
             ("GEMV1_WARPS", GEMV1_WARPS),

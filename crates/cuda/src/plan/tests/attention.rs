@@ -111,7 +111,10 @@ fn the_short_attention_launch_fits_its_rings_and_refuses_what_it_cannot_hold() {
 #[test]
 fn the_query_tiled_attention_holds_its_queries_and_stages_and_one_block_fits_a_hopper_sm() {
     let d = dims(Preset::B27);
-    let a = attn_prefill_launch(&d, KvCache::F16).expect("f16");
+    let k = attn_prefill_launch(&d, KvCache::F16).expect("f16");
+    // A block: 16 tokens × the 6 query heads of its kv head.
+    assert_eq!(k.rows, 16 * 6);
+    let a = k.launch;
     // A warp per query head of a kv head.
     assert_eq!((a.kernel, a.threads), ("attn_prefill_mma", 6 * 32));
     // 16 tokens × 6 heads of queries as f16 pairs, three stages of 32 key and 32 value rows,
@@ -120,7 +123,7 @@ fn the_query_tiled_attention_holds_its_queries_and_stages_and_one_block_fits_a_h
     // q8_0: the queries, one f16 tile, its 2 × 32 × 8 scales, 8 factors and 6 × 8 floats of
     // their reduction (2,272 bytes, a multiple of 16), then three stages as cached (32 rows of
     // 256 key codes, of value codes, and their 16 bytes of scales each).
-    let q8 = attn_prefill_launch(&d, KvCache::Q8_0).expect("q8_0");
+    let q8 = attn_prefill_launch(&d, KvCache::Q8_0).expect("q8_0").launch;
     assert_eq!((q8.kernel, q8.threads), ("attn_prefill_q8_mma", 6 * 32));
     assert_eq!(
         q8.smem_bytes,
@@ -140,18 +143,24 @@ fn the_query_tiled_attention_holds_its_queries_and_stages_and_one_block_fits_a_h
 #[test]
 fn the_query_tiled_splits_fill_the_device_once_and_cover_the_context_in_whole_stages() {
     // A 256-token chunk after 16k positions on 132 places: 64 blocks a split, so two splits.
-    let (n, len) = attn_prefill_splits(16_384 + 256, 256, 4, 132);
+    let d = dims(Preset::B27);
+    let k = attn_prefill_launch(&d, KvCache::F16).expect("f16");
+    assert_eq!(k.blocks(&d, 256), 64);
+    let (n, len) = attn_prefill_splits(16_384 + 256, k.blocks(&d, 256), 132);
     assert_eq!(n, 2);
     assert_eq!(len % ATTN_PREFILL_TILE, 0);
     assert!(n * len >= 16_640 && (n - 1) * len < 16_640);
     // Its grid: token tiles of 16 (a partial last one), kv heads, splits.
-    assert_eq!(attn_prefill_grid(256, 4, n), (16, 4, 2));
-    assert_eq!(attn_prefill_grid(17, 4, 1), (2, 4, 1));
+    assert_eq!(k.grid(&d, 256, n), (16, 4, 2));
+    assert_eq!(k.grid(&d, 17, 1), (2, 4, 1));
     // A 512-token chunk fills them with one.
-    assert_eq!(attn_prefill_splits(16_384 + 512, 512, 4, 132), (1, 16_896));
+    assert_eq!(
+        attn_prefill_splits(16_384 + 512, k.blocks(&d, 512), 132),
+        (1, 16_896)
+    );
     // Short contexts: no split under the shortest length, however many places.
-    assert_eq!(attn_prefill_splits(40, 40, 4, 4096).0, 1);
-    let (n, len) = attn_prefill_splits(5020, 20, 4, 4096);
+    assert_eq!(attn_prefill_splits(40, k.blocks(&d, 40), 4096).0, 1);
+    let (n, len) = attn_prefill_splits(5020, k.blocks(&d, 20), 4096);
     assert_eq!(n, 5020usize.div_ceil(ATTN_PREFILL_MIN_SPLIT));
     assert!(len >= ATTN_PREFILL_MIN_SPLIT && n * len >= 5020 && (n - 1) * len < 5020);
     // Never more splits than the partial rows hold, and none empty.
@@ -161,11 +170,45 @@ fn the_query_tiled_splits_fill_the_device_once_and_cover_the_context_in_whole_st
         (300, 17, 7),
         (70_000, 256, 264),
     ] {
-        let (n, len) = attn_prefill_splits(ctx, ntok, 4, places);
+        let (n, len) = attn_prefill_splits(ctx, k.blocks(&d, ntok), places);
         assert!((1..=ATTN_SPLITS).contains(&n), "{ctx} {ntok} {places}: {n}");
         assert!(
             n * len >= ctx && (n - 1) * len < ctx.max(1),
             "{ctx} {ntok} {places}: {n} × {len}"
         );
     }
+}
+
+#[test]
+fn the_warpgroup_query_tiled_attention_takes_128_rows_and_fits_one_block_a_hopper_sm() {
+    let d = dims(Preset::B27);
+    let k = attn_prefill_wg_launch(&d).expect("heads of 256");
+    assert_eq!(
+        (k.launch.kernel, k.launch.threads, k.rows),
+        ("attn_prefill_wg", 256, 128)
+    );
+    // 128 rows of 256 values as f16 pairs, three stages of 32 key and 32 value rows, 1 KiB to
+    // align them: within the 227 KiB a block may take.
+    assert_eq!(
+        k.launch.smem_bytes,
+        2 * 128 * 256 * 2 + 3 * 2 * 32 * 256 * 2 + 1024
+    );
+    assert!(k.launch.smem_bytes <= 227 << 10);
+    // Rows are (token, head) pairs: 256 tokens × 6 heads in 12 tiles, a 2-token pass in one.
+    assert_eq!(k.grid(&d, 256, 3), (12, 4, 3));
+    assert_eq!(k.blocks(&d, 2), 4);
+    assert_eq!(k.blocks(&d, 22), 8);
+    // Heads of 128 run it (its O by 128 columns), heads of 64 not.
+    let tiny = dims(Preset::Tiny);
+    assert_eq!(
+        attn_prefill_wg_launch(&tiny).is_some(),
+        tiny.head_dim.is_multiple_of(128)
+    );
+    let mut narrow = d.clone();
+    narrow.head_dim = 64;
+    assert!(attn_prefill_wg_launch(&narrow).is_none());
+    // Its splits: 48 blocks a split of a 256-token chunk, so two fill 132 places; whole
+    // stages of both kernels.
+    let (n, len) = attn_prefill_splits(16_384 + 256, k.blocks(&d, 256), 132);
+    assert_eq!((n, len % ATTN_PREFILL_WG_TILE), (2, 0));
 }
