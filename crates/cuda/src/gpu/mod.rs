@@ -207,6 +207,9 @@ pub struct Gpu {
     /// `NIWAKI_CUDA_ATTN_PREFILL_WG`).
     attn_prefill_wg: Option<(plan::PrefillLaunch, usize)>,
     attn_prefill_wg_on: bool,
+    /// Whether a sequence's scratch lays its regions out smallest first
+    /// (`NIWAKI_CUDA_SCRATCH_BY_SIZE`, a measurement; [`plan::Scratch::ordered`]).
+    scratch_by_size: bool,
     /// Whether multi-token passes take it, over an f16 cache ([`plan::ATTN_PREFILL`];
     /// `NIWAKI_CUDA_ATTN_PREFILL`) and over a q8_0 one ([`plan::ATTN_PREFILL_Q8`];
     /// `NIWAKI_CUDA_ATTN_PREFILL_Q8`).

@@ -262,6 +262,7 @@ impl Gpu {
             attn_prefill,
             attn_prefill_wg,
             attn_prefill_wg_on: knobs::flag("NIWAKI_CUDA_ATTN_PREFILL_WG", plan::ATTN_PREFILL_WG),
+            scratch_by_size: knobs::flag("NIWAKI_CUDA_SCRATCH_BY_SIZE", false),
             attn_prefill_on: [
                 knobs::flag("NIWAKI_CUDA_ATTN_PREFILL", plan::ATTN_PREFILL),
                 knobs::flag("NIWAKI_CUDA_ATTN_PREFILL_Q8", plan::ATTN_PREFILL_Q8),
