@@ -193,7 +193,8 @@ fn the_warpgroup_query_tiled_attention_takes_128_rows_and_fits_one_block_a_hoppe
         k.launch.smem_bytes,
         2 * 128 * 256 * 2 + 3 * 2 * 32 * 256 * 2 + 1024
     );
-    assert!(k.launch.smem_bytes <= 227 << 10);
+    // With the static bound the device start adds, or it would quietly not run it.
+    assert!(k.launch.smem_bytes + ATTN_STATIC_SMEM <= 227 << 10);
     // Rows are (token, head) pairs: 256 tokens × 6 heads in 12 tiles, a 2-token pass in one.
     assert_eq!(k.grid(&d, 256, 3), (12, 4, 3));
     assert_eq!(k.blocks(&d, 2), 4);
