@@ -1,6 +1,7 @@
 //! The query-tiled attention of multi-token passes (`attn_prefill_mma`, `attn_prefill_q8_mma`,
-//! and on sm_90 the warpgroup form `attn_prefill_wg`) and its merge against the f64 reference on random caches of both formats, and its time
-//! against the flash-decoding split's (a token at a time) on a prompt chunk at depth.
+//! and on sm_90 the warpgroup form `attn_prefill_wg`) and its merge against the f64 reference on
+//! random caches of both formats, and its time against the flash-decoding split's (a token at a
+//! time) on a prompt chunk at depth.
 
 use niwaki_cuda::gpu::{Arg, DevBuf, Gpu};
 use niwaki_cuda::plan::{self, Dims, PrefillLaunch};

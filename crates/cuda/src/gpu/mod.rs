@@ -201,15 +201,6 @@ pub struct Gpu {
     /// ([`plan::attn_prefill_launch`]: sm_80+, its shared memory), and how many of its blocks
     /// the device holds at once.
     attn_prefill: Vec<(plan::KvCache, plan::PrefillLaunch, usize)>,
-    /// The warpgroup-MMA form for an f16 cache where the device runs it (sm_90, its shared
-    /// memory; [`plan::attn_prefill_wg_launch`]) and its places, and whether multi-token passes
-    /// take it in place of the f16 entry above ([`plan::ATTN_PREFILL_WG`];
-    /// `NIWAKI_CUDA_ATTN_PREFILL_WG`).
-    attn_prefill_wg: Option<(plan::PrefillLaunch, usize)>,
-    attn_prefill_wg_on: bool,
-    /// Whether a sequence's scratch lays its regions out smallest first
-    /// (`NIWAKI_CUDA_SCRATCH_BY_SIZE`, a measurement; [`plan::Scratch::ordered`]).
-    scratch_by_size: bool,
     /// Whether multi-token passes take it, over an f16 cache ([`plan::ATTN_PREFILL`];
     /// `NIWAKI_CUDA_ATTN_PREFILL`) and over a q8_0 one ([`plan::ATTN_PREFILL_Q8`];
     /// `NIWAKI_CUDA_ATTN_PREFILL_Q8`).
@@ -217,6 +208,15 @@ pub struct Gpu {
     /// Waves of its blocks a pass's splits aim for (1; `NIWAKI_CUDA_ATTN_PREFILL_WAVES`, a
     /// measurement: one block a multiprocessor leaves the last wave's stragglers alone).
     attn_prefill_waves: usize,
+    /// The warpgroup-MMA form for an f16 cache where the device runs it (sm_90, its shared
+    /// memory; [`plan::attn_prefill_wg_launch`]) and its places, and whether multi-token passes
+    /// take it in place of the f16 entry of `attn_prefill` ([`plan::ATTN_PREFILL_WG`];
+    /// `NIWAKI_CUDA_ATTN_PREFILL_WG`).
+    attn_prefill_wg: Option<(plan::PrefillLaunch, usize)>,
+    attn_prefill_wg_on: bool,
+    /// Whether a sequence's scratch lays its regions out smallest first
+    /// (`NIWAKI_CUDA_SCRATCH_BY_SIZE`, a measurement; [`plan::Scratch::ordered`]).
+    scratch_by_size: bool,
     /// A one-token pass's splits per kv head where `NIWAKI_CUDA_ATTN_SPLITS` sets them (a
     /// measurement), else one wave of the split kernel's blocks ([`plan::attn_decode_splits`]).
     attn_decode_splits: Option<usize>,

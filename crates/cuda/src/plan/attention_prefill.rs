@@ -1,5 +1,6 @@
 //! The query-tiled attention of multi-token passes (`attn_prefill_mma`, `attn_prefill_q8_mma`,
-//! kernels/attention_prefill.cu): its launches, and its splits of the context.
+//! kernels/attention_prefill.cu; `attn_prefill_wg`, kernels/attention_prefill_wg.cu): its
+//! launches, and its splits of the context.
 
 use super::*;
 
