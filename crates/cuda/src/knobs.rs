@@ -80,8 +80,6 @@ const KNOBS: &[(&str, Takes)] = &[
     ("NIWAKI_CUDA_PREFETCH_MB", Takes::Number),
     ("NIWAKI_CUDA_RING_LATE", Takes::OnOff),
     ("NIWAKI_CUDA_RUN_AHEAD", Takes::OnOff),
-    // A measurement: a sequence's scratch regions smallest first.
-    ("NIWAKI_CUDA_SCRATCH_BY_SIZE", Takes::OnOff),
     ("NIWAKI_CUDA_SHARE_UNROLL", Takes::OneOf(&SHARE_UNROLL)),
     // A measurement only: kernels a one-token pass leaves out (`plan::Skip`).
     ("NIWAKI_CUDA_SKIP", Takes::OneOf(&crate::plan::Skip::WORDS)),

@@ -418,13 +418,7 @@ impl CudaModel {
         // The partial rows of the query-tiled attention where multi-token passes take it.
         let tiled = self.gpu.attn_prefill_for(self.kv_cache, 2);
         let rows = plan::attn_part_rows(&self.dims, MAX_CHUNK, tiled);
-        let layout = Scratch::ordered(
-            &self.dims,
-            MAX_CHUNK,
-            rows,
-            self.reads_planes(),
-            self.gpu.scratch_by_size(),
-        );
+        let layout = Scratch::new(&self.dims, MAX_CHUNK, rows, self.reads_planes());
         check_fits(
             &format!("a sequence of {ctx} tokens"),
             &[

@@ -214,9 +214,6 @@ pub struct Gpu {
     /// `NIWAKI_CUDA_ATTN_PREFILL_WG`).
     attn_prefill_wg: Option<(plan::PrefillLaunch, usize)>,
     attn_prefill_wg_on: bool,
-    /// Whether a sequence's scratch lays its regions out smallest first
-    /// (`NIWAKI_CUDA_SCRATCH_BY_SIZE`, a measurement; [`plan::Scratch::ordered`]).
-    scratch_by_size: bool,
     /// A one-token pass's splits per kv head where `NIWAKI_CUDA_ATTN_SPLITS` sets them (a
     /// measurement), else one wave of the split kernel's blocks ([`plan::attn_decode_splits`]).
     attn_decode_splits: Option<usize>,

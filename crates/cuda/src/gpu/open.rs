@@ -267,7 +267,6 @@ impl Gpu {
             attn_prefill_waves: knobs::number("NIWAKI_CUDA_ATTN_PREFILL_WAVES", 1).max(1),
             attn_prefill_wg,
             attn_prefill_wg_on: knobs::flag("NIWAKI_CUDA_ATTN_PREFILL_WG", plan::ATTN_PREFILL_WG),
-            scratch_by_size: knobs::flag("NIWAKI_CUDA_SCRATCH_BY_SIZE", false),
             attn_decode_splits: knobs::number_set("NIWAKI_CUDA_ATTN_SPLITS"),
             // Measured on the H200 only: elsewhere off unless asked for.
             attn_short_max: AtomicUsize::new(knobs::number(

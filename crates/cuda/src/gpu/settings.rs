@@ -183,11 +183,6 @@ impl Gpu {
             .map(|&(_, a, places)| (a, places))
     }
 
-    /// Whether a sequence's scratch lays its regions out smallest first.
-    pub fn scratch_by_size(&self) -> bool {
-        self.scratch_by_size
-    }
-
     /// The warpgroup-MMA form (f16 cache) and its places where this device runs it, whatever
     /// the switch says (the harness checks it).
     pub fn attn_prefill_wg_launch(&self) -> Option<(plan::PrefillLaunch, usize)> {

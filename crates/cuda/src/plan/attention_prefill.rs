@@ -28,9 +28,13 @@ pub const ATTN_PREFILL_STAGES: usize = 3;
 /// (96 KiB of floats read for a 27B block) before its first tile.
 pub const ATTN_PREFILL_MIN_SPLIT: usize = 256;
 /// Whether multi-token passes over an f16 cache take the warpgroup-MMA form on sm_90
-/// (`attn_prefill_wg`, kernels/attention_prefill_wg.cu; `NIWAKI_CUDA_ATTN_PREFILL_WG`): off
-/// until its checks and times have run on a device.
-pub const ATTN_PREFILL_WG: bool = false;
+/// (`attn_prefill_wg`, kernels/attention_prefill_wg.cu; `NIWAKI_CUDA_ATTN_PREFILL_WG`) rather
+/// than `attn_prefill_mma`. Fifty-seventh session, an H100: in the harness a 256-token chunk
+/// after 16,384 positions took 646 µs a layer against 775 (27B shapes; 109 against 135 with
+/// heads of 128), both as close to the f64 reference; 27B Q1_0, `niwaki bench -p 512 -n 2 -r 3
+/// -d D`, pp512 tok/s mma / wg: 5,408 / 5,629 at 16,384, 4,341 / 4,681 at 32,768, the same
+/// tokens.
+pub const ATTN_PREFILL_WG: bool = true;
 /// Query rows ((token, head) pairs of a kv head) of a block of the warpgroup form: two
 /// warpgroups of 64.
 pub const ATTN_PREFILL_WG_ROWS: usize = 128;

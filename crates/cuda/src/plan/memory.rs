@@ -115,20 +115,6 @@ impl Scratch {
     /// its model's one-token passes write plane words (1-bit models), else those regions take no
     /// bytes.
     pub fn new(d: &Dims, tokens: usize, part_rows: usize, planes: bool) -> Scratch {
-        Scratch::ordered(d, tokens, part_rows, planes, false)
-    }
-
-    /// The same regions, laid out smallest first where `by_size` (a measurement,
-    /// `NIWAKI_CUDA_SCRATCH_BY_SIZE`): a one-token pass touches the start of every region, and
-    /// the decode ran 0.9% faster on Q1_0 (an H100) once an 811 MB region stopped sitting among
-    /// them, so gathering the small ones may gain more.
-    pub fn ordered(
-        d: &Dims,
-        tokens: usize,
-        part_rows: usize,
-        planes: bool,
-        by_size: bool,
-    ) -> Scratch {
         let t = tokens;
         let p = usize::from(planes);
         let sizes = [
@@ -173,11 +159,6 @@ impl Scratch {
             ("xp", p * d.max_cols()),
             ("fold_xp", p * d.hidden),
         ];
-        let mut sizes = sizes.to_vec();
-        if by_size {
-            // Stable: regions of one size keep their order.
-            sizes.sort_by_key(|&(_, n)| n);
-        }
         let mut regions = Vec::new();
         let mut at = 0;
         for (name, n) in sizes {
