@@ -42,6 +42,10 @@ const KNOBS: &[(&str, Takes)] = &[
     ),
     ("NIWAKI_CUDA_ATTN_PREFILL", Takes::OnOff),
     ("NIWAKI_CUDA_ATTN_PREFILL_Q8", Takes::OnOff),
+    (
+        "NIWAKI_CUDA_ATTN_PREFILL_SPLITS",
+        Takes::OneOf(&["wave", "time"]),
+    ),
     ("NIWAKI_CUDA_ATTN_PREFILL_WAVES", Takes::Number),
     ("NIWAKI_CUDA_ATTN_PREFILL_WG", Takes::OnOff),
     ("NIWAKI_CUDA_ATTN_SHORT", Takes::Number),

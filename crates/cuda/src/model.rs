@@ -417,7 +417,8 @@ impl CudaModel {
         let bytes = StateBytes::new(&self.dims, ctx, self.kv_cache);
         // The partial rows of the query-tiled attention where multi-token passes take it.
         let tiled = self.gpu.attn_prefill_for(self.kv_cache, 2);
-        let rows = plan::attn_part_rows(&self.dims, MAX_CHUNK, tiled);
+        let rule = self.gpu.attn_prefill_rule();
+        let rows = plan::attn_part_rows(&self.dims, MAX_CHUNK, tiled, rule);
         let layout = Scratch::new(&self.dims, MAX_CHUNK, rows, self.reads_planes());
         check_fits(
             &format!("a sequence of {ctx} tokens"),

@@ -71,7 +71,8 @@ impl Pass {
         ntok: usize,
         places: usize,
     ) -> Result<usize> {
-        let (nsplit, len) = plan::attn_prefill_splits(pos + ntok, k.blocks(d, ntok), places);
+        let rule = gpu.attn_prefill_rule();
+        let (nsplit, len) = plan::attn_prefill_splits(pos + ntok, k.blocks(d, ntok), places, rule);
         let tail = [
             Arg::I32(ntok as i32),
             Arg::I32(nsplit as i32),

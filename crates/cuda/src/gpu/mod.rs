@@ -208,6 +208,9 @@ pub struct Gpu {
     /// Waves of its blocks a pass's splits aim for (1; `NIWAKI_CUDA_ATTN_PREFILL_WAVES`, a
     /// measurement: one block a multiprocessor leaves the last wave's stragglers alone).
     attn_prefill_waves: usize,
+    /// How its passes pick their split count ([`plan::ATTN_PREFILL_SPLIT_RULE`];
+    /// `NIWAKI_CUDA_ATTN_PREFILL_SPLITS=wave|time`).
+    attn_prefill_rule: plan::SplitRule,
     /// The warpgroup-MMA form for an f16 cache where the device runs it (sm_90, its shared
     /// memory; [`plan::attn_prefill_wg_launch`]) and its places, and whether multi-token passes
     /// take it in place of the f16 entry of `attn_prefill` ([`plan::ATTN_PREFILL_WG`];

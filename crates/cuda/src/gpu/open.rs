@@ -265,6 +265,11 @@ impl Gpu {
                 knobs::flag("NIWAKI_CUDA_ATTN_PREFILL_Q8", plan::ATTN_PREFILL_Q8),
             ],
             attn_prefill_waves: knobs::number("NIWAKI_CUDA_ATTN_PREFILL_WAVES", 1).max(1),
+            attn_prefill_rule: match knobs::word("NIWAKI_CUDA_ATTN_PREFILL_SPLITS").as_deref() {
+                Some("wave") => plan::SplitRule::OneWave,
+                Some("time") => plan::SplitRule::LeastTime,
+                _ => plan::ATTN_PREFILL_SPLIT_RULE,
+            },
             attn_prefill_wg,
             attn_prefill_wg_on: knobs::flag("NIWAKI_CUDA_ATTN_PREFILL_WG", plan::ATTN_PREFILL_WG),
             attn_decode_splits: knobs::number_set("NIWAKI_CUDA_ATTN_SPLITS"),

@@ -174,6 +174,11 @@ impl Gpu {
         Some((a, places * self.attn_prefill_waves))
     }
 
+    /// How multi-token passes pick the query-tiled attention's split count.
+    pub fn attn_prefill_rule(&self) -> plan::SplitRule {
+        self.attn_prefill_rule
+    }
+
     /// The query-tiled attention's launch and places for a `kv` cache where this device runs
     /// it, whatever the switches say (the harness checks it).
     pub fn attn_prefill_launch(&self, kv: plan::KvCache) -> Option<(plan::PrefillLaunch, usize)> {

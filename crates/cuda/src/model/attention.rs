@@ -234,7 +234,9 @@ impl CudaModel {
     ) -> Option<(plan::PrefillLaunch, usize, usize)> {
         let (k, places) = self.gpu.attn_prefill_for(st.bytes.kv_cache, ntok)?;
         let n_ctx = st.pos + ntok;
-        let (nsplit, len) = plan::attn_prefill_splits(n_ctx, k.blocks(&self.dims, ntok), places);
+        let rule = self.gpu.attn_prefill_rule();
+        let (nsplit, len) =
+            plan::attn_prefill_splits(n_ctx, k.blocks(&self.dims, ntok), places, rule);
         Some((k, nsplit, len))
     }
 

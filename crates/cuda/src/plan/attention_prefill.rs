@@ -24,6 +24,22 @@ pub const ATTN_PREFILL_TOKENS: usize = 16;
 /// multiprocessor holds one block, and the third stage costs no occupancy.
 pub const ATTN_PREFILL_TILE: usize = 32;
 pub const ATTN_PREFILL_STAGES: usize = 3;
+/// How a query-tiled pass picks its split count ([`attn_prefill_splits`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitRule {
+    /// As many splits as fill the places once.
+    OneWave,
+    /// The count whose waves of blocks take least time, a wave costing its split's positions
+    /// and [`ATTN_PREFILL_SPLIT_COST`].
+    LeastTime,
+}
+/// The rule multi-token passes take (`NIWAKI_CUDA_ATTN_PREFILL_SPLITS=wave|time`): one wave
+/// until the least-time rule has run on a device.
+pub const ATTN_PREFILL_SPLIT_RULE: SplitRule = SplitRule::OneWave;
+/// What a split costs a wave beyond its positions, in cache positions: its blocks stage their
+/// queries before the first tile and write their partial rows after the last (about four
+/// tiles of `attn_prefill_wg`).
+pub const ATTN_PREFILL_SPLIT_COST: usize = 128;
 /// Fewest cache positions per split of the query-tiled attention: a block stages its queries
 /// (96 KiB of floats read for a 27B block) before its first tile.
 pub const ATTN_PREFILL_MIN_SPLIT: usize = 256;
@@ -129,41 +145,83 @@ pub fn attn_prefill_wg_launch(d: &Dims) -> Option<PrefillLaunch> {
 
 /// The splits of a query-tiled pass ending at context `n_ctx` whose splits launch `blocks`
 /// blocks each ([`PrefillLaunch::blocks`]), on a device holding `places` of them at once: how
-/// many, and the positions each covers (a whole number of stages). As many splits as fill the
-/// places once (a 256-token chunk of the 27B is 64 blocks a split of `attn_prefill_mma`), none
-/// shorter than [`ATTN_PREFILL_MIN_SPLIT`], at most [`ATTN_SPLITS`]. The split length is a
-/// multiple of both kernels' stages.
-pub fn attn_prefill_splits(n_ctx: usize, blocks: usize, places: usize) -> (usize, usize) {
-    let most = n_ctx.div_ceil(ATTN_PREFILL_MIN_SPLIT);
-    let want = attn_prefill_wave_splits(blocks, places).min(most.max(1));
+/// many, and the positions each covers (a whole number of stages), none shorter than
+/// [`ATTN_PREFILL_MIN_SPLIT`], at most [`attn_prefill_most_splits`]. By `rule`: as many as fill
+/// the places once, or the count whose waves of blocks take least time (the fewest of equals).
+/// A 256-token chunk after 16,384 positions on 132 places: `attn_prefill_mma`'s 64 blocks a
+/// split take 2 splits either way (one wave, 97% of the places); `attn_prefill_wg`'s 48 fill
+/// 73% with the 2 of one wave, and take 11 by least time (four waves, all places). The split
+/// length is a multiple of both kernels' stages.
+pub fn attn_prefill_splits(
+    n_ctx: usize,
+    blocks: usize,
+    places: usize,
+    rule: SplitRule,
+) -> (usize, usize) {
+    let n_ctx = n_ctx.max(1);
+    let (blocks, places) = (blocks.max(1), places.max(1));
+    let most = n_ctx.div_ceil(ATTN_PREFILL_MIN_SPLIT).max(1);
+    let want = match rule {
+        SplitRule::OneWave => attn_prefill_most_splits(blocks, places, rule).min(most),
+        SplitRule::LeastTime => {
+            let time = |s: usize| {
+                (blocks * s).div_ceil(places) * (n_ctx.div_ceil(s) + ATTN_PREFILL_SPLIT_COST)
+            };
+            (1..=most.min(attn_prefill_most_splits(blocks, places, rule)))
+                .min_by_key(|&s| time(s))
+                .unwrap_or(1)
+        }
+    };
     let len = n_ctx
-        .max(1)
         .div_ceil(want)
         .next_multiple_of(ATTN_PREFILL_TILE.max(ATTN_PREFILL_WG_TILE));
-    (n_ctx.max(1).div_ceil(len), len)
+    (n_ctx.div_ceil(len), len)
 }
 
-/// The splits of a query-tiled pass of `blocks` blocks a split that fill `places` once (at
-/// most [`ATTN_SPLITS`]): what [`attn_prefill_splits`] gives over a long enough context, and
-/// never exceeds.
-pub fn attn_prefill_wave_splits(blocks: usize, places: usize) -> usize {
-    (places / blocks.max(1)).clamp(1, ATTN_SPLITS)
+/// The most splits a query-tiled pass of `blocks` blocks a split takes on `places` places by
+/// `rule` (at most [`ATTN_SPLITS`]): those that fill the places once, or by least time those
+/// that fill their waves of places best, the fewest of equals. Over a long context the
+/// least-time rule tends to them and never takes more: any more fill their waves no better, so
+/// they cost at least as many waves a position and more waves.
+pub fn attn_prefill_most_splits(blocks: usize, places: usize, rule: SplitRule) -> usize {
+    let (blocks, places) = (blocks.max(1), places.max(1));
+    match rule {
+        SplitRule::OneWave => (places / blocks).clamp(1, ATTN_SPLITS),
+        SplitRule::LeastTime => {
+            // The share of its waves' places a count's blocks fill, a fraction compared
+            // exactly: blocks · s out of places · waves.
+            let fill = |s: usize| (blocks * s, places * (blocks * s).div_ceil(places));
+            (1..=ATTN_SPLITS)
+                .reduce(|best, s| {
+                    let ((a, b), (c, e)) = (fill(best), fill(s));
+                    if c * b > a * e {
+                        s
+                    } else {
+                        best
+                    }
+                })
+                .unwrap_or(1)
+        }
+    }
 }
 
 /// The most partial rows (a token's split, per query head) an attention pass of up to `tokens`
 /// tokens writes: [`ATTN_SPLITS`] for a one-token pass (the split kernels); for longer passes,
 /// where a query-tiled kernel takes them (`query_tiled`: its launch and its places on the
-/// device), a token count times the splits that fill those places, about a block's tokens ×
-/// places / kv heads (528 for the 27B's `attn_prefill_mma` on 132 places, against 32,768 for
-/// 256 tokens of the split kernels, which take them otherwise: `tokens` × [`ATTN_SPLITS`]).
+/// device) and `rule`, a token count times the most splits it takes
+/// ([`attn_prefill_most_splits`]; for the 27B on 132 places, one wave: 528 rows for
+/// `attn_prefill_mma` (16 tokens in 33 splits), 704 for `attn_prefill_wg` (64 in 11); least
+/// time: 8,448 (256 in 33) and 7,029 (213 in 33)), against 32,768 for 256 tokens of the split
+/// kernels, which take them otherwise: `tokens` × [`ATTN_SPLITS`].
 pub fn attn_part_rows(
     d: &Dims,
     tokens: usize,
     query_tiled: Option<(PrefillLaunch, usize)>,
+    rule: SplitRule,
 ) -> usize {
     let passes = match query_tiled {
         Some((k, places)) => (2..=tokens)
-            .map(|t| t * attn_prefill_wave_splits(k.blocks(d, t), places))
+            .map(|t| t * attn_prefill_most_splits(k.blocks(d, t), places, rule))
             .max()
             .unwrap_or(0),
         None => tokens * ATTN_SPLITS,

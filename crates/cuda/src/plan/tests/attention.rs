@@ -146,7 +146,7 @@ fn the_query_tiled_splits_fill_the_device_once_and_cover_the_context_in_whole_st
     let d = dims(Preset::B27);
     let k = attn_prefill_launch(&d, KvCache::F16).expect("f16");
     assert_eq!(k.blocks(&d, 256), 64);
-    let (n, len) = attn_prefill_splits(16_384 + 256, k.blocks(&d, 256), 132);
+    let (n, len) = attn_prefill_splits(16_384 + 256, k.blocks(&d, 256), 132, SplitRule::OneWave);
     assert_eq!(n, 2);
     assert_eq!(len % ATTN_PREFILL_TILE, 0);
     assert!(n * len >= 16_640 && (n - 1) * len < 16_640);
@@ -155,12 +155,15 @@ fn the_query_tiled_splits_fill_the_device_once_and_cover_the_context_in_whole_st
     assert_eq!(k.grid(&d, 17, 1), (2, 4, 1));
     // A 512-token chunk fills them with one.
     assert_eq!(
-        attn_prefill_splits(16_384 + 512, k.blocks(&d, 512), 132),
+        attn_prefill_splits(16_384 + 512, k.blocks(&d, 512), 132, SplitRule::OneWave),
         (1, 16_896)
     );
     // Short contexts: no split under the shortest length, however many places.
-    assert_eq!(attn_prefill_splits(40, k.blocks(&d, 40), 4096).0, 1);
-    let (n, len) = attn_prefill_splits(5020, k.blocks(&d, 20), 4096);
+    assert_eq!(
+        attn_prefill_splits(40, k.blocks(&d, 40), 4096, SplitRule::OneWave).0,
+        1
+    );
+    let (n, len) = attn_prefill_splits(5020, k.blocks(&d, 20), 4096, SplitRule::OneWave);
     assert_eq!(n, 5020usize.div_ceil(ATTN_PREFILL_MIN_SPLIT));
     assert!(len >= ATTN_PREFILL_MIN_SPLIT && n * len >= 5020 && (n - 1) * len < 5020);
     // Never more splits than the partial rows hold, and none empty.
@@ -170,12 +173,14 @@ fn the_query_tiled_splits_fill_the_device_once_and_cover_the_context_in_whole_st
         (300, 17, 7),
         (70_000, 256, 264),
     ] {
-        let (n, len) = attn_prefill_splits(ctx, k.blocks(&d, ntok), places);
-        assert!((1..=ATTN_SPLITS).contains(&n), "{ctx} {ntok} {places}: {n}");
-        assert!(
-            n * len >= ctx && (n - 1) * len < ctx.max(1),
-            "{ctx} {ntok} {places}: {n} × {len}"
-        );
+        for rule in [SplitRule::OneWave, SplitRule::LeastTime] {
+            let (n, len) = attn_prefill_splits(ctx, k.blocks(&d, ntok), places, rule);
+            assert!((1..=ATTN_SPLITS).contains(&n), "{ctx} {ntok} {places}: {n}");
+            assert!(
+                n * len >= ctx && (n - 1) * len < ctx.max(1),
+                "{ctx} {ntok} {places}: {n} × {len}"
+            );
+        }
     }
 }
 
@@ -208,8 +213,46 @@ fn the_warpgroup_query_tiled_attention_takes_128_rows_and_fits_one_block_a_hoppe
     let mut narrow = d.clone();
     narrow.head_dim = 64;
     assert!(attn_prefill_wg_launch(&narrow).is_none());
-    // Its splits: 48 blocks a split of a 256-token chunk, so two fill 132 places; whole
-    // stages of both kernels.
-    let (n, len) = attn_prefill_splits(16_384 + 256, k.blocks(&d, 256), 132);
+    // Its splits: 48 blocks a split of a 256-token chunk, so one wave's two fill 96 of 132
+    // places; by least time eleven fill four waves whole. Whole stages of both kernels.
+    let ctx = 16_384 + 256;
+    let (n, len) = attn_prefill_splits(ctx, k.blocks(&d, 256), 132, SplitRule::OneWave);
     assert_eq!((n, len % ATTN_PREFILL_WG_TILE), (2, 0));
+    let (n, len) = attn_prefill_splits(ctx, k.blocks(&d, 256), 132, SplitRule::LeastTime);
+    assert_eq!((n, len % ATTN_PREFILL_WG_TILE), (11, 0));
+    assert_eq!(attn_prefill_most_splits(48, 132, SplitRule::LeastTime), 11);
+}
+
+#[test]
+fn the_least_time_rule_keeps_one_wave_where_it_fills_the_places_and_short_contexts_whole() {
+    let d = dims(Preset::B27);
+    let mma = attn_prefill_launch(&d, KvCache::F16).expect("f16");
+    // 64 blocks on 132 places: one wave of two splits at 16k and 32k (97% of the places), as
+    // the one-wave rule; 33 splits (16 waves, all places) only over long contexts.
+    for ctx in [16_640, 33_024] {
+        assert_eq!(
+            attn_prefill_splits(ctx, mma.blocks(&d, 256), 132, SplitRule::LeastTime),
+            attn_prefill_splits(ctx, mma.blocks(&d, 256), 132, SplitRule::OneWave),
+        );
+    }
+    assert_eq!(attn_prefill_most_splits(64, 132, SplitRule::LeastTime), 33);
+    assert_eq!(
+        attn_prefill_splits(262_144, 64, 132, SplitRule::LeastTime).0,
+        33
+    );
+    // Short contexts: never under the shortest split, so one split below it.
+    assert_eq!(attn_prefill_splits(300, 48, 132, SplitRule::LeastTime).0, 2);
+    assert_eq!(attn_prefill_splits(200, 48, 132, SplitRule::LeastTime).0, 1);
+    // Each count it takes costs no more than any other it could take (a brute check of the
+    // minimum over the whole range, with the same cost).
+    for (ctx, blocks, places) in [(16_640, 48, 132), (33_024, 40, 132), (5_000, 12, 7)] {
+        let (n, _) = attn_prefill_splits(ctx, blocks, places, SplitRule::LeastTime);
+        let time =
+            |s: usize| (blocks * s).div_ceil(places) * (ctx.div_ceil(s) + ATTN_PREFILL_SPLIT_COST);
+        let most = ctx.div_ceil(ATTN_PREFILL_MIN_SPLIT).min(ATTN_SPLITS);
+        assert!(
+            (1..=most).all(|s| time(n) <= time(s)),
+            "{ctx} {blocks} {places}: {n}"
+        );
+    }
 }
