@@ -1,9 +1,10 @@
-// Attention of a multi-token pass over an f16 cache on warpgroup MMA (wgmma, sm_90a), opt-in
-// (NIWAKI_CUDA_ATTN_PREFILL_WG; plan/attention_prefill.rs). The mma.sync form
-// (attention_prefill.cu) runs six warps a multiprocessor, one per query head: four schedulers
-// then hold two warps on two of them and one on the others, and its lone warps wait at every
-// tile's barrier for the paired ones (19% of its stall samples, Nsight Compute on an H100), with
-// its 255 registers and 99 KB of queries leaving no room for more warps of that form.
+// Attention of a multi-token pass over an f16 cache on warpgroup MMA (wgmma, sm_90a), the
+// default there (NIWAKI_CUDA_ATTN_PREFILL_WG=0 for the other; plan/attention_prefill.rs). The
+// mma.sync form (attention_prefill.cu) runs six warps a multiprocessor, one per query head:
+// four schedulers then hold two warps on two of them and one on the others, and its lone warps
+// wait at every tile's barrier for the paired ones (19% of its stall samples, Nsight Compute on
+// an H100), with its 255 registers and 99 KB of queries leaving no room for more warps of that
+// form. This form took a 27B chunk at depth in 17% less time (fifty-seventh session).
 //
 // Here a block is two warpgroups of 64 query rows each, a row a (token, query head) pair of one
 // kv head, heads fastest: rows r0 .. r0 + 127 of the pass's ntok · GQA. Eight warps, two a
