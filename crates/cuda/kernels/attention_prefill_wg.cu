@@ -87,10 +87,18 @@ __device__ __forceinline__ void aw_fence_async() { asm volatile("fence.proxy.asy
 // grid (ceil(ntok · GQA / 128), NKV, nsplit), 256 threads. Split sp covers positions
 // [sp·len, (sp + 1)·len) (len a multiple of AW_TILE); rows whose token's context ends before
 // sp·len are not written. part: as attn_split's.
-ENTRY __global__ void __launch_bounds__(256, 1)
-    attn_prefill_wg(const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,
-                    const u16* __restrict__ ks, const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,
-                    float scale, int ntok, int nsplit, int len, float* __restrict__ part) {
+//
+// PIPE (attn_prefill_wg_pipe, opt-in: NIWAKI_CUDA_ATTN_PREFILL_WG_PIPE): each warpgroup issues
+// tile i + 1's S before tile i's softmax, so that the tensor cores compute it while the softmax
+// runs, and waits for both it and tile i's PV at the tile's end (S in two sets of registers).
+// Its ring holds keys and values apart, six halves of a stage (item 2i: tile i's keys, 2i + 1
+// its values, in half j % 6): tile i's keys are done with once its S is, a tile before its
+// values, so each tile's barrier hands out two halves (tile i + 2's values, tile i + 3's keys)
+// and every half still lands two tiles ahead of its use, as the three whole stages do.
+template <bool PIPE>
+__device__ __forceinline__ void attn_prefill_wg_body(const float* __restrict__ q, const void* __restrict__ kc,
+        const void* __restrict__ vc, const u32* __restrict__ pos_ptr, float scale, int ntok, int nsplit,
+        int len, float* __restrict__ part) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int NBOX = HD / 64;
     constexpr int QBOX = 64 * 128;              // a warpgroup's 64 rows of one box
@@ -117,6 +125,20 @@ ENTRY __global__ void __launch_bounds__(256, 1)
     const int p1 = min(ctx_end, p0 + len);
     const int ntiles = (p1 - p0 + AW_TILE - 1) / AW_TILE;
     const unsigned char *kb = (const unsigned char*)kc, *vb = (const unsigned char*)vc;
+    static_assert(!PIPE || AW_STAGES == 3, "the pipelined ring is six halves of three stages");
+    // PIPE's ring: item j (tile j / 2's keys, or values where j is odd) into half j % 6.
+    auto copy_half = [&](int j) {
+        const int i = j >> 1;
+        if (i >= ntiles) return;
+        unsigned char* st = stages + (j % 6) * KV;
+        const unsigned char* src = (j & 1) ? vb : kb;
+        const int p = p0 + i * AW_TILE;
+        each_copy<AW_TILE * HD / 8, 256>(tid, [&](int e) {
+            const int r = e / (HD / 8), c = e % (HD / 8);
+            const size_t row = ((size_t)min(p + r, p1 - 1) * NKV + kvh) * (2 * HD);
+            cp_async16(st + (c >> 3) * KBOX + aw_swz(r, 8 * c), src + row + c * 16);
+        });
+    };
     auto copy = [&](int i) {
         unsigned char* st = stages + (i % AW_STAGES) * STAGE;
         const int p = p0 + i * AW_TILE;
@@ -129,10 +151,22 @@ ENTRY __global__ void __launch_bounds__(256, 1)
             cp_async16(st + KV + at, vb + row + c * 16);
         });
     };
-#pragma unroll
-    for (int i = 0; i < AW_STAGES - 1; i++) {
-        if (i < ntiles) copy(i);
+    if constexpr (PIPE) {
+        // Tile 0 and tile 1's keys, then tile 1's values and tile 2's keys: the groups the
+        // first two barriers wait for.
+        copy_half(0);
+        copy_half(1);
+        copy_half(2);
         cp_async_commit();
+        copy_half(3);
+        copy_half(4);
+        cp_async_commit();
+    } else {
+#pragma unroll
+        for (int i = 0; i < AW_STAGES - 1; i++) {
+            if (i < ntiles) copy(i);
+            cp_async_commit();
+        }
     }
     // The queries as f16 pairs, four values a load; rows past the pass repeat its last row
     // (computed, never written).
@@ -163,6 +197,77 @@ ENTRY __global__ void __launch_bounds__(256, 1)
     // s[4j + c]: rows gid (c < 2) and gid + 8, positions p + 8·j + 2·tig + c % 2 of the tile
     // (each tile's first MMA overwrites it: zeros only so that nothing reads an unset value).
     float s[AW_TILE / 2] = {};
+    // S (+)= Q_hi · K^T + Q_lo · K^T of the keys at shared address `kat`, into `d`; committed.
+    auto scores = [&](float* d, u32 kat) {
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            const u32 off = (kk >> 2) * QBOX + (kk & 3) * 32;
+            const u64 kd = wg_desc_sw128(kat + (kk >> 2) * KBOX + (kk & 3) * 32);
+            wgmma_64x32x16_ss(d, wg_desc_sw128(qh_wg + off), kd, kk > 0);
+            wgmma_64x32x16_ss(d, wg_desc_sw128(ql_wg + off), kd, 1);
+        }
+        wg_commit();
+    };
+    // O += P · V of the values at shared address `vat`, P from S's accumulators `e`; committed.
+    auto weighted = [&](const float* e, u32 vat) {
+        // A k16 step per 16 positions: P's A fragment is S's n8 tiles 2·kp, 2·kp + 1.
+        u32 ph[AW_TILE / 16][4], pl[AW_TILE / 16][4];
+#pragma unroll
+        for (int kp = 0; kp < AW_TILE / 16; kp++) {
+            const float* f = e + 8 * kp;
+            f16_pairs(f[0], f[1], &ph[kp][0], &pl[kp][0]);
+            f16_pairs(f[2], f[3], &ph[kp][1], &pl[kp][1]);
+            f16_pairs(f[4], f[5], &ph[kp][2], &pl[kp][2]);
+            f16_pairs(f[6], f[7], &ph[kp][3], &pl[kp][3]);
+        }
+        wg_fence();
+#pragma unroll
+        for (int kp = 0; kp < AW_TILE / 16; kp++) {
+#pragma unroll
+            for (int nb = 0; nb < HD / AW_N; nb++) {
+                // Positions 16·kp onwards (two 8-row groups), head values AW_N·nb onwards.
+                const u64 vd = wg_desc_sw128_t(vat + nb * (AW_N / 64) * KBOX + kp * 2048, KBOX);
+                wgmma_pv(o + nb * (AW_N / 2), ph[kp], vd);
+                wgmma_pv(o + nb * (AW_N / 2), pl[kp], vd);
+            }
+        }
+        wg_commit();
+    };
+    if constexpr (PIPE) {
+        // Tile 0's keys (and the queries) landed and visible to the tensor cores' reads.
+        cp_async_wait<1>();
+        aw_fence_async();
+        __syncthreads();
+        scores(s, st_at);
+        wg_wait<0>();
+#pragma unroll
+        for (int j = 0; j < AW_TILE / 2; j++) wg_reg_fence(s[j]);
+        float sn[AW_TILE / 2] = {};
+        for (int i = 0; i < ntiles; i++) {
+            const bool next = i + 1 < ntiles;
+            // Tile i's values and tile i + 1's keys landed for every thread; every warp is done
+            // with tile i - 1 and with tile i's keys (their S waited for at the last tile's end),
+            // whose halves take tile i + 2's values and tile i + 3's keys.
+            cp_async_wait<1>();
+            aw_fence_async();
+            __syncthreads();
+            copy_half(2 * i + 5);
+            copy_half(2 * i + 6);
+            cp_async_commit();
+            if (next) scores(sn, st_at + ((2 * i + 2) % 6) * KV);
+            tile_softmax<AW_TILE / 8, HD / 8>(s, o, p0 + i * AW_TILE, tig, end0, end1, p1, scale, m0, m1, l0, l1);
+            weighted(s, st_at + ((2 * i + 1) % 6) * KV);
+            wg_wait<0>();
+#pragma unroll
+            for (int j = 0; j < HD / 2; j++) wg_reg_fence(o[j]);
+#pragma unroll
+            for (int j = 0; j < AW_TILE / 2; j++) {
+                wg_reg_fence(sn[j]);
+                s[j] = sn[j];
+            }
+        }
+    } else {
     for (int i = 0; i < ntiles; i++) {
         // Tile i landed for every thread (and the queries, the first time), visible to the
         // tensor cores' reads; every warp is done with tile i - 1.
@@ -173,46 +278,17 @@ ENTRY __global__ void __launch_bounds__(256, 1)
         cp_async_commit();
         const u32 st = st_at + (i % AW_STAGES) * STAGE;
         const int p = p0 + i * AW_TILE;
-
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            const u32 off = (kk >> 2) * QBOX + (kk & 3) * 32;
-            const u64 kd = wg_desc_sw128(st + (kk >> 2) * KBOX + (kk & 3) * 32);
-            wgmma_64x32x16_ss(s, wg_desc_sw128(qh_wg + off), kd, kk > 0);
-            wgmma_64x32x16_ss(s, wg_desc_sw128(ql_wg + off), kd, 1);
-        }
-        wg_commit();
+        scores(s, st);
         wg_wait<0>();
 #pragma unroll
         for (int j = 0; j < AW_TILE / 2; j++) wg_reg_fence(s[j]);
 
         tile_softmax<AW_TILE / 8, HD / 8>(s, o, p, tig, end0, end1, p1, scale, m0, m1, l0, l1);
-        // O += P · V, a k16 step per 16 positions: P's A fragment is S's n8 tiles 2·kp, 2·kp + 1.
-        u32 ph[AW_TILE / 16][4], pl[AW_TILE / 16][4];
-#pragma unroll
-        for (int kp = 0; kp < AW_TILE / 16; kp++) {
-            const float* e = s + 8 * kp;
-            f16_pairs(e[0], e[1], &ph[kp][0], &pl[kp][0]);
-            f16_pairs(e[2], e[3], &ph[kp][1], &pl[kp][1]);
-            f16_pairs(e[4], e[5], &ph[kp][2], &pl[kp][2]);
-            f16_pairs(e[6], e[7], &ph[kp][3], &pl[kp][3]);
-        }
-        wg_fence();
-#pragma unroll
-        for (int kp = 0; kp < AW_TILE / 16; kp++) {
-#pragma unroll
-            for (int nb = 0; nb < HD / AW_N; nb++) {
-                // Positions 16·kp onwards (two 8-row groups), head values AW_N·nb onwards.
-                const u64 vd = wg_desc_sw128_t(st + KV + nb * (AW_N / 64) * KBOX + kp * 2048, KBOX);
-                wgmma_pv(o + nb * (AW_N / 2), ph[kp], vd);
-                wgmma_pv(o + nb * (AW_N / 2), pl[kp], vd);
-            }
-        }
-        wg_commit();
+        weighted(s, st + KV);
         wg_wait<0>();
 #pragma unroll
         for (int j = 0; j < HD / 2; j++) wg_reg_fence(o[j]);
+    }
     }
     cp_async_wait<0>();
 #pragma unroll
@@ -234,7 +310,21 @@ ENTRY __global__ void __launch_bounds__(256, 1)
     __trap();
 #endif
 }
+
+ENTRY __global__ void __launch_bounds__(256, 1)
+    attn_prefill_wg(const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,
+                    const u16* __restrict__ ks, const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,
+                    float scale, int ntok, int nsplit, int len, float* __restrict__ part) {
+    attn_prefill_wg_body<false>(q, kc, vc, pos_ptr, scale, ntok, nsplit, len, part);
+}
+ENTRY __global__ void __launch_bounds__(256, 1)
+    attn_prefill_wg_pipe(const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,
+                         const u16* __restrict__ ks, const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,
+                         float scale, int ntok, int nsplit, int len, float* __restrict__ part) {
+    attn_prefill_wg_body<true>(q, kc, vc, pos_ptr, scale, ntok, nsplit, len, part);
+}
 #else
-// Heads of whole 128 values only: the host launches it for no other.
+// Heads of whole 128 values only: the host launches them for no other.
 ENTRY __global__ void attn_prefill_wg() { __trap(); }
+ENTRY __global__ void attn_prefill_wg_pipe() { __trap(); }
 #endif

@@ -151,7 +151,11 @@ impl Gpu {
                 attn_prefill.push((kv, a, per_sm * sms));
             }
         }
-        let attn_prefill_wg = match plan::attn_prefill_wg_launch(dims).filter(|_| wgmma) {
+        let pipe = knobs::flag(
+            "NIWAKI_CUDA_ATTN_PREFILL_WG_PIPE",
+            plan::ATTN_PREFILL_WG_PIPE,
+        );
+        let attn_prefill_wg = match plan::attn_prefill_wg_launch(dims, pipe).filter(|_| wgmma) {
             Some(a) => attn_blocks(&a.launch)?.map(|per_sm| (a, per_sm * sms)),
             None => None,
         };

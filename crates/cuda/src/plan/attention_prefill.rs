@@ -51,6 +51,10 @@ pub const ATTN_PREFILL_MIN_SPLIT: usize = 256;
 /// -d D`, pp512 tok/s mma / wg: 5,408 / 5,629 at 16,384, 4,341 / 4,681 at 32,768, the same
 /// tokens.
 pub const ATTN_PREFILL_WG: bool = true;
+/// Whether the warpgroup form issues each tile's successor's scores before its softmax
+/// (`attn_prefill_wg_pipe`; `NIWAKI_CUDA_ATTN_PREFILL_WG_PIPE`): off until its checks and times
+/// have run on a device.
+pub const ATTN_PREFILL_WG_PIPE: bool = false;
 /// Query rows ((token, head) pairs of a kv head) of a block of the warpgroup form: two
 /// warpgroups of 64.
 pub const ATTN_PREFILL_WG_ROWS: usize = 128;
@@ -125,8 +129,9 @@ pub fn attn_prefill_launch(d: &Dims, kv: KvCache) -> Option<PrefillLaunch> {
 
 /// The warpgroup-MMA form's launch (f16 cache, heads of whole 128 values; sm_90 only, which the
 /// device start checks): two warpgroups, the queries' f16 pairs and the stages in the 128-byte
-/// swizzle, and 1 KiB to align them to its 1,024-byte atoms.
-pub fn attn_prefill_wg_launch(d: &Dims) -> Option<PrefillLaunch> {
+/// swizzle, and 1 KiB to align them to its 1,024-byte atoms. `pipe`: the pipelined entry
+/// (the same shared memory, its stages as six halves).
+pub fn attn_prefill_wg_launch(d: &Dims, pipe: bool) -> Option<PrefillLaunch> {
     let hd = d.head_dim;
     if !hd.is_multiple_of(128) {
         return None;
@@ -135,7 +140,11 @@ pub fn attn_prefill_wg_launch(d: &Dims) -> Option<PrefillLaunch> {
     let stages = ATTN_PREFILL_WG_STAGES * 2 * ATTN_PREFILL_WG_TILE * hd * 2;
     Some(PrefillLaunch {
         launch: AttnLaunch {
-            kernel: "attn_prefill_wg",
+            kernel: if pipe {
+                "attn_prefill_wg_pipe"
+            } else {
+                "attn_prefill_wg"
+            },
             threads: 256,
             smem_bytes: queries + stages + 1024,
         },
