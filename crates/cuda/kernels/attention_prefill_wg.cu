@@ -268,27 +268,27 @@ __device__ __forceinline__ void attn_prefill_wg_body(const float* __restrict__ q
             }
         }
     } else {
-    for (int i = 0; i < ntiles; i++) {
-        // Tile i landed for every thread (and the queries, the first time), visible to the
-        // tensor cores' reads; every warp is done with tile i - 1.
-        cp_async_wait<AW_STAGES - 2>();
-        aw_fence_async();
-        __syncthreads();
-        if (i + AW_STAGES - 1 < ntiles) copy(i + AW_STAGES - 1);
-        cp_async_commit();
-        const u32 st = st_at + (i % AW_STAGES) * STAGE;
-        const int p = p0 + i * AW_TILE;
-        scores(s, st);
-        wg_wait<0>();
+        for (int i = 0; i < ntiles; i++) {
+            // Tile i landed for every thread (and the queries, the first time), visible to the
+            // tensor cores' reads; every warp is done with tile i - 1.
+            cp_async_wait<AW_STAGES - 2>();
+            aw_fence_async();
+            __syncthreads();
+            if (i + AW_STAGES - 1 < ntiles) copy(i + AW_STAGES - 1);
+            cp_async_commit();
+            const u32 st = st_at + (i % AW_STAGES) * STAGE;
+            const int p = p0 + i * AW_TILE;
+            scores(s, st);
+            wg_wait<0>();
 #pragma unroll
-        for (int j = 0; j < AW_TILE / 2; j++) wg_reg_fence(s[j]);
+            for (int j = 0; j < AW_TILE / 2; j++) wg_reg_fence(s[j]);
 
-        tile_softmax<AW_TILE / 8, HD / 8>(s, o, p, tig, end0, end1, p1, scale, m0, m1, l0, l1);
-        weighted(s, st + KV);
-        wg_wait<0>();
+            tile_softmax<AW_TILE / 8, HD / 8>(s, o, p, tig, end0, end1, p1, scale, m0, m1, l0, l1);
+            weighted(s, st + KV);
+            wg_wait<0>();
 #pragma unroll
-        for (int j = 0; j < HD / 2; j++) wg_reg_fence(o[j]);
-    }
+            for (int j = 0; j < HD / 2; j++) wg_reg_fence(o[j]);
+        }
     }
     cp_async_wait<0>();
 #pragma unroll
