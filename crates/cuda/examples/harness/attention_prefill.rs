@@ -181,6 +181,46 @@ pub fn prefill_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
         checks(rep, gpu, d, &k)?;
         chunk_at_depth(rep, gpu, d, &k)?;
     }
+    wg_twins(rep, gpu, d)
+}
+
+/// The warpgroup form's pipelined entry against its plain one: the same MMAs and softmax on the
+/// same tiles in the same order, only issued earlier, so the same bits (every check's case).
+fn wg_twins(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
+    let [Some((plain, places)), Some((piped, _))] = gpu.attn_prefill_wg_forms() else {
+        rep.line(format!(
+            "| warpgroup attention, pipelined against plain | HD {} | — | SKIP | not run here (sm_90, heads of whole 128 values) |",
+            d.head_dim
+        ));
+        return Ok(());
+    };
+    let (hd, nh) = (d.head_dim, d.n_head);
+    let mut rng = ChaCha8Rng::seed_from_u64(17);
+    let (mut same, mut tiles) = (true, Vec::new());
+    for (pos, ntok, room, wide) in cases(places) {
+        let n = pos + ntok;
+        let kc = store(&random_cache(&mut rng, n, d, wide), KvCache::F16);
+        let vc = store(&random_cache(&mut rng, n, d, wide), KvCache::F16);
+        let q: Vec<f32> = (0..ntok * nh * hd)
+            .map(|_| rng.gen_range(-3.0..3.0))
+            .collect();
+        let pass = Pass::new(gpu, d, KvCache::F16, &q, &kc, &vc, pos, ntok)?;
+        pass.tiled(gpu, d, plain, pos, ntok, room)?;
+        let want = pass.read(gpu, ntok * nh * hd)?;
+        let nsplit = pass.tiled(gpu, d, piped, pos, ntok, room)?;
+        same &= same_bits(&want, &pass.read(gpu, ntok * nh * hd)?);
+        tiles.push(n.div_ceil(nsplit).div_ceil(plan::ATTN_PREFILL_WG_TILE));
+    }
+    rep.line(format!(
+        "| warpgroup attention, pipelined against plain | the checks' cases (tiles a split up to {}), HD {hd} | {} | {} | bit-identical: {same} |",
+        tiles.iter().max().unwrap_or(&0),
+        piped.launch.kernel,
+        if same { "PASS" } else { "FAIL" }
+    ));
+    rep.check(
+        same,
+        "warpgroup attention, pipelined against plain".to_string(),
+    );
     Ok(())
 }
 
@@ -191,14 +231,11 @@ struct Tiled {
     places: usize,
 }
 
-fn checks(rep: &mut Report, gpu: &Gpu, d: &Dims, k: &Tiled) -> R<()> {
-    let (hd, nh, nkv) = (d.head_dim, d.n_head, d.n_head_kv);
-    let (kv, a, places) = (k.kv, k.a, k.places);
-    let mut rng = ChaCha8Rng::seed_from_u64(13);
-    // (cached positions before the pass, tokens in the pass, places for its blocks: the
-    // device's, or many, for many splits; keys and values with a magnitude per 32-value block,
-    // so that q8_0 scales differ within a tile by up to 2^16)
-    let cases = [
+/// The checks' passes: cached positions before the pass, tokens in the pass, places for its
+/// blocks (the device's, or many, for many splits), and whether keys and values take a magnitude
+/// per 32-value block, so that q8_0 scales differ within a tile by up to 2^16.
+fn cases(places: usize) -> [(usize, usize, usize, bool); 8] {
+    [
         (0usize, 2usize, places, false),
         (0, 17, places, false),
         (7, 40, 4096, false),
@@ -210,10 +247,16 @@ fn checks(rep: &mut Report, gpu: &Gpu, d: &Dims, k: &Tiled) -> R<()> {
         // not written and the merge reads one split), and of its blocks three have no token
         // reaching it.
         (100, 200, 4096, false),
-    ];
+    ]
+}
+
+fn checks(rep: &mut Report, gpu: &Gpu, d: &Dims, k: &Tiled) -> R<()> {
+    let (hd, nh, nkv) = (d.head_dim, d.n_head, d.n_head_kv);
+    let (kv, a, places) = (k.kv, k.a, k.places);
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
     let (mut worst, mut worst_abs, mut repeat_ok) = (0f64, 0f32, true);
     let mut splits = Vec::new();
-    for (pos, ntok, room, wide) in cases {
+    for (pos, ntok, room, wide) in cases(places) {
         let n = pos + ntok;
         let kc = store(&random_cache(&mut rng, n, d, wide), kv);
         let vc = store(&random_cache(&mut rng, n, d, wide), kv);

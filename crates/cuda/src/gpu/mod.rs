@@ -216,6 +216,9 @@ pub struct Gpu {
     /// take it in place of the f16 entry of `attn_prefill` ([`plan::ATTN_PREFILL_WG`];
     /// `NIWAKI_CUDA_ATTN_PREFILL_WG`).
     attn_prefill_wg: Option<(plan::PrefillLaunch, usize)>,
+    /// Both of its entries where the device runs them: plain, then pipelined
+    /// (`NIWAKI_CUDA_ATTN_PREFILL_WG_PIPE` picks `attn_prefill_wg` from them).
+    attn_prefill_wg_forms: [Option<(plan::PrefillLaunch, usize)>; 2],
     attn_prefill_wg_on: bool,
     /// A one-token pass's splits per kv head where `NIWAKI_CUDA_ATTN_SPLITS` sets them (a
     /// measurement), else one wave of the split kernel's blocks ([`plan::attn_decode_splits`]).

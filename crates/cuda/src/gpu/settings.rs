@@ -194,6 +194,12 @@ impl Gpu {
         self.attn_prefill_wg
     }
 
+    /// Both entries of the warpgroup-MMA form, plain and pipelined, where this device runs them
+    /// (the harness compares them).
+    pub fn attn_prefill_wg_forms(&self) -> [Option<(plan::PrefillLaunch, usize)>; 2] {
+        self.attn_prefill_wg_forms
+    }
+
     /// Sets [`Gpu::attn_tile`] (for measuring the variants; others, and the tensor-core
     /// kernels' 16 before sm_80, are ignored).
     pub fn set_attn_tile(&self, tile: usize) {
