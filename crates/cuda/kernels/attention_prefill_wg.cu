@@ -126,11 +126,13 @@ __device__ __forceinline__ void attn_prefill_wg_body(const float* __restrict__ q
     const int ntiles = (p1 - p0 + AW_TILE - 1) / AW_TILE;
     const unsigned char *kb = (const unsigned char*)kc, *vb = (const unsigned char*)vc;
     static_assert(!PIPE || AW_STAGES == 3, "the pipelined ring is six halves of three stages");
-    // PIPE's ring: item j (tile j / 2's keys, or values where j is odd) into half j % 6.
+    // The ring as halves of stages: item j (tile j / 2's keys, or its values where j is odd)
+    // into half j % (2 · AW_STAGES), so that tile i's keys and values are stage i % AW_STAGES's.
+    // Rows past the split repeat its last position (finite values; their scores are masked).
     auto copy_half = [&](int j) {
         const int i = j >> 1;
         if (i >= ntiles) return;
-        unsigned char* st = stages + (j % 6) * KV;
+        unsigned char* st = stages + (j % (2 * AW_STAGES)) * KV;
         const unsigned char* src = (j & 1) ? vb : kb;
         const int p = p0 + i * AW_TILE;
         each_copy<AW_TILE * HD / 8, 256>(tid, [&](int e) {
@@ -139,17 +141,10 @@ __device__ __forceinline__ void attn_prefill_wg_body(const float* __restrict__ q
             cp_async16(st + (c >> 3) * KBOX + aw_swz(r, 8 * c), src + row + c * 16);
         });
     };
+    // Tile i's keys and values.
     auto copy = [&](int i) {
-        unsigned char* st = stages + (i % AW_STAGES) * STAGE;
-        const int p = p0 + i * AW_TILE;
-        // Rows past the split repeat its last position (finite values; their scores are masked).
-        each_copy<AW_TILE * HD / 8, 256>(tid, [&](int e) {
-            const int r = e / (HD / 8), c = e % (HD / 8);
-            const size_t row = ((size_t)min(p + r, p1 - 1) * NKV + kvh) * (2 * HD);
-            const int at = (c >> 3) * KBOX + aw_swz(r, 8 * c);
-            cp_async16(st + at, kb + row + c * 16);
-            cp_async16(st + KV + at, vb + row + c * 16);
-        });
+        copy_half(2 * i);
+        copy_half(2 * i + 1);
     };
     if constexpr (PIPE) {
         // Tile 0 and tile 1's keys, then tile 1's values and tile 2's keys: the groups the
@@ -164,7 +159,7 @@ __device__ __forceinline__ void attn_prefill_wg_body(const float* __restrict__ q
     } else {
 #pragma unroll
         for (int i = 0; i < AW_STAGES - 1; i++) {
-            if (i < ntiles) copy(i);
+            copy(i);
             cp_async_commit();
         }
     }
@@ -255,9 +250,9 @@ __device__ __forceinline__ void attn_prefill_wg_body(const float* __restrict__ q
             copy_half(2 * i + 5);
             copy_half(2 * i + 6);
             cp_async_commit();
-            if (next) scores(sn, st_at + ((2 * i + 2) % 6) * KV);
+            if (next) scores(sn, st_at + ((2 * i + 2) % (2 * AW_STAGES)) * KV);
             tile_softmax<AW_TILE / 8, HD / 8>(s, o, p0 + i * AW_TILE, tig, end0, end1, p1, scale, m0, m1, l0, l1);
-            weighted(s, st_at + ((2 * i + 1) % 6) * KV);
+            weighted(s, st_at + ((2 * i + 1) % (2 * AW_STAGES)) * KV);
             wg_wait<0>();
 #pragma unroll
             for (int j = 0; j < HD / 2; j++) wg_reg_fence(o[j]);
@@ -274,7 +269,7 @@ __device__ __forceinline__ void attn_prefill_wg_body(const float* __restrict__ q
             cp_async_wait<AW_STAGES - 2>();
             aw_fence_async();
             __syncthreads();
-            if (i + AW_STAGES - 1 < ntiles) copy(i + AW_STAGES - 1);
+            copy(i + AW_STAGES - 1);
             cp_async_commit();
             const u32 st = st_at + (i % AW_STAGES) * STAGE;
             const int p = p0 + i * AW_TILE;

@@ -4,7 +4,7 @@
 //! time) on a prompt chunk at depth.
 
 use niwaki_cuda::gpu::{Arg, DevBuf, Gpu};
-use niwaki_cuda::plan::{self, Dims, PrefillLaunch};
+use niwaki_cuda::plan::{self, AttnLaunch, Dims, PrefillLaunch};
 use niwaki_cuda::{KvCache, Result};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -99,7 +99,7 @@ impl Pass {
         &self,
         gpu: &Gpu,
         d: &Dims,
-        a: niwaki_cuda::plan::AttnLaunch,
+        a: AttnLaunch,
         grid: (u32, u32, u32),
         tail: &[Arg],
     ) -> Result<()> {
@@ -198,18 +198,16 @@ fn wg_twins(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
     let mut rng = ChaCha8Rng::seed_from_u64(17);
     let (mut same, mut tiles) = (true, Vec::new());
     for (pos, ntok, room, wide) in cases(places) {
-        let n = pos + ntok;
-        let kc = store(&random_cache(&mut rng, n, d, wide), KvCache::F16);
-        let vc = store(&random_cache(&mut rng, n, d, wide), KvCache::F16);
-        let q: Vec<f32> = (0..ntok * nh * hd)
-            .map(|_| rng.gen_range(-3.0..3.0))
-            .collect();
-        let pass = Pass::new(gpu, d, KvCache::F16, &q, &kc, &vc, pos, ntok)?;
+        let (pass, ..) = random_pass(gpu, d, KvCache::F16, &mut rng, pos, ntok, wide)?;
         pass.tiled(gpu, d, plain, pos, ntok, room)?;
         let want = pass.read(gpu, ntok * nh * hd)?;
         let nsplit = pass.tiled(gpu, d, piped, pos, ntok, room)?;
         same &= same_bits(&want, &pass.read(gpu, ntok * nh * hd)?);
-        tiles.push(n.div_ceil(nsplit).div_ceil(plan::ATTN_PREFILL_WG_TILE));
+        tiles.push(
+            (pos + ntok)
+                .div_ceil(nsplit)
+                .div_ceil(plan::ATTN_PREFILL_WG_TILE),
+        );
     }
     rep.line(format!(
         "| warpgroup attention, pipelined against plain | the checks' cases (tiles a split up to {}), HD {hd} | {} | {} | bit-identical: {same} |",
@@ -250,6 +248,27 @@ fn cases(places: usize) -> [(usize, usize, usize, bool); 8] {
     ]
 }
 
+/// A pass over random keys and values of `pos + ntok` positions (of one magnitude per 32-value
+/// block where `wide`) and random queries, with its inputs for the reference.
+fn random_pass(
+    gpu: &Gpu,
+    d: &Dims,
+    kv: KvCache,
+    rng: &mut ChaCha8Rng,
+    pos: usize,
+    ntok: usize,
+    wide: bool,
+) -> R<(Pass, Vec<f32>, Cache, Cache)> {
+    let n = pos + ntok;
+    let kc = store(&random_cache(rng, n, d, wide), kv);
+    let vc = store(&random_cache(rng, n, d, wide), kv);
+    let q: Vec<f32> = (0..ntok * d.n_head * d.head_dim)
+        .map(|_| rng.gen_range(-3.0..3.0))
+        .collect();
+    let pass = Pass::new(gpu, d, kv, &q, &kc, &vc, pos, ntok)?;
+    Ok((pass, q, kc, vc))
+}
+
 fn checks(rep: &mut Report, gpu: &Gpu, d: &Dims, k: &Tiled) -> R<()> {
     let (hd, nh, nkv) = (d.head_dim, d.n_head, d.n_head_kv);
     let (kv, a, places) = (k.kv, k.a, k.places);
@@ -257,13 +276,7 @@ fn checks(rep: &mut Report, gpu: &Gpu, d: &Dims, k: &Tiled) -> R<()> {
     let (mut worst, mut worst_abs, mut repeat_ok) = (0f64, 0f32, true);
     let mut splits = Vec::new();
     for (pos, ntok, room, wide) in cases(places) {
-        let n = pos + ntok;
-        let kc = store(&random_cache(&mut rng, n, d, wide), kv);
-        let vc = store(&random_cache(&mut rng, n, d, wide), kv);
-        let q: Vec<f32> = (0..ntok * nh * hd)
-            .map(|_| rng.gen_range(-3.0..3.0))
-            .collect();
-        let pass = Pass::new(gpu, d, kv, &q, &kc, &vc, pos, ntok)?;
+        let (pass, q, kc, vc) = random_pass(gpu, d, kv, &mut rng, pos, ntok, wide)?;
         splits.push(pass.tiled(gpu, d, a, pos, ntok, room)?);
         let got = pass.read(gpu, ntok * nh * hd)?;
         pass.tiled(gpu, d, a, pos, ntok, room)?;
