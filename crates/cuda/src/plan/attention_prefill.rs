@@ -33,9 +33,14 @@ pub enum SplitRule {
     /// and [`ATTN_PREFILL_SPLIT_COST`].
     LeastTime,
 }
-/// The rule multi-token passes take (`NIWAKI_CUDA_ATTN_PREFILL_SPLITS=wave|time`): one wave
-/// until the least-time rule has run on a device.
-pub const ATTN_PREFILL_SPLIT_RULE: SplitRule = SplitRule::OneWave;
+/// The rule multi-token passes take (`NIWAKI_CUDA_ATTN_PREFILL_SPLITS=wave|time`). Fifty-eighth
+/// session, an H100, 27B Q1_0, `niwaki bench -p 512 -n 2 -r 3 -d D`, pp512 tok/s one wave /
+/// least time: 5,660 / 5,821 at 16,384 (+2.9%), 4,625 / 5,039 at 32,768 (+9.0%), the same
+/// tokens; in the harness a 256-token chunk of `attn_prefill_wg` after 16,384 positions took
+/// 572 µs a layer (11 splits) against 646 (2; the fifty-seventh session's, another H100), and
+/// the other forms' times stood (their split counts the same either way). It costs room:
+/// 7,029 partial rows where one wave needs 704 ([`attn_part_rows`]), about 150 MiB more on the 27B.
+pub const ATTN_PREFILL_SPLIT_RULE: SplitRule = SplitRule::LeastTime;
 /// What a split costs a wave beyond its positions, in cache positions: its blocks stage their
 /// queries before the first tile and write their partial rows after the last (about four
 /// tiles of `attn_prefill_wg`).
