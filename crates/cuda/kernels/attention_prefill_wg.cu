@@ -88,14 +88,10 @@ __device__ __forceinline__ void aw_fence_async() { asm volatile("fence.proxy.asy
 // [sp·len, (sp + 1)·len) (len a multiple of AW_TILE); rows whose token's context ends before
 // sp·len are not written. part: as attn_split's.
 //
-// PIPE (attn_prefill_wg_pipe, opt-in: NIWAKI_CUDA_ATTN_PREFILL_WG_PIPE): each warpgroup issues
-// tile i + 1's S before tile i's softmax, so that the tensor cores compute it while the softmax
-// runs, and waits for both it and tile i's PV at the tile's end (S in two sets of registers).
-// Its ring holds keys and values apart, six halves of a stage (item 2i: tile i's keys, 2i + 1
-// its values, in half j % 6): tile i's keys are done with once its S is, a tile before its
-// values, so each tile's barrier hands out two halves (tile i + 2's values, tile i + 3's keys)
-// and every half still lands two tiles ahead of its use, as the three whole stages do.
-template <bool PIPE>
+// SKIP (attn_prefill_wg_skip, opt-in: NIWAKI_CUDA_ATTN_PREFILL_WG_SKIP): a warp leaves its
+// outputs unscaled in the tiles where none of its rows' maxima moved (the same bits; at depth
+// most tiles, where the maxima have settled).
+template <bool SKIP>
 __device__ __forceinline__ void attn_prefill_wg_body(const float* __restrict__ q, const void* __restrict__ kc,
         const void* __restrict__ vc, const u32* __restrict__ pos_ptr, float scale, int ntok, int nsplit,
         int len, float* __restrict__ part) {
@@ -125,43 +121,26 @@ __device__ __forceinline__ void attn_prefill_wg_body(const float* __restrict__ q
     const int p1 = min(ctx_end, p0 + len);
     const int ntiles = (p1 - p0 + AW_TILE - 1) / AW_TILE;
     const unsigned char *kb = (const unsigned char*)kc, *vb = (const unsigned char*)vc;
-    static_assert(!PIPE || AW_STAGES == 3, "the pipelined ring is six halves of three stages");
-    // The ring as halves of stages: item j (tile j / 2's keys, or its values where j is odd)
-    // into half j % (2 · AW_STAGES), so that tile i's keys and values are stage i % AW_STAGES's.
-    // Rows past the split repeat its last position (finite values; their scores are masked).
-    auto copy_half = [&](int j) {
-        const int i = j >> 1;
-        if (i >= ntiles) return;
-        unsigned char* st = stages + (j % (2 * AW_STAGES)) * KV;
-        const unsigned char* src = (j & 1) ? vb : kb;
-        const int p = p0 + i * AW_TILE;
-        each_copy<AW_TILE * HD / 8, 256>(tid, [&](int e) {
-            const int r = e / (HD / 8), c = e % (HD / 8);
-            const size_t row = ((size_t)min(p + r, p1 - 1) * NKV + kvh) * (2 * HD);
-            cp_async16(st + (c >> 3) * KBOX + aw_swz(r, 8 * c), src + row + c * 16);
-        });
-    };
-    // Tile i's keys and values.
+    // Tile i's keys then values into stage i % AW_STAGES. Rows past the split repeat its last
+    // position (finite values; their scores are masked).
     auto copy = [&](int i) {
-        copy_half(2 * i);
-        copy_half(2 * i + 1);
-    };
-    if constexpr (PIPE) {
-        // Tile 0 and tile 1's keys, then tile 1's values and tile 2's keys: the groups the
-        // first two barriers wait for.
-        copy_half(0);
-        copy_half(1);
-        copy_half(2);
-        cp_async_commit();
-        copy_half(3);
-        copy_half(4);
-        cp_async_commit();
-    } else {
+        if (i >= ntiles) return;
+        unsigned char* st = stages + (i % AW_STAGES) * STAGE;
+        const int p = p0 + i * AW_TILE;
 #pragma unroll
-        for (int i = 0; i < AW_STAGES - 1; i++) {
-            copy(i);
-            cp_async_commit();
+        for (int h = 0; h < 2; h++) {
+            const unsigned char* src = h ? vb : kb;
+            each_copy<AW_TILE * HD / 8, 256>(tid, [&](int e) {
+                const int r = e / (HD / 8), c = e % (HD / 8);
+                const size_t row = ((size_t)min(p + r, p1 - 1) * NKV + kvh) * (2 * HD);
+                cp_async16(st + h * KV + (c >> 3) * KBOX + aw_swz(r, 8 * c), src + row + c * 16);
+            });
         }
+    };
+#pragma unroll
+    for (int i = 0; i < AW_STAGES - 1; i++) {
+        copy(i);
+        cp_async_commit();
     }
     // The queries as f16 pairs, four values a load; rows past the pass repeat its last row
     // (computed, never written).
@@ -229,61 +208,25 @@ __device__ __forceinline__ void attn_prefill_wg_body(const float* __restrict__ q
         }
         wg_commit();
     };
-    if constexpr (PIPE) {
-        // Tile 0's keys (and the queries) landed and visible to the tensor cores' reads.
-        cp_async_wait<1>();
+    for (int i = 0; i < ntiles; i++) {
+        // Tile i landed for every thread (and the queries, the first time), visible to the
+        // tensor cores' reads; every warp is done with tile i - 1.
+        cp_async_wait<AW_STAGES - 2>();
         aw_fence_async();
         __syncthreads();
-        scores(s, st_at);
+        copy(i + AW_STAGES - 1);
+        cp_async_commit();
+        const u32 st = st_at + (i % AW_STAGES) * STAGE;
+        const int p = p0 + i * AW_TILE;
+        scores(s, st);
         wg_wait<0>();
 #pragma unroll
         for (int j = 0; j < AW_TILE / 2; j++) wg_reg_fence(s[j]);
-        float sn[AW_TILE / 2] = {};
-        for (int i = 0; i < ntiles; i++) {
-            const bool next = i + 1 < ntiles;
-            // Tile i's values and tile i + 1's keys landed for every thread; every warp is done
-            // with tile i - 1 and with tile i's keys (their S waited for at the last tile's end),
-            // whose halves take tile i + 2's values and tile i + 3's keys.
-            cp_async_wait<1>();
-            aw_fence_async();
-            __syncthreads();
-            copy_half(2 * i + 5);
-            copy_half(2 * i + 6);
-            cp_async_commit();
-            if (next) scores(sn, st_at + ((2 * i + 2) % (2 * AW_STAGES)) * KV);
-            tile_softmax<AW_TILE / 8, HD / 8>(s, o, p0 + i * AW_TILE, tig, end0, end1, p1, scale, m0, m1, l0, l1);
-            weighted(s, st_at + ((2 * i + 1) % (2 * AW_STAGES)) * KV);
-            wg_wait<0>();
+        tile_softmax<AW_TILE / 8, HD / 8, SKIP>(s, o, p, tig, end0, end1, p1, scale, m0, m1, l0, l1);
+        weighted(s, st + KV);
+        wg_wait<0>();
 #pragma unroll
-            for (int j = 0; j < HD / 2; j++) wg_reg_fence(o[j]);
-#pragma unroll
-            for (int j = 0; j < AW_TILE / 2; j++) {
-                wg_reg_fence(sn[j]);
-                s[j] = sn[j];
-            }
-        }
-    } else {
-        for (int i = 0; i < ntiles; i++) {
-            // Tile i landed for every thread (and the queries, the first time), visible to the
-            // tensor cores' reads; every warp is done with tile i - 1.
-            cp_async_wait<AW_STAGES - 2>();
-            aw_fence_async();
-            __syncthreads();
-            copy(i + AW_STAGES - 1);
-            cp_async_commit();
-            const u32 st = st_at + (i % AW_STAGES) * STAGE;
-            const int p = p0 + i * AW_TILE;
-            scores(s, st);
-            wg_wait<0>();
-#pragma unroll
-            for (int j = 0; j < AW_TILE / 2; j++) wg_reg_fence(s[j]);
-
-            tile_softmax<AW_TILE / 8, HD / 8>(s, o, p, tig, end0, end1, p1, scale, m0, m1, l0, l1);
-            weighted(s, st + KV);
-            wg_wait<0>();
-#pragma unroll
-            for (int j = 0; j < HD / 2; j++) wg_reg_fence(o[j]);
-        }
+        for (int j = 0; j < HD / 2; j++) wg_reg_fence(o[j]);
     }
     cp_async_wait<0>();
 #pragma unroll
@@ -313,7 +256,7 @@ ENTRY __global__ void __launch_bounds__(256, 1)
     attn_prefill_wg_body<false>(q, kc, vc, pos_ptr, scale, ntok, nsplit, len, part);
 }
 ENTRY __global__ void __launch_bounds__(256, 1)
-    attn_prefill_wg_pipe(const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,
+    attn_prefill_wg_skip(const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,
                          const u16* __restrict__ ks, const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,
                          float scale, int ntok, int nsplit, int len, float* __restrict__ part) {
     attn_prefill_wg_body<true>(q, kc, vc, pos_ptr, scale, ntok, nsplit, len, part);
@@ -321,5 +264,5 @@ ENTRY __global__ void __launch_bounds__(256, 1)
 #else
 // Heads of whole 128 values only: the host launches them for no other.
 ENTRY __global__ void attn_prefill_wg() { __trap(); }
-ENTRY __global__ void attn_prefill_wg_pipe() { __trap(); }
+ENTRY __global__ void attn_prefill_wg_skip() { __trap(); }
 #endif

@@ -210,7 +210,7 @@ pub const KERNELS: [&str; 138] = [
     "attn_prefill_mma",
     "attn_prefill_q8_mma",
     "attn_prefill_wg",
-    "attn_prefill_wg_pipe",
+    "attn_prefill_wg_skip",
     "attn_combine",
     "attn_combine_quant",
     "attn_combine_rows",

@@ -152,10 +152,10 @@ impl Gpu {
             }
         }
         // Both warpgroup entries' limits raised (the harness compares them); passes take the one
-        // `NIWAKI_CUDA_ATTN_PREFILL_WG_PIPE` names.
+        // `NIWAKI_CUDA_ATTN_PREFILL_WG_SKIP` names.
         let mut attn_prefill_wg_forms = [None, None];
-        for (form, piped) in attn_prefill_wg_forms.iter_mut().zip([false, true]) {
-            if let Some(a) = plan::attn_prefill_wg_launch(dims, piped).filter(|_| wgmma) {
+        for (form, skip) in attn_prefill_wg_forms.iter_mut().zip([false, true]) {
+            if let Some(a) = plan::attn_prefill_wg_launch(dims, skip).filter(|_| wgmma) {
                 *form = attn_blocks(&a.launch)?.map(|per_sm| (a, per_sm * sms));
             }
         }
@@ -275,9 +275,9 @@ impl Gpu {
                 _ => plan::ATTN_PREFILL_SPLIT_RULE,
             },
             attn_prefill_wg_forms,
-            attn_prefill_wg_pipe: knobs::flag(
-                "NIWAKI_CUDA_ATTN_PREFILL_WG_PIPE",
-                plan::ATTN_PREFILL_WG_PIPE,
+            attn_prefill_wg_skip: knobs::flag(
+                "NIWAKI_CUDA_ATTN_PREFILL_WG_SKIP",
+                plan::ATTN_PREFILL_WG_SKIP,
             ),
             attn_prefill_wg_on: knobs::flag("NIWAKI_CUDA_ATTN_PREFILL_WG", plan::ATTN_PREFILL_WG),
             attn_decode_splits: knobs::number_set("NIWAKI_CUDA_ATTN_SPLITS"),

@@ -188,14 +188,14 @@ impl Gpu {
             .map(|&(_, a, places)| (a, places))
     }
 
-    /// The warpgroup-MMA form (f16 cache; the entry `NIWAKI_CUDA_ATTN_PREFILL_WG_PIPE` names)
+    /// The warpgroup-MMA form (f16 cache; the entry `NIWAKI_CUDA_ATTN_PREFILL_WG_SKIP` names)
     /// and its places where this device runs it, whatever `NIWAKI_CUDA_ATTN_PREFILL_WG` says
     /// (the harness checks it).
     pub fn attn_prefill_wg_launch(&self) -> Option<(plan::PrefillLaunch, usize)> {
-        self.attn_prefill_wg_forms[usize::from(self.attn_prefill_wg_pipe)]
+        self.attn_prefill_wg_forms[usize::from(self.attn_prefill_wg_skip)]
     }
 
-    /// Both entries of the warpgroup-MMA form, plain and pipelined, where this device runs them
+    /// Both entries of the warpgroup-MMA form, plain and skipping unmoved rescales, where this device runs them
     /// (the harness compares them).
     pub fn attn_prefill_wg_forms(&self) -> [Option<(plan::PrefillLaunch, usize)>; 2] {
         self.attn_prefill_wg_forms

@@ -56,10 +56,12 @@ pub const ATTN_PREFILL_MIN_SPLIT: usize = 256;
 /// -d D`, pp512 tok/s mma / wg: 5,408 / 5,629 at 16,384, 4,341 / 4,681 at 32,768, the same
 /// tokens.
 pub const ATTN_PREFILL_WG: bool = true;
-/// Whether the warpgroup form issues each tile's successor's scores before its softmax
-/// (`attn_prefill_wg_pipe`; `NIWAKI_CUDA_ATTN_PREFILL_WG_PIPE`): off until its checks and times
-/// have run on a device.
-pub const ATTN_PREFILL_WG_PIPE: bool = false;
+/// Whether the warpgroup form's warps leave their outputs unscaled in tiles where none of their
+/// rows' maxima moved (`attn_prefill_wg_skip`, the same bits; `NIWAKI_CUDA_ATTN_PREFILL_WG_SKIP`):
+/// off until its checks and times have run on a device. (An entry that issued each tile's
+/// successor's scores before its softmax was bit-identical and slower, fifty-eighth session on
+/// an H100: 686 µs a layer in the harness against 646, pp512 −1.4% at 16,384, −0.9% at 32,768.)
+pub const ATTN_PREFILL_WG_SKIP: bool = false;
 /// Query rows ((token, head) pairs of a kv head) of a block of the warpgroup form: two
 /// warpgroups of 64.
 pub const ATTN_PREFILL_WG_ROWS: usize = 128;
@@ -134,9 +136,9 @@ pub fn attn_prefill_launch(d: &Dims, kv: KvCache) -> Option<PrefillLaunch> {
 
 /// The warpgroup-MMA form's launch (f16 cache, heads of whole 128 values; sm_90 only, which the
 /// device start checks): two warpgroups, the queries' f16 pairs and the stages in the 128-byte
-/// swizzle, and 1 KiB to align them to its 1,024-byte atoms. `pipe`: the pipelined entry
-/// (the same shared memory, its stages as six halves).
-pub fn attn_prefill_wg_launch(d: &Dims, pipe: bool) -> Option<PrefillLaunch> {
+/// swizzle, and 1 KiB to align them to its 1,024-byte atoms. `skip`: the entry that skips
+/// unmoved rescales (the same block).
+pub fn attn_prefill_wg_launch(d: &Dims, skip: bool) -> Option<PrefillLaunch> {
     let hd = d.head_dim;
     if !hd.is_multiple_of(128) {
         return None;
@@ -145,8 +147,8 @@ pub fn attn_prefill_wg_launch(d: &Dims, pipe: bool) -> Option<PrefillLaunch> {
     let stages = ATTN_PREFILL_WG_STAGES * 2 * ATTN_PREFILL_WG_TILE * hd * 2;
     Some(PrefillLaunch {
         launch: AttnLaunch {
-            kernel: if pipe {
-                "attn_prefill_wg_pipe"
+            kernel: if skip {
+                "attn_prefill_wg_skip"
             } else {
                 "attn_prefill_wg"
             },

@@ -200,14 +200,13 @@ fn the_warpgroup_query_tiled_attention_takes_128_rows_and_fits_one_block_a_hoppe
     );
     // With the static bound the device start adds, or it would quietly not run it.
     assert!(k.launch.smem_bytes + ATTN_STATIC_SMEM <= 227 << 10);
-    // The pipelined entry: the same block, its stages as six halves.
-    let pipe = attn_prefill_wg_launch(&d, true).expect("heads of 256");
-    assert_eq!(pipe.launch.kernel, "attn_prefill_wg_pipe");
+    // The entry that skips unmoved rescales: the same block.
+    let skip = attn_prefill_wg_launch(&d, true).expect("heads of 256");
+    assert_eq!(skip.launch.kernel, "attn_prefill_wg_skip");
     assert_eq!(
-        (pipe.launch.threads, pipe.launch.smem_bytes, pipe.rows),
+        (skip.launch.threads, skip.launch.smem_bytes, skip.rows),
         (k.launch.threads, k.launch.smem_bytes, k.rows)
     );
-    assert_eq!(ATTN_PREFILL_WG_STAGES, 3);
     // Rows are (token, head) pairs: 256 tokens × 6 heads in 12 tiles, a 2-token pass in one.
     assert_eq!(k.grid(&d, 256, 3), (12, 4, 3));
     assert_eq!(k.blocks(&d, 2), 4);
