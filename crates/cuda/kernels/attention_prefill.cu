@@ -53,9 +53,8 @@ __device__ __forceinline__ void f16_pairs(float x, float y, u32* hi, u32* lo) {
 // the split's (p1), scales, turns the scores into weights, updates the running max m and this
 // lane's share of the sum l, and rescales the rows' outputs o (laid out alike: NO n8 tiles). A
 // row with no position yet keeps max −∞ and weights 0 (its corrections use 0 in place of the
-// max). UNMOVED (attn_prefill_wg_skip): a warp whose rows' maxima all stayed leaves o as it is,
-// since their corrections are exactly 1 and the products the same bits.
-template <int NS, int NO, bool UNMOVED = false>
+// max).
+template <int NS, int NO>
 __device__ __forceinline__ void tile_softmax(float* s, float* o, int p, int tig, int end0, int end1, int p1,
                                              float scale, float& m0, float& m1, float& l0, float& l1) {
     float t0m = NEG_INF, t1m = NEG_INF;
@@ -93,7 +92,6 @@ __device__ __forceinline__ void tile_softmax(float* s, float* o, int p, int tig,
     l1 = l1 * c1 + r1;
     m0 = n0;
     m1 = n1;
-    if (UNMOVED && !__any_sync(0xffffffffu, c0 != 1.0f || c1 != 1.0f)) return;
 #pragma unroll
     for (int j = 0; j < NO; j++) {
         o[4 * j] *= c0;

@@ -87,14 +87,10 @@ __device__ __forceinline__ void aw_fence_async() { asm volatile("fence.proxy.asy
 // grid (ceil(ntok · GQA / 128), NKV, nsplit), 256 threads. Split sp covers positions
 // [sp·len, (sp + 1)·len) (len a multiple of AW_TILE); rows whose token's context ends before
 // sp·len are not written. part: as attn_split's.
-//
-// SKIP (attn_prefill_wg_skip, opt-in: NIWAKI_CUDA_ATTN_PREFILL_WG_SKIP): a warp leaves its
-// outputs unscaled in the tiles where none of its rows' maxima moved (the same bits; at depth
-// most tiles, where the maxima have settled).
-template <bool SKIP>
-__device__ __forceinline__ void attn_prefill_wg_body(const float* __restrict__ q, const void* __restrict__ kc,
-        const void* __restrict__ vc, const u32* __restrict__ pos_ptr, float scale, int ntok, int nsplit,
-        int len, float* __restrict__ part) {
+ENTRY __global__ void __launch_bounds__(256, 1)
+    attn_prefill_wg(const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,
+                    const u16* __restrict__ ks, const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,
+                    float scale, int ntok, int nsplit, int len, float* __restrict__ part) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int NBOX = HD / 64;
     constexpr int QBOX = 64 * 128;              // a warpgroup's 64 rows of one box
@@ -222,7 +218,7 @@ __device__ __forceinline__ void attn_prefill_wg_body(const float* __restrict__ q
         wg_wait<0>();
 #pragma unroll
         for (int j = 0; j < AW_TILE / 2; j++) wg_reg_fence(s[j]);
-        tile_softmax<AW_TILE / 8, HD / 8, SKIP>(s, o, p, tig, end0, end1, p1, scale, m0, m1, l0, l1);
+        tile_softmax<AW_TILE / 8, HD / 8>(s, o, p, tig, end0, end1, p1, scale, m0, m1, l0, l1);
         weighted(s, st + KV);
         wg_wait<0>();
 #pragma unroll
@@ -248,21 +244,7 @@ __device__ __forceinline__ void attn_prefill_wg_body(const float* __restrict__ q
     __trap();
 #endif
 }
-
-ENTRY __global__ void __launch_bounds__(256, 1)
-    attn_prefill_wg(const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,
-                    const u16* __restrict__ ks, const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,
-                    float scale, int ntok, int nsplit, int len, float* __restrict__ part) {
-    attn_prefill_wg_body<false>(q, kc, vc, pos_ptr, scale, ntok, nsplit, len, part);
-}
-ENTRY __global__ void __launch_bounds__(256, 1)
-    attn_prefill_wg_skip(const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,
-                         const u16* __restrict__ ks, const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,
-                         float scale, int ntok, int nsplit, int len, float* __restrict__ part) {
-    attn_prefill_wg_body<true>(q, kc, vc, pos_ptr, scale, ntok, nsplit, len, part);
-}
 #else
-// Heads of whole 128 values only: the host launches them for no other.
+// Heads of whole 128 values only: the host launches it for no other.
 ENTRY __global__ void attn_prefill_wg() { __trap(); }
-ENTRY __global__ void attn_prefill_wg_skip() { __trap(); }
 #endif

@@ -181,57 +181,6 @@ pub fn prefill_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
         checks(rep, gpu, d, &k)?;
         chunk_at_depth(rep, gpu, d, &k)?;
     }
-    wg_twins(rep, gpu, d)
-}
-
-/// The warpgroup form's entry that skips unmoved rescales against its plain one: it leaves out
-/// only products by exactly 1, so the same bits (every check's case).
-fn wg_twins(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
-    let [Some((plain, places)), Some((skip, _))] = gpu.attn_prefill_wg_forms() else {
-        rep.line(format!(
-            "| warpgroup attention, unmoved rescales skipped against plain | HD {} | — | SKIP | not run here (sm_90, heads of whole 128 values) |",
-            d.head_dim
-        ));
-        return Ok(());
-    };
-    let (hd, nh) = (d.head_dim, d.n_head);
-    let mut rng = ChaCha8Rng::seed_from_u64(17);
-    let (mut same, mut tiles) = (true, Vec::new());
-    // And one split of 129 tiles (the splits sized for a single place), where most tiles leave
-    // some warp's maxima where they were.
-    for (pos, ntok, room, wide) in cases(places).into_iter().chain([(4096, 16, 1, false)]) {
-        let (pass, ..) = random_pass(gpu, d, KvCache::F16, &mut rng, pos, ntok, wide)?;
-        pass.tiled(gpu, d, plain, pos, ntok, room)?;
-        let want = pass.read(gpu, ntok * nh * hd)?;
-        let nsplit = pass.tiled(gpu, d, skip, pos, ntok, room)?;
-        same &= same_bits(&want, &pass.read(gpu, ntok * nh * hd)?);
-        tiles.push(
-            (pos + ntok)
-                .div_ceil(nsplit)
-                .div_ceil(plan::ATTN_PREFILL_WG_TILE),
-        );
-    }
-    // Both on the timed chunk's random pass: how much the skipped products were worth.
-    let (pos, ntok) = (16_384, plan::MAX_CHUNK);
-    let (pass, ..) = random_pass(gpu, d, KvCache::F16, &mut rng, pos, ntok, false)?;
-    let time = |k| {
-        gpu.time(&gpu.stream, 5, || {
-            pass.tiled(gpu, d, k, pos, ntok, places).map(|_| ())
-        })
-    };
-    let (t_plain, t_skip) = (time(plain)?, time(skip)?);
-    rep.line(format!(
-        "| warpgroup attention, unmoved rescales skipped against plain | the checks' cases (tiles a split up to {}), HD {hd}; {ntok} random tokens after {pos} positions | {} | {} | bit-identical: {same}; {:.0} µs a layer against {:.0} |",
-        tiles.iter().max().unwrap_or(&0),
-        skip.launch.kernel,
-        if same { "PASS" } else { "FAIL" },
-        t_skip * 1e6,
-        t_plain * 1e6
-    ));
-    rep.check(
-        same,
-        "warpgroup attention, unmoved rescales skipped against plain".to_string(),
-    );
     Ok(())
 }
 
@@ -319,8 +268,7 @@ fn chunk_at_depth(rep: &mut Report, gpu: &Gpu, d: &Dims, k: &Tiled) -> R<()> {
     let (kv, a, places) = (k.kv, k.a, k.places);
     let (pos, ntok) = (16_384, plan::MAX_CHUNK);
     let (hd, nh, nkv) = (d.head_dim, d.n_head, d.n_head_kv);
-    // Random keys, values and queries, not zeros: the skipping entry's time depends on how
-    // often the rows' maxima move.
+    // Random keys, values and queries, not zeros: the softmax's work may depend on them.
     let mut rng = ChaCha8Rng::seed_from_u64(19);
     let (pass, ..) = random_pass(gpu, d, kv, &mut rng, pos, ntok, false)?;
     let tiled = gpu.time(&gpu.stream, 5, || {

@@ -166,7 +166,7 @@ impl Gpu {
             plan::KvCache::Q8_0 => self.attn_prefill_on[1],
         };
         let wg = self
-            .attn_prefill_wg_launch()
+            .attn_prefill_wg
             .filter(|_| self.attn_prefill_wg_on && kv == plan::KvCache::F16);
         let (a, places) = wg
             .or_else(|| self.attn_prefill_launch(kv))
@@ -188,17 +188,10 @@ impl Gpu {
             .map(|&(_, a, places)| (a, places))
     }
 
-    /// The warpgroup-MMA form (f16 cache; the entry `NIWAKI_CUDA_ATTN_PREFILL_WG_SKIP` names)
-    /// and its places where this device runs it, whatever `NIWAKI_CUDA_ATTN_PREFILL_WG` says
-    /// (the harness checks it).
+    /// The warpgroup-MMA form (f16 cache) and its places where this device runs it, whatever
+    /// the switch says (the harness checks it).
     pub fn attn_prefill_wg_launch(&self) -> Option<(plan::PrefillLaunch, usize)> {
-        self.attn_prefill_wg_forms[usize::from(self.attn_prefill_wg_skip)]
-    }
-
-    /// Both entries of the warpgroup-MMA form, plain and skipping unmoved rescales, where this device runs them
-    /// (the harness compares them).
-    pub fn attn_prefill_wg_forms(&self) -> [Option<(plan::PrefillLaunch, usize)>; 2] {
-        self.attn_prefill_wg_forms
+        self.attn_prefill_wg
     }
 
     /// Sets [`Gpu::attn_tile`] (for measuring the variants; others, and the tensor-core

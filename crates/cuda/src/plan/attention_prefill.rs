@@ -38,8 +38,9 @@ pub enum SplitRule {
 /// least time: 5,660 / 5,821 at 16,384 (+2.9%), 4,625 / 5,039 at 32,768 (+9.0%), the same
 /// tokens; in the harness a 256-token chunk of `attn_prefill_wg` after 16,384 positions took
 /// 572 µs a layer (11 splits) against 646 (2; the fifty-seventh session's, another H100), and
-/// the other forms' times stood (their split counts the same either way). It costs room:
-/// 7,029 partial rows where one wave needs 704 ([`attn_part_rows`]), about 150 MiB more on the 27B.
+/// the other forms' times stood (their split counts the same either way; q8_0 pp512 at 32,768
+/// 3,328 / 3,335). It costs room: 7,029 partial rows where one wave needs 704
+/// ([`attn_part_rows`]), about 150 MiB more on the 27B.
 pub const ATTN_PREFILL_SPLIT_RULE: SplitRule = SplitRule::LeastTime;
 /// What a split costs a wave beyond its positions, in cache positions: its blocks stage their
 /// queries before the first tile and write their partial rows after the last (about four
@@ -54,14 +55,12 @@ pub const ATTN_PREFILL_MIN_SPLIT: usize = 256;
 /// after 16,384 positions took 646 µs a layer against 775 (27B shapes; 109 against 135 with
 /// heads of 128), both as close to the f64 reference; 27B Q1_0, `niwaki bench -p 512 -n 2 -r 3
 /// -d D`, pp512 tok/s mma / wg: 5,408 / 5,629 at 16,384, 4,341 / 4,681 at 32,768, the same
-/// tokens.
+/// tokens. Two entries beside it were bit-identical and slower (fifty-eighth session, an H100,
+/// removed): each tile's successor's scores issued before its softmax (the 27B chunk 686 µs
+/// against 646; pp512 −1.4% at 16,384, −0.9% at 32,768), and the outputs left unscaled where
+/// no row's max moved (587 µs against 551 on random data; pp512 −0.8% at 16,384 and −2.8% at
+/// 32,768 even over the bench's zeros, whose maxima never move).
 pub const ATTN_PREFILL_WG: bool = true;
-/// Whether the warpgroup form's warps leave their outputs unscaled in tiles where none of their
-/// rows' maxima moved (`attn_prefill_wg_skip`, the same bits; `NIWAKI_CUDA_ATTN_PREFILL_WG_SKIP`):
-/// off until its checks and times have run on a device. (An entry that issued each tile's
-/// successor's scores before its softmax was bit-identical and slower, fifty-eighth session on
-/// an H100: 686 µs a layer in the harness against 646, pp512 −1.4% at 16,384, −0.9% at 32,768.)
-pub const ATTN_PREFILL_WG_SKIP: bool = false;
 /// Query rows ((token, head) pairs of a kv head) of a block of the warpgroup form: two
 /// warpgroups of 64.
 pub const ATTN_PREFILL_WG_ROWS: usize = 128;
@@ -136,9 +135,8 @@ pub fn attn_prefill_launch(d: &Dims, kv: KvCache) -> Option<PrefillLaunch> {
 
 /// The warpgroup-MMA form's launch (f16 cache, heads of whole 128 values; sm_90 only, which the
 /// device start checks): two warpgroups, the queries' f16 pairs and the stages in the 128-byte
-/// swizzle, and 1 KiB to align them to its 1,024-byte atoms. `skip`: the entry that skips
-/// unmoved rescales (the same block).
-pub fn attn_prefill_wg_launch(d: &Dims, skip: bool) -> Option<PrefillLaunch> {
+/// swizzle, and 1 KiB to align them to its 1,024-byte atoms.
+pub fn attn_prefill_wg_launch(d: &Dims) -> Option<PrefillLaunch> {
     let hd = d.head_dim;
     if !hd.is_multiple_of(128) {
         return None;
@@ -147,11 +145,7 @@ pub fn attn_prefill_wg_launch(d: &Dims, skip: bool) -> Option<PrefillLaunch> {
     let stages = ATTN_PREFILL_WG_STAGES * 2 * ATTN_PREFILL_WG_TILE * hd * 2;
     Some(PrefillLaunch {
         launch: AttnLaunch {
-            kernel: if skip {
-                "attn_prefill_wg_skip"
-            } else {
-                "attn_prefill_wg"
-            },
+            kernel: "attn_prefill_wg",
             threads: 256,
             smem_bytes: queries + stages + 1024,
         },

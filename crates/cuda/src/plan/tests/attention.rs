@@ -187,7 +187,7 @@ fn the_query_tiled_splits_fill_the_device_once_and_cover_the_context_in_whole_st
 #[test]
 fn the_warpgroup_query_tiled_attention_takes_128_rows_and_fits_one_block_a_hopper_sm() {
     let d = dims(Preset::B27);
-    let k = attn_prefill_wg_launch(&d, false).expect("heads of 256");
+    let k = attn_prefill_wg_launch(&d).expect("heads of 256");
     assert_eq!(
         (k.launch.kernel, k.launch.threads, k.rows),
         ("attn_prefill_wg", 256, 128)
@@ -200,13 +200,6 @@ fn the_warpgroup_query_tiled_attention_takes_128_rows_and_fits_one_block_a_hoppe
     );
     // With the static bound the device start adds, or it would quietly not run it.
     assert!(k.launch.smem_bytes + ATTN_STATIC_SMEM <= 227 << 10);
-    // The entry that skips unmoved rescales: the same block.
-    let skip = attn_prefill_wg_launch(&d, true).expect("heads of 256");
-    assert_eq!(skip.launch.kernel, "attn_prefill_wg_skip");
-    assert_eq!(
-        (skip.launch.threads, skip.launch.smem_bytes, skip.rows),
-        (k.launch.threads, k.launch.smem_bytes, k.rows)
-    );
     // Rows are (token, head) pairs: 256 tokens × 6 heads in 12 tiles, a 2-token pass in one.
     assert_eq!(k.grid(&d, 256, 3), (12, 4, 3));
     assert_eq!(k.blocks(&d, 2), 4);
@@ -214,12 +207,12 @@ fn the_warpgroup_query_tiled_attention_takes_128_rows_and_fits_one_block_a_hoppe
     // Heads of 128 run it (its O by 128 columns), heads of 64 not.
     let tiny = dims(Preset::Tiny);
     assert_eq!(
-        attn_prefill_wg_launch(&tiny, false).is_some(),
+        attn_prefill_wg_launch(&tiny).is_some(),
         tiny.head_dim.is_multiple_of(128)
     );
     let mut narrow = d.clone();
     narrow.head_dim = 64;
-    assert!(attn_prefill_wg_launch(&narrow, false).is_none());
+    assert!(attn_prefill_wg_launch(&narrow).is_none());
     // Its splits: 48 blocks a split of a 256-token chunk, so one wave's two fill 96 of 132
     // places; by least time eleven fill four waves whole. Whole stages of both kernels.
     let ctx = 16_384 + 256;
