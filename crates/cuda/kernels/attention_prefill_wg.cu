@@ -42,6 +42,15 @@ __device__ __forceinline__ void wgmma_64x32x16_ss(float* d, u64 adesc, u64 bdesc
         : "l"(adesc), "l"(bdesc), "r"(acc));
 }
 
+// The same with 64 columns (this thread's 32): the wide entry's scores.
+__device__ __forceinline__ void wgmma_64x64x16_ss(float* d, u64 adesc, u64 bdesc, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(adesc), "l"(bdesc), "r"(acc));
+}
+
 // d (64×256 f32, this thread's 128) += A (64×16 f16, registers) · B (16×256 f16, shared memory,
 // its 256 columns contiguous: the transposed form, in the 128-byte swizzle).
 __device__ __forceinline__ void wgmma_64x256x16_rs_t(float* d, const u32* a, u64 bdesc) {
@@ -87,15 +96,27 @@ __device__ __forceinline__ void aw_fence_async() { asm volatile("fence.proxy.asy
 // grid (ceil(ntok · GQA / 128), NKV, nsplit), 256 threads. Split sp covers positions
 // [sp·len, (sp + 1)·len) (len a multiple of AW_TILE); rows whose token's context ends before
 // sp·len are not written. part: as attn_split's.
-ENTRY __global__ void __launch_bounds__(256, 1)
-    attn_prefill_wg(const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,
-                    const u16* __restrict__ ks, const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,
-                    float scale, int ntok, int nsplit, int len, float* __restrict__ part) {
+//
+// TILE: AW_TILE positions a tile (attn_prefill_wg), or 64 (attn_prefill_wg_wide, opt-in:
+// NIWAKI_CUDA_ATTN_PREFILL_WG_WIDE), whose scores are m64n64k16 MMAs: each k16 step reads a
+// warpgroup's 64 query rows (hi and lo, 4 KiB) from shared memory once for 64 positions where
+// the narrow tile reads them for 32, and a tile's softmax rescales the outputs once for 64
+// positions. Its shared memory is the narrow form's: a ring of three 64-position halves, keys or
+// values (item 2i: tile i's keys, 2i + 1 its values, in half j % 3), each handed out at one of
+// a tile's two barriers (tile i + 1's keys once every warp is done with tile i - 1, its values
+// once every warp is done with tile i's keys), a tile ahead of its use. A split's length is a
+// multiple of AW_TILE, so its last tile may be half masked.
+template <int TILE>
+__device__ __forceinline__ void attn_prefill_wg_body(const float* __restrict__ q, const void* __restrict__ kc,
+        const void* __restrict__ vc, const u32* __restrict__ pos_ptr, float scale, int ntok, int nsplit,
+        int len, float* __restrict__ part) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr bool WIDE = TILE != AW_TILE;
+    static_assert(!WIDE || (TILE == 64 && AW_STAGES == 3), "the wide ring: three 64-position halves");
     constexpr int NBOX = HD / 64;
     constexpr int QBOX = 64 * 128;              // a warpgroup's 64 rows of one box
     constexpr int QWG = NBOX * QBOX;            // a warpgroup's queries, hi or lo
-    constexpr int KBOX = AW_TILE * 128;         // a stage's rows of one box
+    constexpr int KBOX = TILE * 128;            // a stage's rows of one box
     constexpr int KV = NBOX * KBOX;             // a stage's keys (then as many values)
     constexpr int STAGE = 2 * KV;
     static_assert(QBOX % 1024 == 0 && KBOX % 1024 == 0, "boxes on whole swizzle atoms");
@@ -115,28 +136,38 @@ ENTRY __global__ void __launch_bounds__(256, 1)
     const int p0 = sp * len;
     if (p0 >= ctx_end) return;
     const int p1 = min(ctx_end, p0 + len);
-    const int ntiles = (p1 - p0 + AW_TILE - 1) / AW_TILE;
+    const int ntiles = (p1 - p0 + TILE - 1) / TILE;
     const unsigned char *kb = (const unsigned char*)kc, *vb = (const unsigned char*)vc;
-    // Tile i's keys then values into stage i % AW_STAGES. Rows past the split repeat its last
-    // position (finite values; their scores are masked).
-    auto copy = [&](int i) {
+    // Tile i's keys (h 0) or values (h 1) to `st`. Rows past the split repeat its last position
+    // (finite values; their scores are masked).
+    auto copy_kv = [&](int i, int h, unsigned char* st) {
         if (i >= ntiles) return;
-        unsigned char* st = stages + (i % AW_STAGES) * STAGE;
-        const int p = p0 + i * AW_TILE;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const unsigned char* src = h ? vb : kb;
-            each_copy<AW_TILE * HD / 8, 256>(tid, [&](int e) {
-                const int r = e / (HD / 8), c = e % (HD / 8);
-                const size_t row = ((size_t)min(p + r, p1 - 1) * NKV + kvh) * (2 * HD);
-                cp_async16(st + h * KV + (c >> 3) * KBOX + aw_swz(r, 8 * c), src + row + c * 16);
-            });
-        }
+        const int p = p0 + i * TILE;
+        const unsigned char* src = h ? vb : kb;
+        each_copy<TILE * HD / 8, 256>(tid, [&](int e) {
+            const int r = e / (HD / 8), c = e % (HD / 8);
+            const size_t row = ((size_t)min(p + r, p1 - 1) * NKV + kvh) * (2 * HD);
+            cp_async16(st + (c >> 3) * KBOX + aw_swz(r, 8 * c), src + row + c * 16);
+        });
     };
+    // Tile i's keys then values into stage i % AW_STAGES.
+    auto copy = [&](int i) {
 #pragma unroll
-    for (int i = 0; i < AW_STAGES - 1; i++) {
-        copy(i);
+        for (int h = 0; h < 2; h++) copy_kv(i, h, stages + (i % AW_STAGES) * STAGE + h * KV);
+    };
+    // The wide ring's item j into half j % 3.
+    auto copy_half = [&](int j) { copy_kv(j >> 1, j & 1, stages + (j % 3) * KV); };
+    if constexpr (WIDE) {
+        copy_half(0);
         cp_async_commit();
+        copy_half(1);
+        cp_async_commit();
+    } else {
+#pragma unroll
+        for (int i = 0; i < AW_STAGES - 1; i++) {
+            copy(i);
+            cp_async_commit();
+        }
     }
     // The queries as f16 pairs, four values a load; rows past the pass repeat its last row
     // (computed, never written).
@@ -166,7 +197,7 @@ ENTRY __global__ void __launch_bounds__(256, 1)
     const u32 qh_wg = qh_at + wg * QWG, ql_wg = ql_at + wg * QWG;
     // s[4j + c]: rows gid (c < 2) and gid + 8, positions p + 8·j + 2·tig + c % 2 of the tile
     // (each tile's first MMA overwrites it: zeros only so that nothing reads an unset value).
-    float s[AW_TILE / 2] = {};
+    float s[TILE / 2] = {};
     // S (+)= Q_hi · K^T + Q_lo · K^T of the keys at shared address `kat`, into `d`; committed.
     auto scores = [&](float* d, u32 kat) {
         wg_fence();
@@ -174,17 +205,22 @@ ENTRY __global__ void __launch_bounds__(256, 1)
         for (int kk = 0; kk < HD / 16; kk++) {
             const u32 off = (kk >> 2) * QBOX + (kk & 3) * 32;
             const u64 kd = wg_desc_sw128(kat + (kk >> 2) * KBOX + (kk & 3) * 32);
-            wgmma_64x32x16_ss(d, wg_desc_sw128(qh_wg + off), kd, kk > 0);
-            wgmma_64x32x16_ss(d, wg_desc_sw128(ql_wg + off), kd, 1);
+            if constexpr (WIDE) {
+                wgmma_64x64x16_ss(d, wg_desc_sw128(qh_wg + off), kd, kk > 0);
+                wgmma_64x64x16_ss(d, wg_desc_sw128(ql_wg + off), kd, 1);
+            } else {
+                wgmma_64x32x16_ss(d, wg_desc_sw128(qh_wg + off), kd, kk > 0);
+                wgmma_64x32x16_ss(d, wg_desc_sw128(ql_wg + off), kd, 1);
+            }
         }
         wg_commit();
     };
     // O += P · V of the values at shared address `vat`, P from S's accumulators `e`; committed.
     auto weighted = [&](const float* e, u32 vat) {
         // A k16 step per 16 positions: P's A fragment is S's n8 tiles 2·kp, 2·kp + 1.
-        u32 ph[AW_TILE / 16][4], pl[AW_TILE / 16][4];
+        u32 ph[TILE / 16][4], pl[TILE / 16][4];
 #pragma unroll
-        for (int kp = 0; kp < AW_TILE / 16; kp++) {
+        for (int kp = 0; kp < TILE / 16; kp++) {
             const float* f = e + 8 * kp;
             f16_pairs(f[0], f[1], &ph[kp][0], &pl[kp][0]);
             f16_pairs(f[2], f[3], &ph[kp][1], &pl[kp][1]);
@@ -193,7 +229,7 @@ ENTRY __global__ void __launch_bounds__(256, 1)
         }
         wg_fence();
 #pragma unroll
-        for (int kp = 0; kp < AW_TILE / 16; kp++) {
+        for (int kp = 0; kp < TILE / 16; kp++) {
 #pragma unroll
             for (int nb = 0; nb < HD / AW_N; nb++) {
                 // Positions 16·kp onwards (two 8-row groups), head values AW_N·nb onwards.
@@ -204,25 +240,54 @@ ENTRY __global__ void __launch_bounds__(256, 1)
         }
         wg_commit();
     };
-    for (int i = 0; i < ntiles; i++) {
-        // Tile i landed for every thread (and the queries, the first time), visible to the
-        // tensor cores' reads; every warp is done with tile i - 1.
-        cp_async_wait<AW_STAGES - 2>();
-        aw_fence_async();
-        __syncthreads();
-        copy(i + AW_STAGES - 1);
-        cp_async_commit();
-        const u32 st = st_at + (i % AW_STAGES) * STAGE;
-        const int p = p0 + i * AW_TILE;
-        scores(s, st);
-        wg_wait<0>();
+    if constexpr (WIDE) {
+        for (int i = 0; i < ntiles; i++) {
+            // Tile i's keys landed for every thread (and the queries, the first time), visible
+            // to the tensor cores' reads; every warp is done with tile i - 1, whose values' half
+            // takes tile i + 1's keys.
+            cp_async_wait<1>();
+            aw_fence_async();
+            __syncthreads();
+            copy_half(2 * i + 2);
+            cp_async_commit();
+            scores(s, st_at + ((2 * i) % 3) * KV);
+            wg_wait<0>();
 #pragma unroll
-        for (int j = 0; j < AW_TILE / 2; j++) wg_reg_fence(s[j]);
-        tile_softmax<AW_TILE / 8, HD / 8>(s, o, p, tig, end0, end1, p1, scale, m0, m1, l0, l1);
-        weighted(s, st + KV);
-        wg_wait<0>();
+            for (int j = 0; j < TILE / 2; j++) wg_reg_fence(s[j]);
+            tile_softmax<TILE / 8, HD / 8>(s, o, p0 + i * TILE, tig, end0, end1, p1, scale, m0, m1, l0, l1);
+            // Tile i's values landed; every warp is done with its keys, whose half takes tile
+            // i + 1's values.
+            cp_async_wait<1>();
+            aw_fence_async();
+            __syncthreads();
+            copy_half(2 * i + 3);
+            cp_async_commit();
+            weighted(s, st_at + ((2 * i + 1) % 3) * KV);
+            wg_wait<0>();
 #pragma unroll
-        for (int j = 0; j < HD / 2; j++) wg_reg_fence(o[j]);
+            for (int j = 0; j < HD / 2; j++) wg_reg_fence(o[j]);
+        }
+    } else {
+        for (int i = 0; i < ntiles; i++) {
+            // Tile i landed for every thread (and the queries, the first time), visible to the
+            // tensor cores' reads; every warp is done with tile i - 1.
+            cp_async_wait<AW_STAGES - 2>();
+            aw_fence_async();
+            __syncthreads();
+            copy(i + AW_STAGES - 1);
+            cp_async_commit();
+            const u32 st = st_at + (i % AW_STAGES) * STAGE;
+            const int p = p0 + i * TILE;
+            scores(s, st);
+            wg_wait<0>();
+#pragma unroll
+            for (int j = 0; j < TILE / 2; j++) wg_reg_fence(s[j]);
+            tile_softmax<TILE / 8, HD / 8>(s, o, p, tig, end0, end1, p1, scale, m0, m1, l0, l1);
+            weighted(s, st + KV);
+            wg_wait<0>();
+#pragma unroll
+            for (int j = 0; j < HD / 2; j++) wg_reg_fence(o[j]);
+        }
     }
     cp_async_wait<0>();
 #pragma unroll
@@ -244,7 +309,21 @@ ENTRY __global__ void __launch_bounds__(256, 1)
     __trap();
 #endif
 }
+
+ENTRY __global__ void __launch_bounds__(256, 1)
+    attn_prefill_wg(const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,
+                    const u16* __restrict__ ks, const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,
+                    float scale, int ntok, int nsplit, int len, float* __restrict__ part) {
+    attn_prefill_wg_body<AW_TILE>(q, kc, vc, pos_ptr, scale, ntok, nsplit, len, part);
+}
+ENTRY __global__ void __launch_bounds__(256, 1)
+    attn_prefill_wg_wide(const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,
+                         const u16* __restrict__ ks, const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,
+                         float scale, int ntok, int nsplit, int len, float* __restrict__ part) {
+    attn_prefill_wg_body<64>(q, kc, vc, pos_ptr, scale, ntok, nsplit, len, part);
+}
 #else
-// Heads of whole 128 values only: the host launches it for no other.
+// Heads of whole 128 values only: the host launches them for no other.
 ENTRY __global__ void attn_prefill_wg() { __trap(); }
+ENTRY __global__ void attn_prefill_wg_wide() { __trap(); }
 #endif

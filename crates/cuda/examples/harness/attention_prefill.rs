@@ -152,6 +152,8 @@ impl Pass {
 }
 
 pub fn prefill_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
+    let [wg, wg_wide] = gpu.attn_prefill_wg_forms();
+    let wg_needs = "the warpgroup form: sm_90, heads of whole 128 values";
     let kinds = [
         (
             KvCache::F16,
@@ -163,11 +165,8 @@ pub fn prefill_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
             gpu.attn_prefill_launch(KvCache::Q8_0),
             "sm_80, its shared memory, q8_0 heads of whole 128 values",
         ),
-        (
-            KvCache::F16,
-            gpu.attn_prefill_wg_launch(),
-            "the warpgroup form: sm_90, heads of whole 128 values",
-        ),
+        (KvCache::F16, wg, wg_needs),
+        (KvCache::F16, wg_wide, wg_needs),
     ];
     for (kv, launch, needs) in kinds {
         let Some((a, places)) = launch else {

@@ -166,7 +166,7 @@ impl Gpu {
             plan::KvCache::Q8_0 => self.attn_prefill_on[1],
         };
         let wg = self
-            .attn_prefill_wg
+            .attn_prefill_wg_launch()
             .filter(|_| self.attn_prefill_wg_on && kv == plan::KvCache::F16);
         let (a, places) = wg
             .or_else(|| self.attn_prefill_launch(kv))
@@ -188,10 +188,17 @@ impl Gpu {
             .map(|&(_, a, places)| (a, places))
     }
 
-    /// The warpgroup-MMA form (f16 cache) and its places where this device runs it, whatever
-    /// the switch says (the harness checks it).
+    /// The warpgroup-MMA form (f16 cache; the entry `NIWAKI_CUDA_ATTN_PREFILL_WG_WIDE` names)
+    /// and its places where this device runs it, whatever `NIWAKI_CUDA_ATTN_PREFILL_WG` says
+    /// (the harness checks it).
     pub fn attn_prefill_wg_launch(&self) -> Option<(plan::PrefillLaunch, usize)> {
-        self.attn_prefill_wg
+        self.attn_prefill_wg_forms[usize::from(self.attn_prefill_wg_wide)]
+    }
+
+    /// Both entries of the warpgroup-MMA form, 32-position tiles and 64, where this device runs
+    /// them (the harness checks both).
+    pub fn attn_prefill_wg_forms(&self) -> [Option<(plan::PrefillLaunch, usize)>; 2] {
+        self.attn_prefill_wg_forms
     }
 
     /// Sets [`Gpu::attn_tile`] (for measuring the variants; others, and the tensor-core

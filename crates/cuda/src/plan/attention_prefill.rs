@@ -61,6 +61,10 @@ pub const ATTN_PREFILL_MIN_SPLIT: usize = 256;
 /// no row's max moved (587 µs against 551 on random data; pp512 −0.8% at 16,384 and −2.8% at
 /// 32,768 even over the bench's zeros, whose maxima never move).
 pub const ATTN_PREFILL_WG: bool = true;
+/// Whether the warpgroup form takes tiles of 64 positions (`attn_prefill_wg_wide`, its scores
+/// m64n64k16 MMAs reading the queries once for 64 positions; `NIWAKI_CUDA_ATTN_PREFILL_WG_WIDE`):
+/// off until its checks and times have run on a device.
+pub const ATTN_PREFILL_WG_WIDE: bool = false;
 /// Query rows ((token, head) pairs of a kv head) of a block of the warpgroup form: two
 /// warpgroups of 64.
 pub const ATTN_PREFILL_WG_ROWS: usize = 128;
@@ -135,8 +139,9 @@ pub fn attn_prefill_launch(d: &Dims, kv: KvCache) -> Option<PrefillLaunch> {
 
 /// The warpgroup-MMA form's launch (f16 cache, heads of whole 128 values; sm_90 only, which the
 /// device start checks): two warpgroups, the queries' f16 pairs and the stages in the 128-byte
-/// swizzle, and 1 KiB to align them to its 1,024-byte atoms.
-pub fn attn_prefill_wg_launch(d: &Dims) -> Option<PrefillLaunch> {
+/// swizzle, and 1 KiB to align them to its 1,024-byte atoms. `wide`: the entry of 64-position
+/// tiles, the same shared memory as three halves (keys or values) of 64 positions.
+pub fn attn_prefill_wg_launch(d: &Dims, wide: bool) -> Option<PrefillLaunch> {
     let hd = d.head_dim;
     if !hd.is_multiple_of(128) {
         return None;
@@ -145,7 +150,11 @@ pub fn attn_prefill_wg_launch(d: &Dims) -> Option<PrefillLaunch> {
     let stages = ATTN_PREFILL_WG_STAGES * 2 * ATTN_PREFILL_WG_TILE * hd * 2;
     Some(PrefillLaunch {
         launch: AttnLaunch {
-            kernel: "attn_prefill_wg",
+            kernel: if wide {
+                "attn_prefill_wg_wide"
+            } else {
+                "attn_prefill_wg"
+            },
             threads: 256,
             smem_bytes: queries + stages + 1024,
         },
