@@ -48,7 +48,10 @@ const KNOBS: &[(&str, Takes)] = &[
     ),
     ("NIWAKI_CUDA_ATTN_PREFILL_WAVES", Takes::Number),
     ("NIWAKI_CUDA_ATTN_PREFILL_WG", Takes::OnOff),
-    ("NIWAKI_CUDA_ATTN_PREFILL_WG_WIDE", Takes::OnOff),
+    (
+        "NIWAKI_CUDA_ATTN_PREFILL_WG_ENTRY",
+        Takes::OneOf(&["plain", "wide", "turns"]),
+    ),
     ("NIWAKI_CUDA_ATTN_SHORT", Takes::Number),
     // A measurement: a one-token pass's splits per kv head in place of one wave's.
     ("NIWAKI_CUDA_ATTN_SPLITS", Takes::Number),

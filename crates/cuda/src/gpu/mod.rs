@@ -212,13 +212,13 @@ pub struct Gpu {
     /// `NIWAKI_CUDA_ATTN_PREFILL_SPLITS=wave|time`).
     attn_prefill_rule: plan::SplitRule,
     /// The warpgroup-MMA form for an f16 cache where the device runs it (sm_90, its shared
-    /// memory; [`plan::attn_prefill_wg_launch`]) and its places, its entry of 32-position tiles
-    /// then its wide one of 64; which of them multi-token passes take
-    /// ([`plan::ATTN_PREFILL_WG_WIDE`]; `NIWAKI_CUDA_ATTN_PREFILL_WG_WIDE`), and whether they
+    /// memory; [`plan::attn_prefill_wg_launch`]) and its places, an entry of
+    /// [`plan::WgEntry::ALL`] each; which of them multi-token passes take
+    /// ([`plan::ATTN_PREFILL_WG_ENTRY`]; `NIWAKI_CUDA_ATTN_PREFILL_WG_ENTRY`), and whether they
     /// take it in place of the f16 entry of `attn_prefill` ([`plan::ATTN_PREFILL_WG`];
     /// `NIWAKI_CUDA_ATTN_PREFILL_WG`).
-    attn_prefill_wg_forms: [Option<(plan::PrefillLaunch, usize)>; 2],
-    attn_prefill_wg_wide: bool,
+    attn_prefill_wg_forms: [Option<(plan::PrefillLaunch, usize)>; 3],
+    attn_prefill_wg_entry: plan::WgEntry,
     attn_prefill_wg_on: bool,
     /// A one-token pass's splits per kv head where `NIWAKI_CUDA_ATTN_SPLITS` sets them (a
     /// measurement), else one wave of the split kernel's blocks ([`plan::attn_decode_splits`]).

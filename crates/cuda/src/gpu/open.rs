@@ -151,11 +151,11 @@ impl Gpu {
                 attn_prefill.push((kv, a, per_sm * sms));
             }
         }
-        // Both warpgroup entries' limits raised (the harness compares them); passes take the one
-        // `NIWAKI_CUDA_ATTN_PREFILL_WG_WIDE` names.
-        let mut attn_prefill_wg_forms = [None, None];
-        for (form, wide) in attn_prefill_wg_forms.iter_mut().zip([false, true]) {
-            if let Some(a) = plan::attn_prefill_wg_launch(dims, wide).filter(|_| wgmma) {
+        // Every warpgroup entry's limits raised (the harness checks them all); passes take the
+        // one `NIWAKI_CUDA_ATTN_PREFILL_WG_ENTRY` names.
+        let mut attn_prefill_wg_forms = [None; 3];
+        for (form, entry) in attn_prefill_wg_forms.iter_mut().zip(plan::WgEntry::ALL) {
+            if let Some(a) = plan::attn_prefill_wg_launch(dims, entry).filter(|_| wgmma) {
                 *form = attn_blocks(&a.launch)?.map(|per_sm| (a, per_sm * sms));
             }
         }
@@ -275,10 +275,10 @@ impl Gpu {
                 _ => plan::ATTN_PREFILL_SPLIT_RULE,
             },
             attn_prefill_wg_forms,
-            attn_prefill_wg_wide: knobs::flag(
-                "NIWAKI_CUDA_ATTN_PREFILL_WG_WIDE",
-                plan::ATTN_PREFILL_WG_WIDE,
-            ),
+            attn_prefill_wg_entry: knobs::word("NIWAKI_CUDA_ATTN_PREFILL_WG_ENTRY")
+                .as_deref()
+                .and_then(plan::WgEntry::named)
+                .unwrap_or(plan::ATTN_PREFILL_WG_ENTRY),
             attn_prefill_wg_on: knobs::flag("NIWAKI_CUDA_ATTN_PREFILL_WG", plan::ATTN_PREFILL_WG),
             attn_decode_splits: knobs::number_set("NIWAKI_CUDA_ATTN_SPLITS"),
             // Measured on the H200 only: elsewhere off unless asked for.

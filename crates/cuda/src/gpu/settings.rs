@@ -188,16 +188,16 @@ impl Gpu {
             .map(|&(_, a, places)| (a, places))
     }
 
-    /// The warpgroup-MMA form (f16 cache; the entry `NIWAKI_CUDA_ATTN_PREFILL_WG_WIDE` names)
+    /// The warpgroup-MMA form (f16 cache; the entry `NIWAKI_CUDA_ATTN_PREFILL_WG_ENTRY` names)
     /// and its places where this device runs it, whatever `NIWAKI_CUDA_ATTN_PREFILL_WG` says
     /// (the harness checks it).
     pub fn attn_prefill_wg_launch(&self) -> Option<(plan::PrefillLaunch, usize)> {
-        self.attn_prefill_wg_forms[usize::from(self.attn_prefill_wg_wide)]
+        self.attn_prefill_wg_forms[self.attn_prefill_wg_entry as usize]
     }
 
-    /// Both entries of the warpgroup-MMA form, 32-position tiles and 64, where this device runs
-    /// them (the harness checks both).
-    pub fn attn_prefill_wg_forms(&self) -> [Option<(plan::PrefillLaunch, usize)>; 2] {
+    /// Every entry of the warpgroup-MMA form ([`plan::WgEntry::ALL`]) where this device runs
+    /// them (the harness checks them all).
+    pub fn attn_prefill_wg_forms(&self) -> [Option<(plan::PrefillLaunch, usize)>; 3] {
         self.attn_prefill_wg_forms
     }
 

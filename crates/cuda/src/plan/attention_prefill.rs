@@ -61,10 +61,43 @@ pub const ATTN_PREFILL_MIN_SPLIT: usize = 256;
 /// no row's max moved (587 µs against 551 on random data; pp512 −0.8% at 16,384 and −2.8% at
 /// 32,768 even over the bench's zeros, whose maxima never move).
 pub const ATTN_PREFILL_WG: bool = true;
-/// Whether the warpgroup form takes tiles of 64 positions (`attn_prefill_wg_wide`, its scores
-/// m64n64k16 MMAs reading the queries once for 64 positions; `NIWAKI_CUDA_ATTN_PREFILL_WG_WIDE`):
-/// off until its checks and times have run on a device.
-pub const ATTN_PREFILL_WG_WIDE: bool = false;
+/// The warpgroup form's entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WgEntry {
+    /// Tiles of 32 positions, both warpgroups at the tensor cores together.
+    Plain,
+    /// Tiles of 64 positions: m64n64k16 scores, reading the queries once for 64 positions.
+    Wide,
+    /// Tiles of 32 positions, the second warpgroup issuing its scores once the first has issued
+    /// its own, so that the first's softmax runs while the tensor cores compute the second's.
+    Turns,
+}
+
+impl WgEntry {
+    pub const ALL: [WgEntry; 3] = [WgEntry::Plain, WgEntry::Wide, WgEntry::Turns];
+
+    pub fn kernel(self) -> &'static str {
+        match self {
+            WgEntry::Plain => "attn_prefill_wg",
+            WgEntry::Wide => "attn_prefill_wg_wide",
+            WgEntry::Turns => "attn_prefill_wg_turns",
+        }
+    }
+
+    /// The entry a `NIWAKI_CUDA_ATTN_PREFILL_WG_ENTRY` value names.
+    pub fn named(word: &str) -> Option<WgEntry> {
+        match word {
+            "plain" => Some(WgEntry::Plain),
+            "wide" => Some(WgEntry::Wide),
+            "turns" => Some(WgEntry::Turns),
+            _ => None,
+        }
+    }
+}
+
+/// The entry multi-token passes take (`NIWAKI_CUDA_ATTN_PREFILL_WG_ENTRY=plain|wide|turns`): the
+/// plain one until the others' checks and times have run on a device.
+pub const ATTN_PREFILL_WG_ENTRY: WgEntry = WgEntry::Plain;
 /// Query rows ((token, head) pairs of a kv head) of a block of the warpgroup form: two
 /// warpgroups of 64.
 pub const ATTN_PREFILL_WG_ROWS: usize = 128;
@@ -139,9 +172,9 @@ pub fn attn_prefill_launch(d: &Dims, kv: KvCache) -> Option<PrefillLaunch> {
 
 /// The warpgroup-MMA form's launch (f16 cache, heads of whole 128 values; sm_90 only, which the
 /// device start checks): two warpgroups, the queries' f16 pairs and the stages in the 128-byte
-/// swizzle, and 1 KiB to align them to its 1,024-byte atoms. `wide`: the entry of 64-position
-/// tiles, the same shared memory as three halves (keys or values) of 64 positions.
-pub fn attn_prefill_wg_launch(d: &Dims, wide: bool) -> Option<PrefillLaunch> {
+/// swizzle, and 1 KiB to align them to its 1,024-byte atoms. Every entry takes the same block
+/// (the wide one's ring three halves, keys or values, of 64 positions).
+pub fn attn_prefill_wg_launch(d: &Dims, entry: WgEntry) -> Option<PrefillLaunch> {
     let hd = d.head_dim;
     if !hd.is_multiple_of(128) {
         return None;
@@ -150,11 +183,7 @@ pub fn attn_prefill_wg_launch(d: &Dims, wide: bool) -> Option<PrefillLaunch> {
     let stages = ATTN_PREFILL_WG_STAGES * 2 * ATTN_PREFILL_WG_TILE * hd * 2;
     Some(PrefillLaunch {
         launch: AttnLaunch {
-            kernel: if wide {
-                "attn_prefill_wg_wide"
-            } else {
-                "attn_prefill_wg"
-            },
+            kernel: entry.kernel(),
             threads: 256,
             smem_bytes: queries + stages + 1024,
         },

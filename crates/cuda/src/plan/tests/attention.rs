@@ -187,7 +187,7 @@ fn the_query_tiled_splits_fill_the_device_once_and_cover_the_context_in_whole_st
 #[test]
 fn the_warpgroup_query_tiled_attention_takes_128_rows_and_fits_one_block_a_hopper_sm() {
     let d = dims(Preset::B27);
-    let k = attn_prefill_wg_launch(&d, false).expect("heads of 256");
+    let k = attn_prefill_wg_launch(&d, WgEntry::Plain).expect("heads of 256");
     assert_eq!(
         (k.launch.kernel, k.launch.threads, k.rows),
         ("attn_prefill_wg", 256, 128)
@@ -200,18 +200,24 @@ fn the_warpgroup_query_tiled_attention_takes_128_rows_and_fits_one_block_a_hoppe
     );
     // With the static bound the device start adds, or it would quietly not run it.
     assert!(k.launch.smem_bytes + ATTN_STATIC_SMEM <= 227 << 10);
-    // The wide entry: the same block, its ring three halves of 64 positions (keys or values).
-    let wide = attn_prefill_wg_launch(&d, true).expect("heads of 256");
-    assert_eq!(wide.launch.kernel, "attn_prefill_wg_wide");
-    assert_eq!(
-        (wide.launch.threads, wide.launch.smem_bytes, wide.rows),
-        (
-            k.launch.threads,
-            2 * 128 * 256 * 2 + 3 * 64 * 256 * 2 + 1024,
-            k.rows
-        )
-    );
-    assert_eq!(wide.launch.smem_bytes, k.launch.smem_bytes);
+    // The other entries: the same block (the wide one's ring three halves of 64 positions, keys
+    // or values), each its own kernel, each named by its knob's word.
+    assert_eq!(3 * 64 * 256 * 2, ATTN_PREFILL_WG_STAGES * 2 * 32 * 256 * 2);
+    let mut kernels = Vec::new();
+    for (e, word) in WgEntry::ALL.into_iter().zip(["plain", "wide", "turns"]) {
+        let l = attn_prefill_wg_launch(&d, e).expect("heads of 256");
+        assert_eq!(
+            (l.launch.threads, l.launch.smem_bytes, l.rows),
+            (k.launch.threads, k.launch.smem_bytes, k.rows)
+        );
+        assert_eq!(WgEntry::named(word), Some(e));
+        assert!(crate::compile::KERNELS.contains(&l.launch.kernel));
+        kernels.push(l.launch.kernel);
+    }
+    kernels.sort_unstable();
+    kernels.dedup();
+    assert_eq!(kernels.len(), 3);
+    assert_eq!(WgEntry::named("narrow"), None);
     // Rows are (token, head) pairs: 256 tokens × 6 heads in 12 tiles, a 2-token pass in one.
     assert_eq!(k.grid(&d, 256, 3), (12, 4, 3));
     assert_eq!(k.blocks(&d, 2), 4);
@@ -219,12 +225,14 @@ fn the_warpgroup_query_tiled_attention_takes_128_rows_and_fits_one_block_a_hoppe
     // Heads of 128 run it (its O by 128 columns), heads of 64 not.
     let tiny = dims(Preset::Tiny);
     assert_eq!(
-        attn_prefill_wg_launch(&tiny, false).is_some(),
+        attn_prefill_wg_launch(&tiny, WgEntry::Plain).is_some(),
         tiny.head_dim.is_multiple_of(128)
     );
     let mut narrow = d.clone();
     narrow.head_dim = 64;
-    assert!(attn_prefill_wg_launch(&narrow, false).is_none());
+    for e in WgEntry::ALL {
+        assert!(attn_prefill_wg_launch(&narrow, e).is_none());
+    }
     // Its splits: 48 blocks a split of a 256-token chunk, so one wave's two fill 96 of 132
     // places; by least time eleven fill four waves whole. Whole stages of both kernels.
     let ctx = 16_384 + 256;

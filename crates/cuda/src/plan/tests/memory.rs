@@ -91,7 +91,7 @@ fn the_partial_rows_are_sized_for_the_attention_kernels_a_pass_takes() {
     assert_eq!(attn_part_rows(&d, 1, Some((mma, 132)), one), ATTN_SPLITS);
     // The warpgroup form, 128 rows a block: its most is 64 tokens (384 rows, three row tiles,
     // 12 blocks a split) in 11 splits.
-    let wg = attn_prefill_wg_launch(&d, false).expect("wg");
+    let wg = attn_prefill_wg_launch(&d, WgEntry::Plain).expect("wg");
     assert_eq!(attn_part_rows(&d, MAX_CHUNK, Some((wg, 132)), one), 64 * 11);
     // By least time a 256-token pass may fill 16 waves whole with 33 splits of 64 blocks
     // (8,448 rows: 209 MB, a quarter of the split kernels' room); the warpgroup form's most is
