@@ -4,7 +4,6 @@
 //! compare a build with itself. [`check`] refuses both when the backend starts.
 
 use crate::error::{CudaError, Result};
-#[cfg(test)]
 use crate::plan;
 
 /// What a switch takes.
@@ -44,13 +43,13 @@ const KNOBS: &[(&str, Takes)] = &[
     ("NIWAKI_CUDA_ATTN_PREFILL_Q8", Takes::OnOff),
     (
         "NIWAKI_CUDA_ATTN_PREFILL_SPLITS",
-        Takes::OneOf(&["wave", "time"]),
+        Takes::OneOf(&plan::SplitRule::WORDS),
     ),
     ("NIWAKI_CUDA_ATTN_PREFILL_WAVES", Takes::Number),
     ("NIWAKI_CUDA_ATTN_PREFILL_WG", Takes::OnOff),
     (
         "NIWAKI_CUDA_ATTN_PREFILL_WG_ENTRY",
-        Takes::OneOf(&["plain", "wide", "turns"]),
+        Takes::OneOf(&plan::WgEntry::WORDS),
     ),
     ("NIWAKI_CUDA_ATTN_SHORT", Takes::Number),
     // A measurement: a one-token pass's splits per kv head in place of one wave's.

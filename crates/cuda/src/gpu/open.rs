@@ -269,11 +269,10 @@ impl Gpu {
                 knobs::flag("NIWAKI_CUDA_ATTN_PREFILL_Q8", plan::ATTN_PREFILL_Q8),
             ],
             attn_prefill_waves: knobs::number("NIWAKI_CUDA_ATTN_PREFILL_WAVES", 1).max(1),
-            attn_prefill_rule: match knobs::word("NIWAKI_CUDA_ATTN_PREFILL_SPLITS").as_deref() {
-                Some("wave") => plan::SplitRule::OneWave,
-                Some("time") => plan::SplitRule::LeastTime,
-                _ => plan::ATTN_PREFILL_SPLIT_RULE,
-            },
+            attn_prefill_rule: knobs::word("NIWAKI_CUDA_ATTN_PREFILL_SPLITS")
+                .as_deref()
+                .and_then(plan::SplitRule::named)
+                .unwrap_or(plan::ATTN_PREFILL_SPLIT_RULE),
             attn_prefill_wg_forms,
             attn_prefill_wg_entry: knobs::word("NIWAKI_CUDA_ATTN_PREFILL_WG_ENTRY")
                 .as_deref()

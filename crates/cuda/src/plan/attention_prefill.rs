@@ -33,6 +33,19 @@ pub enum SplitRule {
     /// and [`ATTN_PREFILL_SPLIT_COST`].
     LeastTime,
 }
+
+impl SplitRule {
+    pub const ALL: [SplitRule; 2] = [SplitRule::OneWave, SplitRule::LeastTime];
+    /// Their words for `NIWAKI_CUDA_ATTN_PREFILL_SPLITS`, in the order of [`SplitRule::ALL`].
+    pub const WORDS: [&'static str; 2] = ["wave", "time"];
+
+    /// The rule a `NIWAKI_CUDA_ATTN_PREFILL_SPLITS` value names.
+    pub fn named(word: &str) -> Option<SplitRule> {
+        let i = Self::WORDS.iter().position(|&w| w == word)?;
+        Some(Self::ALL[i])
+    }
+}
+
 /// The rule multi-token passes take (`NIWAKI_CUDA_ATTN_PREFILL_SPLITS=wave|time`). Fifty-eighth
 /// session, an H100, 27B Q1_0, `niwaki bench -p 512 -n 2 -r 3 -d D`, pp512 tok/s one wave /
 /// least time: 5,660 / 5,821 at 16,384 (+2.9%), 4,625 / 5,039 at 32,768 (+9.0%), the same
@@ -75,6 +88,8 @@ pub enum WgEntry {
 
 impl WgEntry {
     pub const ALL: [WgEntry; 3] = [WgEntry::Plain, WgEntry::Wide, WgEntry::Turns];
+    /// Their words for `NIWAKI_CUDA_ATTN_PREFILL_WG_ENTRY`, in the order of [`WgEntry::ALL`].
+    pub const WORDS: [&'static str; 3] = ["plain", "wide", "turns"];
 
     pub fn kernel(self) -> &'static str {
         match self {
@@ -86,12 +101,8 @@ impl WgEntry {
 
     /// The entry a `NIWAKI_CUDA_ATTN_PREFILL_WG_ENTRY` value names.
     pub fn named(word: &str) -> Option<WgEntry> {
-        match word {
-            "plain" => Some(WgEntry::Plain),
-            "wide" => Some(WgEntry::Wide),
-            "turns" => Some(WgEntry::Turns),
-            _ => None,
-        }
+        let i = Self::WORDS.iter().position(|&w| w == word)?;
+        Some(Self::ALL[i])
     }
 }
 

@@ -211,6 +211,8 @@ fn the_warpgroup_query_tiled_attention_takes_128_rows_and_fits_one_block_a_hoppe
             (k.launch.threads, k.launch.smem_bytes, k.rows)
         );
         assert_eq!(WgEntry::named(word), Some(e));
+        // The device's entries are indexed by the variant: its place in `ALL`.
+        assert_eq!(WgEntry::ALL[e as usize], e);
         assert!(crate::compile::KERNELS.contains(&l.launch.kernel));
         kernels.push(l.launch.kernel);
     }
@@ -218,6 +220,10 @@ fn the_warpgroup_query_tiled_attention_takes_128_rows_and_fits_one_block_a_hoppe
     kernels.dedup();
     assert_eq!(kernels.len(), 3);
     assert_eq!(WgEntry::named("narrow"), None);
+    for (r, word) in SplitRule::ALL.into_iter().zip(["wave", "time"]) {
+        assert_eq!(SplitRule::named(word), Some(r));
+    }
+    assert_eq!(SplitRule::named("waves"), None);
     // Rows are (token, head) pairs: 256 tokens × 6 heads in 12 tiles, a 2-token pass in one.
     assert_eq!(k.grid(&d, 256, 3), (12, 4, 3));
     assert_eq!(k.blocks(&d, 2), 4);
