@@ -92,6 +92,15 @@ __device__ __forceinline__ int aw_swz(int r, int i) {
 
 __device__ __forceinline__ void aw_fence_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
+// This thread's copies but the last N groups landed, visible to the tensor cores' reads, and
+// every thread of the block there: what a tile's barrier waits for.
+template <int N>
+__device__ __forceinline__ void aw_landed() {
+    cp_async_wait<N>();
+    aw_fence_async();
+    __syncthreads();
+}
+
 // Named barrier 1 of the block's 256 threads: one warpgroup arrives, the other waits for it.
 __device__ __forceinline__ void aw_bar_arrive() { asm volatile("bar.arrive 1, 256;" ::: "memory"); }
 __device__ __forceinline__ void aw_bar_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
@@ -257,9 +266,7 @@ __device__ __forceinline__ void attn_prefill_wg_body(const float* __restrict__ q
             // Tile i's keys landed for every thread (and the queries, the first time), visible
             // to the tensor cores' reads; every warp is done with tile i - 1, whose values' half
             // takes tile i + 1's keys.
-            cp_async_wait<1>();
-            aw_fence_async();
-            __syncthreads();
+            aw_landed<1>();
             copy_half(2 * i + 2);
             cp_async_commit();
             scores(s, st_at + ((2 * i) % 3) * KV);
@@ -269,9 +276,7 @@ __device__ __forceinline__ void attn_prefill_wg_body(const float* __restrict__ q
             tile_softmax<TILE / 8, HD / 8>(s, o, p0 + i * TILE, tig, end0, end1, p1, scale, m0, m1, l0, l1);
             // Tile i's values landed; every warp is done with its keys, whose half takes tile
             // i + 1's values.
-            cp_async_wait<1>();
-            aw_fence_async();
-            __syncthreads();
+            aw_landed<1>();
             copy_half(2 * i + 3);
             cp_async_commit();
             weighted(s, st_at + ((2 * i + 1) % 3) * KV);
@@ -283,9 +288,7 @@ __device__ __forceinline__ void attn_prefill_wg_body(const float* __restrict__ q
         for (int i = 0; i < ntiles; i++) {
             // Tile i landed for every thread (and the queries, the first time), visible to the
             // tensor cores' reads; every warp is done with tile i - 1.
-            cp_async_wait<AW_STAGES - 2>();
-            aw_fence_async();
-            __syncthreads();
+            aw_landed<AW_STAGES - 2>();
             copy(i + AW_STAGES - 1);
             cp_async_commit();
             const u32 st = st_at + (i % AW_STAGES) * STAGE;
