@@ -100,40 +100,28 @@ __device__ __forceinline__ void aw_landed() {
     aw_fence_async();
     __syncthreads();
 }
-
-// Named barrier 1 of the block's 256 threads: one warpgroup arrives, the other waits for it.
-__device__ __forceinline__ void aw_bar_arrive() { asm volatile("bar.arrive 1, 256;" ::: "memory"); }
-__device__ __forceinline__ void aw_bar_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
 #endif
 
 // grid (ceil(ntok · GQA / 128), NKV, nsplit), 256 threads. Split sp covers positions
 // [sp·len, (sp + 1)·len) (len a multiple of AW_TILE); rows whose token's context ends before
 // sp·len are not written. part: as attn_split's.
 //
-// TILE: AW_TILE positions a tile (attn_prefill_wg), or 64 (attn_prefill_wg_wide, opt-in:
-// NIWAKI_CUDA_ATTN_PREFILL_WG_ENTRY=wide), whose scores are m64n64k16 MMAs: each k16 step reads a
-// warpgroup's 64 query rows (hi and lo, 4 KiB) from shared memory once for 64 positions where
-// the narrow tile reads them for 32, and a tile's softmax rescales the outputs once for 64
-// positions. Its shared memory is the narrow form's: a ring of three 64-position halves, keys or
-// values (item 2i: tile i's keys, 2i + 1 its values, in half j % 3), each handed out at one of
-// a tile's two barriers (tile i + 1's keys once every warp is done with tile i - 1, its values
-// once every warp is done with tile i's keys), a tile ahead of its use. A split's length is a
-// multiple of AW_TILE, so its last tile may be half masked.
-//
-// TURNS (attn_prefill_wg_turns, 32-position tiles; opt-in: NIWAKI_CUDA_ATTN_PREFILL_WG_ENTRY=turns):
-// the second warpgroup issues a tile's scores once the first has issued its own (named barrier
-// 1), so that the tensor cores compute the first's before the second's and the first's softmax
-// runs while they compute the second's, its PV while the second's softmax runs, where both
-// warpgroups' MMAs otherwise share the tensor cores at once and leave them idle through both
-// softmaxes. The same arithmetic, so the same bits.
-template <int TILE, bool TURNS>
+// TILE: 64 positions a tile (attn_prefill_wg_wide, the default), whose scores are m64n64k16
+// MMAs: each k16 step reads a warpgroup's 64 query rows (hi and lo, 4 KiB) from shared memory
+// once for 64 positions where AW_TILE-position tiles (attn_prefill_wg, opt-in:
+// NIWAKI_CUDA_ATTN_PREFILL_WG_ENTRY=plain) read them for 32, and a tile's softmax rescales the
+// outputs once for 64 positions. Its shared memory is the narrow form's: a ring of three
+// 64-position halves, keys or values (item 2i: tile i's keys, 2i + 1 its values, in half j % 3),
+// each handed out at one of a tile's two barriers (tile i + 1's keys once every warp is done
+// with tile i - 1, its values once every warp is done with tile i's keys), a tile ahead of its
+// use. A split's length is a multiple of AW_TILE, so its last tile may be half masked.
+template <int TILE>
 __device__ __forceinline__ void attn_prefill_wg_body(const float* __restrict__ q, const void* __restrict__ kc,
         const void* __restrict__ vc, const u32* __restrict__ pos_ptr, float scale, int ntok, int nsplit,
         int len, float* __restrict__ part) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr bool WIDE = TILE != AW_TILE;
     static_assert(!WIDE || (TILE == 64 && AW_STAGES == 3), "the wide ring: three 64-position halves");
-    static_assert(!(WIDE && TURNS), "turns only in 32-position tiles");
     constexpr int NBOX = HD / 64;
     constexpr int QBOX = 64 * 128;              // a warpgroup's 64 rows of one box
     constexpr int QWG = NBOX * QBOX;            // a warpgroup's queries, hi or lo
@@ -293,9 +281,7 @@ __device__ __forceinline__ void attn_prefill_wg_body(const float* __restrict__ q
             cp_async_commit();
             const u32 st = st_at + (i % AW_STAGES) * STAGE;
             const int p = p0 + i * TILE;
-            if (TURNS && wg == 1) aw_bar_sync();
             scores(s, st);
-            if (TURNS && wg == 0) aw_bar_arrive();
             wg_wait<0>();
 #pragma unroll
             for (int j = 0; j < TILE / 2; j++) wg_reg_fence(s[j]);
@@ -331,23 +317,16 @@ ENTRY __global__ void __launch_bounds__(256, 1)
     attn_prefill_wg(const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,
                     const u16* __restrict__ ks, const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,
                     float scale, int ntok, int nsplit, int len, float* __restrict__ part) {
-    attn_prefill_wg_body<AW_TILE, false>(q, kc, vc, pos_ptr, scale, ntok, nsplit, len, part);
+    attn_prefill_wg_body<AW_TILE>(q, kc, vc, pos_ptr, scale, ntok, nsplit, len, part);
 }
 ENTRY __global__ void __launch_bounds__(256, 1)
     attn_prefill_wg_wide(const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,
                          const u16* __restrict__ ks, const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,
                          float scale, int ntok, int nsplit, int len, float* __restrict__ part) {
-    attn_prefill_wg_body<64, false>(q, kc, vc, pos_ptr, scale, ntok, nsplit, len, part);
-}
-ENTRY __global__ void __launch_bounds__(256, 1)
-    attn_prefill_wg_turns(const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,
-                          const u16* __restrict__ ks, const u16* __restrict__ vs, const u32* __restrict__ pos_ptr,
-                          float scale, int ntok, int nsplit, int len, float* __restrict__ part) {
-    attn_prefill_wg_body<AW_TILE, true>(q, kc, vc, pos_ptr, scale, ntok, nsplit, len, part);
+    attn_prefill_wg_body<64>(q, kc, vc, pos_ptr, scale, ntok, nsplit, len, part);
 }
 #else
 // Heads of whole 128 values only: the host launches them for no other.
 ENTRY __global__ void attn_prefill_wg() { __trap(); }
 ENTRY __global__ void attn_prefill_wg_wide() { __trap(); }
-ENTRY __global__ void attn_prefill_wg_turns() { __trap(); }
 #endif

@@ -152,7 +152,7 @@ impl Pass {
 }
 
 pub fn prefill_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
-    let [wg, wg_wide, wg_turns] = gpu.attn_prefill_wg_forms();
+    let [wg, wg_wide] = gpu.attn_prefill_wg_forms();
     let wg_needs = "the warpgroup form: sm_90, heads of whole 128 values";
     let kinds = [
         (
@@ -167,7 +167,6 @@ pub fn prefill_checks(rep: &mut Report, gpu: &Gpu, d: &Dims) -> R<()> {
         ),
         (KvCache::F16, wg, wg_needs),
         (KvCache::F16, wg_wide, wg_needs),
-        (KvCache::F16, wg_turns, wg_needs),
     ];
     for (kv, launch, needs) in kinds {
         let Some((a, places)) = launch else {

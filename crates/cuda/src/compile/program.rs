@@ -77,7 +77,7 @@ pub const SOURCES: [(&str, &str, usize); 19] = [
 pub const PARTS: usize = 5;
 
 /// Every kernel the backend launches.
-pub const KERNELS: [&str; 139] = [
+pub const KERNELS: [&str; 138] = [
     "read_sum",
     "pdl_spin",
     "pdl_copy",
@@ -211,7 +211,6 @@ pub const KERNELS: [&str; 139] = [
     "attn_prefill_q8_mma",
     "attn_prefill_wg",
     "attn_prefill_wg_wide",
-    "attn_prefill_wg_turns",
     "attn_combine",
     "attn_combine_quant",
     "attn_combine_rows",

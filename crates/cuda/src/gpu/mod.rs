@@ -217,7 +217,7 @@ pub struct Gpu {
     /// ([`plan::ATTN_PREFILL_WG_ENTRY`]; `NIWAKI_CUDA_ATTN_PREFILL_WG_ENTRY`), and whether they
     /// take it in place of the f16 entry of `attn_prefill` ([`plan::ATTN_PREFILL_WG`];
     /// `NIWAKI_CUDA_ATTN_PREFILL_WG`).
-    attn_prefill_wg_forms: [Option<(plan::PrefillLaunch, usize)>; 3],
+    attn_prefill_wg_forms: [Option<(plan::PrefillLaunch, usize)>; plan::WgEntry::ALL.len()],
     attn_prefill_wg_entry: plan::WgEntry,
     attn_prefill_wg_on: bool,
     /// A one-token pass's splits per kv head where `NIWAKI_CUDA_ATTN_SPLITS` sets them (a

@@ -153,7 +153,7 @@ impl Gpu {
         }
         // Every warpgroup entry's limits raised (the harness checks them all); passes take the
         // one `NIWAKI_CUDA_ATTN_PREFILL_WG_ENTRY` names.
-        let mut attn_prefill_wg_forms = [None; 3];
+        let mut attn_prefill_wg_forms = [None; plan::WgEntry::ALL.len()];
         for (form, entry) in attn_prefill_wg_forms.iter_mut().zip(plan::WgEntry::ALL) {
             if let Some(a) = plan::attn_prefill_wg_launch(dims, entry).filter(|_| wgmma) {
                 *form = attn_blocks(&a.launch)?.map(|per_sm| (a, per_sm * sms));

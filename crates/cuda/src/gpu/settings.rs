@@ -197,7 +197,9 @@ impl Gpu {
 
     /// Every entry of the warpgroup-MMA form ([`plan::WgEntry::ALL`]) where this device runs
     /// them (the harness checks them all).
-    pub fn attn_prefill_wg_forms(&self) -> [Option<(plan::PrefillLaunch, usize)>; 3] {
+    pub fn attn_prefill_wg_forms(
+        &self,
+    ) -> [Option<(plan::PrefillLaunch, usize)>; plan::WgEntry::ALL.len()] {
         self.attn_prefill_wg_forms
     }
 

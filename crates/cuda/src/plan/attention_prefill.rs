@@ -77,25 +77,21 @@ pub const ATTN_PREFILL_WG: bool = true;
 /// The warpgroup form's entries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WgEntry {
-    /// Tiles of 32 positions, both warpgroups at the tensor cores together.
+    /// Tiles of 32 positions.
     Plain,
     /// Tiles of 64 positions: m64n64k16 scores, reading the queries once for 64 positions.
     Wide,
-    /// Tiles of 32 positions, the second warpgroup issuing its scores once the first has issued
-    /// its own, so that the first's softmax runs while the tensor cores compute the second's.
-    Turns,
 }
 
 impl WgEntry {
-    pub const ALL: [WgEntry; 3] = [WgEntry::Plain, WgEntry::Wide, WgEntry::Turns];
+    pub const ALL: [WgEntry; 2] = [WgEntry::Plain, WgEntry::Wide];
     /// Their words for `NIWAKI_CUDA_ATTN_PREFILL_WG_ENTRY`, in the order of [`WgEntry::ALL`].
-    pub const WORDS: [&'static str; 3] = ["plain", "wide", "turns"];
+    pub const WORDS: [&'static str; 2] = ["plain", "wide"];
 
     pub fn kernel(self) -> &'static str {
         match self {
             WgEntry::Plain => "attn_prefill_wg",
             WgEntry::Wide => "attn_prefill_wg_wide",
-            WgEntry::Turns => "attn_prefill_wg_turns",
         }
     }
 
@@ -106,9 +102,15 @@ impl WgEntry {
     }
 }
 
-/// The entry multi-token passes take (`NIWAKI_CUDA_ATTN_PREFILL_WG_ENTRY=plain|wide|turns`): the
-/// plain one until the others' checks and times have run on a device.
-pub const ATTN_PREFILL_WG_ENTRY: WgEntry = WgEntry::Plain;
+/// The entry multi-token passes take (`NIWAKI_CUDA_ATTN_PREFILL_WG_ENTRY=plain|wide`).
+/// Fifty-ninth session, an H100, 27B shapes: in the harness a 256-token chunk after 16,384
+/// positions took 520 µs a layer wide against 543 plain (random data; 103 against 117 with
+/// heads of 128), both as close to the f64 reference; 27B Q1_0, `niwaki bench -p 512 -n 2 -r 3
+/// -d D`, pp512 tok/s plain / wide: 5,889.5 / 5,916.2 at 16,384 (+0.5%), 5,117.8 / 5,169.8 at
+/// 32,768 (+1.0%), the same tokens. An entry of 32-position tiles whose second warpgroup issued
+/// its scores once the first had issued its own (so that one's softmax ran under the other's
+/// MMAs) was bit-identical and no faster (545 µs; pp512 5,876.7 and 5,126.2): removed.
+pub const ATTN_PREFILL_WG_ENTRY: WgEntry = WgEntry::Wide;
 /// Query rows ((token, head) pairs of a kv head) of a block of the warpgroup form: two
 /// warpgroups of 64.
 pub const ATTN_PREFILL_WG_ROWS: usize = 128;
