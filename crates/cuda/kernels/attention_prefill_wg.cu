@@ -16,7 +16,8 @@
 // the queries and weights as f16 pairs hi + lo as in the mma.sync form, the online softmax on
 // S's accumulators (whose layout is mma.sync's: a thread holds rows gid and gid + 8 of its warp's
 // 16), partial rows and splits as attn_split's and attn_prefill_mma's (the merge is
-// attn_combine_rows with the split length).
+// attn_combine_rows with the split length). The default entry, attn_prefill_wg_wide, takes
+// tiles of 64 positions (m64n64k16 scores) in the same shared memory: see attn_prefill_wg_body.
 //
 // Shared memory (1024-byte aligned; plan/attention_prefill.rs sizes it): the queries hi, then lo
 // ([warpgroup][HD / 64 boxes][64 rows][128 bytes]), then AW_STAGES stages of keys then values
