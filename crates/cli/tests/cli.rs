@@ -316,6 +316,40 @@ fn bench_at_depth_counts_the_cache_it_reads() {
 }
 
 #[test]
+fn bench_fills_its_depth_by_a_prefill_unless_told_zeros() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), "t.gguf", "Q1_0");
+    let bench = |fill: &[&str]| {
+        let out = niwaki()
+            .args([
+                "bench", "--json", "-p", "4", "-n", "2", "-r", "1", "-d", "48",
+            ])
+            .args(["--bw-bytes", "16777216"])
+            .args(fill)
+            .arg("--model")
+            .arg(&m)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let v: serde_json::Value =
+            serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+        (v, String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    // As llama-bench's: each test (prefill and decode) starts from 48 prefilled positions.
+    let (v, err) = bench(&[]);
+    assert_eq!(v["depth_fill"], "prompt", "{v}");
+    assert_eq!(
+        err.matches("depth 48 filled by a prefill").count(),
+        2,
+        "{err}"
+    );
+    let (v, err) = bench(&["--depth-fill", "zeros"]);
+    assert_eq!(v["depth_fill"], "zeros", "{v}");
+    assert!(!err.contains("filled by a prefill"), "{err}");
+    assert_eq!(v["n_depth"], 48, "{v}");
+}
+
+#[test]
 fn lookup_drafting_leaves_greedy_output_as_it_was_and_says_when_it_is_ignored() {
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), "t.gguf", "Q2_0");

@@ -9,9 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-#[cfg(feature = "cuda")]
-use anyhow::Context;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use model::{Logits, Model};
 use rand::{Rng, SeedableRng};
 
@@ -29,10 +27,14 @@ pub struct Args {
     /// Generated tokens for the decode test (0 skips it).
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     pub n_gen: usize,
-    /// Positions already in the context when each test starts (their cache contents zeros: a
-    /// benchmark of the reads at that depth, as llama-bench's `-d`).
+    /// Positions already in the context when each test starts, as llama-bench's `-d`.
     #[arg(short = 'd', long = "n-depth", default_value_t = 0)]
     pub depth: usize,
+    /// How the depth is filled before each test (untimed): `prompt` prefills that many random
+    /// tokens, as llama-bench does; `zeros` only moves the position over a zeroed cache, which
+    /// is quicker but shows kernels whose work depends on the cache's contents none.
+    #[arg(long, value_enum, default_value_t = DepthFill::Prompt)]
+    pub depth_fill: DepthFill,
     /// Repetitions of each test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
     pub reps: usize,
@@ -55,6 +57,21 @@ pub struct Args {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DepthFill {
+    Prompt,
+    Zeros,
+}
+
+impl DepthFill {
+    fn as_str(self) -> &'static str {
+        match self {
+            DepthFill::Prompt => "prompt",
+            DepthFill::Zeros => "zeros",
+        }
+    }
 }
 
 /// Refuses a depth whose KV cache (`bytes`) does not fit beside the rest of the run
@@ -105,13 +122,36 @@ struct Runs {
     picks: Option<picks::Picks>,
 }
 
-/// Prefill and decode tok/s of every repetition, on any backend; `after_decode` runs after
-/// each decode repetition, `bytes` tells a state's size.
+/// A state for one test: `new_state`'s, then `fill` (the depth's tokens, empty where the depth
+/// is zeros) prefilled, untimed.
+fn at_depth<B: engine::Backend>(
+    model: &B,
+    new_state: &impl Fn() -> Result<B::State>,
+    fill: &[u32],
+    chunk: usize,
+) -> Result<B::State> {
+    let mut state = new_state()?;
+    if !fill.is_empty() {
+        let t = Instant::now();
+        engine::prefill(model, &mut state, fill, chunk)
+            .with_context(|| format!("filling the depth of {} positions", fill.len()))?;
+        eprintln!(
+            "depth {} filled by a prefill in {:.1} s (untimed)",
+            fill.len(),
+            t.elapsed().as_secs_f64()
+        );
+    }
+    Ok(state)
+}
+
+/// Prefill and decode tok/s of every repetition, on any backend, each from a state at the
+/// depth ([`at_depth`]); `after_decode` runs after each decode repetition, `bytes` tells a
+/// state's size.
 fn measure<B: engine::Backend>(
     model: &B,
     new_state: impl Fn() -> Result<B::State>,
     bytes: impl Fn(&B::State) -> u64,
-    prompt: &[u32],
+    (prompt, fill): (&[u32], &[u32]),
     a: &Args,
     mut after_decode: impl FnMut() -> Result<()>,
 ) -> Result<Runs> {
@@ -120,7 +160,7 @@ fn measure<B: engine::Backend>(
         if a.n_prompt == 0 {
             break;
         }
-        let mut state = new_state()?;
+        let mut state = at_depth(model, &new_state, fill, a.chunk)?;
         let t = Instant::now();
         engine::prefill(model, &mut state, prompt, a.chunk)?;
         let s = a.n_prompt as f64 / t.elapsed().as_secs_f64();
@@ -134,7 +174,7 @@ fn measure<B: engine::Backend>(
         if a.n_gen == 0 {
             break;
         }
-        let mut state = new_state()?;
+        let mut state = at_depth(model, &new_state, fill, a.chunk)?;
         let mut tok = prompt.first().copied().unwrap_or(1);
         let mut toks = Vec::with_capacity(a.n_gen);
         let t = Instant::now();
@@ -194,6 +234,11 @@ pub fn main(a: Args) -> Result<ExitCode> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(42);
     let vocab = model.config.vocab as u32;
     let prompt: Vec<u32> = (0..a.n_prompt).map(|_| rng.gen_range(0..vocab)).collect();
+    let fill: Vec<u32> = match a.depth_fill {
+        DepthFill::Prompt => (0..a.depth).map(|_| rng.gen_range(0..vocab)).collect(),
+        DepthFill::Zeros => Vec::new(),
+    };
+    let zeros = a.depth_fill == DepthFill::Zeros;
     let file_bytes = model.file().file_len();
     let report = |place, runs: Runs, bw_after| Report {
         model: &a.model,
@@ -204,6 +249,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
         n_prompt: a.n_prompt,
         n_gen: a.n_gen,
         depth: a.depth,
+        depth_fill: a.depth_fill.as_str(),
         reps: a.reps,
         host_logits: a.host_logits,
         pp: runs.pp,
@@ -221,11 +267,16 @@ pub fn main(a: Args) -> Result<ExitCode> {
                 &model,
                 || {
                     let mut st = model.new_state();
-                    st.bench_seek(a.depth, room);
+                    // With a prefilled depth, only the room for it and the test.
+                    if zeros {
+                        st.bench_seek(a.depth, room);
+                    } else {
+                        st.bench_seek(0, a.depth + room);
+                    }
                     Ok(st)
                 },
                 |st| st.bytes() as u64,
-                &prompt,
+                (&prompt, &fill),
                 &a,
                 || {
                     bw.push(probe.probe());
@@ -248,7 +299,9 @@ pub fn main(a: Args) -> Result<ExitCode> {
             let ctx = a.depth + room + 1;
             let new_state = || -> Result<niwaki_cuda::CudaState> {
                 let mut st = gpu.new_state(ctx)?;
-                st.bench_seek(a.depth);
+                if zeros {
+                    st.bench_seek(a.depth);
+                }
                 Ok(st)
             };
             let test = gpu
@@ -261,7 +314,9 @@ pub fn main(a: Args) -> Result<ExitCode> {
                 Ok(())
             };
             let bytes = |st: &niwaki_cuda::CudaState| st.device_bytes() as u64;
-            let mut runs = measure(&gpu, &new_state, bytes, &prompt, &a, || probe(&mut bw))?;
+            let mut runs = measure(&gpu, &new_state, bytes, (&prompt, &fill), &a, || {
+                probe(&mut bw)
+            })?;
             if bw.is_empty() {
                 probe(&mut bw)?;
             }

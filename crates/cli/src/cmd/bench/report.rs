@@ -57,6 +57,8 @@ pub struct Report<'a> {
     pub n_prompt: usize,
     pub n_gen: usize,
     pub depth: usize,
+    /// How the depth was filled (`prompt` or `zeros`).
+    pub depth_fill: &'static str,
     pub reps: usize,
     /// Decode copied each step's logits to the host and picked there (else the backend picked).
     pub host_logits: bool,
@@ -120,6 +122,7 @@ impl Report<'_> {
         let mut o = serde_json::json!({
             "model": self.model.display().to_string(),
             "n_prompt": self.n_prompt, "n_gen": self.n_gen, "n_depth": self.depth,
+            "depth_fill": self.depth_fill,
             "repetitions": self.reps,
             "tg_pick": if self.host_logits { "host_logits" } else { "backend" },
             "pp_tok_s": pp.median, "pp_min": pp.min, "pp_max": pp.max,
@@ -172,7 +175,10 @@ impl Report<'_> {
             Place::Cuda { device, .. } => ("device", device.clone(), "the GPU".to_string()),
         };
         let at = if self.depth > 0 {
-            format!(" @ d{}", self.depth)
+            match self.depth_fill {
+                "zeros" => format!(" @ d{} (zeros)", self.depth),
+                _ => format!(" @ d{}", self.depth),
+            }
         } else {
             String::new()
         };
@@ -262,6 +268,7 @@ mod tests {
             n_prompt: 512,
             n_gen: 128,
             depth: 0,
+            depth_fill: "prompt",
             reps: tg.len(),
             host_logits: false,
             pp: vec![10.0, 30.0, 20.0],
