@@ -107,7 +107,8 @@ impl WgEntry {
 /// positions took 520 µs a layer wide against 543 plain (random data; 103 against 117 with
 /// heads of 128), both as close to the f64 reference; 27B Q1_0, `niwaki bench -p 512 -n 2 -r 3
 /// -d D`, pp512 tok/s plain / wide: 5,889.5 / 5,916.2 at 16,384 (+0.5%), 5,117.8 / 5,169.8 at
-/// 32,768 (+1.0%), the same tokens. An entry of 32-position tiles whose second warpgroup issued
+/// 32,768 (+1.0%), the same tokens; 6,692.7 / 6,721.3 at 4,096 (+0.4%, the depth filled by a
+/// prefill, the same tokens). An entry of 32-position tiles whose second warpgroup issued
 /// its scores once the first had issued its own (so that one's softmax ran under the other's
 /// MMAs) was bit-identical and no faster (545 µs; pp512 5,876.7 and 5,126.2): removed.
 pub const ATTN_PREFILL_WG_ENTRY: WgEntry = WgEntry::Wide;
