@@ -8,7 +8,8 @@
 #   cache in its `cache` subfolder where it has one), then optionally `:` and the environment it
 #   runs with, as VAR=value pairs separated by commas: `default`,
 #   `cluster:NIWAKI_CUDA_FOLD_CLUSTER=1`, `previous@/tmp/old`, `previous16@/tmp/old:NIWAKI_CUDA_B1_TILE_ROWS=16`.
-#   BENCH_ARGS replaces `-p 0 -n 128 -r 3`.
+#   BENCH_ARGS replaces `-p 0 -n 128 -r 3` (with `-d`, each test first prefills the depth, untimed;
+#   `--depth-fill zeros` there skips that fill, for the zeroed cache).
 # Writes OUT_DIR/ab.txt (a line a run: round, label, format, median (min-max) tok/s, fraction of
 # the decode floor, the picked tokens' digest: settings that give the same bits pick the same
 # tokens; where BENCH_ARGS has a prompt, its prefill's median (min-max) tok/s after `pp`) and

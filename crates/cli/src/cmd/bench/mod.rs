@@ -132,6 +132,8 @@ fn at_depth<B: engine::Backend>(
 ) -> Result<B::State> {
     let mut state = new_state()?;
     if !fill.is_empty() {
+        // Seconds on a GPU at 32k, far longer on a CPU: said before it starts.
+        eprintln!("filling the depth: a prefill of {} tokens…", fill.len());
         let t = Instant::now();
         engine::prefill(model, &mut state, fill, chunk)
             .with_context(|| format!("filling the depth of {} positions", fill.len()))?;
