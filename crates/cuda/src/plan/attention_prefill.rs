@@ -1,6 +1,7 @@
 //! The query-tiled attention of multi-token passes (`attn_prefill_mma`, `attn_prefill_q8_mma`,
-//! kernels/attention_prefill.cu; `attn_prefill_wg`, kernels/attention_prefill_wg.cu): its
-//! launches, and its splits of the context.
+//! kernels/attention_prefill.cu; the warpgroup form's entries `attn_prefill_wg_wide` and
+//! `attn_prefill_wg`, kernels/attention_prefill_wg.cu): their launches, and their splits of the
+//! context.
 
 use super::*;
 
@@ -63,7 +64,8 @@ pub const ATTN_PREFILL_SPLIT_COST: usize = 128;
 /// (96 KiB of floats read for a 27B block) before its first tile.
 pub const ATTN_PREFILL_MIN_SPLIT: usize = 256;
 /// Whether multi-token passes over an f16 cache take the warpgroup-MMA form on sm_90
-/// (`attn_prefill_wg`, kernels/attention_prefill_wg.cu; `NIWAKI_CUDA_ATTN_PREFILL_WG`) rather
+/// (kernels/attention_prefill_wg.cu, the entry [`ATTN_PREFILL_WG_ENTRY`] names;
+/// `NIWAKI_CUDA_ATTN_PREFILL_WG`) rather
 /// than `attn_prefill_mma`. Fifty-seventh session, an H100: in the harness a 256-token chunk
 /// after 16,384 positions took 646 µs a layer against 775 (27B shapes; 109 against 135 with
 /// heads of 128), both as close to the f64 reference; 27B Q1_0, `niwaki bench -p 512 -n 2 -r 3
