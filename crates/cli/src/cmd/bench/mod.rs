@@ -122,32 +122,75 @@ struct Runs {
     picks: Option<picks::Picks>,
 }
 
-/// A state for one test: `new_state`'s, then `fill` (the depth's tokens, empty where the depth
-/// is zeros) prefilled, untimed.
-fn at_depth<B: engine::Backend>(
-    model: &B,
-    new_state: &impl Fn() -> Result<B::State>,
-    fill: &[u32],
+/// Hands each test a state at the depth: `new_state`'s, then `fill` (the depth's tokens,
+/// empty where the depth is zeros) prefilled, untimed. Where the backend can rewind a state
+/// ([`engine::Backend::save`]), the depth is filled once and each test starts from it rewound,
+/// the same state as a fresh fill gives; elsewhere each test fills a fresh one.
+struct AtDepth<'a, B: engine::Backend, F> {
+    model: &'a B,
+    new_state: F,
+    fill: &'a [u32],
     chunk: usize,
-) -> Result<B::State> {
-    let mut state = new_state()?;
-    if !fill.is_empty() {
-        // Seconds on a GPU at 32k, far longer on a CPU: said before it starts.
-        eprintln!("filling the depth: a prefill of {} tokens…", fill.len());
-        let t = Instant::now();
-        engine::prefill(model, &mut state, fill, chunk)
-            .with_context(|| format!("filling the depth of {} positions", fill.len()))?;
-        eprintln!(
-            "depth {} filled by a prefill in {:.1} s (untimed)",
-            fill.len(),
-            t.elapsed().as_secs_f64()
-        );
+    kept: Option<(B::State, B::Checkpoint)>,
+}
+
+impl<'a, B: engine::Backend, F: Fn() -> Result<B::State>> AtDepth<'a, B, F> {
+    fn new(model: &'a B, new_state: F, fill: &'a [u32], chunk: usize) -> Result<Self> {
+        let mut d = AtDepth {
+            model,
+            new_state,
+            fill,
+            chunk,
+            kept: None,
+        };
+        if !fill.is_empty() {
+            let mut state = (d.new_state)()?;
+            let mut at = B::Checkpoint::default();
+            // Whether the backend rewinds, asked of the empty state before its fill.
+            if model.save(&state, &mut at).is_ok() {
+                d.fill_in(&mut state)?;
+                model.save(&state, &mut at)?;
+                d.kept = Some((state, at));
+            }
+        }
+        Ok(d)
     }
-    Ok(state)
+
+    fn fresh(&self) -> Result<B::State> {
+        let mut state = (self.new_state)()?;
+        self.fill_in(&mut state)?;
+        Ok(state)
+    }
+
+    fn fill_in(&self, state: &mut B::State) -> Result<()> {
+        if self.fill.is_empty() {
+            return Ok(());
+        }
+        // Seconds on a GPU at 32k, far longer on a CPU: said before it starts.
+        let n = self.fill.len();
+        eprintln!("filling the depth: a prefill of {n} tokens…");
+        let t = Instant::now();
+        engine::prefill(self.model, state, self.fill, self.chunk)
+            .with_context(|| format!("filling the depth of {n} positions"))?;
+        let secs = t.elapsed().as_secs_f64();
+        eprintln!("depth {n} filled by a prefill in {secs:.1} s (untimed)");
+        Ok(())
+    }
+
+    /// Runs `test` on a state at the depth.
+    fn with<R>(&mut self, test: impl FnOnce(&mut B::State) -> Result<R>) -> Result<R> {
+        match &mut self.kept {
+            Some((state, at)) => {
+                self.model.rewind(state, at)?;
+                test(state)
+            }
+            None => test(&mut self.fresh()?),
+        }
+    }
 }
 
 /// Prefill and decode tok/s of every repetition, on any backend, each from a state at the
-/// depth ([`at_depth`]); `after_decode` runs after each decode repetition, `bytes` tells a
+/// depth ([`AtDepth`]); `after_decode` runs after each decode repetition, `bytes` tells a
 /// state's size.
 fn measure<B: engine::Backend>(
     model: &B,
@@ -157,15 +200,17 @@ fn measure<B: engine::Backend>(
     a: &Args,
     mut after_decode: impl FnMut() -> Result<()>,
 ) -> Result<Runs> {
+    let mut depth = AtDepth::new(model, new_state, fill, a.chunk)?;
     let mut pp = Vec::new();
     for r in 0..a.reps {
         if a.n_prompt == 0 {
             break;
         }
-        let mut state = at_depth(model, &new_state, fill, a.chunk)?;
-        let t = Instant::now();
-        engine::prefill(model, &mut state, prompt, a.chunk)?;
-        let s = a.n_prompt as f64 / t.elapsed().as_secs_f64();
+        let s = depth.with(|state| {
+            let t = Instant::now();
+            engine::prefill(model, state, prompt, a.chunk)?;
+            Ok(a.n_prompt as f64 / t.elapsed().as_secs_f64())
+        })?;
         eprintln!("pp{} run {}/{}: {s:.2} tok/s", a.n_prompt, r + 1, a.reps);
         pp.push(s);
     }
@@ -176,25 +221,29 @@ fn measure<B: engine::Backend>(
         if a.n_gen == 0 {
             break;
         }
-        let mut state = at_depth(model, &new_state, fill, a.chunk)?;
-        let mut tok = prompt.first().copied().unwrap_or(1);
-        let mut toks = Vec::with_capacity(a.n_gen);
-        let t = Instant::now();
-        for _ in 0..a.n_gen {
-            tok = if a.host_logits {
-                let logits = model.forward(&mut state, &[tok], Logits::Last)?;
-                engine::sampler::argmax(&logits).unwrap_or(0) as u32
-            } else {
-                model.forward_argmax(&mut state, &[tok])?
-            };
-            toks.push(tok);
-        }
-        let s = a.n_gen as f64 / t.elapsed().as_secs_f64();
+        let (s, toks, held) = depth.with(|state| {
+            let mut tok = prompt.first().copied().unwrap_or(1);
+            let mut toks = Vec::with_capacity(a.n_gen);
+            let t = Instant::now();
+            for _ in 0..a.n_gen {
+                tok = if a.host_logits {
+                    let logits = model.forward(state, &[tok], Logits::Last)?;
+                    engine::sampler::argmax(&logits).unwrap_or(0) as u32
+                } else {
+                    model.forward_argmax(state, &[tok])?
+                };
+                toks.push(tok);
+            }
+            Ok((
+                a.n_gen as f64 / t.elapsed().as_secs_f64(),
+                toks,
+                bytes(state),
+            ))
+        })?;
         picked.push(toks);
         eprintln!("tg{} run {}/{}: {s:.2} tok/s", a.n_gen, r + 1, a.reps);
         tg.push(s);
-        state_bytes = bytes(&state);
-        drop(state);
+        state_bytes = held;
         after_decode()?;
     }
     Ok(Runs {
