@@ -67,6 +67,7 @@ const KNOBS: &[(&str, Takes)] = &[
     ("NIWAKI_CUDA_B2", Takes::OnOff),
     ("NIWAKI_CUDA_B2_K256", Takes::OnOff),
     ("NIWAKI_CUDA_CACHE", Takes::Path),
+    ("NIWAKI_CUDA_CHECKPOINTS", Takes::OnOff),
     ("NIWAKI_CUDA_DEVICE_EMBED", Takes::OnOff),
     ("NIWAKI_CUDA_EARLY_TILES", Takes::Number),
     ("NIWAKI_CUDA_FOLD_CLUSTER", Takes::OnOff),

@@ -27,7 +27,7 @@ pub mod twin;
 
 pub use error::{CudaError, Result};
 pub use gpu::{available, DeviceInfo};
-pub use model::{ChainMode, ChainTimes, ChainWaits, CudaModel, CudaState};
+pub use model::{ChainMode, ChainTimes, ChainWaits, CudaCheckpoint, CudaModel, CudaState};
 pub use plan::KvCache;
 pub use topk::{Selected, TopkJob, TopkScratch};
 

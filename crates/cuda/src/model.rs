@@ -25,6 +25,7 @@ use crate::topk::{Selected, TopkJob, TopkScratch};
 
 mod attention;
 mod chain;
+mod checkpoint;
 mod embed;
 mod exec;
 mod greedy;
@@ -32,6 +33,7 @@ mod probe;
 mod recurrence;
 
 pub use chain::{ChainMode, ChainTimes, ChainWaits};
+pub use checkpoint::CudaCheckpoint;
 use embed::EmbedTable;
 
 struct GdnW {
@@ -89,6 +91,9 @@ pub struct CudaModel {
     /// Greedy decoding launches each step before the host has read the previous step's pick
     /// (on by default with the device's embedding; `NIWAKI_CUDA_RUN_AHEAD=0` turns it off).
     run_ahead: AtomicBool,
+    /// Whether states save and rewind ([`CudaModel::save`]; `NIWAKI_CUDA_CHECKPOINTS=1`): off
+    /// by default until the harness's check of it has run on a device.
+    checkpoints: AtomicBool,
     /// The KV cache type of the sequences [`CudaModel::new_state`] makes (f16 by default).
     pub kv_cache: KvCache,
     /// Each matrix and the one a decode step multiplies by next (for the L2 prefetch).
@@ -364,6 +369,10 @@ impl CudaModel {
             embed_table,
             device_embed: AtomicBool::new(crate::knobs::flag("NIWAKI_CUDA_DEVICE_EMBED", true)),
             run_ahead: AtomicBool::new(crate::knobs::flag("NIWAKI_CUDA_RUN_AHEAD", true)),
+            checkpoints: AtomicBool::new(crate::knobs::flag(
+                "NIWAKI_CUDA_CHECKPOINTS",
+                plan::CHECKPOINTS,
+            )),
             kv_cache: KvCache::F16,
             next_mat,
             hadamard: m.hadamard().cloned(),

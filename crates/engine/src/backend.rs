@@ -115,8 +115,10 @@ impl Backend for Model {
 impl Backend for niwaki_cuda::CudaModel {
     type State = niwaki_cuda::CudaState;
     // Its several-token passes run other kernels than its one-token ones (GEMMs, not the
-    // decode GEMVs): their logits differ in the last bits, so drafts are not verified here.
-    type Checkpoint = ();
+    // decode GEMVs): their logits differ in the last bits, so drafts are not verified here
+    // ([`Backend::verifies_drafts`] stays false); a state still saves and rewinds (a
+    // benchmark's tests from one filled depth).
+    type Checkpoint = Option<niwaki_cuda::CudaCheckpoint>;
 
     fn state_len(&self, state: &Self::State) -> usize {
         state.len()
@@ -159,5 +161,20 @@ impl Backend for niwaki_cuda::CudaModel {
             return Err(SamplerError::NoFiniteLogit.into());
         }
         Ok(id)
+    }
+
+    fn save(&self, state: &Self::State, into: &mut Self::Checkpoint) -> Result<()> {
+        niwaki_cuda::CudaModel::save(self, state, into)
+            .map_err(|e| crate::EngineError::Backend(e.to_string()))
+    }
+
+    fn rewind(&self, state: &mut Self::State, to: &Self::Checkpoint) -> Result<()> {
+        let Some(to) = to else {
+            return Err(crate::EngineError::Backend(
+                "no checkpoint was saved to rewind to".into(),
+            ));
+        };
+        niwaki_cuda::CudaModel::rewind(self, state, to)
+            .map_err(|e| crate::EngineError::Backend(e.to_string()))
     }
 }

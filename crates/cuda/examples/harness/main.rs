@@ -17,7 +17,8 @@
 //! `NIWAKI_HARNESS_ONLY=gemv1` the dp4a decode GEMV's checks alone,
 //! `NIWAKI_HARNESS_ONLY=topk` sampling's top-k selection alone, `NIWAKI_HARNESS_ONLY=fused` the
 //! merged decode kernels against the kernels they replace, `NIWAKI_HARNESS_ONLY=ahead` greedy
-//! steps run ahead of the host against host-fed passes, `NIWAKI_HARNESS_ONLY=attention` the
+//! steps run ahead of the host against host-fed passes, `NIWAKI_HARNESS_ONLY=rewind` a sequence
+//! rewound to a checkpoint against a fresh one, `NIWAKI_HARNESS_ONLY=attention` the
 //! attention kernels' checks and decode at depth (`=depth`: decode at depth alone),
 //! `NIWAKI_HARNESS_ONLY=prefill` the query-tiled attention's checks and times alone,
 //! `NIWAKI_HARNESS_ONLY=determinism` ten identical greedy requests and the q8_0 cache's
@@ -51,6 +52,7 @@ mod kernels;
 mod models;
 mod pdl;
 mod report;
+mod rewind;
 mod sampling;
 
 use bench::bench_27b;
@@ -168,6 +170,11 @@ fn run(rep: &mut Report) -> R<()> {
             drop(gpu);
             determinism(rep)?;
             return kv_q8_checks(rep);
+        }
+        // A sequence rewound to a checkpoint against a fresh one, bit for bit.
+        Ok("rewind") => {
+            drop(gpu);
+            return rewind::rewind_checks(rep);
         }
         // Greedy steps run ahead of the host against host-fed passes, bit for bit.
         Ok("ahead") => {
@@ -294,6 +301,8 @@ fn run(rep: &mut Report) -> R<()> {
     determinism(rep)?;
     rep.line("");
     ahead::greedy_ahead(rep)?;
+    rep.line("");
+    rewind::rewind_checks(rep)?;
     rep.line("");
     sampling::model_topk(rep)?;
     rep.line("");

@@ -1,0 +1,104 @@
+//! A sequence's checkpoint on the device: its position and its conv and recurrent states, so
+//! that the tokens consumed after it can be forgotten (a benchmark's tests, each from one
+//! filled depth). The KV cache needs no copy: later passes only add positions to it, which the
+//! passes after a rewind write again.
+
+use std::sync::atomic::Ordering;
+
+use super::*;
+
+/// What [`CudaModel::save`] keeps of one state, for [`CudaModel::rewind`] to take it back to.
+pub struct CudaCheckpoint {
+    pos: usize,
+    ctx: usize,
+    /// The state's first `bytes` (its conv then recurrent states, both parities' buffers).
+    recurrent: DevBuf,
+    bytes: usize,
+}
+
+impl CudaState {
+    /// Bytes of the conv and recurrent states at the start of `state`.
+    fn recurrent_bytes(&self) -> usize {
+        self.bytes.conv + self.bytes.ssm
+    }
+
+    /// Copies `bytes` from device address `src` to `dst` in this state's stream order.
+    fn copy_on_stream(&self, dst: u64, src: u64, bytes: usize, what: &str) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: both addresses start allocations of at least `bytes` (the state's recurrent
+        // region and a checkpoint made for it), on this context.
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
+            .ctx(|| format!("{what} ({bytes} bytes)"))
+    }
+}
+
+impl CudaModel {
+    /// Turns saving and rewinding states on or off ([`plan::CHECKPOINTS`]); returns the
+    /// previous setting.
+    pub fn set_checkpoints(&self, on: bool) -> bool {
+        self.checkpoints.swap(on, Ordering::Relaxed)
+    }
+
+    /// Saves `st`'s position and recurrent part into `into` (allocated on the device the first
+    /// time, or again for a state of another size). Both parities' buffers are copied, so that
+    /// a greedy step run ahead (which writes only the other parity's) changes nothing saved.
+    pub fn save(&self, st: &CudaState, into: &mut Option<CudaCheckpoint>) -> Result<()> {
+        if !self.checkpoints.load(Ordering::Relaxed) {
+            return Err(CudaError::Unsupported(
+                "saving a sequence's state is off until checked on a device \
+                 (NIWAKI_CUDA_CHECKPOINTS=1 turns it on)"
+                    .into(),
+            ));
+        }
+        let bytes = st.recurrent_bytes();
+        if !matches!(into, Some(c) if c.bytes == bytes && c.ctx == st.ctx) {
+            let recurrent = self.gpu.alloc(bytes, "a sequence's checkpoint")?;
+            // The allocation is zeroed on the device's stream: done before this state's copy.
+            self.gpu
+                .stream
+                .synchronize()
+                .ctx(|| "zeroing a checkpoint".into())?;
+            *into = Some(CudaCheckpoint {
+                pos: 0,
+                ctx: st.ctx,
+                recurrent,
+                bytes,
+            });
+        }
+        let Some(c) = into.as_mut() else {
+            return Err(CudaError::Invariant(
+                "a checkpoint just made is missing".into(),
+            ));
+        };
+        st.copy_on_stream(c.recurrent.ptr, st.state.ptr, bytes, "saving a checkpoint")?;
+        c.pos = st.pos;
+        Ok(())
+    }
+
+    /// Takes `st` back to `to`, saved from it at a position no later than its own: the
+    /// recurrent part as saved, the position, no step run ahead. Refused for a checkpoint of a
+    /// state of another shape or at a later position.
+    pub fn rewind(&self, st: &mut CudaState, to: &CudaCheckpoint) -> Result<()> {
+        if to.ctx != st.ctx || to.bytes != st.recurrent_bytes() {
+            return Err(ModelError::StateMismatch.into());
+        }
+        if to.pos > st.pos {
+            return Err(ModelError::RewindPastEnd {
+                to: to.pos,
+                have: st.pos,
+            }
+            .into());
+        }
+        st.copy_on_stream(
+            st.state.ptr,
+            to.recurrent.ptr,
+            to.bytes,
+            "rewinding to a checkpoint",
+        )?;
+        st.drop_ahead();
+        st.pos = to.pos;
+        Ok(())
+    }
+}
