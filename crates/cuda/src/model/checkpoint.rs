@@ -22,7 +22,9 @@ impl CudaState {
         self.bytes.conv + self.bytes.ssm
     }
 
-    /// Copies `bytes` from device address `src` to `dst` in this state's stream order.
+    /// Copies `bytes` from device address `src` to `dst` in this state's stream order, after
+    /// the passes enqueued before it, and waits for it: a checkpoint's memory is freed on
+    /// another stream, with no order to this one's copies.
     fn copy_on_stream(&self, dst: u64, src: u64, bytes: usize, what: &str) -> Result<()> {
         if bytes == 0 {
             return Ok(());
@@ -30,7 +32,8 @@ impl CudaState {
         // SAFETY: both addresses start allocations of at least `bytes` (the state's recurrent
         // region and a checkpoint made for it), on this context.
         unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
-            .ctx(|| format!("{what} ({bytes} bytes)"))
+            .ctx(|| format!("{what} ({bytes} bytes)"))?;
+        self.stream.synchronize().ctx(|| what.into())
     }
 }
 
