@@ -61,6 +61,11 @@ pub trait Backend {
         false
     }
 
+    /// Whether [`Backend::save`] and [`Backend::rewind`] work here.
+    fn can_rewind(&self) -> bool {
+        false
+    }
+
     /// Saves `state`'s position and what a rewind to it needs into `into`.
     fn save(&self, _state: &Self::State, _into: &mut Self::Checkpoint) -> Result<()> {
         Err(EngineError::Backend(
@@ -98,6 +103,10 @@ impl Backend for Model {
     /// Each (row, token) product and each token's recurrence step are computed alike whatever
     /// the pass's token count (`model::ops::matmul`; the model's chunked-prefill test).
     fn verifies_drafts(&self) -> bool {
+        true
+    }
+
+    fn can_rewind(&self) -> bool {
         true
     }
 
@@ -161,6 +170,10 @@ impl Backend for niwaki_cuda::CudaModel {
             return Err(SamplerError::NoFiniteLogit.into());
         }
         Ok(id)
+    }
+
+    fn can_rewind(&self) -> bool {
+        niwaki_cuda::CudaModel::checkpoints_on(self)
     }
 
     fn save(&self, state: &Self::State, into: &mut Self::Checkpoint) -> Result<()> {

@@ -1,5 +1,5 @@
-//! A sequence rewound to a checkpoint (`CudaModel::save`, `CudaModel::rewind`) against a fresh
-//! one fed the same tokens, bit for bit.
+//! A sequence rewound to a checkpoint (`CudaModel::save`, `CudaModel::rewind`) against fresh
+//! ones fed the same tokens, bit for bit.
 
 use model::synth::Preset;
 use model::Logits;
@@ -8,12 +8,13 @@ use quant::Format;
 
 use crate::report::*;
 
-const PROMPT: usize = 40;
-const FREE_STEPS: usize = 12;
+/// Greedy steps before the checkpoint: the last one leaves a step run ahead when it is saved.
+const BEFORE: usize = 3;
 
 /// What the calls after the checkpoint gave: greedy picks (each step feeding the previous
-/// pick, so that the steps run ahead of the host), a 5-token pass's and a one-token pass's
-/// last rows of logits (their bits), and the state's length after them.
+/// pick, so that the steps run ahead of the host), a 20-token pass's (the chunked recurrence)
+/// and a one-token pass's last rows of logits (their bits), more greedy picks (the last step
+/// left run ahead), and the state's length.
 #[derive(PartialEq)]
 struct After {
     picks: Vec<u32>,
@@ -21,15 +22,33 @@ struct After {
     len: usize,
 }
 
-fn after(g: &CudaModel, st: &mut CudaState, vocab: usize) -> R<After> {
-    let mut picks = vec![g.forward_greedy(st, &[7])?];
-    for _ in 0..FREE_STEPS {
+/// Greedy steps from `first`, each feeding the previous pick.
+fn greedy(g: &CudaModel, st: &mut CudaState, first: u32, n: usize) -> R<Vec<u32>> {
+    let mut picks = vec![g.forward_greedy(st, &[first])?];
+    while picks.len() < n {
         let t = *picks.last().ok_or("no pick")?;
         picks.push(g.forward_greedy(st, &[t])?);
     }
-    let five: Vec<u32> = (0..5).map(|i| ((i * 131 + 3) % vocab) as u32).collect();
-    let mut logits = g.forward(st, &five, Logits::Last)?;
-    logits.extend(g.forward(st, &[11], Logits::Last)?);
+    Ok(picks)
+}
+
+/// A state after the prompt and the greedy steps before the checkpoint.
+fn before(g: &CudaModel, prompt: &[u32], ctx: usize) -> R<CudaState> {
+    let mut st = g.new_state(ctx)?;
+    g.forward(&mut st, prompt, Logits::Last)?;
+    greedy(g, &mut st, 7, BEFORE)?;
+    Ok(st)
+}
+
+/// The calls after the checkpoint, their tokens set by `seed` (runs with other seeds feed
+/// other tokens than the ones the rewound state saw).
+fn after(g: &CudaModel, st: &mut CudaState, vocab: usize, seed: usize) -> R<After> {
+    let tok = |i: usize| ((i * 131 + seed * 977 + 3) % vocab) as u32;
+    let mut picks = greedy(g, st, tok(0), 6)?;
+    let pass: Vec<u32> = (1..21).map(tok).collect();
+    let mut logits = g.forward(st, &pass, Logits::Last)?;
+    logits.extend(g.forward(st, &[tok(21)], Logits::Last)?);
+    picks.extend(greedy(g, st, tok(22), 4)?);
     Ok(After {
         picks,
         logits: logits.iter().map(|x| x.to_bits()).collect(),
@@ -38,46 +57,47 @@ fn after(g: &CudaModel, st: &mut CudaState, vocab: usize) -> R<After> {
 }
 
 pub(crate) fn rewind_checks(rep: &mut Report) -> R<()> {
-    rep.line(format!("A sequence rewound to a checkpoint against a fresh one, bit for bit: a {PROMPT}-token prompt, a checkpoint, then {} greedy steps (run ahead of the host), a 5-token pass and a one-token pass; rewound and run again twice, each run equal to the fresh sequence's in every pick and logit bit and in its length; a rewind to a later position than the state's is refused.", FREE_STEPS + 1));
+    rep.line(format!("A sequence rewound to a checkpoint against fresh ones, bit for bit: a prompt, {BEFORE} greedy steps (the last run ahead of the host when saved), a checkpoint; then 6 greedy steps, a 20-token pass, a one-token pass and 4 greedy steps (the last run ahead when rewound), their tokens from a seed; rewound, the same with another seed, rewound, the first seed again. Each run must equal a fresh sequence fed the same tokens in every pick and logit bit and in its length; a rewind to a later position than the state's is refused. Prompts of 40 positions (the short attention), 400 (the split kernels) and 3,200 (the tensor-core split)."));
     rep.line("");
-    rep.line(
-        "| preset | format | cache | result | runs equal to the fresh one | later rewind refused |",
-    );
-    rep.line("|---|---|---|---|---|---|");
-    for (preset, vocab, format, kv) in [
-        (Preset::Tiny, 1000usize, Format::Q2_0, KvCache::F16),
-        (Preset::Small, 4096, Format::Q1_0, KvCache::F16),
-        (Preset::Small, 4096, Format::Q2_0, KvCache::Q8_0),
+    rep.line("| preset | format | cache | prompt | result | runs equal to fresh ones | ahead when saved | later rewind refused |");
+    rep.line("|---|---|---|---|---|---|---|---|");
+    let ctx = 4096;
+    for (preset, vocab, format, kv, prompt_len) in [
+        (Preset::Tiny, 1000usize, Format::Q2_0, KvCache::F16, 40usize),
+        (Preset::Small, 4096, Format::Q1_0, KvCache::F16, 3200),
+        (Preset::Small, 4096, Format::Q2_0, KvCache::Q8_0, 400),
     ] {
         let m = random_model(&preset.shape(vocab), format, 21)?;
         let mut g = CudaModel::load(&m)?;
         g.kv_cache = kv;
         // On for the check whatever the default (plan::CHECKPOINTS).
         g.set_checkpoints(true);
-        let prompt: Vec<u32> = (0..PROMPT)
+        let prompt: Vec<u32> = (0..prompt_len)
             .map(|i| ((i * 397 + 1) % vocab) as u32)
             .collect();
-        let mut fresh = g.new_state(256)?;
-        g.forward(&mut fresh, &prompt, Logits::Last)?;
-        let want = after(&g, &mut fresh, vocab)?;
-        let mut st = g.new_state(256)?;
-        g.forward(&mut st, &prompt, Logits::Last)?;
+        let mut want = Vec::new();
+        for seed in [1, 2] {
+            let mut fresh = before(&g, &prompt, ctx)?;
+            want.push(after(&g, &mut fresh, vocab, seed)?);
+        }
+        let mut st = before(&g, &prompt, ctx)?;
+        let ahead = st.ahead_pending();
         let mut at = None;
         g.save(&st, &mut at)?;
         let at = at.ok_or("no checkpoint saved")?;
         let mut equal = 0;
-        for run in 0..3 {
+        for (run, seed) in [1usize, 2, 1].into_iter().enumerate() {
             if run > 0 {
                 g.rewind(&mut st, &at)?;
             }
-            equal += usize::from(after(&g, &mut st, vocab)? == want);
+            equal += usize::from(after(&g, &mut st, vocab, seed)? == want[seed - 1]);
         }
-        let mut short = g.new_state(256)?;
-        g.forward(&mut short, &prompt[..PROMPT / 2], Logits::Last)?;
+        let mut short = g.new_state(ctx)?;
+        g.forward(&mut short, &prompt[..prompt_len / 2], Logits::Last)?;
         let refused = g.rewind(&mut short, &at).is_err();
         let ok = equal == 3 && refused;
         rep.line(format!(
-            "| {preset:?} | {format} | {kv:?} | {} | {equal}/3 | {refused} |",
+            "| {preset:?} | {format} | {kv:?} | {prompt_len} | {} | {equal}/3 | {ahead} | {refused} |",
             if ok { "PASS" } else { "FAIL" }
         ));
         rep.check(ok, format!("rewind {preset:?} {format} {kv:?}"));

@@ -44,11 +44,16 @@ impl CudaModel {
         self.checkpoints.swap(on, Ordering::Relaxed)
     }
 
+    /// Whether states save and rewind here ([`CudaModel::set_checkpoints`]).
+    pub fn checkpoints_on(&self) -> bool {
+        self.checkpoints.load(Ordering::Relaxed)
+    }
+
     /// Saves `st`'s position and recurrent part into `into` (allocated on the device the first
     /// time, or again for a state of another size). Both parities' buffers are copied, so that
     /// a greedy step run ahead (which writes only the other parity's) changes nothing saved.
     pub fn save(&self, st: &CudaState, into: &mut Option<CudaCheckpoint>) -> Result<()> {
-        if !self.checkpoints.load(Ordering::Relaxed) {
+        if !self.checkpoints_on() {
             return Err(CudaError::Unsupported(
                 "saving a sequence's state is off until checked on a device \
                  (NIWAKI_CUDA_CHECKPOINTS=1 turns it on)"

@@ -124,7 +124,7 @@ struct Runs {
 
 /// Hands each test a state at the depth: `new_state`'s, then `fill` (the depth's tokens,
 /// empty where the depth is zeros) prefilled, untimed. Where the backend can rewind a state
-/// ([`engine::Backend::save`]), the depth is filled once and each test starts from it rewound,
+/// ([`engine::Backend::can_rewind`]), the depth is filled once and rewound to after each test,
 /// the same state as a fresh fill gives; elsewhere each test fills a fresh one.
 struct AtDepth<'a, B: engine::Backend, F> {
     model: &'a B,
@@ -143,15 +143,11 @@ impl<'a, B: engine::Backend, F: Fn() -> Result<B::State>> AtDepth<'a, B, F> {
             chunk,
             kept: None,
         };
-        if !fill.is_empty() {
-            let mut state = (d.new_state)()?;
+        if !fill.is_empty() && model.can_rewind() {
+            let state = d.fresh()?;
             let mut at = B::Checkpoint::default();
-            // Whether the backend rewinds, asked of the empty state before its fill.
-            if model.save(&state, &mut at).is_ok() {
-                d.fill_in(&mut state)?;
-                model.save(&state, &mut at)?;
-                d.kept = Some((state, at));
-            }
+            model.save(&state, &mut at)?;
+            d.kept = Some((state, at));
         }
         Ok(d)
     }
@@ -177,12 +173,15 @@ impl<'a, B: engine::Backend, F: Fn() -> Result<B::State>> AtDepth<'a, B, F> {
         Ok(())
     }
 
-    /// Runs `test` on a state at the depth.
+    /// Runs `test` on a state at the depth. A kept state is rewound after it, which also
+    /// leaves the device idle for what follows (the bandwidth test), as dropping a fresh one
+    /// does.
     fn with<R>(&mut self, test: impl FnOnce(&mut B::State) -> Result<R>) -> Result<R> {
         match &mut self.kept {
             Some((state, at)) => {
+                let r = test(state)?;
                 self.model.rewind(state, at)?;
-                test(state)
+                Ok(r)
             }
             None => test(&mut self.fresh()?),
         }
