@@ -164,6 +164,8 @@ pub struct CudaState {
     graphs: Vec<(GraphKey, CudaGraph)>,
     /// The greedy step launched ahead of the host, not yet counted in `pos`.
     ahead: Option<greedy::Ahead>,
+    /// The logits row is from before a rewind (`CudaModel::rewind`) and no pass has run since.
+    row_stale: bool,
     /// Where greedy passes' picks land, and when.
     picks: greedy::Picks,
     /// Page-locked landing place for one row of logits: a decode step's copy to the host then
@@ -454,6 +456,7 @@ impl CudaModel {
             bytes,
             graphs: Vec::new(),
             ahead: None,
+            row_stale: false,
             picks: greedy::Picks::new(&self.gpu)?,
             // SAFETY: every element is written by a device copy before it is read.
             host_row: unsafe { self.gpu.ctx.alloc_pinned_with_flags(self.dims.vocab, 0) }
@@ -606,6 +609,11 @@ impl CudaModel {
                 "the logits of a greedy step (only its pick is kept)".into(),
             ));
         }
+        if st.row_stale {
+            return Err(CudaError::Unsupported(
+                "the logits of a token a rewind has forgotten".into(),
+            ));
+        }
         let mut row = vec![0f32; self.dims.vocab];
         self.gpu.read(&st.stream, st.s("logits"), &mut row)?;
         Ok(row)
@@ -629,6 +637,7 @@ impl CudaModel {
     fn enqueue_pass(&self, st: &mut CudaState, feed: Feed, head: Head, tail: Tail) -> Result<()> {
         let n = feed.len();
         let on_device = n == 1 && self.embeds_on_device();
+        st.row_stale = false;
         match feed {
             // The row is looked up by the pass's first kernel.
             Feed::Tokens(&[id]) if on_device => st.set_key(id)?,

@@ -57,10 +57,10 @@ fn after(g: &CudaModel, st: &mut CudaState, vocab: usize, seed: usize) -> R<Afte
 }
 
 pub(crate) fn rewind_checks(rep: &mut Report) -> R<()> {
-    rep.line(format!("A sequence rewound to a checkpoint against fresh ones, bit for bit: a prompt, {BEFORE} greedy steps (the last run ahead of the host when saved), a checkpoint; then 6 greedy steps, a 20-token pass, a one-token pass and 4 greedy steps (the last run ahead when rewound), their tokens from a seed; rewound, the same with another seed, rewound, the first seed again. Each run must equal a fresh sequence fed the same tokens in every pick and logit bit and in its length; a rewind to a later position than the state's is refused. Prompts of 40 positions (the short attention), 400 (the split kernels) and 3,200 (the tensor-core split)."));
+    rep.line(format!("A sequence rewound to a checkpoint against fresh ones, bit for bit: a prompt, {BEFORE} greedy steps (the last run ahead of the host when saved), a checkpoint; then 6 greedy steps, a 20-token pass, a one-token pass and 4 greedy steps (the last run ahead when rewound), their tokens from a seed; rewound, the same with another seed, rewound, the first seed again. Each run must equal a fresh sequence fed the same tokens in every pick and logit bit and in its length; a rewind to a later position than the state's is refused, and so is the row of logits of a token a rewind forgot. Prompts of 40 positions (the short attention), 400 (the split kernels) and 3,200 (the tensor-core split)."));
     rep.line("");
-    rep.line("| preset | format | cache | prompt | result | runs equal to fresh ones | ahead when saved | later rewind refused |");
-    rep.line("|---|---|---|---|---|---|---|---|");
+    rep.line("| preset | format | cache | prompt | result | runs equal to fresh ones | ahead when saved | later rewind refused | forgotten row refused |");
+    rep.line("|---|---|---|---|---|---|---|---|---|");
     let ctx = 4096;
     for (preset, vocab, format, kv, prompt_len) in [
         (Preset::Tiny, 1000usize, Format::Q2_0, KvCache::F16, 40usize),
@@ -86,18 +86,21 @@ pub(crate) fn rewind_checks(rep: &mut Report) -> R<()> {
         g.save(&st, &mut at)?;
         let at = at.ok_or("no checkpoint saved")?;
         let mut equal = 0;
+        // A rewound state has no row of logits until its next pass.
+        let mut rows_refused = true;
         for (run, seed) in [1usize, 2, 1].into_iter().enumerate() {
             if run > 0 {
                 g.rewind(&mut st, &at)?;
+                rows_refused &= g.last_row(&mut st).is_err();
             }
             equal += usize::from(after(&g, &mut st, vocab, seed)? == want[seed - 1]);
         }
         let mut short = g.new_state(ctx)?;
         g.forward(&mut short, &prompt[..prompt_len / 2], Logits::Last)?;
         let refused = g.rewind(&mut short, &at).is_err();
-        let ok = equal == 3 && refused;
+        let ok = equal == 3 && refused && rows_refused;
         rep.line(format!(
-            "| {preset:?} | {format} | {kv:?} | {prompt_len} | {} | {equal}/3 | {ahead} | {refused} |",
+            "| {preset:?} | {format} | {kv:?} | {prompt_len} | {} | {equal}/3 | {ahead} | {refused} | {rows_refused} |",
             if ok { "PASS" } else { "FAIL" }
         ));
         rep.check(ok, format!("rewind {preset:?} {format} {kv:?}"));

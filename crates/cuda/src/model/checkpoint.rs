@@ -86,7 +86,8 @@ impl CudaModel {
     }
 
     /// Takes `st` back to `to`, saved from it at a position no later than its own: the
-    /// recurrent part as saved, the position, no step run ahead. Refused for a checkpoint of a
+    /// recurrent part as saved, the position, no step run ahead, no row of logits until the
+    /// next pass ([`CudaModel::last_row`] refuses the forgotten one). Refused for a checkpoint of a
     /// state of another shape or at a later position.
     pub fn rewind(&self, st: &mut CudaState, to: &CudaCheckpoint) -> Result<()> {
         if to.ctx != st.ctx || to.bytes != st.recurrent_bytes() {
@@ -106,6 +107,7 @@ impl CudaModel {
             "rewinding to a checkpoint",
         )?;
         st.drop_ahead();
+        st.row_stale = true;
         st.pos = to.pos;
         Ok(())
     }
