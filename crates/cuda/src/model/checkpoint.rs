@@ -61,27 +61,27 @@ impl CudaModel {
             ));
         }
         let bytes = st.recurrent_bytes();
-        if !matches!(into, Some(c) if c.bytes == bytes && c.ctx == st.ctx) {
-            let recurrent = self.gpu.alloc(bytes, "a sequence's checkpoint")?;
-            // The allocation is zeroed on the device's stream: done before this state's copy.
-            self.gpu
-                .stream
-                .synchronize()
-                .ctx(|| "zeroing a checkpoint".into())?;
-            *into = Some(CudaCheckpoint {
-                pos: 0,
-                ctx: st.ctx,
-                recurrent,
-                bytes,
-            });
-        }
-        let Some(c) = into.as_mut() else {
-            return Err(CudaError::Invariant(
-                "a checkpoint just made is missing".into(),
-            ));
+        let mut c = match into.take().filter(|c| c.bytes == bytes && c.ctx == st.ctx) {
+            Some(c) => c,
+            None => {
+                let recurrent = self.gpu.alloc(bytes, "a sequence's checkpoint")?;
+                // The allocation is zeroed on the device's stream: done before this state's
+                // copy.
+                self.gpu
+                    .stream
+                    .synchronize()
+                    .ctx(|| "zeroing a checkpoint".into())?;
+                CudaCheckpoint {
+                    pos: 0,
+                    ctx: st.ctx,
+                    recurrent,
+                    bytes,
+                }
+            }
         };
         st.copy_on_stream(c.recurrent.ptr, st.state.ptr, bytes, "saving a checkpoint")?;
         c.pos = st.pos;
+        *into = Some(c);
         Ok(())
     }
 

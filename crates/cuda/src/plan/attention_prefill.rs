@@ -42,9 +42,14 @@ impl SplitRule {
 
     /// The rule a `NIWAKI_CUDA_ATTN_PREFILL_SPLITS` value names.
     pub fn named(word: &str) -> Option<SplitRule> {
-        let i = Self::WORDS.iter().position(|&w| w == word)?;
-        Some(Self::ALL[i])
+        named_in(&Self::ALL, &Self::WORDS, word)
     }
+}
+
+/// The choice of `all` whose word in `words` (the same order) is `word`.
+fn named_in<T: Copy>(all: &[T], words: &[&str], word: &str) -> Option<T> {
+    let i = words.iter().position(|&w| w == word)?;
+    all.get(i).copied()
 }
 
 /// The rule multi-token passes take (`NIWAKI_CUDA_ATTN_PREFILL_SPLITS=wave|time`). Fifty-eighth
@@ -99,8 +104,7 @@ impl WgEntry {
 
     /// The entry a `NIWAKI_CUDA_ATTN_PREFILL_WG_ENTRY` value names.
     pub fn named(word: &str) -> Option<WgEntry> {
-        let i = Self::WORDS.iter().position(|&w| w == word)?;
-        Some(Self::ALL[i])
+        named_in(&Self::ALL, &Self::WORDS, word)
     }
 }
 
