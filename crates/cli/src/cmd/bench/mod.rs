@@ -66,7 +66,7 @@ pub enum DepthFill {
 }
 
 impl DepthFill {
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             DepthFill::Prompt => "prompt",
             DepthFill::Zeros => "zeros",
@@ -294,7 +294,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
         n_prompt: a.n_prompt,
         n_gen: a.n_gen,
         depth: a.depth,
-        depth_fill: a.depth_fill.as_str(),
+        depth_fill: a.depth_fill,
         reps: a.reps,
         host_logits: a.host_logits,
         pp: runs.pp,

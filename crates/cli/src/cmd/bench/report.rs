@@ -2,6 +2,8 @@
 
 use std::path::Path;
 
+use super::DepthFill;
+
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Stats {
     pub median: f64,
@@ -58,7 +60,7 @@ pub struct Report<'a> {
     pub n_gen: usize,
     pub depth: usize,
     /// How the depth was filled (`prompt` or `zeros`).
-    pub depth_fill: &'static str,
+    pub depth_fill: DepthFill,
     pub reps: usize,
     /// Decode copied each step's logits to the host and picked there (else the backend picked).
     pub host_logits: bool,
@@ -122,7 +124,7 @@ impl Report<'_> {
         let mut o = serde_json::json!({
             "model": self.model.display().to_string(),
             "n_prompt": self.n_prompt, "n_gen": self.n_gen, "n_depth": self.depth,
-            "depth_fill": self.depth_fill,
+            "depth_fill": self.depth_fill.as_str(),
             "repetitions": self.reps,
             "tg_pick": if self.host_logits { "host_logits" } else { "backend" },
             "pp_tok_s": pp.median, "pp_min": pp.min, "pp_max": pp.max,
@@ -176,8 +178,8 @@ impl Report<'_> {
         };
         let at = if self.depth > 0 {
             match self.depth_fill {
-                "zeros" => format!(" @ d{} (zeros)", self.depth),
-                _ => format!(" @ d{}", self.depth),
+                DepthFill::Zeros => format!(" @ d{} (zeros)", self.depth),
+                DepthFill::Prompt => format!(" @ d{}", self.depth),
             }
         } else {
             String::new()
@@ -268,7 +270,7 @@ mod tests {
             n_prompt: 512,
             n_gen: 128,
             depth: 0,
-            depth_fill: "prompt",
+            depth_fill: DepthFill::Prompt,
             reps: tg.len(),
             host_logits: false,
             pp: vec![10.0, 30.0, 20.0],
