@@ -152,13 +152,30 @@ ENTRY __global__ void __launch_bounds__(AM_WARPS * 32)
         unsigned char* st = ring + (i % MW_STAGES) * STAGE;
         const int p = tile_pos(i);
         constexpr int PIECES = 2 * HD / 16;
+#ifndef ABLATE_ATTNCOPY
         each_copy<MW_TILE * PIECES, 32>(lane, [&](int e) {
             const int r = e / PIECES, c = e % PIECES;
-            const size_t row = ((size_t)min(p + r, p1 - 1) * NKV + kvh) * (2 * HD);
+            const int pr = min(p + r, p1 - 1);
+#ifdef ABLATE_ATTNROWS
+            // Each head's 16 positions as one run, where the run lies inside the context.
+            const size_t row = ((pr / 16 + 1) * 16 <= p1 ? ((size_t)(pr / 16) * NKV + kvh) * 16 + pr % 16
+                                                          : (size_t)pr * NKV + kvh) *
+                               (2 * HD);
+#else
+            const size_t row = ((size_t)pr * NKV + kvh) * (2 * HD);
+#endif
             cp_async16(st + r * MW_ROW + c * 16, kb + row + c * 16);
             cp_async16(st + MW_TILE * MW_ROW + r * MW_ROW + c * 16, vb + row + c * 16);
         });
+#else
+        (void)st;
+        (void)p;
+#endif
     };
+#ifdef ABLATE_ATTNCOPY
+    // Finite scores from rings that are never filled.
+    for (int e = lane; e < MW_STAGES * STAGE / 16; e += 32) ((uint4*)ring)[e] = make_uint4(0, 0, 0, 0);
+#endif
 #pragma unroll
     for (int i = 0; i < MW_STAGES - 1; i++) {
         if (i < mine) copy(i);
@@ -180,6 +197,9 @@ ENTRY __global__ void __launch_bounds__(AM_WARPS * 32)
         cp_async_commit();
         cp_async_wait<MW_STAGES - 1>();
         __syncwarp();
+#ifdef ABLATE_ATTNMATH
+        continue;
+#endif
         const unsigned char* st = ring + (i % MW_STAGES) * STAGE;
         const u32 ka = smem_addr(st) + kr * MW_ROW + kd * 2;
         const u32 va = smem_addr(st + MW_TILE * MW_ROW) + vr * MW_ROW + vd * 2;
@@ -223,6 +243,11 @@ ENTRY __global__ void __launch_bounds__(AM_WARPS * 32)
         __syncwarp();
     }
     cp_async_wait<0>();
+#ifdef ABLATE_ATTNMATH
+    // Finite partial rows without the arithmetic.
+    m0 = m1 = 0.0f;
+    l0 = l1 = 1.0f;
+#endif
     attn_mma_finish<false, AM_WARPS>(o, m0, m1, l0, l1, part, t, kvh, sp, nsplit);
 #else
     __trap();

@@ -33,11 +33,16 @@ const KNOBS: &[(&str, Takes)] = &[
     // A measurement only: the binary decode GEMVs without a part of their work (their plane
     // words' bit gathering; their tiles' arithmetic; of the 1-bit consumers' arithmetic, the
     // MMAs alone or the counts' scaling alone) or every residual GEMV without its norm's fold.
+    // The f16 tensor-core split attention without its arithmetic (its copies and waits alone) or
+    // without its copies (its arithmetic on whatever its rings hold), or reading each kv head's
+    // 16-position tiles as one run of rows (other rows, the same bytes' span: a layout's test).
     // The results are wrong; the time says what that part costs. `watch` takes nothing out: in
     // traced builds a binary GEMV's producer watches its ring's first tile before its wait.
     (
         "NIWAKI_CUDA_ABLATE",
-        Takes::OneOf(&["planes", "mma", "mmaop", "fp", "fold", "watch"]),
+        Takes::OneOf(&[
+            "planes", "mma", "mmaop", "fp", "fold", "watch", "attnmath", "attncopy", "attnrows",
+        ]),
     ),
     ("NIWAKI_CUDA_ATTN_PREFILL", Takes::OnOff),
     ("NIWAKI_CUDA_ATTN_PREFILL_Q8", Takes::OnOff),

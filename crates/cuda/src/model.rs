@@ -91,8 +91,8 @@ pub struct CudaModel {
     /// Greedy decoding launches each step before the host has read the previous step's pick
     /// (on by default with the device's embedding; `NIWAKI_CUDA_RUN_AHEAD=0` turns it off).
     run_ahead: AtomicBool,
-    /// Whether states save and rewind ([`CudaModel::save`]; `NIWAKI_CUDA_CHECKPOINTS=1`): off
-    /// by default until the harness's check of it has run on a device.
+    /// Whether states save and rewind ([`CudaModel::save`]; [`plan::CHECKPOINTS`],
+    /// `NIWAKI_CUDA_CHECKPOINTS=0` turns it off).
     checkpoints: AtomicBool,
     /// The KV cache type of the sequences [`CudaModel::new_state`] makes (f16 by default).
     pub kv_cache: KvCache,

@@ -55,8 +55,8 @@ impl CudaModel {
     pub fn save(&self, st: &CudaState, into: &mut Option<CudaCheckpoint>) -> Result<()> {
         if !self.checkpoints_on() {
             return Err(CudaError::Unsupported(
-                "saving a sequence's state is off until checked on a device \
-                 (NIWAKI_CUDA_CHECKPOINTS=1 turns it on)"
+                "saving a sequence's state is turned off here \
+                 (NIWAKI_CUDA_CHECKPOINTS=0 in the environment, or set_checkpoints(false))"
                     .into(),
             ));
         }

@@ -33,11 +33,11 @@ impl KvCache {
 }
 
 /// Whether a sequence's state can be saved and rewound (`CudaModel::save`: its conv and
-/// recurrent states, both parities' buffers, copied on the device; `NIWAKI_CUDA_CHECKPOINTS`):
-/// off until the harness's check (`NIWAKI_HARNESS_ONLY=rewind`: rewound sequences against fresh
-/// ones, bit for bit) has run on a device. Where off, `niwaki bench` fills its depth afresh for
-/// each test.
-pub const CHECKPOINTS: bool = false;
+/// recurrent states, both parities' buffers, copied on the device; `NIWAKI_CUDA_CHECKPOINTS=0`
+/// turns it off): on since the harness's check (`NIWAKI_HARNESS_ONLY=rewind`: rewound sequences
+/// against fresh ones, bit for bit) passed on a device. Where off, `niwaki bench` fills its
+/// depth afresh for each test.
+pub const CHECKPOINTS: bool = true;
 
 /// Bytes of the per-sequence state for a context of `ctx` tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
