@@ -120,12 +120,42 @@ struct Runs {
     state_bytes: u64,
     /// The tokens each decode run picked.
     picks: Option<picks::Picks>,
+    /// Decode tokens run untimed, on the state the runs then take, before the first.
+    warmup: usize,
+}
+
+/// Decode tokens of the untimed warm-up where the runs share a rewound state: two, so that
+/// both kinds of step (the first token fed by the host, the next picked on the device) have
+/// made what they make once, as llama-bench's warm-up run does before it times.
+const TG_WARMUP: usize = 2;
+
+/// `n` greedy decode steps from `tok`: the picked tokens.
+fn decode<B: engine::Backend>(
+    model: &B,
+    state: &mut B::State,
+    mut tok: u32,
+    n: usize,
+    host_logits: bool,
+) -> Result<Vec<u32>> {
+    let mut toks = Vec::with_capacity(n);
+    for _ in 0..n {
+        tok = if host_logits {
+            let logits = model.forward(state, &[tok], Logits::Last)?;
+            engine::sampler::argmax(&logits).unwrap_or(0) as u32
+        } else {
+            model.forward_argmax(state, &[tok])?
+        };
+        toks.push(tok);
+    }
+    Ok(toks)
 }
 
 /// Hands each test a state at the depth: `new_state`'s, then `fill` (the depth's tokens,
-/// empty where the depth is zeros) prefilled, untimed. Where the backend can rewind a state
-/// ([`engine::Backend::can_rewind`]), the depth is filled once and rewound to after each test,
-/// the same state as a fresh fill gives; elsewhere each test fills a fresh one.
+/// empty where the depth is zeros or none) prefilled, untimed. Where the backend can rewind a
+/// state ([`engine::Backend::can_rewind`]), one state is made and rewound to the depth after
+/// each test, the same state as a fresh fill gives, whose one-time setup (the GPU's decode
+/// graphs) a warm-up can then take out of the timed runs; elsewhere each test makes a fresh
+/// one.
 struct AtDepth<'a, B: engine::Backend, F> {
     model: &'a B,
     new_state: F,
@@ -143,7 +173,7 @@ impl<'a, B: engine::Backend, F: Fn() -> Result<B::State>> AtDepth<'a, B, F> {
             chunk,
             kept: None,
         };
-        if !fill.is_empty() && model.can_rewind() {
+        if model.can_rewind() {
             let state = d.fresh()?;
             let mut at = B::Checkpoint::default();
             model.save(&state, &mut at)?;
@@ -211,23 +241,21 @@ fn measure<B: engine::Backend>(
     let mut tg = Vec::new();
     let mut state_bytes = 0;
     let mut picked = Vec::new();
+    let first = prompt.first().copied().unwrap_or(1);
+    let warmup = if a.n_gen > 0 && depth.kept.is_some() {
+        let n = TG_WARMUP.min(a.n_gen);
+        depth.with(|state| decode(model, state, first, n, a.host_logits))?;
+        n
+    } else {
+        0
+    };
     for r in 0..a.reps {
         if a.n_gen == 0 {
             break;
         }
         let (s, toks, held) = depth.with(|state| {
-            let mut tok = prompt.first().copied().unwrap_or(1);
-            let mut toks = Vec::with_capacity(a.n_gen);
             let t = Instant::now();
-            for _ in 0..a.n_gen {
-                tok = if a.host_logits {
-                    let logits = model.forward(state, &[tok], Logits::Last)?;
-                    engine::sampler::argmax(&logits).unwrap_or(0) as u32
-                } else {
-                    model.forward_argmax(state, &[tok])?
-                };
-                toks.push(tok);
-            }
+            let toks = decode(model, state, first, a.n_gen, a.host_logits)?;
             Ok((
                 a.n_gen as f64 / t.elapsed().as_secs_f64(),
                 toks,
@@ -245,6 +273,7 @@ fn measure<B: engine::Backend>(
         tg,
         state_bytes,
         picks: picks::Picks::of(&picked),
+        warmup,
     })
 }
 
@@ -300,6 +329,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
         pp: runs.pp,
         tg: runs.tg,
         picks: runs.picks,
+        tg_warmup: runs.warmup,
         bw_after,
         // The cache a decode step reads: on average the depth plus half the generated tokens.
         bytes_per_token: bytes_per_token(&model, a.depth + a.n_gen / 2, kv),

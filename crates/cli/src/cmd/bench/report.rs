@@ -69,6 +69,9 @@ pub struct Report<'a> {
     pub tg: Vec<f64>,
     /// The tokens the decode runs picked (`None` without a decode run).
     pub picks: Option<super::picks::Picks>,
+    /// Decode tokens run untimed before the first run, on the state every run rewound to
+    /// (0: each run on a fresh state, its one-time setup timed).
+    pub tg_warmup: usize,
     /// Read bandwidth (GB/s) measured after each decode run (or once, with none).
     pub bw_after: Vec<f64>,
     /// Bytes a decode step moves at the runs' average context.
@@ -127,6 +130,7 @@ impl Report<'_> {
             "depth_fill": self.depth_fill.as_str(),
             "repetitions": self.reps,
             "tg_pick": if self.host_logits { "host_logits" } else { "backend" },
+            "tg_warmup_tokens": self.tg_warmup,
             "pp_tok_s": pp.median, "pp_min": pp.min, "pp_max": pp.max,
             "tg_tok_s": tg.median, "tg_min": tg.min, "tg_max": tg.max,
             "file_bytes": self.file_bytes,
@@ -216,6 +220,17 @@ impl Report<'_> {
                 "decode: greedy, each token picked by the backend where the logits are computed \
                  (--host-logits: on the host)\n"
             };
+            s += &if self.tg_warmup > 0 {
+                format!(
+                    "decode runs: one sequence rewound before each, after an untimed warm-up of \
+                     {} tokens on it (its one-time setup, as the GPU's decode graphs)\n",
+                    self.tg_warmup
+                )
+            } else {
+                "decode runs: each on a fresh sequence, its one-time setup (the GPU's decode \
+                 graphs) timed\n"
+                    .to_string()
+            };
             s += &format!(
                 "decode floor: {:.2} tok/s; decode reaches {:.1}% of it (median over the runs, \
                  each against the tests before and after it)\n",
@@ -276,6 +291,7 @@ mod tests {
             pp: vec![10.0, 30.0, 20.0],
             tg,
             picks: None,
+            tg_warmup: 0,
             bw_after,
             bytes_per_token: 4_000_000_000,
         }
