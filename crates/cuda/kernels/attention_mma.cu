@@ -23,12 +23,24 @@
 #error "AM_STAGES must be defined by the host (plan/attention.rs: ATTN_MMA_STAGES)"
 #endif
 #define MW_STAGES AM_STAGES
+#ifndef AM_PREFETCH
+#error "AM_PREFETCH must be defined by the host (plan/attention.rs: ATTN_MMA_PREFETCH)"
+#endif
 #define MW_ROW (2 * HD + 16)
 #define MW_QROW (HD + 8)
 #define MW_PROW 24
 static_assert(GQA <= 8 && HD % 16 == 0, "one n8 tile of query heads, whole k16 steps");
 
 #if __CUDA_ARCH__ >= 800
+// Asks the L2 cache for one global row of `bytes` (a multiple of 16, 16-byte aligned).
+__device__ __forceinline__ void prefetch_row_l2(const void* p, int bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+    for (int o = 0; o < bytes; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"((const char*)p + o));
+#endif
+}
+
 __device__ __forceinline__ void ldmatrix_x4_trans(u32* r, u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -176,11 +188,22 @@ ENTRY __global__ void __launch_bounds__(AM_WARPS * 32)
     // Finite scores from rings that are never filled.
     for (int e = lane; e < MW_STAGES * STAGE / 16; e += 32) ((uint4*)ring)[e] = make_uint4(0, 0, 0, 0);
 #endif
+    // Tile i's rows asked of L2 (lanes 0-15 the keys', 16-31 the values'), AM_PREFETCH tiles
+    // ahead of the ring's newest.
+    auto prefetch = [&](int i) {
+        if (AM_PREFETCH > 0 && i < mine) {
+            const int r = lane & 15;
+            const size_t row = ((size_t)min(tile_pos(i) + r, p1 - 1) * NKV + kvh) * (2 * HD);
+            prefetch_row_l2((lane < 16 ? kb : vb) + row, 2 * HD);
+        }
+    };
 #pragma unroll
     for (int i = 0; i < MW_STAGES - 1; i++) {
         if (i < mine) copy(i);
         cp_async_commit();
     }
+#pragma unroll
+    for (int i = MW_STAGES - 1; i < MW_STAGES - 1 + AM_PREFETCH; i++) prefetch(i);
     mma_queries(q, t, kvh, qh, ql);
 
     float o[HD / 16][4];
@@ -195,6 +218,7 @@ ENTRY __global__ void __launch_bounds__(AM_WARPS * 32)
     for (int i = 0; i < mine; i++) {
         if (i + MW_STAGES - 1 < mine) copy(i + MW_STAGES - 1);
         cp_async_commit();
+        prefetch(i + MW_STAGES - 1 + AM_PREFETCH);
         cp_async_wait<MW_STAGES - 1>();
         __syncwarp();
 #ifdef ABLATE_ATTNMATH

@@ -24,6 +24,11 @@ enum Takes {
 const GDN_ROWS: [&str; 3] = ["32", "16", "8"];
 const ATTN_TILES: [&str; 3] = ["4", "8", "16"];
 const SWIGLU_WARPS: [&str; 4] = ["1", "2", "4", "8"];
+/// [`crate::plan::ATTN_MMA_WARPS_CHOICES`], [`crate::plan::ATTN_MMA_STAGES_CHOICES`] and
+/// [`crate::plan::ATTN_MMA_PREFETCH_CHOICES`] as words (a test keeps them so).
+const ATTN_MMA_WARPS: [&str; 4] = ["1", "2", "3", "4"];
+const ATTN_MMA_STAGES: [&str; 3] = ["2", "3", "4"];
+const ATTN_MMA_PREFETCH: [&str; 4] = ["0", "1", "2", "4"];
 /// Chunks a lane of the dp4a GEMV's shared-lanes kernels takes at a time (`SHARE_UNROLL` in
 /// `kernels/gemv.cu`).
 const SHARE_UNROLL: [&str; 4] = ["1", "2", "3", "4"];
@@ -44,6 +49,17 @@ const KNOBS: &[(&str, Takes)] = &[
             "planes", "mma", "mmaop", "fp", "fold", "watch", "attnmath", "attncopy", "attnrows",
         ]),
     ),
+    // A measurement: the f16 tensor-core split's warps a block, tiles a warp's ring and tiles
+    // whose rows it asks the L2 cache for ahead of its ring.
+    (
+        "NIWAKI_CUDA_ATTN_MMA_PREFETCH",
+        Takes::OneOf(&ATTN_MMA_PREFETCH),
+    ),
+    (
+        "NIWAKI_CUDA_ATTN_MMA_STAGES",
+        Takes::OneOf(&ATTN_MMA_STAGES),
+    ),
+    ("NIWAKI_CUDA_ATTN_MMA_WARPS", Takes::OneOf(&ATTN_MMA_WARPS)),
     ("NIWAKI_CUDA_ATTN_PREFILL", Takes::OnOff),
     ("NIWAKI_CUDA_ATTN_PREFILL_Q8", Takes::OnOff),
     (
@@ -261,6 +277,9 @@ mod tests {
         assert_eq!(n(&GDN_ROWS), plan::GDN_STEP_ROWS);
         assert_eq!(n(&ATTN_TILES), plan::ATTN_TILES);
         assert_eq!(n(&SWIGLU_WARPS), plan::SWIGLU_WARPS);
+        assert_eq!(n(&ATTN_MMA_WARPS), plan::ATTN_MMA_WARPS_CHOICES);
+        assert_eq!(n(&ATTN_MMA_STAGES), plan::ATTN_MMA_STAGES_CHOICES);
+        assert_eq!(n(&ATTN_MMA_PREFETCH), plan::ATTN_MMA_PREFETCH_CHOICES);
     }
 
     /// The names the sources hold as string literals (`"NIWAKI_CUDA_…"`), in `dir` and below

@@ -35,7 +35,7 @@ pub fn options(arch: &str, defines: &[String]) -> Vec<String> {
 /// (`NIWAKI_CUDA_ATTN_TOKEN_MAJOR`, [`plan::ATTN_TOKEN_MAJOR`]) and a measurement's ablation
 /// (`NIWAKI_CUDA_ABLATE`). What the backend compiles at start and [`precompile`] ahead.
 pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) -> Vec<String> {
-    let mut defines = dims.defines_for(plan::attn_ring_positions(dims, smem_limit));
+    let mut defines = dims.defines_for(attn_ring(dims, smem_limit));
     if let Some(late) = crate::knobs::flag_set("NIWAKI_CUDA_RING_LATE") {
         set_define(&mut defines, "RING_LATE_Q1", u8::from(late));
     }
@@ -58,6 +58,26 @@ pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) ->
         defines.push(format!("-DABLATE_{}=1", what.to_uppercase()));
     }
     defines
+}
+
+/// The split attention's staging on a device with `smem_limit` bytes of shared memory a
+/// block: the plan's ([`plan::attn_ring_positions`], [`plan::AttnRing::simt`]), the f16
+/// tensor-core split's warps, stages and prefetch distance as a measurement sets them
+/// (`NIWAKI_CUDA_ATTN_MMA_WARPS`, `_STAGES`, `_PREFETCH`). What the program is compiled for
+/// and the backend launches with.
+pub fn attn_ring(dims: &Dims, smem_limit: usize) -> plan::AttnRing {
+    let mut ring = plan::AttnRing::simt(plan::attn_ring_positions(dims, smem_limit));
+    let number = |name| crate::knobs::word(name).and_then(|w| w.parse::<usize>().ok());
+    if let Some(w) = number("NIWAKI_CUDA_ATTN_MMA_WARPS") {
+        ring.mma_warps = w;
+    }
+    if let Some(s) = number("NIWAKI_CUDA_ATTN_MMA_STAGES") {
+        ring.mma_stages = s;
+    }
+    if let Some(p) = number("NIWAKI_CUDA_ATTN_MMA_PREFETCH") {
+        ring.mma_prefetch = p;
+    }
+    ring
 }
 
 /// A switch's value in place of the plan's for the define `name` ([`Dims::defines_for`]).

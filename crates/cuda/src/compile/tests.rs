@@ -169,7 +169,7 @@ fn the_kernels_compile_for_hopper_when_nvrtc_is_present() {
         ),
     ] {
         let d = crate::plan::tests::dims(p);
-        let mut defines = d.defines_for(ring);
+        let mut defines = d.defines_for(plan::AttnRing::simt(ring));
         if trace {
             defines.push("-DNIWAKI_TRACE=16".into());
         }

@@ -186,8 +186,8 @@ pub struct Gpu {
     /// Blocks of each attention-split kernel this device runs that one multiprocessor holds at
     /// once (kernels it cannot run are absent).
     attn_blocks_per_sm: HashMap<&'static str, usize>,
-    /// Cache positions in flight per warp of the SIMT attention split (compiled in).
-    attn_ring: usize,
+    /// The split attention's staging (compiled in).
+    attn_ring: plan::AttnRing,
     /// The split kernels' grid order the program was compiled for: whether its defines hold
     /// [`crate::compile::ATTN_TOKEN_MAJOR_DEFINE`].
     attn_token_major: bool,

@@ -13,7 +13,7 @@ use super::launch::occupancy;
 use super::settings::{attn_tile_runs, ATTN_TILE_BY_CACHE, PREFETCH_BY_MATRIX};
 use super::{trace, Gpu, ImageUse};
 use crate::compile;
-use crate::error::{Context, Result};
+use crate::error::{Context, CudaError, Result};
 use crate::knobs;
 use crate::plan::{self, Dims};
 
@@ -60,7 +60,7 @@ impl Gpu {
             )
             .ctx(|| "shared memory limit".into())?
             .max(0) as usize;
-        let attn_ring = plan::attn_ring_positions(dims, smem_limit);
+        let attn_ring = compile::attn_ring(dims, smem_limit);
         let t = std::time::Instant::now();
         let trace_capacity = trace::capacity_from_env();
         let defines = compile::program_defines(dims, smem_limit, trace_capacity);
@@ -137,6 +137,15 @@ impl Gpu {
             }
             if let Some(per_sm) = attn_blocks(&a)? {
                 attn_blocks_per_sm.insert(a.kernel, per_sm);
+            } else if a.kernel == "attn_split_mma"
+                && attn_ring != plan::AttnRing::simt(attn_ring.simt)
+            {
+                // A measured shape must run as asked, not as the SIMT split it would fall back to.
+                return Err(CudaError::Unsupported(format!(
+                    "the f16 tensor-core split with {} warps of {} stages needs {} bytes of shared \
+                     memory a block, past this device's {smem_limit}",
+                    attn_ring.mma_warps, attn_ring.mma_stages, a.smem_bytes
+                )));
             }
         }
         // The query-tiled attention of multi-token passes (sm_80+) for each cache type whose

@@ -96,8 +96,8 @@ impl Gpu {
             .store(on && self.info.compute_capability.0 >= 8, Ordering::Relaxed);
     }
 
-    /// Cache positions in flight per warp of the SIMT attention split.
-    pub fn attn_ring(&self) -> usize {
+    /// The split attention's staging the program was compiled for ([`crate::compile::attn_ring`]).
+    pub fn attn_ring(&self) -> plan::AttnRing {
         self.attn_ring
     }
 

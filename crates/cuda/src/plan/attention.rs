@@ -67,6 +67,40 @@ pub const ATTN_Q8_MMA_WARPS: usize = 2;
 pub const ATTN_MMA_TILE: usize = 16;
 pub const ATTN_MMA_STAGES: usize = 2;
 pub const ATTN_Q8_MMA_STAGES: usize = 2;
+/// Tiles ahead of its ring whose rows the f16 tensor-core split asks the L2 cache for (the
+/// kernel's AM_PREFETCH; 0: none). A measurement's choice (`NIWAKI_CUDA_ATTN_MMA_PREFETCH`):
+/// at 32k positions the split's loads, not its arithmetic, hold it (its arithmetic taken out:
+/// +0.5%; its copies: +22%, H100, Q1_0).
+pub const ATTN_MMA_PREFETCH: usize = 0;
+/// The f16 tensor-core split's warps a block and tiles a warp's ring that a measurement may
+/// set (`NIWAKI_CUDA_ATTN_MMA_WARPS`, `NIWAKI_CUDA_ATTN_MMA_STAGES`), and its prefetch
+/// distances (`NIWAKI_CUDA_ATTN_MMA_PREFETCH`).
+pub const ATTN_MMA_WARPS_CHOICES: [usize; 4] = [1, 2, 3, 4];
+pub const ATTN_MMA_STAGES_CHOICES: [usize; 3] = [2, 3, 4];
+pub const ATTN_MMA_PREFETCH_CHOICES: [usize; 4] = [0, 1, 2, 4];
+
+/// The split kernels' staging: cache positions a warp of the SIMT split holds (the kernels'
+/// ARING, [`attn_ring_positions`]), and the f16 tensor-core split's warps a block, tiles a
+/// warp's ring and tiles prefetched ahead of it (AM_WARPS, AM_STAGES, AM_PREFETCH).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnRing {
+    pub simt: usize,
+    pub mma_warps: usize,
+    pub mma_stages: usize,
+    pub mma_prefetch: usize,
+}
+
+impl AttnRing {
+    /// The plan's shape with a SIMT ring of `simt` positions a warp.
+    pub const fn simt(simt: usize) -> AttnRing {
+        AttnRing {
+            simt,
+            mma_warps: ATTN_MMA_WARPS,
+            mma_stages: ATTN_MMA_STAGES,
+            mma_prefetch: ATTN_MMA_PREFETCH,
+        }
+    }
+}
 /// Floats per head row of a q8_0 tensor-core warp's weights (the kernel's MQ_PROW).
 const ATTN_Q8_MMA_PROW: usize = 20;
 /// Fewest cache positions per split: short contexts use few splits, and the merge reads few
@@ -139,7 +173,7 @@ pub struct AttnLaunch {
 /// The attention ring a device can hold: [`ATTN_RING_POSITIONS`] when an f16 block of the SIMT
 /// split fits the per-block shared-memory limit `smem_limit`, else the small one.
 pub fn attn_ring_positions(d: &Dims, smem_limit: usize) -> usize {
-    let f16 = attn_split_launch(d, KvCache::F16, 8, ATTN_RING_POSITIONS);
+    let f16 = attn_split_launch(d, KvCache::F16, 8, AttnRing::simt(ATTN_RING_POSITIONS));
     if f16.smem_bytes + ATTN_STATIC_SMEM <= smem_limit {
         ATTN_RING_POSITIONS
     } else {
@@ -148,25 +182,25 @@ pub fn attn_ring_positions(d: &Dims, smem_limit: usize) -> usize {
 }
 
 /// The attention-split kernel for a cache type and tile size (one of [`ATTN_TILES`]) and what
-/// it needs, with a ring of `ring` positions per warp: each warp's ring of staged keys and values
-/// (and q8_0 scales), reused for the merge of the warps' accumulators; the tensor-core kernel
-/// (its own ring) also stages the queries and its weights.
-pub fn attn_split_launch(d: &Dims, kv: KvCache, tile: usize, ring: usize) -> AttnLaunch {
+/// it needs, its staging as `ring` says: each warp's ring of staged keys and values (and q8_0
+/// scales), reused for the merge of the warps' accumulators; the tensor-core kernel (its own
+/// ring) also stages the queries and its weights.
+pub fn attn_split_launch(d: &Dims, kv: KvCache, tile: usize, ring: AttnRing) -> AttnLaunch {
     let gqa = d.n_head / d.n_head_kv;
     let merge = |warps: usize| 4 * warps * gqa * (d.head_dim + 2);
     let row = d.head_dim * kv.value_bytes() + kv.scale_bytes(d.head_dim);
     let simt = |kernel| AttnLaunch {
         kernel,
         threads: 32 * ATTN_WARPS,
-        smem_bytes: (ATTN_WARPS * ring * 2 * row).max(merge(ATTN_WARPS)),
+        smem_bytes: (ATTN_WARPS * ring.simt * 2 * row).max(merge(ATTN_WARPS)),
     };
     // The tensor-core kernels' queries (hi, lo).
     let queries = 2 * 8 * (d.head_dim + 8) * 2;
     match (kv, tile) {
         (KvCache::F16, 16) => {
-            let w = ATTN_MMA_WARPS;
+            let w = ring.mma_warps;
             // f16 tiles of keys and values, rows padded by 16 bytes.
-            let rings = w * ATTN_MMA_STAGES * 2 * ATTN_MMA_TILE * (2 * d.head_dim + 16);
+            let rings = w * ring.mma_stages * 2 * ATTN_MMA_TILE * (2 * d.head_dim + 16);
             let weights = w * 2 * 8 * 24 * 2;
             AttnLaunch {
                 kernel: "attn_split_mma",

@@ -155,12 +155,12 @@ impl Dims {
 
     /// The `#define`s the kernels are compiled with, for the default attention ring.
     pub fn defines(&self) -> Vec<String> {
-        self.defines_for(ATTN_RING_POSITIONS)
+        self.defines_for(AttnRing::simt(ATTN_RING_POSITIONS))
     }
 
-    /// The `#define`s the kernels are compiled with, the attention ring holding `ring` cache
-    /// positions per warp (see [`attn_ring_positions`]).
-    pub fn defines_for(&self, ring: usize) -> Vec<String> {
+    /// The `#define`s the kernels are compiled with, the split attention's staging as `ring`
+    /// says (see [`attn_ring_positions`]).
+    pub fn defines_for(&self, ring: AttnRing) -> Vec<String> {
         [
             ("HD", self.head_dim),
             ("NH", self.n_head),
@@ -173,9 +173,10 @@ impl Dims {
             ("KERN", self.conv_kernel),
             ("NSPLIT", ATTN_SPLITS),
             ("AMINLEN", ATTN_MIN_SPLIT_LEN),
-            ("ARING", ring),
-            ("AM_WARPS", ATTN_MMA_WARPS),
-            ("AM_STAGES", ATTN_MMA_STAGES),
+            ("ARING", ring.simt),
+            ("AM_WARPS", ring.mma_warps),
+            ("AM_STAGES", ring.mma_stages),
+            ("AM_PREFETCH", ring.mma_prefetch),
             ("AQ_STAGES", ATTN_Q8_MMA_STAGES),
             ("AP_TILE", ATTN_PREFILL_TILE),
             ("AP_STAGES", ATTN_PREFILL_STAGES),

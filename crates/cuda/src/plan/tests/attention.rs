@@ -7,7 +7,7 @@ use model::synth::Preset;
 #[test]
 fn the_attention_split_memory_holds_the_rings_and_the_merge() {
     let d = dims(Preset::B27);
-    let l = |kv, tile| attn_split_launch(&d, kv, tile, ATTN_RING_POSITIONS);
+    let l = |kv, tile| attn_split_launch(&d, kv, tile, AttnRing::simt(ATTN_RING_POSITIONS));
     assert_eq!(l(KvCache::F16, 8).smem_bytes, 4 * 16 * 2 * 512);
     assert_eq!(l(KvCache::Q8_0, 4).smem_bytes, 4 * 16 * 2 * (256 + 16));
     assert_eq!(l(KvCache::Q8_0, 8).kernel, "attn_split_q8_t8");
@@ -53,7 +53,7 @@ fn the_attention_split_memory_holds_the_rings_and_the_merge() {
         let gqa = d.n_head / d.n_head_kv;
         for kv in [KvCache::F16, KvCache::Q8_0] {
             for tile in ATTN_TILES {
-                let a = attn_split_launch(&d, kv, tile, ATTN_RING_POSITIONS_SMALL);
+                let a = attn_split_launch(&d, kv, tile, AttnRing::simt(ATTN_RING_POSITIONS_SMALL));
                 let warps = a.threads / 32;
                 assert!(
                     a.smem_bytes >= 4 * warps * gqa * (d.head_dim + 2),
@@ -69,7 +69,12 @@ fn a_device_with_64_kib_per_block_gets_the_small_attention_ring() {
     let d = dims(Preset::B27);
     assert_eq!(attn_ring_positions(&d, 227 << 10), ATTN_RING_POSITIONS);
     assert_eq!(attn_ring_positions(&d, 64 << 10), ATTN_RING_POSITIONS_SMALL);
-    let small = attn_split_launch(&d, KvCache::F16, 8, ATTN_RING_POSITIONS_SMALL);
+    let small = attn_split_launch(
+        &d,
+        KvCache::F16,
+        8,
+        AttnRing::simt(ATTN_RING_POSITIONS_SMALL),
+    );
     assert!(small.smem_bytes + ATTN_STATIC_SMEM <= 48 << 10);
     // Smaller models keep the full ring within the 48 KiB every device has.
     assert_eq!(
@@ -281,4 +286,37 @@ fn the_least_time_rule_keeps_one_wave_where_it_fills_the_places_and_short_contex
             "{ctx} {blocks} {places}: {n}"
         );
     }
+}
+
+#[test]
+fn the_tensor_core_split_sizes_its_rings_from_its_shape() {
+    let d = dims(Preset::B27);
+    let shaped = |mma_warps, mma_stages| {
+        let ring = AttnRing {
+            mma_warps,
+            mma_stages,
+            ..AttnRing::simt(ATTN_RING_POSITIONS)
+        };
+        attn_split_launch(&d, KvCache::F16, 16, ring)
+    };
+    let base = shaped(ATTN_MMA_WARPS, ATTN_MMA_STAGES);
+    assert_eq!(
+        base,
+        attn_split_launch(&d, KvCache::F16, 16, AttnRing::simt(ATTN_RING_POSITIONS))
+    );
+    // A stage of a warp: 16 key rows and 16 value rows of 528 bytes; a warp's weights (hi, lo).
+    let (stage, weights) = (2 * 16 * 528, 2 * 8 * 24 * 2);
+    let w2s3 = shaped(2, 3);
+    assert_eq!(w2s3.threads, 64);
+    assert_eq!(
+        w2s3.smem_bytes,
+        base.smem_bytes - 3 * 2 * stage + 2 * 3 * stage - weights
+    );
+    // Four warps of three stages fit an H100's or H200's block; of four stages they do not.
+    assert!(shaped(4, 3).smem_bytes + ATTN_STATIC_SMEM <= 227 << 10);
+    assert!(shaped(4, 4).smem_bytes > 227 << 10);
+    // The choices a measurement may take include the plan's.
+    assert!(ATTN_MMA_WARPS_CHOICES.contains(&ATTN_MMA_WARPS));
+    assert!(ATTN_MMA_STAGES_CHOICES.contains(&ATTN_MMA_STAGES));
+    assert!(ATTN_MMA_PREFETCH_CHOICES.contains(&ATTN_MMA_PREFETCH));
 }
