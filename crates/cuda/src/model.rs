@@ -166,6 +166,8 @@ pub struct CudaState {
     ahead: Option<greedy::Ahead>,
     /// The logits row is from before a rewind (`CudaModel::rewind`) and no pass has run since.
     row_stale: bool,
+    /// Which checkpoints this sequence can go back to.
+    lineage: model::lineage::Lineage,
     /// Where greedy passes' picks land, and when.
     picks: greedy::Picks,
     /// Page-locked landing place for one row of logits: a decode step's copy to the host then
@@ -204,6 +206,10 @@ impl CudaState {
     pub fn bench_seek(&mut self, pos: usize) {
         assert!(pos < self.ctx);
         self.ahead = None;
+        if pos < self.pos {
+            // Checkpoints above it no longer hold.
+            self.lineage.rewound(pos);
+        }
         self.pos = pos;
     }
 
@@ -457,6 +463,7 @@ impl CudaModel {
             graphs: Vec::new(),
             ahead: None,
             row_stale: false,
+            lineage: model::lineage::Lineage::new(),
             picks: greedy::Picks::new(&self.gpu)?,
             // SAFETY: every element is written by a device copy before it is read.
             host_row: unsafe { self.gpu.ctx.alloc_pinned_with_flags(self.dims.vocab, 0) }

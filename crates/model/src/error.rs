@@ -40,6 +40,27 @@ pub enum ModelError {
     StateMismatch,
     #[error("cannot rewind a sequence state of {have} tokens to {to}")]
     RewindPastEnd { to: usize, have: usize },
+    #[error(
+        "the checkpoint was saved from another sequence (or from this one before it was cloned)"
+    )]
+    CheckpointOfOtherSequence,
+    #[error(
+        "the checkpoint at {pos} no longer holds: the sequence went back to {low} after it was \
+         saved, and its cache from there holds other tokens"
+    )]
+    CheckpointOverwritten { pos: usize, low: usize },
+}
+
+impl ModelError {
+    /// Why a checkpoint at `pos` was refused, as an error.
+    pub fn stale_checkpoint(why: crate::lineage::Stale, pos: usize) -> ModelError {
+        match why {
+            crate::lineage::Stale::OtherSequence => ModelError::CheckpointOfOtherSequence,
+            crate::lineage::Stale::Overwritten { low } => {
+                ModelError::CheckpointOverwritten { pos, low }
+            }
+        }
+    }
 }
 
 pub type Result<T> = std::result::Result<T, ModelError>;

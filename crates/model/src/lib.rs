@@ -9,6 +9,7 @@ mod gdn;
 pub mod hadamard;
 mod input;
 mod kv;
+pub mod lineage;
 mod model;
 pub mod ops;
 pub mod pool;

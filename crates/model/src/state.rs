@@ -6,6 +6,7 @@ use std::ops::Range;
 use crate::config::{Config, LayerKind};
 use crate::error::{ModelError, Result};
 use crate::kv::{KvCache, KvFormat};
+use crate::lineage::{Lineage, Mark};
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum LayerState {
@@ -19,13 +20,22 @@ pub enum LayerState {
     Attention(KvCache),
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct State {
     /// Tokens consumed so far.
     pub(crate) pos: usize,
     pub(crate) layers: Vec<LayerState>,
     /// The recurrent states of every gated-delta-net layer, back to back (150 MB for 27B).
     pub(crate) ssm: Vec<f32>,
+    /// Which checkpoints this sequence can go back to (a clone is another sequence).
+    lineage: Lineage,
+}
+
+/// Two states are equal when they hold the same: which sequence each is does not count.
+impl PartialEq for State {
+    fn eq(&self, other: &Self) -> bool {
+        self.pos == other.pos && self.layers == other.layers && self.ssm == other.ssm
+    }
 }
 
 /// A state's position and recurrent part, saved by [`State::save`] for [`State::rewind`]:
@@ -34,6 +44,8 @@ pub struct State {
 #[derive(Clone, Debug, Default)]
 pub struct Checkpoint {
     pos: usize,
+    /// The sequence and the point in its rewinds it was saved at.
+    mark: Mark,
     /// Each layer's conv inputs (empty for attention layers).
     conv: Vec<Vec<f32>>,
     ssm: Vec<f32>,
@@ -78,6 +90,7 @@ impl State {
             pos: 0,
             layers,
             ssm,
+            lineage: Lineage::new(),
         }
     }
 
@@ -119,6 +132,7 @@ impl State {
     /// only add positions to them.
     pub fn save(&self, into: &mut Checkpoint) {
         into.pos = self.pos;
+        into.mark = self.lineage.mark();
         into.ssm.clone_from(&self.ssm);
         into.conv.resize(self.layers.len(), Vec::new());
         for (c, l) in into.conv.iter_mut().zip(&self.layers) {
@@ -132,8 +146,12 @@ impl State {
     /// Takes this state back to where `c` was saved from it: the recurrent part as it was
     /// there, every KV cache cut back to its position. Only the tokens consumed since are
     /// forgotten, so `c` must come from this state, saved since its last rewind to an earlier
-    /// position. Refused where `c` holds a later position than this state or another shape.
+    /// position: refused otherwise ([`Lineage`]), and where `c` holds a later position than
+    /// this state or another shape.
     pub fn rewind(&mut self, c: &Checkpoint) -> Result<()> {
+        self.lineage
+            .check(c.mark, c.pos)
+            .map_err(|why| ModelError::stale_checkpoint(why, c.pos))?;
         if c.pos > self.pos {
             return Err(ModelError::RewindPastEnd {
                 to: c.pos,
@@ -157,6 +175,7 @@ impl State {
             }
         }
         self.pos = c.pos;
+        self.lineage.rewound(c.pos);
         Ok(())
     }
 

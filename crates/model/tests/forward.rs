@@ -223,25 +223,46 @@ fn a_rewound_state_is_the_state_that_never_went_further() {
 }
 
 #[test]
-fn a_rewind_past_the_state_or_from_another_shape_is_refused() {
+fn a_checkpoint_of_another_sequence_or_one_a_rewind_went_below_is_refused() {
     let (shape, t) = tiny(Format::Q1_0, 6);
     let m = open(&synth::writer_from_f32(&shape, &t, Format::Q1_0, "t").unwrap());
+    let toks = tokens(20);
     let mut s = m.new_state();
-    m.forward(&mut s, &tokens(8), Logits::None).unwrap();
-    let mut c = model::Checkpoint::default();
-    s.save(&mut c);
+    m.forward(&mut s, &toks[..8], Logits::None).unwrap();
+    let mut at8 = model::Checkpoint::default();
+    s.save(&mut at8);
+    // Another sequence, a clone (another sequence from there on) and a checkpoint never saved.
     let mut short = m.new_state();
-    m.forward(&mut short, &tokens(3), Logits::None).unwrap();
+    m.forward(&mut short, &toks[..3], Logits::None).unwrap();
     let kept = short.clone();
     assert!(matches!(
-        short.rewind(&c),
-        Err(ModelError::RewindPastEnd { to: 8, have: 3 })
+        short.rewind(&at8),
+        Err(ModelError::CheckpointOfOtherSequence)
+    ));
+    assert!(matches!(
+        s.clone().rewind(&at8),
+        Err(ModelError::CheckpointOfOtherSequence)
     ));
     assert!(matches!(
         s.rewind(&model::Checkpoint::default()),
-        Err(ModelError::StateMismatch)
+        Err(ModelError::CheckpointOfOtherSequence)
     ));
     assert_eq!(short, kept, "a refused rewind changes nothing");
+    // On to 12 and saved; back to 8 and on with other tokens: the cache rows 8..12 the
+    // checkpoint at 12 relied on now hold those, so it is refused; the one at 8 still holds.
+    m.forward(&mut s, &toks[8..12], Logits::None).unwrap();
+    let mut at12 = model::Checkpoint::default();
+    s.save(&mut at12);
+    s.rewind(&at8).unwrap();
+    m.forward(&mut s, &toks[12..18], Logits::None).unwrap();
+    let before = s.clone();
+    assert!(matches!(
+        s.rewind(&at12),
+        Err(ModelError::CheckpointOverwritten { pos: 12, low: 8 })
+    ));
+    assert_eq!(s, before, "a refused rewind changes nothing");
+    s.rewind(&at8).unwrap();
+    assert_eq!(s.len(), 8);
 }
 
 #[test]

@@ -57,10 +57,10 @@ fn after(g: &CudaModel, st: &mut CudaState, vocab: usize, seed: usize) -> R<Afte
 }
 
 pub(crate) fn rewind_checks(rep: &mut Report) -> R<()> {
-    rep.line(format!("A sequence rewound to a checkpoint against fresh ones, bit for bit: a prompt, {BEFORE} greedy steps (the last run ahead of the host when saved), a checkpoint; then 6 greedy steps, a 20-token pass, a one-token pass and 4 greedy steps (the last run ahead when rewound), their tokens from a seed; rewound, the same with another seed, rewound, the first seed again. Each run must equal a fresh sequence fed the same tokens in every pick and logit bit and in its length; a rewind to a later position than the state's is refused, and so is the row of logits of a token a rewind forgot. Prompts of 40 positions (the short attention), 400 (the split kernels) and 3,200 (the tensor-core split)."));
+    rep.line(format!("A sequence rewound to a checkpoint against fresh ones, bit for bit: a prompt, {BEFORE} greedy steps (the last run ahead of the host when saved), a checkpoint; then 6 greedy steps, a 20-token pass, a one-token pass and 4 greedy steps (the last run ahead when rewound), their tokens from a seed; rewound, the same with another seed, rewound, the first seed again. Each run must equal a fresh sequence fed the same tokens in every pick and logit bit and in its length; a checkpoint of another sequence is refused, and so is one the sequence has gone back below since (saved after the runs, then back to the first checkpoint and three other tokens), while the first still holds; and so is the row of logits of a token a rewind forgot. Prompts of 40 positions (the short attention), 400 (the split kernels) and 3,200 (the tensor-core split)."));
     rep.line("");
-    rep.line("| preset | format | cache | prompt | result | runs equal to fresh ones | ahead when saved | later rewind refused | forgotten row refused |");
-    rep.line("|---|---|---|---|---|---|---|---|---|");
+    rep.line("| preset | format | cache | prompt | result | runs equal to fresh ones | ahead when saved | another sequence's refused | one gone below refused | forgotten row refused |");
+    rep.line("|---|---|---|---|---|---|---|---|---|---|");
     let ctx = 4096;
     for (preset, vocab, format, kv, prompt_len) in [
         (Preset::Tiny, 1000usize, Format::Q2_0, KvCache::F16, 40usize),
@@ -98,9 +98,15 @@ pub(crate) fn rewind_checks(rep: &mut Report) -> R<()> {
         let mut short = g.new_state(ctx)?;
         g.forward(&mut short, &prompt[..prompt_len / 2], Logits::Last)?;
         let refused = g.rewind(&mut short, &at).is_err();
-        let ok = equal == 3 && refused && rows_refused;
+        let mut past = None;
+        g.save(&st, &mut past)?;
+        let past = past.ok_or("no checkpoint saved")?;
+        g.rewind(&mut st, &at)?;
+        g.forward(&mut st, &prompt[..3], Logits::Last)?;
+        let below = g.rewind(&mut st, &past).is_err() && g.rewind(&mut st, &at).is_ok();
+        let ok = equal == 3 && refused && below && rows_refused;
         rep.line(format!(
-            "| {preset:?} | {format} | {kv:?} | {prompt_len} | {} | {equal}/3 | {ahead} | {refused} | {rows_refused} |",
+            "| {preset:?} | {format} | {kv:?} | {prompt_len} | {} | {equal}/3 | {ahead} | {refused} | {below} | {rows_refused} |",
             if ok { "PASS" } else { "FAIL" }
         ));
         rep.check(ok, format!("rewind {preset:?} {format} {kv:?}"));

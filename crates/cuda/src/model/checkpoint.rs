@@ -10,6 +10,8 @@ use super::*;
 /// What [`CudaModel::save`] keeps of one state, for [`CudaModel::rewind`] to take it back to.
 pub struct CudaCheckpoint {
     pos: usize,
+    /// The sequence and the point in its rewinds it was saved at.
+    mark: model::lineage::Mark,
     ctx: usize,
     /// The state's first `bytes` (its conv then recurrent states, both parities' buffers).
     recurrent: DevBuf,
@@ -73,6 +75,7 @@ impl CudaModel {
                     .ctx(|| "zeroing a checkpoint".into())?;
                 CudaCheckpoint {
                     pos: 0,
+                    mark: model::lineage::Mark::default(),
                     ctx: st.ctx,
                     recurrent,
                     bytes,
@@ -81,15 +84,21 @@ impl CudaModel {
         };
         st.copy_on_stream(c.recurrent.ptr, st.state.ptr, bytes, "saving a checkpoint")?;
         c.pos = st.pos;
+        c.mark = st.lineage.mark();
         *into = Some(c);
         Ok(())
     }
 
     /// Takes `st` back to `to`, saved from it at a position no later than its own: the
     /// recurrent part as saved, the position, no step run ahead, no row of logits until the
-    /// next pass ([`CudaModel::last_row`] refuses the forgotten one). Refused for a checkpoint of a
-    /// state of another shape or at a later position.
+    /// next pass ([`CudaModel::last_row`] refuses the forgotten one). Refused for a checkpoint of
+    /// another sequence, one the sequence has since gone back below (its cache rows from there
+    /// hold other tokens now: [`model::lineage::Lineage`]), of a state of another shape or at a
+    /// later position.
     pub fn rewind(&self, st: &mut CudaState, to: &CudaCheckpoint) -> Result<()> {
+        st.lineage
+            .check(to.mark, to.pos)
+            .map_err(|why| ModelError::stale_checkpoint(why, to.pos))?;
         if to.ctx != st.ctx || to.bytes != st.recurrent_bytes() {
             return Err(ModelError::StateMismatch.into());
         }
@@ -109,6 +118,7 @@ impl CudaModel {
         st.drop_ahead();
         st.row_stale = true;
         st.pos = to.pos;
+        st.lineage.rewound(to.pos);
         Ok(())
     }
 }
