@@ -117,16 +117,23 @@ impl Device {
     }
 
     /// A CUDA GPU: a sequence allocates its recurrent state, its KV cache (in the `kv_cache`
-    /// format) for the whole context and its scratch on the device when it starts
-    /// (`state_bytes` in all).
-    pub fn cuda(name: String, state_bytes: usize, kv_cache: &str) -> Device {
+    /// format) for the whole context and its scratch on the device (`state_bytes` in all), when
+    /// a request starts or, where `kept`, at a slot's first request, kept for its next ones.
+    pub fn cuda(name: String, state_bytes: usize, kv_cache: &str, kept: bool) -> Device {
+        let when = if kept {
+            "allocated on the GPU by a slot's first request and kept, rewound to empty, for its next ones"
+        } else {
+            "allocated on the GPU when a request starts"
+        };
         Device {
             kind: DeviceKind::Cuda,
             name: Some(name),
             rule: "--device cuda".into(),
             state_fixed_bytes: state_bytes,
             state_bytes_per_token: 0,
-            state_rule: format!("recurrent state + {kv_cache} KV cache for the whole context + scratch, allocated on the GPU when a request starts"),
+            state_rule: format!(
+                "recurrent state + {kv_cache} KV cache for the whole context + scratch, {when}"
+            ),
         }
     }
 
@@ -148,6 +155,10 @@ pub struct Runner<B: Backend> {
     /// The model's configuration, its context limited to what is served.
     pub config: Config,
     pub device: Device,
+    /// Each slot keeps its sequence after a request and rewinds it to empty for the next
+    /// (where the backend can rewind), rather than making a fresh one: on the GPU a fresh one
+    /// allocates and zeroes its whole context's cache and captures its decode graphs again.
+    pub keep_states: bool,
 }
 
 impl Runner<Model> {
@@ -158,6 +169,9 @@ impl Runner<Model> {
             device: Device::cpu(&model.config, model.kv_format()),
             new_state: Box::new(|m: &Model| Ok(m.new_state())),
             backend: model,
+            // A CPU sequence's cache grows with its tokens: a kept one would hold its longest
+            // request's memory while idle.
+            keep_states: false,
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Running generations: a fixed number of worker threads (slots), each owning one request at a
-//! time with a fresh sequence state, fed from a bounded queue. Past the bound a request is refused
+//! time with a fresh sequence state (or its own kept one rewound to empty, where the runner
+//! keeps states), fed from a bounded queue. Past the bound a request is refused
 //! at once (503) rather than left waiting without end. The workers share one backend; with one
 //! slot (what `serve --device cuda` uses) requests run one after another in arrival order.
 
@@ -107,21 +108,38 @@ impl Scheduler {
             );
             let spawned = std::thread::Builder::new()
                 .name(format!("niwaki-slot-{slot}"))
-                .spawn(move || loop {
-                    let (job, enqueued) = {
-                        let mut jobs = q.jobs.lock().unwrap_or_else(|p| p.into_inner());
-                        loop {
-                            if let Some(j) = jobs.pop_front() {
-                                break j;
+                .spawn(move || {
+                    let mut kept = None;
+                    loop {
+                        let (job, enqueued) = {
+                            let mut jobs = q.jobs.lock().unwrap_or_else(|p| p.into_inner());
+                            loop {
+                                if let Some(j) = jobs.pop_front() {
+                                    break j;
+                                }
+                                jobs = q.ready.wait(jobs).unwrap_or_else(|p| p.into_inner());
                             }
-                            jobs = q.ready.wait(jobs).unwrap_or_else(|p| p.into_inner());
-                        }
-                    };
-                    metrics.queue_depth.dec();
-                    metrics.queue_wait.observe(enqueued.elapsed().as_secs_f64());
-                    run_job(&runner, &tok, job, &closing, &bytes[slot], &metrics);
-                    bytes[slot].store(0, Ordering::Relaxed);
-                    in_system.fetch_sub(1, Ordering::AcqRel);
+                        };
+                        metrics.queue_depth.dec();
+                        metrics.queue_wait.observe(enqueued.elapsed().as_secs_f64());
+                        run_job(
+                            &runner,
+                            &tok,
+                            job,
+                            &closing,
+                            &bytes[slot],
+                            &metrics,
+                            &mut kept,
+                        );
+                        // A kept sequence holds its memory between requests.
+                        let held = if kept.is_some() {
+                            runner.device.state_bytes(0)
+                        } else {
+                            0
+                        };
+                        bytes[slot].store(held, Ordering::Relaxed);
+                        in_system.fetch_sub(1, Ordering::AcqRel);
+                    }
                 });
             if let Err(e) = spawned {
                 eprintln!("could not start generation slot {slot}: {e}");
@@ -273,6 +291,27 @@ impl Hooks for JobHooks<'_> {
     }
 }
 
+/// A slot's sequence and the checkpoint at its start, kept between requests.
+type Kept<B> = Option<(<B as Backend>::State, <B as Backend>::Checkpoint)>;
+
+/// The sequence a job starts from: the slot's kept one rewound to empty, or a fresh one (its
+/// empty start saved where the runner keeps states and the backend can rewind).
+fn slot_state<B: Backend>(
+    runner: &Runner<B>,
+    kept: &mut Kept<B>,
+) -> engine::Result<(B::State, B::Checkpoint)> {
+    if let Some((mut state, empty)) = kept.take() {
+        runner.backend.rewind(&mut state, &empty)?;
+        return Ok((state, empty));
+    }
+    let state = (runner.new_state)(&runner.backend)?;
+    let mut empty = B::Checkpoint::default();
+    if runner.keep_states && runner.backend.can_rewind() {
+        runner.backend.save(&state, &mut empty)?;
+    }
+    Ok((state, empty))
+}
+
 fn run_job<B: Backend>(
     runner: &Runner<B>,
     tok: &Tokenizer,
@@ -280,6 +319,7 @@ fn run_job<B: Backend>(
     closing: &AtomicBool,
     state_bytes: &AtomicUsize,
     metrics: &Metrics,
+    kept: &mut Kept<B>,
 ) {
     if job.cancel.load(Ordering::Relaxed) || job.events.is_closed() {
         return;
@@ -314,15 +354,20 @@ fn run_job<B: Backend>(
         started,
     };
     state_bytes.store(runner.device.state_bytes(prompt.len()), Ordering::Relaxed);
-    let result = (runner.new_state)(&runner.backend).and_then(|mut state| {
-        engine::generate_with(
+    let result = slot_state(runner, kept).and_then(|(mut state, empty)| {
+        let r = engine::generate_with(
             &runner.backend,
             tok,
             &mut state,
             &prompt,
             &params,
             &mut hooks,
-        )
+        );
+        // A sequence a request failed on is not trusted with the next.
+        if r.is_ok() && runner.keep_states && runner.backend.can_rewind() {
+            *kept = Some((state, empty));
+        }
+        r
     });
     hooks.timed_out = Instant::now() >= hooks.deadline;
     let event = match result {

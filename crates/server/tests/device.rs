@@ -41,12 +41,28 @@ fn model() -> (Model, Tokenizer) {
     (model, Tokenizer::new(&spec).unwrap())
 }
 
-/// The CPU model served as if it ran on a GPU called `name` whose sequences take `bytes`.
-fn gpu_like(name: &str, bytes: usize) -> Arc<AppState> {
+/// The CPU model served as if it ran on a GPU called `name` whose sequences take `bytes`,
+/// each slot keeping its sequence between requests where `kept`.
+fn gpu_like(name: &str, bytes: usize, kept: bool) -> Arc<AppState> {
+    gpu_like_with(name, bytes, kept, config(1))
+}
+
+fn gpu_like_with(name: &str, bytes: usize, kept: bool, c: ServerConfig) -> Arc<AppState> {
     let (model, tok) = model();
     let mut runner = Runner::cpu(model);
-    runner.device = Device::cuda(name.into(), bytes, "f16");
-    AppState::with_runner(config(1), runner, tok, ChatTemplate::builtin_qwen35())
+    runner.device = Device::cuda(name.into(), bytes, "f16", kept);
+    runner.keep_states = kept;
+    AppState::with_runner(c, runner, tok, ChatTemplate::builtin_qwen35())
+}
+
+/// Waits (up to a second) for the scheduler to count no request in flight.
+async fn settled(st: &Arc<AppState>) {
+    for _ in 0..100 {
+        if st.scheduler.in_flight() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 async fn get(st: &Arc<AppState>, path: &str) -> (StatusCode, String) {
@@ -102,7 +118,7 @@ async fn policy_reports_the_cpu_by_default() {
 
 #[tokio::test]
 async fn policy_reports_a_gpu_with_its_name_and_one_slot() {
-    let st = gpu_like("NVIDIA H200 (sm_90)", 12345);
+    let st = gpu_like("NVIDIA H200 (sm_90)", 12345, false);
     let p = policy(&st).await;
     assert_eq!(p["device"]["value"], "cuda");
     assert_eq!(p["device"]["name"], "NVIDIA H200 (sm_90)");
@@ -115,11 +131,58 @@ async fn policy_reports_a_gpu_with_its_name_and_one_slot() {
 
 #[test]
 fn a_gpu_sequence_holds_the_same_bytes_at_any_length() {
-    let d = Device::cuda("gpu".into(), 1000, "q8_0");
+    let d = Device::cuda("gpu".into(), 1000, "q8_0", false);
     assert_eq!(d.kind, DeviceKind::Cuda);
     assert_eq!(d.state_bytes(0), 1000);
     assert_eq!(d.state_bytes(4096), 1000);
     assert!(d.state_rule.contains("q8_0 KV cache"), "{}", d.state_rule);
+    assert!(
+        d.state_rule.contains("when a request starts"),
+        "{}",
+        d.state_rule
+    );
+    let kept = Device::cuda("gpu".into(), 1000, "q8_0", true);
+    assert!(kept.state_rule.contains("kept"), "{}", kept.state_rule);
+}
+
+#[tokio::test]
+async fn a_kept_sequence_gives_what_a_fresh_one_gives() {
+    // Greedy requests of different lengths, each after others have left the kept sequence
+    // longer or shorter than it, and one again at the end.
+    let bodies: Vec<Value> = [
+        "The",
+        "Once upon a time there was",
+        "The",
+        "A b c d e f g h",
+    ]
+    .iter()
+    .map(|p| json!({"model": "tiny", "prompt": p, "max_tokens": 12, "temperature": 0}))
+    .collect();
+    let texts = |st: Arc<AppState>| {
+        let bodies = bodies.clone();
+        async move {
+            let mut out = Vec::new();
+            for b in &bodies {
+                out.push(complete(&st, b).await["choices"][0]["text"].clone());
+            }
+            out
+        }
+    };
+    for lookup in [false, true] {
+        let mut c = config(1);
+        c.lookup = lookup;
+        let fresh = texts(gpu_like_with("gpu", 1000, false, c.clone())).await;
+        let kept_st = gpu_like_with("gpu", 1000, true, c);
+        let kept = texts(kept_st.clone()).await;
+        assert_eq!(kept, fresh, "lookup {lookup}");
+        assert_eq!(kept[0], kept[2], "the same request, the same reply");
+        assert!(fresh
+            .iter()
+            .all(|t| t.as_str().is_some_and(|s| !s.is_empty())));
+        // The idle slot holds its sequence's bytes.
+        settled(&kept_st).await;
+        assert_eq!(kept_st.scheduler.state_bytes(), 1000);
+    }
 }
 
 #[test]
@@ -144,17 +207,12 @@ fn a_cpu_sequence_grows_by_its_kv_cache_per_token() {
 async fn a_request_runs_through_the_runner_and_releases_its_state() {
     // One generation through the whole path (scheduler, the runner's state maker, backend, JSON
     // reply); afterwards the memory metric is back to zero.
-    let st = gpu_like("gpu", 777);
+    let st = gpu_like("gpu", 777, false);
     let body = json!({"model": "tiny", "prompt": "hello", "max_tokens": 3, "temperature": 0});
     let v = complete(&st, &body).await;
     let n = v["usage"]["completion_tokens"].as_u64().unwrap();
     assert!((1..=3).contains(&n), "{v}");
-    for _ in 0..100 {
-        if st.scheduler.in_flight() == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    settled(&st).await;
     assert_eq!(st.scheduler.state_bytes(), 0);
 }
 

@@ -180,7 +180,9 @@ pub fn main(a: Args) -> Result<ExitCode> {
 }
 
 /// Uploads the model to the GPU and sizes one sequence there (the figure `/v1/policy` and the
-/// memory metric report); every request then gets a fresh state of that size.
+/// memory metric report); a slot's first request then makes a state of that size, and its
+/// next ones rewind it to empty where the device's checkpoints are on (otherwise each makes
+/// a fresh one).
 #[cfg(feature = "cuda")]
 fn cuda_runner(
     model: model::Model,
@@ -191,11 +193,18 @@ fn cuda_runner(
     let probe = gpu
         .new_state(ctx)
         .with_context(|| format!("allocating a sequence of {ctx} tokens on the GPU"))?;
-    let device = server::Device::cuda(gpu.device().to_string(), probe.device_bytes(), kv.as_str());
+    let keep_states = gpu.checkpoints_on();
+    let device = server::Device::cuda(
+        gpu.device().to_string(),
+        probe.device_bytes(),
+        kv.as_str(),
+        keep_states,
+    );
     drop(probe);
     Ok(Runner {
         config: model.config.clone(),
         device,
+        keep_states,
         new_state: Box::new(move |g: &niwaki_cuda::CudaModel| {
             g.new_state(ctx)
                 .map_err(|e| engine::EngineError::Backend(e.to_string()))
