@@ -623,6 +623,24 @@ fn chat_answers_over_stdin_and_exits() {
 }
 
 #[test]
+fn chat_after_a_reset_answers_as_at_the_start() {
+    // The oracle model, whose replies depend on what came before (a random one's hardly do).
+    let out = niwaki()
+        .args(["chat", "--temperature", "0", "-n", "8", "--model"])
+        .arg(fixture("oracle/tiny-exact-q1.Q1_0.gguf"))
+        .write_stdin("hello\n/reset\nhello\n/exit\n")
+        .assert()
+        .success()
+        .get_output()
+        .clone();
+    // Each reply is followed by a newline: the same reply twice is two equal halves.
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (first, second) = text.split_at(text.len() / 2);
+    assert!(!first.trim().is_empty(), "{text:?}");
+    assert_eq!(first, second, "{text:?}");
+}
+
+#[test]
 fn synth_marks_a_model_hadamard_folded_where_its_widths_allow() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("r.gguf");

@@ -62,6 +62,22 @@ fn converse<B: engine::Backend>(
         messages.push(json!({"role": "system", "content": s}));
     }
     let mut state = new_state()?;
+    // Where the backend rewinds, a new conversation takes the state back to empty rather than
+    // making another (on the GPU: allocating and zeroing a whole context's cache).
+    let empty = if model.can_rewind() {
+        let mut at = B::Checkpoint::default();
+        model.save(&state, &mut at)?;
+        Some(at)
+    } else {
+        None
+    };
+    let restart = |state: &mut B::State| -> Result<()> {
+        match &empty {
+            Some(at) => model.rewind(state, at)?,
+            None => *state = new_state()?,
+        }
+        Ok(())
+    };
     let mut seen: Vec<u32> = Vec::new();
     eprintln!("chat: type a message; /reset clears the conversation, /exit or Ctrl-D quits");
     let stdin = std::io::stdin();
@@ -78,7 +94,7 @@ fn converse<B: engine::Backend>(
             "/exit" | "/quit" => break,
             "/reset" => {
                 messages.retain(|m| m["role"] == "system");
-                state = new_state()?;
+                restart(&mut state)?;
                 seen.clear();
                 continue;
             }
@@ -95,7 +111,7 @@ fn converse<B: engine::Backend>(
         let new = if ids.len() > seen.len() && ids.starts_with(&seen) {
             &ids[seen.len()..]
         } else {
-            state = new_state()?;
+            restart(&mut state)?;
             seen.clear();
             &ids[..]
         };
@@ -118,7 +134,7 @@ fn converse<B: engine::Backend>(
             Err(e) => {
                 eprintln!("error: {e}");
                 messages.pop();
-                state = new_state()?;
+                restart(&mut state)?;
                 seen.clear();
             }
         }
