@@ -622,22 +622,53 @@ fn chat_answers_over_stdin_and_exits() {
     assert_eq!(err.matches("generated:").count(), 2, "{err}");
 }
 
-#[test]
-fn chat_after_a_reset_answers_as_at_the_start() {
-    // The oracle model, whose replies depend on what came before (a random one's hardly do).
+/// A greedy chat of up to `n` tokens a reply with the oracle model (whose replies depend on
+/// what came before; a random one's hardly do) over `stdin`: its stdout and stderr.
+fn oracle_chat(n: &str, extra: &[&str], stdin: &str) -> (String, String) {
     let out = niwaki()
-        .args(["chat", "--temperature", "0", "-n", "8", "--model"])
+        .args(["chat", "--temperature", "0", "-n", n])
+        .args(extra)
+        .arg("--model")
         .arg(fixture("oracle/tiny-exact-q1.Q1_0.gguf"))
-        .write_stdin("hello\n/reset\nhello\n/exit\n")
+        .write_stdin(stdin.to_string())
         .assert()
         .success()
         .get_output()
         .clone();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).to_string();
+    (text(&out.stdout), text(&out.stderr))
+}
+
+#[test]
+fn chat_after_a_reset_answers_as_at_the_start() {
+    let (text, _) = oracle_chat("8", &[], "hello\n/reset\nhello\n/exit\n");
     // Each reply is followed by a newline: the same reply twice is two equal halves.
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
     let (first, second) = text.split_at(text.len() / 2);
     assert!(!first.trim().is_empty(), "{text:?}");
     assert_eq!(first, second, "{text:?}");
+}
+
+#[test]
+fn chat_reuses_its_state_across_turns_and_replies_as_from_the_start() {
+    let chat = |extra: &[&str]| {
+        let (out, err) = oracle_chat("12", extra, "hello\nand again\nthird one\n/exit\n");
+        // Each turn's prompt tokens, as the report after it says.
+        let fed: Vec<usize> = err
+            .split("prompt: ")
+            .skip(1)
+            .filter_map(|s| s.split(' ').next()?.parse().ok())
+            .collect();
+        (out, fed)
+    };
+    let (reused, fed) = chat(&[]);
+    let (fresh, whole) = chat(&["--fresh-turns"]);
+    assert_eq!(reused, fresh);
+    assert_eq!((fed.len(), whole.len()), (3, 3), "{fed:?} {whole:?}");
+    // The first turn is the whole prompt either way; later ones feed less than the whole
+    // conversation (the template drops the earlier reply's opening, so the state goes back to
+    // the end of the earlier history rather than to the start).
+    assert_eq!(fed[0], whole[0]);
+    assert!(fed[1] < whole[1] && fed[2] < whole[2], "{fed:?} {whole:?}");
 }
 
 #[test]

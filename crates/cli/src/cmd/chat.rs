@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use engine::Flow;
+use engine::{Backend, Flow, Generation};
 use serde_json::json;
 use tokenizer::ChatRequest;
 
@@ -20,13 +20,18 @@ pub struct Args {
     /// Turn the model's thinking off.
     #[arg(long)]
     pub no_think: bool,
+    /// Prefill every turn's whole conversation from the start rather than reusing the state
+    /// (slower; the replies are the same, which this checks).
+    #[arg(long)]
+    pub fresh_turns: bool,
     #[command(flatten)]
     pub sampling: Sampling,
 }
 
 /// A multi-turn conversation. The model state is reused across turns while the rendered prompt
-/// extends what the state has seen; otherwise (the template rewrote history, e.g. dropping old
-/// reasoning) the prompt is prefilled again from the start.
+/// extends what the state has seen. Where the template rewrote history (e.g. dropping a reply's
+/// reasoning) and the backend rewinds, the state goes back to where the last turn's prompt
+/// ended, if the new prompt still starts with it; otherwise it is prefilled from the start.
 pub fn main(a: Args) -> Result<ExitCode> {
     let kv = a.sampling.place.kv()?;
     load::init_threads(a.sampling.threads)?;
@@ -79,6 +84,9 @@ fn converse<B: engine::Backend>(
         Ok(())
     };
     let mut seen: Vec<u32> = Vec::new();
+    // Where the backend rewinds: the state before the last turn's final prompt token, and how
+    // many tokens of `seen` it holds.
+    let mut turn_start: TurnStart<B> = None;
     eprintln!("chat: type a message; /reset clears the conversation, /exit or Ctrl-D quits");
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
@@ -96,6 +104,7 @@ fn converse<B: engine::Backend>(
                 messages.retain(|m| m["role"] == "system");
                 restart(&mut state)?;
                 seen.clear();
+                turn_start = None;
                 continue;
             }
             _ => {}
@@ -108,19 +117,62 @@ fn converse<B: engine::Backend>(
             ..ChatRequest::default()
         };
         let ids = tok.encode(&template.render(&req)?, true)?;
-        let new = if ids.len() > seen.len() && ids.starts_with(&seen) {
-            &ids[seen.len()..]
+        // The conversation up to the user's message, without the reply's opening: what the
+        // next turn's render starts with, however it renders this turn's reply.
+        let history = tok.encode(
+            &template.render(&ChatRequest {
+                add_generation_prompt: false,
+                ..req.clone()
+            })?,
+            true,
+        )?;
+        let extends = !a.fresh_turns && ids.len() > seen.len() && ids.starts_with(&seen);
+        // Else back to the end of the last turn's history where the new prompt starts with it (a
+        // rewind the backend refuses falls through to the start).
+        let kept = turn_start
+            .as_ref()
+            .filter(|(_, n)| {
+                !extends
+                    && !a.fresh_turns
+                    && ids.len() > *n
+                    && seen.len() >= *n
+                    && ids[..*n] == seen[..*n]
+            })
+            .filter(|(at, _)| model.rewind(&mut state, at).is_ok())
+            .map(|(_, n)| *n);
+        let new = if extends {
+            ids[seen.len()..].to_vec()
+        } else if let Some(n) = kept {
+            seen.truncate(n);
+            ids[n..].to_vec()
         } else {
             restart(&mut state)?;
             seen.clear();
-            &ids[..]
+            turn_start = None;
+            ids.clone()
         };
-        let new = new.to_vec();
+        let params = a.sampling.params();
         let mut out = std::io::stdout().lock();
-        let g = engine::generate(model, tok, &mut state, &new, &a.sampling.params(), |p| {
-            let _ = out.write_all(p.as_bytes()).and_then(|_| out.flush());
-            Flow::Continue
-        });
+        // Saved after the history where the backend rewinds and the prompt extends it.
+        let head =
+            (history.len() > seen.len() && history.len() < ids.len() && ids.starts_with(&history))
+                .then(|| history.len() - seen.len());
+        let save = head
+            .filter(|_| empty.is_some())
+            .map(|h| (h, &mut turn_start));
+        let g = turn(
+            model,
+            &mut state,
+            &new,
+            params.prefill_chunk,
+            save,
+            |st, new| {
+                engine::generate(model, tok, st, new, &params, |p| {
+                    let _ = out.write_all(p.as_bytes()).and_then(|_| out.flush());
+                    Flow::Continue
+                })
+            },
+        );
         writeln!(out)?;
         match g {
             Ok(g) => {
@@ -136,8 +188,40 @@ fn converse<B: engine::Backend>(
                 messages.pop();
                 restart(&mut state)?;
                 seen.clear();
+                turn_start = None;
             }
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The state saved at the end of a turn's history, and how many tokens it then held.
+type TurnStart<B> = Option<(<B as Backend>::Checkpoint, usize)>;
+
+/// One turn over `new`: where `save` is given as (h, slot), its first h tokens first (in
+/// chunks of `chunk`; 0 < h < `new.len()`), the state saved there into the slot for the next
+/// turn (with the tokens it then holds), then `generate` from the rest, its prompt figures
+/// counting the whole turn's.
+fn turn<B: Backend>(
+    model: &B,
+    state: &mut B::State,
+    new: &[u32],
+    chunk: usize,
+    save: Option<(usize, &mut TurnStart<B>)>,
+    generate: impl FnOnce(&mut B::State, &[u32]) -> engine::Result<Generation>,
+) -> engine::Result<Generation> {
+    let Some((h, save)) = save.filter(|(h, _)| *h > 0 && *h < new.len()) else {
+        return generate(state, new);
+    };
+    let (head, last) = new.split_at(h);
+    let t = std::time::Instant::now();
+    engine::prefill(model, state, head, chunk)?;
+    let spent = t.elapsed();
+    let mut at = save.take().map(|(c, _)| c).unwrap_or_default();
+    model.save(state, &mut at)?;
+    *save = Some((at, model.state_len(state)));
+    let mut g = generate(state, last)?;
+    g.prompt_tokens += head.len();
+    g.prefill_time += spent;
+    Ok(g)
 }
