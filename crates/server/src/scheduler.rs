@@ -294,22 +294,24 @@ impl Hooks for JobHooks<'_> {
 /// A slot's sequence and the checkpoint at its start, kept between requests.
 type Kept<B> = Option<(<B as Backend>::State, <B as Backend>::Checkpoint)>;
 
-/// The sequence a job starts from: the slot's kept one rewound to empty, or a fresh one (its
-/// empty start saved where the runner keeps states and the backend can rewind).
+/// The sequence a job starts from: the slot's kept one rewound to empty, or a fresh one; with
+/// the checkpoint of its empty start where the slot keeps it after the job (the runner keeps
+/// states and the backend can rewind).
 fn slot_state<B: Backend>(
     runner: &Runner<B>,
     kept: &mut Kept<B>,
-) -> engine::Result<(B::State, B::Checkpoint)> {
+) -> engine::Result<(B::State, Option<B::Checkpoint>)> {
     if let Some((mut state, empty)) = kept.take() {
         runner.backend.rewind(&mut state, &empty)?;
-        return Ok((state, empty));
+        return Ok((state, Some(empty)));
     }
     let state = (runner.new_state)(&runner.backend)?;
-    let mut empty = B::Checkpoint::default();
-    if runner.keep_states && runner.backend.can_rewind() {
-        runner.backend.save(&state, &mut empty)?;
+    if !(runner.keep_states && runner.backend.can_rewind()) {
+        return Ok((state, None));
     }
-    Ok((state, empty))
+    let mut empty = B::Checkpoint::default();
+    runner.backend.save(&state, &mut empty)?;
+    Ok((state, Some(empty)))
 }
 
 fn run_job<B: Backend>(
@@ -364,7 +366,7 @@ fn run_job<B: Backend>(
             &mut hooks,
         );
         // A sequence a request failed on is not trusted with the next.
-        if r.is_ok() && runner.keep_states && runner.backend.can_rewind() {
+        if let (Ok(_), Some(empty)) = (&r, empty) {
             *kept = Some((state, empty));
         }
         r

@@ -30,8 +30,9 @@ pub struct Args {
 
 /// A multi-turn conversation. The model state is reused across turns while the rendered prompt
 /// extends what the state has seen. Where the template rewrote history (e.g. dropping a reply's
-/// reasoning) and the backend rewinds, the state goes back to where the last turn's prompt
-/// ended, if the new prompt still starts with it; otherwise it is prefilled from the start.
+/// reasoning) and the backend rewinds, the state goes back to where the last turn's history
+/// ended (its render without the reply's opening), if the new prompt still starts with it;
+/// otherwise it is prefilled from the start.
 pub fn main(a: Args) -> Result<ExitCode> {
     let kv = a.sampling.place.kv()?;
     load::init_threads(a.sampling.threads)?;
@@ -84,8 +85,8 @@ fn converse<B: engine::Backend>(
         Ok(())
     };
     let mut seen: Vec<u32> = Vec::new();
-    // Where the backend rewinds: the state before the last turn's final prompt token, and how
-    // many tokens of `seen` it holds.
+    // Where the backend rewinds (and not --fresh-turns): the state at the end of the last
+    // turn's history, and how many tokens of `seen` it holds.
     let mut turn_start: TurnStart<B> = None;
     eprintln!("chat: type a message; /reset clears the conversation, /exit or Ctrl-D quits");
     let stdin = std::io::stdin();
@@ -132,11 +133,7 @@ fn converse<B: engine::Backend>(
         let kept = turn_start
             .as_ref()
             .filter(|(_, n)| {
-                !extends
-                    && !a.fresh_turns
-                    && ids.len() > *n
-                    && seen.len() >= *n
-                    && ids[..*n] == seen[..*n]
+                !extends && ids.len() > *n && seen.len() >= *n && ids[..*n] == seen[..*n]
             })
             .filter(|(at, _)| model.rewind(&mut state, at).is_ok())
             .map(|(_, n)| *n);
@@ -158,7 +155,7 @@ fn converse<B: engine::Backend>(
             (history.len() > seen.len() && history.len() < ids.len() && ids.starts_with(&history))
                 .then(|| history.len() - seen.len());
         let save = head
-            .filter(|_| empty.is_some())
+            .filter(|_| empty.is_some() && !a.fresh_turns)
             .map(|h| (h, &mut turn_start));
         let g = turn(
             model,
