@@ -167,15 +167,7 @@ ENTRY __global__ void __launch_bounds__(AM_WARPS * 32)
 #ifndef ABLATE_ATTNCOPY
         each_copy<MW_TILE * PIECES, 32>(lane, [&](int e) {
             const int r = e / PIECES, c = e % PIECES;
-            const int pr = min(p + r, p1 - 1);
-#ifdef ABLATE_ATTNROWS
-            // Each head's 16 positions as one run, where the run lies inside the context.
-            const size_t row = ((pr / 16 + 1) * 16 <= p1 ? ((size_t)(pr / 16) * NKV + kvh) * 16 + pr % 16
-                                                          : (size_t)pr * NKV + kvh) *
-                               (2 * HD);
-#else
-            const size_t row = ((size_t)pr * NKV + kvh) * (2 * HD);
-#endif
+            const size_t row = ((size_t)min(p + r, p1 - 1) * NKV + kvh) * (2 * HD);
             cp_async16(st + r * MW_ROW + c * 16, kb + row + c * 16);
             cp_async16(st + MW_TILE * MW_ROW + r * MW_ROW + c * 16, vb + row + c * 16);
         });

@@ -39,14 +39,14 @@ const KNOBS: &[(&str, Takes)] = &[
     // words' bit gathering; their tiles' arithmetic; of the 1-bit consumers' arithmetic, the
     // MMAs alone or the counts' scaling alone) or every residual GEMV without its norm's fold.
     // The f16 tensor-core split attention without its arithmetic (its copies and waits alone) or
-    // without its copies (its arithmetic on whatever its rings hold), or reading each kv head's
-    // 16-position tiles as one run of rows (other rows, the same bytes' span: a layout's test).
+    // without its copies (its arithmetic on zeroed rings). (Its rows read as per-head runs,
+    // `attnrows`, measured slower in the sixtieth session, is at commit 86d31ce.)
     // The results are wrong; the time says what that part costs. `watch` takes nothing out: in
     // traced builds a binary GEMV's producer watches its ring's first tile before its wait.
     (
         "NIWAKI_CUDA_ABLATE",
         Takes::OneOf(&[
-            "planes", "mma", "mmaop", "fp", "fold", "watch", "attnmath", "attncopy", "attnrows",
+            "planes", "mma", "mmaop", "fp", "fold", "watch", "attnmath", "attncopy",
         ]),
     ),
     // A measurement: the f16 tensor-core split's warps a block, tiles a warp's ring and tiles
