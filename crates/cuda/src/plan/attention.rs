@@ -61,7 +61,10 @@ pub const ATTN_STATIC_SMEM: usize = 1152;
 /// scales): two stages keep four blocks of two warps on an H200 multiprocessor (three stages,
 /// three blocks: its arithmetic, not the bytes in flight, bounded it); its 255 registers leave
 /// no room for more warps (five blocks, the queries kept in a ring stage: 168 registers with
-/// spills, 6.9% slower at 32k on an H100).
+/// spills, 6.9% slower at 32k on an H100). One block of four f16 warps with three-tile rings
+/// (the same 12 tiles in flight a multiprocessor, half the splits) was +1.4% at 32k (H100, Q1_0,
+/// three rounds, the harness passing under it); unmeasured below 32k and on an H200, so not yet
+/// the default.
 pub const ATTN_MMA_WARPS: usize = 3;
 pub const ATTN_Q8_MMA_WARPS: usize = 2;
 pub const ATTN_MMA_TILE: usize = 16;
@@ -70,7 +73,8 @@ pub const ATTN_Q8_MMA_STAGES: usize = 2;
 /// Tiles ahead of its ring whose rows the f16 tensor-core split asks the L2 cache for (the
 /// kernel's AM_PREFETCH; 0: none). A measurement's choice (`NIWAKI_CUDA_ATTN_MMA_PREFETCH`):
 /// at 32k positions the split's loads, not its arithmetic, hold it (its arithmetic taken out:
-/// +0.5%; its copies: +22%, H100, Q1_0).
+/// +0.5%; its copies: +22%, H100, Q1_0), but asking L2 for rows ahead only competes with the
+/// loads already in flight: 1, 2 and 4 tiles ahead were −0.4%, −5.6% and −9.9% at 32k.
 pub const ATTN_MMA_PREFETCH: usize = 0;
 /// The f16 tensor-core split's warps a block and tiles a warp's ring that a measurement may
 /// set (`NIWAKI_CUDA_ATTN_MMA_WARPS`, `NIWAKI_CUDA_ATTN_MMA_STAGES`), and its prefetch
