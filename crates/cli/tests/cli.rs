@@ -355,6 +355,88 @@ fn bench_fills_its_depth_by_a_prefill_unless_told_zeros() {
 }
 
 #[test]
+fn bench_runs_each_value_of_its_lists_as_a_test_and_one_load_gives_what_single_runs_give() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), "t.gguf", "Q1_0");
+    let bench = |p: &str, n: &str, d: &str| -> (Vec<serde_json::Value>, String) {
+        let out = niwaki()
+            .args(["bench", "--json", "-r", "1", "--bw-bytes", "16777216"])
+            .args(["-p", p, "-n", n, "-d", d, "--model"])
+            .arg(&m)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let lines = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        (lines, String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    let (tests, err) = bench("2,0,6", "3,5", "0,24");
+    let shape: Vec<_> = tests
+        .iter()
+        .map(|v| {
+            (
+                v["n_depth"].clone(),
+                v["n_prompt"].clone(),
+                v["n_gen"].clone(),
+            )
+        })
+        .collect();
+    let t = |d: u64, p: u64, n: u64| (d.into(), p.into(), n.into());
+    assert_eq!(
+        shape,
+        [
+            t(0, 2, 0),
+            t(0, 6, 0),
+            t(0, 0, 3),
+            t(0, 0, 5),
+            t(24, 2, 0),
+            t(24, 6, 0),
+            t(24, 0, 3),
+            t(24, 0, 5)
+        ]
+    );
+    // Each test measured only its own half, and each depth was filled once.
+    for v in &tests {
+        let (p, n) = (
+            v["n_prompt"].as_u64().unwrap(),
+            v["n_gen"].as_u64().unwrap(),
+        );
+        assert_eq!(v["pp_tok_s"].as_f64().unwrap() > 0.0, p > 0, "{v}");
+        assert_eq!(v["tg_tok_s"].as_f64().unwrap() > 0.0, n > 0, "{v}");
+    }
+    assert_eq!(
+        err.matches("depth 24 filled by a prefill").count(),
+        1,
+        "{err}"
+    );
+    // A decode test in the list picks what the same test alone picks: its depth's tokens and its
+    // first token come from the longest prompt's draw, as a single run's do.
+    let (alone, _) = bench("6", "5", "24");
+    assert_eq!(alone.len(), 1);
+    assert_eq!(tests[7]["tg_tokens_fnv64"], alone[0]["tg_tokens_fnv64"]);
+    assert!(alone[0]["pp_tok_s"].as_f64().unwrap() > 0.0);
+    // A list whose tests exceed the context is refused before anything runs.
+    let out = niwaki()
+        .args([
+            "bench",
+            "-p",
+            "1,2",
+            "-n",
+            "2",
+            "-d",
+            "8,100000000",
+            "--model",
+        ])
+        .arg(&m)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("exceed the context"));
+}
+
+#[test]
 fn lookup_drafting_leaves_greedy_output_as_it_was_and_says_when_it_is_ignored() {
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), "t.gguf", "Q2_0");

@@ -3,6 +3,7 @@
 
 mod cpu_bandwidth;
 mod picks;
+mod plan;
 mod report;
 
 use std::path::PathBuf;
@@ -15,21 +16,39 @@ use rand::{Rng, SeedableRng};
 
 use crate::load;
 use cpu_bandwidth::{proc_kib, CpuProbe};
+use plan::Test;
 use report::{Place, Report};
 
 #[derive(clap::Args)]
 pub struct Args {
     #[arg(long, short = 'm')]
     pub model: PathBuf,
-    /// Prompt tokens for the prefill test (0 skips it).
-    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
-    pub n_prompt: usize,
-    /// Generated tokens for the decode test (0 skips it).
-    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
-    pub n_gen: usize,
-    /// Positions already in the context when each test starts, as llama-bench's `-d`.
-    #[arg(short = 'd', long = "n-depth", default_value_t = 0)]
-    pub depth: usize,
+    /// Prompt tokens for the prefill test (0 skips it). Several, comma-separated (`-p 1,16,512`),
+    /// are each a test of their own, as llama-bench's.
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
+    pub n_prompt: Vec<usize>,
+    /// Generated tokens for the decode test (0 skips it); several as for `-p`.
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        value_delimiter = ',',
+        default_value = "128"
+    )]
+    pub n_gen: Vec<usize>,
+    /// Positions already in the context when each test starts, as llama-bench's `-d`; several,
+    /// comma-separated, run every test at each.
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    pub depth: Vec<usize>,
     /// How the depth is filled before each test (untimed): `prompt` prefills that many random
     /// tokens, as llama-bench does; `zeros` only moves the position over a zeroed cache, which
     /// is quicker but shows kernels whose work depends on the cache's contents none.
@@ -213,57 +232,55 @@ impl<'a, B: engine::Backend, F: Fn() -> Result<B::State>> AtDepth<'a, B, F> {
     }
 }
 
-/// Prefill and decode tok/s of every repetition, on any backend, each from a state at the
-/// depth ([`AtDepth`]); `after_decode` runs after each decode repetition, `bytes` tells a
-/// state's size.
-fn measure<B: engine::Backend>(
+/// Prefill and decode tok/s of every repetition of test `t`, on any backend, each from a state
+/// at its depth ([`AtDepth`]); `after_decode` runs after each decode repetition, `bytes` tells
+/// a state's size.
+fn measure<B: engine::Backend, F: Fn() -> Result<B::State>>(
     model: &B,
-    new_state: impl Fn() -> Result<B::State>,
+    depth: &mut AtDepth<'_, B, F>,
     bytes: impl Fn(&B::State) -> u64,
-    (prompt, fill): (&[u32], &[u32]),
+    (t, prompt, first): (Test, &[u32], u32),
     a: &Args,
     mut after_decode: impl FnMut() -> Result<()>,
 ) -> Result<Runs> {
-    let mut depth = AtDepth::new(model, new_state, fill, a.chunk)?;
     let mut pp = Vec::new();
     for r in 0..a.reps {
-        if a.n_prompt == 0 {
+        if t.n_prompt == 0 {
             break;
         }
         let s = depth.with(|state| {
-            let t = Instant::now();
+            let start = Instant::now();
             engine::prefill(model, state, prompt, a.chunk)?;
-            Ok(a.n_prompt as f64 / t.elapsed().as_secs_f64())
+            Ok(t.n_prompt as f64 / start.elapsed().as_secs_f64())
         })?;
-        eprintln!("pp{} run {}/{}: {s:.2} tok/s", a.n_prompt, r + 1, a.reps);
+        eprintln!("pp{} run {}/{}: {s:.2} tok/s", t.n_prompt, r + 1, a.reps);
         pp.push(s);
     }
     let mut tg = Vec::new();
     let mut state_bytes = 0;
     let mut picked = Vec::new();
-    let first = prompt.first().copied().unwrap_or(1);
-    let warmup = if a.n_gen > 0 && depth.kept.is_some() {
-        let n = TG_WARMUP.min(a.n_gen);
+    let warmup = if t.n_gen > 0 && depth.kept.is_some() {
+        let n = TG_WARMUP.min(t.n_gen);
         depth.with(|state| decode(model, state, first, n, a.host_logits))?;
         n
     } else {
         0
     };
     for r in 0..a.reps {
-        if a.n_gen == 0 {
+        if t.n_gen == 0 {
             break;
         }
         let (s, toks, held) = depth.with(|state| {
-            let t = Instant::now();
-            let toks = decode(model, state, first, a.n_gen, a.host_logits)?;
+            let start = Instant::now();
+            let toks = decode(model, state, first, t.n_gen, a.host_logits)?;
             Ok((
-                a.n_gen as f64 / t.elapsed().as_secs_f64(),
+                t.n_gen as f64 / start.elapsed().as_secs_f64(),
                 toks,
                 bytes(state),
             ))
         })?;
         picked.push(toks);
-        eprintln!("tg{} run {}/{}: {s:.2} tok/s", a.n_gen, r + 1, a.reps);
+        eprintln!("tg{} run {}/{}: {s:.2} tok/s", t.n_gen, r + 1, a.reps);
         tg.push(s);
         state_bytes = held;
         after_decode()?;
@@ -283,46 +300,51 @@ pub fn main(a: Args) -> Result<ExitCode> {
     }
     let kv = a.place.kv()?;
     load::init_threads(a.threads)?;
-    // Positions a test adds to the depth's.
-    let room = a.n_prompt.max(a.n_gen);
+    let tests = plan::tests(&a.n_prompt, &a.n_gen, &a.depth);
+    let longest = |f: fn(&Test) -> usize| tests.iter().map(f).max().unwrap_or(0);
+    let (max_prompt, max_depth) = (longest(|t| t.n_prompt), longest(|t| t.depth));
+    // Positions a test adds to its depth, at most: each depth's state holds room for all.
+    let room = longest(|t| t.room());
     let model = a.place.open_checked(&a.model, None, kv, |m| {
         let c = &m.config;
-        if a.depth + room > c.context_length {
+        if max_depth + room > c.context_length {
             bail!(
-                "-d {} + the longer of -p {} and -n {} exceed the context of {}",
-                a.depth,
-                a.n_prompt,
-                a.n_gen,
+                "-d {max_depth} + the longest of -p and -n ({room}) exceed the context of {}",
                 c.context_length
             );
         }
         if a.place.device == load::DeviceArg::Cpu {
-            let bytes = kv.bytes(c, a.depth + room);
+            let bytes = kv.bytes(c, max_depth + room);
             let weights = std::fs::metadata(&a.model).map_or(0, |f| f.len());
             let avail = proc_kib("/proc/meminfo", "MemAvailable:");
-            check_depth_fits(a.depth, bytes, weights + a.bw_bytes as u64, avail)?;
+            check_depth_fits(max_depth, bytes, weights + a.bw_bytes as u64, avail)?;
         }
         Ok(())
     })?;
     let threads = model::pool::global().threads();
+    // The longest prompt, then the deepest fill: each test takes the start of each, so that one
+    // test alone draws the tokens it always drew.
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(42);
     let vocab = model.config.vocab as u32;
-    let prompt: Vec<u32> = (0..a.n_prompt).map(|_| rng.gen_range(0..vocab)).collect();
+    let prompt: Vec<u32> = (0..max_prompt).map(|_| rng.gen_range(0..vocab)).collect();
     let fill: Vec<u32> = match a.depth_fill {
-        DepthFill::Prompt => (0..a.depth).map(|_| rng.gen_range(0..vocab)).collect(),
+        DepthFill::Prompt => (0..max_depth).map(|_| rng.gen_range(0..vocab)).collect(),
         DepthFill::Zeros => Vec::new(),
     };
+    // Every decode test starts from the same token.
+    let first = prompt.first().copied().unwrap_or(1);
+    let fill_of = |d: usize| &fill[..d.min(fill.len())];
     let zeros = a.depth_fill == DepthFill::Zeros;
     let file_bytes = model.file().file_len();
-    let report = |place, runs: Runs, bw_after| Report {
+    let report = |place, t: Test, runs: Runs, bw_after| Report {
         model: &a.model,
         file_bytes,
         place,
         kv_cache: kv.as_str(),
         state_bytes: runs.state_bytes,
-        n_prompt: a.n_prompt,
-        n_gen: a.n_gen,
-        depth: a.depth,
+        n_prompt: t.n_prompt,
+        n_gen: t.n_gen,
+        depth: t.depth,
         depth_fill: a.depth_fill,
         reps: a.reps,
         host_logits: a.host_logits,
@@ -332,98 +354,120 @@ pub fn main(a: Args) -> Result<ExitCode> {
         tg_warmup: runs.warmup,
         bw_after,
         // The cache a decode step reads: on average the depth plus half the generated tokens.
-        bytes_per_token: bytes_per_token(&model, a.depth + a.n_gen / 2, kv),
+        bytes_per_token: bytes_per_token(&model, t.depth + t.n_gen / 2, kv),
     };
-    let r = match a.place.device {
+    let mut reports = Vec::new();
+    match a.place.device {
         load::DeviceArg::Cpu => {
             let mut probe = CpuProbe::new(a.bw_bytes);
-            let mut bw = Vec::new();
-            let runs = measure(
-                &model,
-                || {
+            for &d in &a.depth {
+                let new_state = || {
                     let mut st = model.new_state();
-                    // With a prefilled depth, only the room for it and the test.
+                    // With a prefilled depth, only the room for it and the tests.
                     if zeros {
-                        st.bench_seek(a.depth, room);
+                        st.bench_seek(d, room);
                     } else {
-                        st.bench_seek(0, a.depth + room);
+                        st.bench_seek(0, d + room);
                     }
                     Ok(st)
-                },
-                |st| st.bytes() as u64,
-                (&prompt, &fill),
-                &a,
-                || {
-                    bw.push(probe.probe());
-                    Ok(())
-                },
-            )?;
-            if bw.is_empty() {
-                bw.push(probe.probe());
+                };
+                let mut at = AtDepth::new(&model, new_state, fill_of(d), a.chunk)?;
+                for &t in tests.iter().filter(|t| t.depth == d) {
+                    let mut bw = Vec::new();
+                    let runs = measure(
+                        &model,
+                        &mut at,
+                        |st| st.bytes() as u64,
+                        (t, &prompt[..t.n_prompt], first),
+                        &a,
+                        || {
+                            bw.push(probe.probe());
+                            Ok(())
+                        },
+                    )?;
+                    if bw.is_empty() {
+                        bw.push(probe.probe());
+                    }
+                    let place = Place::Cpu {
+                        threads,
+                        peak_rss: probe.rss,
+                        simd: quant::Simd::in_use().name(),
+                    };
+                    reports.push(report(place, t, runs, bw));
+                }
             }
-            let place = Place::Cpu {
-                threads,
-                peak_rss: probe.rss,
-                simd: quant::Simd::in_use().name(),
-            };
-            report(place, runs, bw)
         }
         #[cfg(feature = "cuda")]
         load::DeviceArg::Cuda => {
             let gpu = load::cuda_model(&model, kv)?;
-            let ctx = a.depth + room + 1;
-            let new_state = || -> Result<niwaki_cuda::CudaState> {
-                let mut st = gpu.new_state(ctx)?;
-                if zeros {
-                    st.bench_seek(a.depth);
-                }
-                Ok(st)
-            };
             let test = gpu
                 .gpu()
                 .read_test(a.bw_bytes)
                 .context("the GPU's read-bandwidth test")?;
-            let mut bw = Vec::new();
             let probe = |bw: &mut Vec<f64>| -> Result<()> {
                 bw.push(gpu.gpu().read_bandwidth(&test, 5)? / 1e9);
                 Ok(())
             };
             let bytes = |st: &niwaki_cuda::CudaState| st.device_bytes() as u64;
-            let mut runs = measure(&gpu, &new_state, bytes, (&prompt, &fill), &a, || {
-                probe(&mut bw)
-            })?;
-            if bw.is_empty() {
-                probe(&mut bw)?;
+            for &d in &a.depth {
+                let new_state = || -> Result<niwaki_cuda::CudaState> {
+                    let mut st = gpu.new_state(d + room + 1)?;
+                    if zeros {
+                        st.bench_seek(d);
+                    }
+                    Ok(st)
+                };
+                let mut at = AtDepth::new(&gpu, new_state, fill_of(d), a.chunk)?;
+                for &t in tests.iter().filter(|t| t.depth == d) {
+                    let mut bw = Vec::new();
+                    let mut runs = measure(
+                        &gpu,
+                        &mut at,
+                        bytes,
+                        (t, &prompt[..t.n_prompt], first),
+                        &a,
+                        || probe(&mut bw),
+                    )?;
+                    if bw.is_empty() {
+                        probe(&mut bw)?;
+                    }
+                    // A state's device memory does not depend on the tokens it holds: with no
+                    // decode run, a fresh one's.
+                    if runs.state_bytes == 0 {
+                        runs.state_bytes = bytes(&new_state()?);
+                    }
+                    let place = Place::Cuda {
+                        device: gpu.device().name.clone(),
+                        weight_bytes: gpu.weight_bytes() as u64,
+                    };
+                    reports.push(report(place, t, runs, bw));
+                }
             }
-            let place = Place::Cuda {
-                device: gpu.device().name.clone(),
-                weight_bytes: gpu.weight_bytes() as u64,
-            };
-            // A state's device memory does not depend on the tokens it holds: with no decode
-            // run, a fresh one's.
-            if runs.state_bytes == 0 {
-                runs.state_bytes = bytes(&new_state()?);
-            }
-            report(place, runs, bw)
         }
         #[cfg(not(feature = "cuda"))]
         load::DeviceArg::Cuda => return Err(load::no_cuda()),
-    };
-    let fraction = r.fraction();
-    if fraction > 1.0 {
-        // Decode cannot outrun the memory: the bandwidth test ran while something else loaded
-        // the machine, and the fraction means nothing.
-        eprintln!(
-            "warning: decode ran above the measured bandwidth floor ({:.0}%): the bandwidth test \
-             ({:.1} GB/s) was disturbed; rerun on a quieter machine",
-            100.0 * fraction,
-            r.bandwidth().median
-        );
     }
-    if a.json {
-        println!("{}", r.json());
-    } else {
-        print!("{}", r.table());
+    for (i, r) in reports.iter().enumerate() {
+        let fraction = r.fraction();
+        if fraction > 1.0 {
+            // Decode cannot outrun the memory: the bandwidth test ran while something else
+            // loaded the machine, and the fraction means nothing.
+            eprintln!(
+                "warning: decode ran above the measured bandwidth floor ({:.0}%): the bandwidth \
+                 test ({:.1} GB/s) was disturbed; rerun on a quieter machine",
+                100.0 * fraction,
+                r.bandwidth().median
+            );
+        }
+        if a.json {
+            // One object a line, a test each.
+            println!("{}", r.json());
+        } else {
+            if i > 0 {
+                println!();
+            }
+            print!("{}", r.table());
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
