@@ -21,6 +21,8 @@ formats=${3:?formats}
 rounds=${4:?rounds}
 shift 4
 [ $# -gt 0 ] || { echo "no settings given" >&2; exit 2; }
+# A line a run: one test each (the bench's comma lists make a test a value).
+case "${BENCH_ARGS:-}" in *,*) echo "BENCH_ARGS takes one value a flag, not lists: $BENCH_ARGS" >&2; exit 2 ;; esac
 export NIWAKI_CUDA_CACHE=${NIWAKI_CUDA_CACHE:-/tmp/niwaki-cuda-cache}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,temperature.gpu --format=csv,noheader | tee "$out/gpu.txt"
