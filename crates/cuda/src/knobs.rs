@@ -112,6 +112,8 @@ const KNOBS: &[(&str, Takes)] = &[
     ("NIWAKI_CUDA_SHARE_UNROLL", Takes::OneOf(&SHARE_UNROLL)),
     // A measurement only: kernels a one-token pass leaves out (`plan::Skip`).
     ("NIWAKI_CUDA_SKIP", Takes::OneOf(&crate::plan::Skip::WORDS)),
+    // A measurement: passes of up to this many tokens run token by token (`plan::STEP_TOKENS`).
+    ("NIWAKI_CUDA_STEP_TOKENS", Takes::Number),
     ("NIWAKI_CUDA_SWIGLU_WARPS", Takes::OneOf(&SWIGLU_WARPS)),
     ("NIWAKI_CUDA_TOPK", Takes::OnOff),
     ("NIWAKI_CUDA_TOPK_SUMS", Takes::OnOff),

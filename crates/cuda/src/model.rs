@@ -3,7 +3,7 @@
 //! `exec`, the embedding rows in `embed`, greedy decoding ahead of the host in `greedy`, the
 //! harness's measurements in `probe`.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys, CudaGraph, CudaStream, PinnedHostSlice};
@@ -83,6 +83,9 @@ pub struct CudaModel {
     image_bytes: usize,
     /// Capture decode steps as CUDA graphs (on by default).
     pub use_graphs: bool,
+    /// Passes of 2 to this many tokens run token by token ([`plan::STEP_TOKENS`];
+    /// `NIWAKI_CUDA_STEP_TOKENS` sets it).
+    step_tokens: AtomicUsize,
     /// The embedding table where one-token passes look their row up on the device.
     embed_table: Option<EmbedTable>,
     /// Look one-token passes' rows up on the device where the table allows (on by default;
@@ -374,6 +377,10 @@ impl CudaModel {
             weight_bytes,
             image_bytes,
             use_graphs: true,
+            step_tokens: AtomicUsize::new(crate::knobs::number(
+                "NIWAKI_CUDA_STEP_TOKENS",
+                plan::STEP_TOKENS,
+            )),
             embed_table,
             device_embed: AtomicBool::new(crate::knobs::flag("NIWAKI_CUDA_DEVICE_EMBED", true)),
             run_ahead: AtomicBool::new(crate::knobs::flag("NIWAKI_CUDA_RUN_AHEAD", true)),
@@ -626,8 +633,34 @@ impl CudaModel {
         Ok(row)
     }
 
-    /// One GPU pass over at most `MAX_CHUNK` tokens, waited for.
+    /// One GPU pass over at most `MAX_CHUNK` tokens, waited for; a short one (see
+    /// [`plan::STEP_TOKENS`]) as one-token passes, the last computing what this one would.
     fn run(&self, st: &mut CudaState, tokens: &[u32], head: Head, tail: Tail) -> Result<()> {
+        match tokens.split_last() {
+            Some((&last, rest))
+                if !rest.is_empty() && tokens.len() <= self.step_tokens() && head != Head::All =>
+            {
+                for &t in rest {
+                    self.run_pass(st, &[t], Head::None, Tail::None)?;
+                }
+                self.run_pass(st, &[last], head, tail)
+            }
+            _ => self.run_pass(st, tokens, head, tail),
+        }
+    }
+
+    /// Passes of 2 to this many tokens run token by token ([`plan::STEP_TOKENS`]).
+    pub fn step_tokens(&self) -> usize {
+        self.step_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Sets [`CudaModel::step_tokens`] (0: never); returns the previous setting.
+    pub fn set_step_tokens(&self, n: usize) -> usize {
+        self.step_tokens.swap(n, Ordering::Relaxed)
+    }
+
+    /// One GPU pass, waited for.
+    fn run_pass(&self, st: &mut CudaState, tokens: &[u32], head: Head, tail: Tail) -> Result<()> {
         let launched = self.enqueue_pass(st, Feed::Tokens(tokens), head, tail);
         // Whatever happened, the stream is synchronized before `host_x` can be written again.
         let synced = st.stream.synchronize().ctx(|| "forward pass".into());

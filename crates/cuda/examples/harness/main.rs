@@ -18,7 +18,8 @@
 //! `NIWAKI_HARNESS_ONLY=topk` sampling's top-k selection alone, `NIWAKI_HARNESS_ONLY=fused` the
 //! merged decode kernels against the kernels they replace, `NIWAKI_HARNESS_ONLY=ahead` greedy
 //! steps run ahead of the host against host-fed passes, `NIWAKI_HARNESS_ONLY=rewind` a sequence
-//! rewound to a checkpoint against a fresh one, `NIWAKI_HARNESS_ONLY=attention` the
+//! rewound to a checkpoint against a fresh one, `NIWAKI_HARNESS_ONLY=steps` short passes run
+//! token by token against one call a token, `NIWAKI_HARNESS_ONLY=attention` the
 //! attention kernels' checks and decode at depth (`=depth`: decode at depth alone),
 //! `NIWAKI_HARNESS_ONLY=prefill` the query-tiled attention's checks and times alone,
 //! `NIWAKI_HARNESS_ONLY=determinism` ten identical greedy requests and the q8_0 cache's
@@ -54,6 +55,7 @@ mod pdl;
 mod report;
 mod rewind;
 mod sampling;
+mod steps;
 
 use bench::bench_27b;
 use gemm::gemm_speed;
@@ -175,6 +177,11 @@ fn run(rep: &mut Report) -> R<()> {
         Ok("rewind") => {
             drop(gpu);
             return rewind::rewind_checks(rep);
+        }
+        // Short passes token by token against one call a token, bit for bit.
+        Ok("steps") => {
+            drop(gpu);
+            return steps::step_checks(rep);
         }
         // Greedy steps run ahead of the host against host-fed passes, bit for bit.
         Ok("ahead") => {
@@ -303,6 +310,8 @@ fn run(rep: &mut Report) -> R<()> {
     ahead::greedy_ahead(rep)?;
     rep.line("");
     rewind::rewind_checks(rep)?;
+    rep.line("");
+    steps::step_checks(rep)?;
     rep.line("");
     sampling::model_topk(rep)?;
     rep.line("");

@@ -163,12 +163,21 @@ impl CudaModel {
                 self.run(st, &tokens[s..s + len], Head::None, Tail::None)?;
                 continue;
             }
-            let feed = Feed::Tokens(&tokens[s..]);
+            // A short pass token by token (`plan::STEP_TOKENS`): all but its last waited for.
+            let split = if len > 1 && len <= self.step_tokens() {
+                n - 1
+            } else {
+                s
+            };
+            if split > s {
+                self.run(st, &tokens[s..split], Head::None, Tail::None)?;
+            }
+            let feed = Feed::Tokens(&tokens[split..]);
             let launched = self
                 .enqueue_pass(st, feed, Head::Last, Tail::Argmax)
                 .and_then(|()| st.enqueue_pick());
             let slot = launched.map_err(|e| self.fail(st, e))?;
-            st.pos += len;
+            st.pos += n - split;
             return Ok(slot);
         }
         Err(CudaError::Unsupported(

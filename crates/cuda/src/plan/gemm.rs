@@ -16,6 +16,11 @@ pub const GEMM_ROW_STRIDE: usize = 48;
 const _: () = assert!(GEMM_ROW_STRIDE >= 16 * GEMM_STAGE_VALUES / 64);
 /// Passes of fewer tokens use the dp4a kernels: a GEMM tile of 64 tokens would mostly idle.
 pub const GEMM_MIN_TOKENS: usize = 16;
+/// Passes of 2 to this many tokens run token by token as one-token passes (their graphs, the
+/// decode GEMVs), where no pass asks for every token's logits; 0: never. A measurement's
+/// choice (`NIWAKI_CUDA_STEP_TOKENS`): what a short pass costs on the dp4a kernels against
+/// that many decode steps is not yet measured, so off.
+pub const STEP_TOKENS: usize = 0;
 
 /// The GEMM kernel variants: 16-row mma tiles per warp.
 pub const GEMM_MI: [usize; 2] = [1, 2];
