@@ -6,6 +6,7 @@ mod picks;
 mod plan;
 mod report;
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -294,6 +295,41 @@ fn measure<B: engine::Backend, F: Fn() -> Result<B::State>>(
     })
 }
 
+/// Writes each test's report as soon as it is measured, so that a sweep cut short keeps what
+/// it measured: a JSON object a line, or a table each, a blank line between.
+struct Emit {
+    json: bool,
+    written: usize,
+}
+
+impl Emit {
+    fn emit(&mut self, r: &Report) -> Result<()> {
+        let fraction = r.fraction();
+        if fraction > 1.0 {
+            // Decode cannot outrun the memory: the bandwidth test ran while something else
+            // loaded the machine, and the fraction means nothing.
+            eprintln!(
+                "warning: decode ran above the measured bandwidth floor ({:.0}%): the bandwidth \
+                 test ({:.1} GB/s) was disturbed; rerun on a quieter machine",
+                100.0 * fraction,
+                r.bandwidth().median
+            );
+        }
+        let mut stdout = std::io::stdout().lock();
+        if self.json {
+            writeln!(stdout, "{}", r.json())?;
+        } else {
+            if self.written > 0 {
+                writeln!(stdout)?;
+            }
+            write!(stdout, "{}", r.table())?;
+        }
+        stdout.flush()?;
+        self.written += 1;
+        Ok(())
+    }
+}
+
 pub fn main(a: Args) -> Result<ExitCode> {
     if a.reps == 0 {
         bail!("-r must be at least 1");
@@ -356,11 +392,15 @@ pub fn main(a: Args) -> Result<ExitCode> {
         // The cache a decode step reads: on average the depth plus half the generated tokens.
         bytes_per_token: bytes_per_token(&model, t.depth + t.n_gen / 2, kv),
     };
-    let mut reports = Vec::new();
+    let mut out = Emit {
+        json: a.json,
+        written: 0,
+    };
     match a.place.device {
         load::DeviceArg::Cpu => {
             let mut probe = CpuProbe::new(a.bw_bytes);
-            for &d in &a.depth {
+            for at_depth in tests.chunk_by(|x, y| x.depth == y.depth) {
+                let d = at_depth[0].depth;
                 let new_state = || {
                     let mut st = model.new_state();
                     // With a prefilled depth, only the room for it and the tests.
@@ -372,7 +412,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
                     Ok(st)
                 };
                 let mut at = AtDepth::new(&model, new_state, fill_of(d), a.chunk)?;
-                for &t in tests.iter().filter(|t| t.depth == d) {
+                for &t in at_depth {
                     let mut bw = Vec::new();
                     let runs = measure(
                         &model,
@@ -393,7 +433,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
                         peak_rss: probe.rss,
                         simd: quant::Simd::in_use().name(),
                     };
-                    reports.push(report(place, t, runs, bw));
+                    out.emit(&report(place, t, runs, bw))?;
                 }
             }
         }
@@ -409,7 +449,8 @@ pub fn main(a: Args) -> Result<ExitCode> {
                 Ok(())
             };
             let bytes = |st: &niwaki_cuda::CudaState| st.device_bytes() as u64;
-            for &d in &a.depth {
+            for at_depth in tests.chunk_by(|x, y| x.depth == y.depth) {
+                let d = at_depth[0].depth;
                 let new_state = || -> Result<niwaki_cuda::CudaState> {
                     let mut st = gpu.new_state(d + room + 1)?;
                     if zeros {
@@ -418,7 +459,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
                     Ok(st)
                 };
                 let mut at = AtDepth::new(&gpu, new_state, fill_of(d), a.chunk)?;
-                for &t in tests.iter().filter(|t| t.depth == d) {
+                for &t in at_depth {
                     let mut bw = Vec::new();
                     let mut runs = measure(
                         &gpu,
@@ -440,34 +481,12 @@ pub fn main(a: Args) -> Result<ExitCode> {
                         device: gpu.device().name.clone(),
                         weight_bytes: gpu.weight_bytes() as u64,
                     };
-                    reports.push(report(place, t, runs, bw));
+                    out.emit(&report(place, t, runs, bw))?;
                 }
             }
         }
         #[cfg(not(feature = "cuda"))]
         load::DeviceArg::Cuda => return Err(load::no_cuda()),
-    }
-    for (i, r) in reports.iter().enumerate() {
-        let fraction = r.fraction();
-        if fraction > 1.0 {
-            // Decode cannot outrun the memory: the bandwidth test ran while something else
-            // loaded the machine, and the fraction means nothing.
-            eprintln!(
-                "warning: decode ran above the measured bandwidth floor ({:.0}%): the bandwidth \
-                 test ({:.1} GB/s) was disturbed; rerun on a quieter machine",
-                100.0 * fraction,
-                r.bandwidth().median
-            );
-        }
-        if a.json {
-            // One object a line, a test each.
-            println!("{}", r.json());
-        } else {
-            if i > 0 {
-                println!();
-            }
-            print!("{}", r.table());
-        }
     }
     Ok(ExitCode::SUCCESS)
 }
