@@ -637,9 +637,7 @@ impl CudaModel {
     /// [`plan::STEP_TOKENS`]) as one-token passes, the last computing what this one would.
     fn run(&self, st: &mut CudaState, tokens: &[u32], head: Head, tail: Tail) -> Result<()> {
         match tokens.split_last() {
-            Some((&last, rest))
-                if !rest.is_empty() && tokens.len() <= self.step_tokens() && head != Head::All =>
-            {
+            Some((&last, rest)) if self.stepped(tokens.len()) && head != Head::All => {
                 for &t in rest {
                     self.run_pass(st, &[t], Head::None, Tail::None)?;
                 }
@@ -652,6 +650,11 @@ impl CudaModel {
     /// Passes of 2 to this many tokens run token by token ([`plan::STEP_TOKENS`]).
     pub fn step_tokens(&self) -> usize {
         self.step_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Whether a pass of `n` tokens runs token by token.
+    fn stepped(&self, n: usize) -> bool {
+        n > 1 && n <= self.step_tokens()
     }
 
     /// Sets [`CudaModel::step_tokens`] (0: never); returns the previous setting.

@@ -164,11 +164,7 @@ impl CudaModel {
                 continue;
             }
             // A short pass token by token (`plan::STEP_TOKENS`): all but its last waited for.
-            let split = if len > 1 && len <= self.step_tokens() {
-                n - 1
-            } else {
-                s
-            };
+            let split = if self.stepped(len) { n - 1 } else { s };
             if split > s {
                 self.run(st, &tokens[s..split], Head::None, Tail::None)?;
             }

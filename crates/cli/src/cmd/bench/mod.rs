@@ -237,13 +237,13 @@ impl<'a, B: engine::Backend, F: Fn() -> Result<B::State>> AtDepth<'a, B, F> {
 /// at its depth ([`AtDepth`]); `after_decode` runs after each decode repetition, `bytes` tells
 /// a state's size.
 fn measure<B: engine::Backend, F: Fn() -> Result<B::State>>(
-    model: &B,
     depth: &mut AtDepth<'_, B, F>,
     bytes: impl Fn(&B::State) -> u64,
     (t, prompt, first): (Test, &[u32], u32),
     a: &Args,
     mut after_decode: impl FnMut() -> Result<()>,
 ) -> Result<Runs> {
+    let model = depth.model;
     let mut pp = Vec::new();
     for r in 0..a.reps {
         if t.n_prompt == 0 {
@@ -415,7 +415,6 @@ pub fn main(a: Args) -> Result<ExitCode> {
                 for &t in at_depth {
                     let mut bw = Vec::new();
                     let runs = measure(
-                        &model,
                         &mut at,
                         |st| st.bytes() as u64,
                         (t, &prompt[..t.n_prompt], first),
@@ -462,7 +461,6 @@ pub fn main(a: Args) -> Result<ExitCode> {
                 for &t in at_depth {
                     let mut bw = Vec::new();
                     let mut runs = measure(
-                        &gpu,
                         &mut at,
                         bytes,
                         (t, &prompt[..t.n_prompt], first),
