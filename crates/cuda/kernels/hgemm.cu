@@ -20,7 +20,7 @@
 //
 // Tiles: WG warpgroups (3 or 4: plan/gemm.rs picks, per matrix, the one whose grid fills the
 // multiprocessors' waves best); warpgroup w owns rows 64w .. 64w+63 of the block's 64·WG, for
-// all HG_BN tokens (one m64nHG_BNk16 wgmma per 16 values of k); each of its warps holds the A
+// all BN tokens (one m64nBNk16 wgmma per 16 values of k); each of its warps holds the A
 // fragments (registers) of 16 of those rows, and issues its MMAs two k steps per commit group.
 // K advances 128 values per stage through a ring of HG_STAGES stages, loaded HG_STAGES − 2
 // ahead (the buffer a load overwrites was last read two stages back, by MMAs already waited
@@ -35,15 +35,42 @@
 // with cp.async, and a block barrier per stage, took twice as long: MIO throttle and barrier
 // stalls.) Rows must be whole stages (columns a multiple of 128); tokens and rows past the ends
 // arrive as zeros. A grid's z index splits K (gemm_reduce adds the partial sums).
-#if !defined(HG_STAGES) || !defined(HG_STAGE_FIXED) || !defined(HG_STAGE_PER_WG) || !defined(HG_BN) || !defined(HG_TMA_EXTRA)
-#error "HG_STAGES, HG_STAGE_FIXED, HG_STAGE_PER_WG, HG_BN and HG_TMA_EXTRA must be defined by the host"
+#if !defined(HG_STAGES) || !defined(HG_STAGE_PER_WG) || !defined(HG_TMA_EXTRA)
+#error "HG_STAGES, HG_STAGE_PER_WG and HG_TMA_EXTRA must be defined by the host"
 #endif
 #define HG_KC 128
-static_assert(HG_STAGES >= 3 && HG_BN == 128, "hgemm tile shape");
+static_assert(HG_STAGES >= 3, "hgemm pipeline depth");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// d (64×128 f32, this thread's 64) += A (64×16 f16, registers) · B (16×128 f16, shared memory).
-__device__ __forceinline__ void wgmma_64x128x16(float* d, const u32* a, u64 desc) {
+// d (64×N f32, this thread's N/2) += A (64×16 f16, registers) · B (16×N f16, shared memory).
+template <int N>
+__device__ __forceinline__ void wgmma_64xNx16(float* d, const u32* a, u64 desc);
+template <>
+__device__ __forceinline__ void wgmma_64xNx16<16>(float* d, const u32* a, u64 desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+template <>
+__device__ __forceinline__ void wgmma_64xNx16<32>(float* d, const u32* a, u64 desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+template <>
+__device__ __forceinline__ void wgmma_64xNx16<64>(float* d, const u32* a, u64 desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+template <>
+__device__ __forceinline__ void wgmma_64xNx16<128>(float* d, const u32* a, u64 desc) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
@@ -69,7 +96,7 @@ __device__ __forceinline__ void hg_load_scales(const u16* __restrict__ scales, i
 // activations (two boxes of 64 values, 128-byte swizzle) at shared address xbase, the weight
 // scales dsc (stage order, [h][j]). `first_done` runs once the previous stage's MMAs are known
 // complete.
-template <int FMT, class Done>
+template <int FMT, int BN, class Done>
 __device__ __forceinline__ void hg_stage_mmas(float* acc, const u32* w0, const u32* w8, int swz, int t,
                                               const u32* dsc, u32 xbase, Done first_done) {
     constexpr int SPS = HG_KC / (FMT == FMT_Q2G64 ? 64 : 128);
@@ -108,8 +135,8 @@ __device__ __forceinline__ void hg_stage_mmas(float* acc, const u32* w0, const u
         for (int k = 0; k < 2; k++) {
             // k step j of 64-value block i starts 32·j bytes into box i.
             const int step = 2 * pair + k;
-            const u32 box = xbase + (step >> 2) * (HG_BN * 64 * 2) + (step & 3) * 32;
-            wgmma_64x128x16(acc, a[pair & 1][k], wg_desc_sw128(box));
+            const u32 box = xbase + (step >> 2) * (BN * 64 * 2) + (step & 3) * 32;
+            wgmma_64xNx16<BN>(acc, a[pair & 1][k], wg_desc_sw128(box));
         }
         wg_commit();
         // The previous pair's MMAs are done: its fragment buffer may be rewritten (after the
@@ -119,14 +146,15 @@ __device__ __forceinline__ void hg_stage_mmas(float* acc, const u32* w0, const u
     }
 }
 
-// Accumulator e: row rbase (+8 for e % 4 ≥ 2), token 8·(e / 4) + 2t + e % 2.
+// Accumulator e (of BN / 2): row rbase (+8 for e % 4 ≥ 2), token 8·(e / 4) + 2t + e % 2.
+template <int BN>
 __device__ __forceinline__ void hg_store(float* acc, int row0, int rbase, int tok0, int t, int rows, int ntok,
                                          float* __restrict__ out, int out_stride, int accumulate) {
     wg_wait<0>();
 #pragma unroll
-    for (int e = 0; e < 64; e++) wg_reg_fence(acc[e]);
+    for (int e = 0; e < BN / 2; e++) wg_reg_fence(acc[e]);
 #pragma unroll
-    for (int e = 0; e < 64; e++) {
+    for (int e = 0; e < BN / 2; e++) {
         const int row = row0 + rbase + ((e >> 1) & 1) * 8;
         const int tok = tok0 + (e >> 2) * 8 + 2 * t + (e & 1);
         if (row < rows && tok < ntok) {
@@ -136,7 +164,7 @@ __device__ __forceinline__ void hg_store(float* acc, int row0, int rbase, int to
     }
 }
 
-template <int FMT, int WG>
+template <int FMT, int WG, int BN>
 __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __restrict__ scales, int rows, int cols,
                                                const TmaMap& xmap, int ntok, float* __restrict__ out, int out_stride,
                                                int accumulate, long long zstride) {
@@ -146,19 +174,19 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
     constexpr int BM = WG * 64;
     constexpr int NTH = WG * 128;
     constexpr int ROWB = FMT == FMT_Q1 ? 16 : 32;       // code bytes of a row per stage
-    constexpr int X_BYTES = HG_BN * HG_KC * 2;          // two 16 KiB boxes of activations
+    constexpr int X_BYTES = BN * HG_KC * 2;             // two boxes of activations (BN × 64)
     constexpr int W_OFF = X_BYTES;
     constexpr int S_OFF = W_OFF + BM * 32;
     constexpr int STAGE = S_OFF + NTH * 8;
     constexpr int D = HG_STAGES - 2;
-    static_assert(STAGE == HG_STAGE_FIXED + WG * HG_STAGE_PER_WG && STAGE % 1024 == 0,
+    static_assert(BN % 16 == 0 && STAGE == X_BYTES + WG * HG_STAGE_PER_WG && STAGE % 1024 == 0,
                   "the host sizes the stages as laid out here");
     static_assert(HG_TMA_EXTRA >= 1024 + 16 * HG_STAGES, "room to align the stages and for the barriers");
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int rbase = (warp >> 2) * 64 + (warp & 3) * 16 + g;
     const int swz = FMT == FMT_Q1 ? 0 : (g >> 2) & 1;
-    const int tok0 = blockIdx.x * HG_BN, row0 = blockIdx.y * BM;
+    const int tok0 = blockIdx.x * BN, row0 = blockIdx.y * BM;
     const int nst = cols / HG_KC, spr = cols / SV;
     const int st0 = (int)((long long)nst * blockIdx.z / gridDim.z);
     const int st1 = (int)((long long)nst * (blockIdx.z + 1) / gridDim.z);
@@ -216,9 +244,9 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
     if (tid == 0)
         for (int s = st0; s < min(st0 + D, st1); s++) issue_acts(s);
 
-    float acc[64];
+    float acc[BN / 2];
 #pragma unroll
-    for (int e = 0; e < 64; e++) acc[e] = 0.0f;
+    for (int e = 0; e < BN / 2; e++) acc[e] = 0.0f;
 
     for (int s = st0; s < st1; s++) {
         const int u = s - st0, b = u % HG_STAGES;
@@ -242,7 +270,7 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
         }
         mbar_wait(full(b), (u32)(u / HG_STAGES) & 1u);
         const unsigned char* st = sm + b * STAGE;
-        hg_stage_mmas<FMT>(
+        hg_stage_mmas<FMT, BN>(
             acc, (const u32*)(st + W_OFF + rbase * ROWB), (const u32*)(st + W_OFF + (rbase + 8) * ROWB), swz, t,
             dsc, base + b * STAGE,
             [&] {
@@ -250,29 +278,47 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
             });
         if (more) store_scales(s + D, sp);
     }
-    hg_store(acc, row0, rbase, tok0, t, rows, ntok, out, out_stride, accumulate);
+    hg_store<BN>(acc, row0, rbase, tok0, t, rows, ntok, out, out_stride, accumulate);
 }
-#define HGEMM_CALL(FMT, WG) \
-    hgemm_body<FMT, WG>(wmap, scales, rows, cols, xmap, ntok, out, out_stride, accumulate, zstride)
+#define HGEMM_CALL(FMT, WG, BN) \
+    hgemm_body<FMT, WG, BN>(wmap, scales, rows, cols, xmap, ntok, out, out_stride, accumulate, zstride)
 #else
-#define HGEMM_CALL(FMT, WG) __trap()
+#define HGEMM_CALL(FMT, WG, BN) __trap()
 #endif
 
-// grid (ceil(ntok / HG_BN), ceil(rows / (64·WG)), K splits), block 128·WG; the codes and the
+// grid (ceil(ntok / BN), ceil(rows / (64·WG)), K splits), block 128·WG; the codes and the
 // activations as tensor maps (plan/gemm.rs: hgemm_weight_tile, hgemm_act_tile); dynamic shared
 // memory HG_STAGES stages + HG_TMA_EXTRA (GemmKernel::smem_bytes); one block per multiprocessor
-// (its registers).
-#define HGEMM_KERNEL(name, FMT, WG)                                                                  \
+// (its registers). A variant per format, warpgroups and tokens a block (BN: 128 for long
+// passes, fewer for short ones, whose MMAs on tokens past the pass's end would be wasted).
+#define HGEMM_KERNEL(name, FMT, WG, BN)                                                              \
     ENTRY __global__ void __launch_bounds__(WG * 128, 1)                                            \
         name(const __grid_constant__ TmaMap wmap, const u16* __restrict__ scales, int rows, int cols,     \
              const __grid_constant__ TmaMap xmap, int ntok, float* __restrict__ out, int out_stride,      \
              int accumulate, long long zstride) {                                                        \
-        HGEMM_CALL(FMT, WG);                                                                         \
+        HGEMM_CALL(FMT, WG, BN);                                                                     \
     }
-
-HGEMM_KERNEL(hgemm_q1_w3, FMT_Q1, 3)
-HGEMM_KERNEL(hgemm_q1_w4, FMT_Q1, 4)
-HGEMM_KERNEL(hgemm_q2g64_w3, FMT_Q2G64, 3)
-HGEMM_KERNEL(hgemm_q2g64_w4, FMT_Q2G64, 4)
-HGEMM_KERNEL(hgemm_q2g128_w3, FMT_Q2G128, 3)
-HGEMM_KERNEL(hgemm_q2g128_w4, FMT_Q2G128, 4)
+HGEMM_KERNEL(hgemm_q1_w3_n16, FMT_Q1, 3, 16)
+HGEMM_KERNEL(hgemm_q1_w3_n32, FMT_Q1, 3, 32)
+HGEMM_KERNEL(hgemm_q1_w3_n64, FMT_Q1, 3, 64)
+HGEMM_KERNEL(hgemm_q1_w3_n128, FMT_Q1, 3, 128)
+HGEMM_KERNEL(hgemm_q1_w4_n16, FMT_Q1, 4, 16)
+HGEMM_KERNEL(hgemm_q1_w4_n32, FMT_Q1, 4, 32)
+HGEMM_KERNEL(hgemm_q1_w4_n64, FMT_Q1, 4, 64)
+HGEMM_KERNEL(hgemm_q1_w4_n128, FMT_Q1, 4, 128)
+HGEMM_KERNEL(hgemm_q2g64_w3_n16, FMT_Q2G64, 3, 16)
+HGEMM_KERNEL(hgemm_q2g64_w3_n32, FMT_Q2G64, 3, 32)
+HGEMM_KERNEL(hgemm_q2g64_w3_n64, FMT_Q2G64, 3, 64)
+HGEMM_KERNEL(hgemm_q2g64_w3_n128, FMT_Q2G64, 3, 128)
+HGEMM_KERNEL(hgemm_q2g64_w4_n16, FMT_Q2G64, 4, 16)
+HGEMM_KERNEL(hgemm_q2g64_w4_n32, FMT_Q2G64, 4, 32)
+HGEMM_KERNEL(hgemm_q2g64_w4_n64, FMT_Q2G64, 4, 64)
+HGEMM_KERNEL(hgemm_q2g64_w4_n128, FMT_Q2G64, 4, 128)
+HGEMM_KERNEL(hgemm_q2g128_w3_n16, FMT_Q2G128, 3, 16)
+HGEMM_KERNEL(hgemm_q2g128_w3_n32, FMT_Q2G128, 3, 32)
+HGEMM_KERNEL(hgemm_q2g128_w3_n64, FMT_Q2G128, 3, 64)
+HGEMM_KERNEL(hgemm_q2g128_w3_n128, FMT_Q2G128, 3, 128)
+HGEMM_KERNEL(hgemm_q2g128_w4_n16, FMT_Q2G128, 4, 16)
+HGEMM_KERNEL(hgemm_q2g128_w4_n32, FMT_Q2G128, 4, 32)
+HGEMM_KERNEL(hgemm_q2g128_w4_n64, FMT_Q2G128, 4, 64)
+HGEMM_KERNEL(hgemm_q2g128_w4_n128, FMT_Q2G128, 4, 128)

@@ -102,8 +102,12 @@ const KNOBS: &[(&str, Takes)] = &[
     ),
     ("NIWAKI_CUDA_GDN_CHUNK", Takes::OnOff),
     ("NIWAKI_CUDA_GDN_ROWS", Takes::OneOf(&GDN_ROWS)),
+    // A measurement: the fewest tokens a pass multiplies on the tensor cores.
+    ("NIWAKI_CUDA_GEMM_MIN_TOKENS", Takes::Number),
     ("NIWAKI_CUDA_GEMV1", Takes::OnOff),
     ("NIWAKI_CUDA_GEMV1_SHARE", Takes::OnOff),
+    // A measurement: the f16 GEMM's narrower tiles for short passes.
+    ("NIWAKI_CUDA_HGEMM_NARROW", Takes::OnOff),
     ("NIWAKI_CUDA_MMA", Takes::OnOff),
     ("NIWAKI_CUDA_PDL", Takes::OnOff),
     ("NIWAKI_CUDA_PREFETCH_MB", Takes::Number),

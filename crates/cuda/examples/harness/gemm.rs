@@ -1,7 +1,7 @@
 //! The tensor-core prefill GEMMs: checks against their twins, and their speed on the 27B shapes.
 
 use model::synth::BlockPool;
-use niwaki_cuda::gpu::{DevBuf, GemvIo, Gpu};
+use niwaki_cuda::gpu::{DevBuf, DevMat, GemvIo, Gpu};
 use niwaki_cuda::plan::GemmKernel;
 use niwaki_cuda::repack::{self, FORMATS};
 use quant::Format;
@@ -72,11 +72,15 @@ pub(crate) fn gemm_checks(rep: &mut Report, gpu: &Gpu, rng: &mut ChaCha8Rng) -> 
         let mut worst = vec![0f64; kernels.len()];
         let mut vs_dp4a = vec![0f64; kernels.len()];
         let mut launches = 0;
-        for (rows, cols, ntoks) in [
-            (1001usize, 5120usize, &[17usize, 256][..]),
+        // Passes as short as two tokens: a pass may take the GEMM from
+        // `Gpu::gemm_min_tokens` on.
+        let shapes = [
+            (1001usize, 5120usize, &[3usize, 17, 256][..]),
             (77, 17408, &[100][..]),
-            (300, 384, &[16, 64][..]),
-        ] {
+            (300, 384, &[2, 5, 9, 16, 64][..]),
+        ];
+        let cases: usize = shapes.iter().map(|(_, _, n)| n.len()).sum();
+        for (rows, cols, ntoks) in shapes {
             let pool = BlockPool::new(format, cols, 13)?;
             let data = pool.fill(format.row_bytes(cols)? * rows, 9);
             let p = repack::repack("m", format, &data, rows, cols)?;
@@ -162,9 +166,10 @@ pub(crate) fn gemm_checks(rep: &mut Report, gpu: &Gpu, rng: &mut ChaCha8Rng) -> 
             };
             // The f16 kernel must also stay within the int8 activations' own error of the dp4a
             // kernel (≈ 3e-4 of Σ|w·x| against exact products).
-            let ok = worst[ki] < 1e-5 && vs_dp4a[ki] < 1e-2 && launches == 10 * kernels.len();
+            let ok =
+                worst[ki] < 1e-5 && vs_dp4a[ki] < 1e-2 && launches == 2 * cases * kernels.len();
             rep.line(format!(
-                "| gemm {format} ({name} tensor cores, {kernel:?}, += prior, whole and split K) | 1001×5120 17/256 tokens, 77×17408 100, 300×384 16/64 | {} | vs {twin} {:.1e} (tol 1e-5), vs the dp4a kernel {:.1e} (tol 1e-2), as a fraction of Σ|w·x| |",
+                "| gemm {format} ({name} tensor cores, {kernel:?}, += prior, whole and split K) | 1001×5120 3/17/256 tokens, 77×17408 100, 300×384 2/5/9/16/64 | {} | vs {twin} {:.1e} (tol 1e-5), vs the dp4a kernel {:.1e} (tol 1e-2), as a fraction of Σ|w·x| |",
                 if ok { "PASS" } else { "FAIL" },
                 worst[ki],
                 vs_dp4a[ki]
@@ -181,12 +186,19 @@ pub(crate) fn gemm_speed(rep: &mut Report, gpu: &Gpu) -> R<()> {
     let s = &gpu.stream;
     let ntok = niwaki_cuda::plan::MAX_CHUNK;
     rep.line("");
-    let kernels = gpu.gemm_kernels();
+    // The widest f16 tiles here; the narrower ones in the short passes' table below.
+    let kernels: Vec<GemmKernel> = gpu
+        .gemm_kernels()
+        .into_iter()
+        .filter(|k| !matches!(k, GemmKernel::F16 { tokens, .. } if *tokens < ntok.min(128)))
+        .collect();
     let names: Vec<String> = kernels
         .iter()
         .map(|k| match k {
             GemmKernel::Int8 { mi } => format!("int8, {mi} tile(s)/warp µs"),
-            GemmKernel::F16 { wg } => format!("f16 wgmma, {wg} warpgroups µs"),
+            GemmKernel::F16 { wg, tokens } => {
+                format!("f16 wgmma, {wg} warpgroups × {tokens} tokens µs")
+            }
         })
         .collect();
     rep.line(format!(
@@ -202,16 +214,8 @@ pub(crate) fn gemm_speed(rep: &mut Report, gpu: &Gpu) -> R<()> {
     let part_floats = niwaki_cuda::plan::GEMM_MAX_SPLITS * ntok * 5120;
     let part = gpu.alloc(4 * part_floats, "gemm partial sums")?;
     for format in [Format::Q2_0, Format::Q1_0, Format::PQ2_0] {
-        for (rows, cols) in [
-            (34816usize, 5120usize),
-            (16480, 5120),
-            (5120, 6144),
-            (5120, 17408),
-        ] {
-            let pool = BlockPool::new(format, cols, 1)?;
-            let data = pool.fill(format.row_bytes(cols)? * rows, 2);
-            let p = repack::repack("m", format, &data, rows, cols)?;
-            let m = gpu.upload_packed(&p, "bench")?;
+        for (rows, cols) in SHAPES_27B {
+            let m = random_matrix(gpu, format, rows, cols)?;
             let x: Vec<f32> = (0..ntok * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let acts = Acts::new(gpu, &x, cols, ntok)?;
             let out = gpu.alloc(4 * rows * ntok, "out")?;
@@ -247,6 +251,58 @@ pub(crate) fn gemm_speed(rep: &mut Report, gpu: &Gpu) -> R<()> {
                 int8_best / best
             ));
             rep.line(line);
+        }
+    }
+    short_gemm_speed(rep, gpu, &part, part_floats)
+}
+
+/// The 27B's matrices' shapes (rows × cols): gate | up, the recurrent in-projection, the
+/// recurrent out-projection, the down projection.
+const SHAPES_27B: [(usize, usize); 4] = [(34816, 5120), (16480, 5120), (5120, 6144), (5120, 17408)];
+
+/// A `rows × cols` matrix of random blocks of `format` on the GPU.
+fn random_matrix(gpu: &Gpu, format: Format, rows: usize, cols: usize) -> R<DevMat> {
+    let pool = BlockPool::new(format, cols, 1)?;
+    let data = pool.fill(format.row_bytes(cols)? * rows, 2);
+    let p = repack::repack("m", format, &data, rows, cols)?;
+    Ok(gpu.upload_packed(&p, "bench")?)
+}
+
+/// Short passes' GEMMs on the 27B shapes: the dp4a kernels, the f16 GEMM in its widest tiles
+/// and in the tiles [`GemmKernel::preferred`] takes for the pass (µs, mean of 20).
+fn short_gemm_speed(rep: &mut Report, gpu: &Gpu, part: &DevBuf, part_floats: usize) -> R<()> {
+    let s = &gpu.stream;
+    let sms = gpu.info.multiprocessors as usize;
+    rep.line("");
+    rep.line("| short pass GEMM | shape | tokens | dp4a kernels µs | f16, 128-token tiles µs | preferred µs | preferred |");
+    rep.line("|---|---|---|---|---|---|---|");
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for format in [Format::Q1_0, Format::Q2_0] {
+        for (rows, cols) in SHAPES_27B {
+            let m = random_matrix(gpu, format, rows, cols)?;
+            for ntok in [2usize, 4, 8, 16, 32, 64] {
+                let x: Vec<f32> = (0..ntok * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                let acts = Acts::new(gpu, &x, cols, ntok)?;
+                let out = gpu.alloc(4 * rows * ntok, "out")?;
+                let io = GemvIo {
+                    split_scratch: Some((part.ptr, part_floats)),
+                    ..acts.io(out.ptr, rows)
+                };
+                let preferred = GemmKernel::preferred(true, rows, cols, ntok, sms, part_floats);
+                let wide = match preferred {
+                    GemmKernel::F16 { wg, .. } => GemmKernel::F16 { wg, tokens: 128 },
+                    k => k,
+                };
+                let dp4a = gpu.time(s, 20, || gpu.gemv_plain(s, &m, &io))?;
+                let t_wide = gpu.time(s, 20, || gpu.gemm_with(s, &m, &io, wide))?;
+                let t_pref = gpu.time(s, 20, || gpu.gemm_with(s, &m, &io, preferred))?;
+                rep.line(format!(
+                    "| {format} | {rows}×{cols} | {ntok} | {:.1} | {:.1} | {:.1} | {preferred:?} |",
+                    dp4a * 1e6,
+                    t_wide * 1e6,
+                    t_pref * 1e6
+                ));
+            }
         }
     }
     Ok(())

@@ -61,12 +61,11 @@ pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) ->
 }
 
 /// The split attention's staging on a device with `smem_limit` bytes of shared memory a
-/// block: the plan's ([`plan::attn_ring_positions`], [`plan::AttnRing::simt`]), the f16
-/// tensor-core split's warps, stages and prefetch distance as a measurement sets them
-/// (`NIWAKI_CUDA_ATTN_MMA_WARPS`, `_STAGES`, `_PREFETCH`). What the program is compiled for
-/// and the backend launches with.
+/// block: the plan's for it ([`plan::attn_ring`]), the f16 tensor-core split's warps, stages
+/// and prefetch distance as a measurement sets them (`NIWAKI_CUDA_ATTN_MMA_WARPS`, `_STAGES`,
+/// `_PREFETCH`). What the program is compiled for and the backend launches with.
 pub fn attn_ring(dims: &Dims, smem_limit: usize) -> plan::AttnRing {
-    let mut ring = plan::AttnRing::simt(plan::attn_ring_positions(dims, smem_limit));
+    let mut ring = plan::attn_ring(dims, smem_limit);
     let number = |name| crate::knobs::word(name).and_then(|w| w.parse::<usize>().ok());
     if let Some(w) = number("NIWAKI_CUDA_ATTN_MMA_WARPS") {
         ring.mma_warps = w;

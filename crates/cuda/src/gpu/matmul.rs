@@ -12,7 +12,7 @@ use crate::tma;
 
 impl Gpu {
     /// `out[t][r] (+)= W[r] · x[t]` for `io.ntok` tokens: the decode GEMV for one token, the
-    /// tensor-core GEMM from [`plan::GEMM_MIN_TOKENS`] tokens on (the argmax is only in the
+    /// tensor-core GEMM from [`Gpu::gemm_min_tokens`] tokens on (the argmax is only in the
     /// dp4a kernels), else the dp4a kernels (several launches past 8 tokens).
     pub fn gemv(&self, stream: &CudaStream, m: &DevMat, io: &GemvIo) -> Result<()> {
         if self.gemv_decode(stream, m, io, None)? {
@@ -23,7 +23,7 @@ impl Gpu {
                 "a folded norm needs the sm_90 decode GEMVs".into(),
             ));
         }
-        if io.ntok >= plan::GEMM_MIN_TOKENS && io.argmax.is_none() && self.mma() {
+        if io.ntok >= self.gemm_min_tokens() && io.argmax.is_none() && self.mma() {
             return self.gemm(stream, m, io);
         }
         self.gemv_plain(stream, m, io)
@@ -35,14 +35,21 @@ impl Gpu {
     pub fn gemm(&self, stream: &CudaStream, m: &DevMat, io: &GemvIo) -> Result<()> {
         let kernel = match self.gemm_kernel() {
             Some(k) => k,
-            None => plan::GemmKernel::preferred(
-                self.info.wgmma(),
-                m.rows,
-                m.cols,
-                io.ntok,
-                self.info.multiprocessors.max(1) as usize,
-                io.split_scratch.map_or(0, |(_, cap)| cap),
-            ),
+            None => {
+                let k = plan::GemmKernel::preferred(
+                    self.info.wgmma(),
+                    m.rows,
+                    m.cols,
+                    io.ntok,
+                    self.info.multiprocessors.max(1) as usize,
+                    io.split_scratch.map_or(0, |(_, cap)| cap),
+                );
+                if self.hgemm_narrow() {
+                    k
+                } else {
+                    k.widest()
+                }
+            }
         };
         let kernel = match kernel {
             plan::GemmKernel::F16 { .. } if io.xh.is_none() || !plan::hgemm_takes(m.cols) => {
@@ -60,7 +67,7 @@ impl Gpu {
 
     /// Whether multi-token passes of `ntok` tokens want f16 activations beside the int8 ones.
     pub fn wants_f16_acts(&self, ntok: usize) -> bool {
-        ntok >= plan::GEMM_MIN_TOKENS
+        ntok >= self.gemm_min_tokens()
             && self.mma()
             && match self.gemm_kernel() {
                 Some(k) => matches!(k, plan::GemmKernel::F16 { .. }),
@@ -109,9 +116,9 @@ impl Gpu {
             (plan::GemmKernel::Int8 { .. }, _) => {
                 (m.args().to_vec(), vec![Arg::Ptr(io.xq), Arg::Ptr(io.xs)])
             }
-            (plan::GemmKernel::F16 { wg }, Some(xh)) => {
+            (plan::GemmKernel::F16 { wg, tokens }, Some(xh)) => {
                 let w = plan::hgemm_weight_tile(m.format, m.rows, m.cols, wg);
-                let x = plan::hgemm_act_tile(io.ntok, m.cols);
+                let x = plan::hgemm_act_tile(io.ntok, m.cols, tokens);
                 (
                     vec![
                         Arg::Map(Box::new(tma::encode(m.codes.ptr, &w)?)),

@@ -107,9 +107,15 @@ pub struct Gpu {
     /// Tiles per multiprocessor from which a 1-bit matrix takes the binary kernel
     /// (`NIWAKI_CUDA_B1_MIN_TILES`; default [`plan::B1_MIN_TILES_PER_SM`]).
     b1_min_tiles: usize,
-    /// Multiply passes of [`plan::GEMM_MIN_TOKENS`] tokens or more on the tensor cores (sm_80
+    /// Multiply passes of [`Gpu::gemm_min_tokens`] tokens or more on the tensor cores (sm_80
     /// and later). `NIWAKI_CUDA_MMA=0` turns it off.
     mma: AtomicBool,
+    /// The fewest tokens a pass multiplies on the tensor cores (`NIWAKI_CUDA_GEMM_MIN_TOKENS`;
+    /// default [`plan::GEMM_MIN_TOKENS`]); shorter passes take the dp4a kernels.
+    gemm_min_tokens: AtomicUsize,
+    /// Whether the f16 GEMM takes narrower tiles for short passes (`NIWAKI_CUDA_HGEMM_NARROW`;
+    /// default [`plan::HGEMM_NARROW`]).
+    hgemm_narrow: AtomicBool,
     /// The GEMM kernel set by [`Gpu::set_gemm_kernel`] (none: each matrix gets
     /// [`plan::GemmKernel::preferred`]).
     gemm_kernel: Mutex<Option<plan::GemmKernel>>,

@@ -137,8 +137,7 @@ impl Gpu {
             }
             if let Some(per_sm) = attn_blocks(&a)? {
                 attn_blocks_per_sm.insert(a.kernel, per_sm);
-            } else if a.kernel == "attn_split_mma"
-                && attn_ring != plan::AttnRing::simt(attn_ring.simt)
+            } else if a.kernel == "attn_split_mma" && attn_ring != plan::attn_ring(dims, smem_limit)
             {
                 // A measured shape must run as asked, not as the SIMT split it would fall back to.
                 return Err(CudaError::Unsupported(format!(
@@ -330,6 +329,13 @@ impl Gpu {
                 "NIWAKI_CUDA_EARLY_TILES",
                 plan::EARLY_TILES,
             )),
+            hgemm_narrow: AtomicBool::new(knobs::flag(
+                "NIWAKI_CUDA_HGEMM_NARROW",
+                plan::HGEMM_NARROW,
+            )),
+            gemm_min_tokens: AtomicUsize::new(
+                knobs::number("NIWAKI_CUDA_GEMM_MIN_TOKENS", plan::GEMM_MIN_TOKENS).max(2),
+            ),
             smem_limit,
         })
     }

@@ -441,6 +441,31 @@ impl Gpu {
         self.early_tiles.load(Ordering::Relaxed)
     }
 
+    /// Whether the f16 GEMM takes narrower tiles for short passes
+    /// ([`plan::hgemm_tokens_for`]).
+    pub fn hgemm_narrow(&self) -> bool {
+        self.hgemm_narrow.load(Ordering::Relaxed)
+    }
+
+    /// Sets [`Gpu::hgemm_narrow`]; returns the previous setting. For the harness's
+    /// comparisons.
+    #[doc(hidden)]
+    pub fn set_hgemm_narrow(&self, on: bool) -> bool {
+        self.hgemm_narrow.swap(on, Ordering::Relaxed)
+    }
+
+    /// The fewest tokens a pass multiplies on the tensor cores.
+    pub fn gemm_min_tokens(&self) -> usize {
+        self.gemm_min_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Sets [`Gpu::gemm_min_tokens`] (at least 2: one token takes the decode GEMVs); returns
+    /// the previous setting. For the harness's comparisons.
+    #[doc(hidden)]
+    pub fn set_gemm_min_tokens(&self, n: usize) -> usize {
+        self.gemm_min_tokens.swap(n.max(2), Ordering::Relaxed)
+    }
+
     /// Sets [`Gpu::early_tiles`]; returns the previous setting. For the harness's comparisons.
     #[doc(hidden)]
     pub fn set_early_tiles(&self, n: usize) -> usize {

@@ -62,13 +62,19 @@ pub const ATTN_STATIC_SMEM: usize = 1152;
 /// three blocks: its arithmetic, not the bytes in flight, bounded it); its 255 registers leave
 /// no room for more warps (five blocks, the queries kept in a ring stage: 168 registers with
 /// spills, 6.9% slower at 32k on an H100). One block of four f16 warps with three-tile rings
-/// (the same 12 tiles in flight a multiprocessor, half the splits) was +1.4% at 32k (H100, Q1_0,
-/// three rounds, the harness passing under it); unmeasured below 32k and on an H200, so not yet
-/// the default.
-pub const ATTN_MMA_WARPS: usize = 3;
+/// (the same 12 tiles in flight a multiprocessor, half the splits) was faster at every depth:
+/// +0.3-1.0% at 4k-32k over two rounds, +1.4% at 32k over three (H100, Q1_0, the harness
+/// passing under it). It needs ~210 KB of shared memory a block, which an H100's or H200's
+/// blocks have and smaller devices' do not: there [`attn_ring`] takes
+/// [`ATTN_MMA_SMALL_SHAPE`].
+pub const ATTN_MMA_WARPS: usize = 4;
 pub const ATTN_Q8_MMA_WARPS: usize = 2;
 pub const ATTN_MMA_TILE: usize = 16;
-pub const ATTN_MMA_STAGES: usize = 2;
+pub const ATTN_MMA_STAGES: usize = 3;
+/// The f16 tensor-core split's warps a block and tiles a warp's ring on devices whose blocks
+/// cannot hold [`ATTN_MMA_WARPS`] × [`ATTN_MMA_STAGES`]: three warps of two-tile rings (~112 KB
+/// for the 27B's heads), two blocks a multiprocessor where they fit.
+pub const ATTN_MMA_SMALL_SHAPE: (usize, usize) = (3, 2);
 pub const ATTN_Q8_MMA_STAGES: usize = 2;
 /// Tiles ahead of its ring whose rows the f16 tensor-core split asks the L2 cache for (the
 /// kernel's AM_PREFETCH; 0: none). A measurement's choice (`NIWAKI_CUDA_ATTN_MMA_PREFETCH`):
@@ -172,6 +178,27 @@ pub struct AttnLaunch {
     pub kernel: &'static str,
     pub threads: usize,
     pub smem_bytes: usize,
+}
+
+/// The split attention's staging a device with `smem_limit` bytes of shared memory a block
+/// holds: the SIMT ring of [`attn_ring_positions`], and the plan's tensor-core shape where its
+/// block fits, else [`ATTN_MMA_SMALL_SHAPE`] (which, where it does not fit either, leaves the
+/// device the SIMT split).
+pub fn attn_ring(d: &Dims, smem_limit: usize) -> AttnRing {
+    let ring = AttnRing::simt(attn_ring_positions(d, smem_limit));
+    let fits = |r: AttnRing| {
+        attn_split_launch(d, KvCache::F16, ATTN_MMA_TILE, r).smem_bytes + ATTN_STATIC_SMEM
+            <= smem_limit
+    };
+    if fits(ring) {
+        return ring;
+    }
+    let (mma_warps, mma_stages) = ATTN_MMA_SMALL_SHAPE;
+    AttnRing {
+        mma_warps,
+        mma_stages,
+        ..ring
+    }
 }
 
 /// The attention ring a device can hold: [`ATTN_RING_POSITIONS`] when an f16 block of the SIMT

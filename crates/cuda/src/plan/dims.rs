@@ -197,9 +197,7 @@ impl Dims {
             ("MM_STAGES", GEMM_STAGES),
             ("MM_WSTRIDE", GEMM_ROW_STRIDE),
             ("HG_STAGES", HGEMM_STAGES),
-            ("HG_STAGE_FIXED", HGEMM_STAGE_FIXED),
             ("HG_STAGE_PER_WG", HGEMM_STAGE_PER_WG),
-            ("HG_BN", HGEMM_TOKENS),
             ("HG_TMA_EXTRA", HGEMM_TMA_EXTRA),
             ("GC", GDN_CHUNK),
         ]

@@ -27,28 +27,53 @@ pub const GEMM_MI: [usize; 2] = [1, 2];
 /// The variant multi-token passes use.
 pub const GEMM_DEFAULT_MI: usize = 2;
 
-/// The f16 GEMM (`hgemm_*_w<wg>`, kernels/hgemm.cu): warpgroups of a block (each owns 64
-/// rows for all the block's tokens; a variant per count), tokens of a block's output tile,
-/// values of every row per stage, pipeline stages. One block fills a multiprocessor's
-/// registers.
+/// The f16 GEMM (`hgemm_*_w<wg>_n<tokens>`, kernels/hgemm.cu): warpgroups of a block (each
+/// owns 64 rows for all the block's tokens; a variant per count), tokens of a block's output
+/// tile (a variant per count: one wgmma multiplies a warpgroup's rows by all of them, so a
+/// short pass in a wide tile pays for tokens it does not have), values of every row per stage,
+/// pipeline stages. One block fills a multiprocessor's registers.
 pub const HGEMM_WARPGROUPS: [usize; 2] = [3, 4];
-pub const HGEMM_TOKENS: usize = 128;
+pub const HGEMM_TOKENS: [usize; 4] = [16, 32, 64, 128];
 pub const HGEMM_STAGE_VALUES: usize = 128;
 pub const HGEMM_STAGES: usize = 5;
-/// Shared-memory bytes of an f16-GEMM stage: the f16 activations of the block's tokens, and
-/// per warpgroup two 16-byte chunk slots per row and four weight scales per thread
-/// (kernels/hgemm.cu asserts the same).
-pub const HGEMM_STAGE_FIXED: usize = HGEMM_TOKENS * 2 * HGEMM_STAGE_VALUES;
+/// Shared-memory bytes of an f16-GEMM stage beyond its tokens' f16 activations: per warpgroup
+/// two 16-byte chunk slots per row and four weight scales per thread (kernels/hgemm.cu asserts
+/// the same).
 pub const HGEMM_STAGE_PER_WG: usize = 64 * 32 + 128 * 8;
 
-pub const fn hgemm_stage_bytes(wg: usize) -> usize {
-    HGEMM_STAGE_FIXED + wg * HGEMM_STAGE_PER_WG
+/// Shared-memory bytes of an f16-GEMM stage of `wg` warpgroups and `tokens` tokens.
+pub const fn hgemm_stage_bytes(wg: usize, tokens: usize) -> usize {
+    tokens * 2 * HGEMM_STAGE_VALUES + wg * HGEMM_STAGE_PER_WG
+}
+
+/// Whether passes take the f16 GEMM's narrower tiles ([`hgemm_tokens_for`]) or always the
+/// widest (`NIWAKI_CUDA_HGEMM_NARROW` sets it). Right by the harness's GEMM checks, but not
+/// yet run on a device, so off.
+pub const HGEMM_NARROW: bool = false;
+
+/// The tokens of the f16 GEMM's tile for a pass of `ntok`: the fewest that hold them all, else
+/// the widest.
+pub fn hgemm_tokens_for(ntok: usize) -> usize {
+    let widest = HGEMM_TOKENS[HGEMM_TOKENS.len() - 1];
+    HGEMM_TOKENS
+        .iter()
+        .copied()
+        .find(|&t| t >= ntok)
+        .unwrap_or(widest)
 }
 /// Shared memory the f16 GEMM needs beyond its stages: 1 KiB to align them (the 128-byte
 /// swizzle repeats every 1024 bytes of address) and a `full` and an `empty` barrier per stage.
 pub const HGEMM_TMA_EXTRA: usize = 1024 + 16 * HGEMM_STAGES;
-const _: () =
-    assert!(hgemm_stage_bytes(3).is_multiple_of(1024) && hgemm_stage_bytes(4).is_multiple_of(1024));
+const _: () = {
+    let mut i = 0;
+    while i < HGEMM_TOKENS.len() {
+        let t = HGEMM_TOKENS[i];
+        assert!(t.is_multiple_of(16));
+        assert!(hgemm_stage_bytes(3, t).is_multiple_of(1024));
+        assert!(hgemm_stage_bytes(4, t).is_multiple_of(1024));
+        i += 1;
+    }
+};
 
 /// The TMA box of a weight matrix for the f16 GEMM with `wg` warpgroups: the codes of a
 /// stage (16 bytes a row for 1-bit, 32 for 2-bit, with the 32-byte swizzle that keeps a warp's
@@ -71,16 +96,16 @@ pub fn hgemm_weight_tile(format: GpuFormat, rows: usize, cols: usize, wg: usize)
     }
 }
 
-/// The TMA box of the f16 activations (`ntok` rows of `cols`) for the f16 GEMM: half a stage
-/// (64 values) of a block's tokens, in the 128-byte swizzle wgmma reads.
-pub fn hgemm_act_tile(ntok: usize, cols: usize) -> Tile {
+/// The TMA box of the f16 activations (`ntok` rows of `cols`) for the f16 GEMM with `tokens`
+/// a block: half a stage (64 values) of a block's tokens, in the 128-byte swizzle wgmma reads.
+pub fn hgemm_act_tile(ntok: usize, cols: usize, tokens: usize) -> Tile {
     Tile {
         elem: Elem::F16,
         cols,
         rows: ntok,
         row_bytes: 2 * cols,
         box_cols: HGEMM_STAGE_VALUES / 2,
-        box_rows: HGEMM_TOKENS,
+        box_rows: tokens,
         swizzle: Swizzle::B128,
     }
 }
@@ -97,8 +122,9 @@ pub enum GemmKernel {
     /// (`gemm_<format>_m<mi>`).
     Int8 { mi: usize },
     /// f16 tensor cores (warpgroup MMA, sm_90a) on f16 activations, `wg` warpgroups of 64
-    /// rows (`hgemm_<format>_w<wg>`), stages copied by the tensor memory accelerator.
-    F16 { wg: usize },
+    /// rows and `tokens` tokens a block (`hgemm_<format>_w<wg>_n<tokens>`), stages copied by
+    /// the tensor memory accelerator.
+    F16 { wg: usize, tokens: usize },
 }
 
 impl GemmKernel {
@@ -109,7 +135,11 @@ impl GemmKernel {
 
     /// Every kernel (the f16 ones only with `wgmma`), for measuring them side by side.
     pub fn all(wgmma: bool) -> Vec<GemmKernel> {
-        let f16 = HGEMM_WARPGROUPS.iter().map(|&wg| GemmKernel::F16 { wg });
+        let f16 = HGEMM_WARPGROUPS.iter().flat_map(|&wg| {
+            HGEMM_TOKENS
+                .iter()
+                .map(move |&tokens| GemmKernel::F16 { wg, tokens })
+        });
         GEMM_MI
             .iter()
             .map(|&mi| GemmKernel::Int8 { mi })
@@ -119,7 +149,7 @@ impl GemmKernel {
 
     /// The kernel for a `rows × cols` matrix over `ntok` tokens on `sms` multiprocessors (room
     /// for `cap` partial sums): on a device with warpgroup MMA, for rows of whole 128-value
-    /// stages, the f16 one, with the number of
+    /// stages, the f16 one, with the tokens of [`hgemm_tokens_for`] and the number of
     /// warpgroups whose grid (and splits along K) leaves the fewest idle block slots in its
     /// last wave (34816 rows at 256 tokens: 272 blocks of 256 rows take 3 waves of 132, 364
     /// blocks of 192 rows as many waves of blocks a quarter shorter), else the int8 one.
@@ -134,8 +164,9 @@ impl GemmKernel {
         if !wgmma || !hgemm_takes(cols) {
             return GemmKernel::INT8;
         }
+        let tokens = hgemm_tokens_for(ntok);
         let cost = |wg: usize| {
-            let k = GemmKernel::F16 { wg };
+            let k = GemmKernel::F16 { wg, tokens };
             let (gx, gy) = gemm_grid(rows, ntok, k);
             let splits = gemm_splits(rows, cols, ntok, k, sms, cap);
             let slots = (sms * k.blocks_per_sm()).max(1);
@@ -148,13 +179,26 @@ impl GemmKernel {
             .copied()
             .min_by(|a, b| cost(*a).total_cmp(&cost(*b)))
             .unwrap_or(4);
-        GemmKernel::F16 { wg }
+        GemmKernel::F16 { wg, tokens }
     }
 
     pub fn name(self, f: GpuFormat) -> String {
         match self {
             GemmKernel::Int8 { mi } => format!("gemm_{}_m{mi}", f.kernel_name()),
-            GemmKernel::F16 { wg } => format!("hgemm_{}_w{wg}", f.kernel_name()),
+            GemmKernel::F16 { wg, tokens } => {
+                format!("hgemm_{}_w{wg}_n{tokens}", f.kernel_name())
+            }
+        }
+    }
+
+    /// The same kernel in the widest f16 tiles (the int8 one as it is).
+    pub fn widest(self) -> GemmKernel {
+        match self {
+            GemmKernel::F16 { wg, .. } => GemmKernel::F16 {
+                wg,
+                tokens: HGEMM_TOKENS[HGEMM_TOKENS.len() - 1],
+            },
+            k => k,
         }
     }
 
@@ -162,7 +206,7 @@ impl GemmKernel {
     pub const fn rows(self) -> usize {
         match self {
             GemmKernel::Int8 { mi } => gemm_rows(mi),
-            GemmKernel::F16 { wg } => wg * 64,
+            GemmKernel::F16 { wg, .. } => wg * 64,
         }
     }
 
@@ -170,7 +214,7 @@ impl GemmKernel {
     pub const fn tokens(self) -> usize {
         match self {
             GemmKernel::Int8 { .. } => GEMM_TOKENS,
-            GemmKernel::F16 { .. } => HGEMM_TOKENS,
+            GemmKernel::F16 { tokens, .. } => tokens,
         }
     }
 
@@ -178,7 +222,7 @@ impl GemmKernel {
     pub const fn threads(self) -> usize {
         match self {
             GemmKernel::Int8 { .. } => GEMM_WARPS * 32,
-            GemmKernel::F16 { wg } => wg * 128,
+            GemmKernel::F16 { wg, .. } => wg * 128,
         }
     }
 
@@ -202,7 +246,9 @@ impl GemmKernel {
     pub fn smem_bytes(self) -> usize {
         match self {
             GemmKernel::Int8 { mi } => gemm_smem_bytes(mi),
-            GemmKernel::F16 { wg } => HGEMM_STAGES * hgemm_stage_bytes(wg) + HGEMM_TMA_EXTRA,
+            GemmKernel::F16 { wg, tokens } => {
+                HGEMM_STAGES * hgemm_stage_bytes(wg, tokens) + HGEMM_TMA_EXTRA
+            }
         }
     }
 
@@ -213,14 +259,13 @@ impl GemmKernel {
         }
         let rest = kernel.strip_prefix("hgemm_")?;
         GpuFormat::ALL.iter().find_map(|f| {
-            let wg: usize = rest
+            let (wg, tokens) = rest
                 .strip_prefix(f.kernel_name())?
                 .strip_prefix("_w")?
-                .parse()
-                .ok()?;
-            HGEMM_WARPGROUPS
-                .contains(&wg)
-                .then_some(GemmKernel::F16 { wg })
+                .split_once("_n")?;
+            let (wg, tokens): (usize, usize) = (wg.parse().ok()?, tokens.parse().ok()?);
+            (HGEMM_WARPGROUPS.contains(&wg) && HGEMM_TOKENS.contains(&tokens))
+                .then_some(GemmKernel::F16 { wg, tokens })
         })
     }
 }

@@ -317,25 +317,29 @@ pub fn forward_ops(d: &Dims, ntok: usize, head: Head, argmax: bool, fusion: Fusi
         ops.push(Op::SwigluQuant { ntok });
         ops.push(gemv(Mat::FfnDown(il), Out::Residual));
     }
-    let (tok0, n) = match head {
-        Head::None => return ops,
-        Head::Last => (ntok - 1, 1),
-        Head::All => (0, ntok),
+    // A pass without logits still takes the fusions below: its layers' ops must be the ones a
+    // pass with logits runs, so that token-by-token passes give the same bits either way.
+    let rows = match head {
+        Head::None => None,
+        Head::Last => Some((ntok - 1, 1)),
+        Head::All => Some((0, ntok)),
     };
-    if argmax {
-        ops.push(Op::ResetArgmax { ntok: n });
+    if let Some((tok0, n)) = rows {
+        if argmax {
+            ops.push(Op::ResetArgmax { ntok: n });
+        }
+        ops.push(Op::NormQuant {
+            norm: Norm::Output,
+            tok0,
+            ntok: n,
+            rot: r.output,
+        });
+        ops.push(Op::Gemv {
+            mat: Mat::Output,
+            ntok: n,
+            out: Out::Logits { argmax },
+        });
     }
-    ops.push(Op::NormQuant {
-        norm: Norm::Output,
-        tok0,
-        ntok: n,
-        rot: r.output,
-    });
-    ops.push(Op::Gemv {
-        mat: Mat::Output,
-        ntok: n,
-        out: Out::Logits { argmax },
-    });
     if fusion.fold && ntok == 1 && d.hidden.is_multiple_of(128) && d.hidden / 128 <= FOLD_MAX_PIECES
     {
         fold_norms(&mut ops);

@@ -12,12 +12,12 @@ fn the_attention_split_memory_holds_the_rings_and_the_merge() {
     assert_eq!(l(KvCache::Q8_0, 4).smem_bytes, 4 * 16 * 2 * (256 + 16));
     assert_eq!(l(KvCache::Q8_0, 8).kernel, "attn_split_q8_t8");
     let mma = l(KvCache::F16, 16);
-    assert_eq!((mma.kernel, mma.threads), ("attn_split_mma", 96));
-    // Three warps' rings of two f16 tiles (16 rows of keys, 16 of values, 528 bytes each), the
-    // queries (hi, lo), the weights (hi, lo).
+    assert_eq!((mma.kernel, mma.threads), ("attn_split_mma", 128));
+    // Four warps' rings of three f16 tiles (16 rows of keys, 16 of values, 528 bytes each),
+    // the queries (hi, lo), the weights (hi, lo).
     assert_eq!(
         mma.smem_bytes,
-        3 * 2 * 2 * 16 * 528 + 2 * 8 * 264 * 2 + 3 * 2 * 8 * 24 * 2
+        4 * 3 * 2 * 16 * 528 + 2 * 8 * 264 * 2 + 4 * 2 * 8 * 24 * 2
     );
     // The q8_0 one: rings of two tiles as cached (16 key rows of 288 bytes, 16 value rows of
     // 272, 16 bytes of scales a row each), the queries, the f32 weights.
@@ -27,9 +27,9 @@ fn the_attention_split_memory_holds_the_rings_and_the_merge() {
         q8.smem_bytes,
         2 * 2 * 16 * (288 + 272 + 2 * 16) + 2 * 8 * 264 * 2 + 2 * 8 * 20 * 4
     );
-    // Two f16 blocks, four q8_0 ones fit an H200 multiprocessor (228 KiB, 1 KiB reserved a
+    // One f16 block, four q8_0 ones fit an H200 multiprocessor (228 KiB, 1 KiB reserved a
     // block).
-    for (a, blocks) in [(mma, 2), (q8, 4)] {
+    for (a, blocks) in [(mma, 1), (q8, 4)] {
         assert!(
             blocks * (a.smem_bytes + 1024) <= 228 << 10,
             "{}",
@@ -310,11 +310,23 @@ fn the_tensor_core_split_sizes_its_rings_from_its_shape() {
     assert_eq!(w2s3.threads, 64);
     assert_eq!(
         w2s3.smem_bytes,
-        base.smem_bytes - 3 * 2 * stage + 2 * 3 * stage - weights
+        base.smem_bytes - 4 * 3 * stage + 2 * 3 * stage - 2 * weights
     );
     // Four warps of three stages fit an H100's or H200's block; of four stages they do not.
     assert!(shaped(4, 3).smem_bytes + ATTN_STATIC_SMEM <= 227 << 10);
     assert!(shaped(4, 4).smem_bytes > 227 << 10);
+    // A device takes the plan's shape where its blocks hold it (an H100's or H200's 227 KiB),
+    // else the small one (an A100's 163 KiB).
+    let shape = |smem| {
+        let r = attn_ring(&d, smem);
+        (r.mma_warps, r.mma_stages)
+    };
+    assert_eq!(shape(227 << 10), (ATTN_MMA_WARPS, ATTN_MMA_STAGES));
+    assert_eq!(shape(163 << 10), ATTN_MMA_SMALL_SHAPE);
+    let (w, st) = ATTN_MMA_SMALL_SHAPE;
+    assert!(shaped(w, st).smem_bytes + ATTN_STATIC_SMEM <= 163 << 10);
+    assert!(shaped(ATTN_MMA_WARPS, ATTN_MMA_STAGES).smem_bytes > 163 << 10);
+    assert_eq!(attn_ring(&d, 227 << 10).simt, ATTN_RING_POSITIONS);
     // The choices a measurement may take include the plan's.
     assert!(ATTN_MMA_WARPS_CHOICES.contains(&ATTN_MMA_WARPS));
     assert!(ATTN_MMA_STAGES_CHOICES.contains(&ATTN_MMA_STAGES));

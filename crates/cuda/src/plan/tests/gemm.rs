@@ -45,7 +45,10 @@ fn gemm_stages_fit_and_fragment_loads_are_conflict_free() {
     assert_eq!(gemm_grid(5120, MAX_CHUNK, m2), (4, 20));
     assert_eq!(gemm_grid(1001, 17, m2), (1, 4));
     assert_eq!(gemm_grid(1001, 17, m1), (1, 8));
-    let (w3, w4) = (GemmKernel::F16 { wg: 3 }, GemmKernel::F16 { wg: 4 });
+    let (w3, w4) = (
+        GemmKernel::F16 { wg: 3, tokens: 128 },
+        GemmKernel::F16 { wg: 4, tokens: 128 },
+    );
     assert_eq!(gemm_grid(1001, 17, w4), (1, 4));
     assert_eq!(gemm_grid(34816, MAX_CHUNK, w4), (2, 136));
     assert_eq!(gemm_grid(34816, MAX_CHUNK, w3), (2, 182));
@@ -66,6 +69,20 @@ fn gemm_stages_fit_and_fragment_loads_are_conflict_free() {
     assert_eq!(pick(14336, 5120), w4);
     assert_eq!(pick(5120, 17408), w4);
     assert_eq!(pick(5120, 6144), w4);
+    // Short passes take the narrowest tile that holds them; long ones the widest, several.
+    let short = |ntok| GemmKernel::preferred(true, 5120, 17408, ntok, 132, cap);
+    assert!(matches!(short(2), GemmKernel::F16 { tokens: 16, .. }));
+    assert!(matches!(short(16), GemmKernel::F16 { tokens: 16, .. }));
+    assert!(matches!(short(17), GemmKernel::F16 { tokens: 32, .. }));
+    assert!(matches!(short(64), GemmKernel::F16 { tokens: 64, .. }));
+    assert!(matches!(short(65), GemmKernel::F16 { tokens: 128, .. }));
+    assert!(matches!(
+        short(MAX_CHUNK),
+        GemmKernel::F16 { tokens: 128, .. }
+    ));
+    let n16 = GemmKernel::F16 { wg: 4, tokens: 16 };
+    assert_eq!(gemm_grid(5120, 2, n16), (1, 20));
+    assert_eq!(gemm_grid(5120, 40, n16), (3, 20));
     // Rows that are not whole 128-value stages go to the int8 kernel.
     assert_eq!(
         GemmKernel::preferred(true, 5120, 5120 + 64, MAX_CHUNK, 132, cap),
@@ -87,7 +104,7 @@ fn gemm_stages_fit_and_fragment_loads_are_conflict_free() {
 #[test]
 fn every_gemm_kernel_is_a_kernel_and_fits_its_blocks() {
     assert_eq!(
-        GemmKernel::all(false).len() + HGEMM_WARPGROUPS.len(),
+        GemmKernel::all(false).len() + HGEMM_WARPGROUPS.len() * HGEMM_TOKENS.len(),
         GemmKernel::all(true).len()
     );
     for k in GemmKernel::all(true) {
@@ -110,6 +127,8 @@ fn every_gemm_kernel_is_a_kernel_and_fits_its_blocks() {
         assert_eq!(smem % 16, 0);
     }
     assert_eq!(GemmKernel::of_name("hgemm_q5"), None);
+    assert_eq!(GemmKernel::of_name("hgemm_q1_w4"), None);
+    assert_eq!(GemmKernel::of_name("hgemm_q1_w4_n24"), None);
     assert_eq!(GemmKernel::of_name("gemm_reduce"), None);
     // The f16 kernel's code loads of 64-value block i: 2-bit, lane (g, t) reads word t of its
     // chunk slot (i XOR bit 2 of g) in row g's 32 bytes: a warp's 8 rows × 4 words hit 32
@@ -160,15 +179,23 @@ fn the_tma_boxes_of_the_f16_gemm_are_legal_and_fill_its_stages() {
                 assert_eq!(w.check(), Ok(()), "{f:?} {rows}×{cols}");
                 // A stage's codes of the block's rows fit the two 16-byte slots per row the
                 // stage keeps for them.
-                assert_eq!(w.box_rows, GemmKernel::F16 { wg }.rows());
+                assert_eq!(w.box_rows, GemmKernel::F16 { wg, tokens: 16 }.rows());
                 assert!(w.box_cols <= 32);
                 assert_eq!(w.box_cols, HGEMM_STAGE_VALUES / f.chunk_values() * 16);
             }
-            for ntok in [16, 100, 256] {
-                let x = hgemm_act_tile(ntok, cols);
-                assert_eq!(x.check(), Ok(()));
-                // Two boxes make a stage's activations.
-                assert_eq!(2 * x.box_bytes(), HGEMM_TOKENS * HGEMM_STAGE_VALUES * 2);
+            for ntok in [2, 16, 100, 256] {
+                for tokens in HGEMM_TOKENS {
+                    let x = hgemm_act_tile(ntok, cols, tokens);
+                    assert_eq!(x.check(), Ok(()));
+                    // Two boxes make a stage's activations.
+                    assert_eq!(2 * x.box_bytes(), tokens * HGEMM_STAGE_VALUES * 2);
+                    for wg in HGEMM_WARPGROUPS {
+                        assert_eq!(
+                            hgemm_stage_bytes(wg, tokens),
+                            2 * x.box_bytes() + wg * HGEMM_STAGE_PER_WG
+                        );
+                    }
+                }
             }
         }
     }

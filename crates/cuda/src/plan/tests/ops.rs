@@ -283,6 +283,27 @@ fn prefill_norms_only_the_tokens_that_need_logits() {
 }
 
 #[test]
+fn a_token_without_logits_runs_the_layers_ops_of_a_token_with_them() {
+    // Stepped passes run their first tokens without logits and their last with them: the
+    // state each leaves must have the same bits, so the layers' ops must be the same, bar the
+    // last residual GEMV, which has no output norm to fold without the head.
+    for preset in [Preset::Tiny, Preset::Small] {
+        let d = dims(preset);
+        for fusion in [ALL, NORM_ONLY, Fusion::default()] {
+            let none = forward_ops(&d, 1, Head::None, false, fusion);
+            let last = forward_ops(&d, 1, Head::Last, false, fusion);
+            let k = none.len();
+            assert!(k > 1 && last.len() > k, "{preset:?} {fusion:?}");
+            assert_eq!(none[..k - 1], last[..k - 1], "{preset:?} {fusion:?}");
+            let down = Some(Mat::FfnDown(d.layers.len() - 1));
+            assert_eq!(none[k - 1].matrix(), down, "{preset:?} {fusion:?}");
+            assert_eq!(last[k - 1].matrix(), down, "{preset:?} {fusion:?}");
+            assert!(!none.iter().any(|o| o.matrix() == Some(Mat::Output)));
+        }
+    }
+}
+
+#[test]
 fn every_layer_reads_what_an_earlier_op_wrote() {
     let d = dims(Preset::Tiny);
     let ops = forward_ops(&d, 3, Head::All, false, ALL);
