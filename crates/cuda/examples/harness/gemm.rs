@@ -2,7 +2,7 @@
 
 use model::synth::BlockPool;
 use niwaki_cuda::gpu::{DevBuf, DevMat, GemvIo, Gpu};
-use niwaki_cuda::plan::GemmKernel;
+use niwaki_cuda::plan::{GemmKernel, HGEMM_WIDEST};
 use niwaki_cuda::repack::{self, FORMATS};
 use quant::Format;
 use rand::{Rng, SeedableRng};
@@ -190,7 +190,7 @@ pub(crate) fn gemm_speed(rep: &mut Report, gpu: &Gpu) -> R<()> {
     let kernels: Vec<GemmKernel> = gpu
         .gemm_kernels()
         .into_iter()
-        .filter(|k| !matches!(k, GemmKernel::F16 { tokens, .. } if *tokens < ntok.min(128)))
+        .filter(|k| !matches!(k, GemmKernel::F16 { tokens, .. } if *tokens != HGEMM_WIDEST))
         .collect();
     let names: Vec<String> = kernels
         .iter()
@@ -216,13 +216,8 @@ pub(crate) fn gemm_speed(rep: &mut Report, gpu: &Gpu) -> R<()> {
     for format in [Format::Q2_0, Format::Q1_0, Format::PQ2_0] {
         for (rows, cols) in SHAPES_27B {
             let m = random_matrix(gpu, format, rows, cols)?;
-            let x: Vec<f32> = (0..ntok * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            let acts = Acts::new(gpu, &x, cols, ntok)?;
-            let out = gpu.alloc(4 * rows * ntok, "out")?;
-            let io = GemvIo {
-                split_scratch: Some((part.ptr, part_floats)),
-                ..acts.io(out.ptr, rows)
-            };
+            let (_acts, _out, io) =
+                random_io(gpu, &mut rng, (rows, cols, ntok), &part, part_floats)?;
             let dp4a = gpu.time(s, 5, || gpu.gemv_plain(s, &m, &io))?;
             let mut line = format!("| {format} | {rows}×{cols} | {:.0} |", dp4a * 1e6);
             let mut best = f64::INFINITY;
@@ -268,6 +263,26 @@ fn random_matrix(gpu: &Gpu, format: Format, rows: usize, cols: usize) -> R<DevMa
     Ok(gpu.upload_packed(&p, "bench")?)
 }
 
+/// Random activations of `ntok` tokens for a `rows × cols` GEMM, its output, and the io that
+/// multiplies them, split along K into `part` (`part_floats` floats) where the model would. The
+/// io points into the activations and the output, which must outlive it.
+fn random_io(
+    gpu: &Gpu,
+    rng: &mut ChaCha8Rng,
+    (rows, cols, ntok): (usize, usize, usize),
+    part: &DevBuf,
+    part_floats: usize,
+) -> R<(Acts, DevBuf, GemvIo)> {
+    let x: Vec<f32> = (0..ntok * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let acts = Acts::new(gpu, &x, cols, ntok)?;
+    let out = gpu.alloc(4 * rows * ntok, "out")?;
+    let io = GemvIo {
+        split_scratch: Some((part.ptr, part_floats)),
+        ..acts.io(out.ptr, rows)
+    };
+    Ok((acts, out, io))
+}
+
 /// Short passes' GEMMs on the 27B shapes: the dp4a kernels, the f16 GEMM in its widest tiles
 /// and in the tiles [`GemmKernel::preferred`] takes for the pass (µs, mean of 20).
 fn short_gemm_speed(rep: &mut Report, gpu: &Gpu, part: &DevBuf, part_floats: usize) -> R<()> {
@@ -281,18 +296,11 @@ fn short_gemm_speed(rep: &mut Report, gpu: &Gpu, part: &DevBuf, part_floats: usi
         for (rows, cols) in SHAPES_27B {
             let m = random_matrix(gpu, format, rows, cols)?;
             for ntok in [2usize, 4, 8, 16, 32, 64] {
-                let x: Vec<f32> = (0..ntok * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
-                let acts = Acts::new(gpu, &x, cols, ntok)?;
-                let out = gpu.alloc(4 * rows * ntok, "out")?;
-                let io = GemvIo {
-                    split_scratch: Some((part.ptr, part_floats)),
-                    ..acts.io(out.ptr, rows)
-                };
-                let preferred = GemmKernel::preferred(true, rows, cols, ntok, sms, part_floats);
-                let wide = match preferred {
-                    GemmKernel::F16 { wg, .. } => GemmKernel::F16 { wg, tokens: 128 },
-                    k => k,
-                };
+                let (_acts, _out, io) =
+                    random_io(gpu, &mut rng, (rows, cols, ntok), part, part_floats)?;
+                let preferred =
+                    GemmKernel::preferred(gpu.info.wgmma(), rows, cols, ntok, sms, part_floats);
+                let wide = preferred.widest();
                 let dp4a = gpu.time(s, 20, || gpu.gemv_plain(s, &m, &io))?;
                 let t_wide = gpu.time(s, 20, || gpu.gemm_with(s, &m, &io, wide))?;
                 let t_pref = gpu.time(s, 20, || gpu.gemm_with(s, &m, &io, preferred))?;

@@ -34,6 +34,8 @@ pub const GEMM_DEFAULT_MI: usize = 2;
 /// pipeline stages. One block fills a multiprocessor's registers.
 pub const HGEMM_WARPGROUPS: [usize; 2] = [3, 4];
 pub const HGEMM_TOKENS: [usize; 4] = [16, 32, 64, 128];
+/// The widest of [`HGEMM_TOKENS`]: long passes' tiles.
+pub const HGEMM_WIDEST: usize = HGEMM_TOKENS[HGEMM_TOKENS.len() - 1];
 pub const HGEMM_STAGE_VALUES: usize = 128;
 pub const HGEMM_STAGES: usize = 5;
 /// Shared-memory bytes of an f16-GEMM stage beyond its tokens' f16 activations: per warpgroup
@@ -54,12 +56,11 @@ pub const HGEMM_NARROW: bool = false;
 /// The tokens of the f16 GEMM's tile for a pass of `ntok`: the fewest that hold them all, else
 /// the widest.
 pub fn hgemm_tokens_for(ntok: usize) -> usize {
-    let widest = HGEMM_TOKENS[HGEMM_TOKENS.len() - 1];
     HGEMM_TOKENS
         .iter()
         .copied()
         .find(|&t| t >= ntok)
-        .unwrap_or(widest)
+        .unwrap_or(HGEMM_WIDEST)
 }
 /// Shared memory the f16 GEMM needs beyond its stages: 1 KiB to align them (the 128-byte
 /// swizzle repeats every 1024 bytes of address) and a `full` and an `empty` barrier per stage.
@@ -196,7 +197,7 @@ impl GemmKernel {
         match self {
             GemmKernel::F16 { wg, .. } => GemmKernel::F16 {
                 wg,
-                tokens: HGEMM_TOKENS[HGEMM_TOKENS.len() - 1],
+                tokens: HGEMM_WIDEST,
             },
             k => k,
         }
