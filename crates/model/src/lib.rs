@@ -12,6 +12,7 @@ mod kv;
 pub mod lineage;
 mod model;
 pub mod ops;
+pub mod passes;
 pub mod pool;
 pub mod rank;
 pub mod requant;
