@@ -734,17 +734,26 @@ fn chat_after_a_reset_answers_as_at_the_start() {
 fn chat_reuses_its_state_across_turns_and_replies_as_from_the_start() {
     let chat = |extra: &[&str]| {
         let (out, err) = oracle_chat("12", extra, "hello\nand again\nthird one\n/exit\n");
-        // Each turn's prompt tokens, as the report after it says.
-        let fed: Vec<usize> = err
+        // Each turn's prompt tokens and those of them fed, as the report after it says
+        // ("prompt: N tokens (M already held), …").
+        let (prompts, fed): (Vec<usize>, Vec<usize>) = err
             .split("prompt: ")
             .skip(1)
-            .filter_map(|s| s.split(' ').next()?.parse().ok())
-            .collect();
-        (out, fed)
+            .filter_map(|s| {
+                let n: usize = s.split(' ').next()?.parse().ok()?;
+                let held = match s.split_once(" tokens (") {
+                    Some((_, r)) => r.split(' ').next()?.parse().ok()?,
+                    None => 0,
+                };
+                Some((n, n - held))
+            })
+            .unzip();
+        (out, prompts, fed)
     };
-    let (reused, fed) = chat(&[]);
-    let (fresh, whole) = chat(&["--fresh-turns"]);
+    let (reused, prompts, fed) = chat(&[]);
+    let (fresh, fresh_prompts, whole) = chat(&["--fresh-turns"]);
     assert_eq!(reused, fresh);
+    assert_eq!(prompts, fresh_prompts);
     assert_eq!((fed.len(), whole.len()), (3, 3), "{fed:?} {whole:?}");
     // The first turn is the whole prompt either way; later ones feed less than the whole
     // conversation (the template drops the earlier reply's opening, so the state goes back to

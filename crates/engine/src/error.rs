@@ -13,6 +13,16 @@ pub enum EngineError {
     /// A [`crate::Hooks::mask`] could not continue (e.g. a grammar rejected the text so far).
     #[error("constrained decoding: {0}")]
     Constraint(String),
+    /// [`crate::generate_after`] asked to skip what it cannot.
+    #[error(
+        "{cached} of a {prompt}-token prompt said to be in a state of {held}: the state must \
+         hold them and at least one token must be left to feed"
+    )]
+    CachedPrompt {
+        cached: usize,
+        prompt: usize,
+        held: usize,
+    },
     #[error("the prompt has {prompt} tokens but the context holds {context}")]
     PromptTooLong { prompt: usize, context: usize },
 }

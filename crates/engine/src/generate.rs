@@ -97,6 +97,8 @@ pub struct Generation {
     pub tokens: Vec<u32>,
     pub finish: FinishReason,
     pub prompt_tokens: usize,
+    /// Of those, the ones the state already held ([`generate_after`]): not fed, not timed.
+    pub cached_tokens: usize,
     pub prefill_time: Duration,
     pub decode_time: Duration,
     /// Passes that verified a looked-up draft, and the drafted tokens they accepted
@@ -128,7 +130,7 @@ impl Generation {
         if self.prefill_time.is_zero() {
             return 0.0;
         }
-        self.prompt_tokens as f64 / self.prefill_time.as_secs_f64()
+        (self.prompt_tokens - self.cached_tokens) as f64 / self.prefill_time.as_secs_f64()
     }
 }
 
@@ -180,13 +182,13 @@ pub fn generate<B: Backend>(
     params: &GenerateParams,
     on_text: impl FnMut(&str) -> Flow,
 ) -> Result<Generation> {
-    generate_with(model, tok, state, prompt, params, &mut TextOnly(on_text))
+    generate_with(model, tok, state, prompt, params, &mut OnText(on_text))
 }
 
-/// Adapts a text callback to [`Hooks`].
-struct TextOnly<F>(F);
+/// Adapts a text callback to [`Hooks`] (nothing else read: the device may pick tokens).
+pub struct OnText<F>(pub F);
 
-impl<F: FnMut(&str) -> Flow> Hooks for TextOnly<F> {
+impl<F: FnMut(&str) -> Flow> Hooks for OnText<F> {
     fn on_text(&mut self, piece: &str) -> Flow {
         (self.0)(piece)
     }
@@ -332,6 +334,30 @@ pub fn generate_with<B: Backend>(
     params: &GenerateParams,
     hooks: &mut dyn Hooks,
 ) -> Result<Generation> {
+    generate_after(model, tok, state, prompt, 0, params, hooks)
+}
+
+/// [`generate_with`] where the state already holds the prompt's first `cached` tokens, last
+/// (a kept conversation's start, rewound to): only the rest is fed, and the whole prompt is
+/// the history that penalties and drafts read, so the reply is the one a fresh state would
+/// give. At least one prompt token must be left to feed.
+pub fn generate_after<B: Backend>(
+    model: &B,
+    tok: &Tokenizer,
+    state: &mut B::State,
+    prompt: &[u32],
+    cached: usize,
+    params: &GenerateParams,
+    hooks: &mut dyn Hooks,
+) -> Result<Generation> {
+    let held = model.state_len(state);
+    if cached > 0 && (cached >= prompt.len() || cached > held) {
+        return Err(EngineError::CachedPrompt {
+            cached,
+            prompt: prompt.len(),
+            held,
+        });
+    }
     let mut sampler = Sampler::new(params.sampler.clone())?;
     // Greedy decoding whose hooks need no logits lets the device pick each token: on a GPU
     // only the token comes back instead of the vocabulary's row of logits.
@@ -345,9 +371,10 @@ pub fn generate_with<B: Backend>(
         .filter(|_| device_picks && model.verifies_drafts())
         .map(Drafting::<B::Checkpoint>::new);
     // State positions from here on hold `history`'s tokens in order.
-    let start = model.state_len(state);
+    let start = held - cached;
     let t0 = Instant::now();
-    let mut next_from = Next::Logits(prefill(model, state, prompt, params.prefill_chunk)?);
+    let fed = &prompt[cached..];
+    let mut next_from = Next::Logits(prefill(model, state, fed, params.prefill_chunk)?);
     let prefill_time = t0.elapsed();
 
     let mut end_ids: Vec<u32> = tok.end_of_generation_ids().to_vec();
@@ -474,6 +501,7 @@ pub fn generate_with<B: Backend>(
         tokens: out_tokens,
         finish,
         prompt_tokens: prompt.len(),
+        cached_tokens: cached,
         prefill_time,
         decode_time: t1.elapsed(),
         drafts: drafting.map(|d| d.stats).unwrap_or_default(),

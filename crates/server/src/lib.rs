@@ -193,6 +193,9 @@ pub struct AppState {
     pub decode_step_s: f64,
     /// Measured at start-up: making a fresh sequence state, seconds.
     pub new_state_s: f64,
+    /// Each slot keeps its sequence, and with it the last conversation's messages so far for
+    /// that conversation's next request ([`scheduler::Job::history`]).
+    pub keeps_conversations: bool,
     pub ready: std::sync::atomic::AtomicBool,
 }
 
@@ -217,6 +220,7 @@ impl AppState {
     where
         B: Backend + Send + Sync + 'static,
     {
+        let keeps_conversations = runner.keep_states && runner.backend.can_rewind();
         let runner = Arc::new(runner);
         let tok = Arc::new(tok);
         let metrics = Arc::new(metrics::Metrics::new());
@@ -244,6 +248,7 @@ impl AppState {
             started: Instant::now(),
             decode_step_s,
             new_state_s,
+            keeps_conversations,
             ready: std::sync::atomic::AtomicBool::new(true),
         })
     }

@@ -1,4 +1,4 @@
-//! Prometheus metrics: requests by endpoint and status, tokens in and out, time to first token,
+//! Prometheus metrics: requests by endpoint and status, tokens in (and of them cached) and out, time to first token,
 //! inter-token latency, queue depth and wait, and memory (sequence state, process).
 
 use prometheus_client::encoding::text::encode;
@@ -15,6 +15,7 @@ pub struct Metrics {
     pub requests: Family<Labels, Counter>,
     pub finished: Family<Labels, Counter>,
     pub prompt_tokens: Counter,
+    pub cached_prompt_tokens: Counter,
     pub generated_tokens: Counter,
     pub ttft: Histogram,
     pub itl: Histogram,
@@ -37,6 +38,7 @@ impl Metrics {
         let requests = Family::<Labels, Counter>::default();
         let finished = Family::<Labels, Counter>::default();
         let prompt_tokens = Counter::default();
+        let cached_prompt_tokens = Counter::default();
         let generated_tokens = Counter::default();
         let ttft = Histogram::new(exponential_buckets(0.001, 2.0, 18));
         let itl = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
@@ -59,6 +61,11 @@ impl Metrics {
             "prompt_tokens",
             "Prompt tokens of accepted generations",
             prompt_tokens.clone(),
+        );
+        registry.register(
+            "cached_prompt_tokens",
+            "Prompt tokens of finished generations taken from a slot's kept conversation, not fed again",
+            cached_prompt_tokens.clone(),
         );
         registry.register(
             "generated_tokens",
@@ -105,6 +112,7 @@ impl Metrics {
             requests,
             finished,
             prompt_tokens,
+            cached_prompt_tokens,
             generated_tokens,
             ttft,
             itl,

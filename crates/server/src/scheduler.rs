@@ -21,6 +21,10 @@ use crate::{Device, Runner};
 /// What a request asks the engine to do.
 pub struct Job {
     pub prompt: Vec<u32>,
+    /// How many of the prompt's first tokens a later request of the same conversation will
+    /// start with (its messages so far, without the reply's opening): where the slot keeps
+    /// its sequence, the state is saved there for that request to start from.
+    pub history: Option<usize>,
     pub params: GenerateParams,
     pub constraint: Option<Box<dyn Constraint>>,
     /// `Some(n)`: report each token's log-probability and its `n` best alternatives.
@@ -46,6 +50,8 @@ pub enum Event {
     Done {
         finish: Finish,
         prompt_tokens: usize,
+        /// Of those, the ones taken from the slot's kept conversation, not fed again.
+        cached_tokens: usize,
         completion_tokens: usize,
         /// Log-probabilities not yet sent with text (e.g. of held-back stop-string tokens).
         logprobs: Vec<TokenLogprob>,
@@ -291,27 +297,51 @@ impl Hooks for JobHooks<'_> {
     }
 }
 
-/// A slot's sequence and the checkpoint at its start, kept between requests.
-type Kept<B> = Option<(<B as Backend>::State, <B as Backend>::Checkpoint)>;
+/// What a slot keeps between requests besides its sequence.
+struct Marks<B: Backend> {
+    /// The sequence's empty start.
+    empty: B::Checkpoint,
+    /// The last conversation so far that a request said where it ended: its tokens and the
+    /// state saved after them.
+    history: Option<(Vec<u32>, B::Checkpoint)>,
+}
 
-/// The sequence a job starts from: the slot's kept one rewound to empty, or a fresh one; with
-/// the checkpoint of its empty start where the slot keeps it after the job (the runner keeps
-/// states and the backend can rewind).
+/// A slot's sequence kept between requests, and its marks.
+type Kept<B> = Option<(<B as Backend>::State, Marks<B>)>;
+
+/// The sequence a job starts from and how many of `prompt`'s first tokens it already holds:
+/// the slot's kept one, rewound to the kept history where `prompt` starts with it and goes on
+/// past it, else to empty; or a fresh one. With the marks the slot keeps after the job where
+/// it keeps its sequence (the runner keeps states and the backend can rewind).
 fn slot_state<B: Backend>(
     runner: &Runner<B>,
     kept: &mut Kept<B>,
-) -> engine::Result<(B::State, Option<B::Checkpoint>)> {
-    if let Some((mut state, empty)) = kept.take() {
-        runner.backend.rewind(&mut state, &empty)?;
-        return Ok((state, Some(empty)));
+    prompt: &[u32],
+) -> engine::Result<(B::State, usize, Option<Marks<B>>)> {
+    if let Some((mut state, marks)) = kept.take() {
+        let cached = match &marks.history {
+            Some((tokens, at)) if tokens.len() < prompt.len() && prompt.starts_with(tokens) => {
+                runner.backend.rewind(&mut state, at)?;
+                tokens.len()
+            }
+            _ => {
+                runner.backend.rewind(&mut state, &marks.empty)?;
+                0
+            }
+        };
+        return Ok((state, cached, Some(marks)));
     }
     let state = (runner.new_state)(&runner.backend)?;
     if !(runner.keep_states && runner.backend.can_rewind()) {
-        return Ok((state, None));
+        return Ok((state, 0, None));
     }
     let mut empty = B::Checkpoint::default();
     runner.backend.save(&state, &mut empty)?;
-    Ok((state, Some(empty)))
+    let marks = Marks {
+        empty,
+        history: None,
+    };
+    Ok((state, 0, Some(marks)))
 }
 
 fn run_job<B: Backend>(
@@ -329,6 +359,7 @@ fn run_job<B: Backend>(
     let started = Instant::now();
     let Job {
         prompt,
+        history,
         params,
         constraint,
         logprobs,
@@ -356,24 +387,36 @@ fn run_job<B: Backend>(
         started,
     };
     state_bytes.store(runner.device.state_bytes(prompt.len()), Ordering::Relaxed);
-    let result = slot_state(runner, kept).and_then(|(mut state, empty)| {
-        let r = engine::generate_with(
+    let result = slot_state(runner, kept, &prompt).and_then(|(mut state, reused, mut marks)| {
+        let mut cached = reused;
+        // The conversation so far, fed first and saved for its next request.
+        let head = history.filter(|&h| h > cached && h < prompt.len());
+        if let (Some(m), Some(h)) = (marks.as_mut(), head) {
+            let b = &runner.backend;
+            engine::prefill(b, &mut state, &prompt[cached..h], params.prefill_chunk)?;
+            let mut at = m.history.take().map(|(_, at)| at).unwrap_or_default();
+            b.save(&state, &mut at)?;
+            m.history = Some((prompt[..h].to_vec(), at));
+            cached = h;
+        }
+        let r = engine::generate_after(
             &runner.backend,
             tok,
             &mut state,
             &prompt,
+            cached,
             &params,
             &mut hooks,
         );
         // A sequence a request failed on is not trusted with the next.
-        if let (Ok(_), Some(empty)) = (&r, empty) {
-            *kept = Some((state, empty));
+        if let (Ok(_), Some(m)) = (&r, marks) {
+            *kept = Some((state, m));
         }
-        r
+        r.map(|g| (g, reused))
     });
     hooks.timed_out = Instant::now() >= hooks.deadline;
     let event = match result {
-        Ok(g) => {
+        Ok((g, reused)) => {
             let finish = match g.finish {
                 FinishReason::Stop => Finish::Stop,
                 FinishReason::Length | FinishReason::ContextFull => Finish::Length,
@@ -388,6 +431,7 @@ fn run_job<B: Backend>(
                 Event::Done {
                     finish,
                     prompt_tokens: g.prompt_tokens,
+                    cached_tokens: reused,
                     completion_tokens: g.tokens.len(),
                     logprobs: std::mem::take(&mut hooks.pending),
                 }

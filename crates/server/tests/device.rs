@@ -1,5 +1,5 @@
-//! What the server reports about the device it generates on, checked through the router on the
-//! tiny oracle model (CPU). The GPU case swaps in a CUDA device description: what `/v1/policy` and
+//! What the server reports about the device it generates on, and what a slot's kept sequence
+//! gives, checked through the router on the tiny oracle model (CPU). The GPU case swaps in a CUDA device description: what `/v1/policy` and
 //! the memory metric say depends only on that description, so no GPU is needed to check it.
 
 use std::path::PathBuf;
@@ -77,9 +77,14 @@ async fn get(st: &Arc<AppState>, path: &str) -> (StatusCode, String) {
 
 /// A `/v1/completions` request's JSON reply (which must be 200).
 async fn complete(st: &Arc<AppState>, body: &Value) -> Value {
+    post(st, "/v1/completions", body).await
+}
+
+/// A POST's JSON reply (which must be 200).
+async fn post(st: &Arc<AppState>, path: &str, body: &Value) -> Value {
     let resp = server::router(st.clone())
         .oneshot(
-            Request::post("/v1/completions")
+            Request::post(path)
                 .header("content-type", "application/json")
                 .body(Body::from(body.to_string()))
                 .unwrap(),
@@ -107,6 +112,7 @@ async fn policy_reports_the_cpu_by_default() {
     assert_eq!(p["device"]["name"], Value::Null);
     assert_eq!(p["backend"]["value"], "cpu");
     assert_eq!(p["slots"]["value"], 2);
+    assert_eq!(p["conversation_cache"]["value"], "off");
     assert!(p["slots"]["measured_decode_step_s"].as_f64().unwrap() > 0.0);
     assert!(p["slots"]["measured_new_state_s"].as_f64().unwrap() >= 0.0);
     // Unchanged from before devices were reported: recurrent state + f32 KV for the context.
@@ -237,4 +243,73 @@ async fn lookup_drafting_leaves_greedy_replies_as_they_were_and_the_policy_says_
     assert_eq!(on_policy, "prompt lookup");
     assert!(!off.is_empty());
     assert_eq!(off, on);
+}
+
+/// A conversation's turns through `/v1/chat/completions`, each with the replies before it:
+/// every reply's text and its usage.
+async fn conversation(st: &Arc<AppState>, system: &str, users: &[&str]) -> Vec<(Value, Value)> {
+    let mut messages = vec![json!({"role": "system", "content": system})];
+    let mut out = Vec::new();
+    for u in users {
+        messages.push(json!({"role": "user", "content": u}));
+        let body = json!({
+            "model": "tiny", "messages": messages, "max_tokens": 8, "temperature": 0,
+            "repetition_penalty": 1.3, "chat_template_kwargs": {"enable_thinking": false},
+        });
+        let v = post(st, "/v1/chat/completions", &body).await;
+        let text = v["choices"][0]["message"]["content"].clone();
+        messages.push(json!({"role": "assistant", "content": text}));
+        out.push((text, v["usage"].clone()));
+    }
+    out
+}
+
+/// Three turns of one conversation, one of another, then the first's three again: each
+/// reply's text and usage.
+async fn two_conversations(st: &Arc<AppState>) -> Vec<(Value, Value)> {
+    let turns = ["Hello there", "Tell me more", "And then?"];
+    let a = conversation(st, "You are terse.", &turns).await;
+    let b = conversation(st, "You are kind.", &["Something else"]).await;
+    let c = conversation(st, "You are terse.", &turns).await;
+    [a, b, c].concat()
+}
+
+#[tokio::test]
+async fn a_conversation_goes_on_from_the_kept_sequence_with_the_replies_of_a_fresh_one() {
+    let cached = |turns: &[(Value, Value)], i: usize| {
+        turns[i].1["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    let fresh = two_conversations(&gpu_like("gpu", 1000, false)).await;
+    assert!(
+        (0..fresh.len()).all(|i| cached(&fresh, i) == 0),
+        "{fresh:?}"
+    );
+    let st = gpu_like("gpu", 1000, true);
+    assert_eq!(policy(&st).await["conversation_cache"]["value"], "on");
+    let kept = two_conversations(&st).await;
+    let texts = |t: &[(Value, Value)]| t.iter().map(|(x, _)| x.clone()).collect::<Vec<_>>();
+    assert_eq!(texts(&kept), texts(&fresh));
+    assert!(
+        texts(&kept).iter().all(|t| t.as_str().is_some()),
+        "{kept:?}"
+    );
+    // A conversation's later turns start from the turn before's messages; its first turn,
+    // and the first conversation's again after the second took the slot's mark, from empty.
+    let mut total = 0;
+    for i in [1, 2, 5, 6] {
+        let n = cached(&kept, i);
+        assert!(
+            n > 0 && n < kept[i].1["prompt_tokens"].as_u64().unwrap(),
+            "{kept:?}"
+        );
+        total += n;
+    }
+    for i in [0, 3, 4] {
+        assert_eq!(cached(&kept, i), 0, "turn {i}: {kept:?}");
+    }
+    let (_, metrics) = get(&st, "/metrics").await;
+    let line = format!("niwaki_cached_prompt_tokens_total {total}");
+    assert!(metrics.contains(&line), "{metrics}");
 }

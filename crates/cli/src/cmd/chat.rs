@@ -157,17 +157,20 @@ fn converse<B: engine::Backend>(
         let save = head
             .filter(|_| empty.is_some() && !a.fresh_turns)
             .map(|h| (h, &mut turn_start));
+        // The state holds the prompt but `new`: penalties and drafts read the whole prompt.
+        let held = ids.len() - new.len();
         let g = turn(
             model,
             &mut state,
-            &new,
+            (&ids, held),
             params.prefill_chunk,
             save,
-            |st, new| {
-                engine::generate(model, tok, st, new, &params, |p| {
+            |st, cached| {
+                let mut show = engine::OnText(|p: &str| {
                     let _ = out.write_all(p.as_bytes()).and_then(|_| out.flush());
                     Flow::Continue
-                })
+                });
+                engine::generate_after(model, tok, st, &ids, cached, &params, &mut show)
             },
         );
         writeln!(out)?;
@@ -195,30 +198,30 @@ fn converse<B: engine::Backend>(
 /// The state saved at the end of a turn's history, and how many tokens it then held.
 type TurnStart<B> = Option<(<B as Backend>::Checkpoint, usize)>;
 
-/// One turn over `new`: where `save` is given as (h, slot), its first h tokens first (in
-/// chunks of `chunk`; 0 < h < `new.len()`), the state saved there into the slot for the next
-/// turn (with the tokens it then holds), then `generate` from the rest, its prompt figures
-/// counting the whole turn's.
+/// One turn over `prompt` of which the state holds the first `held` tokens: where `save` is
+/// given as (h, slot), the next h tokens first (in passes of at most `chunk`; 0 < h and some
+/// token left after them), the state saved there into the slot for the next turn (with the
+/// tokens it then holds), then `generate` from the rest, given how many the state then holds;
+/// its figures count those h as fed this turn.
 fn turn<B: Backend>(
     model: &B,
     state: &mut B::State,
-    new: &[u32],
+    (prompt, held): (&[u32], usize),
     chunk: usize,
     save: Option<(usize, &mut TurnStart<B>)>,
-    generate: impl FnOnce(&mut B::State, &[u32]) -> engine::Result<Generation>,
+    generate: impl FnOnce(&mut B::State, usize) -> engine::Result<Generation>,
 ) -> engine::Result<Generation> {
-    let Some((h, save)) = save.filter(|(h, _)| *h > 0 && *h < new.len()) else {
-        return generate(state, new);
+    let Some((h, save)) = save.filter(|(h, _)| *h > 0 && held + *h < prompt.len()) else {
+        return generate(state, held);
     };
-    let (head, last) = new.split_at(h);
     let t = std::time::Instant::now();
-    engine::prefill(model, state, head, chunk)?;
+    engine::prefill(model, state, &prompt[held..held + h], chunk)?;
     let spent = t.elapsed();
     let mut at = save.take().map(|(c, _)| c).unwrap_or_default();
     model.save(state, &mut at)?;
     *save = Some((at, model.state_len(state)));
-    let mut g = generate(state, last)?;
-    g.prompt_tokens += head.len();
+    let mut g = generate(state, held + h)?;
+    g.cached_tokens = held;
     g.prefill_time += spent;
     Ok(g)
 }

@@ -101,8 +101,13 @@ pub fn report(g: &Generation, context: usize) {
     if g.finish == FinishReason::ContextFull {
         eprintln!("[context limit of {context} tokens reached: generation stopped, the text above is kept]");
     }
+    let cached = if g.cached_tokens > 0 {
+        format!(" ({} already held)", g.cached_tokens)
+    } else {
+        String::new()
+    };
     eprintln!(
-        "prompt: {} tokens, {:.2} tok/s | generated: {} tokens, {:.2} tok/s | finish: {:?}",
+        "prompt: {} tokens{cached}, {:.2} tok/s | generated: {} tokens, {:.2} tok/s | finish: {:?}",
         g.prompt_tokens,
         g.prefill_tok_s(),
         g.tokens.len(),

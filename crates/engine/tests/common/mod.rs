@@ -1,6 +1,9 @@
 //! What the generation-loop tests share: the tiny oracle model, and the CPU model as a device
 //! that picks greedy tokens and selects sampling's candidates itself, counting each kind of call.
 
+// Each test binary that includes this module uses part of it.
+#![allow(dead_code)]
+
 use std::cell::{Cell, RefCell};
 use std::path::PathBuf;
 

@@ -154,6 +154,20 @@ fn plan_chat(st: &AppState, r: ChatCompletionRequest) -> Result<ChatPlan, ApiErr
             .encode(&text, true)
             .map_err(|e| ApiError::bad_request(e.to_string()))?,
     );
+    // The conversation up to the last message, without the reply's opening: what the next
+    // request of the conversation starts with, however it renders this reply (a render that
+    // fails or does not lead the prompt marks nothing).
+    let history = st
+        .template
+        .render(&tokenizer::ChatRequest {
+            add_generation_prompt: false,
+            ..req.clone()
+        })
+        .ok()
+        .and_then(|t| st.tok.encode(&t, true).ok())
+        .map(|ids| with_bos(st, ids))
+        .filter(|h| h.len() < prompt.len() && prompt.starts_with(h))
+        .map(|h| h.len());
     let asked = r.max_completion_tokens.or(r.max_tokens);
     let param = if r.max_completion_tokens.is_some() {
         "max_completion_tokens"
@@ -188,6 +202,7 @@ fn plan_chat(st: &AppState, r: ChatCompletionRequest) -> Result<ChatPlan, ApiErr
     Ok(ChatPlan {
         prepared: Prepared {
             prompt,
+            history,
             params: GenerateParams {
                 max_tokens,
                 sampler: sampling.config()?,
@@ -253,12 +268,12 @@ async fn chat_once(
             }
         }
     };
-    let end = relay::collect(st, rx, |t, l| {
+    let mut end = relay::collect(st, rx, |t, l| {
         lps.extend(l);
         take(parser.push(&t));
     })
     .await?;
-    lps.extend(end.logprobs);
+    lps.extend(std::mem::take(&mut end.logprobs));
     take(parser.finish());
     let mut message = json!({
         "role": "assistant",
@@ -282,7 +297,7 @@ async fn chat_once(
             "logprobs": if want_logprobs { chat_logprobs(st, &lps) } else { Value::Null },
             "finish_reason": finish_name(end.finish, !calls.is_empty()),
         }],
-        "usage": usage(end.prompt_tokens, end.completion_tokens),
+        "usage": usage(&end),
     });
     Ok(Json(body).into_response())
 }

@@ -141,6 +141,8 @@ pub(super) async fn completions(
     };
     let prepared = Prepared {
         prompt,
+        // A raw prompt marks no conversation.
+        history: None,
         params: GenerateParams {
             max_tokens,
             sampler: sampling.config()?,
@@ -159,12 +161,12 @@ pub(super) async fn completions(
         let _guard = guard;
         let mut text = String::new();
         let mut lps = Vec::new();
-        let end = relay::collect(&st, rx, |t, l| {
+        let mut end = relay::collect(&st, rx, |t, l| {
             text.push_str(&t);
             lps.extend(l);
         })
         .await?;
-        lps.extend(end.logprobs);
+        lps.extend(std::mem::take(&mut end.logprobs));
         let mut off = 0;
         let body = json!({
             "id": id, "object": "text_completion", "created": now_s(),
@@ -172,7 +174,7 @@ pub(super) async fn completions(
             "choices": [{"index": 0, "text": text,
                 "logprobs": if want_logprobs { completion_logprobs(&st, &lps, &mut off) } else { Value::Null },
                 "finish_reason": finish_name(end.finish, false)}],
-            "usage": usage(end.prompt_tokens, end.completion_tokens),
+            "usage": usage(&end),
         });
         return Ok(Json(body).into_response());
     }

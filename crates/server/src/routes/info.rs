@@ -87,6 +87,7 @@ fn policy_json(st: &AppState) -> Value {
                   "measured_decode_step_s": st.decode_step_s, "measured_new_state_s": st.new_state_s},
         "queue": {"value": st.scheduler.capacity() - st.scheduler.slots(), "rule": "requests that may wait for a slot (--queue); past it, 503 with Retry-After"},
         "speculation": speculation(st),
+        "conversation_cache": conversation_cache(st),
         "prefill_chunk": {"value": engine::DEFAULT_PREFILL_CHUNK, "rule": "engine default: at most this many prompt tokens a pass, the passes as even as their count allows; weights are read once a pass"},
         "sequence_state_bytes_max": {"value": d.state_bytes(c.context_length), "rule": d.state_rule},
         "request_timeout_s": {"value": st.config.request_timeout.as_secs_f64(), "rule": "--request-timeout: a generation running longer ends with finish_reason length"},
@@ -101,6 +102,14 @@ fn speculation(st: &AppState) -> Value {
         json!({"value": "prompt lookup", "rule": "--lookup: greedy requests without logprobs or a grammar draft up to 8 tokens from the conversation and verify them a pass at a time; the same replies"})
     } else {
         json!({"value": "off", "rule": "a token a pass (serve --lookup drafts by prompt lookup for greedy requests on the CPU)"})
+    }
+}
+
+fn conversation_cache(st: &AppState) -> Value {
+    if st.keeps_conversations {
+        json!({"value": "on", "rule": "each slot keeps its sequence saved after the last chat request's messages (without the reply's opening); a request whose prompt starts with them goes on from there, the same reply as from empty (usage.prompt_tokens_details.cached_tokens counts them)"})
+    } else {
+        json!({"value": "off", "rule": "every request prefills its whole prompt: slots do not keep their sequences here (on the CPU a kept sequence would hold its cache's memory while idle)"})
     }
 }
 

@@ -22,6 +22,8 @@ use super::request::{fingerprint, generation_error, now_s, usage, CancelOnDrop};
 pub(super) struct Ended {
     pub(super) finish: Finish,
     pub(super) prompt_tokens: usize,
+    /// Of those, the ones taken from the slot's kept conversation.
+    pub(super) cached_tokens: usize,
     pub(super) completion_tokens: usize,
     /// Log-probabilities not yet sent with text (e.g. of held-back stop-string tokens).
     pub(super) logprobs: Vec<TokenLogprob>,
@@ -40,13 +42,16 @@ async fn next(st: &AppState, rx: &mut mpsc::UnboundedReceiver<Event>) -> Option<
         Event::Done {
             finish,
             prompt_tokens,
+            cached_tokens,
             completion_tokens,
             logprobs,
         } => {
             st.metrics.generated_tokens.inc_by(completion_tokens as u64);
+            st.metrics.cached_prompt_tokens.inc_by(cached_tokens as u64);
             Step::End(Ended {
                 finish,
                 prompt_tokens,
+                cached_tokens,
                 completion_tokens,
                 logprobs,
             })
@@ -111,7 +116,7 @@ impl Envelope {
     pub(super) fn usage(&self, end: &Ended) -> Option<Value> {
         self.include_usage.then(|| {
             let mut c = self.with_choices(json!([]));
-            c["usage"] = usage(end.prompt_tokens, end.completion_tokens);
+            c["usage"] = usage(end);
             c
         })
     }

@@ -9,6 +9,7 @@ use engine::GenerateParams;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use super::relay::Ended;
 use crate::constraint::{Constraint, Forced};
 use crate::error::ApiError;
 use crate::scheduler::{Event, Finish, Job, Refused};
@@ -130,6 +131,9 @@ impl Drop for CancelOnDrop {
 
 pub(super) struct Prepared {
     pub(super) prompt: Vec<u32>,
+    /// The prompt's first tokens a later request of the conversation will start with
+    /// ([`Job::history`]).
+    pub(super) history: Option<usize>,
     pub(super) params: GenerateParams,
     pub(super) constraint: Option<Box<dyn Constraint>>,
     pub(super) logprobs: Option<usize>,
@@ -144,6 +148,7 @@ pub(super) fn submit(
     let prompt_len = p.prompt.len();
     let job = Job {
         prompt: p.prompt,
+        history: p.history,
         params: p.params,
         constraint: p.constraint,
         logprobs: p.logprobs,
@@ -169,8 +174,15 @@ pub(super) fn finish_name(f: Finish, tool_calls: bool) -> &'static str {
     }
 }
 
-pub(super) fn usage(prompt: usize, completion: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+/// A response's `usage`, with the prompt tokens taken from the slot's kept conversation as
+/// OpenAI reports its cached ones.
+pub(super) fn usage(end: &Ended) -> Value {
+    let (prompt, completion) = (end.prompt_tokens, end.completion_tokens);
+    json!({
+        "prompt_tokens": prompt, "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": end.cached_tokens},
+    })
 }
 
 pub(super) fn token_text(st: &AppState, id: u32) -> (String, Vec<u8>) {
