@@ -57,6 +57,22 @@ def test_chat_returns_a_message_and_usage(client, model_id):
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
 
 
+def test_a_conversations_next_turn_goes_on_from_its_cached_start(client, model_id):
+    def turn(messages):
+        return client.chat.completions.create(
+            model=model_id, messages=messages, max_tokens=6, temperature=0,
+            extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    messages = [{"role": "system", "content": "cache probe"}] + user("Hello")
+    first = turn(messages)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    messages += [{"role": "assistant", "content": first.choices[0].message.content}] + user("More")
+    second = turn(messages)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached < second.usage.prompt_tokens
+    # The first request's prompt, up to its reply's opening.
+    assert cached < first.usage.prompt_tokens
+
+
 def test_chat_streams_chunks_then_usage(client, model_id):
     stream = client.chat.completions.create(
         model=model_id, messages=user("Hello"), max_tokens=10, temperature=0, stream=True,
@@ -372,7 +388,7 @@ def test_metrics_report_requests_tokens_and_latency(http):
 
 def test_policy_explains_each_decision(http):
     p = http.get("/v1/policy").json()
-    for key in ["backend", "threads", "context", "slots", "queue", "speculation"]:
+    for key in ["backend", "threads", "context", "slots", "queue", "speculation", "conversation_cache"]:
         assert "value" in p[key] and p[key]["rule"], key
     assert p["slots"]["measured_decode_step_s"] > 0
 

@@ -64,6 +64,9 @@ pub struct ServerConfig {
     /// (`serve --lookup`): the same replies, where the device verifies drafts losslessly (the
     /// CPU).
     pub lookup: bool,
+    /// Slots that keep their sequence also keep the last chat request's conversation for its
+    /// next turn (`serve --no-conversation-cache` turns it off).
+    pub conversation_cache: bool,
 }
 
 /// The kind of device generation runs on.
@@ -169,9 +172,9 @@ impl Runner<Model> {
             device: Device::cpu(&model.config, model.kv_format()),
             new_state: Box::new(|m: &Model| Ok(m.new_state())),
             backend: model,
-            // A CPU sequence's cache grows with its tokens: a kept one would hold its longest
-            // request's memory while idle.
-            keep_states: false,
+            // A kept CPU sequence holds its last conversation's cache while idle: the price
+            // of going on from it (`serve --no-conversation-cache` does not keep it).
+            keep_states: true,
         }
     }
 }
@@ -220,7 +223,8 @@ impl AppState {
     where
         B: Backend + Send + Sync + 'static,
     {
-        let keeps_conversations = runner.keep_states && runner.backend.can_rewind();
+        let keeps_conversations =
+            config.conversation_cache && runner.keep_states && runner.backend.can_rewind();
         let runner = Arc::new(runner);
         let tok = Arc::new(tok);
         let metrics = Arc::new(metrics::Metrics::new());

@@ -1,8 +1,10 @@
 //! Running generations: a fixed number of worker threads (slots), each owning one request at a
-//! time with a fresh sequence state (or its own kept one rewound to empty, where the runner
-//! keeps states), fed from a bounded queue. Past the bound a request is refused
-//! at once (503) rather than left waiting without end. The workers share one backend; with one
-//! slot (what `serve --device cuda` uses) requests run one after another in arrival order.
+//! time with a fresh sequence state (or its own kept one, where the runner keeps states,
+//! rewound to empty or to the last conversation it kept where the request goes on from it),
+//! fed from a bounded queue: a conversation's next request goes to the idle slot keeping it.
+//! Past the bound a request is refused at once (503) rather than left waiting without end.
+//! The workers share one backend; with one slot (what `serve --device cuda` uses) requests run
+//! one after another in arrival order.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -104,8 +106,9 @@ impl Scheduler {
         let closing = Arc::new(AtomicBool::new(false));
         let state_bytes: Arc<Vec<AtomicUsize>> =
             Arc::new((0..slots).map(|_| AtomicUsize::new(0)).collect());
+        let marks: Arc<Marked> = Arc::new(Marked::new(slots));
         for slot in 0..slots {
-            let (q, runner, tok) = (q.clone(), runner.clone(), tok.clone());
+            let (q, runner, tok, marks) = (q.clone(), runner.clone(), tok.clone(), marks.clone());
             let (in_system, closing, bytes, metrics) = (
                 in_system.clone(),
                 closing.clone(),
@@ -120,9 +123,16 @@ impl Scheduler {
                         let (job, enqueued) = {
                             let mut jobs = q.jobs.lock().unwrap_or_else(|p| p.into_inner());
                             loop {
-                                if let Some(j) = jobs.pop_front() {
+                                let picked = marks.pick(slot, &jobs);
+                                if let Some(j) = picked.and_then(|i| jobs.remove(i)) {
+                                    marks.set_idle(slot, false);
+                                    // The jobs left to slots of their own may be others' now.
+                                    if !jobs.is_empty() {
+                                        q.ready.notify_all();
+                                    }
                                     break j;
                                 }
+                                marks.set_idle(slot, true);
                                 jobs = q.ready.wait(jobs).unwrap_or_else(|p| p.into_inner());
                             }
                         };
@@ -135,14 +145,12 @@ impl Scheduler {
                             &closing,
                             &bytes[slot],
                             &metrics,
-                            &mut kept,
+                            (&mut kept, &|tokens| marks.set_mark(slot, tokens)),
                         );
                         // A kept sequence holds its memory between requests.
-                        let held = if kept.is_some() {
-                            runner.device.state_bytes(0)
-                        } else {
-                            0
-                        };
+                        let held = kept.as_ref().map_or(0, |(state, _)| {
+                            runner.device.state_bytes(runner.backend.state_len(state))
+                        });
                         bytes[slot].store(held, Ordering::Relaxed);
                         in_system.fetch_sub(1, Ordering::AcqRel);
                     }
@@ -179,7 +187,8 @@ impl Scheduler {
         let mut jobs = self.queue.jobs.lock().unwrap_or_else(|p| p.into_inner());
         jobs.push_back((job, Instant::now()));
         drop(jobs);
-        self.queue.ready.notify_one();
+        // Every idle slot looks: the one keeping the job's conversation takes it.
+        self.queue.ready.notify_all();
         Ok(())
     }
 
@@ -306,6 +315,70 @@ struct Marks<B: Backend> {
     history: Option<(Vec<u32>, B::Checkpoint)>,
 }
 
+impl<B: Backend> Marks<B> {
+    /// The kept conversation's tokens.
+    fn tokens(&self) -> Option<Vec<u32>> {
+        self.history.as_ref().map(|(t, _)| t.clone())
+    }
+}
+
+/// What every slot keeps of a conversation (its tokens; empty: none) and whether it waits
+/// for a job: so that a conversation's next request goes to the slot that can go on from it.
+struct Marked {
+    marks: Vec<Mutex<Vec<u32>>>,
+    idle: Vec<AtomicBool>,
+}
+
+impl Marked {
+    fn new(slots: usize) -> Marked {
+        Marked {
+            marks: (0..slots).map(|_| Mutex::new(Vec::new())).collect(),
+            // Idle once its worker waits: a slot whose thread never started takes nothing.
+            idle: (0..slots).map(|_| AtomicBool::new(false)).collect(),
+        }
+    }
+
+    fn set_idle(&self, slot: usize, idle: bool) {
+        self.idle[slot].store(idle, Ordering::Release);
+    }
+
+    fn set_mark(&self, slot: usize, tokens: Option<Vec<u32>>) {
+        *self.marks[slot].lock().unwrap_or_else(|p| p.into_inner()) = tokens.unwrap_or_default();
+    }
+
+    /// Whether `slot` keeps a conversation that `prompt` goes on from.
+    fn leads(&self, slot: usize, prompt: &[u32]) -> bool {
+        let m = self.marks[slot].lock().unwrap_or_else(|p| p.into_inner());
+        !m.is_empty() && m.len() < prompt.len() && prompt.starts_with(&m)
+    }
+
+    /// Whether `slot` keeps a conversation.
+    fn marked(&self, slot: usize) -> bool {
+        !self.marks[slot]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+
+    /// The queued job `slot` takes (its index): the first that goes on from its own kept
+    /// conversation; else, unless it keeps one and another idle slot keeps none (that slot
+    /// takes it, and this one's conversation stays), the first whose conversation no other
+    /// idle slot keeps (that slot takes it); else none. Called with the queue locked, so every
+    /// job finds a taker: a job passed over is one an idle slot takes first.
+    fn pick(&self, slot: usize, jobs: &VecDeque<(Job, Instant)>) -> Option<usize> {
+        let others_idle =
+            || (0..self.marks.len()).filter(|&s| s != slot && self.idle[s].load(Ordering::Acquire));
+        if let Some(i) = jobs.iter().position(|(j, _)| self.leads(slot, &j.prompt)) {
+            return Some(i);
+        }
+        if self.marked(slot) && others_idle().any(|s| !self.marked(s)) {
+            return None;
+        }
+        jobs.iter()
+            .position(|(j, _)| !others_idle().any(|s| self.leads(s, &j.prompt)))
+    }
+}
+
 /// A slot's sequence kept between requests, and its marks.
 type Kept<B> = Option<(<B as Backend>::State, Marks<B>)>;
 
@@ -318,7 +391,7 @@ fn slot_state<B: Backend>(
     kept: &mut Kept<B>,
     prompt: &[u32],
 ) -> engine::Result<(B::State, usize, Option<Marks<B>>)> {
-    if let Some((mut state, marks)) = kept.take() {
+    if let Some((mut state, mut marks)) = kept.take() {
         let cached = match &marks.history {
             Some((tokens, at)) if tokens.len() < prompt.len() && prompt.starts_with(tokens) => {
                 runner.backend.rewind(&mut state, at)?;
@@ -326,6 +399,8 @@ fn slot_state<B: Backend>(
             }
             _ => {
                 runner.backend.rewind(&mut state, &marks.empty)?;
+                // A state rewound before a checkpoint no longer goes back to it.
+                marks.history = None;
                 0
             }
         };
@@ -344,6 +419,9 @@ fn slot_state<B: Backend>(
     Ok((state, 0, Some(marks)))
 }
 
+/// Publishes the conversation a slot keeps (its tokens) to the slots' [`Marked`].
+type Mark<'a> = &'a dyn Fn(Option<Vec<u32>>);
+
 fn run_job<B: Backend>(
     runner: &Runner<B>,
     tok: &Tokenizer,
@@ -351,7 +429,7 @@ fn run_job<B: Backend>(
     closing: &AtomicBool,
     state_bytes: &AtomicUsize,
     metrics: &Metrics,
-    kept: &mut Kept<B>,
+    (kept, mark): (&mut Kept<B>, Mark<'_>),
 ) {
     if job.cancel.load(Ordering::Relaxed) || job.events.is_closed() {
         return;
@@ -414,6 +492,9 @@ fn run_job<B: Backend>(
         }
         r.map(|g| (g, reused))
     });
+    // Told before the client hears the end, so that the conversation's next request finds
+    // this slot keeping it.
+    mark(kept.as_ref().and_then(|(_, m)| m.tokens()));
     hooks.timed_out = Instant::now() >= hooks.deadline;
     let event = match result {
         Ok((g, reused)) => {

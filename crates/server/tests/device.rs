@@ -32,6 +32,7 @@ fn config(slots: usize) -> ServerConfig {
         script: Vec::new(),
         model_path: fixture(),
         lookup: false,
+        conversation_cache: true,
     }
 }
 
@@ -112,7 +113,7 @@ async fn policy_reports_the_cpu_by_default() {
     assert_eq!(p["device"]["name"], Value::Null);
     assert_eq!(p["backend"]["value"], "cpu");
     assert_eq!(p["slots"]["value"], 2);
-    assert_eq!(p["conversation_cache"]["value"], "off");
+    assert_eq!(p["conversation_cache"]["value"], "on");
     assert!(p["slots"]["measured_decode_step_s"].as_f64().unwrap() > 0.0);
     assert!(p["slots"]["measured_new_state_s"].as_f64().unwrap() >= 0.0);
     // Unchanged from before devices were reported: recurrent state + f32 KV for the context.
@@ -312,4 +313,43 @@ async fn a_conversation_goes_on_from_the_kept_sequence_with_the_replies_of_a_fre
     let (_, metrics) = get(&st, "/metrics").await;
     let line = format!("niwaki_cached_prompt_tokens_total {total}");
     assert!(metrics.contains(&line), "{metrics}");
+}
+
+#[tokio::test]
+async fn interleaved_conversations_each_go_on_in_the_slot_that_keeps_them() {
+    // Two CPU slots and two conversations taking turns: each turn after the first goes to
+    // the slot keeping its conversation, whichever slot wakes first.
+    let (model, tok) = model();
+    let st = AppState::new(config(2), model, tok, ChatTemplate::builtin_qwen35());
+    let mut a = vec![json!({"role": "system", "content": "You are terse."})];
+    let mut b = vec![json!({"role": "system", "content": "You are kind."})];
+    for turn in 0..3 {
+        for messages in [&mut a, &mut b] {
+            messages.push(json!({"role": "user", "content": format!("turn {turn}")}));
+            let body =
+                json!({"model": "tiny", "messages": messages, "max_tokens": 4, "temperature": 0});
+            let v = post(&st, "/v1/chat/completions", &body).await;
+            let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+            assert_eq!(cached > Some(0), turn > 0, "turn {turn}: {v}");
+            messages.push(
+                json!({"role": "assistant", "content": v["choices"][0]["message"]["content"]}),
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_request_off_the_kept_conversation_lets_it_go_and_the_next_turn_starts_afresh() {
+    // Another request rewinds the slot before the kept conversation's mark, which it can then
+    // no longer go back to: the conversation's next turn prefills it all, and answers.
+    let st = gpu_like("gpu", 1000, true);
+    let turns = ["Hello there", "Tell me more"];
+    let first = conversation(&st, "You are terse.", &turns[..1]).await;
+    let body = json!({"model": "tiny", "prompt": "unrelated", "max_tokens": 3, "temperature": 0});
+    complete(&st, &body).await;
+    let again = conversation(&st, "You are terse.", &turns).await;
+    let cached = |t: &(Value, Value)| t.1["prompt_tokens_details"]["cached_tokens"].as_u64();
+    assert_eq!(again[0], first[0]);
+    assert_eq!(cached(&again[0]), Some(0));
+    assert!(cached(&again[1]) > Some(0), "{again:?}");
 }

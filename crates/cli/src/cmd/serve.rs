@@ -61,6 +61,11 @@ pub struct Args {
     /// conversation. On the CPU only.
     #[arg(long)]
     pub lookup: bool,
+    /// Each slot forgets a request's conversation when it ends: every request prefills its
+    /// whole prompt, and on the CPU an idle slot holds no sequence (by default a slot keeps
+    /// the last chat conversation's state for its next turn).
+    #[arg(long)]
+    pub no_conversation_cache: bool,
 }
 
 /// Requests generating at once on the CPU unless `--parallel` says otherwise.
@@ -137,12 +142,17 @@ pub fn main(a: Args) -> Result<ExitCode> {
         script,
         model_path: a.model.clone(),
         lookup: a.lookup && super::lookup_device_unused(&a.place.device).is_none(),
+        conversation_cache: !a.no_conversation_cache,
     };
     if let Some(why) = super::lookup_device_unused(&a.place.device).filter(|_| a.lookup) {
         eprintln!("warning: --lookup is ignored: {why}");
     }
     let state = match a.place.device {
-        load::DeviceArg::Cpu => AppState::with_runner(config, Runner::cpu(model), tok, template),
+        load::DeviceArg::Cpu => {
+            let mut runner = Runner::cpu(model);
+            runner.keep_states = !a.no_conversation_cache;
+            AppState::with_runner(config, runner, tok, template)
+        }
         #[cfg(feature = "cuda")]
         load::DeviceArg::Cuda => {
             AppState::with_runner(config, cuda_runner(model, kv)?, tok, template)

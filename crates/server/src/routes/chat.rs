@@ -154,20 +154,10 @@ fn plan_chat(st: &AppState, r: ChatCompletionRequest) -> Result<ChatPlan, ApiErr
             .encode(&text, true)
             .map_err(|e| ApiError::bad_request(e.to_string()))?,
     );
-    // The conversation up to the last message, without the reply's opening: what the next
-    // request of the conversation starts with, however it renders this reply (a render that
-    // fails or does not lead the prompt marks nothing).
     let history = st
-        .template
-        .render(&tokenizer::ChatRequest {
-            add_generation_prompt: false,
-            ..req.clone()
-        })
-        .ok()
-        .and_then(|t| st.tok.encode(&t, true).ok())
-        .map(|ids| with_bos(st, ids))
-        .filter(|h| h.len() < prompt.len() && prompt.starts_with(h))
-        .map(|h| h.len());
+        .keeps_conversations
+        .then(|| history_len(st, &req, &prompt))
+        .flatten();
     let asked = r.max_completion_tokens.or(r.max_tokens);
     let param = if r.max_completion_tokens.is_some() {
         "max_completion_tokens"
@@ -242,6 +232,21 @@ pub(super) async fn chat(
     } else {
         chat_once(&st, id, parser, rx, guard, plan.want_logprobs).await
     }
+}
+
+/// How many of `prompt`'s first tokens are the conversation up to its last message, without
+/// the reply's opening: what the conversation's next request starts with, however it renders
+/// this reply. None where that render fails or does not lead the prompt.
+fn history_len(st: &AppState, req: &tokenizer::ChatRequest, prompt: &[u32]) -> Option<usize> {
+    let text = st
+        .template
+        .render(&tokenizer::ChatRequest {
+            add_generation_prompt: false,
+            ..req.clone()
+        })
+        .ok()?;
+    let ids = with_bos(st, st.tok.encode(&text, true).ok()?);
+    (ids.len() < prompt.len() && prompt.starts_with(&ids)).then_some(ids.len())
 }
 
 async fn chat_once(

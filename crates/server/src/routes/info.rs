@@ -107,9 +107,9 @@ fn speculation(st: &AppState) -> Value {
 
 fn conversation_cache(st: &AppState) -> Value {
     if st.keeps_conversations {
-        json!({"value": "on", "rule": "each slot keeps its sequence saved after the last chat request's messages (without the reply's opening); a request whose prompt starts with them goes on from there, the same reply as from empty (usage.prompt_tokens_details.cached_tokens counts them)"})
+        json!({"value": "on", "rule": "each slot keeps its sequence saved after the last chat request's messages (without the reply's opening), and a conversation's next request goes to the idle slot keeping it: a prompt that starts with those tokens goes on from there, the same reply as from empty (usage.prompt_tokens_details.cached_tokens counts them); an idle slot holds that conversation's cache and two copies of the recurrent state (serve --no-conversation-cache: none)"})
     } else {
-        json!({"value": "off", "rule": "every request prefills its whole prompt: slots do not keep their sequences here (on the CPU a kept sequence would hold its cache's memory while idle)"})
+        json!({"value": "off", "rule": "every request prefills its whole prompt (serve --no-conversation-cache, or a device whose slots do not keep their sequences)"})
     }
 }
 
