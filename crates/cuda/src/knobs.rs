@@ -102,11 +102,11 @@ const KNOBS: &[(&str, Takes)] = &[
     ),
     ("NIWAKI_CUDA_GDN_CHUNK", Takes::OnOff),
     ("NIWAKI_CUDA_GDN_ROWS", Takes::OneOf(&GDN_ROWS)),
-    // A measurement: the fewest tokens a pass multiplies on the tensor cores.
+    // The fewest tokens a pass multiplies on the tensor cores (default: `plan::short_passes`).
     ("NIWAKI_CUDA_GEMM_MIN_TOKENS", Takes::Number),
     ("NIWAKI_CUDA_GEMV1", Takes::OnOff),
     ("NIWAKI_CUDA_GEMV1_SHARE", Takes::OnOff),
-    // A measurement: the f16 GEMM's narrower tiles for short passes.
+    // The f16 GEMM's narrower tiles for short passes (on by default).
     ("NIWAKI_CUDA_HGEMM_NARROW", Takes::OnOff),
     ("NIWAKI_CUDA_MMA", Takes::OnOff),
     ("NIWAKI_CUDA_PDL", Takes::OnOff),
@@ -116,7 +116,7 @@ const KNOBS: &[(&str, Takes)] = &[
     ("NIWAKI_CUDA_SHARE_UNROLL", Takes::OneOf(&SHARE_UNROLL)),
     // A measurement only: kernels a one-token pass leaves out (`plan::Skip`).
     ("NIWAKI_CUDA_SKIP", Takes::OneOf(&crate::plan::Skip::WORDS)),
-    // A measurement: passes of up to this many tokens run token by token (`plan::STEP_TOKENS`).
+    // Passes of up to this many tokens run token by token (default: `plan::short_passes`).
     ("NIWAKI_CUDA_STEP_TOKENS", Takes::Number),
     ("NIWAKI_CUDA_SWIGLU_WARPS", Takes::OneOf(&SWIGLU_WARPS)),
     ("NIWAKI_CUDA_TOPK", Takes::OnOff),

@@ -83,7 +83,7 @@ pub struct CudaModel {
     image_bytes: usize,
     /// Capture decode steps as CUDA graphs (on by default).
     pub use_graphs: bool,
-    /// Passes of 2 to this many tokens run token by token ([`plan::STEP_TOKENS`];
+    /// Passes of 2 to this many tokens run token by token ([`plan::short_passes`];
     /// `NIWAKI_CUDA_STEP_TOKENS` sets it).
     step_tokens: AtomicUsize,
     /// The embedding table where one-token passes look their row up on the device.
@@ -329,6 +329,13 @@ impl CudaModel {
                 ffn_down: up(vec![packed(f, &n("ffn_down.weight"))?])?,
             });
         }
+        // Short passes by the layers' format, unless a switch sets them.
+        let short = layers.first().map_or(plan::ShortPasses::UNMEASURED, |l| {
+            plan::short_passes(l.ffn_down.format)
+        });
+        if crate::knobs::number_set("NIWAKI_CUDA_GEMM_MIN_TOKENS").is_none() {
+            gpu.set_gemm_min_tokens(short.gemm_from);
+        }
         let output = up(vec![packed(f, "output.weight")?])?;
         let output_norm = gpu.upload(&vector(f, "output_norm.weight")?, "norm")?;
         let embd = file
@@ -379,7 +386,7 @@ impl CudaModel {
             use_graphs: true,
             step_tokens: AtomicUsize::new(crate::knobs::number(
                 "NIWAKI_CUDA_STEP_TOKENS",
-                plan::STEP_TOKENS,
+                short.step,
             )),
             embed_table,
             device_embed: AtomicBool::new(crate::knobs::flag("NIWAKI_CUDA_DEVICE_EMBED", true)),
@@ -634,7 +641,7 @@ impl CudaModel {
     }
 
     /// One GPU pass over at most `MAX_CHUNK` tokens, waited for; a short one (see
-    /// [`plan::STEP_TOKENS`]) as one-token passes, the last computing what this one would.
+    /// [`plan::short_passes`]) as one-token passes, the last computing what this one would.
     fn run(&self, st: &mut CudaState, tokens: &[u32], head: Head, tail: Tail) -> Result<()> {
         match tokens.split_last() {
             Some((&last, rest)) if self.stepped(tokens.len()) && head != Head::All => {
@@ -647,7 +654,7 @@ impl CudaModel {
         }
     }
 
-    /// Passes of 2 to this many tokens run token by token ([`plan::STEP_TOKENS`]).
+    /// Passes of 2 to this many tokens run token by token ([`plan::short_passes`]).
     pub fn step_tokens(&self) -> usize {
         self.step_tokens.load(Ordering::Relaxed)
     }

@@ -141,8 +141,7 @@ pub enum Flow {
     Stop,
 }
 
-/// Feeds `tokens` to the model in passes of at most `chunk`, as even as their count allows
-/// ([`model::passes::even`]), and returns the logits after the last one.
+/// Feeds `tokens` to the model in chunks and returns the logits after the last one.
 pub fn prefill<B: Backend>(
     model: &B,
     state: &mut B::State,
@@ -160,14 +159,16 @@ pub fn prefill<B: Backend>(
             context: limit,
         });
     }
+    let chunk = chunk.max(1);
     let mut logits = Vec::new();
-    for (start, len) in model::passes::even(tokens.len(), chunk) {
-        let want = if start + len == tokens.len() {
+    let n_chunks = tokens.len().div_ceil(chunk);
+    for (i, part) in tokens.chunks(chunk).enumerate() {
+        let want = if i + 1 == n_chunks {
             Logits::Last
         } else {
             Logits::None
         };
-        logits = model.forward(state, &tokens[start..start + len], want)?;
+        logits = model.forward(state, part, want)?;
     }
     Ok(logits)
 }

@@ -12,7 +12,6 @@ mod kv;
 pub mod lineage;
 mod model;
 pub mod ops;
-pub mod passes;
 pub mod pool;
 pub mod rank;
 pub mod requant;

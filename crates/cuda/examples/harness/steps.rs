@@ -1,4 +1,4 @@
-//! Short passes run token by token (`plan::STEP_TOKENS`, `CudaModel::set_step_tokens`): the
+//! Short passes run token by token (`plan::short_passes`, `CudaModel::set_step_tokens`): the
 //! same bits as the tokens fed one call at a time, and as near the CPU engine as a pass; and
 //! short passes multiplied on the tensor cores (`Gpu::set_gemm_min_tokens`, in narrow tiles:
 //! `Gpu::set_hgemm_narrow`) as near it.

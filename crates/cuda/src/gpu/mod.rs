@@ -111,7 +111,8 @@ pub struct Gpu {
     /// and later). `NIWAKI_CUDA_MMA=0` turns it off.
     mma: AtomicBool,
     /// The fewest tokens a pass multiplies on the tensor cores (`NIWAKI_CUDA_GEMM_MIN_TOKENS`;
-    /// default [`plan::GEMM_MIN_TOKENS`]); shorter passes take the dp4a kernels.
+    /// else [`plan::GEMM_MIN_TOKENS`] until a model sets its format's [`plan::short_passes`]);
+    /// shorter passes take the dp4a kernels.
     gemm_min_tokens: AtomicUsize,
     /// Whether the f16 GEMM takes narrower tiles for short passes (`NIWAKI_CUDA_HGEMM_NARROW`;
     /// default [`plan::HGEMM_NARROW`]).

@@ -460,8 +460,8 @@ impl Gpu {
     }
 
     /// Sets [`Gpu::gemm_min_tokens`] (at least 2: one token takes the decode GEMVs); returns
-    /// the previous setting. For the harness's comparisons.
-    #[doc(hidden)]
+    /// the previous setting. A model sets its format's ([`plan::short_passes`]); the harness
+    /// compares others.
     pub fn set_gemm_min_tokens(&self, n: usize) -> usize {
         self.gemm_min_tokens.swap(n.max(2), Ordering::Relaxed)
     }

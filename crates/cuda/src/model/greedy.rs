@@ -163,7 +163,7 @@ impl CudaModel {
                 self.run(st, &tokens[s..s + len], Head::None, Tail::None)?;
                 continue;
             }
-            // A short pass token by token (`plan::STEP_TOKENS`): all but its last waited for.
+            // A short pass token by token (`plan::short_passes`): all but its last waited for.
             let split = if self.stepped(len) { n - 1 } else { s };
             if split > s {
                 self.run(st, &tokens[s..split], Head::None, Tail::None)?;

@@ -14,13 +14,57 @@ pub const GEMM_STAGE_VALUES: usize = 128;
 pub const GEMM_STAGES: usize = 4;
 pub const GEMM_ROW_STRIDE: usize = 48;
 const _: () = assert!(GEMM_ROW_STRIDE >= 16 * GEMM_STAGE_VALUES / 64);
-/// Passes of fewer tokens use the dp4a kernels: a GEMM tile of 64 tokens would mostly idle.
+/// Passes of fewer tokens use the dp4a kernels, where [`short_passes`] has no figure for the
+/// format: a GEMM tile of 64 tokens would mostly idle.
 pub const GEMM_MIN_TOKENS: usize = 16;
 /// Passes of 2 to this many tokens run token by token as one-token passes (their graphs, the
-/// decode GEMVs), where no pass asks for every token's logits; 0: never. A measurement's
-/// choice (`NIWAKI_CUDA_STEP_TOKENS`): what a short pass costs on the dp4a kernels against
-/// that many decode steps is not yet measured, so off.
+/// decode GEMVs), where no pass asks for every token's logits; 0: never. Where
+/// [`short_passes`] has no figure for the format.
 pub const STEP_TOKENS: usize = 0;
+
+/// How a model's passes of 2 to 15 tokens run: token by token as one-token passes (the same
+/// bits as one call a token) up to `step` tokens, on the tensor cores from `gemm_from` tokens,
+/// else on the dp4a kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShortPasses {
+    pub step: usize,
+    pub gemm_from: usize,
+}
+
+/// [`ShortPasses`] by the layers' format, each the fastest form measured at each length (an
+/// H100, the 27B synthetic files, ms a pass; the f16 GEMM in its narrow tiles):
+/// - Q1_0: token by token 5.00 / 7.45 / 9.90 at 2 / 3 / 4 tokens against the dp4a kernels'
+///   9.89 / 12.31 / 14.57 and the GEMM's 11.10 at 2 and 11.40 at 4; the GEMM from 5 (11.61 at
+///   8 against 19.72 token by token and 24.11 on the dp4a kernels; its cost is flat from 4 to
+///   16 tokens, 11.40-11.85, where a token by token pass adds about 2.5 a token).
+/// - Q2_0 g64: token by token at 2 (7.08 against 8.63 dp4a, 12.18 GEMM); the dp4a kernels at
+///   3 and 4 (9.95, 11.00 against 10.59, 13.99 token by token and 12.41 GEMM at 4); the GEMM
+///   from 8 (12.64 against 15.57 dp4a), the first length measured where it wins.
+///
+/// The 128-value formats (PQ2_0, PTQ1_0, legacy Q2_0) have no figures: [`STEP_TOKENS`] and
+/// [`GEMM_MIN_TOKENS`]. `NIWAKI_CUDA_STEP_TOKENS` and `NIWAKI_CUDA_GEMM_MIN_TOKENS` set both
+/// for any format.
+pub fn short_passes(format: GpuFormat) -> ShortPasses {
+    match format {
+        GpuFormat::Q1 => ShortPasses {
+            step: 4,
+            gemm_from: 5,
+        },
+        GpuFormat::Q2G64 => ShortPasses {
+            step: 2,
+            gemm_from: 8,
+        },
+        GpuFormat::Q2G128 => ShortPasses::UNMEASURED,
+    }
+}
+
+impl ShortPasses {
+    /// The rule where nothing was measured.
+    pub const UNMEASURED: ShortPasses = ShortPasses {
+        step: STEP_TOKENS,
+        gemm_from: GEMM_MIN_TOKENS,
+    };
+}
 
 /// The GEMM kernel variants: 16-row mma tiles per warp.
 pub const GEMM_MI: [usize; 2] = [1, 2];
@@ -49,9 +93,12 @@ pub const fn hgemm_stage_bytes(wg: usize, tokens: usize) -> usize {
 }
 
 /// Whether passes take the f16 GEMM's narrower tiles ([`hgemm_tokens_for`]) or always the
-/// widest (`NIWAKI_CUDA_HGEMM_NARROW` sets it). Right by the harness's GEMM checks, but not
-/// yet run on a device, so off.
-pub const HGEMM_NARROW: bool = false;
+/// widest (`NIWAKI_CUDA_HGEMM_NARROW` sets it). The harness's GEMM checks pass for every
+/// tile and format (an H100), and 16-64-token passes were faster in them on both formats
+/// measured (ms a pass, 27B Q1_0: 11.81 / 13.29 / 17.31 at 16 / 32 / 64 tokens against
+/// 17.28 / 18.03 / 19.81 in 128-token tiles; Q2_0: 12.87 / 14.26 / 17.85 against 18.92 /
+/// 19.46 / 20.19).
+pub const HGEMM_NARROW: bool = true;
 
 /// The tokens of the f16 GEMM's tile for a pass of `ntok`: the fewest that hold them all, else
 /// the widest.

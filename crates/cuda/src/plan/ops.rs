@@ -574,10 +574,11 @@ pub fn next_matrices(ops: &[Op]) -> Vec<(Mat, Mat)> {
         .collect()
 }
 
-/// Splits a call of `n` tokens into GPU passes of at most [`MAX_CHUNK`], as even as their count
-/// allows (no short last pass on the one-token kernels).
+/// Splits a call of `n` tokens into GPU passes of at most [`MAX_CHUNK`].
 pub fn chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
-    model::passes::even(n, MAX_CHUNK)
+    (0..n)
+        .step_by(MAX_CHUNK)
+        .map(move |s| (s, MAX_CHUNK.min(n - s)))
 }
 
 /// A measurement only (`NIWAKI_CUDA_SKIP`): which kernels a one-token pass leaves out, so that

@@ -88,7 +88,7 @@ fn policy_json(st: &AppState) -> Value {
         "queue": {"value": st.scheduler.capacity() - st.scheduler.slots(), "rule": "requests that may wait for a slot (--queue); past it, 503 with Retry-After"},
         "speculation": speculation(st),
         "conversation_cache": conversation_cache(st),
-        "prefill_chunk": {"value": engine::DEFAULT_PREFILL_CHUNK, "rule": "engine default: at most this many prompt tokens a pass, the passes as even as their count allows; weights are read once a pass"},
+        "prefill_chunk": {"value": engine::DEFAULT_PREFILL_CHUNK, "rule": "engine default: prompts run in passes of this many tokens, then the rest; weights are read once a pass"},
         "sequence_state_bytes_max": {"value": d.state_bytes(c.context_length), "rule": d.state_rule},
         "request_timeout_s": {"value": st.config.request_timeout.as_secs_f64(), "rule": "--request-timeout: a generation running longer ends with finish_reason length"},
         "max_body_bytes": {"value": st.config.max_body_bytes, "rule": "larger request bodies get 413"},

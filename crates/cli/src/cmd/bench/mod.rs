@@ -62,7 +62,7 @@ pub struct Args {
     pub threads: Option<usize>,
     #[command(flatten)]
     pub place: load::Placement,
-    /// At most this many tokens a prefill pass, the passes as even as their count allows.
+    /// Tokens per prefill chunk.
     #[arg(long, default_value_t = engine::DEFAULT_PREFILL_CHUNK)]
     pub chunk: usize,
     /// Bytes read by the memory-bandwidth test (on the GPU at least 1 GiB).

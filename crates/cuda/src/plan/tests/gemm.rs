@@ -209,3 +209,17 @@ fn the_tma_boxes_of_the_f16_gemm_are_legal_and_fill_its_stages() {
         }
     }
 }
+
+#[test]
+fn each_format_steps_its_shortest_passes_then_leaves_the_rest_to_one_kernel_rule() {
+    for f in GpuFormat::ALL {
+        let s = short_passes(f);
+        // Stepping ends below the GEMM's start, which one-token passes never reach.
+        assert!(s.step < s.gemm_from && s.gemm_from >= 2, "{f:?}: {s:?}");
+        assert!(s.gemm_from <= GEMM_MIN_TOKENS, "{f:?}: {s:?}");
+    }
+    // Only measured formats leave the former rule.
+    assert_eq!(short_passes(GpuFormat::Q2G128), ShortPasses::UNMEASURED);
+    assert_ne!(short_passes(GpuFormat::Q1), ShortPasses::UNMEASURED);
+    assert_ne!(short_passes(GpuFormat::Q2G64), ShortPasses::UNMEASURED);
+}
