@@ -90,7 +90,8 @@ async def main():
         p = (await c.get("/v1/policy")).json()
         kept_max = 0
         if p["conversation_cache"]["value"] == "on":
-            kept_max = p["slots"]["value"] * p["sequence_state_bytes_max"]["value"]
+            kept_max = p["slots"]["value"] * (p["sequence_state_bytes_max"]["value"]
+                                              + 2 * p["sequence_checkpoint_bytes"]["value"])
         stats = {"ok": 0, "503": 0, "errors": [], "latency": [], "tokens": 0, "retry_after_missing": 0}
         rng = random.Random(7)
         t0 = time.monotonic()

@@ -99,6 +99,9 @@ pub struct Device {
     pub state_bytes_per_token: usize,
     /// How the two figures above come about.
     pub state_rule: String,
+    /// Bytes of a saved point of a sequence (its recurrent state), which a slot keeping its
+    /// sequence holds one or two of.
+    pub checkpoint_bytes: usize,
 }
 
 impl Device {
@@ -116,15 +119,23 @@ impl Device {
                 "recurrent state + KV cache for a full context ({})",
                 kv.as_str()
             ),
+            checkpoint_bytes: config.recurrent_state_bytes(),
         }
     }
 
     /// A CUDA GPU: a sequence allocates its recurrent state, its KV cache (in the `kv_cache`
     /// format) for the whole context and its scratch on the device (`state_bytes` in all), when
-    /// a request starts or, where `kept`, at a slot's first request, kept for its next ones.
-    pub fn cuda(name: String, state_bytes: usize, kv_cache: &str, kept: bool) -> Device {
+    /// a request starts or, where `kept`, at a slot's first request, kept for its next ones; a
+    /// checkpoint of it takes `checkpoint_bytes`.
+    pub fn cuda(
+        name: String,
+        state_bytes: usize,
+        kv_cache: &str,
+        kept: bool,
+        checkpoint_bytes: usize,
+    ) -> Device {
         let when = if kept {
-            "allocated on the GPU by a slot's first request and kept, rewound to empty, for its next ones"
+            "allocated on the GPU by a slot's first request and kept, rewound to empty or to its kept conversation, for its next ones"
         } else {
             "allocated on the GPU when a request starts"
         };
@@ -137,7 +148,14 @@ impl Device {
             state_rule: format!(
                 "recurrent state + {kv_cache} KV cache for the whole context + scratch, {when}"
             ),
+            checkpoint_bytes,
         }
+    }
+
+    /// Bytes a slot holds between requests keeping a sequence that has held up to `peak`
+    /// tokens (a cut cache keeps its room) and `checkpoints` saved points of it.
+    pub fn kept_bytes(&self, peak: usize, checkpoints: usize) -> usize {
+        self.state_bytes(peak) + checkpoints * self.checkpoint_bytes
     }
 
     /// Bytes of a sequence holding `tokens` tokens.

@@ -145,11 +145,20 @@ impl Scheduler {
                             &closing,
                             &bytes[slot],
                             &metrics,
-                            (&mut kept, &|tokens| marks.set_mark(slot, tokens)),
+                            (&mut kept, &|tokens| {
+                                // Idle from here for the queue's view, so that the
+                                // conversation's next request, which may come as soon as the
+                                // client hears the end, waits for this slot.
+                                let _jobs = q.jobs.lock().unwrap_or_else(|p| p.into_inner());
+                                marks.set_mark(slot, tokens);
+                                marks.set_idle(slot, true);
+                            }),
                         );
-                        // A kept sequence holds its memory between requests.
-                        let held = kept.as_ref().map_or(0, |(state, _)| {
-                            runner.device.state_bytes(runner.backend.state_len(state))
+                        // A kept sequence holds its memory between requests: its longest
+                        // cache (a cut cache keeps its room) and its checkpoints.
+                        let held = kept.as_ref().map_or(0, |(_, m)| {
+                            let checkpoints = 1 + usize::from(m.history.is_some());
+                            runner.device.kept_bytes(m.peak, checkpoints)
                         });
                         bytes[slot].store(held, Ordering::Relaxed);
                         in_system.fetch_sub(1, Ordering::AcqRel);
@@ -313,6 +322,8 @@ struct Marks<B: Backend> {
     /// The last conversation so far that a request said where it ended: its tokens and the
     /// state saved after them.
     history: Option<(Vec<u32>, B::Checkpoint)>,
+    /// The most tokens the sequence has held.
+    peak: usize,
 }
 
 impl<B: Backend> Marks<B> {
@@ -360,22 +371,23 @@ impl Marked {
             .is_empty()
     }
 
-    /// The queued job `slot` takes (its index): the first that goes on from its own kept
-    /// conversation; else, unless it keeps one and another idle slot keeps none (that slot
-    /// takes it, and this one's conversation stays), the first whose conversation no other
-    /// idle slot keeps (that slot takes it); else none. Called with the queue locked, so every
-    /// job finds a taker: a job passed over is one an idle slot takes first.
+    /// The queued job `slot` takes (its index), in arrival order: the oldest that goes on from
+    /// its own kept conversation or from none another idle slot keeps (that slot takes those);
+    /// none where that job is of no conversation this slot keeps while this slot keeps one and
+    /// another idle slot keeps none (that slot takes it, and this one's conversation stays).
+    /// Called with the queue locked, so every job finds a taker: a job passed over is one an
+    /// idle slot takes first.
     fn pick(&self, slot: usize, jobs: &VecDeque<(Job, Instant)>) -> Option<usize> {
         let others_idle =
             || (0..self.marks.len()).filter(|&s| s != slot && self.idle[s].load(Ordering::Acquire));
-        if let Some(i) = jobs.iter().position(|(j, _)| self.leads(slot, &j.prompt)) {
-            return Some(i);
-        }
-        if self.marked(slot) && others_idle().any(|s| !self.marked(s)) {
+        let (i, mine) = jobs.iter().enumerate().find_map(|(i, (j, _))| {
+            let mine = self.leads(slot, &j.prompt);
+            (mine || !others_idle().any(|s| self.leads(s, &j.prompt))).then_some((i, mine))
+        })?;
+        if !mine && self.marked(slot) && others_idle().any(|s| !self.marked(s)) {
             return None;
         }
-        jobs.iter()
-            .position(|(j, _)| !others_idle().any(|s| self.leads(s, &j.prompt)))
+        Some(i)
     }
 }
 
@@ -415,6 +427,7 @@ fn slot_state<B: Backend>(
     let marks = Marks {
         empty,
         history: None,
+        peak: 0,
     };
     Ok((state, 0, Some(marks)))
 }
@@ -487,7 +500,8 @@ fn run_job<B: Backend>(
             &mut hooks,
         );
         // A sequence a request failed on is not trusted with the next.
-        if let (Ok(_), Some(m)) = (&r, marks) {
+        if let (Ok(_), Some(mut m)) = (&r, marks) {
+            m.peak = m.peak.max(runner.backend.state_len(&state));
             *kept = Some((state, m));
         }
         r.map(|g| (g, reused))

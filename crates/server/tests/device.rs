@@ -51,7 +51,7 @@ fn gpu_like(name: &str, bytes: usize, kept: bool) -> Arc<AppState> {
 fn gpu_like_with(name: &str, bytes: usize, kept: bool, c: ServerConfig) -> Arc<AppState> {
     let (model, tok) = model();
     let mut runner = Runner::cpu(model);
-    runner.device = Device::cuda(name.into(), bytes, "f16", kept);
+    runner.device = Device::cuda(name.into(), bytes, "f16", kept, 10);
     runner.keep_states = kept;
     AppState::with_runner(c, runner, tok, ChatTemplate::builtin_qwen35())
 }
@@ -138,7 +138,7 @@ async fn policy_reports_a_gpu_with_its_name_and_one_slot() {
 
 #[test]
 fn a_gpu_sequence_holds_the_same_bytes_at_any_length() {
-    let d = Device::cuda("gpu".into(), 1000, "q8_0", false);
+    let d = Device::cuda("gpu".into(), 1000, "q8_0", false, 10);
     assert_eq!(d.kind, DeviceKind::Cuda);
     assert_eq!(d.state_bytes(0), 1000);
     assert_eq!(d.state_bytes(4096), 1000);
@@ -148,7 +148,7 @@ fn a_gpu_sequence_holds_the_same_bytes_at_any_length() {
         "{}",
         d.state_rule
     );
-    let kept = Device::cuda("gpu".into(), 1000, "q8_0", true);
+    let kept = Device::cuda("gpu".into(), 1000, "q8_0", true, 10);
     assert!(kept.state_rule.contains("kept"), "{}", kept.state_rule);
 }
 
@@ -186,9 +186,10 @@ async fn a_kept_sequence_gives_what_a_fresh_one_gives() {
         assert!(fresh
             .iter()
             .all(|t| t.as_str().is_some_and(|s| !s.is_empty())));
-        // The idle slot holds its sequence's bytes.
+        // The idle slot holds its sequence's bytes and its empty start's checkpoint (text
+        // completions mark no conversation).
         settled(&kept_st).await;
-        assert_eq!(kept_st.scheduler.state_bytes(), 1000);
+        assert_eq!(kept_st.scheduler.state_bytes(), 1010);
     }
 }
 

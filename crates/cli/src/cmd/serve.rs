@@ -209,6 +209,7 @@ fn cuda_runner(
         probe.device_bytes(),
         kv.as_str(),
         keep_states,
+        model.config.recurrent_state_bytes(),
     );
     drop(probe);
     Ok(Runner {

@@ -90,6 +90,7 @@ fn policy_json(st: &AppState) -> Value {
         "conversation_cache": conversation_cache(st),
         "prefill_chunk": {"value": engine::DEFAULT_PREFILL_CHUNK, "rule": "engine default: prompts run in passes of this many tokens, then the rest; weights are read once a pass"},
         "sequence_state_bytes_max": {"value": d.state_bytes(c.context_length), "rule": d.state_rule},
+        "sequence_checkpoint_bytes": {"value": d.checkpoint_bytes, "rule": "a saved point of a sequence (its recurrent state): a slot keeping its sequence holds one at its empty start and one after its kept conversation"},
         "request_timeout_s": {"value": st.config.request_timeout.as_secs_f64(), "rule": "--request-timeout: a generation running longer ends with finish_reason length"},
         "max_body_bytes": {"value": st.config.max_body_bytes, "rule": "larger request bodies get 413"},
         "thinking_with_json_output": {"value": "off", "rule": "response_format json_object/json_schema turns thinking off so the whole reply follows the grammar"},
@@ -107,7 +108,7 @@ fn speculation(st: &AppState) -> Value {
 
 fn conversation_cache(st: &AppState) -> Value {
     if st.keeps_conversations {
-        json!({"value": "on", "rule": "each slot keeps its sequence saved after the last chat request's messages (without the reply's opening), and a conversation's next request goes to the idle slot keeping it: a prompt that starts with those tokens goes on from there, the same reply as from empty (usage.prompt_tokens_details.cached_tokens counts them); an idle slot holds that conversation's cache and two copies of the recurrent state (serve --no-conversation-cache: none)"})
+        json!({"value": "on", "rule": "each slot keeps its sequence saved after the last chat request's messages (without the reply's opening), and a conversation's next request goes to the idle slot keeping it: a prompt that starts with those tokens goes on from there (usage.prompt_tokens_details.cached_tokens counts them), the same reply as from empty on the CPU, whose passes give the same bits however a prompt is cut; on the GPU a pass's kernels depend on its length, so the logits may differ in their last bits as for any prompt cut otherwise; an idle slot holds that conversation's cache and two sequence checkpoints (serve --no-conversation-cache: none)"})
     } else {
         json!({"value": "off", "rule": "every request prefills its whole prompt (serve --no-conversation-cache, or a device whose slots do not keep their sequences)"})
     }
