@@ -551,3 +551,81 @@ fn run_job<B: Backend>(
     });
     let _ = events.send(event);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(prompt: &[u32]) -> (Job, Instant) {
+        let (events, _) = mpsc::unbounded_channel();
+        let job = Job {
+            prompt: prompt.to_vec(),
+            history: None,
+            params: GenerateParams::default(),
+            constraint: None,
+            logprobs: None,
+            cancel: Arc::new(AtomicBool::new(false)),
+            timeout: Duration::from_secs(1),
+            events,
+        };
+        (job, Instant::now())
+    }
+
+    /// Slots with these marks (empty: none) and idle flags.
+    fn marked(slots: &[(&[u32], bool)]) -> Marked {
+        let m = Marked::new(slots.len());
+        for (s, &(mark, idle)) in slots.iter().enumerate() {
+            m.set_mark(s, Some(mark.to_vec()));
+            m.set_idle(s, idle);
+        }
+        m
+    }
+
+    const A: &[u32] = &[1, 2, 3];
+    const B: &[u32] = &[7, 8, 9];
+
+    #[test]
+    fn a_lone_slot_takes_requests_in_arrival_order_even_past_its_own_conversation() {
+        let m = marked(&[(A, true)]);
+        let q: VecDeque<_> = [job(&[7, 8, 9, 10]), job(&[1, 2, 3, 4])].into();
+        assert_eq!(m.pick(0, &q), Some(0));
+    }
+
+    #[test]
+    fn a_request_goes_on_in_the_idle_slot_keeping_its_conversation() {
+        // Slot 1 keeps A and is idle: slot 0 leaves A's turn to it and takes the next.
+        let m = marked(&[(&[], true), (A, true)]);
+        let q: VecDeque<_> = [job(&[1, 2, 3, 4]), job(&[5, 6])].into();
+        assert_eq!(m.pick(0, &q), Some(1));
+        assert_eq!(m.pick(1, &q), Some(0));
+        // Busy, it claims nothing.
+        m.set_idle(1, false);
+        assert_eq!(m.pick(0, &q), Some(0));
+    }
+
+    #[test]
+    fn a_slot_keeping_a_conversation_leaves_new_ones_to_an_idle_slot_keeping_none() {
+        let m = marked(&[(A, true), (&[], true)]);
+        let q: VecDeque<_> = [job(&[5, 6])].into();
+        assert_eq!(m.pick(0, &q), None);
+        assert_eq!(m.pick(1, &q), Some(0));
+        // With every other slot keeping one too (or busy), it takes it.
+        let m = marked(&[(A, true), (B, true)]);
+        assert_eq!(m.pick(0, &q), Some(0));
+        // Its own conversation it takes whatever the others are.
+        let q: VecDeque<_> = [job(&[1, 2, 3, 9])].into();
+        let m = marked(&[(A, true), (&[], true)]);
+        assert_eq!(m.pick(0, &q), Some(0));
+        assert_eq!(m.pick(1, &q), None);
+    }
+
+    #[test]
+    fn a_mark_leads_only_a_longer_prompt_that_starts_with_it() {
+        let m = marked(&[(A, true)]);
+        assert!(m.leads(0, &[1, 2, 3, 4]));
+        assert!(!m.leads(0, A));
+        assert!(!m.leads(0, &[1, 2, 4, 3]));
+        let m = marked(&[(&[], true)]);
+        assert!(!m.leads(0, &[1, 2, 3]));
+    }
+}
