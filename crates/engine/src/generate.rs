@@ -141,6 +141,21 @@ pub enum Flow {
     Stop,
 }
 
+/// Feeds `tokens` (in chunks of `chunk`) and saves the state after them: the point a
+/// conversation's next turn goes on from. `reuse`: a checkpoint whose room to save into.
+pub fn prefill_and_save<B: Backend>(
+    model: &B,
+    state: &mut B::State,
+    tokens: &[u32],
+    chunk: usize,
+    reuse: Option<B::Checkpoint>,
+) -> Result<B::Checkpoint> {
+    prefill(model, state, tokens, chunk)?;
+    let mut at = reuse.unwrap_or_default();
+    model.save(state, &mut at)?;
+    Ok(at)
+}
+
 /// Feeds `tokens` to the model in chunks and returns the logits after the last one.
 pub fn prefill<B: Backend>(
     model: &B,

@@ -14,8 +14,8 @@ mod stop;
 pub use backend::{Backend, Ranked};
 pub use error::{EngineError, Result};
 pub use generate::{
-    generate, generate_after, generate_with, prefill, DraftStats, FinishReason, Flow,
-    GenerateParams, Generation, Hooks, OnText, DEFAULT_PREFILL_CHUNK,
+    generate, generate_after, generate_with, prefill, prefill_and_save, DraftStats, FinishReason,
+    Flow, GenerateParams, Generation, Hooks, OnText, DEFAULT_PREFILL_CHUNK,
 };
 pub use lookup::LookupConfig;
 pub use ranking::{Drawn, RankedRequest, RANKED_CANDIDATES};

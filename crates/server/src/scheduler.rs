@@ -319,31 +319,36 @@ impl Hooks for JobHooks<'_> {
 struct Marks<B: Backend> {
     /// The sequence's empty start.
     empty: B::Checkpoint,
-    /// The last conversation so far that a request said where it ended: its tokens and the
-    /// state saved after them.
-    history: Option<(Vec<u32>, B::Checkpoint)>,
+    /// The last conversation so far that a request said where it ended: its tokens (shared
+    /// with the slots' [`Marked`]) and the state saved after them.
+    history: Option<(Arc<[u32]>, B::Checkpoint)>,
     /// The most tokens the sequence has held.
     peak: usize,
 }
 
 impl<B: Backend> Marks<B> {
     /// The kept conversation's tokens.
-    fn tokens(&self) -> Option<Vec<u32>> {
+    fn tokens(&self) -> Option<Arc<[u32]>> {
         self.history.as_ref().map(|(t, _)| t.clone())
     }
 }
 
-/// What every slot keeps of a conversation (its tokens; empty: none) and whether it waits
-/// for a job: so that a conversation's next request goes to the slot that can go on from it.
+/// Whether `prompt` goes on from a conversation of `tokens`: starts with them and has more.
+fn goes_on_from(prompt: &[u32], tokens: &[u32]) -> bool {
+    tokens.len() < prompt.len() && prompt.starts_with(tokens)
+}
+
+/// What every slot keeps of a conversation (its tokens) and whether it waits for a job: so
+/// that a conversation's next request goes to the slot that can go on from it.
 struct Marked {
-    marks: Vec<Mutex<Vec<u32>>>,
+    marks: Vec<Mutex<Option<Arc<[u32]>>>>,
     idle: Vec<AtomicBool>,
 }
 
 impl Marked {
     fn new(slots: usize) -> Marked {
         Marked {
-            marks: (0..slots).map(|_| Mutex::new(Vec::new())).collect(),
+            marks: (0..slots).map(|_| Mutex::new(None)).collect(),
             // Idle once its worker waits: a slot whose thread never started takes nothing.
             idle: (0..slots).map(|_| AtomicBool::new(false)).collect(),
         }
@@ -353,22 +358,22 @@ impl Marked {
         self.idle[slot].store(idle, Ordering::Release);
     }
 
-    fn set_mark(&self, slot: usize, tokens: Option<Vec<u32>>) {
-        *self.marks[slot].lock().unwrap_or_else(|p| p.into_inner()) = tokens.unwrap_or_default();
+    fn set_mark(&self, slot: usize, tokens: Option<Arc<[u32]>>) {
+        *self.marks[slot].lock().unwrap_or_else(|p| p.into_inner()) = tokens;
     }
 
     /// Whether `slot` keeps a conversation that `prompt` goes on from.
     fn leads(&self, slot: usize, prompt: &[u32]) -> bool {
         let m = self.marks[slot].lock().unwrap_or_else(|p| p.into_inner());
-        !m.is_empty() && m.len() < prompt.len() && prompt.starts_with(&m)
+        m.as_deref().is_some_and(|t| goes_on_from(prompt, t))
     }
 
     /// Whether `slot` keeps a conversation.
     fn marked(&self, slot: usize) -> bool {
-        !self.marks[slot]
+        self.marks[slot]
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .is_empty()
+            .is_some()
     }
 
     /// The queued job `slot` takes (its index), in arrival order: the oldest that goes on from
@@ -405,7 +410,7 @@ fn slot_state<B: Backend>(
 ) -> engine::Result<(B::State, usize, Option<Marks<B>>)> {
     if let Some((mut state, mut marks)) = kept.take() {
         let cached = match &marks.history {
-            Some((tokens, at)) if tokens.len() < prompt.len() && prompt.starts_with(tokens) => {
+            Some((tokens, at)) if goes_on_from(prompt, tokens) => {
                 runner.backend.rewind(&mut state, at)?;
                 tokens.len()
             }
@@ -433,7 +438,7 @@ fn slot_state<B: Backend>(
 }
 
 /// Publishes the conversation a slot keeps (its tokens) to the slots' [`Marked`].
-type Mark<'a> = &'a dyn Fn(Option<Vec<u32>>);
+type Mark<'a> = &'a dyn Fn(Option<Arc<[u32]>>);
 
 fn run_job<B: Backend>(
     runner: &Runner<B>,
@@ -483,11 +488,10 @@ fn run_job<B: Backend>(
         // The conversation so far, fed first and saved for its next request.
         let head = history.filter(|&h| h > cached && h < prompt.len());
         if let (Some(m), Some(h)) = (marks.as_mut(), head) {
-            let b = &runner.backend;
-            engine::prefill(b, &mut state, &prompt[cached..h], params.prefill_chunk)?;
-            let mut at = m.history.take().map(|(_, at)| at).unwrap_or_default();
-            b.save(&state, &mut at)?;
-            m.history = Some((prompt[..h].to_vec(), at));
+            let reuse = m.history.take().map(|(_, at)| at);
+            let (b, chunk) = (&runner.backend, params.prefill_chunk);
+            let at = engine::prefill_and_save(b, &mut state, &prompt[cached..h], chunk, reuse)?;
+            m.history = Some((prompt[..h].into(), at));
             cached = h;
         }
         let r = engine::generate_after(
@@ -575,7 +579,7 @@ mod tests {
     fn marked(slots: &[(&[u32], bool)]) -> Marked {
         let m = Marked::new(slots.len());
         for (s, &(mark, idle)) in slots.iter().enumerate() {
-            m.set_mark(s, Some(mark.to_vec()));
+            m.set_mark(s, (!mark.is_empty()).then(|| mark.into()));
             m.set_idle(s, idle);
         }
         m

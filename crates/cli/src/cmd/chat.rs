@@ -215,10 +215,9 @@ fn turn<B: Backend>(
         return generate(state, held);
     };
     let t = std::time::Instant::now();
-    engine::prefill(model, state, &prompt[held..held + h], chunk)?;
+    let reuse = save.take().map(|(c, _)| c);
+    let at = engine::prefill_and_save(model, state, &prompt[held..held + h], chunk, reuse)?;
     let spent = t.elapsed();
-    let mut at = save.take().map(|(c, _)| c).unwrap_or_default();
-    model.save(state, &mut at)?;
     *save = Some((at, model.state_len(state)));
     let mut g = generate(state, held + h)?;
     g.cached_tokens = held;
