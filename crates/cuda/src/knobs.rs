@@ -110,6 +110,8 @@ const KNOBS: &[(&str, Takes)] = &[
     ("NIWAKI_CUDA_HGEMM_NARROW", Takes::OnOff),
     ("NIWAKI_CUDA_MMA", Takes::OnOff),
     ("NIWAKI_CUDA_PDL", Takes::OnOff),
+    // Passes of up to this many tokens launch with PDL (default `plan::PDL_TOKENS`).
+    ("NIWAKI_CUDA_PDL_TOKENS", Takes::Number),
     ("NIWAKI_CUDA_PREFETCH_MB", Takes::Number),
     ("NIWAKI_CUDA_RING_LATE", Takes::OnOff),
     ("NIWAKI_CUDA_RUN_AHEAD", Takes::OnOff),

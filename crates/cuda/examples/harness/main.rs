@@ -26,7 +26,8 @@
 //! whole-model checks, `NIWAKI_HARNESS_ONLY=short` the one-kernel short attention against the
 //! kernels it replaces (also in `fused`),
 //! `NIWAKI_HARNESS_ONLY=chain` the persistent-step probe on the 27B formats,
-//! `NIWAKI_HARNESS_ONLY=l2` each decode op with its weights in memory and in the L2 cache,
+//! `NIWAKI_HARNESS_ONLY=passes` where a short pass's time goes (host-launched against one
+//! graph), `NIWAKI_HARNESS_ONLY=l2` each decode op with its weights in memory and in the L2 cache,
 //! `NIWAKI_HARNESS_ONLY=timeline` a decode step's timeline from the kernels' records (with
 //! `NIWAKI_CUDA_TRACE`; `NIWAKI_HARNESS_TRACE_CSV` a folder for every record),
 //! `NIWAKI_HARNESS_ONLY=pdl` when a dependent kernel's blocks start and whether their copies
@@ -51,6 +52,7 @@ mod gemm;
 mod gemv_b1;
 mod kernels;
 mod models;
+mod passes;
 mod pdl;
 mod report;
 mod rewind;
@@ -111,6 +113,10 @@ fn run(rep: &mut Report) -> R<()> {
     // small models first.
     if std::env::var("NIWAKI_HARNESS_ONLY").as_deref() == Ok("timeline") {
         return bench::timeline_section(rep, &formats_27b("Q2_0,Q1_0"));
+    }
+    // Where a short pass's time goes, host-launched and in one graph.
+    if std::env::var("NIWAKI_HARNESS_ONLY").as_deref() == Ok("passes") {
+        return passes::pass_section(rep, &formats_27b("Q1_0,Q2_0"));
     }
     let small_shape = Preset::Small.shape(4096);
     let t = synth::random_f32_tensors(&small_shape, Format::Q2_0, 1);

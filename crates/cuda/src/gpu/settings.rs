@@ -454,6 +454,18 @@ impl Gpu {
         self.hgemm_narrow.swap(on, Ordering::Relaxed)
     }
 
+    /// The longest pass launched with programmatic dependent launch ([`Gpu::pdl`] on).
+    pub fn pdl_tokens(&self) -> usize {
+        self.pdl_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Sets [`Gpu::pdl_tokens`] (at least 1); returns the previous setting. For the harness's
+    /// comparisons.
+    #[doc(hidden)]
+    pub fn set_pdl_tokens(&self, n: usize) -> usize {
+        self.pdl_tokens.swap(n.max(1), Ordering::Relaxed)
+    }
+
     /// The fewest tokens a pass multiplies on the tensor cores.
     pub fn gemm_min_tokens(&self) -> usize {
         self.gemm_min_tokens.load(Ordering::Relaxed)

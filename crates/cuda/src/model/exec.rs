@@ -65,7 +65,7 @@ impl CudaModel {
             }
             Ok(())
         };
-        if n == 1 {
+        if n <= self.gpu.pdl_tokens() {
             all()
         } else {
             crate::gpu::serial_launches(all)

@@ -78,7 +78,7 @@ impl CudaModel {
             let secs = self.time_graph(st, || {
                 let pick = |i: usize| if cycle { &ops[i % ops.len()] } else { &ops[0] };
                 let run = || (0..reps).try_for_each(|i| self.exec(st, pick(i)));
-                if ntok == 1 {
+                if ntok <= self.gpu.pdl_tokens() {
                     run()
                 } else {
                     crate::gpu::serial_launches(run)
@@ -108,6 +108,33 @@ impl CudaModel {
         let secs = self.time_graph(st, || ops.iter().try_for_each(|op| self.exec(st, op)))?;
         st.stream.synchronize().ctx(|| "decode subset".into())?;
         Ok(secs)
+    }
+
+    /// Seconds per replay of a whole pass of `ntok` tokens (the last token's logits) captured
+    /// in one CUDA graph, median of 5: the kernels `forward` launches for one unstepped pass,
+    /// without the host's launches between them. The pass runs on `st` as it is (its contents
+    /// are meaningless afterwards).
+    #[doc(hidden)]
+    pub fn time_pass_graph(&self, st: &mut CudaState, ntok: usize) -> Result<f64> {
+        st.drop_ahead();
+        st.set_pos()?;
+        let secs = self.time_graph(st, || self.exec_all(st, ntok, Head::Last, Tail::None))?;
+        st.stream.synchronize().ctx(|| "pass graph".into())?;
+        Ok(secs)
+    }
+
+    /// The ops of an unstepped pass of `ntok` tokens at the state's position (each one launch
+    /// or a few).
+    #[doc(hidden)]
+    pub fn pass_ops(&self, st: &CudaState, ntok: usize) -> usize {
+        forward_ops(
+            &self.dims,
+            ntok,
+            Head::Last,
+            false,
+            self.pass_fusion(st, ntok),
+        )
+        .len()
     }
 
     /// The words of the folded output norm's input that a one-token pass left (codes, group

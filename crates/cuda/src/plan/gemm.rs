@@ -21,6 +21,10 @@ pub const GEMM_MIN_TOKENS: usize = 16;
 /// decode GEMVs), where no pass asks for every token's logits; 0: never. Where
 /// [`short_passes`] has no figure for the format.
 pub const STEP_TOKENS: usize = 0;
+/// Passes of up to this many tokens launch with programmatic dependent launch; longer ones
+/// plainly stream-ordered (`gpu::serial_launches`), where dependents resident early beside
+/// long kernels (the 64-token recurrent step) measured 17% slower pp512.
+pub const PDL_TOKENS: usize = 1;
 
 /// How a model's passes of 2 to 15 tokens run: token by token as one-token passes (the same
 /// bits as one call a token) up to `step` tokens, on the tensor cores from `gemm_from` tokens,
