@@ -23,8 +23,12 @@ pub const GEMM_MIN_TOKENS: usize = 16;
 pub const STEP_TOKENS: usize = 0;
 /// Passes of up to this many tokens launch with programmatic dependent launch; longer ones
 /// plainly stream-ordered (`gpu::serial_launches`), where dependents resident early beside
-/// long kernels (the 64-token recurrent step) measured 17% slower pp512.
-pub const PDL_TOKENS: usize = 1;
+/// long kernels (the 64-token recurrent step) measured 17% slower pp512. An H100, the 27B
+/// synthetic files, ms a pass with PDL against without: the dp4a kernels' passes 2-4% faster
+/// (Q2_0 3 / 4 / 5 tokens: 9.43 / 10.66 / 11.84 against 9.79 / 10.95 / 12.14) and the GEMM's
+/// 5-7-token passes 2% (Q1_0: 11.19 / 11.30 / 11.39 against 11.43 / 11.61 / 11.65); level at
+/// 8-16 tokens, slower from 32 (Q1_0 14.02 against 13.32).
+pub const PDL_TOKENS: usize = 7;
 
 /// How a model's passes of 2 to 15 tokens run: token by token as one-token passes (the same
 /// bits as one call a token) up to `step` tokens, on the tensor cores from `gemm_from` tokens,
@@ -42,8 +46,9 @@ pub struct ShortPasses {
 ///   8 against 19.72 token by token and 24.11 on the dp4a kernels; its cost is flat from 4 to
 ///   16 tokens, 11.40-11.85, where a token by token pass adds about 2.5 a token).
 /// - Q2_0 g64: token by token at 2 (7.08 against 8.63 dp4a, 12.18 GEMM); the dp4a kernels at
-///   3 and 4 (9.95, 11.00 against 10.59, 13.99 token by token and 12.41 GEMM at 4); the GEMM
-///   from 8 (12.64 against 15.57 dp4a), the first length measured where it wins.
+///   3-5 (9.95, 11.00 against 10.59, 13.99 token by token and 12.41 GEMM at 4; 12.14 against
+///   12.31 GEMM at 5); the GEMM from 6 (12.33 / 12.50 against 13.31 / 14.47 dp4a at 6 / 7,
+///   the sixty-fourth session's sweep).
 ///
 /// The 128-value formats (PQ2_0, PTQ1_0, legacy Q2_0) have no figures: [`STEP_TOKENS`] and
 /// [`GEMM_MIN_TOKENS`]. `NIWAKI_CUDA_STEP_TOKENS` and `NIWAKI_CUDA_GEMM_MIN_TOKENS` set both
@@ -56,7 +61,7 @@ pub fn short_passes(format: GpuFormat) -> ShortPasses {
         },
         GpuFormat::Q2G64 => ShortPasses {
             step: 2,
-            gemm_from: 8,
+            gemm_from: 6,
         },
         GpuFormat::Q2G128 => ShortPasses::UNMEASURED,
     }
