@@ -110,8 +110,9 @@ pub struct Gpu {
     /// Multiply passes of [`Gpu::gemm_min_tokens`] tokens or more on the tensor cores (sm_80
     /// and later). `NIWAKI_CUDA_MMA=0` turns it off.
     mma: AtomicBool,
-    /// The longest pass launched with PDL (`NIWAKI_CUDA_PDL_TOKENS`; default
-    /// [`plan::PDL_TOKENS`]); longer passes launch plainly stream-ordered.
+    /// The longest pass launched with PDL (`NIWAKI_CUDA_PDL_TOKENS`, at least 1: a one-token
+    /// pass always is; default [`plan::PDL_TOKENS`]); longer passes launch plainly
+    /// stream-ordered.
     pdl_tokens: AtomicUsize,
     /// The fewest tokens a pass multiplies on the tensor cores (`NIWAKI_CUDA_GEMM_MIN_TOKENS`;
     /// else [`plan::GEMM_MIN_TOKENS`] until a model sets its format's [`plan::short_passes`]);

@@ -333,7 +333,9 @@ impl Gpu {
                 "NIWAKI_CUDA_HGEMM_NARROW",
                 plan::HGEMM_NARROW,
             )),
-            pdl_tokens: AtomicUsize::new(knobs::number("NIWAKI_CUDA_PDL_TOKENS", plan::PDL_TOKENS)),
+            pdl_tokens: AtomicUsize::new(
+                knobs::number("NIWAKI_CUDA_PDL_TOKENS", plan::PDL_TOKENS).max(1),
+            ),
             gemm_min_tokens: AtomicUsize::new(
                 knobs::number("NIWAKI_CUDA_GEMM_MIN_TOKENS", plan::GEMM_MIN_TOKENS).max(2),
             ),
