@@ -284,6 +284,24 @@ impl Tokenizer {
         Ok(ids)
     }
 
+    /// How many of `ids` — `text` encoded with special tokens parsed, after any BOS — encode
+    /// its first part `head`, without encoding `head`: where the rest of `text` opens with a
+    /// special or added token, the text is split there before the BPE, so `ids` are `head`'s
+    /// tokens followed by the rest's. None where `text` does not start with `head`, the rest
+    /// opens otherwise (its tokens could merge across the cut), or `ids` do not end with the
+    /// rest's tokens.
+    pub fn head_len(&self, text: &str, head: &str, ids: &[u32]) -> Option<usize> {
+        let rest = text.strip_prefix(head)?;
+        let rest_ids = self.encode(rest, true).ok()?;
+        let first = *rest_ids.first()?;
+        let opens = matches!(
+            self.token_type(first),
+            Some(TokenType::Control | TokenType::UserDefined)
+        ) && rest.starts_with(self.id_to_token(first)?);
+        (opens && ids.len() > rest_ids.len() && ids.ends_with(&rest_ids))
+            .then(|| ids.len() - rest_ids.len())
+    }
+
     /// Pre-tokenizer and BPE model on (normalised) text with no added tokens recognised.
     fn encode_plain(&self, text: &str, ids: &mut Vec<u32>) -> Result<(), TokenizerError> {
         if text.is_empty() {

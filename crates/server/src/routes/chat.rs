@@ -156,7 +156,7 @@ fn plan_chat(st: &AppState, r: ChatCompletionRequest) -> Result<ChatPlan, ApiErr
     );
     let history = st
         .keeps_conversations
-        .then(|| history_len(st, &req, &prompt))
+        .then(|| history_len(st, &req, &text, &prompt))
         .flatten();
     let asked = r.max_completion_tokens.or(r.max_tokens);
     let param = if r.max_completion_tokens.is_some() {
@@ -234,18 +234,29 @@ pub(super) async fn chat(
     }
 }
 
-/// How many of `prompt`'s first tokens are the conversation up to its last message, without
-/// the reply's opening: what the conversation's next request starts with, however it renders
-/// this reply. None where that render fails or does not lead the prompt.
-fn history_len(st: &AppState, req: &tokenizer::ChatRequest, prompt: &[u32]) -> Option<usize> {
-    let text = st
+/// How many of `prompt`'s first tokens (`text` encoded) are the conversation up to its last
+/// message, without the reply's opening: what the conversation's next request starts with,
+/// however it renders this reply. None where that render fails or does not lead the prompt.
+/// Where the opening starts with a special token (as the Qwen template's does), the count
+/// comes from the prompt's tokens without encoding the conversation a second time (~13 ms for
+/// 11k tokens).
+fn history_len(
+    st: &AppState,
+    req: &tokenizer::ChatRequest,
+    text: &str,
+    prompt: &[u32],
+) -> Option<usize> {
+    let head = st
         .template
         .render(&tokenizer::ChatRequest {
             add_generation_prompt: false,
             ..req.clone()
         })
         .ok()?;
-    let ids = with_bos(st, st.tok.encode(&text, true).ok()?);
+    if let Some(n) = st.tok.head_len(text, &head, prompt) {
+        return Some(n);
+    }
+    let ids = with_bos(st, st.tok.encode(&head, true).ok()?);
     (ids.len() < prompt.len() && prompt.starts_with(&ids)).then_some(ids.len())
 }
 
