@@ -65,10 +65,16 @@ impl CudaModel {
             }
             Ok(())
         };
+        self.pass_launches(n, all)
+    }
+
+    /// Runs `f`, whose launches are a pass of `n` tokens, launched as such a pass is: with PDL
+    /// up to [`crate::gpu::Gpu::pdl_tokens`] tokens, plainly stream-ordered past that.
+    pub(super) fn pass_launches<T>(&self, n: usize, f: impl FnOnce() -> T) -> T {
         if n <= self.gpu.pdl_tokens() {
-            all()
+            f()
         } else {
-            crate::gpu::serial_launches(all)
+            crate::gpu::serial_launches(f)
         }
     }
 

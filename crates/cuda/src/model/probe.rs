@@ -77,12 +77,7 @@ impl CudaModel {
         for (key, ops) in kinds {
             let secs = self.time_graph(st, || {
                 let pick = |i: usize| if cycle { &ops[i % ops.len()] } else { &ops[0] };
-                let run = || (0..reps).try_for_each(|i| self.exec(st, pick(i)));
-                if ntok <= self.gpu.pdl_tokens() {
-                    run()
-                } else {
-                    crate::gpu::serial_launches(run)
-                }
+                self.pass_launches(ntok, || (0..reps).try_for_each(|i| self.exec(st, pick(i))))
             })?;
             out.push((key, ops.len(), secs / reps as f64));
         }
