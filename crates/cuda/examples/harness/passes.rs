@@ -31,6 +31,18 @@ fn forward_secs(g: &CudaModel, st: &mut niwaki_cuda::CudaState, n: usize) -> R<f
     Ok(t[2])
 }
 
+/// [`forward_secs`] of `n` tokens as one pass (nothing stepped), its kernels launched with
+/// PDL or plainly stream-ordered; the model's settings as they were afterwards.
+fn one_pass_secs(g: &CudaModel, st: &mut niwaki_cuda::CudaState, n: usize, pdl: bool) -> R<f64> {
+    let steps = g.set_step_tokens(0);
+    let longest = g.gpu().pdl_tokens();
+    g.gpu().set_pdl_tokens(if pdl { n } else { n - 1 });
+    let secs = forward_secs(g, st, n);
+    g.set_step_tokens(steps);
+    g.gpu().set_pdl_tokens(longest);
+    secs
+}
+
 pub(crate) fn pass_section(rep: &mut Report, formats: &[Format]) -> R<()> {
     for &format in formats {
         let g = load_27b(format)?;
@@ -47,16 +59,8 @@ pub(crate) fn pass_section(rep: &mut Report, formats: &[Format]) -> R<()> {
         let mut tables = Vec::new();
         for n in LENGTHS {
             let as_run = forward_secs(&g, &mut st, n)?;
-            let before = g.set_step_tokens(0);
-            let pass = forward_secs(&g, &mut st, n);
-            g.set_step_tokens(before);
-            let pass = pass?;
-            // The same pass with PDL between its kernels.
-            let (steps, pdl) = (g.set_step_tokens(0), g.gpu().set_pdl_tokens(n));
-            let with_pdl = forward_secs(&g, &mut st, n);
-            g.set_step_tokens(steps);
-            g.gpu().set_pdl_tokens(pdl);
-            let with_pdl = with_pdl?;
+            let pass = one_pass_secs(&g, &mut st, n, false)?;
+            let with_pdl = one_pass_secs(&g, &mut st, n, true)?;
             let graph = g.time_pass_graph(&mut st, n)?;
             let prof = g.profile(&mut st, n, 4)?;
             let summed: f64 = prof.iter().map(|p| p.1 as f64 * p.2).sum();
