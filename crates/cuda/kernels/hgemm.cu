@@ -9,10 +9,14 @@
 // was no faster: f16 mma.sync runs at half the int8 rate. wgmma runs f16 at the full rate and
 // takes a 64×128×16 tile per instruction.)
 //
-// Dequantizing without shifts: a code field masked in place and ORed into the bits of 2^e,
-// with e chosen so that the field's lowest bit is worth 1, is the f16 value 2^e + code; one
-// f16x2 subtraction leaves the code and one f16x2 FMA the weight. The k order inside each
-// 64-value block is permuted so that a thread's fragment pairs are the fields one mask selects:
+// Dequantizing 2-bit codes without shifts: a code field masked in place and ORed into the bits
+// of 2^e, with e chosen so that the field's lowest bit is worth 1, is the f16 value 2^e + code;
+// one f16x2 subtraction leaves the code and one f16x2 FMA the weight. A 1-bit pair is two
+// instructions: its bits shifted into the halves' sign bits, masked, and XORed into −d's (the
+// magic-number form took three: a short pass's narrow tiles spend their time issuing their
+// warps' instructions, about 300 a stage, not on their MMAs or their bytes). The k order
+// inside each 64-value block is permuted so that a thread's fragment pairs are the fields one
+// mask selects:
 // thread t of a quad, at mma step j of the block, holds values 16t + 4j + {0, 2} in its first
 // pair and 16t + 4j + {1, 3} in its second (for 2-bit codes: word t, field j, bytes 0/2 and
 // 1/3). The quantization kernels store f16 activations in that order (hgemm_slot, quant.cu);
@@ -78,28 +82,28 @@ __device__ __forceinline__ void wgmma_64xNx16<128>(float* d, const u32* a, u64 d
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 }
 
-// This thread's weight scales of stage s (raw f16 bits), [h][j] for rows rbase + 8h.
+// This thread's weight scales of stage s (raw f16 bits), [h][j], from its rows' scales r[h].
 template <int SPS>
-__device__ __forceinline__ void hg_load_scales(const u16* __restrict__ scales, int spr, int rows, int row, int s,
-                                               u32* d) {
+__device__ __forceinline__ void hg_load_scales(const u16* const* r, int s, u32* d) {
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int r = min(row + h * 8, rows - 1);
+    for (int h = 0; h < 2; h++)
 #pragma unroll
-        for (int j = 0; j < SPS; j++) d[h * SPS + j] = (u32)__ldg(scales + (size_t)r * spr + s * SPS + j);
-    }
+        for (int j = 0; j < SPS; j++) d[h * SPS + j] = (u32)__ldg(r[h] + s * SPS + j);
 }
 
 
 // The MMAs of one stage for this thread's warpgroup: rows w0 and w8 (the stage's codes of rows
 // rbase and rbase + 8; `swz`: whether their 2-bit chunks sit in swapped slots), the
 // activations (two boxes of 64 values, 128-byte swizzle) at shared address xbase, the weight
-// scales dsc (stage order, [h][j]). `first_done` runs once the previous stage's MMAs are known
-// complete.
+// scales dsc (stage order, [h][j]), the 2-bit fields' magic numbers (magics). `first_done`
+// runs once the previous stage's MMAs are known complete.
 template <int FMT, int BN, class Done>
 __device__ __forceinline__ void hg_stage_mmas(float* acc, const u32* w0, const u32* w8, int swz, int t,
-                                              const u32* dsc, u32 xbase, Done first_done) {
+                                              const u32* dsc, const u32* magics, u32 xbase, Done first_done) {
     constexpr int SPS = HG_KC / (FMT == FMT_Q2G64 ? 64 : 128);
+    // Descriptors differ from the stage's first by the boxes' offsets in 16-byte units (shared
+    // addresses stay below the field's 2^18 bytes): one add each, not a rebuild.
+    const u64 desc0 = wg_desc_sw128(xbase);
     u32 mul[2], neg[2], wd[2];
     u32 a[2][2][4]; // [buffer][step of the pair][fragment]: untouched while their MMAs run
 #pragma unroll
@@ -110,24 +114,37 @@ __device__ __forceinline__ void hg_stage_mmas(float* acc, const u32* w0, const u
             if (j == 0) {
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    // Per row: d (both halves), 2d for 1-bit codes, −d; and the code word of
-                    // 64-value block i: 2-bit, word t of chunk i; 1-bit, word 2i + t/2.
+                    // Per row: d (both halves), −d; and the code word of 64-value block i:
+                    // 2-bit, word t of chunk i; 1-bit, word 2i + t/2 shifted down to this
+                    // thread's fields (4(t & 1) + j; bit j of each half's low byte, below).
                     const u32 d16 = dsc[h * SPS + (SPS == 2 ? i : 0)];
                     const u32 dd = d16 | (d16 << 16);
-                    mul[h] = FMT == FMT_Q1 ? hadd2(dd, dd) : dd;
                     neg[h] = dd ^ 0x80008000u;
                     const u32* rw = h ? w8 : w0;
-                    wd[h] = FMT == FMT_Q1 ? rw[2 * i + (t >> 1)] : rw[((i ^ swz) & 1) * 4 + t];
+                    if (FMT == FMT_Q1) {
+                        wd[h] = rw[2 * i + (t >> 1)] >> (4 * (t & 1));
+                    } else {
+                        mul[h] = dd;
+                        wd[h] = rw[((i ^ swz) & 1) * 4 + t];
+                    }
                 }
             }
-            const int field = FMT == FMT_Q1 ? 4 * (t & 1) + j : 2 * j;
-            const u32 mask = (FMT == FMT_Q1 ? 0x00010001u : 0x00030003u) << field;
-            const u32 magic = (u32)(25 - field) * 0x04000400u;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                // 2-bit: c·d − d; 1-bit: b·2d − d.
-                a[pair & 1][k][h] = hfma2(hsub2((wd[h] & mask) | magic, magic), mul[h], neg[h]);
-                a[pair & 1][k][2 + h] = hfma2(hsub2(((wd[h] >> 8) & mask) | magic, magic), mul[h], neg[h]);
+                if (FMT == FMT_Q1) {
+                    // Bit b of a pair gives (2b − 1)·d: −d with its sign flipped where b is 1
+                    // (bits j and 16 + j of the low bytes moved to 15 and 31; of the high
+                    // bytes, 8 + j and 24 + j).
+                    a[pair & 1][k][h] = ((wd[h] << (15 - j)) & 0x80008000u) ^ neg[h];
+                    a[pair & 1][k][2 + h] = ((wd[h] << (7 - j)) & 0x80008000u) ^ neg[h];
+                } else {
+                    // c·d − d, the code field masked in place into the bits of a magic number.
+                    const int field = 2 * j;
+                    const u32 mask = 0x00030003u << field;
+                    const u32 magic = magics[j];
+                    a[pair & 1][k][h] = hfma2(hsub2((wd[h] & mask) | magic, magic), mul[h], neg[h]);
+                    a[pair & 1][k][2 + h] = hfma2(hsub2(((wd[h] >> 8) & mask) | magic, magic), mul[h], neg[h]);
+                }
             }
         }
         wg_fence();
@@ -135,8 +152,8 @@ __device__ __forceinline__ void hg_stage_mmas(float* acc, const u32* w0, const u
         for (int k = 0; k < 2; k++) {
             // k step j of 64-value block i starts 32·j bytes into box i.
             const int step = 2 * pair + k;
-            const u32 box = xbase + (step >> 2) * (BN * 64 * 2) + (step & 3) * 32;
-            wgmma_64xNx16<BN>(acc, a[pair & 1][k], wg_desc_sw128(box));
+            const u32 off = (step >> 2) * (BN * 64 * 2) + (step & 3) * 32;
+            wgmma_64xNx16<BN>(acc, a[pair & 1][k], desc0 + (off >> 4));
         }
         wg_commit();
         // The previous pair's MMAs are done: its fragment buffer may be rewritten (after the
@@ -209,74 +226,92 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
+    // The 2-bit fields' magic numbers, 2^(10 − 2j) in both halves for field 2j, by way of shared
+    // memory: as immediates (with the mask's), ptxas split each masking into two instructions,
+    // where a register operand makes it one. (In constant memory, they slowed the decode's
+    // kernels, compiled from the same source, by 4%.)
+    __shared__ u32 magic_sm[4];
+    if (tid < 4) magic_sm[tid] = (u32)(25 - 2 * tid) * 0x04000400u;
     __syncthreads();
+    u32 magics[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) magics[j] = magic_sm[j];
     pdl_launch();
-    // Stage s (of this block's split) into buffer u % S, u = s − st0.
-    auto issue_weights = [&](int s) {
-        const int b = (s - st0) % HG_STAGES;
+    // Stage s (of this block's split) into buffer b.
+    auto issue_weights = [&](int s, int b) {
         mbar_expect_tx(full(b), X_BYTES + BM * ROWB);
         tma_2d(base + b * STAGE + W_OFF, wmap, s * ROWB, row0, full(b));
     };
-    auto issue_acts = [&](int s) {
-        const int b = (s - st0) % HG_STAGES;
+    auto issue_acts = [&](int s, int b) {
         const u32 dst = base + b * STAGE;
         tma_2d(dst, xmap, s * HG_KC, tok0, full(b));
         tma_2d(dst + X_BYTES / 2, xmap, s * HG_KC + 64, tok0, full(b));
     };
-    auto scale_slot = [&](int s) { return (u16*)(sm + ((s - st0) % HG_STAGES) * STAGE + S_OFF) + tid * 4; };
-    auto store_scales = [&](int s, const u32* d) {
-        u16* p = scale_slot(s);
+    auto scale_slot = [&](int b) { return (u16*)(sm + b * STAGE + S_OFF) + tid * 4; };
+    auto store_scales = [&](int b, const u32* d) {
+        u16* p = scale_slot(b);
 #pragma unroll
         for (int e = 0; e < 2 * SPS; e++) p[e] = (u16)d[e];
     };
+    // This thread's two rows' scales (the last row again past the matrix's end).
+    const u16* srow[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) srow[h] = scales + (size_t)min(row0 + rbase + 8 * h, rows - 1) * spr;
     // Weights are constant: their first stages are requested before waiting for the kernel
     // that writes the activations.
     if (tid == 0)
-        for (int s = st0; s < min(st0 + D, st1); s++) issue_weights(s);
+        for (int s = st0; s < min(st0 + D, st1); s++) issue_weights(s, s - st0);
 #pragma unroll
     for (int s = 0; s < D; s++)
         if (st0 + s < st1) {
             u32 d[2 * SPS];
-            hg_load_scales<SPS>(scales, spr, rows, row0 + rbase, st0 + s, d);
-            store_scales(st0 + s, d);
+            hg_load_scales<SPS>(srow, st0 + s, d);
+            store_scales(s, d);
         }
     pdl_wait();
     if (tid == 0)
-        for (int s = st0; s < min(st0 + D, st1); s++) issue_acts(s);
+        for (int s = st0; s < min(st0 + D, st1); s++) issue_acts(s, s - st0);
 
     float acc[BN / 2];
 #pragma unroll
     for (int e = 0; e < BN / 2; e++) acc[e] = 0.0f;
 
+    // Ring positions, kept by counting rather than by divisions: stage u's buffer b and its
+    // full barrier's parity; the buffer before it; stage u + D's buffer vb and the parity of
+    // its previous use's empty barrier.
+    int b = 0, pb = HG_STAGES - 1, vb = D;
+    u32 ph = 0, vph = 1;
     for (int s = st0; s < st1; s++) {
-        const int u = s - st0, b = u % HG_STAGES;
+        const int u = s - st0;
         const bool more = s + D < st1;
         if (tid == 0 && more) {
-            // Buffer (u + D) % S last held stage u + D − S = u − 2: every warp released it
-            // during stage u − 1.
-            const int v = u + D;
-            if (v >= HG_STAGES) mbar_wait(empty(v % HG_STAGES), (u32)(v / HG_STAGES - 1) & 1u);
-            issue_weights(s + D);
-            issue_acts(s + D);
+            // Buffer vb last held stage u + D − S = u − 2: every warp released it during
+            // stage u − 1.
+            if (u + D >= HG_STAGES) mbar_wait(empty(vb), vph);
+            issue_weights(s + D, vb);
+            issue_acts(s + D, vb);
         }
         __syncwarp();
         u32 sp[2 * SPS];
-        if (more) hg_load_scales<SPS>(scales, spr, rows, row0 + rbase, s + D, sp);
+        if (more) hg_load_scales<SPS>(srow, s + D, sp);
         u32 dsc[2 * SPS];
         {
-            const u16* p = scale_slot(s);
+            const u16* p = scale_slot(b);
 #pragma unroll
             for (int e = 0; e < 2 * SPS; e++) dsc[e] = p[e];
         }
-        mbar_wait(full(b), (u32)(u / HG_STAGES) & 1u);
+        mbar_wait(full(b), ph);
         const unsigned char* st = sm + b * STAGE;
         hg_stage_mmas<FMT, BN>(
             acc, (const u32*)(st + W_OFF + rbase * ROWB), (const u32*)(st + W_OFF + (rbase + 8) * ROWB), swz, t,
-            dsc, base + b * STAGE,
+            dsc, magics, base + b * STAGE,
             [&] {
-                if (u > 0 && lane == 0) mbar_arrive(empty((u - 1) % HG_STAGES));
+                if (u > 0 && lane == 0) mbar_arrive(empty(pb));
             });
-        if (more) store_scales(s + D, sp);
+        if (more) store_scales(vb, sp);
+        pb = b;
+        if (++b == HG_STAGES) b = 0, ph ^= 1u;
+        if (++vb == HG_STAGES) vb = 0, vph ^= 1u;
     }
     hg_store<BN>(acc, row0, rbase, tok0, t, rows, ntok, out, out_stride, accumulate);
 }
