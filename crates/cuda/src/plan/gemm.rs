@@ -46,9 +46,12 @@ pub struct ShortPasses {
 ///   8 against 19.72 token by token and 24.11 on the dp4a kernels; its cost is flat from 4 to
 ///   16 tokens, 11.40-11.85, where a token by token pass adds about 2.5 a token).
 /// - Q2_0 g64: token by token at 2 (7.08 against 8.63 dp4a, 12.18 GEMM); the dp4a kernels at
-///   3-5 (9.95, 11.00 against 10.59, 13.99 token by token and 12.41 GEMM at 4; 12.14 against
-///   12.31 GEMM at 5); the GEMM from 6 (12.33 / 12.50 against 13.31 / 14.47 dp4a at 6 / 7,
-///   the sixty-fourth session's sweep).
+///   3-4 (9.95, 11.00 against 10.59, 13.99 token by token and 12.41 GEMM at 4); the GEMM from
+///   5 since its stage takes fewer instructions (10.49 against 11.73-11.78 dp4a at 5; at 4,
+///   10.54 against 10.56-10.64; the sixty-fifth session's side by side).
+///
+/// Q1_0's GEMM after the same change: 9.30 at 4 tokens against 9.15-9.31 token by token, so
+/// the rule stays.
 ///
 /// The 128-value formats (PQ2_0, PTQ1_0, legacy Q2_0) have no figures: [`STEP_TOKENS`] and
 /// [`GEMM_MIN_TOKENS`]. `NIWAKI_CUDA_STEP_TOKENS` and `NIWAKI_CUDA_GEMM_MIN_TOKENS` set both
@@ -61,7 +64,7 @@ pub fn short_passes(format: GpuFormat) -> ShortPasses {
         },
         GpuFormat::Q2G64 => ShortPasses {
             step: 2,
-            gemm_from: 6,
+            gemm_from: 5,
         },
         GpuFormat::Q2G128 => ShortPasses::UNMEASURED,
     }
