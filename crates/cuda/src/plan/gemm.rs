@@ -229,7 +229,7 @@ impl GemmKernel {
             let k = GemmKernel::F16 { wg, tokens };
             let (gx, gy) = gemm_grid(rows, ntok, k);
             let splits = gemm_splits(rows, cols, ntok, k, sms, cap);
-            let slots = (sms * k.blocks_per_sm()).max(1);
+            let slots = block_slots(k, ntok, sms);
             // Waves of blocks, each as long as its rows and its share of K.
             (gx * gy * splits).div_ceil(slots) as f64 * wg as f64 / splits as f64
         };
@@ -368,6 +368,25 @@ pub fn gemm_smem_bytes(mi: usize) -> usize {
 /// adds them up in a fixed order (deterministic, unlike atomics).
 pub const GEMM_MAX_SPLITS: usize = 4;
 
+/// Passes of up to this many tokens count 16-token f16 tiles of three warpgroups as two blocks
+/// a multiprocessor, as many as fit (at most 80 registers a thread and 69 KiB of shared memory
+/// a block), so that a grid short of two blocks a multiprocessor splits along K: gate | up's
+/// 182 blocks at 5-12 tokens into four splits. An H100, the 27B synthetic files, ms a pass
+/// against one block a multiprocessor (two runs each): Q1_0 8.66 / 8.80 against 9.63 / 9.73 at
+/// 5 tokens, 9.74 / 9.72 against 9.98 / 10.06 at 8, 10.12 / 9.94 against 10.24 / 10.27 at 12;
+/// Q2_0 10.18 / 10.27 against 10.95 / 10.74 at 5, 11.07 / 11.16 against 11.20 / 11.27 at 8,
+/// level at 12; at 16 tokens Q2_0 was slower (12.02 / 11.74 against 11.62 / 11.58).
+pub const F16_TWO_BLOCK_TOKENS: usize = 12;
+
+/// Block slots of `sms` multiprocessors for `kernel` in a pass of `ntok` tokens.
+pub fn block_slots(kernel: GemmKernel, ntok: usize, sms: usize) -> usize {
+    let per_sm = match kernel {
+        GemmKernel::F16 { wg: 3, tokens: 16 } if ntok <= F16_TWO_BLOCK_TOKENS => 2,
+        k => k.blocks_per_sm(),
+    };
+    (sms * per_sm).max(1)
+}
+
 /// K splits for a GEMM of `rows × cols` over `ntok` tokens with `kernel` on `sms`
 /// multiprocessors, with room for `cap` partial floats. One, unless its tiles fill less than
 /// 90% of the block slots the waves they take offer (5120 output rows at 256 tokens are 80
@@ -383,7 +402,7 @@ pub fn gemm_splits(
 ) -> usize {
     let (gx, gy) = gemm_grid(rows, ntok, kernel);
     let blocks = gx * gy;
-    let slots = (sms * kernel.blocks_per_sm()).max(1);
+    let slots = block_slots(kernel, ntok, sms);
     let fill = |s: usize| {
         let b = blocks * s;
         b as f64 / (b.div_ceil(slots) * slots) as f64

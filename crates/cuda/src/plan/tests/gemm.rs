@@ -56,6 +56,19 @@ fn gemm_stages_fit_and_fragment_loads_are_conflict_free() {
     assert_eq!(gemm_splits(5120, 17408, MAX_CHUNK, m2, 132, cap), 3);
     assert_eq!(gemm_splits(5120, 6144, MAX_CHUNK, m1, 132, cap), 3);
     assert_eq!(gemm_splits(34816, 5120, MAX_CHUNK, m2, 132, cap), 1);
+    // Short passes count 16-token tiles of three warpgroups two a multiprocessor: gate | up's
+    // 182 blocks take four splits (728 of 792 slots) up to F16_TWO_BLOCK_TOKENS, none past it
+    // (182 blocks for 132 slots).
+    let n16 = GemmKernel::F16 { wg: 3, tokens: 16 };
+    assert_eq!(block_slots(n16, F16_TWO_BLOCK_TOKENS, 132), 264);
+    assert_eq!(block_slots(n16, F16_TWO_BLOCK_TOKENS + 1, 132), 132);
+    assert_eq!(
+        block_slots(GemmKernel::F16 { wg: 4, tokens: 16 }, 2, 132),
+        132
+    );
+    assert_eq!(gemm_splits(34816, 5120, 8, n16, 132, cap), 4);
+    assert_eq!(gemm_splits(34816, 5120, 16, n16, 132, cap), 1);
+    assert!(2 * (n16.smem_bytes() + 1024) <= 228 << 10);
     // 40 blocks of the f16 kernel for 132 slots: three splits fill 91%.
     assert_eq!(gemm_splits(5120, 17408, MAX_CHUNK, w4, 132, cap), 3);
     assert_eq!(gemm_splits(34816, 5120, MAX_CHUNK, w4, 132, cap), 1);
