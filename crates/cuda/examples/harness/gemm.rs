@@ -2,8 +2,8 @@
 
 use model::synth::BlockPool;
 use niwaki_cuda::gpu::{DevBuf, DevMat, GemvIo, Gpu};
-use niwaki_cuda::plan::{GemmKernel, HGEMM_WIDEST};
-use niwaki_cuda::repack::{self, FORMATS};
+use niwaki_cuda::plan::{block_slots, GemmKernel, HGEMM_WIDEST};
+use niwaki_cuda::repack::{self, GpuFormat, FORMATS};
 use quant::Format;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -177,6 +177,35 @@ pub(crate) fn gemm_checks(rep: &mut Report, gpu: &Gpu, rng: &mut ChaCha8Rng) -> 
             rep.check(ok, format!("gemm {format} {kernel:?}"));
         }
     }
+    occupancy_check(rep, gpu)
+}
+
+/// Every GEMM kernel holds on a multiprocessor at least the blocks its grids and splits are
+/// planned on (`plan::block_slots`: two of the 16-token f16 tiles of three warpgroups), by the
+/// driver's occupancy query: a kernel grown past the registers or shared memory that allow
+/// them would leave the split passes' second wave waiting.
+fn occupancy_check(rep: &mut Report, gpu: &Gpu) -> R<()> {
+    let mut short = Vec::new();
+    let kernels = gpu.gemm_kernels();
+    for f in GpuFormat::ALL {
+        for &k in &kernels {
+            let name = k.name(f);
+            let planned = block_slots(k, 1, 1);
+            let held = gpu.blocks_per_sm(&name, k.threads(), k.smem_bytes())?;
+            if held < planned {
+                short.push(format!("{name} holds {held}, planned {planned}"));
+            }
+        }
+    }
+    let ok = short.is_empty();
+    rep.line(format!(
+        "| gemm occupancy (the driver's, against the plan's blocks a multiprocessor) | {} kernels × {} layouts | {} | {} |",
+        kernels.len(),
+        GpuFormat::ALL.len(),
+        if ok { "PASS" } else { "FAIL" },
+        if ok { "each holds what the plan counts on".to_string() } else { short.join("; ") }
+    ));
+    rep.check(ok, "gemm occupancy".into());
     Ok(())
 }
 
