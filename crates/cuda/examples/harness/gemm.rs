@@ -2,7 +2,7 @@
 
 use model::synth::BlockPool;
 use niwaki_cuda::gpu::{DevBuf, DevMat, GemvIo, Gpu};
-use niwaki_cuda::plan::{block_slots, GemmKernel, HGEMM_WIDEST};
+use niwaki_cuda::plan::{GemmKernel, HGEMM_WIDEST};
 use niwaki_cuda::repack::{self, GpuFormat, FORMATS};
 use quant::Format;
 use rand::{Rng, SeedableRng};
@@ -181,16 +181,16 @@ pub(crate) fn gemm_checks(rep: &mut Report, gpu: &Gpu, rng: &mut ChaCha8Rng) -> 
 }
 
 /// Every GEMM kernel holds on a multiprocessor at least the blocks its grids and splits are
-/// planned on (`plan::block_slots`: two of the 16-token f16 tiles of three warpgroups), by the
-/// driver's occupancy query: a kernel grown past the registers or shared memory that allow
-/// them would leave the split passes' second wave waiting.
+/// planned on (`GemmKernel::blocks_per_sm`: two of the 16-token f16 tiles of three
+/// warpgroups), by the driver's occupancy query: a kernel grown past the registers or shared
+/// memory that allow them would leave the split passes' second wave waiting.
 fn occupancy_check(rep: &mut Report, gpu: &Gpu) -> R<()> {
     let mut short = Vec::new();
     let kernels = gpu.gemm_kernels();
     for f in GpuFormat::ALL {
         for &k in &kernels {
             let name = k.name(f);
-            let planned = block_slots(k, 1, 1);
+            let planned = k.blocks_per_sm();
             let held = gpu.blocks_per_sm(&name, k.threads(), k.smem_bytes())?;
             if held < planned {
                 short.push(format!("{name} holds {held}, planned {planned}"));

@@ -294,10 +294,13 @@ impl GemmKernel {
         }
     }
 
-    /// Blocks one multiprocessor of an H100/H200 holds (registers and shared memory).
+    /// Blocks one multiprocessor of an H100/H200 holds (registers and shared memory): 16-token
+    /// f16 tiles of three warpgroups take at most 80 registers a thread and 69 KiB, so two
+    /// (the harness's GEMM checks hold the driver's occupancy to this).
     pub const fn blocks_per_sm(self) -> usize {
         match self {
             GemmKernel::Int8 { mi } => 3 - mi,
+            GemmKernel::F16 { wg: 3, tokens: 16 } => 2,
             GemmKernel::F16 { .. } => 1,
         }
     }
@@ -369,8 +372,8 @@ pub fn gemm_smem_bytes(mi: usize) -> usize {
 pub const GEMM_MAX_SPLITS: usize = 4;
 
 /// Passes of up to this many tokens count 16-token f16 tiles of three warpgroups as two blocks
-/// a multiprocessor, as many as fit (at most 80 registers a thread and 69 KiB of shared memory
-/// a block), so that a grid short of two blocks a multiprocessor splits along K: gate | up's
+/// a multiprocessor, as many as fit ([`GemmKernel::blocks_per_sm`]); longer ones count one.
+/// So a grid short of two blocks a multiprocessor splits along K: gate | up's
 /// 182 blocks at 5-12 tokens into four splits. An H100, the 27B synthetic files, ms a pass
 /// against one block a multiprocessor (two runs each): Q1_0 8.66 / 8.80 against 9.63 / 9.73 at
 /// 5 tokens, 9.74 / 9.72 against 9.98 / 10.06 at 8, 10.12 / 9.94 against 10.24 / 10.27 at 12;
@@ -378,10 +381,11 @@ pub const GEMM_MAX_SPLITS: usize = 4;
 /// level at 12; at 16 tokens Q2_0 was slower (12.02 / 11.74 against 11.62 / 11.58).
 pub const F16_TWO_BLOCK_TOKENS: usize = 12;
 
-/// Block slots of `sms` multiprocessors for `kernel` in a pass of `ntok` tokens.
+/// Block slots of `sms` multiprocessors for `kernel` in a pass of `ntok` tokens: the blocks a
+/// multiprocessor holds, but one f16 block past [`F16_TWO_BLOCK_TOKENS`].
 pub fn block_slots(kernel: GemmKernel, ntok: usize, sms: usize) -> usize {
     let per_sm = match kernel {
-        GemmKernel::F16 { wg: 3, tokens: 16 } if ntok <= F16_TWO_BLOCK_TOKENS => 2,
+        GemmKernel::F16 { .. } if ntok > F16_TWO_BLOCK_TOKENS => 1,
         k => k.blocks_per_sm(),
     };
     (sms * per_sm).max(1)
