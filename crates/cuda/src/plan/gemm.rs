@@ -40,18 +40,19 @@ pub struct ShortPasses {
 }
 
 /// [`ShortPasses`] by the layers' format, each the fastest form measured at each length (an
-/// H100, the 27B synthetic files, ms a pass; the f16 GEMM in its narrow tiles):
-/// - Q1_0: token by token 5.00 / 7.45 / 9.90 at 2 / 3 / 4 tokens against the dp4a kernels'
-///   9.89 / 12.31 / 14.57 and the GEMM's 11.10 at 2 and 11.40 at 4; the GEMM from 5 (11.61 at
-///   8 against 19.72 token by token and 24.11 on the dp4a kernels; its cost is flat from 4 to
-///   16 tokens, 11.40-11.85, where a token by token pass adds about 2.5 a token).
-/// - Q2_0 g64: token by token at 2 (7.08 against 8.63 dp4a, 12.18 GEMM); the dp4a kernels at
-///   3-4 (9.95, 11.00 against 10.59, 13.99 token by token and 12.41 GEMM at 4); the GEMM from
-///   5 since its stage takes fewer instructions (10.49 against 11.73-11.78 dp4a at 5; at 4,
-///   10.54 against 10.56-10.64; the sixty-fifth session's side by side).
+/// H100, the 27B synthetic files, ms a pass; the f16 GEMM in its narrow tiles, two blocks a
+/// multiprocessor up to [`F16_TWO_BLOCK_TOKENS`]):
+/// - Q1_0: token by token 4.71 / 6.94-6.96 at 2 / 3 tokens against the GEMM's 7.67-7.75 /
+///   7.77-7.78; the GEMM from 4 (8.49-8.51 against 9.20-9.21 token by token; 8.54-8.60 at 5;
+///   its cost grows slowly from 4 to 16 tokens, where a token by token pass adds about 2.3 a
+///   token). Earlier, before the GEMM's stage took fewer instructions: the dp4a kernels' 9.89
+///   / 12.31 / 14.57 at 2 / 3 / 4 tokens.
+/// - Q2_0 g64: token by token at 2 (6.87 against 9.17-9.30 GEMM and, earlier, 8.63 dp4a); the
+///   dp4a kernels at 3 (9.41-9.48 against 10.06-10.09 GEMM and, earlier, 10.59 token by
+///   token); the GEMM from 4 (9.89-9.91 against 10.65-10.72 dp4a; 9.92-9.93 at 5 against
+///   10.04-10.10).
 ///
-/// Q1_0's GEMM after the same change: 9.30 at 4 tokens against 9.15-9.31 token by token, so
-/// the rule stays.
+/// The sixty-sixth session's side by side, two rounds on one machine.
 ///
 /// The 128-value formats (PQ2_0, PTQ1_0, legacy Q2_0) have no figures: [`STEP_TOKENS`] and
 /// [`GEMM_MIN_TOKENS`]. `NIWAKI_CUDA_STEP_TOKENS` and `NIWAKI_CUDA_GEMM_MIN_TOKENS` set both
@@ -59,12 +60,12 @@ pub struct ShortPasses {
 pub fn short_passes(format: GpuFormat) -> ShortPasses {
     match format {
         GpuFormat::Q1 => ShortPasses {
-            step: 4,
-            gemm_from: 5,
+            step: 3,
+            gemm_from: 4,
         },
         GpuFormat::Q2G64 => ShortPasses {
             step: 2,
-            gemm_from: 5,
+            gemm_from: 4,
         },
         GpuFormat::Q2G128 => ShortPasses::UNMEASURED,
     }
