@@ -49,8 +49,8 @@ pub struct ShortPasses {
 ///   / 12.31 / 14.57 at 2 / 3 / 4 tokens.
 /// - Q2_0 g64: token by token at 2 (6.87 against 9.17-9.30 GEMM and, earlier, 8.63 dp4a); the
 ///   dp4a kernels at 3 (9.41-9.48 against 10.06-10.09 GEMM and, earlier, 10.59 token by
-///   token); the GEMM from 4 (9.89-9.91 against 10.65-10.72 dp4a; 9.92-9.93 at 5 against
-///   10.04-10.10).
+///   token); the GEMM from 4 (9.89-9.91 against 10.65-10.72 dp4a; 9.92-10.10 at 5, where
+///   the former rule had it too).
 ///
 /// The sixty-sixth session's side by side, two rounds on one machine.
 ///
