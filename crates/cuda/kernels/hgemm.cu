@@ -82,28 +82,30 @@ __device__ __forceinline__ void wgmma_64xNx16<128>(float* d, const u32* a, u64 d
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 }
 
-// This thread's weight scales of stage s (raw f16 bits), [h][j], from its rows' scales r[h].
+// This thread's weight scales of a stage (raw f16 bits), [h][j]: its first row's at p, its
+// second row's r8 further.
 template <int SPS>
-__device__ __forceinline__ void hg_load_scales(const u16* const* r, int s, u32* d) {
+__device__ __forceinline__ void hg_load_scales(const u16* p, int r8, u32* d) {
 #pragma unroll
-    for (int h = 0; h < 2; h++)
-#pragma unroll
-        for (int j = 0; j < SPS; j++) d[h * SPS + j] = (u32)__ldg(r[h] + s * SPS + j);
+    for (int j = 0; j < SPS; j++) {
+        d[j] = (u32)__ldg(p + j);
+        d[SPS + j] = (u32)__ldg(p + r8 + j);
+    }
 }
 
 
-// The MMAs of one stage for this thread's warpgroup: rows w0 and w8 (the stage's codes of rows
-// rbase and rbase + 8; `swz`: whether their 2-bit chunks sit in swapped slots), the
-// activations (two boxes of 64 values, 128-byte swizzle) at shared address xbase, the weight
-// scales dsc (stage order, [h][j]), the 2-bit fields' magic numbers (magics). `first_done`
-// runs once the previous stage's MMAs are known complete.
+// The MMAs of one stage for this thread's warpgroup: the code words of rows rbase and
+// rbase + 8 of the stage's 64-value blocks i = 0, 1 at wst + wo[i] and 8·ROWB further (see
+// hgemm_body), shifted down by `sh` (1-bit: this thread's fields), the activations (two boxes
+// of 64 values, 128-byte swizzle) whose first MMA's descriptor is desc0, the weight scales
+// dsc (stage order, [h][j]), the 2-bit fields' magic numbers (magics). `first_done` runs once
+// the previous stage's MMAs are known complete.
 template <int FMT, int BN, class Done>
-__device__ __forceinline__ void hg_stage_mmas(float* acc, const u32* w0, const u32* w8, int swz, int t,
-                                              const u32* dsc, const u32* magics, u32 xbase, Done first_done) {
+__device__ __forceinline__ void hg_stage_mmas(float* acc, const unsigned char* wst, const int* wo, int sh,
+                                              const u32* dsc, const u32* magics, u64 desc0, Done first_done) {
     constexpr int SPS = HG_KC / (FMT == FMT_Q2G64 ? 64 : 128);
     // Descriptors differ from the stage's first by the boxes' offsets in 16-byte units (shared
     // addresses stay below the field's 2^18 bytes): one add each, not a rebuild.
-    const u64 desc0 = wg_desc_sw128(xbase);
     u32 mul[2], neg[2], wd[2];
     u32 a[2][2][4]; // [buffer][step of the pair][fragment]: untouched while their MMAs run
 #pragma unroll
@@ -120,12 +122,13 @@ __device__ __forceinline__ void hg_stage_mmas(float* acc, const u32* w0, const u
                     const u32 d16 = dsc[h * SPS + (SPS == 2 ? i : 0)];
                     const u32 dd = d16 | (d16 << 16);
                     neg[h] = dd ^ 0x80008000u;
-                    const u32* rw = h ? w8 : w0;
+                    constexpr int ROWB = FMT == FMT_Q1 ? 16 : 32;
+                    const u32 word = *(const u32*)(wst + wo[i] + h * 8 * ROWB);
                     if (FMT == FMT_Q1) {
-                        wd[h] = rw[2 * i + (t >> 1)] >> (4 * (t & 1));
+                        wd[h] = word >> sh;
                     } else {
                         mul[h] = dd;
-                        wd[h] = rw[((i ^ swz) & 1) * 4 + t];
+                        wd[h] = word;
                     }
                 }
             }
@@ -202,7 +205,17 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int rbase = (warp >> 2) * 64 + (warp & 3) * 16 + g;
+    // This thread's code words in a stage, by 64-value block: 1-bit, word 2i + t/2 of its row,
+    // shifted down to its fields (4(t & 1) + j; bit j of each half's low byte, hg_stage_mmas);
+    // 2-bit, word t of chunk i, whose chunks rows 4-7 of every 8 have in swapped slots (the
+    // 32-byte swizzle). Computed once: in the stage, ptxas rebuilt them every time.
     const int swz = FMT == FMT_Q1 ? 0 : (g >> 2) & 1;
+    const int wrow = W_OFF + rbase * ROWB;
+    int wo[2] = {FMT == FMT_Q1 ? wrow + 4 * (t >> 1) : wrow + 16 * swz + 4 * t,
+                 FMT == FMT_Q1 ? wrow + 8 + 4 * (t >> 1) : wrow + 16 * (swz ^ 1) + 4 * t};
+    int sh = FMT == FMT_Q1 ? 4 * (t & 1) : 0;
+    // Opaque to the compiler, which otherwise rebuilt them from the thread's index every stage.
+    asm volatile("" : "+r"(wo[0]), "+r"(wo[1]), "+r"(sh));
     const int tok0 = blockIdx.x * BN, row0 = blockIdx.y * BM;
     const int nst = cols / HG_KC, spr = cols / SV;
     const int st0 = (int)((long long)nst * blockIdx.z / gridDim.z);
@@ -253,10 +266,12 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
 #pragma unroll
         for (int e = 0; e < 2 * SPS; e++) p[e] = (u16)d[e];
     };
-    // This thread's two rows' scales (the last row again past the matrix's end).
-    const u16* srow[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) srow[h] = scales + (size_t)min(row0 + rbase + 8 * h, rows - 1) * spr;
+    // This thread's two rows' scales (the last row again past the matrix's end): one pointer,
+    // advanced a stage at a time, and the second row's offset from it (as two row pointers
+    // ptxas rebuilt both from the row numbers every stage).
+    const int r0 = min(row0 + rbase, rows - 1);
+    const int r8 = (min(row0 + rbase + 8, rows - 1) - r0) * spr;
+    const u16* snext = scales + (size_t)r0 * spr + st0 * SPS;
     // Weights are constant: their first stages are requested before waiting for the kernel
     // that writes the activations.
     if (tid == 0)
@@ -265,8 +280,9 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
     for (int s = 0; s < D; s++)
         if (st0 + s < st1) {
             u32 d[2 * SPS];
-            hg_load_scales<SPS>(srow, st0 + s, d);
+            hg_load_scales<SPS>(snext, r8, d);
             store_scales(s, d);
+            snext += SPS;
         }
     pdl_wait();
     if (tid == 0)
@@ -276,42 +292,46 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
 #pragma unroll
     for (int e = 0; e < BN / 2; e++) acc[e] = 0.0f;
 
-    // Ring positions, kept by counting rather than by divisions: stage u's buffer b and its
-    // full barrier's parity; the buffer before it; stage u + D's buffer vb and the parity of
-    // its previous use's empty barrier.
-    int b = 0, pb = HG_STAGES - 1, vb = D;
-    u32 ph = 0, vph = 1;
-    for (int s = st0; s < st1; s++) {
-        const int u = s - st0;
-        const bool more = s + D < st1;
-        if (tid == 0 && more) {
-            // Buffer vb last held stage u + D − S = u − 2: every warp released it during
-            // stage u − 1.
-            if (u + D >= HG_STAGES) mbar_wait(empty(vb), vph);
-            issue_weights(s + D, vb);
-            issue_acts(s + D, vb);
-        }
-        __syncwarp();
-        u32 sp[2 * SPS];
-        if (more) hg_load_scales<SPS>(srow, s + D, sp);
-        u32 dsc[2 * SPS];
-        {
-            const u16* p = scale_slot(b);
+    // The ring unrolled by its length: stage u0 + k uses buffer k, and every barrier parity
+    // is the round's (ph) or its complement.
+    const u64 desc_base = wg_desc_sw128(base);
+    u32 ph = 0;
+    for (int u0 = 0; st0 + u0 < st1; u0 += HG_STAGES) {
 #pragma unroll
-            for (int e = 0; e < 2 * SPS; e++) dsc[e] = p[e];
-        }
-        mbar_wait(full(b), ph);
-        const unsigned char* st = sm + b * STAGE;
-        hg_stage_mmas<FMT, BN>(
-            acc, (const u32*)(st + W_OFF + rbase * ROWB), (const u32*)(st + W_OFF + (rbase + 8) * ROWB), swz, t,
-            dsc, magics, base + b * STAGE,
-            [&] {
+        for (int k = 0; k < HG_STAGES; k++) {
+            const int u = u0 + k, s = st0 + u;
+            if (s >= st1) break;
+            const int vb = (k + D) % HG_STAGES, pb = (k + HG_STAGES - 1) % HG_STAGES;
+            // Stage u + D's buffer was last used by stage u + D − S, in this round if k + D ≥ S.
+            const u32 vph = (k + D >= HG_STAGES) ? ph : ph ^ 1u;
+            const bool more = s + D < st1;
+            if (tid == 0 && more) {
+                if (u + D >= HG_STAGES) mbar_wait(empty(vb), vph);
+                issue_weights(s + D, vb);
+                issue_acts(s + D, vb);
+            }
+            __syncwarp();
+            u32 sp[2 * SPS];
+            if (more) {
+                hg_load_scales<SPS>(snext, r8, sp);
+                snext += SPS;
+            }
+            u32 dsc[2 * SPS];
+            {
+                const u16* p = scale_slot(k);
+#pragma unroll
+                for (int e = 0; e < 2 * SPS; e++) dsc[e] = p[e];
+            }
+            mbar_wait(full(k), ph);
+            const unsigned char* st = sm + k * STAGE;
+            // Buffer k's descriptor: the first buffer's plus its offset in 16-byte units (no
+            // carry: shared addresses stay below 2^18).
+            hg_stage_mmas<FMT, BN>(acc, st, wo, sh, dsc, magics, desc_base + (u64)((k * STAGE) >> 4), [&] {
                 if (u > 0 && lane == 0) mbar_arrive(empty(pb));
             });
-        if (more) store_scales(vb, sp);
-        pb = b;
-        if (++b == HG_STAGES) b = 0, ph ^= 1u;
-        if (++vb == HG_STAGES) vb = 0, vph ^= 1u;
+            if (more) store_scales(vb, sp);
+        }
+        ph ^= 1u;
     }
     hg_store<BN>(acc, row0, rbase, tok0, t, rows, ntok, out, out_stride, accumulate);
 }
@@ -323,11 +343,12 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
 
 // grid (ceil(ntok / BN), ceil(rows / (64·WG)), K splits), block 128·WG; the codes and the
 // activations as tensor maps (plan/gemm.rs: hgemm_weight_tile, hgemm_act_tile); dynamic shared
-// memory HG_STAGES stages + HG_TMA_EXTRA (GemmKernel::smem_bytes); one block per multiprocessor
-// (its registers). A variant per format, warpgroups and tokens a block (BN: 128 for long
+// memory HG_STAGES stages + HG_TMA_EXTRA (GemmKernel::smem_bytes). 16-token tiles are bound to
+// registers for two blocks a multiprocessor (plan::F16_TWO_BLOCK_TOKENS), wider ones hold one
+// (their registers). A variant per format, warpgroups and tokens a block (BN: 128 for long
 // passes, fewer for short ones, whose MMAs on tokens past the pass's end would be wasted).
 #define HGEMM_KERNEL(name, FMT, WG, BN)                                                              \
-    ENTRY __global__ void __launch_bounds__(WG * 128, 1)                                            \
+    ENTRY __global__ void __launch_bounds__(WG * 128, BN == 16 ? 2 : 1)                              \
         name(const __grid_constant__ TmaMap wmap, const u16* __restrict__ scales, int rows, int cols,     \
              const __grid_constant__ TmaMap xmap, int ntok, float* __restrict__ out, int out_stride,      \
              int accumulate, long long zstride) {                                                        \

@@ -51,12 +51,14 @@ pub struct ShortPasses {
 ///   dp4a kernels at 3 (9.41-9.48 against 10.06-10.09 GEMM and, earlier, 10.59 token by
 ///   token); the GEMM from 4 (9.89-9.91 against 10.65-10.72 dp4a; 9.92-10.10 at 5, where
 ///   the former rule had it too).
+/// - The 128-value 2-bit layout (PQ2_0, PTQ1_0, legacy Q2_0), measured on PQ2_0 with the GEMM's
+///   ring unrolled: token by token at 2 (6.60 against the dp4a kernels' 7.53 and the GEMM's
+///   7.83); the GEMM from 3 (7.94 against 8.79 dp4a and 9.81 token by token; 8.71 against
+///   10.07 at 4, 9.63 against 15.18 at 8).
 ///
-/// The sixty-sixth session's side by side, two rounds on one machine.
-///
-/// The 128-value formats (PQ2_0, PTQ1_0, legacy Q2_0) have no figures: [`STEP_TOKENS`] and
-/// [`GEMM_MIN_TOKENS`]. `NIWAKI_CUDA_STEP_TOKENS` and `NIWAKI_CUDA_GEMM_MIN_TOKENS` set both
-/// for any format.
+/// Q1_0 and Q2_0 g64: the sixty-sixth session's side by side, two rounds on one machine;
+/// PQ2_0: the sixty-seventh's, one round. `NIWAKI_CUDA_STEP_TOKENS` and
+/// `NIWAKI_CUDA_GEMM_MIN_TOKENS` set both for any format.
 pub fn short_passes(format: GpuFormat) -> ShortPasses {
     match format {
         GpuFormat::Q1 => ShortPasses {
@@ -67,12 +69,15 @@ pub fn short_passes(format: GpuFormat) -> ShortPasses {
             step: 2,
             gemm_from: 4,
         },
-        GpuFormat::Q2G128 => ShortPasses::UNMEASURED,
+        GpuFormat::Q2G128 => ShortPasses {
+            step: 2,
+            gemm_from: 3,
+        },
     }
 }
 
 impl ShortPasses {
-    /// The rule where nothing was measured.
+    /// The rule of a model without layers to measure by.
     pub const UNMEASURED: ShortPasses = ShortPasses {
         step: STEP_TOKENS,
         gemm_from: GEMM_MIN_TOKENS,
