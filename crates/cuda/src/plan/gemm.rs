@@ -46,18 +46,19 @@ pub struct ShortPasses {
 ///   7.77-7.78; the GEMM from 4 (8.49-8.51 against 9.20-9.21 token by token; 8.54-8.60 at 5;
 ///   its cost grows slowly from 4 to 16 tokens, where a token by token pass adds about 2.3 a
 ///   token). Earlier, before the GEMM's stage took fewer instructions: the dp4a kernels' 9.89
-///   / 12.31 / 14.57 at 2 / 3 / 4 tokens.
+///   / 12.31 / 14.57 at 2 / 3 / 4 tokens. With the ring unrolled, level at 3 (6.92 GEMM
+///   against 6.93 token by token; 6.88 against 4.70 at 2).
 /// - Q2_0 g64: token by token at 2 (6.87 against 9.17-9.30 GEMM and, earlier, 8.63 dp4a); the
-///   dp4a kernels at 3 (9.41-9.48 against 10.06-10.09 GEMM and, earlier, 10.59 token by
-///   token); the GEMM from 4 (9.89-9.91 against 10.65-10.72 dp4a; 9.92-10.10 at 5, where
-///   the former rule had it too).
+///   GEMM from 3: with its ring unrolled 8.57 at 3 against the dp4a kernels' 9.33 (before,
+///   10.06-10.09 against 9.41-9.48 and, earlier, 10.59 token by token); 9.89-9.91 at 4
+///   against 10.65-10.72 dp4a.
 /// - The 128-value 2-bit layout (PQ2_0, PTQ1_0, legacy Q2_0), measured on PQ2_0 with the GEMM's
 ///   ring unrolled: token by token at 2 (6.60 against the dp4a kernels' 7.53 and the GEMM's
 ///   7.83); the GEMM from 3 (7.94 against 8.79 dp4a and 9.81 token by token; 8.71 against
 ///   10.07 at 4, 9.63 against 15.18 at 8).
 ///
-/// Q1_0 and Q2_0 g64: the sixty-sixth session's side by side, two rounds on one machine;
-/// PQ2_0: the sixty-seventh's, one round. `NIWAKI_CUDA_STEP_TOKENS` and
+/// Q1_0 and Q2_0 g64: the sixty-sixth session's side by side, two rounds on one machine, and
+/// the sixty-seventh's with the ring unrolled (one round); PQ2_0: the sixty-seventh's. `NIWAKI_CUDA_STEP_TOKENS` and
 /// `NIWAKI_CUDA_GEMM_MIN_TOKENS` set both for any format.
 pub fn short_passes(format: GpuFormat) -> ShortPasses {
     match format {
@@ -67,7 +68,7 @@ pub fn short_passes(format: GpuFormat) -> ShortPasses {
         },
         GpuFormat::Q2G64 => ShortPasses {
             step: 2,
-            gemm_from: 4,
+            gemm_from: 3,
         },
         GpuFormat::Q2G128 => ShortPasses {
             step: 2,
