@@ -29,16 +29,19 @@
 // K advances 128 values per stage through a ring of HG_STAGES stages, loaded HG_STAGES − 2
 // ahead (the buffer a load overwrites was last read two stages back, by MMAs already waited
 // for: the tensor cores never drain at a stage boundary). Each stage's copies are made by the
-// tensor memory accelerator (TMA): one thread issues its three boxes — the rows' codes (16 or
+// tensor memory accelerator (TMA): one thread issues its four boxes — the rows' codes (16 or
 // 32 bytes a row; 2-bit rows in the 32-byte swizzle, which puts rows 4-7 of every 8 in swapped
-// 16-byte slots, so that a warp's code loads hit 32 distinct banks) and the activations as two
-// boxes of 128 tokens × 64 values in the 128-byte swizzle wgmma reads directly — against the
-// stage's `full` barrier; each warp arrives on the stage's `empty` barrier once its MMAs on it
-// are done, and the issuing thread waits for that before reusing the buffer. Every thread
-// loads its own weight scales HG_STAGES − 2 stages ahead into its own slot. (Copies made by every thread
-// with cp.async, and a block barrier per stage, took twice as long: MIO throttle and barrier
-// stalls.) Rows must be whole stages (columns a multiple of 128); tokens and rows past the ends
-// arrive as zeros. A grid's z index splits K (gemm_reduce adds the partial sums).
+// 16-byte slots, so that a warp's code loads hit 32 distinct banks), for 64-value blocks the
+// rows' weight scales (a box 16 bytes wide, the narrowest the TMA copies, from a 16-byte
+// boundary: the stage's two among their neighbours, unread) and the activations as two boxes of 128 tokens × 64 values in the
+// 128-byte swizzle wgmma reads directly — against the stage's `full` barrier; each warp
+// arrives on the stage's `empty` barrier once its MMAs on it are done, and the issuing thread
+// waits for that before reusing the buffer. (Copies made by every thread with cp.async, and a
+// block barrier per stage, took twice as long: MIO throttle and barrier stalls.) With 128-value
+// blocks every thread loads its own weight scales HG_STAGES − 2 stages ahead into its own slot.
+// Rows must be whole stages (columns a multiple of 128), and boxed scales whole 16 bytes a row
+// (plan::hgemm_takes); tokens and rows past the ends arrive as zeros. A grid's z index splits
+// K (gemm_reduce adds the partial sums).
 #if !defined(HG_STAGES) || !defined(HG_STAGE_PER_WG) || !defined(HG_TMA_EXTRA)
 #error "HG_STAGES, HG_STAGE_PER_WG and HG_TMA_EXTRA must be defined by the host"
 #endif
@@ -92,7 +95,6 @@ __device__ __forceinline__ void hg_load_scales(const u16* p, int r8, u32* d) {
         d[SPS + j] = (u32)__ldg(p + r8 + j);
     }
 }
-
 
 // The MMAs of one stage for this thread's warpgroup: the code words of rows rbase and
 // rbase + 8 of the stage's 64-value blocks i = 0, 1 at wst + wo[i] and 8·ROWB further (see
@@ -185,7 +187,8 @@ __device__ __forceinline__ void hg_store(float* acc, int row0, int rbase, int to
 }
 
 template <int FMT, int WG, int BN>
-__device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __restrict__ scales, int rows, int cols,
+__device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __restrict__ scales, const TmaMap& smap,
+                                           int rows, int cols,
                                                const TmaMap& xmap, int ntok, float* __restrict__ out, int out_stride,
                                                int accumulate, long long zstride) {
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -197,7 +200,13 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
     constexpr int X_BYTES = BN * HG_KC * 2;             // two boxes of activations (BN × 64)
     constexpr int W_OFF = X_BYTES;
     constexpr int S_OFF = W_OFF + BM * 32;
-    constexpr int STAGE = S_OFF + NTH * 8;
+    constexpr int STAGE = S_OFF + BM * 16;              // + the scale box, or NTH scale slots
+    // Two scales a row and stage (64-value blocks): the stage's scale box comes by the TMA
+    // with its codes. One (128-value blocks): every thread loads its own rows' into its slot,
+    // D stages ahead (as a box, 16 bytes a row for 2 bytes read, those formats' passes were
+    // slower; the 64-value format's faster).
+    constexpr bool TMA_SCALES = SPS == 2;
+    static_assert(BM * 16 == NTH * 8, "a stage's scale box and its threads' slots share bytes");
     constexpr int D = HG_STAGES - 2;
     static_assert(BN % 16 == 0 && STAGE == X_BYTES + WG * HG_STAGE_PER_WG && STAGE % 1024 == 0,
                   "the host sizes the stages as laid out here");
@@ -250,25 +259,30 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
 #pragma unroll
     for (int j = 0; j < 4; j++) magics[j] = magic_sm[j];
     pdl_launch();
-    // Stage s (of this block's split) into buffer b.
+    // Stage s (of this block's split) into buffer b: its codes, and its rows' scales in a box
+    // of 8 a row (16 bytes, the narrowest box) that holds the stage's SPS: the TMA copies
+    // from 16-byte-aligned addresses only, so the box starts at the multiple of 8 below them.
     auto issue_weights = [&](int s, int b) {
-        mbar_expect_tx(full(b), X_BYTES + BM * ROWB);
+        mbar_expect_tx(full(b), X_BYTES + BM * ROWB + (TMA_SCALES ? BM * 16 : 0));
         tma_2d(base + b * STAGE + W_OFF, wmap, s * ROWB, row0, full(b));
+        if (TMA_SCALES) tma_2d(base + b * STAGE + S_OFF, smap, (s * SPS) & ~7, row0, full(b));
     };
     auto issue_acts = [&](int s, int b) {
         const u32 dst = base + b * STAGE;
         tma_2d(dst, xmap, s * HG_KC, tok0, full(b));
         tma_2d(dst + X_BYTES / 2, xmap, s * HG_KC + 64, tok0, full(b));
     };
-    auto scale_slot = [&](int b) { return (u16*)(sm + b * STAGE + S_OFF) + tid * 4; };
+    // This thread's scales in a stage: its rows' 16-byte lines in the scale box, or its slot.
+    int so = TMA_SCALES ? S_OFF + rbase * 16 : S_OFF + tid * 8;
+    asm volatile("" : "+r"(so));
     auto store_scales = [&](int b, const u32* d) {
-        u16* p = scale_slot(b);
+        u16* p = (u16*)(sm + b * STAGE + so);
 #pragma unroll
         for (int e = 0; e < 2 * SPS; e++) p[e] = (u16)d[e];
     };
-    // This thread's two rows' scales (the last row again past the matrix's end): one pointer,
-    // advanced a stage at a time, and the second row's offset from it (as two row pointers
-    // ptxas rebuilt both from the row numbers every stage).
+    // This thread's two rows' scales where it loads them (the last row again past the
+    // matrix's end): one pointer, advanced a stage at a time, and the second row's offset from
+    // it (as two row pointers ptxas rebuilt both from the row numbers every stage).
     const int r0 = min(row0 + rbase, rows - 1);
     const int r8 = (min(row0 + rbase + 8, rows - 1) - r0) * spr;
     const u16* snext = scales + (size_t)r0 * spr + st0 * SPS;
@@ -276,14 +290,16 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
     // that writes the activations.
     if (tid == 0)
         for (int s = st0; s < min(st0 + D, st1); s++) issue_weights(s, s - st0);
+    if (!TMA_SCALES) {
 #pragma unroll
-    for (int s = 0; s < D; s++)
-        if (st0 + s < st1) {
-            u32 d[2 * SPS];
-            hg_load_scales<SPS>(snext, r8, d);
-            store_scales(s, d);
-            snext += SPS;
-        }
+        for (int s = 0; s < D; s++)
+            if (st0 + s < st1) {
+                u32 d[2 * SPS];
+                hg_load_scales<SPS>(snext, r8, d);
+                store_scales(s, d);
+                snext += SPS;
+            }
+    }
     pdl_wait();
     if (tid == 0)
         for (int s = st0; s < min(st0 + D, st1); s++) issue_acts(s, s - st0);
@@ -311,32 +327,39 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
                 issue_acts(s + D, vb);
             }
             __syncwarp();
-            u32 sp[2 * SPS];
-            if (more) {
-                hg_load_scales<SPS>(snext, r8, sp);
-                snext += SPS;
-            }
-            u32 dsc[2 * SPS];
-            {
-                const u16* p = scale_slot(k);
+            u32 sp[2 * SPS], dsc[2 * SPS];
+            if (!TMA_SCALES) {
+                if (more) {
+                    hg_load_scales<SPS>(snext, r8, sp);
+                    snext += SPS;
+                }
+                const u16* p = (const u16*)(sm + k * STAGE + so);
 #pragma unroll
                 for (int e = 0; e < 2 * SPS; e++) dsc[e] = p[e];
             }
             mbar_wait(full(k), ph);
             const unsigned char* st = sm + k * STAGE;
+            if (TMA_SCALES) {
+                // The stage's scales sit (s·SPS) mod 8 into each row's line.
+                const u16* sl = (const u16*)(st + so) + ((s * SPS) & 7);
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int j = 0; j < SPS; j++) dsc[h * SPS + j] = sl[h * 8 * 8 + j];
+            }
             // Buffer k's descriptor: the first buffer's plus its offset in 16-byte units (no
             // carry: shared addresses stay below 2^18).
             hg_stage_mmas<FMT, BN>(acc, st, wo, sh, dsc, magics, desc_base + (u64)((k * STAGE) >> 4), [&] {
                 if (u > 0 && lane == 0) mbar_arrive(empty(pb));
             });
-            if (more) store_scales(vb, sp);
+            if (!TMA_SCALES && more) store_scales(vb, sp);
         }
         ph ^= 1u;
     }
     hg_store<BN>(acc, row0, rbase, tok0, t, rows, ntok, out, out_stride, accumulate);
 }
 #define HGEMM_CALL(FMT, WG, BN) \
-    hgemm_body<FMT, WG, BN>(wmap, scales, rows, cols, xmap, ntok, out, out_stride, accumulate, zstride)
+    hgemm_body<FMT, WG, BN>(wmap, scales, smap, rows, cols, xmap, ntok, out, out_stride, accumulate, zstride)
 #else
 #define HGEMM_CALL(FMT, WG, BN) __trap()
 #endif
@@ -349,7 +372,8 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
 // passes, fewer for short ones, whose MMAs on tokens past the pass's end would be wasted).
 #define HGEMM_KERNEL(name, FMT, WG, BN)                                                              \
     ENTRY __global__ void __launch_bounds__(WG * 128, BN == 16 ? 2 : 1)                              \
-        name(const __grid_constant__ TmaMap wmap, const u16* __restrict__ scales, int rows, int cols,     \
+        name(const __grid_constant__ TmaMap wmap, const u16* __restrict__ scales,                         \
+             const __grid_constant__ TmaMap smap, int rows, int cols,                                     \
              const __grid_constant__ TmaMap xmap, int ntok, float* __restrict__ out, int out_stride,      \
              int accumulate, long long zstride) {                                                        \
         HGEMM_CALL(FMT, WG, BN);                                                                     \

@@ -77,7 +77,7 @@ pub(crate) fn gemm_checks(rep: &mut Report, gpu: &Gpu, rng: &mut ChaCha8Rng) -> 
         let shapes = [
             (1001usize, 5120usize, &[3usize, 17, 256][..]),
             (77, 17408, &[100][..]),
-            (300, 384, &[2, 5, 9, 16, 64][..]),
+            (300, 1024, &[2, 5, 9, 16, 64][..]),
         ];
         let cases: usize = shapes.iter().map(|(_, _, n)| n.len()).sum();
         for (rows, cols, ntoks) in shapes {
@@ -169,7 +169,7 @@ pub(crate) fn gemm_checks(rep: &mut Report, gpu: &Gpu, rng: &mut ChaCha8Rng) -> 
             let ok =
                 worst[ki] < 1e-5 && vs_dp4a[ki] < 1e-2 && launches == 2 * cases * kernels.len();
             rep.line(format!(
-                "| gemm {format} ({name} tensor cores, {kernel:?}, += prior, whole and split K) | 1001×5120 3/17/256 tokens, 77×17408 100, 300×384 2/5/9/16/64 | {} | vs {twin} {:.1e} (tol 1e-5), vs the dp4a kernel {:.1e} (tol 1e-2), as a fraction of Σ|w·x| |",
+                "| gemm {format} ({name} tensor cores, {kernel:?}, += prior, whole and split K) | 1001×5120 3/17/256 tokens, 77×17408 100, 300×1024 2/5/9/16/64 | {} | vs {twin} {:.1e} (tol 1e-5), vs the dp4a kernel {:.1e} (tol 1e-2), as a fraction of Σ|w·x| |",
                 if ok { "PASS" } else { "FAIL" },
                 worst[ki],
                 vs_dp4a[ki]
@@ -260,14 +260,7 @@ pub(crate) fn gemm_speed(rep: &mut Report, gpu: &Gpu) -> R<()> {
                 }
             }
             let macs = (rows * cols * ntok) as f64;
-            let preferred = GemmKernel::preferred(
-                gpu.info.wgmma(),
-                rows,
-                cols,
-                ntok,
-                gpu.info.multiprocessors as usize,
-                part_floats,
-            );
+            let preferred = preferred_for(gpu, &m, ntok, part_floats);
             line.push_str(&format!(
                 " {:.0} | {:.1}× | {:.2}× | {preferred:?} |",
                 macs / best / 1e12,
@@ -316,7 +309,6 @@ fn random_io(
 /// and in the tiles [`GemmKernel::preferred`] takes for the pass (µs, mean of 20).
 fn short_gemm_speed(rep: &mut Report, gpu: &Gpu, part: &DevBuf, part_floats: usize) -> R<()> {
     let s = &gpu.stream;
-    let sms = gpu.info.multiprocessors as usize;
     rep.line("");
     rep.line("| short pass GEMM | shape | tokens | dp4a kernels µs | f16, 128-token tiles µs | preferred µs | preferred |");
     rep.line("|---|---|---|---|---|---|---|");
@@ -327,8 +319,7 @@ fn short_gemm_speed(rep: &mut Report, gpu: &Gpu, part: &DevBuf, part_floats: usi
             for ntok in [2usize, 4, 8, 16, 32, 64] {
                 let (_acts, _out, io) =
                     random_io(gpu, &mut rng, (rows, cols, ntok), part, part_floats)?;
-                let preferred =
-                    GemmKernel::preferred(gpu.info.wgmma(), rows, cols, ntok, sms, part_floats);
+                let preferred = preferred_for(gpu, &m, ntok, part_floats);
                 let wide = preferred.widest();
                 let dp4a = gpu.time(s, 20, || gpu.gemv_plain(s, &m, &io))?;
                 let t_wide = gpu.time(s, 20, || gpu.gemm_with(s, &m, &io, wide))?;
@@ -343,4 +334,18 @@ fn short_gemm_speed(rep: &mut Report, gpu: &Gpu, part: &DevBuf, part_floats: usi
         }
     }
     Ok(())
+}
+
+/// The GEMM kernel a pass of `ntok` tokens takes for `m` on this device.
+fn preferred_for(gpu: &Gpu, m: &DevMat, ntok: usize, part_floats: usize) -> GemmKernel {
+    let sms = gpu.info.multiprocessors as usize;
+    GemmKernel::preferred(
+        gpu.info.wgmma(),
+        m.format,
+        m.rows,
+        m.cols,
+        ntok,
+        sms,
+        part_floats,
+    )
 }

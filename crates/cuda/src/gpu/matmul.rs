@@ -38,6 +38,7 @@ impl Gpu {
             None => {
                 let k = plan::GemmKernel::preferred(
                     self.info.wgmma(),
+                    m.format,
                     m.rows,
                     m.cols,
                     io.ntok,
@@ -52,7 +53,9 @@ impl Gpu {
             }
         };
         let kernel = match kernel {
-            plan::GemmKernel::F16 { .. } if io.xh.is_none() || !plan::hgemm_takes(m.cols) => {
+            plan::GemmKernel::F16 { .. }
+                if io.xh.is_none() || !plan::hgemm_takes(m.format, m.cols) =>
+            {
                 plan::GemmKernel::INT8
             }
             k => k,
@@ -105,11 +108,13 @@ impl Gpu {
                 "the tensor-core GEMM takes at least one token and keeps no argmax".into(),
             ));
         }
-        if matches!(kernel, plan::GemmKernel::F16 { .. }) && !plan::hgemm_takes(m.cols) {
+        if matches!(kernel, plan::GemmKernel::F16 { .. }) && !plan::hgemm_takes(m.format, m.cols) {
             return Err(CudaError::Unsupported(format!(
-                "the f16 GEMM takes rows of whole {}-value stages, not {}",
+                "the f16 GEMM takes rows of whole {}-value stages whose scales fill whole 16 \
+                 bytes, not {} values of {:?}",
                 plan::HGEMM_STAGE_VALUES,
-                m.cols
+                m.cols,
+                m.format
             )));
         }
         let (leading, acts) = match (kernel, io.xh) {
@@ -118,11 +123,17 @@ impl Gpu {
             }
             (plan::GemmKernel::F16 { wg, tokens }, Some(xh)) => {
                 let w = plan::hgemm_weight_tile(m.format, m.rows, m.cols, wg);
+                let sc = plan::hgemm_scale_tile(m.format, m.rows, m.cols, wg);
                 let x = plan::hgemm_act_tile(io.ntok, m.cols, tokens);
                 (
                     vec![
                         Arg::Map(Box::new(tma::encode(m.codes.ptr, &w)?)),
                         Arg::Ptr(m.scales.ptr),
+                        Arg::Map(Box::new(if plan::hgemm_boxed_scales(m.format) {
+                            tma::encode(m.scales.ptr, &sc)?
+                        } else {
+                            tma::TensorMap::unused()
+                        })),
                         Arg::I32(m.rows as i32),
                         Arg::I32(m.cols as i32),
                     ],

@@ -102,9 +102,10 @@ pub const HGEMM_WIDEST: usize = HGEMM_TOKENS[HGEMM_TOKENS.len() - 1];
 pub const HGEMM_STAGE_VALUES: usize = 128;
 pub const HGEMM_STAGES: usize = 5;
 /// Shared-memory bytes of an f16-GEMM stage beyond its tokens' f16 activations: per warpgroup
-/// two 16-byte chunk slots per row and four weight scales per thread (kernels/hgemm.cu asserts
+/// two 16-byte chunk slots per row and a row of the scale box ([`hgemm_scale_tile`]) per row,
+/// the bytes of four scales a thread where threads load their own (kernels/hgemm.cu asserts
 /// the same).
-pub const HGEMM_STAGE_PER_WG: usize = 64 * 32 + 128 * 8;
+pub const HGEMM_STAGE_PER_WG: usize = 64 * 32 + 64 * 2 * HGEMM_SCALE_BOX;
 
 /// Shared-memory bytes of an f16-GEMM stage of `wg` warpgroups and `tokens` tokens.
 pub const fn hgemm_stage_bytes(wg: usize, tokens: usize) -> usize {
@@ -177,10 +178,43 @@ pub fn hgemm_act_tile(ntok: usize, cols: usize, tokens: usize) -> Tile {
     }
 }
 
-/// Whether the f16 GEMM takes rows of `cols` values (whole stages).
-pub const fn hgemm_takes(cols: usize) -> bool {
+/// Whether the f16 GEMM takes `format` rows of `cols` values: whole stages, and where its
+/// scales come by the TMA ([`hgemm_boxed_scales`]) scale rows of whole 16 bytes (the TMA's row
+/// strides; every matrix of the 27B shapes and of the small preset, not the tiny preset's).
+pub const fn hgemm_takes(format: GpuFormat, cols: usize) -> bool {
     cols.is_multiple_of(HGEMM_STAGE_VALUES)
+        && (!hgemm_boxed_scales(format) || (cols / format.scale_values() * 2).is_multiple_of(16))
 }
+
+/// Whether the f16 GEMM copies `format`'s weight scales by the TMA ([`hgemm_scale_tile`]), as
+/// it does for 64-value blocks, two a stage: faster than each thread loading its own (an
+/// H100, ms a Q2_0 pass: 8.94-9.08 / 10.38-10.41 / 15.42-15.45 at 4 / 16 / 64 tokens against
+/// 9.31-9.35 / 10.90-10.92 / 15.83-16.12). Not for 128-value blocks, one a stage, whose box
+/// brings 16 bytes a row for 2 read: slower (Q1_0 8.11-8.13 / 9.78-9.94 against 7.55-7.58 /
+/// 9.41-9.52 at 4 / 16 tokens; PQ2_0 8.84 against 7.99 at 3).
+pub const fn hgemm_boxed_scales(format: GpuFormat) -> bool {
+    format.scale_values() == 64
+}
+
+/// The TMA box of a weight matrix's scales (`rows` × one f16 a `format` block) for the f16
+/// GEMM with `wg` warpgroups: 8 scales a row (16 bytes, the narrowest box), from the multiple
+/// of 8 at or below a stage's first (the TMA reads from 16-byte-aligned addresses only), for
+/// a block's 64·`wg` rows; a stage reads its one or two among them.
+pub fn hgemm_scale_tile(format: GpuFormat, rows: usize, cols: usize, wg: usize) -> Tile {
+    let per_row = cols / format.scale_values();
+    Tile {
+        elem: Elem::F16,
+        cols: per_row,
+        rows,
+        row_bytes: 2 * per_row,
+        box_cols: HGEMM_SCALE_BOX,
+        box_rows: 64 * wg,
+        swizzle: Swizzle::None,
+    }
+}
+
+/// Scales a row in [`hgemm_scale_tile`]'s box: 16 bytes, the TMA's narrowest box.
+pub const HGEMM_SCALE_BOX: usize = 8;
 
 /// A multi-token GEMM kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -214,21 +248,22 @@ impl GemmKernel {
             .collect()
     }
 
-    /// The kernel for a `rows × cols` matrix over `ntok` tokens on `sms` multiprocessors (room
-    /// for `cap` partial sums): on a device with warpgroup MMA, for rows of whole 128-value
-    /// stages, the f16 one, with the tokens of [`hgemm_tokens_for`] and the number of
+    /// The kernel for a `rows × cols` matrix of `format` over `ntok` tokens on `sms`
+    /// multiprocessors (room for `cap` partial sums): on a device with warpgroup MMA, for rows
+    /// the f16 GEMM takes ([`hgemm_takes`]), the f16 one, with the tokens of [`hgemm_tokens_for`] and the number of
     /// warpgroups whose grid (and splits along K) leaves the fewest idle block slots in its
     /// last wave (34816 rows at 256 tokens: 272 blocks of 256 rows take 3 waves of 132, 364
     /// blocks of 192 rows as many waves of blocks a quarter shorter), else the int8 one.
     pub fn preferred(
         wgmma: bool,
+        format: GpuFormat,
         rows: usize,
         cols: usize,
         ntok: usize,
         sms: usize,
         cap: usize,
     ) -> GemmKernel {
-        if !wgmma || !hgemm_takes(cols) {
+        if !wgmma || !hgemm_takes(format, cols) {
             return GemmKernel::INT8;
         }
         let tokens = hgemm_tokens_for(ntok);

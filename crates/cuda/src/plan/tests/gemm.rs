@@ -75,14 +75,15 @@ fn gemm_stages_fit_and_fragment_loads_are_conflict_free() {
     // in 3 waves of 182×2 blocks of 192 rows rather than 3 waves (the last of 8 blocks) of
     // 136×2 of 256; 16480 rows in one wave of 130 blocks of 256 rather than two of 172 of 192;
     // 5120 rows split in three, one wave either way. The int8 kernel without wgmma.
-    let pick = |rows, cols| GemmKernel::preferred(true, rows, cols, MAX_CHUNK, 132, cap);
+    let pick =
+        |rows, cols| GemmKernel::preferred(true, GpuFormat::Q2G64, rows, cols, MAX_CHUNK, 132, cap);
     assert_eq!(pick(34816, 5120), w3);
     assert_eq!(pick(16480, 5120), w4);
     assert_eq!(pick(14336, 5120), w4);
     assert_eq!(pick(5120, 17408), w4);
     assert_eq!(pick(5120, 6144), w4);
     // Short passes take the narrowest tile that holds them; long ones the widest, several.
-    let short = |ntok| GemmKernel::preferred(true, 5120, 17408, ntok, 132, cap);
+    let short = |ntok| GemmKernel::preferred(true, GpuFormat::Q2G64, 5120, 17408, ntok, 132, cap);
     assert!(matches!(short(2), GemmKernel::F16 { tokens: 16, .. }));
     assert!(matches!(short(16), GemmKernel::F16 { tokens: 16, .. }));
     assert!(matches!(short(17), GemmKernel::F16 { tokens: 32, .. }));
@@ -95,15 +96,23 @@ fn gemm_stages_fit_and_fragment_loads_are_conflict_free() {
     let n16 = GemmKernel::F16 { wg: 4, tokens: 16 };
     assert_eq!(gemm_grid(5120, 2, n16), (1, 20));
     assert_eq!(gemm_grid(5120, 40, n16), (3, 20));
-    // Rows that are not whole 128-value stages go to the int8 kernel.
+    // Rows that are not whole 128-value stages, or whose boxed scales do not fill whole 16
+    // bytes, go to the int8 kernel.
+    for (f, cols) in [
+        (GpuFormat::Q2G64, 5120 + 64),
+        (GpuFormat::Q2G64, 384),
+        (GpuFormat::Q1, 5120 + 64),
+    ] {
+        assert_eq!(
+            GemmKernel::preferred(true, f, 5120, cols, MAX_CHUNK, 132, cap),
+            GemmKernel::Int8 {
+                mi: GEMM_DEFAULT_MI
+            },
+            "{f:?} {cols}"
+        );
+    }
     assert_eq!(
-        GemmKernel::preferred(true, 5120, 5120 + 64, MAX_CHUNK, 132, cap),
-        GemmKernel::Int8 {
-            mi: GEMM_DEFAULT_MI
-        }
-    );
-    assert_eq!(
-        GemmKernel::preferred(false, 34816, 5120, MAX_CHUNK, 132, cap),
+        GemmKernel::preferred(false, GpuFormat::Q2G64, 34816, 5120, MAX_CHUNK, 132, cap),
         GemmKernel::Int8 {
             mi: GEMM_DEFAULT_MI
         }
@@ -183,9 +192,28 @@ fn the_f16_gemm_order_puts_each_threads_fragment_pairs_where_its_masks_find_them
 }
 
 #[test]
+fn the_f16_gemm_takes_the_27b_and_small_matrices_and_not_ragged_scale_rows() {
+    for f in GpuFormat::ALL {
+        // The 27B's and the small preset's columns: hidden, ffn, attention and recurrent widths.
+        for cols in [5120, 17408, 6144, 1024, 3072] {
+            assert!(hgemm_takes(f, cols), "{f:?} {cols}");
+        }
+        // Whole stages with boxed scale rows of 12 bytes, and a part stage.
+        assert_eq!(hgemm_takes(f, 384), !hgemm_boxed_scales(f), "{f:?}");
+        assert!(!hgemm_takes(f, 5120 + 64), "{f:?}");
+    }
+}
+
+#[test]
 fn the_tma_boxes_of_the_f16_gemm_are_legal_and_fill_its_stages() {
     for f in GpuFormat::ALL {
-        for (rows, cols) in [(34816, 5120), (5120, 17408), (5120, 6144), (300, 384)] {
+        for (rows, cols) in [
+            (34816, 5120),
+            (5120, 17408),
+            (5120, 6144),
+            (300, 1024),
+            (300, 384),
+        ] {
             for wg in HGEMM_WARPGROUPS {
                 let w = hgemm_weight_tile(f, rows, cols, wg);
                 assert_eq!(w.check(), Ok(()), "{f:?} {rows}×{cols}");
@@ -194,6 +222,18 @@ fn the_tma_boxes_of_the_f16_gemm_are_legal_and_fill_its_stages() {
                 assert_eq!(w.box_rows, GemmKernel::F16 { wg, tokens: 16 }.rows());
                 assert!(w.box_cols <= 32);
                 assert_eq!(w.box_cols, HGEMM_STAGE_VALUES / f.chunk_values() * 16);
+                // Where scales come boxed, the box is legal exactly where the GEMM takes the
+                // matrix; it fills the rest of the stage's bytes for its rows, and holds the
+                // stage's scales from the multiple of 8 below them.
+                let sc = hgemm_scale_tile(f, rows, cols, wg);
+                if hgemm_boxed_scales(f) {
+                    let legal = sc.check().is_ok();
+                    assert_eq!(legal, hgemm_takes(f, cols), "{f:?} {rows}×{cols}");
+                }
+                assert_eq!(sc.box_rows, w.box_rows);
+                assert_eq!(sc.box_rows * 32 + sc.box_bytes(), wg * HGEMM_STAGE_PER_WG);
+                let per_stage = HGEMM_STAGE_VALUES / f.scale_values();
+                assert!(HGEMM_SCALE_BOX.is_multiple_of(per_stage));
             }
             for ntok in [2, 16, 100, 256] {
                 for tokens in HGEMM_TOKENS {
