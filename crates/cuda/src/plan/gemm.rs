@@ -180,7 +180,7 @@ pub fn hgemm_act_tile(ntok: usize, cols: usize, tokens: usize) -> Tile {
 
 /// Whether the f16 GEMM takes `format` rows of `cols` values: whole stages, and where its
 /// scales come by the TMA ([`hgemm_boxed_scales`]) scale rows of whole 16 bytes (the TMA's row
-/// strides; every matrix of the 27B shapes and of the small preset, not the tiny preset's).
+/// strides; every matrix of the 27B shapes and of the small preset, few of the tiny preset's).
 pub const fn hgemm_takes(format: GpuFormat, cols: usize) -> bool {
     cols.is_multiple_of(HGEMM_STAGE_VALUES)
         && (!hgemm_boxed_scales(format) || (cols / format.scale_values() * 2).is_multiple_of(16))
