@@ -33,8 +33,9 @@
 // 32 bytes a row; 2-bit rows in the 32-byte swizzle, which puts rows 4-7 of every 8 in swapped
 // 16-byte slots, so that a warp's code loads hit 32 distinct banks), for 64-value blocks the
 // rows' weight scales (a box 16 bytes wide, the narrowest the TMA copies, from a 16-byte
-// boundary: the stage's two among their neighbours, unread) and the activations as two boxes of 128 tokens × 64 values in the
-// 128-byte swizzle wgmma reads directly — against the stage's `full` barrier; each warp
+// boundary: the stage's two among their neighbours, unread) and the activations as two boxes
+// of 128 tokens × 64 values in the 128-byte swizzle wgmma reads directly — against the
+// stage's `full` barrier; each warp
 // arrives on the stage's `empty` barrier once its MMAs on it are done, and the issuing thread
 // waits for that before reusing the buffer. (Copies made by every thread with cp.async, and a
 // block barrier per stage, took twice as long: MIO throttle and barrier stalls.) With 128-value
@@ -204,7 +205,7 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
     // Two scales a row and stage (64-value blocks): the stage's scale box comes by the TMA
     // with its codes. One (128-value blocks): every thread loads its own rows' into its slot,
     // D stages ahead (as a box, 16 bytes a row for 2 bytes read, those formats' passes were
-    // slower; the 64-value format's faster).
+    // slower; the 64-value format's faster). The host decides the same: plan::hgemm_boxed_scales.
     constexpr bool TMA_SCALES = SPS == 2;
     static_assert(BM * 16 == NTH * 8, "a stage's scale box and its threads' slots share bytes");
     constexpr int D = HG_STAGES - 2;

@@ -110,8 +110,8 @@ impl Gpu {
         }
         if matches!(kernel, plan::GemmKernel::F16 { .. }) && !plan::hgemm_takes(m.format, m.cols) {
             return Err(CudaError::Unsupported(format!(
-                "the f16 GEMM takes rows of whole {}-value stages whose scales fill whole 16 \
-                 bytes, not {} values of {:?}",
+                "the f16 GEMM takes rows of whole {}-value stages (and, where its scales come \
+                 by the TMA, scale rows of whole 16 bytes), not {} values of {:?}",
                 plan::HGEMM_STAGE_VALUES,
                 m.cols,
                 m.format
@@ -123,17 +123,19 @@ impl Gpu {
             }
             (plan::GemmKernel::F16 { wg, tokens }, Some(xh)) => {
                 let w = plan::hgemm_weight_tile(m.format, m.rows, m.cols, wg);
-                let sc = plan::hgemm_scale_tile(m.format, m.rows, m.cols, wg);
                 let x = plan::hgemm_act_tile(io.ntok, m.cols, tokens);
+                // Formats whose threads load their own scales get a map the kernel never reads.
+                let scale_map = if plan::hgemm_boxed_scales(m.format) {
+                    let sc = plan::hgemm_scale_tile(m.format, m.rows, m.cols, wg);
+                    tma::encode(m.scales.ptr, &sc)?
+                } else {
+                    tma::TensorMap::unused()
+                };
                 (
                     vec![
                         Arg::Map(Box::new(tma::encode(m.codes.ptr, &w)?)),
                         Arg::Ptr(m.scales.ptr),
-                        Arg::Map(Box::new(if plan::hgemm_boxed_scales(m.format) {
-                            tma::encode(m.scales.ptr, &sc)?
-                        } else {
-                            tma::TensorMap::unused()
-                        })),
+                        Arg::Map(Box::new(scale_map)),
                         Arg::I32(m.rows as i32),
                         Arg::I32(m.cols as i32),
                     ],

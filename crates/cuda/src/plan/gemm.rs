@@ -58,8 +58,8 @@ pub struct ShortPasses {
 ///   10.07 at 4, 9.63 against 15.18 at 8).
 ///
 /// Q1_0 and Q2_0 g64: the sixty-sixth session's side by side, two rounds on one machine, and
-/// the sixty-seventh's with the ring unrolled (one round); PQ2_0: the sixty-seventh's. `NIWAKI_CUDA_STEP_TOKENS` and
-/// `NIWAKI_CUDA_GEMM_MIN_TOKENS` set both for any format.
+/// the sixty-seventh's with the ring unrolled (one round); PQ2_0: the sixty-seventh's.
+/// `NIWAKI_CUDA_STEP_TOKENS` and `NIWAKI_CUDA_GEMM_MIN_TOKENS` set both for any format.
 pub fn short_passes(format: GpuFormat) -> ShortPasses {
     match format {
         GpuFormat::Q1 => ShortPasses {
@@ -250,8 +250,8 @@ impl GemmKernel {
 
     /// The kernel for a `rows × cols` matrix of `format` over `ntok` tokens on `sms`
     /// multiprocessors (room for `cap` partial sums): on a device with warpgroup MMA, for rows
-    /// the f16 GEMM takes ([`hgemm_takes`]), the f16 one, with the tokens of [`hgemm_tokens_for`] and the number of
-    /// warpgroups whose grid (and splits along K) leaves the fewest idle block slots in its
+    /// the f16 GEMM takes ([`hgemm_takes`]), the f16 one, with the tokens of
+    /// [`hgemm_tokens_for`] and the number of warpgroups whose grid (and splits along K) leaves the fewest idle block slots in its
     /// last wave (34816 rows at 256 tokens: 272 blocks of 256 rows take 3 waves of 132, 364
     /// blocks of 192 rows as many waves of blocks a quarter shorter), else the int8 one.
     pub fn preferred(
