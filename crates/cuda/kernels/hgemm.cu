@@ -206,7 +206,20 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
     // with its codes. One (128-value blocks): every thread loads its own rows' into its slot,
     // D stages ahead (as a box, 16 bytes a row for 2 bytes read, those formats' passes were
     // slower; the 64-value format's faster). The host decides the same: plan::hgemm_boxed_scales.
-    constexpr bool TMA_SCALES = SPS == 2;
+#ifdef ABLATE_HGSCALES
+    // A measurement only (`NIWAKI_CUDA_ABLATE=hgscales`): no scale copied or loaded, every one 1.
+    constexpr bool NO_SCALES = true;
+#else
+    constexpr bool NO_SCALES = false;
+#endif
+#ifdef ABLATE_HGCODES
+    // A measurement only (`NIWAKI_CUDA_ABLATE=hgcodes`): no code copied, the MMAs on stale bytes.
+    constexpr bool NO_CODES = true;
+#else
+    constexpr bool NO_CODES = false;
+#endif
+    constexpr bool TMA_SCALES = SPS == 2 && !NO_SCALES;
+    constexpr bool LOAD_SCALES = SPS == 1 && !NO_SCALES;
     static_assert(BM * 16 == NTH * 8, "a stage's scale box and its threads' slots share bytes");
     constexpr int D = HG_STAGES - 2;
     static_assert(BN % 16 == 0 && STAGE == X_BYTES + WG * HG_STAGE_PER_WG && STAGE % 1024 == 0,
@@ -264,8 +277,8 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
     // of 8 a row (16 bytes, the narrowest box) that holds the stage's SPS: the TMA copies
     // from 16-byte-aligned addresses only, so the box starts at the multiple of 8 below them.
     auto issue_weights = [&](int s, int b) {
-        mbar_expect_tx(full(b), X_BYTES + BM * ROWB + (TMA_SCALES ? BM * 16 : 0));
-        tma_2d(base + b * STAGE + W_OFF, wmap, s * ROWB, row0, full(b));
+        mbar_expect_tx(full(b), X_BYTES + (NO_CODES ? 0 : BM * ROWB) + (TMA_SCALES ? BM * 16 : 0));
+        if (!NO_CODES) tma_2d(base + b * STAGE + W_OFF, wmap, s * ROWB, row0, full(b));
         if (TMA_SCALES) tma_2d(base + b * STAGE + S_OFF, smap, (s * SPS) & ~7, row0, full(b));
     };
     auto issue_acts = [&](int s, int b) {
@@ -291,7 +304,7 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
     // that writes the activations.
     if (tid == 0)
         for (int s = st0; s < min(st0 + D, st1); s++) issue_weights(s, s - st0);
-    if (!TMA_SCALES) {
+    if (LOAD_SCALES) {
 #pragma unroll
         for (int s = 0; s < D; s++)
             if (st0 + s < st1) {
@@ -329,7 +342,11 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
             }
             __syncwarp();
             u32 sp[2 * SPS], dsc[2 * SPS];
-            if (!TMA_SCALES) {
+            if (NO_SCALES) {
+#pragma unroll
+                for (int e = 0; e < 2 * SPS; e++) dsc[e] = 0x3C00u;
+            }
+            if (LOAD_SCALES) {
                 if (more) {
                     hg_load_scales<SPS>(snext, r8, sp);
                     snext += SPS;
@@ -353,7 +370,7 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
             hg_stage_mmas<FMT, BN>(acc, st, wo, sh, dsc, magics, desc_base + (u64)((k * STAGE) >> 4), [&] {
                 if (u > 0 && lane == 0) mbar_arrive(empty(pb));
             });
-            if (!TMA_SCALES && more) store_scales(vb, sp);
+            if (LOAD_SCALES && more) store_scales(vb, sp);
         }
         ph ^= 1u;
     }

@@ -40,13 +40,16 @@ const KNOBS: &[(&str, Takes)] = &[
     // MMAs alone or the counts' scaling alone) or every residual GEMV without its norm's fold.
     // The f16 tensor-core split attention without its arithmetic (its copies and waits alone) or
     // without its copies (its arithmetic on zeroed rings). (Its rows read as per-head runs,
-    // `attnrows`, measured slower in the sixtieth session, is at commit 86d31ce.)
+    // `attnrows`, measured slower in the sixtieth session, is at commit 86d31ce.) The f16 GEMM
+    // without its weight scales (neither copied nor loaded: every scale 1) or without its
+    // weight codes' copies (its MMAs on whatever its ring holds).
     // The results are wrong; the time says what that part costs. `watch` takes nothing out: in
     // traced builds a binary GEMV's producer watches its ring's first tile before its wait.
     (
         "NIWAKI_CUDA_ABLATE",
         Takes::OneOf(&[
-            "planes", "mma", "mmaop", "fp", "fold", "watch", "attnmath", "attncopy",
+            "planes", "mma", "mmaop", "fp", "fold", "watch", "attnmath", "attncopy", "hgscales",
+            "hgcodes",
         ]),
     ),
     // A measurement: the f16 tensor-core split's warps a block, tiles a warp's ring and tiles
@@ -104,6 +107,9 @@ const KNOBS: &[(&str, Takes)] = &[
     ("NIWAKI_CUDA_GDN_ROWS", Takes::OneOf(&GDN_ROWS)),
     // The fewest tokens a pass multiplies on the tensor cores (default: `plan::short_passes`).
     ("NIWAKI_CUDA_GEMM_MIN_TOKENS", Takes::Number),
+    // A measurement: this many K splits for every multi-token GEMM they fit, in place of
+    // `plan::gemm_splits`'s.
+    ("NIWAKI_CUDA_GEMM_SPLITS", Takes::Number),
     ("NIWAKI_CUDA_GEMV1", Takes::OnOff),
     ("NIWAKI_CUDA_GEMV1_SHARE", Takes::OnOff),
     // The f16 GEMM's narrower tiles for short passes (on by default).

@@ -150,9 +150,16 @@ impl Gpu {
         };
         let (gx, gy) = plan::gemm_grid(m.rows, io.ntok, kernel);
         let sms = self.info.multiprocessors.max(1) as usize;
-        let splits = io.split_scratch.map_or(1, |(_, cap)| {
-            plan::gemm_splits(m.rows, m.cols, io.ntok, kernel, sms, cap)
-        });
+        let splits = io
+            .split_scratch
+            .map_or(1, |(_, cap)| match self.gemm_splits {
+                Some(n)
+                    if plan::gemm_split_fits(m.rows, m.cols, io.ntok, kernel, n.max(1), cap) =>
+                {
+                    n.max(1)
+                }
+                _ => plan::gemm_splits(m.rows, m.cols, io.ntok, kernel, sms, cap),
+            });
         // Split: partial sums [split][token][row] into the scratch, then added up in order.
         let zstride = (io.ntok * m.rows) as u64;
         let (out, out_stride, accumulate) = match io.split_scratch {

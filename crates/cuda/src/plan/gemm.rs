@@ -456,8 +456,7 @@ pub fn gemm_splits(
     if blocks >= slots || fill(1) >= 0.9 {
         return 1;
     }
-    let stages = cols.div_ceil(kernel.stage_values());
-    let fits = |s: &usize| s * ntok * rows <= cap && 2 * s <= stages;
+    let fits = |s: &usize| gemm_split_fits(rows, cols, ntok, kernel, *s, cap);
     (2..=GEMM_MAX_SPLITS)
         .filter(fits)
         .find(|&s| fill(s) >= 0.9)
@@ -467,6 +466,19 @@ pub fn gemm_splits(
                 .max_by(|a, b| fill(*a).total_cmp(&fill(*b)))
         })
         .unwrap_or(1)
+}
+
+/// Whether `splits` K splits of a GEMM of `rows × cols` over `ntok` tokens with `kernel` fit:
+/// their partial sums in `cap` floats, and two pipeline stages or more a split.
+pub fn gemm_split_fits(
+    rows: usize,
+    cols: usize,
+    ntok: usize,
+    kernel: GemmKernel,
+    splits: usize,
+    cap: usize,
+) -> bool {
+    splits * ntok * rows <= cap && 2 * splits <= cols.div_ceil(kernel.stage_values())
 }
 
 /// Grid of a GEMM launch: token tiles (x) by row tiles (y).
