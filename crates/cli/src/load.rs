@@ -285,8 +285,12 @@ pub fn cuda_model(model: &Model, kv: KvCacheArg) -> Result<niwaki_cuda::CudaMode
             gib(b)
         ),
     };
+    let staged = match gpu.stage_scale_bytes() {
+        0 => String::new(),
+        b => format!(" and {:.2} GiB of scales in stage order", gib(b)),
+    };
     eprintln!(
-        "uploaded to the GPU in {:.2} s ({:.2} GiB of weights{images}; {} KV cache; kernels {}, loaded by the driver in {:.2} s)",
+        "uploaded to the GPU in {:.2} s ({:.2} GiB of weights{images}{staged}; {} KV cache; kernels {}, loaded by the driver in {:.2} s)",
         t.elapsed().as_secs_f64(),
         gib(gpu.weight_bytes()),
         kv.as_str(),

@@ -32,16 +32,17 @@
 // tensor memory accelerator (TMA): one thread issues its four boxes — the rows' codes (16 or
 // 32 bytes a row; 2-bit rows in the 32-byte swizzle, which puts rows 4-7 of every 8 in swapped
 // 16-byte slots, so that a warp's code loads hit 32 distinct banks), for 64-value blocks the
-// rows' weight scales (a box 16 bytes wide, the narrowest the TMA copies, from a 16-byte
-// boundary: the stage's two among their neighbours, unread) and the activations as two boxes
-// of 128 tokens × 64 values in the 128-byte swizzle wgmma reads directly — against the
+// rows' weight scales (one bulk copy from the matrix's scales in stage order, where the
+// stage's two of the block's rows lie together: stage_scales.rs) and the activations as two
+// boxes of 128 tokens × 64 values in the 128-byte swizzle wgmma reads directly — against the
 // stage's `full` barrier; each warp
 // arrives on the stage's `empty` barrier once its MMAs on it are done, and the issuing thread
 // waits for that before reusing the buffer. (Copies made by every thread with cp.async, and a
 // block barrier per stage, took twice as long: MIO throttle and barrier stalls.) With 128-value
 // blocks every thread loads its own weight scales HG_STAGES − 2 stages ahead into its own slot.
-// Rows must be whole stages (columns a multiple of 128), and boxed scales whole 16 bytes a row
-// (plan::hgemm_takes); tokens and rows past the ends arrive as zeros. A grid's z index splits
+// Rows must be whole stages (columns a multiple of 128, plan::hgemm_takes); tokens and rows
+// past the ends arrive as zeros (the stage-ordered scales' rows are padded to every block's
+// end: staged_rows, plan::hgemm_stage_scale_rows). A grid's z index splits
 // K (gemm_reduce adds the partial sums).
 #if !defined(HG_STAGES) || !defined(HG_STAGE_PER_WG) || !defined(HG_TMA_EXTRA)
 #error "HG_STAGES, HG_STAGE_PER_WG and HG_TMA_EXTRA must be defined by the host"
@@ -188,8 +189,8 @@ __device__ __forceinline__ void hg_store(float* acc, int row0, int rbase, int to
 }
 
 template <int FMT, int WG, int BN>
-__device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __restrict__ scales, const TmaMap& smap,
-                                           int rows, int cols,
+__device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __restrict__ scales,
+                                           const u16* __restrict__ staged, int staged_rows, int rows, int cols,
                                                const TmaMap& xmap, int ntok, float* __restrict__ out, int out_stride,
                                                int accumulate, long long zstride) {
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -201,11 +202,11 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
     constexpr int X_BYTES = BN * HG_KC * 2;             // two boxes of activations (BN × 64)
     constexpr int W_OFF = X_BYTES;
     constexpr int S_OFF = W_OFF + BM * 32;
-    constexpr int STAGE = S_OFF + BM * 16;              // + the scale box, or NTH scale slots
-    // Two scales a row and stage (64-value blocks): the stage's scale box comes by the TMA
-    // with its codes. One (128-value blocks): every thread loads its own rows' into its slot,
-    // D stages ahead (as a box, 16 bytes a row for 2 bytes read, those formats' passes were
-    // slower; the 64-value format's faster). The host decides the same: plan::hgemm_boxed_scales.
+    constexpr int STAGE = S_OFF + BM * 16;              // + the stage's scales, or NTH scale slots
+    // Two scales a row and stage (64-value blocks): the block's rows' come with the stage's
+    // codes, one bulk copy from the scales in stage order. One (128-value blocks): every thread
+    // loads its own rows' into its slot, D stages ahead (without any scale those formats'
+    // passes were no faster). The host decides the same: plan::hgemm_stage_scales.
 #ifdef ABLATE_HGSCALES
     // A measurement only (`NIWAKI_CUDA_ABLATE=hgscales`): no scale copied or loaded, every one 1.
     constexpr bool NO_SCALES = true;
@@ -218,9 +219,9 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
 #else
     constexpr bool NO_CODES = false;
 #endif
-    constexpr bool TMA_SCALES = SPS == 2 && !NO_SCALES;
+    constexpr bool STAGED = SPS == 2 && !NO_SCALES;
     constexpr bool LOAD_SCALES = SPS == 1 && !NO_SCALES;
-    static_assert(BM * 16 == NTH * 8, "a stage's scale box and its threads' slots share bytes");
+    static_assert(BM * 16 == NTH * 8 && BM * SPS * 2 <= BM * 16, "a stage's scales and its threads' slots share bytes");
     constexpr int D = HG_STAGES - 2;
     static_assert(BN % 16 == 0 && STAGE == X_BYTES + WG * HG_STAGE_PER_WG && STAGE % 1024 == 0,
                   "the host sizes the stages as laid out here");
@@ -273,21 +274,23 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
 #pragma unroll
     for (int j = 0; j < 4; j++) magics[j] = magic_sm[j];
     pdl_launch();
-    // Stage s (of this block's split) into buffer b: its codes, and its rows' scales in a box
-    // of 8 a row (16 bytes, the narrowest box) that holds the stage's SPS: the TMA copies
-    // from 16-byte-aligned addresses only, so the box starts at the multiple of 8 below them.
+    // Stage s (of this block's split) into buffer b: its codes, and its rows' scales, which
+    // lie together in the stage-ordered copy (its staged_rows rows reach past every block's
+    // last).
     auto issue_weights = [&](int s, int b) {
-        mbar_expect_tx(full(b), X_BYTES + (NO_CODES ? 0 : BM * ROWB) + (TMA_SCALES ? BM * 16 : 0));
+        mbar_expect_tx(full(b), X_BYTES + (NO_CODES ? 0 : BM * ROWB) + (STAGED ? BM * SPS * 2 : 0));
         if (!NO_CODES) tma_2d(base + b * STAGE + W_OFF, wmap, s * ROWB, row0, full(b));
-        if (TMA_SCALES) tma_2d(base + b * STAGE + S_OFF, smap, (s * SPS) & ~7, row0, full(b));
+        if (STAGED)
+            bulk_g2s(base + b * STAGE + S_OFF, staged + ((size_t)s * staged_rows + row0) * SPS, BM * SPS * 2, full(b));
     };
     auto issue_acts = [&](int s, int b) {
         const u32 dst = base + b * STAGE;
         tma_2d(dst, xmap, s * HG_KC, tok0, full(b));
         tma_2d(dst + X_BYTES / 2, xmap, s * HG_KC + 64, tok0, full(b));
     };
-    // This thread's scales in a stage: its rows' 16-byte lines in the scale box, or its slot.
-    int so = TMA_SCALES ? S_OFF + rbase * 16 : S_OFF + tid * 8;
+    // This thread's scales in a stage: its first row's in the block's stage-ordered run, or
+    // its slot.
+    int so = STAGED ? S_OFF + rbase * SPS * 2 : S_OFF + tid * 8;
     asm volatile("" : "+r"(so));
     auto store_scales = [&](int b, const u32* d) {
         u16* p = (u16*)(sm + b * STAGE + so);
@@ -357,13 +360,13 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
             }
             mbar_wait(full(k), ph);
             const unsigned char* st = sm + k * STAGE;
-            if (TMA_SCALES) {
-                // The stage's scales sit (s·SPS) mod 8 into each row's line.
-                const u16* sl = (const u16*)(st + so) + ((s * SPS) & 7);
+            if (STAGED) {
+                // The second row's 8 rows on.
+                const u16* sl = (const u16*)(st + so);
 #pragma unroll
                 for (int h = 0; h < 2; h++)
 #pragma unroll
-                    for (int j = 0; j < SPS; j++) dsc[h * SPS + j] = sl[h * 8 * 8 + j];
+                    for (int j = 0; j < SPS; j++) dsc[h * SPS + j] = sl[h * 8 * SPS + j];
             }
             // Buffer k's descriptor: the first buffer's plus its offset in 16-byte units (no
             // carry: shared addresses stay below 2^18).
@@ -377,7 +380,8 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
     hg_store<BN>(acc, row0, rbase, tok0, t, rows, ntok, out, out_stride, accumulate);
 }
 #define HGEMM_CALL(FMT, WG, BN) \
-    hgemm_body<FMT, WG, BN>(wmap, scales, smap, rows, cols, xmap, ntok, out, out_stride, accumulate, zstride)
+    hgemm_body<FMT, WG, BN>(wmap, scales, staged, staged_rows, rows, cols, xmap, ntok, out, out_stride, accumulate, \
+                            zstride)
 #else
 #define HGEMM_CALL(FMT, WG, BN) __trap()
 #endif
@@ -391,7 +395,7 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __rest
 #define HGEMM_KERNEL(name, FMT, WG, BN)                                                              \
     ENTRY __global__ void __launch_bounds__(WG * 128, BN == 16 ? 2 : 1)                              \
         name(const __grid_constant__ TmaMap wmap, const u16* __restrict__ scales,                         \
-             const __grid_constant__ TmaMap smap, int rows, int cols,                                     \
+             const u16* __restrict__ staged, int staged_rows, int rows, int cols,                         \
              const __grid_constant__ TmaMap xmap, int ntok, float* __restrict__ out, int out_stride,      \
              int accumulate, long long zstride) {                                                        \
         HGEMM_CALL(FMT, WG, BN);                                                                     \

@@ -20,6 +20,7 @@ pub mod knobs;
 mod model;
 pub mod plan;
 pub mod repack;
+pub mod stage_scales;
 pub mod timeline;
 pub mod tma;
 mod topk;

@@ -81,6 +81,8 @@ pub struct CudaModel {
     weight_bytes: usize,
     /// Device bytes of the weights' tile images (`gpu/tile_image.rs`).
     image_bytes: usize,
+    /// Device bytes of the weights' stage-ordered scales (`stage_scales.rs`).
+    stage_scale_bytes: usize,
     /// Capture decode steps as CUDA graphs (on by default).
     pub use_graphs: bool,
     /// Passes of 2 to this many tokens run token by token ([`plan::short_passes`];
@@ -262,20 +264,25 @@ impl CudaModel {
         let gpu = Arc::new(Gpu::new(&dims)?);
         let file = m.file().clone();
         let f = &*file;
-        let (mut weight_bytes, mut image_bytes) = (0usize, 0usize);
+        let (mut weight_bytes, mut image_bytes, mut stage_scale_bytes) = (0usize, 0usize, 0usize);
         let mut up = |parts: Vec<(String, Format, Packed)>| -> Result<DevMat> {
             let name = parts[0].0.clone();
             let p = repack::concat(parts)?;
             let free = gpu.free_bytes()?;
             let image = gpu.tile_image_need(&p);
+            let staged = gpu.stage_scale_need(&p);
             let mut parts = vec![(name.as_str(), p.bytes())];
             if image > 0 {
                 parts.push(("its tile image (NIWAKI_CUDA_B1_IMAGE=0 makes none)", image));
+            }
+            if staged > 0 {
+                parts.push(("its scales in stage order (for the f16 GEMM)", staged));
             }
             check_fits(&format!("weights ({name})"), &parts, free)?;
             let d = gpu.upload_packed(&p, &name)?;
             weight_bytes += d.bytes();
             image_bytes += d.image_bytes();
+            stage_scale_bytes += d.stage_scale_bytes();
             Ok(d)
         };
         let mut layers = Vec::with_capacity(dims.layers.len());
@@ -383,6 +390,7 @@ impl CudaModel {
             file,
             weight_bytes,
             image_bytes,
+            stage_scale_bytes,
             use_graphs: true,
             step_tokens: AtomicUsize::new(crate::knobs::number(
                 "NIWAKI_CUDA_STEP_TOKENS",
@@ -419,6 +427,12 @@ impl CudaModel {
     /// (`gpu/tile_image.rs`; 0 without them).
     pub fn tile_image_bytes(&self) -> usize {
         self.image_bytes
+    }
+
+    /// Device bytes of the f16 GEMM's stage-ordered scales, beside [`CudaModel::weight_bytes`]
+    /// (`stage_scales.rs`; 0 without them).
+    pub fn stage_scale_bytes(&self) -> usize {
+        self.stage_scale_bytes
     }
 
     /// Seconds NVRTC spent (0 if the kernels came from the on-disk cache).

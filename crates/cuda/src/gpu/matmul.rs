@@ -53,9 +53,7 @@ impl Gpu {
             }
         };
         let kernel = match kernel {
-            plan::GemmKernel::F16 { .. }
-                if io.xh.is_none() || !plan::hgemm_takes(m.format, m.cols) =>
-            {
+            plan::GemmKernel::F16 { .. } if io.xh.is_none() || !m.hgemm_ready() => {
                 plan::GemmKernel::INT8
             }
             k => k,
@@ -108,14 +106,22 @@ impl Gpu {
                 "the tensor-core GEMM takes at least one token and keeps no argmax".into(),
             ));
         }
-        if matches!(kernel, plan::GemmKernel::F16 { .. }) && !plan::hgemm_takes(m.format, m.cols) {
-            return Err(CudaError::Unsupported(format!(
-                "the f16 GEMM takes rows of whole {}-value stages (and, where its scales come \
-                 by the TMA, scale rows of whole 16 bytes), not {} values of {:?}",
-                plan::HGEMM_STAGE_VALUES,
-                m.cols,
-                m.format
-            )));
+        if matches!(kernel, plan::GemmKernel::F16 { .. }) && !m.hgemm_ready() {
+            return Err(CudaError::Unsupported(
+                if plan::hgemm_takes(m.format, m.cols) {
+                    format!(
+                        "the f16 GEMM reads {:?} scales in stage order, made at upload on \
+                         devices with warpgroup MMA: this matrix has none",
+                        m.format
+                    )
+                } else {
+                    format!(
+                        "the f16 GEMM takes rows of whole {}-value stages, not {} values",
+                        plan::HGEMM_STAGE_VALUES,
+                        m.cols
+                    )
+                },
+            ));
         }
         let (leading, acts) = match (kernel, io.xh) {
             (plan::GemmKernel::Int8 { .. }, _) => {
@@ -124,18 +130,14 @@ impl Gpu {
             (plan::GemmKernel::F16 { wg, tokens }, Some(xh)) => {
                 let w = plan::hgemm_weight_tile(m.format, m.rows, m.cols, wg);
                 let x = plan::hgemm_act_tile(io.ntok, m.cols, tokens);
-                // Formats whose threads load their own scales get a map the kernel never reads.
-                let scale_map = if plan::hgemm_boxed_scales(m.format) {
-                    let sc = plan::hgemm_scale_tile(m.format, m.rows, m.cols, wg);
-                    tma::encode(m.scales.ptr, &sc)?
-                } else {
-                    tma::TensorMap::unused()
-                };
+                // Formats whose threads load their own scales pass no stage-ordered copy.
+                let staged = m.stage_scales.as_ref().map_or(0, |b| b.ptr);
                 (
                     vec![
                         Arg::Map(Box::new(tma::encode(m.codes.ptr, &w)?)),
                         Arg::Ptr(m.scales.ptr),
-                        Arg::Map(Box::new(scale_map)),
+                        Arg::Ptr(staged),
+                        Arg::I32(plan::hgemm_stage_scale_rows(m.rows) as i32),
                         Arg::I32(m.rows as i32),
                         Arg::I32(m.cols as i32),
                     ],

@@ -7,7 +7,7 @@ use cudarc::driver::{result, CudaSlice, CudaStream, DevicePtr};
 
 use super::{Arg, Gpu, TileImage};
 use crate::error::{Context, CudaError, Result};
-use crate::plan::TILE_PAD_ROWS;
+use crate::plan::{self, TILE_PAD_ROWS};
 use crate::repack::{GpuFormat, Packed};
 use crate::tma::{self, TensorMap};
 
@@ -35,6 +35,9 @@ pub struct DevMat {
     /// The codes again in the binary decode kernel's tiles, where it takes them from an image
     /// (`gpu/tile_image.rs`).
     pub(crate) image: Option<TileImage>,
+    /// The scales again in stage order, where the f16 GEMM reads them so
+    /// ([`crate::stage_scales`]; made on devices with warpgroup MMA only).
+    pub stage_scales: Option<DevBuf>,
 }
 
 impl DevMat {
@@ -75,6 +78,18 @@ impl DevMat {
     /// Device bytes of the matrix's tile image (0: none).
     pub fn image_bytes(&self) -> usize {
         self.image.as_ref().map_or(0, |im| im.buf.bytes)
+    }
+
+    /// Device bytes of the matrix's stage-ordered scales (0: none).
+    pub fn stage_scale_bytes(&self) -> usize {
+        self.stage_scales.as_ref().map_or(0, |b| b.bytes)
+    }
+
+    /// Whether the f16 GEMM can take the matrix: whole stages, and its scales in stage order
+    /// where it reads them so.
+    pub fn hgemm_ready(&self) -> bool {
+        plan::hgemm_takes(self.format, self.cols)
+            && (!plan::hgemm_stage_scales(self.format) || self.stage_scales.is_some())
     }
 }
 
@@ -155,6 +170,12 @@ impl Gpu {
         let scale_bytes: Vec<u8> = p.scales.iter().flat_map(|s| s.to_le_bytes()).collect();
         let codes = put(&p.codes)?;
         let image = self.make_tile_image(p.format, p.rows, p.cols, codes.ptr)?;
+        let stage_scales = match self.info.wgmma() {
+            true => crate::stage_scales::by_stage(p)
+                .map(|s| self.upload(&s, &format!("{name}'s scales in stage order")))
+                .transpose()?,
+            false => None,
+        };
         Ok(DevMat {
             format: p.format,
             rows: p.rows,
@@ -162,6 +183,16 @@ impl Gpu {
             codes,
             scales: put(&scale_bytes)?,
             image,
+            stage_scales,
         })
+    }
+
+    /// Device bytes of the stage-ordered scales [`Gpu::upload_packed`] makes beside `p` (0:
+    /// none), for the load's memory check.
+    pub fn stage_scale_need(&self, p: &Packed) -> usize {
+        match self.info.wgmma() {
+            true => plan::hgemm_stage_scale_bytes(p.format, p.rows, p.cols),
+            false => 0,
+        }
     }
 }

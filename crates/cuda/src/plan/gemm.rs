@@ -102,10 +102,10 @@ pub const HGEMM_WIDEST: usize = HGEMM_TOKENS[HGEMM_TOKENS.len() - 1];
 pub const HGEMM_STAGE_VALUES: usize = 128;
 pub const HGEMM_STAGES: usize = 5;
 /// Shared-memory bytes of an f16-GEMM stage beyond its tokens' f16 activations: per warpgroup
-/// two 16-byte chunk slots per row and a row of the scale box ([`hgemm_scale_tile`]) per row,
-/// the bytes of four scales a thread where threads load their own (kernels/hgemm.cu asserts
-/// the same).
-pub const HGEMM_STAGE_PER_WG: usize = 64 * 32 + 64 * 2 * HGEMM_SCALE_BOX;
+/// two 16-byte chunk slots per row and 8 bytes a thread for the weight scales (its own four
+/// where threads load their own; where they come in stage order, [`hgemm_stage_scales`], the
+/// block's rows' few of them; kernels/hgemm.cu asserts the same).
+pub const HGEMM_STAGE_PER_WG: usize = 64 * 32 + 128 * 8;
 
 /// Shared-memory bytes of an f16-GEMM stage of `wg` warpgroups and `tokens` tokens.
 pub const fn hgemm_stage_bytes(wg: usize, tokens: usize) -> usize {
@@ -178,43 +178,53 @@ pub fn hgemm_act_tile(ntok: usize, cols: usize, tokens: usize) -> Tile {
     }
 }
 
-/// Whether the f16 GEMM takes `format` rows of `cols` values: whole stages, and where its
-/// scales come by the TMA ([`hgemm_boxed_scales`]) scale rows of whole 16 bytes (the TMA's row
-/// strides; every matrix of the 27B shapes and of the small preset, few of the tiny preset's).
-pub const fn hgemm_takes(format: GpuFormat, cols: usize) -> bool {
+/// Whether the f16 GEMM takes `format` rows of `cols` values: whole stages.
+pub const fn hgemm_takes(_format: GpuFormat, cols: usize) -> bool {
     cols.is_multiple_of(HGEMM_STAGE_VALUES)
-        && (!hgemm_boxed_scales(format) || (cols / format.scale_values() * 2).is_multiple_of(16))
 }
 
-/// Whether the f16 GEMM copies `format`'s weight scales by the TMA ([`hgemm_scale_tile`]), as
-/// it does for 64-value blocks, two a stage: faster than each thread loading its own (an
-/// H100, ms a Q2_0 pass: 8.94-9.08 / 10.38-10.41 / 15.42-15.45 at 4 / 16 / 64 tokens against
-/// 9.31-9.35 / 10.90-10.92 / 15.83-16.12). Not for 128-value blocks, one a stage, whose box
-/// brings 16 bytes a row for 2 read: slower (Q1_0 8.11-8.13 / 9.78-9.94 against 7.55-7.58 /
-/// 9.41-9.52 at 4 / 16 tokens; PQ2_0 8.84 against 7.99 at 3).
-pub const fn hgemm_boxed_scales(format: GpuFormat) -> bool {
+/// Whether the f16 GEMM reads `format`'s weight scales from a copy in stage order
+/// ([`hgemm_stage_scale_bytes`], made at upload: `stage_scales.rs`), whose stage for a block's
+/// rows one bulk copy brings, as it does for 64-value blocks, two a stage. (Copied by the TMA
+/// from the scales' own rows, a box of 16 bytes a row for the 4 read, they had cost Q2_0's
+/// short passes 7-8% (an H100, ms a pass without any scale: 8.28-8.38 / 9.90-10.07 at 4 / 16
+/// tokens against 8.98-9.20 / 10.47-10.94); each thread loading its own had been slower
+/// still.) Not for 128-value blocks, one a stage, whose threads load their own: without any
+/// scale Q1_0's passes were no faster (8.06-8.10 / 9.51-9.75 against 7.64-7.85 / 9.39-9.48).
+pub const fn hgemm_stage_scales(format: GpuFormat) -> bool {
     format.scale_values() == 64
 }
 
-/// The TMA box of a weight matrix's scales (`rows` × one f16 a `format` block) for the f16
-/// GEMM with `wg` warpgroups: 8 scales a row (16 bytes, the narrowest box), from the multiple
-/// of 8 at or below a stage's first (the TMA reads from 16-byte-aligned addresses only), for
-/// a block's 64·`wg` rows; a stage reads its one or two among them.
-pub fn hgemm_scale_tile(format: GpuFormat, rows: usize, cols: usize, wg: usize) -> Tile {
-    let per_row = cols / format.scale_values();
-    Tile {
-        elem: Elem::F16,
-        cols: per_row,
-        rows,
-        row_bytes: 2 * per_row,
-        box_cols: HGEMM_SCALE_BOX,
-        box_rows: 64 * wg,
-        swizzle: Swizzle::None,
+/// Rows of a stage-ordered scale copy ([`hgemm_stage_scales`]): the matrix's, padded (zeros)
+/// to the end of the last block of any of [`HGEMM_WARPGROUPS`], so that every block's bulk
+/// copy stays inside its stage.
+pub const fn hgemm_stage_scale_rows(rows: usize) -> usize {
+    let mut most = rows;
+    let mut i = 0;
+    while i < HGEMM_WARPGROUPS.len() {
+        let block = 64 * HGEMM_WARPGROUPS[i];
+        let end = rows.div_ceil(block) * block;
+        if end > most {
+            most = end;
+        }
+        i += 1;
     }
+    most
 }
 
-/// Scales a row in [`hgemm_scale_tile`]'s box: 16 bytes, the TMA's narrowest box.
-pub const HGEMM_SCALE_BOX: usize = 8;
+/// Scales a row and stage of the f16 GEMM for `format`.
+pub const fn hgemm_scales_per_stage(format: GpuFormat) -> usize {
+    HGEMM_STAGE_VALUES / format.scale_values()
+}
+
+/// Bytes of a `rows × cols` matrix's stage-ordered scale copy, where it gets one (0
+/// otherwise): for every stage, every padded row's scales of the stage.
+pub const fn hgemm_stage_scale_bytes(format: GpuFormat, rows: usize, cols: usize) -> usize {
+    if !hgemm_stage_scales(format) || !hgemm_takes(format, cols) {
+        return 0;
+    }
+    cols / HGEMM_STAGE_VALUES * hgemm_stage_scale_rows(rows) * hgemm_scales_per_stage(format) * 2
+}
 
 /// A multi-token GEMM kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
