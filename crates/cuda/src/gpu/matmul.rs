@@ -1,6 +1,8 @@
 //! A matrix times activations, by token count: the decode GEMVs for one token
 //! (`decode_gemv.rs`), the tensor-core GEMMs, and the register-streaming GEMV any device runs.
 
+use std::sync::atomic::Ordering;
+
 use cudarc::driver::CudaStream;
 
 use super::{Arg, DevMat, GemvIo, Gpu};
@@ -93,6 +95,17 @@ impl Gpu {
         *self.gemm_kernel.lock().unwrap_or_else(|e| e.into_inner()) = kernel;
     }
 
+    /// The K splits every multi-token GEMM takes where they fit (0: the plan's).
+    pub fn gemm_splits(&self) -> usize {
+        self.gemm_splits.load(Ordering::Relaxed)
+    }
+
+    /// Sets [`Gpu::gemm_splits`]; returns the previous setting. For the harness's checks.
+    #[doc(hidden)]
+    pub fn set_gemm_splits(&self, n: usize) -> usize {
+        self.gemm_splits.swap(n, Ordering::Relaxed)
+    }
+
     /// A tensor-core GEMM kernel (the f16 one reads `io.xh`, which must be set).
     pub fn gemm_with(
         &self,
@@ -152,16 +165,15 @@ impl Gpu {
         };
         let (gx, gy) = plan::gemm_grid(m.rows, io.ntok, kernel);
         let sms = self.info.multiprocessors.max(1) as usize;
-        let splits = io
-            .split_scratch
-            .map_or(1, |(_, cap)| match self.gemm_splits {
-                Some(n)
-                    if plan::gemm_split_fits(m.rows, m.cols, io.ntok, kernel, n.max(1), cap) =>
-                {
-                    n.max(1)
-                }
-                _ => plan::gemm_splits(m.rows, m.cols, io.ntok, kernel, sms, cap),
-            });
+        let splits = io.split_scratch.map_or(1, |(_, cap)| {
+            let set = self.gemm_splits();
+            if set > 0 && plan::gemm_split_fits(m.rows, m.cols, io.ntok, kernel, set, cap) {
+                set
+            } else {
+                let rule = plan::SHORT_PASS_SPLITS_ON;
+                plan::gemm_splits(m.rows, m.cols, io.ntok, kernel, sms, cap, rule)
+            }
+        });
         // Split: partial sums [split][token][row] into the scratch, then added up in order.
         let zstride = (io.ntok * m.rows) as u64;
         let (out, out_stride, accumulate) = match io.split_scratch {

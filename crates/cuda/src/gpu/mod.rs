@@ -234,9 +234,10 @@ pub struct Gpu {
     /// A one-token pass's splits per kv head where `NIWAKI_CUDA_ATTN_SPLITS` sets them (a
     /// measurement), else one wave of the split kernel's blocks ([`plan::attn_decode_splits`]).
     attn_decode_splits: Option<usize>,
-    /// A multi-token GEMM's K splits where `NIWAKI_CUDA_GEMM_SPLITS` sets them and they fit
-    /// ([`plan::gemm_split_fits`]; a measurement), else [`plan::gemm_splits`]'s.
-    gemm_splits: Option<usize>,
+    /// A multi-token GEMM's K splits where `NIWAKI_CUDA_GEMM_SPLITS` (a measurement) or
+    /// [`Gpu::set_gemm_splits`] sets them and they fit ([`plan::gemm_split_fits`]); 0:
+    /// [`plan::gemm_splits`]'s.
+    gemm_splits: AtomicUsize,
     /// Bytes of the next matrix a one-token GEMV pulls into the L2 cache, where set for every
     /// matrix (`NIWAKI_CUDA_PREFETCH_MB`, or [`Gpu::set_prefetch`]); [`PREFETCH_BY_MATRIX`]:
     /// each matrix's default, [`plan::default_prefetch_bytes`]. Always 0 before sm_90.

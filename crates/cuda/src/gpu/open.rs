@@ -288,7 +288,7 @@ impl Gpu {
                 .unwrap_or(plan::ATTN_PREFILL_WG_ENTRY),
             attn_prefill_wg_on: knobs::flag("NIWAKI_CUDA_ATTN_PREFILL_WG", plan::ATTN_PREFILL_WG),
             attn_decode_splits: knobs::number_set("NIWAKI_CUDA_ATTN_SPLITS"),
-            gemm_splits: knobs::number_set("NIWAKI_CUDA_GEMM_SPLITS"),
+            gemm_splits: AtomicUsize::new(knobs::number("NIWAKI_CUDA_GEMM_SPLITS", 0)),
             // Measured on the H200 only: elsewhere off unless asked for.
             attn_short_max: AtomicUsize::new(knobs::number(
                 "NIWAKI_CUDA_ATTN_SHORT",

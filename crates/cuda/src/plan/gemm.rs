@@ -280,7 +280,7 @@ impl GemmKernel {
         let cost = |wg: usize| {
             let k = GemmKernel::F16 { wg, tokens };
             let (gx, gy) = gemm_grid(rows, ntok, k);
-            let splits = gemm_splits(rows, cols, ntok, k, sms, cap);
+            let splits = gemm_splits(rows, cols, ntok, k, sms, cap, false);
             let slots = block_slots(k, ntok, sms);
             // Waves of blocks, each as long as its rows and its share of K.
             (gx * gy * splits).div_ceil(slots) as f64 * wg as f64 / splits as f64
@@ -419,8 +419,9 @@ pub fn gemm_smem_bytes(mi: usize) -> usize {
     GEMM_STAGES * stage
 }
 
-/// Most K splits of a GEMM: each split writes its partial sums to scratch, and `gemm_reduce`
-/// adds them up in a fixed order (deterministic, unlike atomics).
+/// Most K splits [`gemm_splits`] takes (short passes take [`SHORT_PASS_SPLITS`]): each split
+/// writes its partial sums to scratch, and `gemm_reduce` adds them up in a fixed order
+/// (deterministic, unlike atomics).
 pub const GEMM_MAX_SPLITS: usize = 4;
 
 /// Passes of up to this many tokens count 16-token f16 tiles of three warpgroups as two blocks
@@ -444,10 +445,14 @@ pub fn block_slots(kernel: GemmKernel, ntok: usize, sms: usize) -> usize {
 }
 
 /// K splits for a GEMM of `rows × cols` over `ntok` tokens with `kernel` on `sms`
-/// multiprocessors, with room for `cap` partial floats. One, unless its tiles fill less than
-/// 90% of the block slots the waves they take offer (5120 output rows at 256 tokens are 80
-/// blocks for 132 slots, 61%: three splits make it 240 of 264); then the fewest splits that
-/// reach 90%, or the best fill. Every split keeps at least two pipeline stages.
+/// multiprocessors, with room for `cap` partial floats. With `short_rule`
+/// ([`SHORT_PASS_SPLITS_ON`] for launches; never for [`GemmKernel::preferred`]'s weighing of
+/// the warpgroups, which were measured as it picks them), [`SHORT_PASS_SPLITS`] for the f16
+/// GEMM in passes of up to [`PDL_TOKENS`] tokens where they fit. Otherwise one, unless its
+/// tiles fill less than 90% of the block slots the waves they take offer (5120 output rows at
+/// 256 tokens are 80 blocks for 132 slots, 61%: three splits make it 240 of 264); then the
+/// fewest splits that reach 90%, or the best fill. Every split keeps at least two pipeline
+/// stages.
 pub fn gemm_splits(
     rows: usize,
     cols: usize,
@@ -455,7 +460,12 @@ pub fn gemm_splits(
     kernel: GemmKernel,
     sms: usize,
     cap: usize,
+    short_rule: bool,
 ) -> usize {
+    let short = short_rule && matches!(kernel, GemmKernel::F16 { .. }) && ntok <= PDL_TOKENS;
+    if short && gemm_split_fits(rows, cols, ntok, kernel, SHORT_PASS_SPLITS, cap) {
+        return SHORT_PASS_SPLITS;
+    }
     let (gx, gy) = gemm_grid(rows, ntok, kernel);
     let blocks = gx * gy;
     let slots = block_slots(kernel, ntok, sms);
@@ -490,6 +500,22 @@ pub fn gemm_split_fits(
 ) -> bool {
     splits * ntok * rows <= cap && 2 * splits <= cols.div_ceil(kernel.stage_values())
 }
+
+/// K splits of the f16 GEMM in passes of up to [`PDL_TOKENS`] tokens, wherever they fit
+/// ([`gemm_split_fits`]), in place of [`gemm_splits`]'s. An H100, the 27B synthetic files, ms a
+/// pass with every GEMM so split (`NIWAKI_CUDA_GEMM_SPLITS=6`) against the fill rule's (four for
+/// gate | up), two runs each: Q1_0 7.16-7.19 / 7.29-7.32 / 7.36-7.42 against 7.58-7.73 /
+/// 7.58-7.67 / 7.77-7.97 at 4 / 5 / 6 tokens; Q2_0 7.82-7.84 / 7.88-7.92 / 7.98-7.99 against
+/// 8.48-8.51 / 8.44-8.53 / 8.48-8.49; one run at 7 (Q1_0 7.50 against 7.91, Q2_0 8.34 against
+/// 8.82) and at 3 (level). At 8 tokens, launched without PDL, it was slower (Q1_0 9.29 against
+/// 8.81-8.96, Q2_0 10.02-10.04 against 9.36-9.74), as were 6 and 8 splits at 8 and 12 tokens in
+/// an earlier call: the splits' gain goes with PDL, each split's blocks asking for their first
+/// stages of weights before they wait for the kernel before them. Taken only where
+/// [`SHORT_PASS_SPLITS_ON`].
+pub const SHORT_PASS_SPLITS: usize = 6;
+/// Whether short passes take [`SHORT_PASS_SPLITS`]: not until the harness's GEMM checks (which
+/// run every kernel six ways split too) have passed with it on a device.
+pub const SHORT_PASS_SPLITS_ON: bool = false;
 
 /// Grid of a GEMM launch: token tiles (x) by row tiles (y).
 pub fn gemm_grid(rows: usize, ntok: usize, kernel: GemmKernel) -> (usize, usize) {

@@ -53,9 +53,9 @@ fn gemm_stages_fit_and_fragment_loads_are_conflict_free() {
     assert_eq!(gemm_grid(34816, MAX_CHUNK, w4), (2, 136));
     assert_eq!(gemm_grid(34816, MAX_CHUNK, w3), (2, 182));
     let cap = GEMM_MAX_SPLITS * MAX_CHUNK * 5120;
-    assert_eq!(gemm_splits(5120, 17408, MAX_CHUNK, m2, 132, cap), 3);
-    assert_eq!(gemm_splits(5120, 6144, MAX_CHUNK, m1, 132, cap), 3);
-    assert_eq!(gemm_splits(34816, 5120, MAX_CHUNK, m2, 132, cap), 1);
+    assert_eq!(gemm_splits(5120, 17408, MAX_CHUNK, m2, 132, cap, false), 3);
+    assert_eq!(gemm_splits(5120, 6144, MAX_CHUNK, m1, 132, cap, false), 3);
+    assert_eq!(gemm_splits(34816, 5120, MAX_CHUNK, m2, 132, cap, false), 1);
     // Short passes count 16-token tiles of three warpgroups two a multiprocessor: gate | up's
     // 182 blocks take four splits (728 of 792 slots) up to F16_TWO_BLOCK_TOKENS, none past it
     // (182 blocks for 132 slots).
@@ -66,11 +66,37 @@ fn gemm_stages_fit_and_fragment_loads_are_conflict_free() {
         block_slots(GemmKernel::F16 { wg: 4, tokens: 16 }, 2, 132),
         132
     );
-    assert_eq!(gemm_splits(34816, 5120, 8, n16, 132, cap), 4);
-    assert_eq!(gemm_splits(34816, 5120, 16, n16, 132, cap), 1);
+    assert_eq!(gemm_splits(34816, 5120, 8, n16, 132, cap, false), 4);
+    assert_eq!(gemm_splits(34816, 5120, 16, n16, 132, cap, false), 1);
+    // Without the short passes' rule, the fill rule's.
+    assert_eq!(gemm_splits(34816, 5120, 4, n16, 132, cap, false), 4);
+    // Passes launched with PDL split the f16 GEMM six ways where the splits fit; longer ones,
+    // the int8 GEMM, and splits without room for their partial sums or two stages each keep
+    // the fill rule's.
+    for ntok in 2..=PDL_TOKENS {
+        assert_eq!(gemm_splits(34816, 5120, ntok, n16, 132, cap, true), 6);
+        assert_eq!(gemm_splits(5120, 17408, ntok, n16, 132, cap, true), 6);
+    }
+    assert_eq!(
+        gemm_splits(34816, 5120, PDL_TOKENS + 1, n16, 132, cap, true),
+        4
+    );
+    assert_eq!(
+        gemm_splits(34816, 5120, 4, m2, 132, cap, true),
+        gemm_splits(34816, 5120, 4, m2, 132, cap, false)
+    );
+    assert_eq!(
+        gemm_splits(34816, 5120, 4, n16, 132, 5 * 4 * 34816, true),
+        gemm_splits(34816, 5120, 4, n16, 132, 5 * 4 * 34816, false)
+    );
+    // 1024 columns are 8 stages: 4 splits keep two each, 6 would not.
+    assert_eq!(
+        gemm_splits(5120, 1024, 4, n16, 132, cap, true),
+        gemm_splits(5120, 1024, 4, n16, 132, cap, false)
+    );
     // 40 blocks of the f16 kernel for 132 slots: three splits fill 91%.
-    assert_eq!(gemm_splits(5120, 17408, MAX_CHUNK, w4, 132, cap), 3);
-    assert_eq!(gemm_splits(34816, 5120, MAX_CHUNK, w4, 132, cap), 1);
+    assert_eq!(gemm_splits(5120, 17408, MAX_CHUNK, w4, 132, cap, false), 3);
+    assert_eq!(gemm_splits(34816, 5120, MAX_CHUNK, w4, 132, cap, false), 1);
     // The f16 kernel's warpgroups by matrix on 132 multiprocessors: 34816 rows at 256 tokens
     // in 3 waves of 182×2 blocks of 192 rows rather than 3 waves (the last of 8 blocks) of
     // 136×2 of 256; 16480 rows in one wave of 130 blocks of 256 rather than two of 172 of 192;
@@ -113,8 +139,11 @@ fn gemm_stages_fit_and_fragment_loads_are_conflict_free() {
         }
     );
     // No room for the partial sums, or too few stages to share: no split.
-    assert_eq!(gemm_splits(5120, 17408, MAX_CHUNK, m2, 132, cap / 4), 1);
-    assert_eq!(gemm_splits(5120, 256, MAX_CHUNK, m2, 132, cap), 1);
+    assert_eq!(
+        gemm_splits(5120, 17408, MAX_CHUNK, m2, 132, cap / 4, false),
+        1
+    );
+    assert_eq!(gemm_splits(5120, 256, MAX_CHUNK, m2, 132, cap, false), 1);
 }
 
 #[test]
