@@ -121,6 +121,9 @@ pub struct Gpu {
     /// Whether the f16 GEMM takes narrower tiles for short passes (`NIWAKI_CUDA_HGEMM_NARROW`;
     /// default [`plan::HGEMM_NARROW`]).
     hgemm_narrow: AtomicBool,
+    /// Whether the f16 GEMM's blocks ask the L2 cache for the rest of their codes before their
+    /// wait (`NIWAKI_CUDA_HGEMM_L2_AHEAD`; default [`plan::HGEMM_L2_AHEAD`]).
+    hgemm_l2_ahead: bool,
     /// The GEMM kernel set by [`Gpu::set_gemm_kernel`] (none: each matrix gets
     /// [`plan::GemmKernel::preferred`]).
     gemm_kernel: Mutex<Option<plan::GemmKernel>>,

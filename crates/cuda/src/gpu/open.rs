@@ -330,6 +330,7 @@ impl Gpu {
                 "NIWAKI_CUDA_EARLY_TILES",
                 plan::EARLY_TILES,
             )),
+            hgemm_l2_ahead: knobs::flag("NIWAKI_CUDA_HGEMM_L2_AHEAD", plan::HGEMM_L2_AHEAD),
             hgemm_narrow: AtomicBool::new(knobs::flag(
                 "NIWAKI_CUDA_HGEMM_NARROW",
                 plan::HGEMM_NARROW,
