@@ -55,11 +55,11 @@ impl Acts {
     }
 }
 
-/// The tensor-core GEMMs against their CPU twins: every format, partial row and token tiles, a
-/// 1-bit row of an odd number of chunks, accumulation into existing values.
 /// K splits the GEMM checks force beside the plan's: the short passes' rule.
 const SIX: usize = niwaki_cuda::plan::SHORT_PASS_SPLITS;
 
+/// The tensor-core GEMMs against their CPU twins: every format, partial row and token tiles, a
+/// 1-bit row of an odd number of chunks, accumulation into existing values.
 pub(crate) fn gemm_checks(rep: &mut Report, gpu: &Gpu, rng: &mut ChaCha8Rng) -> R<()> {
     use rayon::prelude::*;
     let s = &gpu.stream;

@@ -69,6 +69,12 @@ pub(super) fn occupancy(
 }
 
 impl Gpu {
+    /// Whether launches made now carry programmatic dependent launch: [`Gpu::pdl`] on, and
+    /// not inside [`serial_launches`].
+    pub(super) fn launches_with_pdl(&self) -> bool {
+        self.pdl() && !SERIAL.with(|c| c.get())
+    }
+
     /// Launches `name` with raw arguments.
     pub fn launch(
         &self,
@@ -153,7 +159,7 @@ impl Gpu {
             sharedMemBytes: smem,
             hStream: stream.cu_stream(),
             attrs: &mut attr,
-            numAttrs: u32::from(self.pdl() && !SERIAL.with(|c| c.get())),
+            numAttrs: u32::from(self.launches_with_pdl()),
         };
         // SAFETY: each parameter points at a value of the size and type of the kernel's
         // parameter at that position (the call sites mirror the kernel signatures in

@@ -33,7 +33,8 @@ impl Gpu {
 
     /// The tensor-core GEMM for any number of tokens (no argmax), with the kernel set by
     /// [`Gpu::set_gemm_kernel`] or else the preferred one for the matrix (the int8 one where
-    /// the f16 activations are missing or the rows are not whole f16-GEMM stages).
+    /// the f16 activations are missing, the rows are not whole f16-GEMM stages, or a format
+    /// whose scales the f16 GEMM reads in stage order has no such copy: [`DevMat::hgemm_ready`]).
     pub fn gemm(&self, stream: &CudaStream, m: &DevMat, io: &GemvIo) -> Result<()> {
         let kernel = match self.gemm_kernel() {
             Some(k) => k,
@@ -172,8 +173,8 @@ impl Gpu {
             if set > 0 && plan::gemm_split_fits(m.rows, m.cols, io.ntok, kernel, set, cap) {
                 set
             } else {
-                let rule = plan::SHORT_PASS_SPLITS_ON;
-                plan::gemm_splits(m.rows, m.cols, io.ntok, kernel, sms, cap, rule)
+                let pdl_pass = plan::SHORT_PASS_SPLITS_ON && self.launches_with_pdl();
+                plan::gemm_splits(m.rows, m.cols, io.ntok, kernel, sms, cap, pdl_pass)
             }
         });
         // Split: partial sums [split][token][row] into the scratch, then added up in order.

@@ -451,14 +451,13 @@ pub fn block_slots(kernel: GemmKernel, ntok: usize, sms: usize) -> usize {
 }
 
 /// K splits for a GEMM of `rows × cols` over `ntok` tokens with `kernel` on `sms`
-/// multiprocessors, with room for `cap` partial floats. With `short_rule`
-/// ([`SHORT_PASS_SPLITS_ON`] for launches; never for [`GemmKernel::preferred`]'s weighing of
-/// the warpgroups, which were measured as it picks them), [`SHORT_PASS_SPLITS`] for the f16
-/// GEMM in passes of up to [`PDL_TOKENS`] tokens where they fit. Otherwise one, unless its
-/// tiles fill less than 90% of the block slots the waves they take offer (5120 output rows at
-/// 256 tokens are 80 blocks for 132 slots, 61%: three splits make it 240 of 264); then the
-/// fewest splits that reach 90%, or the best fill. Every split keeps at least two pipeline
-/// stages.
+/// multiprocessors, with room for `cap` partial floats. For the f16 GEMM in a `pdl_pass` (one
+/// launched with programmatic dependent launch, where [`SHORT_PASS_SPLITS_ON`]; never for
+/// [`GemmKernel::preferred`]'s weighing of the warpgroups, which were measured as it picks
+/// them), [`SHORT_PASS_SPLITS`] where they fit. Otherwise one, unless its tiles fill less than
+/// 90% of the block slots the waves they take offer (5120 output rows at 256 tokens are 80
+/// blocks for 132 slots, 61%: three splits make it 240 of 264); then the fewest splits that
+/// reach 90%, or the best fill. Every split keeps at least two pipeline stages.
 pub fn gemm_splits(
     rows: usize,
     cols: usize,
@@ -466,9 +465,9 @@ pub fn gemm_splits(
     kernel: GemmKernel,
     sms: usize,
     cap: usize,
-    short_rule: bool,
+    pdl_pass: bool,
 ) -> usize {
-    let short = short_rule && matches!(kernel, GemmKernel::F16 { .. }) && ntok <= PDL_TOKENS;
+    let short = pdl_pass && matches!(kernel, GemmKernel::F16 { .. });
     if short && gemm_split_fits(rows, cols, ntok, kernel, SHORT_PASS_SPLITS, cap) {
         return SHORT_PASS_SPLITS;
     }
@@ -507,8 +506,9 @@ pub fn gemm_split_fits(
     splits * ntok * rows <= cap && 2 * splits <= cols.div_ceil(kernel.stage_values())
 }
 
-/// K splits of the f16 GEMM in passes of up to [`PDL_TOKENS`] tokens, wherever they fit
-/// ([`gemm_split_fits`]), in place of [`gemm_splits`]'s. An H100, the 27B synthetic files, ms a
+/// K splits of the f16 GEMM in passes launched with programmatic dependent launch (up to
+/// [`PDL_TOKENS`] tokens by default), wherever they fit ([`gemm_split_fits`]), in place of the
+/// fill rule's ([`gemm_splits`]). An H100, the 27B synthetic files, ms a
 /// pass with every GEMM so split (`NIWAKI_CUDA_GEMM_SPLITS=6`) against the fill rule's (four for
 /// gate | up), two runs each: Q1_0 7.16-7.19 / 7.29-7.32 / 7.36-7.42 against 7.58-7.73 /
 /// 7.58-7.67 / 7.77-7.97 at 4 / 5 / 6 tokens; Q2_0 7.82-7.84 / 7.88-7.92 / 7.98-7.99 against
