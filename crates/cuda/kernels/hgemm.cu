@@ -35,15 +35,14 @@
 // rows' weight scales (one bulk copy from the matrix's scales in stage order, where the
 // stage's two of the block's rows lie together: stage_scales.rs) and the activations as two
 // boxes of 128 tokens × 64 values in the 128-byte swizzle wgmma reads directly — against the
-// stage's `full` barrier; each warp
-// arrives on the stage's `empty` barrier once its MMAs on it are done, and the issuing thread
-// waits for that before reusing the buffer. (Copies made by every thread with cp.async, and a
+// stage's `full` barrier; each warp arrives on the stage's `empty` barrier once its MMAs on it
+// are done, and the issuing thread waits for that before reusing the buffer. (Copies made by every thread with cp.async, and a
 // block barrier per stage, took twice as long: MIO throttle and barrier stalls.) With 128-value
 // blocks every thread loads its own weight scales HG_STAGES − 2 stages ahead into its own slot.
 // Rows must be whole stages (columns a multiple of 128, plan::hgemm_takes); tokens and rows
 // past the ends arrive as zeros (the stage-ordered scales' rows are padded to every block's
-// end: staged_rows, plan::hgemm_stage_scale_rows). A grid's z index splits
-// K (gemm_reduce adds the partial sums).
+// end: staged_rows, plan::hgemm_stage_scale_rows). A grid's z index splits K (gemm_reduce adds
+// the partial sums).
 #if !defined(HG_STAGES) || !defined(HG_STAGE_PER_WG) || !defined(HG_TMA_EXTRA)
 #error "HG_STAGES, HG_STAGE_PER_WG and HG_TMA_EXTRA must be defined by the host"
 #endif

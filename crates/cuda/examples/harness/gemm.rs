@@ -347,13 +347,5 @@ fn short_gemm_speed(rep: &mut Report, gpu: &Gpu, part: &DevBuf, part_floats: usi
 /// The GEMM kernel a pass of `ntok` tokens takes for `m` on this device.
 fn preferred_for(gpu: &Gpu, m: &DevMat, ntok: usize, part_floats: usize) -> GemmKernel {
     let sms = gpu.info.multiprocessors as usize;
-    GemmKernel::preferred(
-        gpu.info.wgmma(),
-        m.format,
-        m.rows,
-        m.cols,
-        ntok,
-        sms,
-        part_floats,
-    )
+    GemmKernel::preferred(gpu.info.wgmma(), m.rows, m.cols, ntok, sms, part_floats)
 }

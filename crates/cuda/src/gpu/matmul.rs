@@ -41,7 +41,6 @@ impl Gpu {
             None => {
                 let k = plan::GemmKernel::preferred(
                     self.info.wgmma(),
-                    m.format,
                     m.rows,
                     m.cols,
                     io.ntok,
@@ -121,21 +120,19 @@ impl Gpu {
             ));
         }
         if matches!(kernel, plan::GemmKernel::F16 { .. }) && !m.hgemm_ready() {
-            return Err(CudaError::Unsupported(
-                if plan::hgemm_takes(m.format, m.cols) {
-                    format!(
-                        "the f16 GEMM reads {:?} scales in stage order, made at upload on \
+            return Err(CudaError::Unsupported(if plan::hgemm_takes(m.cols) {
+                format!(
+                    "the f16 GEMM reads {:?} scales in stage order, made at upload on \
                          devices with warpgroup MMA: this matrix has none",
-                        m.format
-                    )
-                } else {
-                    format!(
-                        "the f16 GEMM takes rows of whole {}-value stages, not {} values",
-                        plan::HGEMM_STAGE_VALUES,
-                        m.cols
-                    )
-                },
-            ));
+                    m.format
+                )
+            } else {
+                format!(
+                    "the f16 GEMM takes rows of whole {}-value stages, not {} values",
+                    plan::HGEMM_STAGE_VALUES,
+                    m.cols
+                )
+            }));
         }
         let (leading, acts) = match (kernel, io.xh) {
             (plan::GemmKernel::Int8 { .. }, _) => {

@@ -88,7 +88,7 @@ impl DevMat {
     /// Whether the f16 GEMM can take the matrix: whole stages, and its scales in stage order
     /// where it reads them so.
     pub fn hgemm_ready(&self) -> bool {
-        plan::hgemm_takes(self.format, self.cols)
+        plan::hgemm_takes(self.cols)
             && (!plan::hgemm_stage_scales(self.format) || self.stage_scales.is_some())
     }
 }
@@ -170,11 +170,11 @@ impl Gpu {
         let scale_bytes: Vec<u8> = p.scales.iter().flat_map(|s| s.to_le_bytes()).collect();
         let codes = put(&p.codes)?;
         let image = self.make_tile_image(p.format, p.rows, p.cols, codes.ptr)?;
-        let stage_scales = match self.info.wgmma() {
-            true => crate::stage_scales::by_stage(p)
+        let stage_scales = match self.stage_scale_need(p) {
+            0 => None,
+            _ => crate::stage_scales::by_stage(p)
                 .map(|s| self.upload(&s, &format!("{name}'s scales in stage order")))
                 .transpose()?,
-            false => None,
         };
         Ok(DevMat {
             format: p.format,

@@ -184,8 +184,8 @@ pub fn hgemm_act_tile(ntok: usize, cols: usize, tokens: usize) -> Tile {
     }
 }
 
-/// Whether the f16 GEMM takes `format` rows of `cols` values: whole stages.
-pub const fn hgemm_takes(_format: GpuFormat, cols: usize) -> bool {
+/// Whether the f16 GEMM takes rows of `cols` values (whole stages).
+pub const fn hgemm_takes(cols: usize) -> bool {
     cols.is_multiple_of(HGEMM_STAGE_VALUES)
 }
 
@@ -226,7 +226,7 @@ pub const fn hgemm_scales_per_stage(format: GpuFormat) -> usize {
 /// Bytes of a `rows × cols` matrix's stage-ordered scale copy, where it gets one (0
 /// otherwise): for every stage, every padded row's scales of the stage.
 pub const fn hgemm_stage_scale_bytes(format: GpuFormat, rows: usize, cols: usize) -> usize {
-    if !hgemm_stage_scales(format) || !hgemm_takes(format, cols) {
+    if !hgemm_stage_scales(format) || !hgemm_takes(cols) {
         return 0;
     }
     cols / HGEMM_STAGE_VALUES * hgemm_stage_scale_rows(rows) * hgemm_scales_per_stage(format) * 2
@@ -264,22 +264,21 @@ impl GemmKernel {
             .collect()
     }
 
-    /// The kernel for a `rows × cols` matrix of `format` over `ntok` tokens on `sms`
-    /// multiprocessors (room for `cap` partial sums): on a device with warpgroup MMA, for rows
-    /// the f16 GEMM takes ([`hgemm_takes`]), the f16 one, with the tokens of
-    /// [`hgemm_tokens_for`] and the number of warpgroups whose grid (and splits along K) leaves the fewest idle block slots in its
+    /// The kernel for a `rows × cols` matrix over `ntok` tokens on `sms` multiprocessors (room
+    /// for `cap` partial sums): on a device with warpgroup MMA, for rows of whole 128-value
+    /// stages, the f16 one, with the tokens of [`hgemm_tokens_for`] and the number of
+    /// warpgroups whose grid (and splits along K) leaves the fewest idle block slots in its
     /// last wave (34816 rows at 256 tokens: 272 blocks of 256 rows take 3 waves of 132, 364
     /// blocks of 192 rows as many waves of blocks a quarter shorter), else the int8 one.
     pub fn preferred(
         wgmma: bool,
-        format: GpuFormat,
         rows: usize,
         cols: usize,
         ntok: usize,
         sms: usize,
         cap: usize,
     ) -> GemmKernel {
-        if !wgmma || !hgemm_takes(format, cols) {
+        if !wgmma || !hgemm_takes(cols) {
             return GemmKernel::INT8;
         }
         let tokens = hgemm_tokens_for(ntok);

@@ -96,15 +96,14 @@ fn gemm_stages_fit_and_fragment_loads_are_conflict_free() {
     // in 3 waves of 182×2 blocks of 192 rows rather than 3 waves (the last of 8 blocks) of
     // 136×2 of 256; 16480 rows in one wave of 130 blocks of 256 rather than two of 172 of 192;
     // 5120 rows split in three, one wave either way. The int8 kernel without wgmma.
-    let pick =
-        |rows, cols| GemmKernel::preferred(true, GpuFormat::Q2G64, rows, cols, MAX_CHUNK, 132, cap);
+    let pick = |rows, cols| GemmKernel::preferred(true, rows, cols, MAX_CHUNK, 132, cap);
     assert_eq!(pick(34816, 5120), w3);
     assert_eq!(pick(16480, 5120), w4);
     assert_eq!(pick(14336, 5120), w4);
     assert_eq!(pick(5120, 17408), w4);
     assert_eq!(pick(5120, 6144), w4);
     // Short passes take the narrowest tile that holds them; long ones the widest, several.
-    let short = |ntok| GemmKernel::preferred(true, GpuFormat::Q2G64, 5120, 17408, ntok, 132, cap);
+    let short = |ntok| GemmKernel::preferred(true, 5120, 17408, ntok, 132, cap);
     assert!(matches!(short(2), GemmKernel::F16 { tokens: 16, .. }));
     assert!(matches!(short(16), GemmKernel::F16 { tokens: 16, .. }));
     assert!(matches!(short(17), GemmKernel::F16 { tokens: 32, .. }));
@@ -118,17 +117,14 @@ fn gemm_stages_fit_and_fragment_loads_are_conflict_free() {
     assert_eq!(gemm_grid(5120, 2, n16), (1, 20));
     assert_eq!(gemm_grid(5120, 40, n16), (3, 20));
     // Rows that are not whole 128-value stages go to the int8 kernel.
-    for (f, cols) in [(GpuFormat::Q2G64, 5120 + 64), (GpuFormat::Q1, 5120 + 64)] {
-        assert_eq!(
-            GemmKernel::preferred(true, f, 5120, cols, MAX_CHUNK, 132, cap),
-            GemmKernel::Int8 {
-                mi: GEMM_DEFAULT_MI
-            },
-            "{f:?} {cols}"
-        );
-    }
     assert_eq!(
-        GemmKernel::preferred(false, GpuFormat::Q2G64, 34816, 5120, MAX_CHUNK, 132, cap),
+        GemmKernel::preferred(true, 5120, 5120 + 64, MAX_CHUNK, 132, cap),
+        GemmKernel::Int8 {
+            mi: GEMM_DEFAULT_MI
+        }
+    );
+    assert_eq!(
+        GemmKernel::preferred(false, 34816, 5120, MAX_CHUNK, 132, cap),
         GemmKernel::Int8 {
             mi: GEMM_DEFAULT_MI
         }
@@ -212,15 +208,13 @@ fn the_f16_gemm_order_puts_each_threads_fragment_pairs_where_its_masks_find_them
 
 #[test]
 fn the_f16_gemm_takes_rows_of_whole_stages() {
-    for f in GpuFormat::ALL {
-        // The 27B's and the small preset's columns: hidden, ffn, attention and recurrent widths.
-        for cols in [5120, 17408, 6144, 1024, 3072] {
-            assert!(hgemm_takes(f, cols), "{f:?} {cols}");
-        }
-        // Whole stages, however few; a part stage.
-        assert!(hgemm_takes(f, 384), "{f:?}");
-        assert!(!hgemm_takes(f, 5120 + 64), "{f:?}");
+    // The 27B's and the small preset's columns: hidden, ffn, attention and recurrent widths.
+    for cols in [5120, 17408, 6144, 1024, 3072] {
+        assert!(hgemm_takes(cols), "{cols}");
     }
+    // Whole stages, however few; a part stage.
+    assert!(hgemm_takes(384));
+    assert!(!hgemm_takes(5120 + 64));
 }
 
 #[test]
