@@ -289,8 +289,12 @@ pub fn cuda_model(model: &Model, kv: KvCacheArg) -> Result<niwaki_cuda::CudaMode
         0 => String::new(),
         b => format!(" and {:.2} GiB of scales in stage order", gib(b)),
     };
+    let device_code = match gpu.kernel_device_code_parts() {
+        0 => String::new(),
+        n => format!(", {n} parts as device code"),
+    };
     eprintln!(
-        "uploaded to the GPU in {:.2} s ({:.2} GiB of weights{images}{staged}; {} KV cache; kernels {}, loaded by the driver in {:.2} s)",
+        "uploaded to the GPU in {:.2} s ({:.2} GiB of weights{images}{staged}; {} KV cache; kernels {}, loaded by the driver in {:.2} s{device_code})",
         t.elapsed().as_secs_f64(),
         gib(gpu.weight_bytes()),
         kv.as_str(),

@@ -92,6 +92,8 @@ const KNOBS: &[(&str, Takes)] = &[
     ("NIWAKI_CUDA_B2_K256", Takes::OnOff),
     ("NIWAKI_CUDA_CACHE", Takes::Path),
     ("NIWAKI_CUDA_CHECKPOINTS", Takes::OnOff),
+    // The program loaded from NVRTC's device code rather than its PTX (`compile::LOAD_CUBIN`).
+    ("NIWAKI_CUDA_CUBIN", Takes::OnOff),
     ("NIWAKI_CUDA_DEVICE_EMBED", Takes::OnOff),
     ("NIWAKI_CUDA_EARLY_TILES", Takes::Number),
     ("NIWAKI_CUDA_FOLD_CLUSTER", Takes::OnOff),

@@ -445,9 +445,14 @@ impl CudaModel {
         self.gpu.from_cache
     }
 
-    /// Seconds the driver spent loading the kernels (its JIT).
+    /// Seconds the driver spent loading the kernels (its JIT, for parts loaded from PTX).
     pub fn kernel_load_secs(&self) -> f64 {
         self.gpu.load_secs
+    }
+
+    /// The program's parts loaded from NVRTC's device code, with no JIT (`NIWAKI_CUDA_CUBIN`).
+    pub fn kernel_device_code_parts(&self) -> usize {
+        self.gpu.device_code_parts
     }
 
     /// A fresh sequence with room for `ctx` tokens.

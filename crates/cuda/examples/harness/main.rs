@@ -129,14 +129,15 @@ fn run(rep: &mut Report) -> R<()> {
     let dims = Dims::from_config(&small.config)?;
     let gpu = Gpu::new(&dims)?;
     rep.line(format!(
-        "Kernels: NVRTC {} in {:.2} s, loaded by the driver in {:.2} s",
+        "Kernels: NVRTC {} in {:.2} s, loaded by the driver in {:.2} s ({} of the parts as device code)",
         if gpu.from_cache {
             "cache hit"
         } else {
             "compile"
         },
         gpu.compile_secs,
-        gpu.load_secs
+        gpu.load_secs,
+        gpu.device_code_parts
     ));
     match std::env::var("NIWAKI_HARNESS_ONLY").as_deref() {
         // Whether copies issued before a kernel's wait stream during the kernel before it.

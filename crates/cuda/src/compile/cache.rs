@@ -1,7 +1,9 @@
-//! The on-disk cache of compiled PTX, keyed by source and options.
+//! The on-disk cache of compiled programs (their PTX and device code), keyed by source and
+//! options.
 
 use std::path::{Path, PathBuf};
 
+use super::nvrtc::{is_cubin, Compiled};
 use crate::error::Result;
 
 /// FNV-1a of the source and options: the cache file name.
@@ -28,30 +30,47 @@ pub fn cache_dir() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/niwaki/cuda"))
 }
 
-/// Returns the cached PTX for `key` or compiles it and stores it (a cache that cannot be written
-/// is not an error). The flag says whether it came from the cache.
+/// Returns the cached program for `key` or compiles it and stores it (a cache that cannot be
+/// written is not an error): `{key}.ptx`, and `{key}.cubin` beside it where there is device
+/// code. The flag says whether it came from the cache. A cached PTX without its device code (a
+/// cache written before the device code was kept) comes back without it.
 pub fn load_or_compile(
     dir: Option<&Path>,
     key: &str,
-    compile: impl FnOnce() -> Result<String>,
-) -> Result<(String, bool)> {
-    let path = dir.map(|d| d.join(format!("{key}.ptx")));
-    if let Some(p) = &path {
-        if let Ok(ptx) = std::fs::read_to_string(p) {
+    compile: impl FnOnce() -> Result<Compiled>,
+) -> Result<(Compiled, bool)> {
+    let path = |ext: &str| dir.map(|d| d.join(format!("{key}.{ext}")));
+    if let Some(p) = path("ptx") {
+        if let Ok(ptx) = std::fs::read_to_string(&p) {
             if ptx.contains(".entry") {
-                return Ok((ptx, true));
+                let cubin = path("cubin")
+                    .and_then(|c| std::fs::read(c).ok())
+                    .filter(|b| is_cubin(b));
+                return Ok((Compiled { ptx, cubin }, true));
             }
         }
     }
-    let ptx = compile()?;
-    if let Some(p) = &path {
-        if let Some(parent) = p.parent() {
-            let _ = std::fs::create_dir_all(parent);
-        }
-        let tmp = p.with_extension(format!("tmp{}", std::process::id()));
-        if std::fs::write(&tmp, &ptx).is_ok() {
-            let _ = std::fs::rename(&tmp, p);
-        }
+    let compiled = compile()?;
+    // The device code first: a reader that finds the PTX finds it too.
+    if let Some(bin) = &compiled.cubin {
+        store(path("cubin"), bin);
     }
-    Ok((ptx, false))
+    store(path("ptx"), compiled.ptx.as_bytes());
+    Ok((compiled, false))
+}
+
+/// Writes `bytes` to `path` through a temporary file, so no reader sees it half written.
+fn store(path: Option<PathBuf>, bytes: &[u8]) {
+    let Some(p) = path else { return };
+    if let Some(parent) = p.parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    let ext = p
+        .extension()
+        .map(|e| e.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = p.with_extension(format!("{ext}.tmp{}", std::process::id()));
+    if std::fs::write(&tmp, bytes).is_ok() {
+        let _ = std::fs::rename(&tmp, &p);
+    }
 }

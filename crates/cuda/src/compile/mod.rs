@@ -1,6 +1,6 @@
 //! Kernel sources (kept in `kernels/`, embedded at build time), their run-time compilation by
 //! NVRTC for the device's architecture (in parts side by side), and an on-disk cache of the
-//! resulting PTX.
+//! resulting PTX and device code.
 
 use std::path::{Path, PathBuf};
 
@@ -8,12 +8,22 @@ use crate::error::{CudaError, Result};
 use crate::plan::{self, Dims};
 
 mod cache;
+mod nvrtc;
 mod program;
 #[cfg(test)]
 mod tests;
 
 pub use cache::*;
+pub use nvrtc::{is_cubin, Compiled};
 pub use program::*;
+
+/// Whether the backend loads the device code NVRTC made with the PTX (`NIWAKI_CUDA_CUBIN`),
+/// rather than the PTX for the driver to compile again at every start its own cache misses:
+/// NVRTC assembles the device code anyway when compiling for a real architecture (`sm_90a`),
+/// so keeping it costs nothing, and a 27B program's PTX took the driver 16-24 s to compile on
+/// the H200. Off until a device has run the two side by side: NVRTC's assembler and the
+/// driver's may be of different releases, so the same tokens and speed are to be shown first.
+pub const LOAD_CUBIN: bool = false;
 
 /// NVRTC options for an architecture (`sm_90`) and the model's shape defines.
 pub fn options(arch: &str, defines: &[String]) -> Vec<String> {
@@ -135,18 +145,19 @@ pub fn precompile(dims: &Dims, arch: &str, smem_limit: usize) -> Result<Precompi
         CudaError::Unsupported("no cache folder: set NIWAKI_CUDA_CACHE or HOME".into())
     })?;
     let trace = crate::gpu::trace_capacity_from_env();
-    let (ptx, cached) = nvrtc_compile(arch, &program_defines(dims, smem_limit, trace), trace == 0)?;
+    let (parts, cached) =
+        nvrtc_compile(arch, &program_defines(dims, smem_limit, trace), trace == 0)?;
     Ok(Precompiled {
         dir,
-        parts: ptx.len(),
+        parts: parts.len(),
         cached,
     })
 }
 
 /// Compiles the program with NVRTC for `arch`, in [`PARTS`] side by side where `split` (else
-/// whole), each through the on-disk cache: the parts' PTX, and whether every one came from the
+/// whole), each through the on-disk cache: the parts, and whether every one came from the
 /// cache.
-pub fn nvrtc_compile(arch: &str, defines: &[String], split: bool) -> Result<(Vec<String>, bool)> {
+pub fn nvrtc_compile(arch: &str, defines: &[String], split: bool) -> Result<(Vec<Compiled>, bool)> {
     let sources: Vec<String> = if split {
         (0..PARTS).map(source_part).collect()
     } else {
@@ -164,9 +175,10 @@ pub fn nvrtc_compile(arch: &str, defines: &[String], split: bool) -> Result<(Vec
 
 /// For each of [`KERNELS`], the index of the one PTX of `ptxs` (a program's parts) that emits
 /// it; an error naming every kernel that none or several emit.
-pub fn kernel_parts(ptxs: &[String]) -> Result<Vec<usize>> {
+pub fn kernel_parts<S: AsRef<str>>(ptxs: &[S]) -> Result<Vec<usize>> {
     let mut parts: std::collections::HashMap<&str, Vec<usize>> = Default::default();
     for (i, ptx) in ptxs.iter().enumerate() {
+        let ptx = ptx.as_ref();
         for (at, entry) in ptx.match_indices(".entry ") {
             if let Some((name, _)) = ptx[at + entry.len()..].split_once('(') {
                 parts.entry(name).or_default().push(i);
@@ -195,19 +207,21 @@ pub fn kernel_parts(ptxs: &[String]) -> Result<Vec<usize>> {
 }
 
 /// Compiles `sources` with `opts` side by side, each through the cache in `dir` (none: no
-/// cache): their PTX and whether each came from the cache, in order.
+/// cache): each compiled and whether it came from the cache, in order.
 pub fn compile_all(
     arch: &str,
     sources: &[String],
     opts: &[String],
     dir: Option<&Path>,
-) -> Result<Vec<(String, bool)>> {
+) -> Result<Vec<(Compiled, bool)>> {
     std::thread::scope(|scope| {
         let running: Vec<_> = sources
             .iter()
             .map(|src| {
                 scope.spawn(move || {
-                    load_or_compile(dir, &cache_key(src, opts), || compile_ptx(arch, src, opts))
+                    load_or_compile(dir, &cache_key(src, opts), || {
+                        nvrtc::compile(arch, src, opts)
+                    })
                 })
             })
             .collect();
@@ -216,30 +230,4 @@ pub fn compile_all(
             .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
             .collect()
     })
-}
-
-/// One NVRTC compilation of `src` to PTX.
-fn compile_ptx(arch: &str, src: &str, opts: &[String]) -> Result<String> {
-    // SAFETY: only checks whether the shared library can be opened.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(CudaError::NoNvrtc("libnvrtc.so not found".into()));
-    }
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(
-        src,
-        cudarc::nvrtc::CompileOptions {
-            options: opts.to_vec(),
-            name: Some("niwaki.cu".into()),
-            ..Default::default()
-        },
-    )
-    .map_err(|e| CudaError::Compile {
-        arch: arch.to_string(),
-        log: match e {
-            cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-                log.to_string_lossy().into_owned()
-            }
-            other => format!("{other:?}"),
-        },
-    })?;
-    Ok(ptx.to_src())
 }

@@ -108,11 +108,32 @@ fn the_cache_key_follows_source_and_options() {
 fn compiled_ptx_is_cached_on_disk_and_reused() {
     let dir = std::env::temp_dir().join(format!("niwaki-cuda-test-{}", std::process::id()));
     let ptx = ".version 8.0\n.entry k()\n".to_string();
-    let (got, cached) = load_or_compile(Some(&dir), "k1", || Ok(ptx.clone())).unwrap();
-    assert_eq!((got.as_str(), cached), (ptx.as_str(), false));
+    let part = |cubin: Option<&[u8]>| Compiled {
+        ptx: ptx.clone(),
+        cubin: cubin.map(<[u8]>::to_vec),
+    };
+    let elf: &[u8] = b"\x7fELF device code";
+    // With device code: both come back from the cache.
+    let (got, cached) = load_or_compile(Some(&dir), "k1", || Ok(part(Some(elf)))).unwrap();
+    assert_eq!((got, cached), (part(Some(elf)), false));
     let (got, cached) =
         load_or_compile(Some(&dir), "k1", || panic!("must come from the cache")).unwrap();
-    assert_eq!((got.as_str(), cached), (ptx.as_str(), true));
+    assert_eq!((got, cached), (part(Some(elf)), true));
+    // Without (a virtual architecture): the PTX alone.
+    load_or_compile(Some(&dir), "k2", || Ok(part(None))).unwrap();
+    assert!(!dir.join("k2.cubin").exists());
+    let (got, _) = load_or_compile(Some(&dir), "k2", || panic!("cached")).unwrap();
+    assert_eq!(got, part(None));
+    // A device-code file that is no ELF image is not taken for one.
+    std::fs::write(dir.join("k2.cubin"), b"not device code").unwrap();
+    let (got, _) = load_or_compile(Some(&dir), "k2", || panic!("cached")).unwrap();
+    assert_eq!(got, part(None));
+    // No temporary file is left behind.
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| !n.contains(".tmp")), "{names:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -127,7 +148,7 @@ fn a_compile_error_is_passed_through_without_caching() {
     })
     .unwrap_err();
     assert!(err.to_string().contains("boom"));
-    assert!(!dir.join("bad.ptx").exists());
+    assert!(!dir.join("bad.ptx").exists() && !dir.join("bad.cubin").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -192,10 +213,19 @@ fn the_kernels_compile_for_hopper_when_nvrtc_is_present() {
         } else {
             vec![source()]
         };
-        let texts: Vec<String> = match compile_all(arch, &sources, &options(arch, &defines), None) {
-            Ok(c) => c.into_iter().map(|(text, _)| text).collect(),
-            Err(e) => panic!("{p:?} {arch}: {e}"),
-        };
+        let compiled: Vec<Compiled> =
+            match compile_all(arch, &sources, &options(arch, &defines), None) {
+                Ok(c) => c.into_iter().map(|(part, _)| part).collect(),
+                Err(e) => panic!("{p:?} {arch}: {e}"),
+            };
+        // A real architecture: NVRTC's device code beside each part's PTX.
+        assert!(
+            compiled
+                .iter()
+                .all(|c| c.cubin.as_deref().is_some_and(is_cubin)),
+            "{p:?} {arch}: a part without device code"
+        );
+        let texts: Vec<String> = compiled.into_iter().map(|c| c.ptx).collect();
         for (i, text) in texts.iter().enumerate() {
             if let Some(dir) = std::env::var_os("NIWAKI_PTX_DUMP") {
                 let _ = std::fs::write(
@@ -238,4 +268,23 @@ fn the_q8_attention_kernel_has_the_warps_the_plan_launches() {
     // f16 one's come from the host): the plan's launch must match them.
     let define = format!("#define MW_WARPS {}\n", plan::ATTN_Q8_MMA_WARPS);
     assert!(source().contains(&define), "{define}");
+}
+
+/// NVRTC's device code is kept for a real architecture and absent for a virtual one; a
+/// compile error comes back with NVRTC's log (skipped without NVRTC).
+#[test]
+fn nvrtc_gives_device_code_for_real_architectures_only() {
+    // SAFETY: only checks whether the library can be opened.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        eprintln!("NVRTC not found: check skipped");
+        return;
+    }
+    let src = "extern \"C\" __global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }";
+    let real = nvrtc::compile("sm_90a", src, &options("sm_90a", &[])).unwrap();
+    assert!(real.ptx.contains(".entry k"));
+    assert!(real.cubin.as_deref().is_some_and(is_cubin));
+    let virt = nvrtc::compile("compute_90a", src, &options("compute_90a", &[])).unwrap();
+    assert!(virt.ptx.contains(".entry k") && virt.cubin.is_none());
+    let err = nvrtc::compile("sm_90a", "this is not C++", &options("sm_90a", &[])).unwrap_err();
+    assert!(err.to_string().contains("niwaki.cu"), "{err}");
 }

@@ -17,6 +17,7 @@ mod io;
 mod launch;
 mod matmul;
 mod memory;
+mod modules;
 mod open;
 mod quantize;
 mod settings;
@@ -47,8 +48,11 @@ pub struct Gpu {
     pub compile_secs: f64,
     pub from_cache: bool,
     /// Seconds the driver took to load the program's parts (its JIT of the PTX to the device's
-    /// code, unless its own cache has it).
+    /// code, unless its own cache has it or the part came as device code).
     pub load_secs: f64,
+    /// The program's parts loaded from NVRTC's device code rather than PTX
+    /// (`NIWAKI_CUDA_CUBIN`, [`crate::compile::LOAD_CUBIN`]).
+    pub device_code_parts: usize,
     /// Launch kernels with programmatic stream serialization (sm_90 and later; the kernels wait
     /// for their predecessor with `griddepcontrol.wait`). `NIWAKI_CUDA_PDL=0` turns it off.
     pdl: AtomicBool,

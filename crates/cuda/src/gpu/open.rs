@@ -66,28 +66,14 @@ impl Gpu {
         let defines = compile::program_defines(dims, smem_limit, trace_capacity);
         // In parts side by side, but whole where the kernels keep timeline records: the
         // timeline reads them from one module's symbols.
-        let (ptxs, from_cache) =
+        let (program, from_cache) =
             compile::nvrtc_compile(&info.arch(), &defines, trace_capacity == 0)?;
         let compile_secs = t.elapsed().as_secs_f64();
-        // Each kernel from the one part that emits it.
-        let parts = compile::kernel_parts(&ptxs)?;
         let t = std::time::Instant::now();
-        let mut modules = Vec::new();
-        let mut funcs = HashMap::new();
-        for (i, ptx) in ptxs.into_iter().enumerate() {
-            let module = ctx
-                .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
-                .ctx(|| "loading the kernels' PTX".into())?;
-            for (&k, _) in compile::KERNELS.iter().zip(&parts).filter(|(_, &p)| p == i) {
-                funcs.insert(
-                    k,
-                    module
-                        .load_function(k)
-                        .ctx(|| format!("finding kernel {k}"))?,
-                );
-            }
-            modules.push(module);
-        }
+        let device_code = knobs::flag("NIWAKI_CUDA_CUBIN", compile::LOAD_CUBIN);
+        let loaded = super::modules::load_parts(&ctx, program, device_code)?;
+        let (modules, funcs, device_code_parts) =
+            (loaded.modules, loaded.funcs, loaded.from_device_code);
         let load_secs = t.elapsed().as_secs_f64();
         let stream = ctx.new_stream().ctx(|| "creating a stream".into())?;
         let hopper = info.sm90();
@@ -204,6 +190,7 @@ impl Gpu {
             info,
             compile_secs,
             load_secs,
+            device_code_parts,
             from_cache,
             pdl: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_PDL", true)),
             gemv1: AtomicBool::new(hopper && knobs::flag("NIWAKI_CUDA_GEMV1", true)),
