@@ -48,7 +48,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
     let done = niwaki_cuda::compile::precompile(&dims, &a.arch, smem)
         .context("compiling the CUDA kernels")?;
     println!(
-        "{} parts {} in {:.1} s, in {} (NIWAKI_CUDA_CACHE there too on the GPU host)",
+        "{} parts {} in {:.1} s, {} with device code (NIWAKI_CUDA_CUBIN=1 loads it), in {} (NIWAKI_CUDA_CACHE there too on the GPU host)",
         done.parts,
         if done.cached {
             "already cached"
@@ -56,6 +56,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
             "compiled"
         },
         t.elapsed().as_secs_f64(),
+        done.device_code,
         done.dir.display()
     );
     Ok(ExitCode::SUCCESS)

@@ -127,11 +127,14 @@ pub fn smem_limit_of(arch: &str) -> Option<usize> {
     Some(kib << 10)
 }
 
-/// What [`precompile`] left: the cache folder, the parts and whether every one was already there.
+/// What [`precompile`] left: the cache folder, the parts, how many of them hold device code
+/// (for a real architecture, all but those cached before it was kept) and whether every one
+/// was already there.
 #[derive(Debug)]
 pub struct Precompiled {
     pub dir: PathBuf,
     pub parts: usize,
+    pub device_code: usize,
     pub cached: bool,
 }
 
@@ -150,6 +153,7 @@ pub fn precompile(dims: &Dims, arch: &str, smem_limit: usize) -> Result<Precompi
     Ok(Precompiled {
         dir,
         parts: parts.len(),
+        device_code: parts.iter().filter(|p| p.cubin.is_some()).count(),
         cached,
     })
 }
