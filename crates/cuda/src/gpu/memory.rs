@@ -190,9 +190,10 @@ impl Gpu {
     /// Device bytes of the stage-ordered scales [`Gpu::upload_packed`] makes beside `p` (0:
     /// none), for the load's memory check.
     pub fn stage_scale_need(&self, p: &Packed) -> usize {
-        match self.info.wgmma() {
-            true => plan::hgemm_stage_scale_bytes(p.format, p.rows, p.cols),
-            false => 0,
+        if self.info.wgmma() {
+            plan::hgemm_stage_scale_bytes(p.format, p.rows, p.cols)
+        } else {
+            0
         }
     }
 }

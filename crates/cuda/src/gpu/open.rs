@@ -71,9 +71,11 @@ impl Gpu {
         let compile_secs = t.elapsed().as_secs_f64();
         let t = std::time::Instant::now();
         let device_code = knobs::flag("NIWAKI_CUDA_CUBIN", compile::LOAD_CUBIN);
-        let loaded = super::modules::load_parts(&ctx, program, device_code)?;
-        let (modules, funcs, device_code_parts) =
-            (loaded.modules, loaded.funcs, loaded.from_device_code);
+        let super::modules::Loaded {
+            modules,
+            funcs,
+            from_device_code: device_code_parts,
+        } = super::modules::load_parts(&ctx, program, device_code)?;
         let load_secs = t.elapsed().as_secs_f64();
         let stream = ctx.new_stream().ctx(|| "creating a stream".into())?;
         let hopper = info.sm90();
