@@ -32,25 +32,36 @@ pub fn cache_dir() -> Option<PathBuf> {
 
 /// Returns the cached program for `key` or compiles it and stores it (a cache that cannot be
 /// written is not an error): `{key}.ptx`, and `{key}.cubin` beside it where there is device
-/// code. The flag says whether it came from the cache. A cached PTX without its device code (a
-/// cache written before the device code was kept) comes back without it.
+/// code. The flag says whether it came from the cache as it is returned.
+///
+/// A cached PTX without its device code (a cache written before the device code was kept)
+/// comes back as it is unless `refill`: then it is compiled again for the device code, once,
+/// and stored with it. Where that compilation fails (a GPU host without NVRTC, which the cache
+/// is there to spare) or gives no device code, the cached PTX still serves.
 pub fn load_or_compile(
     dir: Option<&Path>,
     key: &str,
+    refill: bool,
     compile: impl FnOnce() -> Result<Compiled>,
 ) -> Result<(Compiled, bool)> {
     let path = |ext: &str| dir.map(|d| d.join(format!("{key}.{ext}")));
-    if let Some(p) = path("ptx") {
-        if let Ok(ptx) = std::fs::read_to_string(&p) {
-            if ptx.contains(".entry") {
-                let cubin = path("cubin")
-                    .and_then(|c| std::fs::read(c).ok())
-                    .filter(|b| is_cubin(b));
-                return Ok((Compiled { ptx, cubin }, true));
-            }
-        }
-    }
-    let compiled = compile()?;
+    let cached = path("ptx")
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .filter(|ptx| ptx.contains(".entry"))
+        .map(|ptx| Compiled {
+            ptx,
+            cubin: path("cubin")
+                .and_then(|c| std::fs::read(c).ok())
+                .filter(|b| is_cubin(b)),
+        });
+    let compiled = match cached {
+        Some(c) if c.cubin.is_some() || !refill => return Ok((c, true)),
+        Some(c) => match compile() {
+            Ok(fresh) if fresh.cubin.is_some() => fresh,
+            _ => return Ok((c, true)),
+        },
+        None => compile()?,
+    };
     // The device code first: a reader that finds the PTX finds it too.
     if let Some(bin) = &compiled.cubin {
         store(path("cubin"), bin);

@@ -14,7 +14,7 @@ mod program;
 mod tests;
 
 pub use cache::*;
-pub use nvrtc::{is_cubin, Compiled};
+pub use nvrtc::{gives_device_code, is_cubin, Compiled};
 pub use program::*;
 
 /// Whether the backend loads the device code NVRTC made with the PTX (`NIWAKI_CUDA_CUBIN`),
@@ -148,8 +148,13 @@ pub fn precompile(dims: &Dims, arch: &str, smem_limit: usize) -> Result<Precompi
         CudaError::Unsupported("no cache folder: set NIWAKI_CUDA_CACHE or HOME".into())
     })?;
     let trace = crate::gpu::trace_capacity_from_env();
-    let (parts, cached) =
-        nvrtc_compile(arch, &program_defines(dims, smem_limit, trace), trace == 0)?;
+    // The cache is filled for a GPU host to load as it is: with the device code.
+    let (parts, cached) = nvrtc_compile(
+        arch,
+        &program_defines(dims, smem_limit, trace),
+        trace == 0,
+        true,
+    )?;
     Ok(Precompiled {
         dir,
         parts: parts.len(),
@@ -160,8 +165,14 @@ pub fn precompile(dims: &Dims, arch: &str, smem_limit: usize) -> Result<Precompi
 
 /// Compiles the program with NVRTC for `arch`, in [`PARTS`] side by side where `split` (else
 /// whole), each through the on-disk cache: the parts, and whether every one came from the
-/// cache.
-pub fn nvrtc_compile(arch: &str, defines: &[String], split: bool) -> Result<(Vec<Compiled>, bool)> {
+/// cache. With `device_code`, a cached part without its device code is compiled again for it
+/// where NVRTC can make it ([`load_or_compile`]'s `refill`).
+pub fn nvrtc_compile(
+    arch: &str,
+    defines: &[String],
+    split: bool,
+    device_code: bool,
+) -> Result<(Vec<Compiled>, bool)> {
     let sources: Vec<String> = if split {
         (0..PARTS).map(source_part).collect()
     } else {
@@ -172,6 +183,7 @@ pub fn nvrtc_compile(arch: &str, defines: &[String], split: bool) -> Result<(Vec
         &sources,
         &options(arch, defines),
         cache_dir().as_deref(),
+        device_code && gives_device_code(arch),
     )?;
     let cached = compiled.iter().all(|(_, c)| *c);
     Ok((compiled.into_iter().map(|(p, _)| p).collect(), cached))
@@ -211,19 +223,21 @@ pub fn kernel_parts<S: AsRef<str>>(ptxs: &[S]) -> Result<Vec<usize>> {
 }
 
 /// Compiles `sources` with `opts` side by side, each through the cache in `dir` (none: no
-/// cache): each compiled and whether it came from the cache, in order.
+/// cache; `refill` as [`load_or_compile`]'s): each compiled and whether it came from the
+/// cache, in order.
 pub fn compile_all(
     arch: &str,
     sources: &[String],
     opts: &[String],
     dir: Option<&Path>,
+    refill: bool,
 ) -> Result<Vec<(Compiled, bool)>> {
     std::thread::scope(|scope| {
         let running: Vec<_> = sources
             .iter()
             .map(|src| {
                 scope.spawn(move || {
-                    load_or_compile(dir, &cache_key(src, opts), || {
+                    load_or_compile(dir, &cache_key(src, opts), refill, || {
                         nvrtc::compile(arch, src, opts)
                     })
                 })

@@ -24,6 +24,12 @@ pub fn is_cubin(bytes: &[u8]) -> bool {
     bytes.starts_with(b"\x7fELF")
 }
 
+/// Whether NVRTC gives device code for `arch`: a real architecture (`sm_90a`), not a virtual
+/// one (`compute_90a`).
+pub fn gives_device_code(arch: &str) -> bool {
+    arch.starts_with("sm_")
+}
+
 /// Compiles `src` for `arch` with `opts`.
 pub fn compile(arch: &str, src: &str, opts: &[String]) -> Result<Compiled> {
     // SAFETY: only checks whether the shared library can be opened.
@@ -55,7 +61,7 @@ pub fn compile(arch: &str, src: &str, opts: &[String]) -> Result<Compiled> {
             });
         }
         let ptx = c_text(&result::get_ptx(prog.0).map_err(|e| failed("reading the PTX", e))?);
-        let cubin = if arch.starts_with("sm_") {
+        let cubin = if gives_device_code(arch) {
             let bin = get_cubin(prog.0).map_err(|e| failed("reading the device code", e))?;
             Some(bin).filter(|b| is_cubin(b))
         } else {

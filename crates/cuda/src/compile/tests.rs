@@ -104,29 +104,37 @@ fn the_cache_key_follows_source_and_options() {
     assert_eq!(a, cache_key("x", &options("sm_90", &["-DHD=256".into()])));
 }
 
+/// A compiled part of one kernel's PTX, with `cubin` as its device code.
+fn part(cubin: Option<&[u8]>) -> Compiled {
+    Compiled {
+        ptx: ".version 8.0\n.entry k()\n".to_string(),
+        cubin: cubin.map(<[u8]>::to_vec),
+    }
+}
+
+/// Device code as far as the cache can tell (an ELF image's magic number).
+const ELF: &[u8] = b"\x7fELF device code";
+
 #[test]
 fn compiled_ptx_is_cached_on_disk_and_reused() {
     let dir = std::env::temp_dir().join(format!("niwaki-cuda-test-{}", std::process::id()));
-    let ptx = ".version 8.0\n.entry k()\n".to_string();
-    let part = |cubin: Option<&[u8]>| Compiled {
-        ptx: ptx.clone(),
-        cubin: cubin.map(<[u8]>::to_vec),
-    };
-    let elf: &[u8] = b"\x7fELF device code";
+    let elf = ELF;
     // With device code: both come back from the cache.
-    let (got, cached) = load_or_compile(Some(&dir), "k1", || Ok(part(Some(elf)))).unwrap();
+    let (got, cached) = load_or_compile(Some(&dir), "k1", true, || Ok(part(Some(elf)))).unwrap();
     assert_eq!((got, cached), (part(Some(elf)), false));
-    let (got, cached) =
-        load_or_compile(Some(&dir), "k1", || panic!("must come from the cache")).unwrap();
+    let (got, cached) = load_or_compile(Some(&dir), "k1", true, || {
+        panic!("must come from the cache")
+    })
+    .unwrap();
     assert_eq!((got, cached), (part(Some(elf)), true));
     // Without (a virtual architecture): the PTX alone.
-    load_or_compile(Some(&dir), "k2", || Ok(part(None))).unwrap();
+    load_or_compile(Some(&dir), "k2", false, || Ok(part(None))).unwrap();
     assert!(!dir.join("k2.cubin").exists());
-    let (got, _) = load_or_compile(Some(&dir), "k2", || panic!("cached")).unwrap();
+    let (got, _) = load_or_compile(Some(&dir), "k2", false, || panic!("cached")).unwrap();
     assert_eq!(got, part(None));
     // A device-code file that is no ELF image is not taken for one.
     std::fs::write(dir.join("k2.cubin"), b"not device code").unwrap();
-    let (got, _) = load_or_compile(Some(&dir), "k2", || panic!("cached")).unwrap();
+    let (got, _) = load_or_compile(Some(&dir), "k2", false, || panic!("cached")).unwrap();
     assert_eq!(got, part(None));
     // No temporary file is left behind.
     let names: Vec<String> = std::fs::read_dir(&dir)
@@ -138,9 +146,35 @@ fn compiled_ptx_is_cached_on_disk_and_reused() {
 }
 
 #[test]
+fn a_cached_ptx_without_device_code_is_refilled_only_when_asked_and_possible() {
+    let dir = std::env::temp_dir().join(format!("niwaki-cuda-refill-{}", std::process::id()));
+    let elf = ELF;
+    // A cache written before the device code was kept: the PTX alone.
+    load_or_compile(Some(&dir), "k", false, || Ok(part(None))).unwrap();
+    // Not asked for: the PTX, without compiling.
+    let (got, cached) = load_or_compile(Some(&dir), "k", false, || panic!("cached")).unwrap();
+    assert_eq!((got, cached), (part(None), true));
+    // Asked for where NVRTC is missing, or gives none: still the cached PTX.
+    let (got, cached) = load_or_compile(Some(&dir), "k", true, || {
+        Err(CudaError::NoNvrtc("libnvrtc.so not found".into()))
+    })
+    .unwrap();
+    assert_eq!((got, cached), (part(None), true));
+    let (got, cached) = load_or_compile(Some(&dir), "k", true, || Ok(part(None))).unwrap();
+    assert_eq!((got, cached), (part(None), true));
+    assert!(!dir.join("k.cubin").exists());
+    // Asked for and made: compiled once, stored, and from the cache after.
+    let (got, cached) = load_or_compile(Some(&dir), "k", true, || Ok(part(Some(elf)))).unwrap();
+    assert_eq!((got, cached), (part(Some(elf)), false));
+    let (got, cached) = load_or_compile(Some(&dir), "k", true, || panic!("cached")).unwrap();
+    assert_eq!((got, cached), (part(Some(elf)), true));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn a_compile_error_is_passed_through_without_caching() {
     let dir = std::env::temp_dir().join(format!("niwaki-cuda-err-{}", std::process::id()));
-    let err = load_or_compile(Some(&dir), "bad", || {
+    let err = load_or_compile(Some(&dir), "bad", true, || {
         Err(CudaError::Compile {
             arch: "sm_90".into(),
             log: "boom".into(),
@@ -214,7 +248,7 @@ fn the_kernels_compile_for_hopper_when_nvrtc_is_present() {
             vec![source()]
         };
         let compiled: Vec<Compiled> =
-            match compile_all(arch, &sources, &options(arch, &defines), None) {
+            match compile_all(arch, &sources, &options(arch, &defines), None, false) {
                 Ok(c) => c.into_iter().map(|(part, _)| part).collect(),
                 Err(e) => panic!("{p:?} {arch}: {e}"),
             };

@@ -66,11 +66,11 @@ impl Gpu {
         let defines = compile::program_defines(dims, smem_limit, trace_capacity);
         // In parts side by side, but whole where the kernels keep timeline records: the
         // timeline reads them from one module's symbols.
+        let device_code = knobs::flag("NIWAKI_CUDA_CUBIN", compile::LOAD_CUBIN);
         let (program, from_cache) =
-            compile::nvrtc_compile(&info.arch(), &defines, trace_capacity == 0)?;
+            compile::nvrtc_compile(&info.arch(), &defines, trace_capacity == 0, device_code)?;
         let compile_secs = t.elapsed().as_secs_f64();
         let t = std::time::Instant::now();
-        let device_code = knobs::flag("NIWAKI_CUDA_CUBIN", compile::LOAD_CUBIN);
         let super::modules::Loaded {
             modules,
             funcs,
