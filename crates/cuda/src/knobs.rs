@@ -127,6 +127,8 @@ const KNOBS: &[(&str, Takes)] = &[
     ("NIWAKI_CUDA_RING_LATE", Takes::OnOff),
     ("NIWAKI_CUDA_RUN_AHEAD", Takes::OnOff),
     ("NIWAKI_CUDA_SHARE_UNROLL", Takes::OneOf(&SHARE_UNROLL)),
+    // Short passes' f16 GEMMs in `plan::SHORT_PASS_SPLITS` K splits (`plan::SHORT_PASS_SPLITS_ON`).
+    ("NIWAKI_CUDA_SHORT_PASS_SPLITS", Takes::OnOff),
     // A measurement only: kernels a one-token pass leaves out (`plan::Skip`).
     ("NIWAKI_CUDA_SKIP", Takes::OneOf(&crate::plan::Skip::WORDS)),
     // Passes of up to this many tokens run token by token (default: `plan::short_passes`).

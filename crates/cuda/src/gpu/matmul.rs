@@ -170,7 +170,7 @@ impl Gpu {
             if set > 0 && plan::gemm_split_fits(m.rows, m.cols, io.ntok, kernel, set, cap) {
                 set
             } else {
-                let pdl_pass = plan::SHORT_PASS_SPLITS_ON && self.launches_with_pdl();
+                let pdl_pass = self.short_pass_splits && self.launches_with_pdl();
                 plan::gemm_splits(m.rows, m.cols, io.ntok, kernel, sms, cap, pdl_pass)
             }
         });

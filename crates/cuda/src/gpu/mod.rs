@@ -128,6 +128,10 @@ pub struct Gpu {
     /// Whether the f16 GEMM's blocks ask the L2 cache for the rest of their codes before their
     /// wait (`NIWAKI_CUDA_HGEMM_L2_AHEAD`; default [`plan::HGEMM_L2_AHEAD`]).
     hgemm_l2_ahead: bool,
+    /// Whether the f16 GEMM of a pass launched with programmatic dependent launch takes
+    /// [`plan::SHORT_PASS_SPLITS`] K splits where they fit (`NIWAKI_CUDA_SHORT_PASS_SPLITS`;
+    /// default [`plan::SHORT_PASS_SPLITS_ON`]).
+    short_pass_splits: bool,
     /// The GEMM kernel set by [`Gpu::set_gemm_kernel`] (none: each matrix gets
     /// [`plan::GemmKernel::preferred`]).
     gemm_kernel: Mutex<Option<plan::GemmKernel>>,

@@ -320,6 +320,10 @@ impl Gpu {
                 plan::EARLY_TILES,
             )),
             hgemm_l2_ahead: knobs::flag("NIWAKI_CUDA_HGEMM_L2_AHEAD", plan::HGEMM_L2_AHEAD),
+            short_pass_splits: knobs::flag(
+                "NIWAKI_CUDA_SHORT_PASS_SPLITS",
+                plan::SHORT_PASS_SPLITS_ON,
+            ),
             hgemm_narrow: AtomicBool::new(knobs::flag(
                 "NIWAKI_CUDA_HGEMM_NARROW",
                 plan::HGEMM_NARROW,

@@ -451,7 +451,8 @@ pub fn block_slots(kernel: GemmKernel, ntok: usize, sms: usize) -> usize {
 
 /// K splits for a GEMM of `rows × cols` over `ntok` tokens with `kernel` on `sms`
 /// multiprocessors, with room for `cap` partial floats. For the f16 GEMM in a `pdl_pass` (one
-/// launched with programmatic dependent launch, where [`SHORT_PASS_SPLITS_ON`]; never for
+/// launched with programmatic dependent launch, where [`SHORT_PASS_SPLITS_ON`] or
+/// `NIWAKI_CUDA_SHORT_PASS_SPLITS=1`; never for
 /// [`GemmKernel::preferred`]'s weighing of the warpgroups, which were measured as it picks
 /// them), [`SHORT_PASS_SPLITS`] where they fit. Otherwise one, unless its tiles fill less than
 /// 90% of the block slots the waves they take offer (5120 output rows at 256 tokens are 80
@@ -518,8 +519,9 @@ pub fn gemm_split_fits(
 /// stages of weights before they wait for the kernel before them. Taken only where
 /// [`SHORT_PASS_SPLITS_ON`].
 pub const SHORT_PASS_SPLITS: usize = 6;
-/// Whether short passes take [`SHORT_PASS_SPLITS`]: not until the harness's GEMM checks (which
-/// run every kernel six ways split too) have passed with it on a device.
+/// Whether short passes take [`SHORT_PASS_SPLITS`] (`NIWAKI_CUDA_SHORT_PASS_SPLITS` sets it at
+/// start): not until the harness's GEMM checks (which run every kernel six ways split too) have
+/// passed with it on a device.
 pub const SHORT_PASS_SPLITS_ON: bool = false;
 
 /// Grid of a GEMM launch: token tiles (x) by row tiles (y).
