@@ -5,9 +5,9 @@
 # change to a hot loop moves, to compare two builds' caches before a device measures them.
 # Usage: crates/cuda/sass.sh CACHE_DIR KERNEL...
 #   CACHE_DIR: a kernel cache holding device code, best of one model's program (a fresh
-#   NIWAKI_CUDA_CACHE for `niwaki kernels --model F`). cuobjdump and nvdisasm are taken from PATH, else from the nvidia-cuda-cuobjdump
-#   and nvidia-cuda-nvdisasm wheels on PyPI, installed once into CUDA_TOOLS_DIR (default
-#   ~/.cache/niwaki/cuda-tools; SASS_TOOLS_VERSION, default 13.2.78 and 13.2.86, picks them).
+#   NIWAKI_CUDA_CACHE for `niwaki kernels --model F`). cuobjdump and nvdisasm are taken from
+#   PATH, else from the nvidia-cuda-cuobjdump 13.2.86 and nvidia-cuda-nvdisasm 13.2.78 wheels on
+#   PyPI, unpacked once into CUDA_TOOLS_DIR (default ~/.cache/niwaki/cuda-tools).
 set -euo pipefail
 cache=${1:?usage: sass.sh CACHE_DIR KERNEL...}
 shift
@@ -17,8 +17,7 @@ if ! command -v cuobjdump >/dev/null || ! command -v nvdisasm >/dev/null; then
     if ! ls "$tools"/nvidia/cu*/bin/nvdisasm >/dev/null 2>&1; then
         wheels=$(mktemp -d)
         python3 -m pip download -q --no-deps -d "$wheels" \
-            "nvidia-cuda-cuobjdump==${SASS_TOOLS_VERSION:-13.2.86}" \
-            "nvidia-cuda-nvdisasm==${SASS_TOOLS_VERSION:-13.2.78}"
+            "nvidia-cuda-cuobjdump==13.2.86" "nvidia-cuda-nvdisasm==13.2.78"
         mkdir -p "$tools"
         # Unzipped rather than installed: the two wheels share their `nvidia/` folder.
         for w in "$wheels"/*.whl; do python3 -m zipfile -e "$w" "$tools"; done
@@ -32,8 +31,12 @@ cubins=("$cache"/*.cubin)
 [ ${#cubins[@]} -gt 0 ] || { echo "no device code (.cubin) in $cache" >&2; exit 2; }
 for k in "$@"; do
     holders=()
+    sass=
     for c in "${cubins[@]}"; do
-        cuobjdump -sass -fun "$k" "$c" 2>/dev/null | grep -q "Function : $k\$" && holders+=("$c")
+        s=$(cuobjdump -sass -fun "$k" "$c" 2>/dev/null)
+        grep -q "Function : $k\$" <<<"$s" || continue
+        holders+=("$c")
+        [ -n "$sass" ] || sass=$s
     done
     [ ${#holders[@]} -gt 0 ] || { echo "$k: in none of the device code in $cache" >&2; continue; }
     found=${holders[0]}
@@ -42,7 +45,7 @@ for k in "$@"; do
     # (a fresh NIWAKI_CUDA_CACHE for `niwaki kernels --model F`) says which is which.
     [ ${#holders[@]} -eq 1 ] || echo "   (in ${#holders[@]} parts of $cache: the first is shown)"
     cuobjdump -res-usage "$found" 2>/dev/null | grep -A1 "Function $k:" | tail -1 | sed 's/^ */   /'
-    cuobjdump -sass -fun "$k" "$found" | python3 -c '
+    python3 -c '
 import re, sys, collections
 ins = []  # (address, opcode, branch target or None)
 for line in sys.stdin:
@@ -64,5 +67,5 @@ for lo, hi in sorted(inner):
     if not any(op in mult for _, op, _ in body):
         continue
     print("   loop %04x-%04x: %d instructions a pass: %s" % (lo, hi, len(body), census(body)))
-'
+' <<<"$sass"
 done
