@@ -452,12 +452,12 @@ pub fn block_slots(kernel: GemmKernel, ntok: usize, sms: usize) -> usize {
 /// K splits for a GEMM of `rows × cols` over `ntok` tokens with `kernel` on `sms`
 /// multiprocessors, with room for `cap` partial floats. For the f16 GEMM in a `pdl_pass` (one
 /// launched with programmatic dependent launch, where [`SHORT_PASS_SPLITS_ON`] or
-/// `NIWAKI_CUDA_SHORT_PASS_SPLITS=1`; never for
-/// [`GemmKernel::preferred`]'s weighing of the warpgroups, which were measured as it picks
-/// them), [`SHORT_PASS_SPLITS`] where they fit. Otherwise one, unless its tiles fill less than
-/// 90% of the block slots the waves they take offer (5120 output rows at 256 tokens are 80
-/// blocks for 132 slots, 61%: three splits make it 240 of 264); then the fewest splits that
-/// reach 90%, or the best fill. Every split keeps at least two pipeline stages.
+/// `NIWAKI_CUDA_SHORT_PASS_SPLITS=1`; never for [`GemmKernel::preferred`]'s weighing of the
+/// warpgroups, which were measured as it picks them), [`SHORT_PASS_SPLITS`] where they fit.
+/// Otherwise one, unless its tiles fill less than 90% of the block slots the waves they take
+/// offer (5120 output rows at 256 tokens are 80 blocks for 132 slots, 61%: three splits make it
+/// 240 of 264); then the fewest splits that reach 90%, or the best fill. Every split keeps at
+/// least two pipeline stages.
 pub fn gemm_splits(
     rows: usize,
     cols: usize,
@@ -517,7 +517,7 @@ pub fn gemm_split_fits(
 /// 8.81-8.96, Q2_0 10.02-10.04 against 9.36-9.74), as were 6 and 8 splits at 8 and 12 tokens in
 /// an earlier call: the splits' gain goes with PDL, each split's blocks asking for their first
 /// stages of weights before they wait for the kernel before them. Taken only where
-/// [`SHORT_PASS_SPLITS_ON`].
+/// [`SHORT_PASS_SPLITS_ON`] or `NIWAKI_CUDA_SHORT_PASS_SPLITS=1`.
 pub const SHORT_PASS_SPLITS: usize = 6;
 /// Whether short passes take [`SHORT_PASS_SPLITS`] (`NIWAKI_CUDA_SHORT_PASS_SPLITS` sets it at
 /// start): not until the harness's GEMM checks (which run every kernel six ways split too) have
