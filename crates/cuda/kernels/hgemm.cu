@@ -36,9 +36,10 @@
 // stage's two of the block's rows lie together: stage_scales.rs) and the activations as two
 // boxes of 128 tokens × 64 values in the 128-byte swizzle wgmma reads directly — against the
 // stage's `full` barrier; each warp arrives on the stage's `empty` barrier once its MMAs on it
-// are done, and the issuing thread waits for that before reusing the buffer. (Copies made by every thread with cp.async, and a
-// block barrier per stage, took twice as long: MIO throttle and barrier stalls.) With 128-value
-// blocks every thread loads its own weight scales HG_STAGES − 2 stages ahead into its own slot.
+// are done, and the issuing thread waits for that before reusing the buffer. (Copies made by
+// every thread with cp.async, and a block barrier per stage, took twice as long: MIO throttle
+// and barrier stalls.) With 128-value blocks every thread loads its own weight scales
+// HG_STAGES − 2 stages ahead into its own slot.
 // Rows must be whole stages (columns a multiple of 128, plan::hgemm_takes); tokens and rows
 // past the ends arrive as zeros (the stage-ordered scales' rows are padded to every block's
 // end: staged_rows, plan::hgemm_stage_scale_rows). A grid's z index splits K (gemm_reduce adds
@@ -188,8 +189,7 @@ __device__ __forceinline__ void hg_store(float* acc, int row0, int rbase, int to
 }
 
 template <int FMT, int WG, int BN>
-__device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const unsigned char* __restrict__ codes,
-                                           int l2_ahead, const u16* __restrict__ scales,
+__device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const u16* __restrict__ scales,
                                            const u16* __restrict__ staged, int staged_rows, int rows, int cols,
                                                const TmaMap& xmap, int ntok, float* __restrict__ out, int out_stride,
                                                int accumulate, long long zstride) {
@@ -317,14 +317,6 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const unsigned ch
                 snext += SPS;
             }
     }
-    // Opt-in (plan::HGEMM_L2_AHEAD): the rest of this block's codes asked of the L2 cache
-    // before the wait too, a row a thread (a row's stages lie together), so that the ring
-    // finds them there rather than in memory.
-    if (l2_ahead && tid < BM && row0 + tid < rows && st0 + D < st1) {
-        const unsigned char* p = codes + (size_t)(row0 + tid) * nst * ROWB + (size_t)(st0 + D) * ROWB;
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((u32)((st1 - st0 - D) * ROWB))
-                     : "memory");
-    }
     pdl_wait();
     if (tid == 0)
         for (int s = st0; s < min(st0 + D, st1); s++) issue_acts(s, s - st0);
@@ -388,23 +380,21 @@ __device__ __forceinline__ void hgemm_body(const TmaMap& wmap, const unsigned ch
     hg_store<BN>(acc, row0, rbase, tok0, t, rows, ntok, out, out_stride, accumulate);
 }
 #define HGEMM_CALL(FMT, WG, BN) \
-    hgemm_body<FMT, WG, BN>(wmap, codes, l2_ahead, scales, staged, staged_rows, rows, cols, xmap, ntok, out, \
-                            out_stride, accumulate, zstride)
+    hgemm_body<FMT, WG, BN>(wmap, scales, staged, staged_rows, rows, cols, xmap, ntok, out, out_stride, accumulate, \
+                            zstride)
 #else
 #define HGEMM_CALL(FMT, WG, BN) __trap()
 #endif
 
 // grid (ceil(ntok / BN), ceil(rows / (64·WG)), K splits), block 128·WG; the codes and the
-// activations as tensor maps (plan/gemm.rs: hgemm_weight_tile, hgemm_act_tile), the codes also
-// by address for the opt-in L2 requests (l2_ahead: plan::HGEMM_L2_AHEAD); dynamic shared
+// activations as tensor maps (plan/gemm.rs: hgemm_weight_tile, hgemm_act_tile); dynamic shared
 // memory HG_STAGES stages + HG_TMA_EXTRA (GemmKernel::smem_bytes). 16-token tiles are bound to
 // registers for two blocks a multiprocessor (plan::F16_TWO_BLOCK_TOKENS), wider ones hold one
 // (their registers). A variant per format, warpgroups and tokens a block (BN: 128 for long
 // passes, fewer for short ones, whose MMAs on tokens past the pass's end would be wasted).
 #define HGEMM_KERNEL(name, FMT, WG, BN)                                                              \
     ENTRY __global__ void __launch_bounds__(WG * 128, BN == 16 ? 2 : 1)                              \
-        name(const __grid_constant__ TmaMap wmap, const unsigned char* __restrict__ codes, int l2_ahead,    \
-             const u16* __restrict__ scales,                                                              \
+        name(const __grid_constant__ TmaMap wmap, const u16* __restrict__ scales,                         \
              const u16* __restrict__ staged, int staged_rows, int rows, int cols,                         \
              const __grid_constant__ TmaMap xmap, int ntok, float* __restrict__ out, int out_stride,      \
              int accumulate, long long zstride) {                                                        \

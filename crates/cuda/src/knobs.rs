@@ -114,9 +114,6 @@ const KNOBS: &[(&str, Takes)] = &[
     ("NIWAKI_CUDA_GEMM_SPLITS", Takes::Number),
     ("NIWAKI_CUDA_GEMV1", Takes::OnOff),
     ("NIWAKI_CUDA_GEMV1_SHARE", Takes::OnOff),
-    // A measurement: the f16 GEMM's blocks ask the L2 cache for the rest of their codes before
-    // their wait (`plan::HGEMM_L2_AHEAD`).
-    ("NIWAKI_CUDA_HGEMM_L2_AHEAD", Takes::OnOff),
     // The f16 GEMM's narrower tiles for short passes (on by default).
     ("NIWAKI_CUDA_HGEMM_NARROW", Takes::OnOff),
     ("NIWAKI_CUDA_MMA", Takes::OnOff),

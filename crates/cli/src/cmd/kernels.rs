@@ -48,7 +48,7 @@ pub fn main(a: Args) -> Result<ExitCode> {
     let done = niwaki_cuda::compile::precompile(&dims, &a.arch, smem)
         .context("compiling the CUDA kernels")?;
     println!(
-        "{} parts {} in {:.1} s, {} with device code (NIWAKI_CUDA_CUBIN=1 loads it), in {} (NIWAKI_CUDA_CACHE there too on the GPU host)",
+        "{} parts {} in {:.1} s, {} with device code (loaded as it is; NIWAKI_CUDA_CUBIN=0 loads the PTX), in {} (NIWAKI_CUDA_CACHE there too on the GPU host)",
         done.parts,
         if done.cached {
             "already cached"

@@ -20,10 +20,12 @@ pub use program::*;
 /// Whether the backend loads the device code NVRTC made with the PTX (`NIWAKI_CUDA_CUBIN`),
 /// rather than the PTX for the driver to compile again at every start its own cache misses:
 /// NVRTC assembles the device code anyway when compiling for a real architecture (`sm_90a`),
-/// so keeping it costs nothing, and a 27B program's PTX took the driver 16-24 s to compile on
-/// the H200. Off until a device has run the two side by side: NVRTC's assembler and the
-/// driver's may be of different releases, so the same tokens and speed are to be shown first.
-pub const LOAD_CUBIN: bool = false;
+/// so keeping it costs nothing. On an H100 (driver 580.159.04, device code from NVRTC
+/// 13.0.88), the 27B synthetic Q1_0 file's program loaded in 0.02 s against 4.72 s from its
+/// PTX on a fresh host, and tg128 gave the same tokens at the same speed (433.3-433.5 against
+/// 433.7 tok/s; Q2_0 295.8-296.1 against 296.0-296.2). A part whose device code the driver
+/// refuses (one from a newer NVRTC) is loaded from its PTX, with a warning.
+pub const LOAD_CUBIN: bool = true;
 
 /// NVRTC options for an architecture (`sm_90`) and the model's shape defines.
 pub fn options(arch: &str, defines: &[String]) -> Vec<String> {

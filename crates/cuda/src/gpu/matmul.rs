@@ -146,8 +146,6 @@ impl Gpu {
                 (
                     vec![
                         Arg::Map(Box::new(tma::encode(m.codes.ptr, &w)?)),
-                        Arg::Ptr(m.codes.ptr),
-                        Arg::I32(i32::from(self.hgemm_l2_ahead)),
                         Arg::Ptr(m.scales.ptr),
                         Arg::Ptr(staged),
                         Arg::I32(plan::hgemm_stage_scale_rows(m.rows) as i32),

@@ -125,9 +125,6 @@ pub struct Gpu {
     /// Whether the f16 GEMM takes narrower tiles for short passes (`NIWAKI_CUDA_HGEMM_NARROW`;
     /// default [`plan::HGEMM_NARROW`]).
     hgemm_narrow: AtomicBool,
-    /// Whether the f16 GEMM's blocks ask the L2 cache for the rest of their codes before their
-    /// wait (`NIWAKI_CUDA_HGEMM_L2_AHEAD`; default [`plan::HGEMM_L2_AHEAD`]).
-    hgemm_l2_ahead: bool,
     /// Whether the f16 GEMM of a pass launched with programmatic dependent launch takes
     /// [`plan::SHORT_PASS_SPLITS`] K splits where they fit (`NIWAKI_CUDA_SHORT_PASS_SPLITS`;
     /// default [`plan::SHORT_PASS_SPLITS_ON`]).

@@ -319,7 +319,6 @@ impl Gpu {
                 "NIWAKI_CUDA_EARLY_TILES",
                 plan::EARLY_TILES,
             )),
-            hgemm_l2_ahead: knobs::flag("NIWAKI_CUDA_HGEMM_L2_AHEAD", plan::HGEMM_L2_AHEAD),
             short_pass_splits: knobs::flag(
                 "NIWAKI_CUDA_SHORT_PASS_SPLITS",
                 plan::SHORT_PASS_SPLITS_ON,

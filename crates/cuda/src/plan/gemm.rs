@@ -120,12 +120,6 @@ pub const fn hgemm_stage_bytes(wg: usize, tokens: usize) -> usize {
 /// 19.46 / 20.19).
 pub const HGEMM_NARROW: bool = true;
 
-/// Whether each f16-GEMM block asks the L2 cache for the rest of its codes (past its ring's
-/// first stages) before its wait for the kernel before it (`NIWAKI_CUDA_HGEMM_L2_AHEAD`).
-/// Built, not yet measured: off. Six K splits, whose blocks request six times the first
-/// stages before their waits, made passes launched with PDL 4-8% faster.
-pub const HGEMM_L2_AHEAD: bool = false;
-
 /// The tokens of the f16 GEMM's tile for a pass of `ntok`: the fewest that hold them all, else
 /// the widest.
 pub fn hgemm_tokens_for(ntok: usize) -> usize {
@@ -520,9 +514,12 @@ pub fn gemm_split_fits(
 /// [`SHORT_PASS_SPLITS_ON`] or `NIWAKI_CUDA_SHORT_PASS_SPLITS=1`.
 pub const SHORT_PASS_SPLITS: usize = 6;
 /// Whether short passes take [`SHORT_PASS_SPLITS`] (`NIWAKI_CUDA_SHORT_PASS_SPLITS` sets it at
-/// start): not until the harness's GEMM checks (which run every kernel six ways split too) have
-/// passed with it on a device.
-pub const SHORT_PASS_SPLITS_ON: bool = false;
+/// start). On: the harness's GEMM checks (every kernel six ways split too) and its steps check
+/// with every GEMM six ways split passed on an H100, where `niwaki bench -p N -n 0 -r 3` on the
+/// 27B synthetic files, two rounds, gave tok/s with the rule against without: Q1_0 557 / 692 /
+/// 817-820 against 520-527 / 660-667 / 776-782 at 4 / 5 / 6 tokens, Q2_0 502-507 / 626-630 /
+/// 747 against 457-465 / 582-583 / 693-699; level at 2 and 3 tokens and past [`PDL_TOKENS`].
+pub const SHORT_PASS_SPLITS_ON: bool = true;
 
 /// Grid of a GEMM launch: token tiles (x) by row tiles (y).
 pub fn gemm_grid(rows: usize, ntok: usize, kernel: GemmKernel) -> (usize, usize) {
