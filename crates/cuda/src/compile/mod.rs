@@ -175,20 +175,34 @@ pub fn nvrtc_compile(
     split: bool,
     device_code: bool,
 ) -> Result<(Vec<Compiled>, bool)> {
-    let sources: Vec<String> = if split {
-        (0..PARTS).map(source_part).collect()
-    } else {
-        vec![source()]
-    };
     let compiled = compile_all(
         arch,
-        &sources,
+        &sources(split),
         &options(arch, defines),
         cache_dir().as_deref(),
         device_code && gives_device_code(arch),
     )?;
     let cached = compiled.iter().all(|(_, c)| *c);
     Ok((compiled.into_iter().map(|(p, _)| p).collect(), cached))
+}
+
+/// Whether [`nvrtc_compile`] with these arguments finds every part in the cache, and so
+/// compiles nothing: what a start tells before a wait of seconds.
+pub fn program_cached(arch: &str, defines: &[String], split: bool, device_code: bool) -> bool {
+    let (dir, opts) = (cache_dir(), options(arch, defines));
+    let refill = device_code && gives_device_code(arch);
+    sources(split)
+        .iter()
+        .all(|src| is_cached(dir.as_deref(), &cache_key(src, &opts), refill))
+}
+
+/// The program's sources: its [`PARTS`] where `split`, else the whole.
+fn sources(split: bool) -> Vec<String> {
+    if split {
+        (0..PARTS).map(source_part).collect()
+    } else {
+        vec![source()]
+    }
 }
 
 /// For each of [`KERNELS`], the index of the one PTX of `ptxs` (a program's parts) that emits

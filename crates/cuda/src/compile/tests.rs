@@ -149,8 +149,11 @@ fn compiled_ptx_is_cached_on_disk_and_reused() {
 fn a_cached_ptx_without_device_code_is_refilled_only_when_asked_and_possible() {
     let dir = std::env::temp_dir().join(format!("niwaki-cuda-refill-{}", std::process::id()));
     let elf = ELF;
+    assert!(!is_cached(Some(&dir), "k", false));
     // A cache written before the device code was kept: the PTX alone.
     load_or_compile(Some(&dir), "k", false, || Ok(part(None))).unwrap();
+    assert!(is_cached(Some(&dir), "k", false));
+    assert!(!is_cached(Some(&dir), "k", true));
     // Not asked for: the PTX, without compiling.
     let (got, cached) = load_or_compile(Some(&dir), "k", false, || panic!("cached")).unwrap();
     assert_eq!((got, cached), (part(None), true));
@@ -166,6 +169,7 @@ fn a_cached_ptx_without_device_code_is_refilled_only_when_asked_and_possible() {
     // Asked for and made: compiled once, stored, and from the cache after.
     let (got, cached) = load_or_compile(Some(&dir), "k", true, || Ok(part(Some(elf)))).unwrap();
     assert_eq!((got, cached), (part(Some(elf)), false));
+    assert!(is_cached(Some(&dir), "k", true));
     let (got, cached) = load_or_compile(Some(&dir), "k", true, || panic!("cached")).unwrap();
     assert_eq!((got, cached), (part(Some(elf)), true));
     std::fs::remove_dir_all(&dir).unwrap();
@@ -242,13 +246,8 @@ fn the_kernels_compile_for_hopper_when_nvrtc_is_present() {
         // sm_90a as an H100/H200 compiles them (with the warpgroup MMA of the f16 GEMM).
         // The 27B's first in parts, as the backend compiles it, the others whole.
         let split = p == Preset::B27 && ring == ATTN_RING_POSITIONS;
-        let sources: Vec<String> = if split {
-            (0..PARTS).map(source_part).collect()
-        } else {
-            vec![source()]
-        };
         let compiled: Vec<Compiled> =
-            match compile_all(arch, &sources, &options(arch, &defines), None, false) {
+            match compile_all(arch, &sources(split), &options(arch, &defines), None, false) {
                 Ok(c) => c.into_iter().map(|(part, _)| part).collect(),
                 Err(e) => panic!("{p:?} {arch}: {e}"),
             };
