@@ -61,8 +61,8 @@ pub fn load_or_compile(
     Ok((compiled, false))
 }
 
-/// Whether [`load_or_compile`] with these arguments returns the cached program without
-/// compiling it (it may still compile where NVRTC turns out to be missing: then it does not).
+/// Whether [`load_or_compile`] with these arguments returns the cached program without trying
+/// to compile it first.
 pub fn is_cached(dir: Option<&Path>, key: &str, refill: bool) -> bool {
     read_cached(dir, key).is_some_and(|c| c.cubin.is_some() || !refill)
 }
