@@ -61,12 +61,6 @@ pub fn load_or_compile(
     Ok((compiled, false))
 }
 
-/// Whether [`load_or_compile`] with these arguments returns the cached program without trying
-/// to compile it first.
-pub fn is_cached(dir: Option<&Path>, key: &str, refill: bool) -> bool {
-    read_cached(dir, key).is_some_and(|c| c.cubin.is_some() || !refill)
-}
-
 /// The cached program for `key`: its PTX, where it holds a kernel, and its device code where
 /// the file is an image.
 fn read_cached(dir: Option<&Path>, key: &str) -> Option<Compiled> {

@@ -151,11 +151,13 @@ pub fn precompile(dims: &Dims, arch: &str, smem_limit: usize) -> Result<Precompi
     })?;
     let trace = crate::gpu::trace_capacity_from_env();
     // The cache is filled for a GPU host to load as it is: with the device code.
+    // Its caller says what it compiles (`niwaki kernels`): nothing to announce.
     let (parts, cached) = nvrtc_compile(
         arch,
         &program_defines(dims, smem_limit, trace),
         trace == 0,
         true,
+        &|| {},
     )?;
     Ok(Precompiled {
         dir,
@@ -168,12 +170,13 @@ pub fn precompile(dims: &Dims, arch: &str, smem_limit: usize) -> Result<Precompi
 /// Compiles the program with NVRTC for `arch`, in [`PARTS`] side by side where `split` (else
 /// whole), each through the on-disk cache: the parts, and whether every one came from the
 /// cache. With `device_code`, a cached part without its device code is compiled again for it
-/// where NVRTC can make it ([`load_or_compile`]'s `refill`).
+/// where NVRTC can make it ([`load_or_compile`]'s `refill`). `announce` as [`compile_all`]'s.
 pub fn nvrtc_compile(
     arch: &str,
     defines: &[String],
     split: bool,
     device_code: bool,
+    announce: &(dyn Fn() + Sync),
 ) -> Result<(Vec<Compiled>, bool)> {
     let compiled = compile_all(
         arch,
@@ -181,19 +184,10 @@ pub fn nvrtc_compile(
         &options(arch, defines),
         cache_dir().as_deref(),
         device_code && gives_device_code(arch),
+        announce,
     )?;
     let cached = compiled.iter().all(|(_, c)| *c);
     Ok((compiled.into_iter().map(|(p, _)| p).collect(), cached))
-}
-
-/// Whether [`nvrtc_compile`] with these arguments finds every part in the cache, and so
-/// compiles nothing: what a start tells before a wait of seconds.
-pub fn program_cached(arch: &str, defines: &[String], split: bool, device_code: bool) -> bool {
-    let (dir, opts) = (cache_dir(), options(arch, defines));
-    let refill = device_code && gives_device_code(arch);
-    sources(split)
-        .iter()
-        .all(|src| is_cached(dir.as_deref(), &cache_key(src, &opts), refill))
 }
 
 /// The program's sources: its [`PARTS`] where `split`, else the whole.
@@ -240,13 +234,15 @@ pub fn kernel_parts<S: AsRef<str>>(ptxs: &[S]) -> Result<Vec<usize>> {
 
 /// Compiles `sources` with `opts` side by side, each through the cache in `dir` (none: no
 /// cache; `refill` as [`load_or_compile`]'s): each compiled and whether it came from the
-/// cache, in order.
+/// cache, in order. `announce` is called before each part the cache does not give (a compile
+/// takes seconds), from the compiling threads.
 pub fn compile_all(
     arch: &str,
     sources: &[String],
     opts: &[String],
     dir: Option<&Path>,
     refill: bool,
+    announce: &(dyn Fn() + Sync),
 ) -> Result<Vec<(Compiled, bool)>> {
     std::thread::scope(|scope| {
         let running: Vec<_> = sources
@@ -254,6 +250,7 @@ pub fn compile_all(
             .map(|src| {
                 scope.spawn(move || {
                     load_or_compile(dir, &cache_key(src, opts), refill, || {
+                        announce();
                         nvrtc::compile(arch, src, opts)
                     })
                 })

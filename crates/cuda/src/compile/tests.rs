@@ -149,11 +149,8 @@ fn compiled_ptx_is_cached_on_disk_and_reused() {
 fn a_cached_ptx_without_device_code_is_refilled_only_when_asked_and_possible() {
     let dir = std::env::temp_dir().join(format!("niwaki-cuda-refill-{}", std::process::id()));
     let elf = ELF;
-    assert!(!is_cached(Some(&dir), "k", false));
     // A cache written before the device code was kept: the PTX alone.
     load_or_compile(Some(&dir), "k", false, || Ok(part(None))).unwrap();
-    assert!(is_cached(Some(&dir), "k", false));
-    assert!(!is_cached(Some(&dir), "k", true));
     // Not asked for: the PTX, without compiling.
     let (got, cached) = load_or_compile(Some(&dir), "k", false, || panic!("cached")).unwrap();
     assert_eq!((got, cached), (part(None), true));
@@ -169,9 +166,49 @@ fn a_cached_ptx_without_device_code_is_refilled_only_when_asked_and_possible() {
     // Asked for and made: compiled once, stored, and from the cache after.
     let (got, cached) = load_or_compile(Some(&dir), "k", true, || Ok(part(Some(elf)))).unwrap();
     assert_eq!((got, cached), (part(Some(elf)), false));
-    assert!(is_cached(Some(&dir), "k", true));
     let (got, cached) = load_or_compile(Some(&dir), "k", true, || panic!("cached")).unwrap();
     assert_eq!((got, cached), (part(Some(elf)), true));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_compile_is_announced_only_where_the_cache_does_not_give_the_part() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = std::env::temp_dir().join(format!("niwaki-cuda-announce-{}", std::process::id()));
+    let (arch, opts) = ("sm_90a", options("sm_90a", &[]));
+    let src = |k: &str| format!("extern \"C\" __global__ void {k}() {{}}\n");
+    let (whole, ptx_only, missing) = (src("a"), src("b"), src("c"));
+    let told = AtomicUsize::new(0);
+    let announce = || {
+        told.fetch_add(1, Ordering::Relaxed);
+    };
+    let run = |srcs: &[String], refill: bool| {
+        told.store(0, Ordering::Relaxed);
+        let got = compile_all(arch, srcs, &opts, Some(&dir), refill, &announce);
+        (got, told.load(Ordering::Relaxed))
+    };
+    load_or_compile(Some(&dir), &cache_key(&whole, &opts), false, || {
+        Ok(part(Some(ELF)))
+    })
+    .unwrap();
+    load_or_compile(Some(&dir), &cache_key(&ptx_only, &opts), false, || {
+        Ok(part(None))
+    })
+    .unwrap();
+    // Cached parts, device code asked for where it is there and not asked for where it is not.
+    let (got, told_n) = run(std::slice::from_ref(&whole), true);
+    assert_eq!(told_n, 0);
+    assert_eq!(got.unwrap(), vec![(part(Some(ELF)), true)]);
+    let (got, told_n) = run(&[whole, ptx_only.clone()], false);
+    assert_eq!(told_n, 0);
+    assert!(got.unwrap().iter().all(|(_, cached)| *cached));
+    // A part cached without the device code asked for is compiled again (or, without NVRTC,
+    // served from the cache): announced either way, as is a part not cached at all.
+    let (got, told_n) = run(&[ptx_only], true);
+    assert_eq!(told_n, 1);
+    assert!(got.is_ok());
+    let (_, told_n) = run(&[missing], false);
+    assert_eq!(told_n, 1);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -246,11 +283,17 @@ fn the_kernels_compile_for_hopper_when_nvrtc_is_present() {
         // sm_90a as an H100/H200 compiles them (with the warpgroup MMA of the f16 GEMM).
         // The 27B's first in parts, as the backend compiles it, the others whole.
         let split = p == Preset::B27 && ring == ATTN_RING_POSITIONS;
-        let compiled: Vec<Compiled> =
-            match compile_all(arch, &sources(split), &options(arch, &defines), None, false) {
-                Ok(c) => c.into_iter().map(|(part, _)| part).collect(),
-                Err(e) => panic!("{p:?} {arch}: {e}"),
-            };
+        let compiled: Vec<Compiled> = match compile_all(
+            arch,
+            &sources(split),
+            &options(arch, &defines),
+            None,
+            false,
+            &|| {},
+        ) {
+            Ok(c) => c.into_iter().map(|(part, _)| part).collect(),
+            Err(e) => panic!("{p:?} {arch}: {e}"),
+        };
         // A real architecture: NVRTC's device code beside each part's PTX.
         assert!(
             compiled

@@ -67,17 +67,20 @@ impl Gpu {
         // In parts side by side, but whole where the kernels keep timeline records: the
         // timeline reads them from one module's symbols.
         let device_code = knobs::flag("NIWAKI_CUDA_CUBIN", compile::LOAD_CUBIN);
-        let split = trace_capacity == 0;
-        // A compile takes seconds (25 s for the 27B program on two cores): said before it.
-        if !compile::program_cached(&info.arch(), &defines, split, device_code) {
-            eprintln!(
-                "compiling the CUDA kernels for {} (once for these shapes; `niwaki kernels` \
-                 fills the cache ahead)…",
-                info.arch()
-            );
-        }
+        let arch = info.arch();
+        // A compile takes seconds (25 s for the 27B program on two cores): said once, before
+        // the first part the cache does not give.
+        let told = std::sync::Once::new();
+        let announce = || {
+            told.call_once(|| {
+                eprintln!(
+                    "compiling the CUDA kernels for {arch} (once for these shapes; `niwaki \
+                     kernels` fills the cache ahead)…"
+                )
+            })
+        };
         let (program, from_cache) =
-            compile::nvrtc_compile(&info.arch(), &defines, split, device_code)?;
+            compile::nvrtc_compile(&arch, &defines, trace_capacity == 0, device_code, &announce)?;
         let compile_secs = t.elapsed().as_secs_f64();
         let t = std::time::Instant::now();
         let super::modules::Loaded {
