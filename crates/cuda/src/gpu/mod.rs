@@ -122,6 +122,9 @@ pub struct Gpu {
     /// else [`plan::GEMM_MIN_TOKENS`] until a model sets its format's [`plan::short_passes`]);
     /// shorter passes take the dp4a kernels.
     gemm_min_tokens: AtomicUsize,
+    /// Whether `NIWAKI_CUDA_GEMM_MIN_TOKENS` set [`Gpu::gemm_min_tokens`], which a model's
+    /// format then leaves as it is.
+    gemm_min_tokens_switched: bool,
     /// Whether the f16 GEMM takes narrower tiles for short passes (`NIWAKI_CUDA_HGEMM_NARROW`;
     /// default [`plan::HGEMM_NARROW`]).
     hgemm_narrow: AtomicBool,

@@ -195,6 +195,7 @@ impl Gpu {
                 raise_dynamic_smem(&funcs[k], k, smem_limit.saturating_sub(fixed))?;
             }
         }
+        let gemm_min_switch = knobs::number_set("NIWAKI_CUDA_GEMM_MIN_TOKENS");
         Ok(Gpu {
             ctx,
             stream,
@@ -343,8 +344,9 @@ impl Gpu {
                 knobs::number("NIWAKI_CUDA_PDL_TOKENS", plan::PDL_TOKENS).max(1),
             ),
             gemm_min_tokens: AtomicUsize::new(
-                knobs::number("NIWAKI_CUDA_GEMM_MIN_TOKENS", plan::GEMM_MIN_TOKENS).max(2),
+                gemm_min_switch.unwrap_or(plan::GEMM_MIN_TOKENS).max(2),
             ),
+            gemm_min_tokens_switched: gemm_min_switch.is_some(),
             smem_limit,
         })
     }

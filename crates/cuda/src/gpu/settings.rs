@@ -478,6 +478,14 @@ impl Gpu {
         self.gemm_min_tokens.swap(n.max(2), Ordering::Relaxed)
     }
 
+    /// Sets [`Gpu::gemm_min_tokens`] to a model format's rule, unless
+    /// `NIWAKI_CUDA_GEMM_MIN_TOKENS` set it at open.
+    pub(crate) fn default_gemm_min_tokens(&self, n: usize) {
+        if !self.gemm_min_tokens_switched {
+            self.set_gemm_min_tokens(n);
+        }
+    }
+
     /// Sets [`Gpu::early_tiles`]; returns the previous setting. For the harness's comparisons.
     #[doc(hidden)]
     pub fn set_early_tiles(&self, n: usize) -> usize {

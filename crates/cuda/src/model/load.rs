@@ -123,9 +123,7 @@ impl CudaModel {
         let short = layers.first().map_or(plan::ShortPasses::UNMEASURED, |l| {
             plan::short_passes(l.ffn_down.format)
         });
-        if crate::knobs::number_set("NIWAKI_CUDA_GEMM_MIN_TOKENS").is_none() {
-            gpu.set_gemm_min_tokens(short.gemm_from);
-        }
+        gpu.default_gemm_min_tokens(short.gemm_from);
         let output = up(vec![packed(f, "output.weight")?])?;
         let output_norm = gpu.upload(&vector(f, "output_norm.weight")?, "norm")?;
         let embd = file
