@@ -45,7 +45,16 @@ pub fn load_or_compile(
     compile: impl FnOnce() -> Result<Compiled>,
 ) -> Result<(Compiled, bool)> {
     let path = |ext: &str| dir.map(|d| d.join(format!("{key}.{ext}")));
-    let compiled = match read_cached(dir, key) {
+    let cached = path("ptx")
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .filter(|ptx| ptx.contains(".entry"))
+        .map(|ptx| Compiled {
+            ptx,
+            cubin: path("cubin")
+                .and_then(|c| std::fs::read(c).ok())
+                .filter(|b| is_cubin(b)),
+        });
+    let compiled = match cached {
         Some(c) if c.cubin.is_some() || !refill => return Ok((c, true)),
         Some(c) => match compile() {
             Ok(fresh) if fresh.cubin.is_some() => fresh,
@@ -59,21 +68,6 @@ pub fn load_or_compile(
     }
     store(path("ptx"), compiled.ptx.as_bytes());
     Ok((compiled, false))
-}
-
-/// The cached program for `key`: its PTX, where it holds a kernel, and its device code where
-/// the file is an image.
-fn read_cached(dir: Option<&Path>, key: &str) -> Option<Compiled> {
-    let path = |ext: &str| dir.map(|d| d.join(format!("{key}.{ext}")));
-    path("ptx")
-        .and_then(|p| std::fs::read_to_string(p).ok())
-        .filter(|ptx| ptx.contains(".entry"))
-        .map(|ptx| Compiled {
-            ptx,
-            cubin: path("cubin")
-                .and_then(|c| std::fs::read(c).ok())
-                .filter(|b| is_cubin(b)),
-        })
 }
 
 /// Writes `bytes` to `path` through a temporary file, so no reader sees it half written.
