@@ -29,7 +29,8 @@
 // and g + 8 and B's column g over k = 32t … 32t + 31, and gets C's rows g, g + 8 at columns 2t,
 // 2t + 1. Inside a chunk, word t holds values 32t + 4k + b at bit 8b + k (repack.rs), and the
 // plane words are built in that same order. The two 64-value activation groups of a chunk
-// have their own scales, so each chunk takes two MMAs, B masked to one group's lanes.
+// have their own scales, so each chunk takes two MMAs, B masked to one group's lanes (or, with
+// B1_GROUP_COLS, each MMA four planes of both groups: b1_mma_words).
 
 //
 // ABLATE_PLANES, ABLATE_MMA, ABLATE_MMAOP, ABLATE_FP (`NIWAKI_CUDA_ABLATE`, a measurement only:
@@ -70,6 +71,31 @@ __device__ __forceinline__ void bmma256_and_popc(int* c, u32 a0, u32 a1, u32 a2,
         "{%10,%10,%10,%10};"
         : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
+
+// The B words of a 1-bit chunk's two MMAs from `b`, plane g of values 32t … 32t + 31 (lane
+// g, t's word as the planes' layout gives it). By default the first MMA counts the chunk's
+// first activation group and the second its other: `lo` is b where the lane's values lie in
+// the first group, else 0, and `hi` the reverse; each MMA gives a lane two planes of one
+// group for its rows, four counts to convert and scale per group. With B1_GROUP_COLS, B's
+// columns 0-3 are planes 0-3 of the first group and 4-7 those of the second in the first MMA
+// (`lo`), planes 4-7 of each in the second (`hi`): column g takes plane g mod 4 (+ 4) of
+// group g / 4, which lane g, t supplies where its values lie in that group (t / 2 = g / 4)
+// and which it takes from lanes 4·(g mod 4) + t and 16 + 4·(g mod 4) + t. Then C's columns
+// 2t, 2t + 1 of both MMAs are four planes of one group, which a lane adds in integers: one
+// conversion and one scaling per row where the groups apart take two of each. Warp-uniform
+// (every lane shuffles).
+__device__ __forceinline__ void b1_mma_words(u32 b, int g, int t, u32& lo, u32& hi) {
+#ifdef B1_GROUP_COLS
+    const int src = 4 * (g & 3) + t;
+    const u32 low = __shfl_sync(0xffffffffu, b, src), high = __shfl_sync(0xffffffffu, b, src + 16);
+    const bool mine = (t < 2) == (g < 4);
+    lo = mine ? low : 0u;
+    hi = mine ? high : 0u;
+#else
+    lo = t < 2 ? b : 0u;
+    hi = t < 2 ? 0u : b;
+#endif
 }
 
 // Word x rotated right by s (mod 32): bit q lands at q − s (mod 32), one funnel shift.
@@ -137,8 +163,7 @@ __device__ __forceinline__ void b1_norm_planes(const float* __restrict__ row, in
             for (int k = 0; k < 8; k++) x[k] = __shfl_sync(0xffffffffu, packed, 8 * t + k);
             b = plane_word(x, g);
         }
-        blo[j] = t < 2 ? b : 0u;
-        bhi[j] = t < 2 ? 0u : b;
+        b1_mma_words(b, g, t, blo[j], bhi[j]);
     }
 }
 
@@ -568,8 +593,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 #pragma unroll
                 for (int j = 0; j < J; j++) {
                     const u32 b = EXACT || warp + GEMV1_WARPS * j < chunks ? w[j] : 0u;
-                    blo[j] = t < 2 ? b : 0u;
-                    bhi[j] = t < 2 ? 0u : b;
+                    b1_mma_words(b, g, t, blo[j], bhi[j]);
                 }
             } else {
         #pragma unroll
@@ -590,8 +614,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 #else
                     const u32 b = EXACT || c < chunks ? plane_word(x0[j - j0], x1[j - j0], g) : 0u;
 #endif
-                    blo[j] = t < 2 ? b : 0u;
-                    bhi[j] = t < 2 ? 0u : b;
+                    b1_mma_words(b, g, t, blo[j], bhi[j]);
                 }
             }
             }
@@ -603,6 +626,18 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         __syncwarp();
         if (threadIdx.x == 0) TRACE_MARK_FIRST(0);
         ring_rest();
+#ifdef B1_GROUP_COLS
+        // The lane's planes are 2u, 2u + 1 (u = t mod 2) of its first MMA and 2u + 4, 2u + 5
+        // of its second, all of group t / 2: a row's count over the group is 4^u·(c0 + 2·c1 +
+        // 16·c0' ± 32·c1'), the sign plane −128 = 4·16·(−2). The 4^u, exact in float, and the
+        // 2 of 2·Σ − Σq go with the group's scale, once a chunk.
+        // Σ q of the group enters a row's sum once: through lanes t = 0 and 2. A lane reads its
+        // group's pair alone (chunk c's group h at float2 2c + h of `ssm`).
+        const int m16 = (t & 1) ? -32 : 32;
+        const float kg = (float)(2 << (2 * (t & 1)));
+        const float ysel = (t & 1) ? 0.0f : 1.0f;
+        const float2* sc2 = (const float2*)ssm + 2 * warp + (t >> 1);
+#else
         // C's columns of this lane are planes 2t and 2t + 1, of weights 2^2t and 2^(2t+1) (the
         // sign plane −128): a row's count over a group is 2^2t·(c0 + sgn·c1), the power of two
         // exact in float, so it is applied with the group's 2 of 2·Σ − Σq.
@@ -610,11 +645,14 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
         const float k2 = (float)(2 << (2 * t));
         // Σ q of both groups enters a row's sum once: through lane t = 0.
         const float ysel = t == 0 ? 1.0f : 0.0f;
+#endif
         const int nj = EXACT ? J : (chunks - warp + GEMV1_WARPS - 1) / GEMV1_WARPS;
         // Row g's word t of unit `warp` (swizzled) in slab 0; row g + 8q is 1024·q bytes on (the
         // swizzle repeats every 8 rows).
         const int aoff = g * 128 + ((warp ^ g) << 4) + 4 * t;
+#ifndef B1_GROUP_COLS
         const float4* sc4 = (const float4*)ssm + warp;
+#endif
 
         for (int i = 0, s = 0, ph = 0; i < mine; i++) {
             const unsigned char* st = stage0 + (size_t)s * stage_bytes;
@@ -632,8 +670,13 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
 #else
                 if (EXACT || j < nj) {
 #endif
+#ifdef B1_GROUP_COLS
+                    const float2 sc = sc2[2 * j * GEMV1_WARPS];
+                    const float ks = kg * sc.x, y = ysel * sc.y;
+#else
                     const float4 sc = sc4[j * GEMV1_WARPS];
                     const float y = ysel * (sc.y + sc.w);
+#endif
 #pragma unroll
                     for (int q = 0; q < RG; q++) {
                         const unsigned char* aq = a + j * 2048 * RG + q * 2048;
@@ -651,10 +694,17 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
                         acc[2 * q + 1] += __int_as_float(lo[2] + lo[3] + hi[2] + hi[3]);
                         (void)sc; (void)y;
 #else
+#ifdef B1_GROUP_COLS
+                        const int v0 = lo[0] + 2 * lo[1] + 16 * hi[0] + m16 * hi[1];
+                        const int v1 = lo[2] + 2 * lo[3] + 16 * hi[2] + m16 * hi[3];
+                        acc[2 * q] += h2f(dp[(16 * q) * chunks + j * GEMV1_WARPS]) * (ks * (float)v0 - y);
+                        acc[2 * q + 1] += h2f(dp[(16 * q + 8) * chunks + j * GEMV1_WARPS]) * (ks * (float)v1 - y);
+#else
                         const float f0 = sc.x * (float)(lo[0] + sgn * lo[1]) + sc.z * (float)(hi[0] + sgn * hi[1]);
                         const float f1 = sc.x * (float)(lo[2] + sgn * lo[3]) + sc.z * (float)(hi[2] + sgn * hi[3]);
                         acc[2 * q] += h2f(dp[(16 * q) * chunks + j * GEMV1_WARPS]) * (k2 * f0 - y);
                         acc[2 * q + 1] += h2f(dp[(16 * q + 8) * chunks + j * GEMV1_WARPS]) * (k2 * f1 - y);
+#endif
 #endif
                     }
                 }

@@ -42,7 +42,8 @@ pub fn options(arch: &str, defines: &[String]) -> Vec<String> {
 /// timeline records' capacity where asked (`trace_capacity`), the weights' L2 policy
 /// (`NIWAKI_CUDA_WEIGHTS_L2`), the 1-bit GEMVs' ring order (`NIWAKI_CUDA_RING_LATE`,
 /// [`plan::RING_LATE_Q1`]), the 2-bit GEMVs' MMA shape (`NIWAKI_CUDA_B2_K256`,
-/// [`plan::B2_K256`]), the dp4a shared-lanes GEMVs' chunks a lane at a time
+/// [`plan::B2_K256`]), the 1-bit GEMVs' MMA columns (`NIWAKI_CUDA_B1_GROUP_COLS`,
+/// [`plan::B1_GROUP_COLS`]), the dp4a shared-lanes GEMVs' chunks a lane at a time
 /// (`NIWAKI_CUDA_SHARE_UNROLL`, [`plan::SHARE_UNROLL`]), the split attention's grid order
 /// (`NIWAKI_CUDA_ATTN_TOKEN_MAJOR`, [`plan::ATTN_TOKEN_MAJOR`]) and a measurement's ablation
 /// (`NIWAKI_CUDA_ABLATE`). What the backend compiles at start and [`precompile`] ahead.
@@ -62,6 +63,9 @@ pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) ->
     }
     if crate::knobs::flag("NIWAKI_CUDA_B2_K256", plan::B2_K256) {
         defines.push("-DB2_K256=1".into());
+    }
+    if crate::knobs::flag("NIWAKI_CUDA_B1_GROUP_COLS", plan::B1_GROUP_COLS) {
+        defines.push("-DB1_GROUP_COLS=1".into());
     }
     if attn_token_major() {
         defines.push(ATTN_TOKEN_MAJOR_DEFINE.into());

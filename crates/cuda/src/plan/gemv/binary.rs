@@ -254,6 +254,22 @@ pub fn gemv_b2_kernel(format: GpuFormat, per_warp: usize) -> Option<(&'static st
 /// The tile loop of the 5120-wide image kernel: 267 SASS instructions against 275.
 pub const B2_K256: bool = true;
 
+/// Whether the 1-bit binary decode GEMVs give each of a chunk's two MMAs four planes of both
+/// activation groups (B's columns 0-3 the first group's, 4-7 the second's; planes 0-3 in the
+/// first MMA, 4-7 in the second) rather than the eight planes of one group: a compile-time
+/// choice of the program (`B1_GROUP_COLS`; `NIWAKI_CUDA_B1_GROUP_COLS=1` compiles it). A
+/// lane's four counts of a row then belong to one group, so it adds them as integers and
+/// converts and scales once a row and chunk where the groups apart take twice the
+/// conversions (a quarter-rate instruction) and float operations. The same integer counts;
+/// the float sums of a row run in another order, so not the same bits. Off until a GPU has
+/// run it: its arithmetic is checked lane by lane on the CPU (`plan::tests::b1_columns`), and
+/// its device code read without a GPU (`crates/cuda/sass.sh`, NVRTC 13.0.88 for sm_90a, the
+/// 27B Q1_0 program) issues fewer instructions a tile in every 1-bit kernel the decode takes:
+/// 303 against 340 (`gemv_b1_j5x_r32_p`), 284 against 328 (`_j5x_r32_n`), 206 against 228
+/// (`_j6x_c_p`), 458 against 524 (`_j17x_xs_p`), half the conversions, no spills, registers
+/// 70 / 64 / 56 / 92 against 71 / 69 / 56 / 95.
+pub const B1_GROUP_COLS: bool = false;
+
 /// Whether the 1-bit binary decode GEMVs request the rest of their ring (after the tiles
 /// requested before the wait, [`EARLY_TILES`]) once their first consumer warp holds its plane
 /// words rather than as soon as the previous kernel has ended, so that the activations' loads

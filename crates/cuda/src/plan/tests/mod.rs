@@ -4,6 +4,7 @@ use super::*;
 use model::synth::Preset;
 
 mod attention;
+mod b1_columns;
 mod gemm;
 mod gemv;
 mod memory;
