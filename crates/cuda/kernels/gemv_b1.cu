@@ -320,7 +320,18 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
 #pragma unroll
     for (int i = 0; i < PJ; i++) {
         const int j = lane + 32 * i, c = warp + GEMV1_WARPS * j;
+#ifdef LANE_PAIRS
+        // Each lane's own pair of the chunk: (4^t·s, s·Σq where t = 0, else 0·s·Σq), the
+        // products the tile loop would form, formed once.
+        if (j < J && c < chunks) {
+            const float2 p = pairs[i];
+            float4* d = (float4*)(ssm + 4 * c);
+            d[0] = make_float4(p.x, p.y, 4.0f * p.x, 0.0f * p.y);
+            d[1] = make_float4(16.0f * p.x, 0.0f * p.y, 64.0f * p.x, 0.0f * p.y);
+        }
+#else
         if (j < J && c < chunks) ssm[c] = pairs[i];
+#endif
     }
     __syncwarp();
     if (threadIdx.x == 0) TRACE_MARK_FIRST(0);
@@ -328,8 +339,10 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
     // plane −128): a row's Σ code·q over the chunk is 2^2t·(c0 + sgn·c1), the power of two exact
     // in float. Σ q enters a row's sum once: through lane t = 0.
     const int sgn = t == 3 ? -2 : 2;
+#ifndef LANE_PAIRS
     const float k1 = (float)(1 << (2 * t));
     const float ysel = t == 0 ? 1.0f : 0.0f;
+#endif
     const int nj = EXACT ? J : (chunks - warp + GEMV1_WARPS - 1) / GEMV1_WARPS;
     const int aoff = g * 128 + ((warp ^ g) << 4) + 4 * t;
     // Row g's scale of chunk warp + 8j: one per chunk (g64) or per two (g128).
@@ -350,7 +363,11 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
 #else
             if (EXACT || j < nj) {
 #endif
+#ifdef LANE_PAIRS
+                const float2 sc = ssm[4 * (warp + GEMV1_WARPS * j) + t];
+#else
                 const float2 sc = ssm[warp + GEMV1_WARPS * j];
+#endif
                 const u32 a0 = *(const u32*)(a + j * 2048), a1 = *(const u32*)(a + j * 2048 + 1024);
                 int c[4];
 #ifdef B2_K256
@@ -363,7 +380,11 @@ __device__ __forceinline__ void b2_consume(const unsigned char* stage0, u32 stag
 #endif
                 // k1·s·n (s the activation scale) as (k1·s)·n: the same bits, k1 being a power of
                 // two.
+#ifdef LANE_PAIRS
+                const float ks = sc.x, y = sc.y;
+#else
                 const float ks = k1 * sc.x, y = ysel * sc.y;
+#endif
                 acc0 += h2f(dp[j * SSTEP]) * (ks * (float)(c[0] + sgn * c[1]) - y);
                 acc1 += h2f(dp[8 * scols + j * SSTEP]) * (ks * (float)(c[2] + sgn * c[3]) - y);
             }
@@ -442,6 +463,13 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int chunks = cols / (FMT == FMT_Q1 ? 128 : 64), groups = cols / 64;
+    // The group pairs' bytes a group of 64 values: with LANE_PAIRS, a 2-bit chunk's (one group)
+    // four lanes' own pairs (b2_consume; plan::lane_paired sizes the same).
+#ifdef LANE_PAIRS
+    constexpr int B2_PAIR_BYTES = FMT == FMT_Q1 ? 8 : 32;
+#else
+    constexpr int B2_PAIR_BYTES = 8;
+#endif
     // Scales per row: one a chunk, or one per two (g128).
     const int scols = FMT == FMT_Q2G128 ? chunks / 2 : chunks;
     const int slabs = (chunks * 16 + 127) / 128;
@@ -454,7 +482,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     unsigned char* base = smem + ((1024u - (smem_addr(smem) & 1023u)) & 1023u);
     float2* ssm = (float2*)base;
     // XSM: the row's codes between the pairs and the ring (plan::x_staged counts them).
-    unsigned char* sx = base + ((((8 * groups + 127) & ~127) + 1023) & ~1023);
+    unsigned char* sx = base + ((((B2_PAIR_BYTES * groups + 127) & ~127) + 1023) & ~1023);
     unsigned char* stage0 = sx + (XSM ? (cols + 1023) & ~1023 : 0);
 
     // Fill i of the ring: the block's tile i.

@@ -117,6 +117,7 @@ const KNOBS: &[(&str, Takes)] = &[
     ("NIWAKI_CUDA_GEMV1_SHARE", Takes::OnOff),
     // The f16 GEMM's narrower tiles for short passes (on by default).
     ("NIWAKI_CUDA_HGEMM_NARROW", Takes::OnOff),
+    ("NIWAKI_CUDA_LANE_PAIRS", Takes::OnOff),
     ("NIWAKI_CUDA_MMA", Takes::OnOff),
     ("NIWAKI_CUDA_PDL", Takes::OnOff),
     // Passes of up to this many tokens launch with PDL (default `plan::PDL_TOKENS`).

@@ -43,7 +43,8 @@ pub fn options(arch: &str, defines: &[String]) -> Vec<String> {
 /// (`NIWAKI_CUDA_WEIGHTS_L2`), the 1-bit GEMVs' ring order (`NIWAKI_CUDA_RING_LATE`,
 /// [`plan::RING_LATE_Q1`]), the 2-bit GEMVs' MMA shape (`NIWAKI_CUDA_B2_K256`,
 /// [`plan::B2_K256`]), the 1-bit GEMVs' MMA columns (`NIWAKI_CUDA_B1_GROUP_COLS`,
-/// [`plan::B1_GROUP_COLS`]), the dp4a shared-lanes GEMVs' chunks a lane at a time
+/// [`plan::B1_GROUP_COLS`]), the 2-bit GEMVs' scale pairs (`NIWAKI_CUDA_LANE_PAIRS`,
+/// [`plan::LANE_PAIRS`]), the dp4a shared-lanes GEMVs' chunks a lane at a time
 /// (`NIWAKI_CUDA_SHARE_UNROLL`, [`plan::SHARE_UNROLL`]), the split attention's grid order
 /// (`NIWAKI_CUDA_ATTN_TOKEN_MAJOR`, [`plan::ATTN_TOKEN_MAJOR`]) and a measurement's ablation
 /// (`NIWAKI_CUDA_ABLATE`). What the backend compiles at start and [`precompile`] ahead.
@@ -66,6 +67,9 @@ pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) ->
     }
     if crate::knobs::flag("NIWAKI_CUDA_B1_GROUP_COLS", plan::B1_GROUP_COLS) {
         defines.push("-DB1_GROUP_COLS=1".into());
+    }
+    if crate::knobs::flag("NIWAKI_CUDA_LANE_PAIRS", plan::LANE_PAIRS) {
+        defines.push(LANE_PAIRS_DEFINE.into());
     }
     if attn_token_major() {
         defines.push(ATTN_TOKEN_MAJOR_DEFINE.into());
@@ -106,6 +110,11 @@ fn set_define(defines: &mut [String], name: &str, value: impl std::fmt::Display)
 /// The define of a program whose split kernels take their tokens before their splits: the
 /// backend launches them so where its program has it.
 pub const ATTN_TOKEN_MAJOR_DEFINE: &str = "-DATTN_TOKEN_MAJOR=1";
+
+/// The define of a program whose 2-bit binary GEMVs read their scale pairs by lane
+/// ([`plan::LANE_PAIRS`]): the backend plans their shared memory so where its program has it
+/// ([`plan::lane_paired`]).
+pub const LANE_PAIRS_DEFINE: &str = "-DLANE_PAIRS=1";
 
 /// Whether the split kernels are compiled with their tokens before their splits
 /// (`NIWAKI_CUDA_ATTN_TOKEN_MAJOR`, [`plan::ATTN_TOKEN_MAJOR`]).

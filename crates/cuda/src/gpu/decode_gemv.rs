@@ -140,7 +140,7 @@ impl Gpu {
         if self.info.compute_capability.0 != 9 {
             return None;
         }
-        plan::gemv_b1_launch(
+        let l = plan::gemv_b1_launch(
             format,
             rows,
             cols,
@@ -149,7 +149,14 @@ impl Gpu {
             fused,
             self.b1_knobs,
             self.b1_tile_rows.load(Ordering::Relaxed),
-        )
+        )?;
+        // A program with lane pairs has its 2-bit kernels read them: those launch so or not
+        // at all.
+        if self.lane_pairs && format != GpuFormat::Q1 {
+            plan::lane_paired(l, rows, cols)
+        } else {
+            Some(l)
+        }
     }
 
     /// `l` with its activations staged in shared memory where that is on and its kernel has

@@ -213,6 +213,9 @@ pub struct Gpu {
     /// The split kernels' grid order the program was compiled for: whether its defines hold
     /// [`crate::compile::ATTN_TOKEN_MAJOR_DEFINE`].
     attn_token_major: bool,
+    /// The 2-bit binary GEMVs' scale pairs by lane ([`plan::LANE_PAIRS`]) the program was
+    /// compiled for: whether its defines hold [`crate::compile::LANE_PAIRS_DEFINE`].
+    lane_pairs: bool,
     /// The one-kernel short attention's launch for each cache type this device holds its
     /// shared memory for ([`plan::attn_short_launch`]).
     attn_short: Vec<(plan::KvCache, plan::AttnLaunch)>,

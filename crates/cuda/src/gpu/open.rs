@@ -272,6 +272,7 @@ impl Gpu {
             attn_token_major: defines
                 .iter()
                 .any(|d| d == compile::ATTN_TOKEN_MAJOR_DEFINE),
+            lane_pairs: defines.iter().any(|d| d == compile::LANE_PAIRS_DEFINE),
             attn_short,
             attn_prefill,
             attn_prefill_on: [

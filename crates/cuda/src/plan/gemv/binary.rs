@@ -254,6 +254,46 @@ pub fn gemv_b2_kernel(format: GpuFormat, per_warp: usize) -> Option<(&'static st
 /// The tile loop of the 5120-wide image kernel: 267 SASS instructions against 275.
 pub const B2_K256: bool = true;
 
+/// Whether the 2-bit binary decode GEMVs keep each lane's own scale pair of every chunk in
+/// shared memory, (4^t·s, s·Σq for lane t = 0, else 0), formed once a launch, rather than the
+/// chunk's (s, s·Σq) from which every tile's pass forms them again: two multiplications a
+/// chunk and tile fewer, for four times the pairs' shared memory ([`lane_paired`]). A
+/// compile-time choice of the program (`LANE_PAIRS`; `NIWAKI_CUDA_LANE_PAIRS=1` compiles it).
+/// The same products of the same operands, so the same bits. Off until a GPU has run it.
+pub const LANE_PAIRS: bool = false;
+
+/// Bytes of a 2-bit decode GEMV's lane pairs ([`LANE_PAIRS`]) for rows of `cols` values:
+/// four pairs of 8 bytes a 64-value chunk, in whole KiB as [`gemv_b1_x_bytes`].
+pub fn lane_pair_bytes(cols: usize) -> usize {
+    round1024(round128(32 * cols / X_GROUP))
+}
+
+/// The 2-bit binary decode GEMV `l` of a `rows × cols` matrix with its lane pairs in place of
+/// the group pairs ([`LANE_PAIRS`]): as many of `l`'s stages as fit beside them, at least two
+/// where a block has more than one tile. `None` for a 1-bit kernel, or where they do not fit.
+/// On the 27B's shapes every 2-bit kernel keeps its stages (two, three for the 5120-wide
+/// 128-value rows, whose ring then fills the multiprocessor's memory exactly).
+pub fn lane_paired(l: GemvB1Launch, rows: usize, cols: usize) -> Option<GemvB1Launch> {
+    if !l.kernel.starts_with("gemv_b2") {
+        return None;
+    }
+    let x_bytes = lane_pair_bytes(cols);
+    let fit = (SM90_SMEM_PER_SM / l.blocks_per_sm.max(1))
+        .saturating_sub(GEMV_B1_STATIC_SMEM + SMEM_RESERVED_PER_BLOCK)
+        .saturating_sub(1024 + x_bytes);
+    let stages = l.stages.min(fit / l.stage_bytes);
+    let least = if rows.div_ceil(l.tile_rows) <= l.grid {
+        1
+    } else {
+        2
+    };
+    (stages >= least).then_some(GemvB1Launch {
+        stages,
+        smem_bytes: 1024 + x_bytes + stages * l.stage_bytes,
+        ..l
+    })
+}
+
 /// Whether the 1-bit binary decode GEMVs give each of a chunk's two MMAs four planes of both
 /// activation groups (B's columns 0-3 the first group's, 4-7 the second's; planes 0-3 in the
 /// first MMA, 4-7 in the second) rather than the eight planes of one group: a compile-time

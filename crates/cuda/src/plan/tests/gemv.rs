@@ -572,3 +572,54 @@ fn four_2_bit_blocks_a_multiprocessor_keep_every_6144_wide_tile_in_one_wave() {
         assert_eq!((gu.grid, gu.stages), (4 * sms, 2));
     }
 }
+
+#[test]
+fn lane_pairs_keep_the_27b_stages_and_fit_beside_them() {
+    let limit = 227 << 10;
+    for format in [GpuFormat::Q2G64, GpuFormat::Q2G128] {
+        for (rows, cols) in [(34816, 5120), (5120, 6144), (248_320, 5120), (40, 4096)] {
+            let l = gemv_b1_launch(format, rows, cols, 132, limit, false, (0, 0), 16).unwrap();
+            let p = lane_paired(l, rows, cols).unwrap();
+            // Four 8-byte pairs a 64-value chunk, where the group pairs take one.
+            assert_eq!(
+                lane_pair_bytes(cols),
+                (32 * cols / 64).div_ceil(1024) * 1024
+            );
+            assert_eq!(
+                p.smem_bytes,
+                1024 + lane_pair_bytes(cols) + p.stages * p.stage_bytes
+            );
+            assert!(
+                fits_a_multiprocessor(&p, l.blocks_per_sm),
+                "{rows}×{cols}: {p:?}"
+            );
+            assert_eq!(
+                (p.kernel, p.grid, p.stage_bytes),
+                (l.kernel, l.grid, l.stage_bytes)
+            );
+            if cols != 4096 {
+                assert_eq!(p.stages, l.stages, "{format:?} {rows}×{cols}");
+            }
+        }
+    }
+    // A budget with room for one stage beside the lane pairs: refused where blocks have a
+    // second tile to stream, kept where each has one.
+    let l = gemv_b1_launch(GpuFormat::Q2G64, 34816, 5120, 132, limit, false, (0, 0), 16).unwrap();
+    let tight = GemvB1Launch {
+        blocks_per_sm: SM90_SMEM_PER_SM
+            / (GEMV_B1_STATIC_SMEM + 1024 + 1024 + 3072 + l.stage_bytes + 1024),
+        ..l
+    };
+    assert!(lane_paired(tight, 34816, 5120).is_none());
+    let one_tile = GemvB1Launch {
+        grid: 34816 / 16,
+        ..tight
+    };
+    assert_eq!(
+        lane_paired(one_tile, 34816, 5120).map(|p| p.stages),
+        Some(1)
+    );
+    // 1-bit kernels keep their group pairs.
+    let q1 = gemv_b1_launch(GpuFormat::Q1, 34816, 5120, 132, limit, false, (0, 0), 16).unwrap();
+    assert!(lane_paired(q1, 34816, 5120).is_none());
+}
