@@ -612,6 +612,20 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
             if constexpr (XP) {
                 // One word a chunk, all in flight at once.
                 const u32* words = (const u32*)xsrc;
+#ifdef B1_GROUP_COLS
+                // The two words b1_mma_words would shuffle in, loaded where they lie (lanes
+                // 4·(g mod 4) + t and 16 + …'s of the chunk): two loads in flight a chunk
+                // rather than one, and no shuffle between their arrival and the first tile.
+                const bool mine = (t < 2) == (g < 4);
+                const u32* wp = words + 4 * (g & 3) + t;
+#pragma unroll
+                for (int j = 0; j < J; j++) {
+                    const int c = warp + GEMV1_WARPS * j;
+                    const bool ok = mine && (EXACT || c < chunks);
+                    blo[j] = ok ? wp[c * 32] : 0u;
+                    bhi[j] = ok ? wp[c * 32 + 16] : 0u;
+                }
+#else
                 u32 w[J];
 #pragma unroll
                 for (int j = 0; j < J; j++) {
@@ -623,6 +637,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
                     const u32 b = EXACT || warp + GEMV1_WARPS * j < chunks ? w[j] : 0u;
                     b1_mma_words(b, g, t, blo[j], bhi[j]);
                 }
+#endif
             } else {
         #pragma unroll
             for (int j0 = 0; j0 < J; j0 += BATCH) {
