@@ -462,7 +462,15 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     __shared__ float part[GEMV1_MAX_STAGES / RG][GEMV1_WARPS][TR];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int chunks = cols / (FMT == FMT_Q1 ? 128 : 64), groups = cols / 64;
+#ifdef B1_CONST_CHUNKS
+    // The 5120-wide 32-row tiles' exact kernels know their width (8·J chunks): their tile
+    // loop's scale addresses fold into immediates (the other kernels' loops grew so, and are
+    // left as they were).
+    constexpr bool CONST_CHUNKS = EXACT && RG == 2 && J == 5;
+#else
+    constexpr bool CONST_CHUNKS = false;
+#endif
+    const int chunks = CONST_CHUNKS ? GEMV1_WARPS * J : cols / (FMT == FMT_Q1 ? 128 : 64), groups = cols / 64;
     // The group pairs' bytes a group of 64 values: with LANE_PAIRS, a 2-bit chunk's (one group)
     // four lanes' own pairs (b2_consume; plan::lane_paired sizes the same).
 #ifdef LANE_PAIRS

@@ -82,6 +82,7 @@ const KNOBS: &[(&str, Takes)] = &[
     ("NIWAKI_CUDA_ATTN_TOKEN_MAJOR", Takes::OnOff),
     ("NIWAKI_CUDA_B1", Takes::OnOff),
     ("NIWAKI_CUDA_B1_BLOCKS", Takes::Number),
+    ("NIWAKI_CUDA_B1_CONST_CHUNKS", Takes::OnOff),
     ("NIWAKI_CUDA_B1_GROUP_COLS", Takes::OnOff),
     ("NIWAKI_CUDA_B1_IMAGE", Takes::OnOff),
     ("NIWAKI_CUDA_B1_MIN_TILES", Takes::Number),

@@ -43,7 +43,8 @@ pub fn options(arch: &str, defines: &[String]) -> Vec<String> {
 /// (`NIWAKI_CUDA_WEIGHTS_L2`), the 1-bit GEMVs' ring order (`NIWAKI_CUDA_RING_LATE`,
 /// [`plan::RING_LATE_Q1`]), the 2-bit GEMVs' MMA shape (`NIWAKI_CUDA_B2_K256`,
 /// [`plan::B2_K256`]), the 1-bit GEMVs' MMA columns (`NIWAKI_CUDA_B1_GROUP_COLS`,
-/// [`plan::B1_GROUP_COLS`]), the 2-bit GEMVs' scale pairs (`NIWAKI_CUDA_LANE_PAIRS`,
+/// [`plan::B1_GROUP_COLS`]) and widths (`NIWAKI_CUDA_B1_CONST_CHUNKS`,
+/// [`plan::B1_CONST_CHUNKS`]), the 2-bit GEMVs' scale pairs (`NIWAKI_CUDA_LANE_PAIRS`,
 /// [`plan::LANE_PAIRS`]), the dp4a shared-lanes GEMVs' chunks a lane at a time
 /// (`NIWAKI_CUDA_SHARE_UNROLL`, [`plan::SHARE_UNROLL`]), the split attention's grid order
 /// (`NIWAKI_CUDA_ATTN_TOKEN_MAJOR`, [`plan::ATTN_TOKEN_MAJOR`]) and a measurement's ablation
@@ -67,6 +68,9 @@ pub fn program_defines(dims: &Dims, smem_limit: usize, trace_capacity: usize) ->
     }
     if crate::knobs::flag("NIWAKI_CUDA_B1_GROUP_COLS", plan::B1_GROUP_COLS) {
         defines.push("-DB1_GROUP_COLS=1".into());
+    }
+    if crate::knobs::flag("NIWAKI_CUDA_B1_CONST_CHUNKS", plan::B1_CONST_CHUNKS) {
+        defines.push("-DB1_CONST_CHUNKS=1".into());
     }
     if crate::knobs::flag("NIWAKI_CUDA_LANE_PAIRS", plan::LANE_PAIRS) {
         defines.push(LANE_PAIRS_DEFINE.into());

@@ -241,7 +241,8 @@ fn the_kernels_compile_for_hopper_when_nvrtc_is_present() {
     // tiny ones with and without the timeline records (`NIWAKI_CUDA_TRACE`), the weights'
     // evict-first copies (`NIWAKI_CUDA_WEIGHTS_L2`), the 2-bit GEMVs' two MMAs a chunk
     // (`NIWAKI_CUDA_B2_K256=0`), the 1-bit GEMVs' other MMA columns
-    // (`NIWAKI_CUDA_B1_GROUP_COLS`) and the 2-bit ones' lane pairs (`NIWAKI_CUDA_LANE_PAIRS`), the others with the default policy and MMA shape; and
+    // (`NIWAKI_CUDA_B1_GROUP_COLS`) and known widths (`NIWAKI_CUDA_B1_CONST_CHUNKS`) and the
+    // 2-bit ones' lane pairs (`NIWAKI_CUDA_LANE_PAIRS`), the others with the default policy and MMA shape; and
     // the 27B's for an sm_80 device (no Hopper instructions, no clusters), where the
     // backend runs too.
     let policy = WEIGHTS_EVICT_FIRST;
@@ -277,6 +278,9 @@ fn the_kernels_compile_for_hopper_when_nvrtc_is_present() {
         }
         if crate::plan::B1_GROUP_COLS != trace {
             defines.push("-DB1_GROUP_COLS=1".into());
+        }
+        if crate::plan::B1_CONST_CHUNKS != trace {
+            defines.push("-DB1_CONST_CHUNKS=1".into());
         }
         if crate::plan::LANE_PAIRS != trace {
             defines.push(super::LANE_PAIRS_DEFINE.into());

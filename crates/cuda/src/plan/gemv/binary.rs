@@ -310,6 +310,18 @@ pub fn lane_paired(l: GemvB1Launch, rows: usize, cols: usize) -> Option<GemvB1La
 /// 70 / 64 / 56 / 92 against 71 / 69 / 56 / 95.
 pub const B1_GROUP_COLS: bool = false;
 
+/// Whether the exact 5120-wide 32-row 1-bit binary decode GEMVs (`gemv_b1_j5x_r32*`: the
+/// gate | up, attention and recurrent inputs and the LM head of the 27B) take their width as
+/// the compile-time 40 chunks rather than from `cols` (`B1_CONST_CHUNKS`;
+/// `NIWAKI_CUDA_B1_CONST_CHUNKS=1` compiles it): the same arithmetic and bits, their tile
+/// loop's row-scale addresses folded into immediates. Read without a GPU (the device code of
+/// the 27B Q1_0 program, NVRTC 13.0.88, sm_90a): `gemv_b1_j5x_r32_p`'s loop 324 instructions a
+/// pass against 340 (277 against 302 with [`B1_GROUP_COLS`]), `_r32_n`'s 324 against 328 (280
+/// against 284). The same for every exact kernel made other loops longer (`_j6x_r32_p` 391 →
+/// 404, `_j6x_c_p` 228 → 250, `_j17x_xs_p` 524 → 554, `gemv_b2g64_j10x_i` 267 → 276), hence
+/// these alone. Off until a GPU has run it.
+pub const B1_CONST_CHUNKS: bool = false;
+
 /// Whether the 1-bit binary decode GEMVs request the rest of their ring (after the tiles
 /// requested before the wait, [`EARLY_TILES`]) once their first consumer warp holds its plane
 /// words rather than as soon as the previous kernel has ended, so that the activations' loads
