@@ -73,6 +73,11 @@ __device__ __forceinline__ void bmma256_and_popc(int* c, u32 a0, u32 a1, u32 a2,
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
 }
 
+// With B1_GROUP_COLS (b1_mma_words), lane g, t's two sources: whether its values lie in its
+// column's group, and the lane whose word is its first MMA's (the second's is 16 lanes on).
+__device__ __forceinline__ bool b1_col_group(int g, int t) { return (t < 2) == (g < 4); }
+__device__ __forceinline__ int b1_col_src(int g, int t) { return 4 * (g & 3) + t; }
+
 // The B words of a 1-bit chunk's two MMAs from `b`, plane g of values 32t … 32t + 31 (lane
 // g, t's word as the planes' layout gives it). By default the first MMA counts the chunk's
 // first activation group and the second its other: `lo` is b where the lane's values lie in
@@ -87,9 +92,9 @@ __device__ __forceinline__ void bmma256_and_popc(int* c, u32 a0, u32 a1, u32 a2,
 // (every lane shuffles).
 __device__ __forceinline__ void b1_mma_words(u32 b, int g, int t, u32& lo, u32& hi) {
 #ifdef B1_GROUP_COLS
-    const int src = 4 * (g & 3) + t;
+    const int src = b1_col_src(g, t);
     const u32 low = __shfl_sync(0xffffffffu, b, src), high = __shfl_sync(0xffffffffu, b, src + 16);
-    const bool mine = (t < 2) == (g < 4);
+    const bool mine = b1_col_group(g, t);
     lo = mine ? low : 0u;
     hi = mine ? high : 0u;
 #else
@@ -474,9 +479,9 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     // The group pairs' bytes a group of 64 values: with LANE_PAIRS, a 2-bit chunk's (one group)
     // four lanes' own pairs (b2_consume; plan::lane_paired sizes the same).
 #ifdef LANE_PAIRS
-    constexpr int B2_PAIR_BYTES = FMT == FMT_Q1 ? 8 : 32;
+    constexpr int PAIR_BYTES = FMT == FMT_Q1 ? 8 : 32;
 #else
-    constexpr int B2_PAIR_BYTES = 8;
+    constexpr int PAIR_BYTES = 8;
 #endif
     // Scales per row: one a chunk, or one per two (g128).
     const int scols = FMT == FMT_Q2G128 ? chunks / 2 : chunks;
@@ -490,7 +495,7 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
     unsigned char* base = smem + ((1024u - (smem_addr(smem) & 1023u)) & 1023u);
     float2* ssm = (float2*)base;
     // XSM: the row's codes between the pairs and the ring (plan::x_staged counts them).
-    unsigned char* sx = base + ((((B2_PAIR_BYTES * groups + 127) & ~127) + 1023) & ~1023);
+    unsigned char* sx = base + ((((PAIR_BYTES * groups + 127) & ~127) + 1023) & ~1023);
     unsigned char* stage0 = sx + (XSM ? (cols + 1023) & ~1023 : 0);
 
     // Fill i of the ring: the block's tile i.
@@ -624,8 +629,8 @@ __device__ __forceinline__ void gemv_b1_body(const TmaMap& cmap, const unsigned 
                 // The two words b1_mma_words would shuffle in, loaded where they lie (lanes
                 // 4·(g mod 4) + t and 16 + …'s of the chunk): two loads in flight a chunk
                 // rather than one, and no shuffle between their arrival and the first tile.
-                const bool mine = (t < 2) == (g < 4);
-                const u32* wp = words + 4 * (g & 3) + t;
+                const bool mine = b1_col_group(g, t);
+                const u32* wp = words + b1_col_src(g, t);
 #pragma unroll
                 for (int j = 0; j < J; j++) {
                     const int c = warp + GEMV1_WARPS * j;

@@ -187,14 +187,22 @@ pub fn x_staged(l: GemvB1Launch, cols: usize) -> Option<GemvB1Launch> {
         "gemv_b1_j17" => "gemv_b1_j17_xs",
         _ => return None,
     };
-    let x_bytes = gemv_b1_x_bytes(cols) + round1024(cols);
+    let l = GemvB1Launch {
+        kernel,
+        image_kernel: None,
+        ..l
+    };
+    refit(l, gemv_b1_x_bytes(cols) + round1024(cols), 2)
+}
+
+/// `l` with `x_bytes` before its ring in place of its own: as many of its stages as then fit
+/// the blocks a multiprocessor of its plan, `None` where fewer than `least`.
+fn refit(l: GemvB1Launch, x_bytes: usize, least: usize) -> Option<GemvB1Launch> {
     let fit = (SM90_SMEM_PER_SM / l.blocks_per_sm.max(1))
         .saturating_sub(GEMV_B1_STATIC_SMEM + SMEM_RESERVED_PER_BLOCK)
         .saturating_sub(1024 + x_bytes);
     let stages = l.stages.min(fit / l.stage_bytes);
-    (stages >= 2).then_some(GemvB1Launch {
-        kernel,
-        image_kernel: None,
+    (stages >= least).then_some(GemvB1Launch {
         stages,
         smem_bytes: 1024 + x_bytes + stages * l.stage_bytes,
         ..l
@@ -277,21 +285,12 @@ pub fn lane_paired(l: GemvB1Launch, rows: usize, cols: usize) -> Option<GemvB1La
     if !l.kernel.starts_with("gemv_b2") {
         return None;
     }
-    let x_bytes = lane_pair_bytes(cols);
-    let fit = (SM90_SMEM_PER_SM / l.blocks_per_sm.max(1))
-        .saturating_sub(GEMV_B1_STATIC_SMEM + SMEM_RESERVED_PER_BLOCK)
-        .saturating_sub(1024 + x_bytes);
-    let stages = l.stages.min(fit / l.stage_bytes);
     let least = if rows.div_ceil(l.tile_rows) <= l.grid {
         1
     } else {
         2
     };
-    (stages >= least).then_some(GemvB1Launch {
-        stages,
-        smem_bytes: 1024 + x_bytes + stages * l.stage_bytes,
-        ..l
-    })
+    refit(l, lane_pair_bytes(cols), least)
 }
 
 /// Whether the 1-bit binary decode GEMVs give each of a chunk's two MMAs four planes of both

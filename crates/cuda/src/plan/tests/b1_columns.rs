@@ -60,13 +60,23 @@ fn code_word(p: &Packed, r: usize, c: usize, t: usize) -> u32 {
     u32::from_le_bytes(p.codes[at..at + 4].try_into().expect("four bytes"))
 }
 
-/// Per row of a 16-row tile and chunk c, the two groups' integer counts as the kernel's lanes
-/// weight and add them (the quad of lanes g, 0 … 3 of rows g and g + 8).
-fn counts(p: &Packed, planes: &[u32], c: usize, group_cols: bool) -> [[i64; 2]; 16] {
+/// Chunk c's two MMAs over rows 0-15 of `p`: every lane's C fragment of each.
+fn chunk_mmas(
+    p: &Packed,
+    planes: &[u32],
+    c: usize,
+    group_cols: bool,
+) -> ([[i32; 4]; 32], [[i32; 4]; 32]) {
     let a: [[u32; 4]; 16] = std::array::from_fn(|r| std::array::from_fn(|t| code_word(p, r, c, t)));
     let b: [u32; 32] = planes[32 * c..32 * c + 32].try_into().expect("32 words");
     let (lo_b, hi_b) = mma_words(&b, group_cols);
-    let (lo, hi) = (mma(&a, &lo_b), mma(&a, &hi_b));
+    (mma(&a, &lo_b), mma(&a, &hi_b))
+}
+
+/// Per row of a 16-row tile and chunk c, the two groups' integer counts as the kernel's lanes
+/// weight and add them (the quad of lanes g, 0 … 3 of rows g and g + 8).
+fn counts(p: &Packed, planes: &[u32], c: usize, group_cols: bool) -> [[i64; 2]; 16] {
+    let (lo, hi) = chunk_mmas(p, planes, c, group_cols);
     let mut n = [[0i64; 2]; 16];
     for lane in 0..32 {
         let (g, t) = (lane / 4, lane % 4);
@@ -140,14 +150,9 @@ fn group_columns_scaled_as_the_kernel_scales_them_give_the_packed_dot() {
     let (p, _, x) = tile();
     let xq = quantize_x(&x);
     let planes = plane_words(&xq.q);
-    let a_words = |c: usize| -> [[u32; 4]; 16] {
-        std::array::from_fn(|r| std::array::from_fn(|t| code_word(&p, r, c, t)))
-    };
     let mut acc = [0f32; 16];
     for c in 0..p.chunks_per_row() {
-        let b: [u32; 32] = planes[32 * c..32 * c + 32].try_into().expect("32 words");
-        let (lo_b, hi_b) = mma_words(&b, true);
-        let (lo, hi) = (mma(&a_words(c), &lo_b), mma(&a_words(c), &hi_b));
+        let (lo, hi) = chunk_mmas(&p, &planes, c, true);
         for lane in 0..32 {
             let (g, t) = (lane / 4, lane % 4);
             let [s, sy] = xq.groups[2 * c + (t >> 1)];
